@@ -1,0 +1,5 @@
+import sys
+
+from privtune.cli import main
+
+sys.exit(main())

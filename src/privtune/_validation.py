@@ -1,0 +1,121 @@
+"""Validation at the boundary: one message template for every bad argument.
+
+The template follows scikit-learn: the argument's name, what is allowed, what was
+given, and (when useful) how to fix it::
+
+    `delta` must be a float in (0, 1). Got 1.5. Pass e.g. delta=1e-5 (well below 1/n).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any
+
+from privtune.errors import InvalidParameterError
+
+
+def _fail(name: str, allowed: str, value: Any, fix: str | None = None) -> InvalidParameterError:
+    msg = f"`{name}` must be {allowed}. Got {value!r}."
+    if fix:
+        msg += f" {fix}"
+    return InvalidParameterError(msg)
+
+
+def check_real(
+    value: Any,
+    name: str,
+    *,
+    low: float | None = None,
+    high: float | None = None,
+    low_inclusive: bool = False,
+    high_inclusive: bool = False,
+    fix: str | None = None,
+) -> float:
+    """Return ``value`` as a finite float in the given interval, or raise InvalidParameterError."""
+    lo_b = "[" if low_inclusive else "("
+    hi_b = "]" if high_inclusive else ")"
+    lo_s = "-inf" if low is None else f"{low:g}"
+    hi_s = "inf" if high is None else f"{high:g}"
+    interval = f"{lo_b}{lo_s}, {hi_s}{hi_b}"
+    allowed = f"a finite number in {interval}"
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise _fail(name, allowed, value, fix)
+    v = float(value)
+    if not math.isfinite(v):
+        raise _fail(name, allowed, value, fix)
+    if low is not None and (v < low or (v == low and not low_inclusive)):
+        raise _fail(name, allowed, value, fix)
+    if high is not None and (v > high or (v == high and not high_inclusive)):
+        raise _fail(name, allowed, value, fix)
+    return v
+
+
+def check_int(value: Any, name: str, *, low: int | None = None, high: int | None = None, fix: str | None = None) -> int:
+    """Return ``value`` as an int in [low, high]; floats with a fractional part are rejected."""
+    rng = f"[{'-inf' if low is None else low}, {'inf' if high is None else high}]"
+    allowed = f"an integer in {rng}"
+    if isinstance(value, bool):
+        raise _fail(name, allowed, value, fix)
+    if isinstance(value, numbers.Integral):
+        v = int(value)
+    elif isinstance(value, numbers.Real) and math.isfinite(float(value)) and float(value).is_integer():
+        v = int(value)
+    else:
+        raise _fail(name, allowed, value, fix)
+    if (low is not None and v < low) or (high is not None and v > high):
+        raise _fail(name, allowed, value, fix)
+    return v
+
+
+def check_choice(value: Any, name: str, choices: tuple[str, ...] | list[str]) -> str:
+    """Return ``value`` if it is one of ``choices``; otherwise raise, suggesting the closest choice."""
+    import difflib
+
+    if isinstance(value, str) and value in choices:
+        return value
+    close = difflib.get_close_matches(str(value), list(choices), n=1)
+    fix = f"Did you mean {close[0]!r}?" if close else None
+    raise _fail(name, "one of " + ", ".join(repr(c) for c in choices), value, fix)
+
+
+def check_epsilon(value: Any, name: str = "epsilon") -> float:
+    """ε: a finite number > 0."""
+    return check_real(value, name, low=0.0, fix="Pass a positive, finite privacy budget such as 1.0 or 8.0.")
+
+
+def check_delta(value: Any, name: str = "delta", *, dataset_size: int | None = None) -> float:
+    """δ: a number in (0, 1), and below 1/n when the dataset size n is known."""
+    d = check_real(value, name, low=0.0, high=1.0, fix="Pass e.g. 1e-5; δ should be well below 1/n.")
+    if dataset_size is not None and d >= 1.0 / dataset_size:
+        raise InvalidParameterError(
+            f"`{name}` must be < 1/n = {1.0 / dataset_size:.3g} for a dataset of n = {dataset_size} examples. "
+            f"Got {value!r}. A δ this large allows releasing an example in the clear; pass "
+            f"{name}={_suggest_delta(dataset_size):.0e} or smaller."
+        )
+    return d
+
+
+def _suggest_delta(n: int) -> float:
+    return 10 ** math.floor(math.log10(1.0 / (10 * n)))
+
+
+def check_sample_rate(value: Any, name: str = "sample_rate") -> float:
+    """q: a number in (0, 1]."""
+    return check_real(
+        value, name, low=0.0, high=1.0, high_inclusive=True,
+        fix="The sampling rate is expected batch size / dataset size; 1.0 means full batch.",
+    )
+
+
+def check_steps(value: Any, name: str = "steps") -> int:
+    """T: an integer ≥ 1."""
+    return check_int(value, name, low=1, fix="Pass a whole number of optimizer steps, at least 1.")
+
+
+def check_noise_multiplier(value: Any, name: str = "noise_multiplier") -> float:
+    """σ (multiplier of the clipping norm): a finite number > 0."""
+    return check_real(
+        value, name, low=0.0,
+        fix="σ is the noise standard deviation divided by the clipping norm; it must be positive.",
+    )

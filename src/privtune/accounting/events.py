@@ -1,0 +1,203 @@
+"""Privacy events: what a mechanism released, as data.
+
+A run (a training run, a tuning trial, a release of noisy losses) is described by a list
+of events.  Events are frozen dataclasses holding exactly the parameters an accountant
+needs; they serialise to plain dicts (for certificates and the ledger) and convert to
+``dp_accounting`` events, which is where all privacy mathematics happens.
+
+Conventions, shared by every event:
+
+* Neighbouring relation: add/remove one example.
+* ``noise_multiplier`` (σ) is dimensionless: the Gaussian noise's standard deviation
+  divided by the L2 sensitivity of the released sum (the clipping norm C for clipped
+  gradient sums).  A release with noise N(0, σ²C²) of a sum whose per-example
+  contributions have norm ≤ C is one :class:`GaussianEvent` with that σ.
+* ``sample_rate`` (q) is the Poisson sampling probability of each example per step.
+
+Rules for evolving events (as in dp_accounting): an event's meaning never changes, new
+fields are optional, and ``from_dict`` rejects unknown kinds and fields instead of
+dropping them, so that an old certificate never silently loses privacy cost.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from privtune._validation import check_int, check_noise_multiplier, check_real, check_sample_rate, check_steps
+from privtune.errors import CertificateError, InvalidParameterError
+
+SAMPLING_SCHEMES = ("poisson", "shuffle", "full_batch")
+
+
+@dataclass(frozen=True)
+class GaussianEvent:
+    """``count`` releases of a Gaussian mechanism on the full dataset (no subsampling).
+
+    Each release adds N(0, σ²Δ²) to a statistic of L2 sensitivity Δ; ``noise_multiplier`` is σ.
+    Full-batch DP-GD for T steps is ``GaussianEvent(σ, count=T)``; it is exactly
+    μ-GDP with μ = √T/σ.  A privatised validation metric or loss released once is
+    ``GaussianEvent(σ, 1)``.
+    """
+
+    kind: ClassVar[str] = "gaussian"
+    noise_multiplier: float
+    count: int = 1
+    label: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "noise_multiplier", check_noise_multiplier(self.noise_multiplier))
+        object.__setattr__(self, "count", check_int(self.count, "count", low=1))
+
+
+@dataclass(frozen=True)
+class DPSGDEvent:
+    """``steps`` steps of a sampled Gaussian mechanism on clipped per-example gradients.
+
+    Each step samples a batch, sums per-example contributions of norm ≤ C and adds
+    N(0, σ²C²).  ``sampling`` says how batches were drawn:
+
+    * ``"poisson"``: each example independently with probability ``sample_rate``; the
+      accountant uses privacy amplification by subsampling.
+    * ``"shuffle"``: a random permutation cut into batches.  No amplification is
+      claimed: each example is in one batch per epoch, so the event is accounted as
+      ``epochs = ceil(steps · sample_rate)`` full Gaussian releases, unless
+      ``assume_poisson`` is True, in which case it is accounted as Poisson and the
+      certificate says that this was an assumption.
+    * ``"full_batch"``: every example every step (``sample_rate`` must be 1).
+    """
+
+    kind: ClassVar[str] = "dpsgd"
+    noise_multiplier: float
+    sample_rate: float
+    steps: int
+    sampling: str = "poisson"
+    assume_poisson: bool = False
+    label: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "noise_multiplier", check_noise_multiplier(self.noise_multiplier))
+        object.__setattr__(self, "sample_rate", check_sample_rate(self.sample_rate))
+        object.__setattr__(self, "steps", check_steps(self.steps))
+        if self.sampling not in SAMPLING_SCHEMES:
+            raise InvalidParameterError(
+                f"`sampling` must be one of {SAMPLING_SCHEMES}. Got {self.sampling!r}."
+            )
+        if self.sampling == "full_batch" and self.sample_rate != 1.0:
+            raise InvalidParameterError(
+                f"`sample_rate` must be 1.0 when sampling='full_batch'. Got {self.sample_rate!r}."
+            )
+        if self.assume_poisson and self.sampling != "shuffle":
+            raise InvalidParameterError("`assume_poisson` only applies to sampling='shuffle'.")
+
+    @property
+    def epochs(self) -> int:
+        """Number of passes over the data that the steps make (rounded up)."""
+        return max(1, math.ceil(self.steps * self.sample_rate - 1e-9))
+
+
+@dataclass(frozen=True)
+class RepeatAndSelectEvent:
+    """Run a mechanism a random number of times and release only the best run.
+
+    Papernot & Steinke (ICLR 2022): the number of repetitions K is drawn from a
+    truncated negative binomial distribution with ``mean`` and ``shape`` (shape 0 is
+    logarithmic, shape 1 geometric); the cost is accounted with Rényi DP through
+    ``dp_accounting.dp_event.RepeatAndSelectDpEvent``.  ``events`` is the inner
+    mechanism (one tuning trial) as a list of events.  Only the RDP accountant
+    supports this event; asking PLD for it falls back to RDP with a stated reason.
+    """
+
+    kind: ClassVar[str] = "repeat_and_select"
+    events: tuple = ()
+    mean: float = 1.0
+    shape: float = 1.0
+    label: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "events", tuple(self.events))
+        if not self.events:
+            raise InvalidParameterError("`events` of a RepeatAndSelectEvent must not be empty.")
+        for e in self.events:
+            if not isinstance(e, PRIMITIVE_EVENT_TYPES):
+                raise InvalidParameterError(
+                    f"RepeatAndSelectEvent can only repeat primitive events "
+                    f"(GaussianEvent, DPSGDEvent); got {type(e).__name__}."
+                )
+        object.__setattr__(self, "mean", check_real(self.mean, "mean", low=0.0))
+        object.__setattr__(self, "shape", check_real(self.shape, "shape", low=0.0, low_inclusive=True))
+
+
+PRIMITIVE_EVENT_TYPES = (GaussianEvent, DPSGDEvent)
+EVENT_TYPES = {cls.kind: cls for cls in (GaussianEvent, DPSGDEvent, RepeatAndSelectEvent)}
+Event = GaussianEvent | DPSGDEvent | RepeatAndSelectEvent
+
+
+def event_to_dict(event: Event) -> dict[str, Any]:
+    """Serialise an event to a JSON-compatible dict with a ``kind`` key."""
+    if not isinstance(event, tuple(EVENT_TYPES.values())):
+        raise InvalidParameterError(f"Not a privtune event: {event!r}.")
+    out: dict[str, Any] = {"kind": event.kind}
+    for f in dataclasses.fields(event):
+        v = getattr(event, f.name)
+        if f.name == "events":
+            v = [event_to_dict(e) for e in v]
+        out[f.name] = v
+    return out
+
+
+def event_from_dict(data: dict[str, Any]) -> Event:
+    """Inverse of :func:`event_to_dict`; unknown kinds or fields raise CertificateError."""
+    if not isinstance(data, dict) or "kind" not in data:
+        raise CertificateError(f"An event must be an object with a 'kind' key; got {data!r}.")
+    kind = data["kind"]
+    cls = EVENT_TYPES.get(kind)
+    if cls is None:
+        raise CertificateError(
+            f"Unknown event kind {kind!r}; known kinds are {sorted(EVENT_TYPES)}. "
+            "It may come from a newer privtune: upgrade with `pip install -U privtune`."
+        )
+    names = {f.name for f in dataclasses.fields(cls)}
+    extra = set(data) - names - {"kind"}
+    if extra:
+        raise CertificateError(
+            f"Event of kind {kind!r} has unknown fields {sorted(extra)}; refusing to drop them "
+            "because they may carry privacy cost. Upgrade privtune."
+        )
+    kwargs = {k: v for k, v in data.items() if k != "kind"}
+    if cls is RepeatAndSelectEvent:
+        kwargs["events"] = tuple(event_from_dict(e) for e in kwargs.get("events", ()))
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:  # missing required field
+        raise CertificateError(f"Malformed event {data!r}: {exc}") from None
+
+
+def describe_event(event: Event) -> str:
+    """A short human-readable summary, e.g. ``'DP-SGD σ=1.1 q=0.01 T=500 (poisson)'``."""
+    prefix = f"[{event.label}] " if event.label else ""
+    if isinstance(event, GaussianEvent):
+        return f"{prefix}Gaussian σ={event.noise_multiplier:.4g} ×{event.count}"
+    if isinstance(event, DPSGDEvent):
+        extra = ", assumed Poisson" if event.assume_poisson else ""
+        return (
+            f"{prefix}DP-SGD σ={event.noise_multiplier:.4g} q={event.sample_rate:.4g} "
+            f"T={event.steps} ({event.sampling}{extra})"
+        )
+    inner = "; ".join(describe_event(e) for e in event.events)
+    return f"{prefix}repeat-and-select (mean {event.mean:g}, shape {event.shape:g}) of [{inner}]"
+
+
+__all__ = [
+    "GaussianEvent",
+    "DPSGDEvent",
+    "RepeatAndSelectEvent",
+    "Event",
+    "SAMPLING_SCHEMES",
+    "event_to_dict",
+    "event_from_dict",
+    "describe_event",
+]
+

@@ -1,0 +1,81 @@
+"""The ``privtune`` command line: a thin edge over the Python API.
+
+Each sub-command lives in its own module (``privtune.cli.account``, ``.budget``,
+``.train``, ``.tune``, ``.report``, ``.config``) and is imported only when it is run,
+so ``privtune account`` does not pay for importing torch.
+
+Errors caused by the user (:class:`privtune.errors.PrivtuneError`) are printed as one
+line, ``error: ...``, and exit with status 2, like click's own usage errors.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+from privtune.errors import PrivtuneError
+
+# sub-command name -> (module, attribute, one-line help)
+_COMMANDS: dict[str, tuple[str, str, str]] = {
+    "account": ("privtune.cli.account", "account", "Compute ε for a DP-SGD run, calibrate σ, or verify a certificate."),
+    "budget": ("privtune.cli.budget", "budget", "Manage the per-dataset privacy budget ledger."),
+    "train": ("privtune.cli.train", "train", "Fine-tune a model privately with fixed hyperparameters."),
+    "predict": ("privtune.cli.train", "predict", "Predict with a fine-tuned model; accuracy when labels are present."),
+    "tune": ("privtune.cli.tune", "tune", "Tune hyperparameters privately and train: one (ε, δ) for everything."),
+    "recommend": ("privtune.cli.tune", "recommend", "Recommend batch size, σ and clipping for a budget (Rehn et al.)."),
+    "report": ("privtune.cli.report", "report", "Regenerate RUN_DIR/report.html from a finished run."),
+    "config": ("privtune.cli.config", "config", "Write or check YAML configuration files."),
+}
+
+
+class _LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(_COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        spec = _COMMANDS.get(cmd_name)
+        if spec is None:
+            return None
+        module = importlib.import_module(spec[0])
+        return getattr(module, spec[1])
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, _COMMANDS[name][2]) for name in self.list_commands(ctx)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="privtune")
+def cli() -> None:
+    """privtune: differentially private fine-tuning with privately chosen hyperparameters."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``privtune`` executable; returns the exit status."""
+    try:
+        rv = cli.main(args=argv, prog_name="privtune", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("Aborted.", err=True)
+        return 130
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except PrivtuneError as exc:
+        click.echo(f"error: {exc}", err=True)
+        return 2
+    except KeyboardInterrupt:
+        click.echo("Interrupted.", err=True)
+        return 130
+    return rv if isinstance(rv, int) else 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
+
+
+def run() -> None:
+    """Console-script entry point: ``sys.exit(main())``."""
+    sys.exit(main())
