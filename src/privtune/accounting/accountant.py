@@ -1,0 +1,448 @@
+"""Accountants: turn a list of privtune events into (ε, δ) with ``dp_accounting``.
+
+All privacy mathematics is done by Google's ``dp_accounting``; this module only
+
+1. *lowers* privtune events (:mod:`privtune.accounting.events`) to segments
+   (Poisson-subsampled Gaussian (σ, q) × count, or Gaussian (σ) × count) and repeat-and-select
+   events, recording every modelling choice (no amplification for shuffling, an explicit
+   Poisson assumption, ...) as a note;
+2. *groups* identical segments (their counts add) and merges all non-subsampled Gaussian
+   releases into one Gaussian with σ_eff = (Σ countᵢ/σᵢ²)^(-1/2), which is exact (a composition of
+   Gaussian mechanisms is a Gaussian mechanism, i.e. μ-GDP with μ² = Σ μᵢ²);
+3. evaluates the composition with either
+
+   * ``"pld"`` (default): privacy loss distributions,
+     ``dp_accounting.pld.privacy_loss_distribution.from_gaussian_mechanism`` with
+     ``pessimistic_estimate=True`` (every value is an *upper bound* on the true ε, whatever
+     the discretisation), add/remove neighbouring relation, both directions tracked;
+     the value discretisation interval is chosen automatically by target precision
+     (see :func:`pld_epsilon`), or
+   * ``"rdp"``: Rényi DP, ``dp_accounting.rdp.RdpAccountant`` with its default orders.
+
+   ``RepeatAndSelectEvent`` (Papernot & Steinke tuning) is only supported by RDP in
+   dp_accounting; when PLD is asked for a list containing one, the whole list is accounted
+   with RDP and the result says so (``accountant == "rdp"`` and a note).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from dp_accounting import dp_event as dpe
+from dp_accounting.rdp import rdp_privacy_accountant as rdplib
+
+from privtune._validation import check_choice, check_delta, check_real
+from privtune.accounting._fast_pld import compose as fast_compose
+from privtune.accounting._fast_pld import gaussian_pld
+from privtune.accounting._fast_pld import self_compose as fast_self_compose
+from privtune.accounting.events import (
+    DPSGDEvent,
+    Event,
+    GaussianEvent,
+    RepeatAndSelectEvent,
+    describe_event,
+)
+from privtune.errors import InvalidParameterError
+
+ACCOUNTANTS = ("pld", "rdp")
+
+#: Relative precision (of ε) that the automatic PLD discretisation aims for.
+DEFAULT_PLD_RTOL = 1e-3
+#: Absolute precision floor (for tiny ε).
+DEFAULT_PLD_ATOL = 1e-5
+#: Value discretisation intervals tried, coarse to fine (pessimistic PLD at each is an upper bound).
+PLD_LEVELS = (1e-2, 3e-3, 1e-3, 3e-4, 1e-4, 3e-5, 1e-5)
+#: dp_accounting's own default interval, used as "the tight PLD reference" in tests/benchmarks.
+REFERENCE_PLD_INTERVAL = 1e-4
+
+
+# --------------------------------------------------------------------------------------------
+# results
+# --------------------------------------------------------------------------------------------
+@dataclass
+class AccountingResult:
+    """The outcome of accounting a list of events.
+
+    ``epsilon`` and ``delta``: the (ε, δ)-DP guarantee (add/remove one example) of the
+    whole composition.  ``accountant``: the accountant that produced ε (``"pld"`` or
+    ``"rdp"``; may differ from the one requested, then ``notes`` says why).
+    ``notes``: every modelling decision taken (no amplification for shuffled batches, an
+    explicit Poisson assumption, an RDP fallback, the PLD discretisation used).
+    ``sampling_assumptions``: the sampling model of each event, as stated in certificates.
+    """
+
+    epsilon: float
+    delta: float
+    accountant: str
+    requested_accountant: str
+    notes: list[str] = field(default_factory=list)
+    sampling_assumptions: list[str] = field(default_factory=list)
+    value_discretization_interval: float | None = None
+
+
+# --------------------------------------------------------------------------------------------
+# lowering events to segments
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True, order=True)
+class Segment:
+    """``count`` self-compositions of a Gaussian mechanism with multiplier σ, Poisson-subsampled
+    with probability ``sample_rate`` (1.0 = no subsampling)."""
+
+    noise_multiplier: float
+    sample_rate: float
+    count: int
+
+
+@dataclass
+class _Lowered:
+    segments: list[Segment]
+    repeat_and_select: list[RepeatAndSelectEvent]
+    notes: list[str]
+    assumptions: list[str]
+
+
+def as_event_list(events) -> list[Event]:
+    """Accept one event or an iterable of events; validate the types."""
+    if isinstance(events, (GaussianEvent, DPSGDEvent, RepeatAndSelectEvent)):
+        return [events]
+    if isinstance(events, (str, bytes)) or not isinstance(events, Iterable):
+        raise InvalidParameterError(
+            f"`events` must be a privtune event or a list of events (GaussianEvent, DPSGDEvent, "
+            f"RepeatAndSelectEvent). Got {events!r}."
+        )
+    out = list(events)
+    for e in out:
+        if not isinstance(e, (GaussianEvent, DPSGDEvent, RepeatAndSelectEvent)):
+            raise InvalidParameterError(
+                f"`events` must contain only privtune events (GaussianEvent, DPSGDEvent, "
+                f"RepeatAndSelectEvent). Got {e!r}. Build events with privtune.accounting.DPSGDEvent(...)."
+            )
+    return out
+
+
+def _lower_primitive(e, notes: list[str], assumptions: list[str]) -> Segment:
+    if isinstance(e, GaussianEvent):
+        assumptions.append(f"{describe_event(e)}: Gaussian releases on the full dataset (no subsampling)")
+        return Segment(e.noise_multiplier, 1.0, e.count)
+    assert isinstance(e, DPSGDEvent)
+    if e.sampling == "poisson":
+        if e.sample_rate >= 1.0:
+            assumptions.append(f"{describe_event(e)}: q = 1, every example in every step (no amplification)")
+            return Segment(e.noise_multiplier, 1.0, e.steps)
+        assumptions.append(f"{describe_event(e)}: Poisson sampling with rate q = {e.sample_rate:g} (amplified)")
+        return Segment(e.noise_multiplier, e.sample_rate, e.steps)
+    if e.sampling == "full_batch":
+        assumptions.append(f"{describe_event(e)}: full batch, every example in every step (no amplification)")
+        return Segment(e.noise_multiplier, 1.0, e.steps)
+    # shuffle
+    if e.assume_poisson:
+        assumptions.append(
+            f"{describe_event(e)}: shuffled fixed-size batches ASSUMED to be Poisson sampled with rate "
+            f"q = {e.sample_rate:g} (the caller asked for this assumption; it is not a proof)"
+        )
+        notes.append(
+            f"{describe_event(e)}: shuffled batches were accounted AS IF Poisson sampled "
+            "(assume_poisson=True); the guarantee rests on that assumption."
+        )
+        if e.sample_rate >= 1.0:
+            return Segment(e.noise_multiplier, 1.0, e.steps)
+        return Segment(e.noise_multiplier, e.sample_rate, e.steps)
+    assumptions.append(
+        f"{describe_event(e)}: shuffled batches, no amplification claimed: accounted as "
+        f"{e.epochs} full-data Gaussian release(s), one per epoch"
+    )
+    notes.append(
+        f"{describe_event(e)}: shuffling gets no privacy amplification; accounted as {e.epochs} "
+        "Gaussian release(s) (one per epoch: each example is in at most one batch per epoch). "
+        "Use Poisson sampling for amplification, or assume_poisson=True to assume it."
+    )
+    return Segment(e.noise_multiplier, 1.0, e.epochs)
+
+
+def lower_events(events) -> _Lowered:
+    """Lower privtune events to grouped :class:`Segment` s plus repeat-and-select events."""
+    evs = as_event_list(events)
+    notes: list[str] = []
+    assumptions: list[str] = []
+    raw: list[Segment] = []
+    rs: list[RepeatAndSelectEvent] = []
+    for e in evs:
+        if isinstance(e, RepeatAndSelectEvent):
+            rs.append(e)
+            sub_notes: list[str] = []
+            sub_ass: list[str] = []
+            for inner in e.events:
+                _lower_primitive(inner, sub_notes, sub_ass)
+            notes.extend(sub_notes)
+            assumptions.extend(
+                f"{a} (inside repeat-and-select, mean {e.mean:g}, shape {e.shape:g})" for a in sub_ass
+            )
+        else:
+            raw.append(_lower_primitive(e, notes, assumptions))
+    return _Lowered(group_segments(raw), rs, notes, assumptions)
+
+
+def group_segments(segments: Sequence[Segment]) -> list[Segment]:
+    """Group identical (σ, q) segments (counts add) and merge all q = 1 Gaussians into one.
+
+    Both steps are exact: self-composition is what the count means, and T₁ Gaussians with σ₁
+    composed with T₂ with σ₂ is one Gaussian with σ_eff = (T₁/σ₁² + T₂/σ₂²)^(-1/2).
+    """
+    counts: dict[tuple[float, float], int] = {}
+    inv_var = 0.0
+    for s in segments:
+        if s.sample_rate >= 1.0:
+            inv_var += s.count / s.noise_multiplier**2
+        else:
+            key = (s.noise_multiplier, s.sample_rate)
+            counts[key] = counts.get(key, 0) + s.count
+    out = [Segment(sig, q, c) for (sig, q), c in sorted(counts.items())]
+    if inv_var > 0.0:
+        out.append(Segment(1.0 / math.sqrt(inv_var), 1.0, 1))
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# dp_accounting events (RDP, and for users who want them)
+# --------------------------------------------------------------------------------------------
+def segment_to_dp_event(s: Segment) -> dpe.DpEvent:
+    base: dpe.DpEvent = dpe.GaussianDpEvent(s.noise_multiplier)
+    if s.sample_rate < 1.0:
+        base = dpe.PoissonSampledDpEvent(s.sample_rate, base)
+    return base if s.count == 1 else dpe.SelfComposedDpEvent(base, s.count)
+
+
+def to_dp_event(events) -> dpe.DpEvent:
+    """The ``dp_accounting`` event equivalent to a list of privtune events (after lowering)."""
+    low = lower_events(events)
+    parts = [segment_to_dp_event(s) for s in low.segments]
+    for r in low.repeat_and_select:
+        inner = lower_events(list(r.events)).segments
+        inner_ev = dpe.ComposedDpEvent([segment_to_dp_event(s) for s in inner])
+        parts.append(dpe.RepeatAndSelectDpEvent(inner_ev, r.mean, r.shape))
+    return dpe.ComposedDpEvent(parts)
+
+
+# --------------------------------------------------------------------------------------------
+# PLD
+# --------------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=48)
+def _base_pld(noise_multiplier: float, sample_rate: float, interval: float):
+    # dp_accounting's pessimistic connect-the-dots PLD of the (subsampled) Gaussian,
+    # add/remove; built with a vectorised privacy-loss inverse (see _fast_pld; same numbers).
+    return gaussian_pld(noise_multiplier, sample_rate, interval)
+
+
+@functools.lru_cache(maxsize=48)
+def _segment_pld(s: Segment, interval: float):
+    base = _base_pld(s.noise_multiplier, s.sample_rate, interval)
+    return base if s.count == 1 else fast_self_compose(base, s.count)
+
+
+@functools.lru_cache(maxsize=8)
+def _composed_pld(segments: tuple[Segment, ...], interval: float):
+    pld = None
+    for s in segments:
+        p = _segment_pld(s, interval)
+        pld = p if pld is None else fast_compose(pld, p)
+    return pld
+
+
+def pld_epsilon_at(segments: Sequence[Segment], delta: float, interval: float) -> float:
+    """Pessimistic-PLD ε of the composition at one value discretisation interval (an upper bound)."""
+    if not segments:
+        return 0.0
+    return float(_composed_pld(tuple(segments), float(interval)).get_epsilon_for_delta(delta))
+
+
+def pld_delta_at(segments: Sequence[Segment], epsilon: float, interval: float) -> float:
+    if not segments:
+        return 0.0
+    return float(_composed_pld(tuple(segments), float(interval)).get_delta_for_epsilon(epsilon))
+
+
+def choose_pld_interval(
+    segments: Sequence[Segment],
+    delta: float,
+    *,
+    rtol: float = DEFAULT_PLD_RTOL,
+    atol: float = DEFAULT_PLD_ATOL,
+) -> tuple[float, float]:
+    """Pick the PLD discretisation by target precision; return ``(interval, epsilon)``.
+
+    Evaluates the pessimistic PLD on the intervals of :data:`PLD_LEVELS`, coarse to fine:
+    from the two coarsest levels it predicts, with the model ε(h) ≈ ε* + c·h² (connect-the-dots
+    discretisation error is second order in h), the coarsest level whose error should be
+    ≤ ``rtol``·ε + ``atol`` and jumps there, then refines level by level until the error
+    estimated from the last two levels meets the tolerance.  Every value computed is an upper
+    bound on the true ε (pessimistic estimate), so the choice affects tightness, never validity.
+    """
+    segments = tuple(segments)
+    return _refine(lambda h: pld_epsilon_at(segments, delta, h), rtol, atol)
+
+
+def _refine(value_at, rtol: float, atol: float) -> tuple[float, float]:
+    levels = list(PLD_LEVELS)
+
+    def ok(v_coarse, h_coarse, v_fine, h_fine):
+        if not (math.isfinite(v_coarse) and math.isfinite(v_fine)):
+            return False
+        est_err = abs(v_coarse - v_fine) / ((h_coarse / h_fine) ** 2 - 1.0)
+        return est_err <= rtol * v_fine + atol
+
+    e0 = value_at(levels[0])
+    e1 = value_at(levels[1])
+    if ok(e0, levels[0], e1, levels[1]):
+        return levels[1], e1
+    start = 2
+    if math.isfinite(e0) and math.isfinite(e1) and e0 != e1:
+        c = abs(e0 - e1) / (levels[0] ** 2 - levels[1] ** 2)
+        h_pred = math.sqrt((rtol * e1 + atol) / c)
+        start = next((i for i, h in enumerate(levels) if i >= 2 and h <= h_pred), len(levels) - 1)
+    prev_h, prev_v = levels[1], e1
+    h = v = None
+    for h in levels[start:]:
+        v = value_at(h)
+        if ok(prev_v, prev_h, v, h):
+            return h, v
+        prev_h, prev_v = h, v
+    return h, v
+
+
+def pld_epsilon(segments: Sequence[Segment], delta: float, *, rtol: float = DEFAULT_PLD_RTOL) -> float:
+    """Pessimistic-PLD ε with the discretisation chosen by :func:`choose_pld_interval`."""
+    if not segments:
+        return 0.0
+    return choose_pld_interval(segments, delta, rtol=rtol)[1]
+
+
+# --------------------------------------------------------------------------------------------
+# RDP
+# --------------------------------------------------------------------------------------------
+def _rdp_accountant(events) -> rdplib.RdpAccountant:
+    acc = rdplib.RdpAccountant()
+    acc.compose(to_dp_event(events))
+    return acc
+
+
+# --------------------------------------------------------------------------------------------
+# public API
+# --------------------------------------------------------------------------------------------
+def _resolve(accountant: str, low: _Lowered, notes: list[str]) -> str:
+    accountant = check_choice(accountant, "accountant", ACCOUNTANTS)
+    if accountant == "pld" and low.repeat_and_select:
+        notes.append(
+            "PLD was requested, but RepeatAndSelectEvent (Papernot & Steinke random-stopping tuning) "
+            "is only supported by dp_accounting's RDP accountant; the WHOLE composition was accounted "
+            "with RDP (composing an RDP bound with PLD segments would need a lossy (ε, δ) split)."
+        )
+        return "rdp"
+    return accountant
+
+
+def account(
+    events,
+    delta: float,
+    accountant: str = "pld",
+    *,
+    value_discretization_interval: float | None = None,
+    dataset_size: int | None = None,
+) -> AccountingResult:
+    """Account a composition of events at a given δ.
+
+    Args:
+        events: one event or a list of events (:class:`GaussianEvent`, :class:`DPSGDEvent`,
+            :class:`RepeatAndSelectEvent`); they are composed (adaptively allowed).
+        delta: target δ in (0, 1); below 1/n when ``dataset_size`` n is given.
+        accountant: ``"pld"`` (default, tight) or ``"rdp"``.
+        value_discretization_interval: PLD only; ``None`` (default) chooses it by target
+            precision (relative ε error ≈ 1e-3), a number fixes it (e.g. 1e-4, dp_accounting's
+            default).  Any value gives an upper bound on ε.
+        dataset_size: optional n, to check δ < 1/n.
+
+    Returns:
+        :class:`AccountingResult` with ε (add/remove one example), δ, the accountant used and notes.
+    """
+    delta = check_delta(delta, dataset_size=dataset_size)
+    low = lower_events(events)
+    notes = list(low.notes)
+    used = _resolve(accountant, low, notes)
+    interval = None
+    if used == "rdp":
+        eps = float(_rdp_accountant(events).get_epsilon(delta))
+    else:
+        if value_discretization_interval is None:
+            if low.segments:
+                interval, eps = choose_pld_interval(low.segments, delta)
+                notes.append(f"PLD value discretisation interval {interval:g} (chosen for ~0.1% ε precision).")
+            else:
+                eps = 0.0
+        else:
+            interval = check_real(value_discretization_interval, "value_discretization_interval", low=0.0, high=1.0)
+            eps = pld_epsilon_at(low.segments, delta, interval)
+    return AccountingResult(
+        epsilon=eps,
+        delta=delta,
+        accountant=used,
+        requested_accountant=accountant,
+        notes=notes,
+        sampling_assumptions=list(low.assumptions),
+        value_discretization_interval=interval,
+    )
+
+
+def compute_epsilon(events, delta: float, accountant: str = "pld", **kwargs) -> float:
+    """ε (add/remove one example) of a composition of events at δ; see :func:`account`.
+
+    Example: ``compute_epsilon(DPSGDEvent(noise_multiplier=1.0, sample_rate=0.01, steps=5000), 1e-5)``
+    is ≈ 4.20 (PLD); with ``accountant="rdp"`` ≈ 4.59.
+    """
+    return account(events, delta, accountant, **kwargs).epsilon
+
+
+def compute_delta(
+    events,
+    epsilon: float,
+    accountant: str = "pld",
+    *,
+    value_discretization_interval: float | None = None,
+) -> float:
+    """δ of a composition of events at a given ε ≥ 0 (add/remove one example).
+
+    PLD: the pessimistic PLD's δ(ε) (an upper bound); the discretisation is chosen by target
+    precision (relative δ error ≈ 1e-3) unless given.  RDP: dp_accounting's
+    ``RdpAccountant.get_delta``.
+    """
+    epsilon = check_real(epsilon, "epsilon", low=0.0, low_inclusive=True,
+                         fix="Pass a finite ε ≥ 0 at which to evaluate δ.")
+    low = lower_events(events)
+    used = _resolve(accountant, low, [])
+    if used == "rdp":
+        return float(_rdp_accountant(events).get_delta(epsilon))
+    if not low.segments:
+        return 0.0
+    if value_discretization_interval is None:
+        segs = tuple(low.segments)
+        return _refine(lambda h: pld_delta_at(segs, epsilon, h), DEFAULT_PLD_RTOL, 1e-12)[1]
+    interval = check_real(value_discretization_interval, "value_discretization_interval", low=0.0, high=1.0)
+    return pld_delta_at(low.segments, epsilon, interval)
+
+
+__all__ = [
+    "ACCOUNTANTS",
+    "AccountingResult",
+    "Segment",
+    "account",
+    "compute_epsilon",
+    "compute_delta",
+    "lower_events",
+    "group_segments",
+    "to_dp_event",
+    "segment_to_dp_event",
+    "choose_pld_interval",
+    "pld_epsilon",
+    "pld_epsilon_at",
+]

@@ -1,0 +1,190 @@
+"""``privtune account``: ε of a DP-SGD run (PLD and RDP side by side), σ calibration, certificates."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import click
+
+from privtune._validation import (
+    check_choice,
+    check_delta,
+    check_epsilon,
+    check_int,
+    check_noise_multiplier,
+    check_real,
+    check_sample_rate,
+    check_steps,
+)
+from privtune.errors import InvalidParameterError
+
+
+def _given(**kw) -> list[str]:
+    return [k for k, v in kw.items() if v is not None]
+
+
+def _resolve_schedule(sample_rate, steps, dataset_size, batch_size, epochs):
+    """(q, T, n) from --sample-rate/--steps or --dataset-size/--batch-size/--epochs."""
+    alt = _given(**{"--dataset-size": dataset_size, "--batch-size": batch_size, "--epochs": epochs})
+    direct = _given(**{"--sample-rate": sample_rate, "--steps": steps})
+    n = None
+    if dataset_size is not None:
+        n = check_int(dataset_size, "--dataset-size", low=1, fix="Pass the number of training examples.")
+    if alt and len(alt) < 3 and not (alt == ["--dataset-size"] and len(direct) == 2):
+        missing = sorted({"--dataset-size", "--batch-size", "--epochs"} - set(alt))
+        raise InvalidParameterError(
+            f"`{missing[0]}` is required with {', '.join(alt)}. Got nothing. Pass all of --dataset-size, "
+            "--batch-size and --epochs, or --sample-rate and --steps."
+        )
+    if len(alt) == 3:
+        if direct:
+            raise InvalidParameterError(
+                f"`{direct[0]}` cannot be combined with --dataset-size/--batch-size/--epochs. Got both. "
+                "Pass either --sample-rate and --steps, or --dataset-size, --batch-size and --epochs."
+            )
+        b = check_int(batch_size, "--batch-size", low=1, fix="Pass the expected batch size (≥ 1).")
+        if b > n:
+            raise InvalidParameterError(
+                f"`--batch-size` must be ≤ --dataset-size = {n}. Got {batch_size!r}. Use --batch-size {n} for full batch."
+            )
+        e = check_real(epochs, "--epochs", low=0.0, fix="Pass the number of passes over the data, e.g. 3.")
+        q = b / n
+        T = max(1, math.ceil(e * n / b - 1e-9))
+        return q, T, n
+    if len(direct) < 2:
+        missing = [k for k in ("--sample-rate", "--steps") if k not in direct]
+        raise InvalidParameterError(
+            f"`{missing[0]}` is required. Got nothing. Pass --sample-rate and --steps, or "
+            "--dataset-size, --batch-size and --epochs."
+        )
+    q = check_sample_rate(sample_rate, "--sample-rate")
+    T = check_steps(steps, "--steps")
+    return q, T, n
+
+
+def _print_table(title: str, columns: list[str], rows: list[list[str]], notes: list[str]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for c in columns:
+        table.add_column(c, justify="left" if c in ("accountant", "event") else "right")
+    for r in rows:
+        table.add_row(*r)
+    console = Console(soft_wrap=True)
+    console.print(table)
+    for n in notes:
+        console.print(f"note: {n}", highlight=False)
+
+
+@click.command("account")
+@click.option("--noise-multiplier", "-s", type=float, default=None,
+              help="σ: noise std divided by the clipping norm C. Computes ε.")
+@click.option("--epsilon", "-e", type=float, default=None, help="Target ε: calibrate σ instead of computing ε.")
+@click.option("--delta", "-d", type=float, default=None, help="δ (e.g. 1e-5; must be < 1/n).")
+@click.option("--sample-rate", "-q", type=float, default=None, help="Poisson sampling probability q in (0, 1].")
+@click.option("--steps", "-T", type=float, default=None, help="Number of optimizer steps T.")
+@click.option("--dataset-size", "-n", type=float, default=None, help="n: with --batch-size and --epochs replaces -q/-T.")
+@click.option("--batch-size", "-b", type=float, default=None, help="Expected batch size B (q = B/n).")
+@click.option("--epochs", type=float, default=None, help="Epochs E (T = ceil(E·n/B)).")
+@click.option("--sampling", type=str, default="poisson", show_default=True,
+              help="poisson | shuffle (no amplification) | full_batch.")
+@click.option("--accountant", type=str, default="pld", show_default=True,
+              help="Accountant of the headline/JSON result: pld or rdp (the table shows both).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
+@click.option("--certificate", "certificate", type=str, default=None,
+              help="Verify a certificate.json (recompute ε from its events).")
+def account(noise_multiplier, epsilon, delta, sample_rate, steps, dataset_size, batch_size, epochs,
+            sampling, accountant, as_json, certificate):
+    """Compute ε of a DP-SGD run (PLD and RDP side by side), calibrate σ for a target ε
+    (--epsilon), or verify a privacy certificate (--certificate FILE).
+
+    \b
+    privtune account --noise-multiplier 1.0 --sample-rate 0.01 --steps 5000 --delta 1e-5
+    privtune account --epsilon 1 --delta 1e-5 --sample-rate 0.01 --steps 5000
+    privtune account --epsilon 3 --delta 1e-6 --dataset-size 60000 --batch-size 256 --epochs 10 --json
+    privtune account --certificate runs/x/certificate.json
+    """
+    from privtune import accounting as A
+
+    accountant = check_choice(accountant, "--accountant", A.ACCOUNTANTS)
+    sampling = check_choice(sampling, "--sampling", A.SAMPLING_SCHEMES)
+
+    if certificate is not None:
+        others = _given(**{"--noise-multiplier": noise_multiplier, "--epsilon": epsilon, "--delta": delta,
+                           "--sample-rate": sample_rate, "--steps": steps})
+        if others:
+            raise InvalidParameterError(
+                f"`{others[0]}` cannot be combined with --certificate. Got both. The certificate holds its own events."
+            )
+        cert = A.verify_certificate(certificate)
+        if as_json:
+            click.echo(json.dumps({"verified": True, "epsilon": cert.epsilon, "delta": cert.delta,
+                                   "accountant": cert.accountant, "events": len(cert.events),
+                                   "path": certificate}))
+        else:
+            rows = [[A.describe_event(e)] for e in cert.events]
+            _print_table(f"certificate {certificate}: VERIFIED", ["event"], rows,
+                         [f"ε = {cert.epsilon:.6g}, δ = {cert.delta:g}, accountant {cert.accountant}, "
+                          f"{cert.neighbouring}"] + list(cert.sampling_assumptions) + list(cert.notes))
+        return 0
+
+    if delta is None:
+        raise InvalidParameterError("`--delta` is required. Got nothing. Pass e.g. --delta 1e-5 (well below 1/n).")
+    q, T, n = _resolve_schedule(sample_rate, steps, dataset_size, batch_size, epochs)
+    delta = check_delta(delta, "--delta", dataset_size=n)
+    if sampling == "full_batch" and q != 1.0:
+        raise InvalidParameterError(f"`--sample-rate` must be 1 with --sampling full_batch. Got {q!r}.")
+    if q == 1.0 and sampling == "poisson":
+        sampling = "full_batch"
+
+    if (noise_multiplier is None) == (epsilon is None):
+        raise InvalidParameterError(
+            "`--noise-multiplier` / `--epsilon`: pass exactly one of them. Got "
+            f"{'both' if noise_multiplier is not None else 'neither'}. --noise-multiplier computes ε; "
+            "--epsilon calibrates σ."
+        )
+
+    def event(sig):
+        return A.DPSGDEvent(sig, q, T, sampling=sampling)
+
+    if noise_multiplier is not None:
+        sigma = check_noise_multiplier(noise_multiplier, "--noise-multiplier")
+        results = {a: A.account(event(sigma), delta, a) for a in A.ACCOUNTANTS}
+        main = results[accountant]
+        if as_json:
+            click.echo(json.dumps({
+                "epsilon": main.epsilon, "delta": delta, "noise_multiplier": sigma, "sample_rate": q,
+                "steps": T, "accountant": main.accountant, "sampling": sampling,
+                "epsilons": {a: r.epsilon for a, r in results.items()},
+                "dataset_size": n, "notes": main.notes,
+            }))
+            return 0
+        rows = [[a, f"{r.epsilon:.4f}", f"{delta:g}", f"{sigma:g}", f"{q:g}", str(T)] for a, r in results.items()]
+        _print_table("privtune account: ε (add/remove one example)",
+                     ["accountant", "ε", "δ", "σ", "q", "T"], rows, results["pld"].notes)
+        return 0
+
+    target = check_epsilon(epsilon, "--epsilon")
+    from privtune.errors import InfeasibleBudgetError
+
+    sigmas = {}
+    for a in A.ACCOUNTANTS:
+        try:
+            sigmas[a] = A.calibrate_noise_multiplier(target, delta, q, T, a, sampling=sampling)
+        except InfeasibleBudgetError as exc:  # name the flag, not the Python argument
+            raise InfeasibleBudgetError(str(exc).replace("`target_epsilon`", "`--epsilon`")) from None
+    achieved = {a: A.compute_epsilon(event(s), delta, a) for a, s in sigmas.items()}
+    if as_json:
+        click.echo(json.dumps({
+            "epsilon": achieved[accountant], "target_epsilon": target, "delta": delta,
+            "noise_multiplier": sigmas[accountant], "sample_rate": q, "steps": T, "accountant": accountant,
+            "sampling": sampling, "noise_multipliers": sigmas, "dataset_size": n,
+        }))
+        return 0
+    rows = [[a, f"{sigmas[a]:.5f}", f"{achieved[a]:.5f}", f"{target:g}", f"{delta:g}", f"{q:g}", str(T)]
+            for a in A.ACCOUNTANTS]
+    _print_table("privtune account: calibrated σ (noise std / clipping norm)",
+                 ["accountant", "σ", "achieved ε", "target ε", "δ", "q", "T"], rows, [])
+    return 0

@@ -1,0 +1,93 @@
+"""`privtune account` through privtune.cli.main (exit codes, one-line errors, JSON keys)."""
+
+import json
+
+import pytest
+
+from privtune.accounting import Certificate, DPSGDEvent, compute_epsilon
+from privtune.cli import main
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_epsilon_table_pld_and_rdp(capsys):
+    code, out, _ = run(capsys, "account", "--noise-multiplier", "1.0", "--sample-rate", "0.01", "--steps", "5000",
+                       "--delta", "1e-5")
+    assert code == 0
+    assert "pld" in out and "rdp" in out
+    assert "4.20" in out and "4.589" in out
+
+
+def test_json_output_keys(capsys):
+    code, out, _ = run(capsys, "account", "-s", "1.0", "-q", "0.01", "-T", "1000", "-d", "1e-5", "--json")
+    assert code == 0
+    data = json.loads(out)
+    for key in ("epsilon", "delta", "noise_multiplier", "sample_rate", "steps", "accountant"):
+        assert key in data
+    assert data["accountant"] == "pld"
+    assert data["epsilon"] == pytest.approx(compute_epsilon(DPSGDEvent(1.0, 0.01, 1000), 1e-5))
+    assert data["epsilons"]["rdp"] > data["epsilons"]["pld"]
+
+
+def test_calibration_and_dataset_size_form(capsys):
+    code, out, _ = run(capsys, "account", "--epsilon", "3", "--delta", "1e-6", "--dataset-size", "60000",
+                       "--batch-size", "600", "--epochs", "2", "--json")
+    assert code == 0
+    data = json.loads(out)
+    assert data["sample_rate"] == pytest.approx(0.01) and data["steps"] == 200
+    assert data["epsilon"] <= 3.0
+    assert compute_epsilon(DPSGDEvent(data["noise_multiplier"], 0.01, 200), 1e-6) <= 3.0
+    code, out, _ = run(capsys, "account", "--epsilon", "1", "--delta", "1e-5", "--sample-rate", "0.01",
+                       "--steps", "500")
+    assert code == 0 and "calibrated σ" in out
+
+
+def test_certificate_verification(capsys, tmp_path):
+    path = Certificate.from_events([DPSGDEvent(1.0, 0.01, 100)], 1e-5).save(tmp_path / "c.json")
+    code, out, _ = run(capsys, "account", "--certificate", str(path))
+    assert code == 0 and "VERIFIED" in out
+    data = json.loads(path.read_text())
+    data["epsilon"] = 0.01
+    path.write_text(json.dumps(data))
+    code, _, err = run(capsys, "account", "--certificate", str(path))
+    assert code == 2 and "mismatch" in err
+
+
+@pytest.mark.parametrize(
+    "argv,name",
+    [
+        (["-s", "0", "-q", "0.01", "-T", "10", "-d", "1e-5"], "--noise-multiplier"),
+        (["-s", "nan", "-q", "0.01", "-T", "10", "-d", "1e-5"], "--noise-multiplier"),
+        (["-e", "0", "-q", "0.01", "-T", "10", "-d", "1e-5"], "--epsilon"),
+        (["-e", "-1", "-q", "0.01", "-T", "10", "-d", "1e-5"], "--epsilon"),
+        (["-e", "inf", "-q", "0.01", "-T", "10", "-d", "1e-5"], "--epsilon"),
+        (["-e", "nan", "-q", "0.01", "-T", "10", "-d", "1e-5"], "--epsilon"),
+        (["-s", "1", "-q", "0.01", "-T", "10", "-d", "0"], "--delta"),
+        (["-s", "1", "-q", "0.01", "-T", "10", "-d", "1"], "--delta"),
+        (["-s", "1", "-q", "0.01", "-T", "10"], "--delta"),
+        (["-s", "1", "-n", "1000", "-b", "10", "--epochs", "1", "-d", "1e-3"], "--delta"),
+        (["-s", "1", "-q", "0", "-T", "10", "-d", "1e-5"], "--sample-rate"),
+        (["-s", "1", "-q", "1.5", "-T", "10", "-d", "1e-5"], "--sample-rate"),
+        (["-s", "1", "-q", "0.01", "-T", "0", "-d", "1e-5"], "--steps"),
+        (["-s", "1", "-q", "0.01", "-T", "2.5", "-d", "1e-5"], "--steps"),
+        (["-s", "1", "-q", "0.01", "-d", "1e-5"], "--steps"),
+        (["-s", "1", "-e", "1", "-q", "0.01", "-T", "10", "-d", "1e-5"], "--noise-multiplier"),
+        (["-q", "0.01", "-T", "10", "-d", "1e-5"], "--noise-multiplier"),
+        (["-e", "1e-4", "-q", "1", "-T", "1000", "-d", "1e-5"], "--epsilon"),
+        (["-s", "1", "-n", "100", "-b", "200", "--epochs", "1", "-d", "1e-5"], "--batch-size"),
+        (["-s", "1", "-n", "1000", "-b", "10", "-d", "1e-5"], "--epochs"),
+        (["-s", "1", "-q", "0.01", "-T", "10", "-d", "1e-5", "--accountant", "prv"], "--accountant"),
+        (["-s", "1", "-q", "0.01", "-T", "10", "-d", "1e-5", "--sampling", "uniform"], "--sampling"),
+        (["--certificate", "/nonexistent/c.json"], "does not exist"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(capsys, argv, name):
+    code, out, err = run(capsys, "account", *argv)
+    assert code == 2
+    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("error:") and name in lines[0]
