@@ -1,0 +1,43 @@
+"""The per-dataset privacy budget ledger (SQLite by default, PostgreSQL for teams).
+
+::
+
+    from privtune.ledger import Ledger, dataset_fingerprint
+    from privtune.accounting.events import DPSGDEvent
+
+    ledger = Ledger()                                   # $PRIVTUNE_LEDGER or ~/.privtune/ledger.db
+    fp = dataset_fingerprint("train.jsonl")             # content hash; renaming keeps the budget
+    ledger.init_dataset(fp, epsilon=8.0, delta=1e-5, name="support-tickets")
+    with ledger.spend(fp, [DPSGDEvent(1.1, 0.01, 1000)], command="my_script.py") as reservation:
+        ...                                             # read data and train here
+    print(ledger.status(fp).remaining_epsilon)
+
+See ``docs/ledger.md``.
+"""
+
+from privtune.ledger._backend import default_ledger_url
+from privtune.ledger._compose import group_events
+from privtune.ledger.fingerprint import dataset_fingerprint, is_fingerprint
+from privtune.ledger.ledger import (
+    ACCOUNTANTS,
+    BudgetStatus,
+    Entry,
+    Ledger,
+    Record,
+    Reservation,
+    VerifyReport,
+)
+
+__all__ = [
+    "Ledger",
+    "Reservation",
+    "BudgetStatus",
+    "Entry",
+    "Record",
+    "VerifyReport",
+    "ACCOUNTANTS",
+    "dataset_fingerprint",
+    "is_fingerprint",
+    "default_ledger_url",
+    "group_events",
+]

@@ -1,0 +1,1140 @@
+"""The privacy budget ledger: every spend on a dataset recorded, composed and enforced.
+
+Model
+-----
+A **dataset** is its content fingerprint (:func:`~privtune.ledger.dataset_fingerprint`) plus
+an optional unique human name.  It has a total budget (ε, δ) and an accountant, set once by
+:meth:`Ledger.init_dataset`; :meth:`Ledger.raise_budget` is the only way to change the total,
+and it is recorded like everything else.
+
+Each dataset has an append-only **hash chain of records**: ``init``, ``raise``, ``reserve``,
+``resume``, ``commit``, ``release``.  A spend is an **entry** (the records sharing one
+``entry_id``): its accounting events, who/what spent it (command, config hash, privtune
+version, user, host, time) and a state ``reserved`` -> ``committed`` (or ``released``, only
+when no example was touched).  Every record stores the hash of the previous one, so
+:meth:`Ledger.verify` detects an edited, inserted or deleted record.
+
+Remaining ε = total ε − ε(composition of the events of all committed and reserved entries),
+computed at the dataset's δ by the accounting core (:func:`privtune.accounting.compute_epsilon`);
+ε's are never added.
+
+Concurrency: the check of the remaining budget and the reservation are one transaction that
+holds the dataset's write lock (SQLite ``BEGIN IMMEDIATE``, PostgreSQL ``SELECT ... FOR
+UPDATE`` on the dataset row), so concurrent processes can never overspend together.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import getpass
+import hashlib
+import json
+import os
+import socket
+import uuid
+import warnings
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+import sqlalchemy as sa
+
+from privtune._validation import check_choice, check_delta, check_epsilon
+from privtune.accounting.events import (
+    EVENT_TYPES,
+    describe_event,
+    event_from_dict,
+    event_to_dict,
+)
+from privtune.errors import (
+    BudgetExceededError,
+    CertificateError,
+    InvalidParameterError,
+    LedgerError,
+    UnknownDatasetError,
+)
+from privtune.ledger import _backend as backend
+from privtune.ledger._compose import composed_epsilon, group_events
+from privtune.ledger.fingerprint import dataset_fingerprint, is_fingerprint
+
+ACCOUNTANTS = ("pld", "rdp")
+STATES = ("reserved", "committed", "released")
+_RTOL = 1e-9  # float noise allowed when comparing a composed ε with the total
+_GENESIS = "privtune-ledger/v1/genesis/"
+_ACTION_STATE = {
+    "init": "init",
+    "raise": "raised",
+    "reserve": "reserved",
+    "resume": "resumed",
+    "commit": "committed",
+    "release": "released",
+}
+
+
+# --------------------------------------------------------------------------- value objects
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One spend on a dataset, as it stands now.
+
+    ``events`` are what the entry charges: the planned events while ``reserved``, the actually
+    spent events once ``committed``; a ``released`` entry charges nothing.  ``epsilon_after``
+    is the dataset's composed ε right after the entry's latest record.  Times are ISO 8601 UTC.
+    """
+
+    entry_id: str
+    state: str
+    events: tuple
+    planned_events: tuple
+    command: str
+    config_hash: str | None
+    privtune_version: str
+    username: str
+    host: str
+    created_at: str
+    updated_at: str
+    resume_key: str | None
+    delta: float | None
+    note: str
+    epsilon_after: float
+    resumed: int = 0
+
+    @property
+    def charged(self) -> bool:
+        """True for reserved and committed entries (they count against the budget)."""
+        return self.state in ("reserved", "committed")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-compatible dict (events as event dicts)."""
+        return {
+            "entry_id": self.entry_id,
+            "state": self.state,
+            "events": [event_to_dict(e) for e in self.events],
+            "planned_events": [event_to_dict(e) for e in self.planned_events],
+            "events_summary": "; ".join(describe_event(e) for e in self.events),
+            "command": self.command,
+            "config_hash": self.config_hash,
+            "privtune_version": self.privtune_version,
+            "user": self.username,
+            "host": self.host,
+            "created_at": self.created_at,
+            "updated_at": self.updated_at,
+            "resume_key": self.resume_key,
+            "delta": self.delta,
+            "note": self.note,
+            "epsilon_after": self.epsilon_after,
+            "resumed": self.resumed,
+        }
+
+
+@dataclass(frozen=True)
+class Record:
+    """One link of a dataset's hash chain (what ``privtune budget history`` prints)."""
+
+    seq: int
+    action: str
+    state: str
+    entry_id: str | None
+    created_at: str
+    command: str
+    events: tuple
+    epsilon_after: float
+    payload: dict
+    config_hash: str | None
+    privtune_version: str
+    username: str
+    host: str
+    hash: str
+
+    def summary(self) -> str:
+        """Events summary, or what an administrative record did."""
+        if self.events:
+            return "; ".join(describe_event(e) for e in self.events)
+        p = self.payload
+        if self.action == "init":
+            return f"total ε={p['total_epsilon']:g}, δ={p['delta']:g}, accountant={p['accountant']}"
+        if self.action == "raise":
+            return f"total ε {p['previous_total_epsilon']:g} → {p['total_epsilon']:g} ({p.get('reason', '')})"
+        if self.action == "resume":
+            return f"resumed reservation (resume_key={p.get('resume_key')!r})"
+        if self.action == "release":
+            return f"released, no example touched ({p.get('reason', '')})"
+        return ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "seq": self.seq,
+            "action": self.action,
+            "state": self.state,
+            "entry_id": self.entry_id,
+            "time": self.created_at,
+            "command": self.command,
+            "events": [event_to_dict(e) for e in self.events],
+            "events_summary": self.summary(),
+            "epsilon_after": self.epsilon_after,
+            "config_hash": self.config_hash,
+            "privtune_version": self.privtune_version,
+            "user": self.username,
+            "host": self.host,
+            "hash": self.hash,
+        }
+
+
+@dataclass(frozen=True)
+class BudgetStatus:
+    """A dataset's budget now.
+
+    ``spent_epsilon`` composes the committed entries; ``reserved_epsilon`` is what the open
+    reservations add on top (``spent + reserved`` = ε of all charged entries composed);
+    ``remaining_epsilon = total_epsilon − spent_epsilon − reserved_epsilon`` (negative only if an
+    external spend was forced past the total).  All ε's are at the dataset's ``delta``.
+    """
+
+    fingerprint: str
+    name: str | None
+    total_epsilon: float
+    delta: float
+    accountant: str
+    spent_epsilon: float
+    reserved_epsilon: float
+    remaining_epsilon: float
+    entries: tuple = ()
+    ledger_url: str = ""
+
+    @property
+    def used_epsilon(self) -> float:
+        """ε of all committed and reserved entries composed."""
+        return self.spent_epsilon + self.reserved_epsilon
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "dataset": self.fingerprint,
+            "fingerprint": self.fingerprint,
+            "name": self.name,
+            "total_epsilon": self.total_epsilon,
+            "delta": self.delta,
+            "accountant": self.accountant,
+            "spent_epsilon": self.spent_epsilon,
+            "reserved_epsilon": self.reserved_epsilon,
+            "used_epsilon": self.used_epsilon,
+            "remaining_epsilon": self.remaining_epsilon,
+            "ledger": self.ledger_url,
+            "entries": [e.to_dict() for e in self.entries],
+        }
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """Result of :meth:`Ledger.verify`: ``ok`` is False when any problem was found."""
+
+    ok: bool
+    problems: tuple
+    datasets: tuple  # dicts: fingerprint, name, records, head_hash
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "problems": list(self.problems), "datasets": list(self.datasets)}
+
+
+# --------------------------------------------------------------------------- replay
+
+
+@dataclass
+class _EntryState:
+    entry_id: str
+    state: str
+    planned: tuple
+    actual: tuple | None
+    resume_key: str | None
+    delta: float | None
+    note: str
+    first: Any  # the reserve record row
+    last: Any  # latest record row of the entry
+    resumed: int = 0
+
+    @property
+    def charged_events(self) -> tuple:
+        if self.state == "committed":
+            return self.actual or ()
+        if self.state == "reserved":
+            return self.planned
+        return ()
+
+    def to_entry(self) -> Entry:
+        f = self.first
+        return Entry(
+            entry_id=self.entry_id,
+            state=self.state,
+            events=self.charged_events if self.state != "released" else self.planned,
+            planned_events=self.planned,
+            command=f.command,
+            config_hash=f.config_hash,
+            privtune_version=f.privtune_version,
+            username=f.username,
+            host=f.host,
+            created_at=f.created_at,
+            updated_at=self.last.created_at,
+            resume_key=self.resume_key,
+            delta=self.delta,
+            note=self.note,
+            epsilon_after=self.last.epsilon_after,
+            resumed=self.resumed,
+        )
+
+
+@dataclass
+class _DatasetState:
+    row: Any
+    total_epsilon: float = 0.0
+    delta: float = 0.0
+    accountant: str = "pld"
+    name: str | None = None
+    entries: dict = field(default_factory=dict)  # entry_id -> _EntryState, creation order
+    records: list = field(default_factory=list)
+
+    def charged_events(self, exclude: str | None = None) -> list:
+        out: list = []
+        for e in self.entries.values():
+            if e.entry_id != exclude:
+                out.extend(e.charged_events)
+        return out
+
+    def committed_events(self) -> list:
+        out: list = []
+        for e in self.entries.values():
+            if e.state == "committed":
+                out.extend(e.charged_events)
+        return out
+
+
+def _parse_events(text: Any, where: str) -> tuple:
+    try:
+        return tuple(event_from_dict(d) for d in text)
+    except (CertificateError, InvalidParameterError, TypeError) as exc:
+        raise LedgerError(f"The ledger holds an unreadable event in {where}: {exc}") from None
+
+
+def _replay(ds_row: Any, rows: list, problems: list | None = None) -> _DatasetState:
+    """Rebuild a dataset's state from its records.  With ``problems`` given, inconsistencies are
+    collected there (for verify); otherwise the first one raises LedgerError."""
+
+    def bad(msg: str) -> None:
+        full = f"dataset {ds_row.fingerprint[:12]}…: {msg}"
+        if problems is None:
+            raise LedgerError(f"The ledger is inconsistent ({full}). Run `privtune budget verify`.")
+        problems.append(full)
+
+    st = _DatasetState(row=ds_row, records=rows)
+    for r in rows:
+        try:
+            p = json.loads(r.payload)
+        except (TypeError, ValueError):
+            bad(f"record {r.seq} has a payload that is not JSON")
+            continue
+        where = f"record {r.seq} ({r.action})"
+        if r.action == "init":
+            if r.seq != 0:
+                bad(f"{where}: init is not the first record")
+            st.total_epsilon, st.delta = float(p["total_epsilon"]), float(p["delta"])
+            st.accountant, st.name = p["accountant"], p.get("name")
+            if p.get("fingerprint") != ds_row.fingerprint:
+                bad(f"{where}: belongs to fingerprint {p.get('fingerprint')!r}")
+        elif r.action == "raise":
+            st.total_epsilon = float(p["total_epsilon"])
+        elif r.action == "reserve":
+            if r.entry_id in st.entries:
+                bad(f"{where}: entry {r.entry_id} reserved twice")
+                continue
+            st.entries[r.entry_id] = _EntryState(
+                entry_id=r.entry_id,
+                state="reserved",
+                planned=_parse_events(p["events"], where),
+                actual=None,
+                resume_key=p.get("resume_key"),
+                delta=p.get("delta"),
+                note=p.get("note") or "",
+                first=r,
+                last=r,
+            )
+        elif r.action in ("commit", "release", "resume"):
+            e = st.entries.get(r.entry_id)
+            if e is None:
+                bad(f"{where}: refers to entry {r.entry_id}, which was never reserved")
+                continue
+            if e.state != "reserved":
+                bad(f"{where}: entry {r.entry_id} is already {e.state}")
+                continue
+            if r.action == "commit":
+                e.state, e.actual = "committed", _parse_events(p["events"], where)
+            elif r.action == "release":
+                e.state = "released"
+            else:
+                e.resumed += 1
+            e.last = r
+        else:
+            bad(f"{where}: unknown action {r.action!r}")
+    if not rows or rows[0].action != "init":
+        bad("the chain does not start with an init record")
+    return st
+
+
+# --------------------------------------------------------------------------- hashing
+
+
+def _genesis(fingerprint: str) -> str:
+    return hashlib.sha256((_GENESIS + fingerprint).encode()).hexdigest()
+
+
+def _record_hash(fingerprint: str, r: Mapping[str, Any]) -> str:
+    body = {
+        "fingerprint": fingerprint,
+        "seq": r["seq"],
+        "action": r["action"],
+        "entry_id": r["entry_id"],
+        "payload": r["payload"],
+        "epsilon_after": float(r["epsilon_after"]),
+        "command": r["command"],
+        "config_hash": r["config_hash"],
+        "privtune_version": r["privtune_version"],
+        "username": r["username"],
+        "host": r["host"],
+        "created_at": r["created_at"],
+        "prev_hash": r["prev_hash"],
+    }
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _canonical_json(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+
+
+# --------------------------------------------------------------------------- input checks
+
+
+def _check_events(events: Any, name: str) -> tuple:
+    types = tuple(EVENT_TYPES.values())
+    if isinstance(events, types) or isinstance(events, Mapping):
+        events = [events]
+    if isinstance(events, (str, bytes)) or not isinstance(events, Iterable):
+        raise InvalidParameterError(
+            f"`{name}` must be a privtune event or a list of events (GaussianEvent, DPSGDEvent, "
+            f"RepeatAndSelectEvent). Got {events!r}."
+        )
+    out = []
+    for e in events:
+        if isinstance(e, Mapping):
+            try:
+                e = event_from_dict(dict(e))
+            except CertificateError as exc:
+                raise InvalidParameterError(f"`{name}` holds a malformed event dict: {exc}") from None
+        if not isinstance(e, types):
+            raise InvalidParameterError(
+                f"`{name}` must hold privtune events from privtune.accounting.events. Got {e!r}."
+            )
+        out.append(e)
+    if not out:
+        raise InvalidParameterError(
+            f"`{name}` must not be empty. Pass the events the run will spend, e.g. "
+            "[DPSGDEvent(noise_multiplier=1.0, sample_rate=0.01, steps=1000)]."
+        )
+    return tuple(out)
+
+
+def _check_text(value: Any, name: str, *, allow_none: bool = False, max_len: int | None = None) -> str | None:
+    if value is None and allow_none:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidParameterError(f"`{name}` must be a non-empty string. Got {value!r}.")
+    if max_len is not None and len(value) > max_len:
+        raise InvalidParameterError(f"`{name}` must be at most {max_len} characters. Got {len(value)} characters.")
+    return value.strip()
+
+
+def _config_hash(config: Any) -> str | None:
+    if config is None:
+        return None
+    if isinstance(config, (bytes, bytearray)):
+        return hashlib.sha256(bytes(config)).hexdigest()
+    if isinstance(config, str):
+        return hashlib.sha256(config.encode()).hexdigest()
+    if isinstance(config, os.PathLike):
+        return dataset_fingerprint(config)
+    if isinstance(config, Mapping):
+        try:
+            text = json.dumps(config, sort_keys=True, separators=(",", ":"), default=str)
+        except (TypeError, ValueError) as exc:
+            raise InvalidParameterError(f"`config` must be JSON-serialisable: {exc}.") from None
+        return hashlib.sha256(text.encode()).hexdigest()
+    raise InvalidParameterError(
+        f"`config` must be a dict of options, a string, a path to a config file, or None. Got {type(config).__name__}."
+    )
+
+
+def _who(command: Any, config: Any) -> dict[str, Any]:
+    from privtune import __version__
+
+    try:
+        user = getpass.getuser()
+    except Exception:  # no passwd entry (containers)
+        user = str(os.getuid()) if hasattr(os, "getuid") else "unknown"
+    return {
+        "command": _check_text(command, "command"),
+        "config_hash": _config_hash(config),
+        "privtune_version": __version__,
+        "username": user[:128],
+        "host": socket.gethostname()[:256],
+        "created_at": datetime.now(timezone.utc).isoformat(timespec="microseconds"),
+    }
+
+
+def _identify(dataset: Any) -> tuple[str, str]:
+    """('fingerprint', hex) or ('name', name) for a dataset argument."""
+    if isinstance(dataset, (bytes, bytearray, memoryview)):
+        return "fingerprint", dataset_fingerprint(dataset)
+    if isinstance(dataset, os.PathLike):
+        return "fingerprint", dataset_fingerprint(dataset)
+    if isinstance(dataset, str):
+        s = dataset.strip()
+        if not s:
+            raise InvalidParameterError(
+                "`dataset` must be a dataset path, a fingerprint or a registered name. Got ''."
+            )
+        if is_fingerprint(s):
+            return "fingerprint", s.lower()
+        if os.path.exists(os.path.expanduser(s)):
+            return "fingerprint", dataset_fingerprint(s)
+        return "name", s
+    raise InvalidParameterError(
+        f"`dataset` must be a dataset path, a fingerprint (64 hex digits) or a registered name. "
+        f"Got {type(dataset).__name__}: {dataset!r}."
+    )
+
+
+def _fmt(eps: float) -> str:
+    return f"{eps:.4g}"
+
+
+# --------------------------------------------------------------------------- the ledger
+
+
+class Reservation:
+    """A reservation of planned events on a dataset (returned by :meth:`Ledger.spend`).
+
+    Attributes: ``entry_id``, ``fingerprint``, ``planned_events``, ``resumed`` (True when an
+    existing reservation was continued), ``epsilon_after`` (the dataset's composed ε with this
+    reservation), ``remaining_epsilon`` (what is left after it), ``state``.
+    """
+
+    def __init__(self, ledger: Ledger, fingerprint: str, entry_id: str, planned_events: tuple, *,
+                 resumed: bool, epsilon_after: float, remaining_epsilon: float) -> None:
+        self.ledger = ledger
+        self.fingerprint = fingerprint
+        self.entry_id = entry_id
+        self.planned_events = planned_events
+        self.resumed = resumed
+        self.epsilon_after = epsilon_after
+        self.remaining_epsilon = remaining_epsilon
+        self.state = "reserved"
+
+    def commit(self, actual_events: Any = None, *, command: str | None = None) -> Entry:
+        """Record the actually spent events (default: the planned ones) and close the entry.
+
+        Actual events that cost more than the reservation are still recorded (the books must
+        show what happened), with a warning; BudgetExceededError follows if the dataset's total
+        is then overspent.
+        """
+        entry = self.ledger._commit(self.fingerprint, self.entry_id, actual_events, command=command)
+        self.state = "committed"
+        return entry
+
+    def release(self, reason: str, *, command: str | None = None) -> Entry:
+        """Cancel the reservation.  Only call this when **no example was read**: after data has
+        been touched, commit (the spend happened) or leave it reserved."""
+        entry = self.ledger._release(self.fingerprint, self.entry_id, reason, command=command)
+        self.state = "released"
+        return entry
+
+    def __repr__(self) -> str:
+        return (f"Reservation(entry_id={self.entry_id!r}, state={self.state!r}, resumed={self.resumed}, "
+                f"epsilon_after={self.epsilon_after:.4g}, remaining_epsilon={self.remaining_epsilon:.4g})")
+
+
+class Ledger:
+    """A persistent, tamper-evident, per-dataset privacy budget ledger.
+
+    Parameters
+    ----------
+    url : str, os.PathLike or None
+        ``None`` -> ``$PRIVTUNE_LEDGER`` or ``sqlite:///~/.privtune/ledger.db``;
+        ``"sqlite:////abs/path.db"`` (or a bare file path) for a file on this machine;
+        ``"postgresql://user:password@host:5432/dbname"`` for a ledger shared by a team.
+
+    The database is opened (and its schema created when empty) on first use.  A file that is
+    not a privtune ledger, or is corrupted, raises LedgerError; it is never reset.
+    """
+
+    def __init__(self, url: str | os.PathLike | None = None) -> None:
+        self._sa_url, self._sqlite_path, self._default_location = backend.resolve_url(url)
+        self._engine: sa.Engine | None = None
+        self._pid: int | None = None
+        self._replays: dict[int, tuple] = {}  # dataset id -> ((head_seq, head_hash), replayed state)
+
+    # ---- plumbing
+
+    @property
+    def url(self) -> str:
+        """The resolved URL with any password masked."""
+        return backend.mask_url(self._sa_url)
+
+    @property
+    def backend(self) -> str:
+        """``'sqlite'`` or ``'postgresql'``."""
+        return self._sa_url.get_backend_name()
+
+    def __repr__(self) -> str:
+        return f"Ledger({self.url!r})"
+
+    def _where(self) -> str:
+        return backend._describe(self._sa_url, self._sqlite_path)
+
+    def _errors(self) -> contextlib.AbstractContextManager[None]:
+        return backend.translate_errors(self._sa_url, self._sqlite_path)
+
+    def _get_engine(self) -> sa.Engine:
+        if self._engine is not None and self._pid != os.getpid():  # forked: never share connections
+            self._engine.dispose(close=False)
+            self._engine = None
+        if self._engine is None:
+            if self._sqlite_path is not None:
+                backend.check_sqlite_location(self._sqlite_path, self._default_location)
+            with self._errors():
+                engine = backend.create_engine(self._sa_url, self._sqlite_path)
+                try:
+                    backend.ensure_schema(engine, self._where())
+                except BaseException:
+                    engine.dispose()
+                    raise
+            self._engine, self._pid = engine, os.getpid()
+        return self._engine
+
+    @contextlib.contextmanager
+    def _write(self) -> Iterator[sa.Connection]:
+        engine = self._get_engine()
+        with self._errors(), backend.write_connection(engine) as conn:
+            yield conn
+
+    @contextlib.contextmanager
+    def _read(self) -> Iterator[sa.Connection]:
+        engine = self._get_engine()
+        with self._errors(), backend.read_connection(engine) as conn:
+            yield conn
+
+    def close(self) -> None:
+        """Release database connections (the ledger reopens on next use)."""
+        if self._engine is not None:
+            self._engine.dispose()
+            self._engine = None
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # ---- dataset rows
+
+    def _find(self, conn: sa.Connection, dataset: Any, *, lock: bool) -> Any:
+        kind, value = _identify(dataset)
+        t = backend.datasets_table
+        q = sa.select(t).where(t.c.fingerprint == value if kind == "fingerprint" else t.c.name == value)
+        if lock:
+            q = q.with_for_update()
+        row = conn.execute(q).first()
+        if row is None:
+            shown = value if kind == "name" else f"{value[:12]}… (fingerprint)"
+            hint = str(dataset) if kind == "fingerprint" and isinstance(dataset, (str, os.PathLike)) else "PATH"
+            raise UnknownDatasetError(
+                f"`dataset` {shown!r} has no privacy budget in the {self._where()}. Give it one first: "
+                f"`privtune budget init --dataset {hint} --epsilon EPS --delta DELTA` "
+                "(or Ledger.init_dataset), or check --ledger / PRIVTUNE_LEDGER points at your team's ledger."
+            )
+        return row
+
+    def _load(self, conn: sa.Connection, row: Any) -> _DatasetState:
+        """Replay the dataset's records; reuse the last replay while the chain's head is unchanged
+        (a long ledger is then read once, not on every check).  ``verify`` never uses this cache."""
+        key = (row.head_seq, row.head_hash)
+        cached = self._replays.get(row.id)
+        if cached is not None and cached[0] == key:
+            return dataclasses.replace(cached[1], row=row)
+        r = backend.records_table
+        rows = conn.execute(sa.select(r).where(r.c.dataset_id == row.id).order_by(r.c.seq)).all()
+        st = _replay(row, rows)
+        if rows and (rows[-1].seq, rows[-1].hash) == key:
+            self._replays[row.id] = (key, dataclasses.replace(st))
+        return st
+
+    def _append(self, conn: sa.Connection, st: _DatasetState, action: str, entry_id: str | None,
+                payload: dict, epsilon_after: float, who: dict, *, total_epsilon: float | None = None) -> Any:
+        row = st.row
+        rec = {
+            "seq": row.head_seq + 1,
+            "action": action,
+            "entry_id": entry_id,
+            "payload": _canonical_json(payload),
+            "epsilon_after": float(epsilon_after),
+            **who,
+            "prev_hash": row.head_hash,
+        }
+        rec["hash"] = _record_hash(row.fingerprint, rec)
+        conn.execute(backend.records_table.insert().values(dataset_id=row.id, **rec))
+        upd = {"head_seq": rec["seq"], "head_hash": rec["hash"]}
+        if total_epsilon is not None:
+            upd["total_epsilon"] = total_epsilon
+        t = backend.datasets_table
+        conn.execute(t.update().where(t.c.id == row.id).values(**upd))
+        # keep the in-memory row current for a second append in the same transaction
+        st.row = _RowView({**row._mapping, **upd})
+        return rec
+
+    def _status_from(self, st: _DatasetState) -> BudgetStatus:
+        charged = st.charged_events()
+        used = composed_epsilon(charged, st.delta, st.accountant)
+        spent = composed_epsilon(st.committed_events(), st.delta, st.accountant)
+        spent = min(spent, used)
+        return BudgetStatus(
+            fingerprint=st.row.fingerprint,
+            name=st.row.name,
+            total_epsilon=st.total_epsilon,
+            delta=st.delta,
+            accountant=st.accountant,
+            spent_epsilon=spent,
+            reserved_epsilon=used - spent,
+            remaining_epsilon=st.total_epsilon - used,
+            entries=tuple(e.to_entry() for e in st.entries.values()),
+            ledger_url=self.url,
+        )
+
+    # ---- public API
+
+    def init_dataset(self, dataset: Any, epsilon: float, delta: float, name: str | None = None, *,
+                     accountant: str = "pld", command: str | None = None) -> BudgetStatus:
+        """Give a dataset its total budget (ε, δ), once.
+
+        Parameters
+        ----------
+        dataset : path of the dataset file/folder, its bytes, or its fingerprint.
+        epsilon : total ε (> 0) for everything ever run on this dataset.
+        delta : total δ in (0, 1); every spend is composed at this δ.
+        name : optional unique human name to refer to the dataset later.
+        accountant : ``"pld"`` (tight, default) or ``"rdp"`` (fast, looser); fixed for the dataset.
+
+        Initialising again with the same ε, δ and accountant is a no-op; a different total raises
+        LedgerError pointing at :meth:`raise_budget` (an explicit, recorded action).
+        """
+        epsilon = check_epsilon(epsilon)
+        delta = check_delta(delta)
+        accountant = check_choice(accountant, "accountant", ACCOUNTANTS)
+        kind, fp = _identify(dataset)
+        if kind == "name":
+            raise InvalidParameterError(
+                f"`dataset` {fp!r} is neither an existing file/folder nor a fingerprint. Pass the dataset's "
+                "path (its content is fingerprinted) and give the human name with name=/--name."
+            )
+        if name is not None:
+            name = _check_text(name, "name", max_len=200)
+            if is_fingerprint(name) or os.path.exists(os.path.expanduser(name)):
+                raise InvalidParameterError(
+                    f"`name` must not be a fingerprint or an existing path (it would be ambiguous). Got {name!r}."
+                )
+        who = _who(command or "privtune budget init (Python API)", None)
+        with self._write() as conn:
+            backend.pg_advisory_lock(conn, backend.PG_INIT_LOCK)
+            t = backend.datasets_table
+            existing = conn.execute(sa.select(t).where(t.c.fingerprint == fp)).first()
+            if existing is not None:
+                st = self._load(conn, existing)
+                same = (st.total_epsilon == epsilon and st.delta == delta and st.accountant == accountant
+                        and (name is None or name == existing.name))
+                if same:
+                    return self._status_from(st)
+                raise LedgerError(
+                    f"Dataset {fp[:12]}… ({existing.name or 'no name'}) already has a budget: total ε="
+                    f"{_fmt(st.total_epsilon)}, δ={st.delta:g}, accountant={st.accountant}. A budget is set once; "
+                    "raising the total is an explicit, recorded action: `privtune budget raise --dataset ... "
+                    "--epsilon NEW --reason WHY` (Ledger.raise_budget)."
+                )
+            if name is not None:
+                clash = conn.execute(sa.select(t.c.fingerprint).where(t.c.name == name)).first()
+                if clash is not None:
+                    raise LedgerError(
+                        f"`name` {name!r} already belongs to dataset {clash.fingerprint[:12]}…. Choose another name."
+                    )
+            res = conn.execute(t.insert().values(
+                fingerprint=fp, name=name, total_epsilon=epsilon, delta=delta, accountant=accountant,
+                created_at=who["created_at"], head_seq=-1, head_hash=_genesis(fp),
+            ))
+            row = conn.execute(sa.select(t).where(t.c.id == res.inserted_primary_key[0])).one()
+            st = _DatasetState(row=row, total_epsilon=epsilon, delta=delta, accountant=accountant, name=name)
+            payload = {"fingerprint": fp, "name": name, "total_epsilon": epsilon, "delta": delta,
+                       "accountant": accountant}
+            self._append(conn, st, "init", None, payload, 0.0, who)
+        return self.status(fp)
+
+    def ensure_dataset(self, dataset: Any, epsilon: float, delta: float, name: str | None = None, *,
+                       accountant: str = "pld", command: str | None = None) -> BudgetStatus:
+        """Register the dataset with total (ε, δ) if the ledger does not know it yet; otherwise
+        return its status and leave its existing total alone (a run's own ε is not a new total).
+
+        This is what ``train``/``tune`` call on first contact with a dataset.
+        """
+        try:
+            return self.status(dataset)
+        except UnknownDatasetError:
+            pass
+        try:
+            return self.init_dataset(dataset, epsilon, delta, name=name, accountant=accountant, command=command)
+        except LedgerError:  # registered concurrently with other values (or the name is taken)
+            return self.status(dataset)
+
+    def raise_budget(self, dataset: Any, epsilon: float, *, reason: str, command: str | None = None) -> BudgetStatus:
+        """Raise a dataset's total ε to ``epsilon`` (an explicit, recorded decision; δ is fixed).
+
+        ``reason`` is stored in the hash chain.  Lowering the total is refused.
+        """
+        epsilon = check_epsilon(epsilon)
+        reason = _check_text(reason, "reason")
+        who = _who(command or "privtune budget raise (Python API)", None)
+        with self._write() as conn:
+            row = self._find(conn, dataset, lock=True)
+            st = self._load(conn, row)
+            if epsilon <= st.total_epsilon:
+                raise InvalidParameterError(
+                    f"`epsilon` must be larger than the current total ε={_fmt(st.total_epsilon)} to raise it. "
+                    f"Got {epsilon!r}. A total is never lowered or reset."
+                )
+            used = composed_epsilon(st.charged_events(), st.delta, st.accountant)
+            payload = {"total_epsilon": epsilon, "previous_total_epsilon": st.total_epsilon, "reason": reason}
+            self._append(conn, st, "raise", None, payload, used, who, total_epsilon=epsilon)
+        return self.status(row.fingerprint)
+
+    def status(self, dataset: Any) -> BudgetStatus:
+        """The dataset's total, spent, reserved and remaining ε, and its entries."""
+        with self._read() as conn:
+            row = self._find(conn, dataset, lock=False)
+            st = self._load(conn, row)
+        return self._status_from(st)
+
+    def history(self, dataset: Any) -> list[Record]:
+        """Every record of the dataset's hash chain, oldest first."""
+        with self._read() as conn:
+            row = self._find(conn, dataset, lock=False)
+            st = self._load(conn, row)
+        out = []
+        for r in st.records:
+            p = json.loads(r.payload)
+            events = _parse_events(p["events"], f"record {r.seq}") if "events" in p else ()
+            out.append(Record(
+                seq=r.seq, action=r.action, state=_ACTION_STATE.get(r.action, r.action), entry_id=r.entry_id,
+                created_at=r.created_at, command=r.command, events=events, epsilon_after=r.epsilon_after,
+                payload=p, config_hash=r.config_hash, privtune_version=r.privtune_version,
+                username=r.username, host=r.host, hash=r.hash,
+            ))
+        return out
+
+    def datasets(self) -> list[dict[str, Any]]:
+        """All datasets in the ledger: fingerprint, name, total_epsilon, delta, accountant, created_at."""
+        t = backend.datasets_table
+        with self._read() as conn:
+            rows = conn.execute(sa.select(t).order_by(t.c.id)).all()
+        return [{"fingerprint": r.fingerprint, "name": r.name, "total_epsilon": r.total_epsilon,
+                 "delta": r.delta, "accountant": r.accountant, "created_at": r.created_at} for r in rows]
+
+    def spent_events(self, dataset: Any) -> list:
+        """The events of all charged (committed and reserved) entries, merged where exactly additive.
+
+        Pass them as ``spent_events`` to ``calibrate_noise_multiplier`` to size a new run so that
+        it fits: the ledger composes ``spent_events + new_events`` in the same order.
+        """
+        with self._read() as conn:
+            st = self._load(conn, self._find(conn, dataset, lock=False))
+        return group_events(st.charged_events())
+
+    def preview_epsilon(self, dataset: Any, events: Any) -> float:
+        """The dataset's composed ε if ``events`` were added now (nothing is recorded)."""
+        events = _check_events(events, "events")
+        with self._read() as conn:
+            st = self._load(conn, self._find(conn, dataset, lock=False))
+        return composed_epsilon(st.charged_events(), st.delta, st.accountant, new=events)
+
+    def _exceeded(self, st: _DatasetState, planned: tuple, eps_after: float, what: str) -> BudgetExceededError:
+        used = composed_epsilon(st.charged_events(), st.delta, st.accountant)
+        alone = composed_epsilon((), st.delta, st.accountant, new=planned)
+        label = f"{st.row.name!r} " if st.row.name else ""
+        return BudgetExceededError(
+            f"{what} does not fit the privacy budget of dataset {label}({st.row.fingerprint[:12]}…): remaining "
+            f"ε = {_fmt(st.total_epsilon - used)} of total ε = {_fmt(st.total_epsilon)} (δ = {st.delta:g}); "
+            f"it asks for ε = {_fmt(alone)} on its own ({'; '.join(describe_event(e) for e in planned)}), and "
+            f"composed with the {sum(1 for e in st.entries.values() if e.state != 'released')} earlier "
+            f"spend(s) the total would be ε = {_fmt(eps_after)}. Nothing was read or recorded. Use more noise, "
+            "fewer steps or a smaller sample rate, or raise the total explicitly with `privtune budget raise`."
+        )
+
+    def reserve(self, dataset: Any, planned_events: Any, *, command: str, config: Any = None,
+                resume_key: str | None = None, delta: float | None = None, note: str | None = None) -> Reservation:
+        """Reserve ``planned_events`` on ``dataset`` before any data is read (see :meth:`spend`)."""
+        planned = _check_events(planned_events, "planned_events")
+        resume_key = _check_text(resume_key, "resume_key", allow_none=True, max_len=500)
+        note = _check_text(note, "note", allow_none=True) or ""
+        if delta is not None:
+            delta = check_delta(delta)
+        who = _who(command, config)
+        with self._write() as conn:
+            row = self._find(conn, dataset, lock=True)
+            st = self._load(conn, row)
+            if delta is not None and delta > st.delta:
+                raise BudgetExceededError(
+                    f"`delta` of the spend ({delta:g}) is larger than the dataset's δ = {st.delta:g}, so the "
+                    "run's guarantee would not be covered by the dataset's budget. Pass delta <= "
+                    f"{st.delta:g} (the dataset's δ)."
+                )
+            if resume_key is not None:
+                previous = [e for e in st.entries.values() if e.resume_key == resume_key and e.state != "released"]
+                if previous:
+                    e = previous[-1]
+                    if e.state == "committed":
+                        raise LedgerError(
+                            f"The run with resume_key {resume_key!r} was already committed (entry {e.entry_id}, "
+                            f"{e.last.created_at}); there is nothing to resume. Start a new run with a new resume_key."
+                        )
+                    if group_events(e.planned) != group_events(planned):
+                        raise LedgerError(
+                            f"resume_key {resume_key!r} continues reservation {e.entry_id}, planned as "
+                            f"[{'; '.join(describe_event(x) for x in e.planned)}], but the resumed run plans "
+                            f"[{'; '.join(describe_event(x) for x in planned)}]. A resumed run must keep its plan; "
+                            "use a new resume_key for a different run."
+                        )
+                    used = composed_epsilon(st.charged_events(), st.delta, st.accountant)
+                    self._append(conn, st, "resume", e.entry_id, {"resume_key": resume_key}, used, who)
+                    return Reservation(self, row.fingerprint, e.entry_id, e.planned, resumed=True,
+                                       epsilon_after=used, remaining_epsilon=st.total_epsilon - used)
+            eps_after = composed_epsilon(st.charged_events(), st.delta, st.accountant, new=planned)
+            if eps_after > st.total_epsilon * (1 + _RTOL):
+                raise self._exceeded(st, planned, eps_after, "The planned run")
+            entry_id = uuid.uuid4().hex
+            payload = {"events": [event_to_dict(e) for e in planned], "resume_key": resume_key,
+                       "delta": delta, "note": note}
+            self._append(conn, st, "reserve", entry_id, payload, eps_after, who)
+        return Reservation(self, row.fingerprint, entry_id, planned, resumed=False,
+                           epsilon_after=eps_after, remaining_epsilon=st.total_epsilon - eps_after)
+
+    @contextlib.contextmanager
+    def spend(self, dataset: Any, planned_events: Any, *, command: str, config: Any = None,
+              resume_key: str | None = None, delta: float | None = None,
+              note: str | None = None) -> Iterator[Reservation]:
+        """Reserve on entry, commit on success, stay charged on failure.
+
+        ::
+
+            with ledger.spend(fp, [DPSGDEvent(1.1, 0.01, 1000)], command="privtune train ...") as res:
+                ...                       # read data and train only inside the block
+                res.commit(actual_events) # optional; default commits the planned events
+
+        Raises BudgetExceededError on entry (before the block runs, so before any data is read)
+        when the plan does not fit the remaining budget.  If the block raises (or the process
+        dies) the reservation stays charged: a crash may have touched data.  ``resume_key``
+        (e.g. the run directory) makes a restarted run continue its open reservation instead
+        of reserving again.  ``delta``: the run's own δ, which must not exceed the dataset's.
+        """
+        res = self.reserve(dataset, planned_events, command=command, config=config,
+                           resume_key=resume_key, delta=delta, note=note)
+        yield res
+        if res.state == "reserved":
+            res.commit()
+
+    def record_spend(self, dataset: Any, events: Any, *, command: str, config: Any = None,
+                     delta: float | None = None, note: str | None = None, force: bool = False) -> Entry:
+        """Record a run that already happened elsewhere (e.g. trained with another library).
+
+        Reserve and commit are written in one transaction.  When the events do not fit,
+        BudgetExceededError is raised and nothing is written, unless ``force=True``: then they are
+        recorded anyway (the run happened; the books must show it) and the remaining ε goes negative.
+        """
+        events = _check_events(events, "events")
+        note = _check_text(note, "note", allow_none=True) or ""
+        if delta is not None:
+            delta = check_delta(delta)
+        who = _who(command, config)
+        with self._write() as conn:
+            row = self._find(conn, dataset, lock=True)
+            st = self._load(conn, row)
+            if delta is not None and delta > st.delta:
+                raise BudgetExceededError(
+                    f"`delta` of the spend ({delta:g}) is larger than the dataset's δ = {st.delta:g}. "
+                    f"Pass delta <= {st.delta:g}."
+                )
+            eps_after = composed_epsilon(st.charged_events(), st.delta, st.accountant, new=events)
+            if eps_after > st.total_epsilon * (1 + _RTOL) and not force:
+                raise self._exceeded(st, events, eps_after, "The external run")
+            entry_id = uuid.uuid4().hex
+            dicts = [event_to_dict(e) for e in events]
+            self._append(conn, st, "reserve", entry_id,
+                         {"events": dicts, "resume_key": None, "delta": delta, "note": note or "external run"},
+                         eps_after, who)
+            self._append(conn, st, "commit", entry_id, {"events": dicts}, eps_after, who)
+        return self._entry(row.fingerprint, entry_id)
+
+    def _entry(self, fingerprint: str, entry_id: str) -> Entry:
+        with self._read() as conn:  # replay only: no accountant call
+            st = self._load(conn, self._find(conn, fingerprint, lock=False))
+        e = st.entries.get(entry_id)
+        if e is not None:
+            return e.to_entry()
+        raise LedgerError(f"Entry {entry_id} vanished from the ledger. Run `privtune budget verify`.")
+
+    def _open_entry(self, conn: sa.Connection, fingerprint: str, entry_id: str) -> tuple[_DatasetState, _EntryState]:
+        row = self._find(conn, fingerprint, lock=True)
+        st = self._load(conn, row)
+        e = st.entries.get(entry_id)
+        if e is None:
+            raise LedgerError(f"Entry {entry_id} does not exist in the {self._where()}.")
+        if e.state != "reserved":
+            raise LedgerError(
+                f"Entry {entry_id} is already {e.state} ({e.last.created_at}); only a reserved entry can be "
+                "committed or released."
+            )
+        return st, e
+
+    def _commit(self, fingerprint: str, entry_id: str, actual_events: Any, *, command: str | None) -> Entry:
+        overspent = False
+        with self._write() as conn:
+            st, e = self._open_entry(conn, fingerprint, entry_id)
+            actual = e.planned if actual_events is None else _check_events(actual_events, "actual_events")
+            who = _who(command or e.first.command, None)
+            who["config_hash"] = e.first.config_hash
+            eps_after = composed_epsilon(st.charged_events(exclude=entry_id), st.delta, st.accountant, new=actual)
+            payload: dict[str, Any] = {"events": [event_to_dict(x) for x in actual]}
+            if group_events(actual) != group_events(e.planned):
+                eps_actual = composed_epsilon((), st.delta, st.accountant, new=actual)
+                eps_planned = composed_epsilon((), st.delta, st.accountant, new=e.planned)
+                if eps_actual > eps_planned * (1 + _RTOL):
+                    payload["exceeded_reservation"] = True
+                    warnings.warn(
+                        f"Entry {entry_id} spent ε = {_fmt(eps_actual)} alone, more than its reservation "
+                        f"(ε = {_fmt(eps_planned)}); the actual events are recorded.",
+                        UserWarning, stacklevel=3,
+                    )
+            self._append(conn, st, "commit", entry_id, payload, eps_after, who)
+            overspent = eps_after > st.total_epsilon * (1 + _RTOL)
+            total = st.total_epsilon
+        if overspent:
+            raise BudgetExceededError(
+                f"Entry {entry_id} was committed with more than it reserved and the dataset's composed ε is now "
+                f"{_fmt(eps_after)} > total {_fmt(total)}. The spend is recorded; the dataset is overspent."
+            )
+        return self._entry(fingerprint, entry_id)
+
+    def _release(self, fingerprint: str, entry_id: str, reason: str, *, command: str | None) -> Entry:
+        reason = _check_text(reason, "reason")
+        with self._write() as conn:
+            st, e = self._open_entry(conn, fingerprint, entry_id)
+            who = _who(command or e.first.command, None)
+            who["config_hash"] = e.first.config_hash
+            eps_after = composed_epsilon(st.charged_events(exclude=entry_id), st.delta, st.accountant)
+            self._append(conn, st, "release", entry_id, {"reason": reason}, eps_after, who)
+        return self._entry(fingerprint, entry_id)
+
+    def verify(self, dataset: Any = None) -> VerifyReport:
+        """Check every dataset's hash chain (or one dataset's) and its cached totals.
+
+        Detects an edited record (its hash no longer matches), a deleted or inserted record
+        (a gap in the sequence or a broken link), a deleted latest record (the dataset's head
+        does not match) and an edited budget (the cached total differs from the replayed chain).
+        Limits: someone with write access who rewrites a whole chain consistently, or deletes a
+        dataset with all its records, is not detectable from inside the database; keep the
+        printed head hashes elsewhere to anchor them.
+        """
+        problems: list[str] = []
+        infos: list[dict] = []
+        t, r = backend.datasets_table, backend.records_table
+        with self._read() as conn:
+            if dataset is None:
+                rows = conn.execute(sa.select(t).order_by(t.c.id)).all()
+                ids = {row.id for row in rows}
+                orphans = conn.execute(
+                    sa.select(r.c.dataset_id, sa.func.count()).group_by(r.c.dataset_id)
+                ).all()
+                for ds_id, n in orphans:
+                    if ds_id not in ids:
+                        problems.append(f"{n} record(s) belong to dataset id {ds_id}, which was deleted")
+            else:
+                rows = [self._find(conn, dataset, lock=False)]
+            for row in rows:
+                infos.append(self._verify_one(conn, row, problems))
+        return VerifyReport(ok=not problems, problems=tuple(problems), datasets=tuple(infos))
+
+    def _verify_one(self, conn: sa.Connection, row: Any, problems: list) -> dict:
+        fp = row.fingerprint
+        tag = f"dataset {fp[:12]}…" + (f" ({row.name})" if row.name else "")
+        r = backend.records_table
+        rows = conn.execute(sa.select(r).where(r.c.dataset_id == row.id).order_by(r.c.seq)).all()
+        prev = _genesis(fp)
+        n_before = len(problems)
+        for i, rec in enumerate(rows):
+            if rec.seq != i:
+                problems.append(f"{tag}: record {i} is missing (next is {rec.seq}); a record was deleted")
+                break
+            m = rec._mapping
+            if rec.prev_hash != prev:
+                problems.append(f"{tag}: record {rec.seq} does not link to the previous record (deleted or replaced)")
+            if _record_hash(fp, m) != rec.hash:
+                problems.append(f"{tag}: record {rec.seq} ({rec.action}) was edited: its hash does not match")
+            prev = rec.hash
+        if rows and len(problems) == n_before:
+            if row.head_seq != rows[-1].seq or row.head_hash != rows[-1].hash:
+                problems.append(
+                    f"{tag}: the chain ends at record {rows[-1].seq} but the dataset's head is record {row.head_seq}; "
+                    "the latest record(s) were deleted"
+                )
+        elif not rows:
+            problems.append(f"{tag}: has no records at all (deleted)")
+        sub: list[str] = []
+        try:
+            st = _replay(row, rows, sub)
+        except LedgerError as exc:  # unreadable events
+            sub.append(str(exc))
+            st = None
+        problems.extend(sub)
+        if st is not None and not sub and rows:
+            if (st.total_epsilon, st.delta, st.accountant, st.name) != (
+                row.total_epsilon, row.delta, row.accountant, row.name
+            ):
+                problems.append(
+                    f"{tag}: the dataset row says total ε={row.total_epsilon:g}, δ={row.delta:g}, "
+                    f"accountant={row.accountant}, name={row.name!r} but its chain says ε={st.total_epsilon:g}, "
+                    f"δ={st.delta:g}, accountant={st.accountant}, name={st.name!r}; the row was edited"
+                )
+        return {"fingerprint": fp, "name": row.name, "records": len(rows), "head_hash": row.head_hash}
+
+
+class _RowView:
+    """Attribute access over a mapping (a dataset row updated inside a transaction)."""
+
+    def __init__(self, mapping: Mapping[str, Any]) -> None:
+        self._m = dict(mapping)
+
+    def __getattr__(self, key: str) -> Any:
+        try:
+            return self._m[key]
+        except KeyError:
+            raise AttributeError(key) from None
+
+    @property
+    def _mapping(self) -> Mapping[str, Any]:
+        return self._m
+
+
+__all__ = ["Ledger", "Reservation", "BudgetStatus", "Entry", "Record", "VerifyReport", "ACCOUNTANTS"]

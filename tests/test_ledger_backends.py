@@ -1,0 +1,381 @@
+"""The ledger's guarantees, run identically against SQLite and a real PostgreSQL server.
+
+The PostgreSQL server is started by the ``pg_server`` fixture below (initdb + pg_ctl in a
+temporary directory, unix socket only, run as the ``postgres``/``nobody`` user when the tests
+run as root).  It is skipped only when no server binary exists (Debian: ``apt-get install
+postgresql``).
+
+The race test uses the RDP accountant: it composes ~1600 budget checks, and RDP answers in
+about a millisecond where PLD takes tens to hundreds; the ledger logic under test is the same.
+"""
+
+from __future__ import annotations
+
+import glob
+import multiprocessing as mp
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from privtune.accounting import compute_epsilon
+from privtune.accounting.events import DPSGDEvent, GaussianEvent
+from privtune.errors import BudgetExceededError, LedgerError, PrivtuneError, UnknownDatasetError
+from privtune.ledger import Ledger, dataset_fingerprint
+
+# --------------------------------------------------------------------------- PostgreSQL server
+
+
+def _pg_bindir() -> Path | None:
+    found = shutil.which("initdb")
+    if found and shutil.which("pg_ctl"):
+        return Path(found).resolve().parent
+    for cand in sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), reverse=True):
+        return Path(cand).parent
+    return None
+
+
+def _run_as() -> tuple[list[str], int | None, int | None]:
+    """Prefix to run server commands as a non-root user (postgres refuses root)."""
+    if os.geteuid() != 0:
+        return [], None, None
+    for user in ("postgres", "nobody"):
+        try:
+            pw = pwd.getpwnam(user)
+        except KeyError:
+            continue
+        if shutil.which("runuser"):
+            return ["runuser", "-u", user, "--"], pw.pw_uid, pw.pw_gid
+        return ["su", "-s", "/bin/sh", user, "-c"], pw.pw_uid, pw.pw_gid  # pragma: no cover
+    pytest.skip("running as root and no 'postgres' or 'nobody' user exists to run a PostgreSQL server")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def pg_server():
+    bindir = _pg_bindir()
+    if bindir is None:
+        pytest.skip("PostgreSQL server binaries (initdb, pg_ctl) not found; on Debian install the "
+                    "`postgresql` package to run the PostgreSQL ledger tests")
+    prefix, uid, gid = _run_as()
+    base = Path(tempfile.mkdtemp(prefix="privtune-pg-"))
+    if uid is not None:
+        os.chown(base, uid, gid)
+    data, log, port = base / "data", base / "server.log", _free_port()
+
+    def run(args: list[str]) -> subprocess.CompletedProcess:
+        if prefix and prefix[0] == "su":  # pragma: no cover
+            import shlex
+
+            return subprocess.run(prefix + [" ".join(shlex.quote(a) for a in args)],
+                                  capture_output=True, text=True, timeout=120)
+        return subprocess.run(prefix + args, capture_output=True, text=True, timeout=120)
+
+    r = run([str(bindir / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust", "--no-sync",
+             "-E", "UTF8", "--locale=C"])
+    assert r.returncode == 0, f"initdb failed: {r.stderr}"
+    opts = f"-F -p {port} -k {base} -c listen_addresses='' -c max_connections=60"
+    r = run([str(bindir / "pg_ctl"), "-D", str(data), "-l", str(log), "-w", "-t", "60", "-o", opts, "start"])
+    assert r.returncode == 0, f"pg_ctl start failed: {r.stderr} {log.read_text() if log.exists() else ''}"
+    try:
+        yield {"host": str(base), "port": port}
+    finally:
+        run([str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"])
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def pg_url(pg_server):
+    import psycopg
+
+    name = "t_" + uuid.uuid4().hex[:12]
+    with psycopg.connect(host=pg_server["host"], port=pg_server["port"], user="postgres", dbname="postgres",
+                         autocommit=True) as c:
+        c.execute(f"CREATE DATABASE {name}")
+    return f"postgresql://postgres@/{name}?host={pg_server['host']}&port={pg_server['port']}"
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def url(request, tmp_path):
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'ledger.db'}"
+    return request.getfixturevalue("pg_url")
+
+
+def _raw_engine(url: str) -> sa.Engine:
+    return sa.create_engine(url.replace("postgresql://", "postgresql+psycopg://", 1))
+
+
+# --------------------------------------------------------------------------- workers (forked)
+
+
+SIGMA = 4.0
+
+
+def _race_worker(url, fp, attempts, barrier, queue):
+    ledger = Ledger(url)
+    ok = refused = 0
+    barrier.wait(timeout=60)
+    for _ in range(attempts):
+        try:
+            ledger.reserve(fp, [GaussianEvent(SIGMA)], command=f"race worker {os.getpid()}")
+            ok += 1
+        except BudgetExceededError:
+            refused += 1
+    queue.put((ok, refused))
+    ledger.close()
+
+
+def _victim(url, fp, conn):
+    ledger = Ledger(url)
+    with ledger.spend(fp, [GaussianEvent(2.0, 5)], command="victim run", resume_key="run-dir-1") as res:
+        conn.send(res.entry_id)  # "data is being read now"
+        time.sleep(120)
+
+
+# --------------------------------------------------------------------------- tests
+
+
+def test_race_exactly_k_reservations_succeed(url):
+    k, procs, attempts, delta = 37, 8, 200, 1e-5
+    eps_k = compute_epsilon([GaussianEvent(SIGMA, k)], delta, accountant="rdp")
+    eps_k1 = compute_epsilon([GaussianEvent(SIGMA, k + 1)], delta, accountant="rdp")
+    total = (eps_k + eps_k1) / 2  # admits exactly k
+    ledger = Ledger(url)
+    fp = ledger.init_dataset(b"race data", total, delta, accountant="rdp").fingerprint
+    ctx = mp.get_context("fork")
+    barrier, queue = ctx.Barrier(procs), ctx.Queue()
+    ps = [ctx.Process(target=_race_worker, args=(url, fp, attempts, barrier, queue)) for _ in range(procs)]
+    for p in ps:
+        p.start()
+    try:
+        results = [queue.get(timeout=240) for _ in ps]
+        for p in ps:
+            p.join(timeout=60)
+            assert p.exitcode == 0
+    finally:
+        for p in ps:
+            if p.is_alive():
+                p.kill()
+    assert sum(ok for ok, _ in results) == k
+    assert sum(ok + ref for ok, ref in results) == procs * attempts
+    st = ledger.status(fp)
+    assert len(st.entries) == k and all(e.state == "reserved" for e in st.entries)
+    assert st.used_epsilon <= st.total_epsilon
+    assert st.used_epsilon == pytest.approx(eps_k, rel=1e-9)
+    assert ledger.verify().ok
+
+
+def test_sigkill_leaves_reservation_charged_and_resume_continues_it(url):
+    ledger = Ledger(url)
+    fp = ledger.init_dataset(b"kill data", 5.0, 1e-5).fingerprint
+    ctx = mp.get_context("fork")
+    parent, child = ctx.Pipe()
+    p = ctx.Process(target=_victim, args=(url, fp, child))
+    p.start()
+    try:
+        assert parent.poll(120), "victim never reserved"
+        entry_id = parent.recv()
+    finally:
+        os.kill(p.pid, signal.SIGKILL)
+        p.join(30)
+    assert p.exitcode == -signal.SIGKILL
+
+    planned_eps = compute_epsilon([GaussianEvent(2.0, 5)], 1e-5)
+    st = ledger.status(fp)
+    assert [e.state for e in st.entries] == ["reserved"]
+    assert st.spent_epsilon == 0.0
+    assert st.reserved_epsilon == pytest.approx(planned_eps, rel=1e-6)
+    assert st.remaining_epsilon == pytest.approx(5.0 - planned_eps, rel=1e-6)
+
+    touched = []
+    with ledger.spend(fp, [GaussianEvent(2.0, 5)], command="resumed run", resume_key="run-dir-1") as res:
+        touched.append(True)
+        assert res.resumed and res.entry_id == entry_id
+    st = ledger.status(fp)
+    assert len(st.entries) == 1 and st.entries[0].state == "committed" and st.entries[0].resumed == 1
+    assert st.spent_epsilon == pytest.approx(planned_eps, rel=1e-6) and st.reserved_epsilon == 0.0
+    assert [r.state for r in ledger.history(fp)] == ["init", "reserved", "resumed", "committed"]
+    with pytest.raises(LedgerError, match="already committed"):
+        ledger.reserve(fp, [GaussianEvent(2.0, 5)], command="again", resume_key="run-dir-1")
+    assert ledger.verify().ok
+
+
+def test_exception_in_block_keeps_reservation_and_plan_change_on_resume_is_refused(url):
+    ledger = Ledger(url)
+    fp = ledger.init_dataset(b"crash data", 5.0, 1e-5, accountant="rdp").fingerprint
+    with pytest.raises(RuntimeError):
+        with ledger.spend(fp, [GaussianEvent(3.0, 2)], command="crashy", resume_key="k"):
+            raise RuntimeError("out of memory")
+    st = ledger.status(fp)
+    assert st.entries[0].state == "reserved" and st.reserved_epsilon > 0
+    with pytest.raises(LedgerError, match="must keep its plan"):
+        ledger.reserve(fp, [GaussianEvent(3.0, 3)], command="resume", resume_key="k")
+
+
+def test_remaining_is_total_minus_composition_not_a_sum(url):
+    ledger = Ledger(url)
+    fp = ledger.init_dataset(b"compose data", 10.0, 1e-5, accountant="rdp").fingerprint
+    runs = [DPSGDEvent(1.0, 0.01, 500), DPSGDEvent(1.0, 0.01, 500), GaussianEvent(8.0, 3)]
+    for ev in runs:
+        with ledger.spend(fp, [ev], command="run"):
+            pass
+    st = ledger.status(fp)
+    composed = compute_epsilon(runs, 1e-5, accountant="rdp")
+    summed = sum(compute_epsilon([e], 1e-5, accountant="rdp") for e in runs)
+    assert st.spent_epsilon == pytest.approx(composed, rel=1e-9)
+    assert st.spent_epsilon < summed
+    assert st.remaining_epsilon == pytest.approx(10.0 - composed, rel=1e-9)
+
+
+def test_budget_exceeded_before_data_is_read(url):
+    ledger = Ledger(url)
+    fp = ledger.init_dataset(b"small budget", 1.0, 1e-5, name="small", accountant="rdp").fingerprint
+    entered = []
+    with pytest.raises(BudgetExceededError) as info:
+        with ledger.spend("small", [DPSGDEvent(0.6, 0.1, 2000)], command="too big"):
+            entered.append(True)
+    assert not entered
+    msg = str(info.value)
+    assert "remaining ε = 1 " in msg and "asks for ε =" in msg and "privtune budget raise" in msg
+    assert len(ledger.history(fp)) == 1  # only init: nothing recorded
+
+
+def test_commit_actual_release_and_delta_checks(url):
+    ledger = Ledger(url)
+    fp = ledger.init_dataset(b"commit data", 20.0, 1e-5, accountant="rdp").fingerprint
+    with ledger.spend(fp, [DPSGDEvent(1.0, 0.01, 1000)], command="early stop") as res:
+        res.commit([DPSGDEvent(1.0, 0.01, 400)])  # stopped early
+    st = ledger.status(fp)
+    assert st.spent_epsilon == pytest.approx(compute_epsilon([DPSGDEvent(1.0, 0.01, 400)], 1e-5, "rdp"))
+    with pytest.raises(LedgerError, match="already committed"):
+        res.commit()
+
+    res2 = ledger.reserve(fp, [GaussianEvent(1.0, 4)], command="aborted before reading")
+    res2.release("validation failed before any example was read")
+    st2 = ledger.status(fp)
+    assert st2.entries[-1].state == "released" and st2.used_epsilon == pytest.approx(st.used_epsilon)
+
+    with pytest.warns(UserWarning, match="more than its reservation"):
+        r3 = ledger.reserve(fp, [GaussianEvent(5.0, 1)], command="underplanned")
+        r3.commit([GaussianEvent(5.0, 2)])
+    assert ledger.status(fp).entries[-1].events == (GaussianEvent(5.0, 2),)
+
+    with pytest.raises(BudgetExceededError, match="`delta` of the spend"):
+        ledger.reserve(fp, [GaussianEvent(5.0)], command="x", delta=1e-3)
+    ledger.reserve(fp, [GaussianEvent(5.0)], command="x", delta=1e-6).commit()
+
+
+def test_unknown_dataset_and_init_rules(url):
+    ledger = Ledger(url)
+    with pytest.raises(UnknownDatasetError, match="privtune budget init"):
+        ledger.status("no-such-dataset")
+    with pytest.raises(UnknownDatasetError, match="privtune budget init"):
+        ledger.reserve("0" * 64, [GaussianEvent(1.0)], command="x")
+    fp = ledger.init_dataset(b"init data", 3.0, 1e-5, name="tickets").fingerprint
+    assert ledger.init_dataset(b"init data", 3.0, 1e-5).total_epsilon == 3.0  # same: no-op
+    with pytest.raises(LedgerError, match="privtune budget raise"):
+        ledger.init_dataset(b"init data", 6.0, 1e-5)
+    with pytest.raises(LedgerError, match="already belongs"):
+        ledger.init_dataset(b"other data", 3.0, 1e-5, name="tickets")
+    with pytest.raises(PrivtuneError, match="larger than the current total"):
+        ledger.raise_budget("tickets", 2.0, reason="oops")
+    st = ledger.raise_budget("tickets", 6.0, reason="legal approved a larger budget")
+    assert st.total_epsilon == 6.0 and st.fingerprint == fp
+    assert [r.state for r in ledger.history(fp)] == ["init", "raised"]
+    assert ledger.verify().ok
+
+
+def test_verify_detects_edited_and_deleted_records(url):
+    ledger = Ledger(url)
+    fps = {}
+    for tag in ("edited", "middle", "last", "total", "clean"):
+        fp = ledger.init_dataset(tag.encode(), 50.0, 1e-5, name=tag, accountant="rdp").fingerprint
+        for sigma in (2.0, 3.0, 4.0):
+            with ledger.spend(fp, [GaussianEvent(sigma)], command=f"run {sigma}"):
+                pass
+        fps[tag] = fp
+    assert ledger.verify().ok
+    eng = _raw_engine(url)
+    with eng.begin() as c:
+        ids = {r.name: r.id for r in c.execute(sa.text("SELECT id, name FROM privtune_datasets"))}
+        # make a spend look cheaper: σ 2 -> 20
+        c.execute(sa.text("UPDATE privtune_records SET payload = REPLACE(payload, '2.0', '20.0') "
+                          "WHERE dataset_id = :d AND seq = 1"), {"d": ids["edited"]})
+        c.execute(sa.text("DELETE FROM privtune_records WHERE dataset_id = :d AND seq = 3"), {"d": ids["middle"]})
+        c.execute(sa.text("DELETE FROM privtune_records WHERE dataset_id = :d AND seq = "
+                          "(SELECT MAX(seq) FROM privtune_records WHERE dataset_id = :d)"), {"d": ids["last"]})
+        c.execute(sa.text("UPDATE privtune_datasets SET total_epsilon = 500 WHERE id = :d"), {"d": ids["total"]})
+    eng.dispose()
+    report = ledger.verify()
+    assert not report.ok
+    text = "\n".join(report.problems)
+    assert "(edited)" in text and "record 1 (reserve) was edited" in text
+    assert "(middle)" in text and "record 3 is missing" in text
+    assert "(last)" in text and "latest record(s) were deleted" in text
+    assert "(total)" in text and "the row was edited" in text
+    assert "(clean)" not in text
+    assert ledger.verify("clean").ok and not ledger.verify("edited").ok
+
+
+def test_many_entries_are_grouped_before_the_accountant(url, monkeypatch):
+    import privtune.accounting as accounting
+    from privtune.ledger import _compose
+
+    ledger = Ledger(url)
+    fp = ledger.init_dataset(b"many", 1000.0, 1e-5, accountant="rdp").fingerprint
+    for i in range(60):
+        # Gaussian entries first: each DP-SGD composition costs the RDP accountant ~50 ms
+        ev = DPSGDEvent(1.0, 0.01, 100, label=f"trial {i}") if i >= 50 else GaussianEvent(10.0, 2, label=f"e{i}")
+        if i in (0, 55):
+            ledger.reserve(fp, [ev], command=f"trial {i}").commit()
+        else:
+            ledger.record_spend(fp, [ev], command=f"trial {i}")
+    calls = []
+    real = accounting.compute_epsilon
+
+    def spy(events, delta, accountant="pld", **kw):
+        calls.append(len(events))
+        return real(events, delta, accountant=accountant, **kw)
+
+    monkeypatch.setattr(accounting, "compute_epsilon", spy)
+    _compose._cached_epsilon.cache_clear()
+    st = ledger.status(fp)
+    assert calls and max(calls) == 2  # 60 entries -> 2 distinct events
+    expected = real([GaussianEvent(10.0, 100), DPSGDEvent(1.0, 0.01, 1000)], 1e-5, accountant="rdp")
+    assert st.spent_epsilon == pytest.approx(expected, rel=1e-9)
+
+
+def test_unreachable_postgres_is_a_clear_error():
+    port = _free_port()  # nothing listens there
+    ledger = Ledger(f"postgresql://nobody@127.0.0.1:{port}/privtune")
+    with pytest.raises(LedgerError, match="Check that the server is running"):
+        ledger.status("x")
+
+
+def test_moved_dataset_keeps_its_budget(url, tmp_path):
+    a = tmp_path / "a" / "train.csv"
+    a.parent.mkdir()
+    a.write_text("text,label\nhello,1\n")
+    ledger = Ledger(url)
+    ledger.init_dataset(a, 2.0, 1e-5, accountant="rdp")
+    ledger.reserve(str(a), [GaussianEvent(3.0)], command="run").commit()
+    b = tmp_path / "b" / "renamed.csv"
+    b.parent.mkdir()
+    a.rename(b)
+    st = ledger.status(b)
+    assert st.fingerprint == dataset_fingerprint(b) and len(st.entries) == 1
