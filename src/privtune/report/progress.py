@@ -1,0 +1,254 @@
+"""Progress display and plain log file for long runs (``privtune train`` / ``privtune tune``).
+
+Two small pieces:
+
+* :class:`RunLog`: appends timestamped plain-text lines to a file (``RUN_DIR/log.txt``).
+* :class:`Progress`: a `rich` progress display with the current **phase** (e.g.
+  ``"feature caching"``, ``"trial 3/6"``, ``"final run"``), a bar, examples/s, the last
+  (privatised) loss and the ε spent so far.  ``quiet=True`` shows nothing on the terminal;
+  the log file is written either way.
+
+Example::
+
+    from privtune.report.progress import Progress
+
+    with Progress(quiet=False, log_path=run_dir / "log.txt", total_epsilon=1.0) as progress:
+        progress.start_phase("feature caching", total=len(dataset), unit="examples")
+        for batch in batches:
+            ...
+            progress.advance(len(batch), examples=len(batch))
+        progress.start_phase("trial 1/6", total=steps)
+        for step in range(steps):
+            ...
+            progress.advance(1, examples=batch_size, loss=noisy_loss, epsilon=eps_spent_so_far)
+        progress.log("trial 1/6 done: score 0.81 (public validation)")
+    # leaving the block ends the last phase; an exception (Ctrl-C) is logged as "interrupted"
+
+``epsilon`` is the cumulative ε spent so far *as the accountant composes it* (pass what
+:func:`privtune.accounting.compute_epsilon` gives for the events so far; never a sum).
+The loss shown is whatever the caller passes; pass only privatised quantities when the
+display may be shared (the loss of a DP run computed without noise is not private).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+__all__ = ["Progress", "RunLog"]
+
+
+class RunLog:
+    """Append-only plain log: one ``YYYY-MM-DD HH:MM:SS  message`` line per call.
+
+    Args:
+        path: the log file (e.g. ``RUN_DIR/log.txt``); parent folders are created.  ``None``
+            makes every call a no-op, so callers need no ``if``.
+    """
+
+    def __init__(self, path: str | os.PathLike | None) -> None:
+        self.path = Path(path) if path is not None else None
+        self._fh: TextIO | None = None
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (closed in close())
+
+    def write(self, message: str) -> None:
+        """Append one line (newlines inside ``message`` are indented continuation lines)."""
+        if self._fh is None:
+            return
+        stamp = _dt.datetime.now().strftime("%Y-%m-%d %H:%M:%S")
+        text = str(message).replace("\n", "\n" + " " * (len(stamp) + 2))
+        self._fh.write(f"{stamp}  {text}\n")
+        self._fh.flush()
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+    def __enter__(self) -> RunLog:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _fmt_eps(eps: float | None, total: float | None) -> str:
+    if eps is None:
+        return ""
+    return f"ε {eps:.3g}" + (f"/{total:.3g}" if total is not None else "")
+
+
+class Progress:
+    """Terminal progress (rich) plus the plain log file.
+
+    Args:
+        quiet: no terminal output at all (for scripts); the log file is still written.
+        log_path: path of the plain log (``RUN_DIR/log.txt``) or ``None`` for none.
+        total_epsilon: the run's total ε budget, shown as "ε spent/total" when given.
+        log_interval: seconds between progress lines written to the log file during a
+            phase (phase starts/ends and :meth:`log` messages are always written).
+        console: a ``rich.console.Console`` to draw on (default: stderr).
+    """
+
+    def __init__(
+        self,
+        *,
+        quiet: bool = False,
+        log_path: str | os.PathLike | None = None,
+        total_epsilon: float | None = None,
+        log_interval: float = 30.0,
+        console: Any = None,
+    ) -> None:
+        self.quiet = bool(quiet)
+        self.total_epsilon = total_epsilon
+        self.log_interval = float(log_interval)
+        self.runlog = RunLog(log_path)
+        self.phase: str | None = None
+        self.epsilon: float | None = None
+        self.loss: float | None = None
+        self._examples = 0
+        self._done = 0.0
+        self._total: float | None = None
+        self._unit = "steps"
+        self._t0 = time.monotonic()
+        self._last_log = self._t0
+        self._task = None
+        self._rich = None
+        if not self.quiet:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+            from rich.progress import Progress as RichProgress
+
+            self._rich = RichProgress(
+                TextColumn("[bold]{task.description}"),
+                BarColumn(bar_width=28),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[unit]}"),
+                TextColumn("[cyan]{task.fields[rate]}"),
+                TextColumn("{task.fields[loss]}"),
+                TextColumn("[magenta]{task.fields[eps]}"),
+                TimeElapsedColumn(),
+                console=console or Console(file=sys.stderr),
+                transient=False,
+            )
+            self._rich.start()
+
+    # ----------------------------------------------------------------- phases
+    @property
+    def examples_per_second(self) -> float:
+        """Examples processed per second in the current phase (0 before any)."""
+        dt = time.monotonic() - self._t0
+        return self._examples / dt if dt > 0 else 0.0
+
+    def start_phase(self, name: str, total: float | None = None, unit: str = "steps") -> None:
+        """End the current phase (if any) and start ``name`` with ``total`` units of work."""
+        if self.phase is not None:
+            self.end_phase()
+        self.phase = name
+        self._examples = 0
+        self._done = 0.0
+        self._total = total
+        self._unit = unit
+        self.loss = None
+        self._t0 = self._last_log = time.monotonic()
+        self.runlog.write(f"start {name}" + (f" ({total:g} {unit})" if total is not None else ""))
+        if self._rich is not None:
+            self._task = self._rich.add_task(name, total=total, unit=unit, rate="", loss="",
+                                             eps=_fmt_eps(self.epsilon, self.total_epsilon))
+
+    def advance(
+        self,
+        n: float = 1,
+        *,
+        examples: int | None = None,
+        loss: float | None = None,
+        epsilon: float | None = None,
+    ) -> None:
+        """Record ``n`` units of progress.
+
+        Args:
+            n: units done (steps, or examples when the phase's unit is examples).
+            examples: examples processed in these units (for examples/s).
+            loss: latest (privatised) training loss.
+            epsilon: cumulative ε spent so far (composed by the accountant).
+        """
+        self._done += n
+        if examples is not None:
+            self._examples += int(examples)
+        if loss is not None:
+            self.loss = float(loss)
+        if epsilon is not None:
+            self.epsilon = float(epsilon)
+        if self._rich is not None and self._task is not None:
+            self._rich.update(
+                self._task,
+                advance=n,
+                rate=f"{self.examples_per_second:,.0f} ex/s" if self._examples else "",
+                loss=f"loss {self.loss:.4g}" if self.loss is not None else "",
+                eps=_fmt_eps(self.epsilon, self.total_epsilon),
+            )
+        now = time.monotonic()
+        if now - self._last_log >= self.log_interval:
+            self._last_log = now
+            self.runlog.write(self._status_line())
+
+    def set_epsilon(self, epsilon: float) -> None:
+        """Update the cumulative ε spent so far (e.g. after a trial)."""
+        self.advance(0, epsilon=epsilon)
+
+    def _status_line(self) -> str:
+        parts = [f"{self.phase}: {self._done:g}" + (f"/{self._total:g}" if self._total is not None else "")
+                 + f" {self._unit}"]
+        if self._examples:
+            parts.append(f"{self.examples_per_second:,.0f} examples/s")
+        if self.loss is not None:
+            parts.append(f"loss {self.loss:.4g}")
+        if self.epsilon is not None:
+            parts.append(_fmt_eps(self.epsilon, self.total_epsilon))
+        return ", ".join(parts)
+
+    def end_phase(self) -> None:
+        """Finish the current phase and write its summary to the log."""
+        if self.phase is None:
+            return
+        self.runlog.write("done " + self._status_line() + f" in {time.monotonic() - self._t0:.1f} s")
+        if self._rich is not None and self._task is not None:
+            task = self._rich.tasks[-1]
+            if task.total is None:
+                self._rich.update(self._task, total=self._done)
+            self._rich.stop_task(self._task)
+        self.phase = None
+        self._task = None
+
+    def log(self, message: str) -> None:
+        """Write ``message`` to the log file and (unless quiet) print it above the bar."""
+        self.runlog.write(message)
+        if self._rich is not None:
+            self._rich.console.print(message, markup=False, highlight=False)
+
+    # ----------------------------------------------------------------- lifetime
+    def close(self, interrupted: bool = False) -> None:
+        """End the current phase, stop the display, close the log file."""
+        if interrupted and self.phase is not None:
+            self.runlog.write("interrupted during " + self._status_line())
+            self.phase = None
+        self.end_phase()
+        if self._rich is not None:
+            self._rich.stop()
+            self._rich = None
+        self.runlog.close()
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is not None:
+            what = "interrupted (Ctrl-C)" if exc_type is KeyboardInterrupt else f"failed: {exc_type.__name__}: {exc}"
+            self.runlog.write(what)
+        self.close(interrupted=exc_type is not None)

@@ -1,0 +1,137 @@
+"""Read a run directory (what ``privtune train`` / ``privtune tune`` wrote) for the report.
+
+Every file is optional except that at least one of ``certificate.json``, ``metrics.json``
+and ``history.json`` must exist.  Parts that are missing or unreadable are recorded in
+:attr:`RunData.problems` and shown in the report, never silently dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from privtune.errors import InvalidParameterError
+
+RUN_FILES = ("certificate.json", "metrics.json", "history.json", "config.yaml")
+
+
+@dataclass
+class RunData:
+    """The parsed contents of a run directory (empty dicts for missing files)."""
+
+    run_dir: Path
+    certificate: dict = field(default_factory=dict)
+    metrics: dict = field(default_factory=dict)
+    history: dict = field(default_factory=dict)
+    config: dict = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+    # ----------------------------------------------------------------- convenience
+    @property
+    def delta(self) -> float | None:
+        d = self.certificate.get("delta", self.metrics.get("delta"))
+        return float(d) if isinstance(d, (int, float)) else None
+
+    @property
+    def epsilon(self) -> float | None:
+        e = self.certificate.get("epsilon", self.metrics.get("epsilon"))
+        return float(e) if isinstance(e, (int, float)) else None
+
+    @property
+    def accountant(self) -> str:
+        return str(self.certificate.get("accountant") or self.config.get("accountant") or "pld")
+
+    @property
+    def metadata(self) -> dict:
+        md = self.certificate.get("metadata")
+        return md if isinstance(md, dict) else {}
+
+    @property
+    def strategy(self) -> dict:
+        s = self.history.get("strategy")
+        return s if isinstance(s, dict) else {}
+
+    @property
+    def strategy_name(self) -> str | None:
+        name = self.strategy.get("name") or self.metrics.get("strategy") or self.metadata.get("strategy")
+        return str(name) if name else None
+
+    @property
+    def trials(self) -> list[dict]:
+        t = self.history.get("trials")
+        return [x for x in t if isinstance(x, dict)] if isinstance(t, list) else []
+
+    @property
+    def final_run(self) -> dict:
+        f = self.history.get("final_run")
+        return f if isinstance(f, dict) else {}
+
+    @property
+    def not_private(self) -> bool:
+        """True for runs whose tuning was not charged (grid oracle)."""
+        name = (self.strategy_name or "").lower()
+        return name in ("grid-oracle", "grid_oracle") or bool(self.metrics.get("not_private"))
+
+
+def _read_json(path: Path, problems: list[str]) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        problems.append(f"{path.name} could not be read ({exc}); the parts that depend on it are missing.")
+        return {}
+    if not isinstance(data, dict):
+        problems.append(f"{path.name} does not hold a JSON object; ignored.")
+        return {}
+    return data
+
+
+def load_run(run_dir: str | os.PathLike) -> RunData:
+    """Read ``certificate.json``, ``metrics.json``, ``history.json`` and ``config.yaml``.
+
+    Raises InvalidParameterError when ``run_dir`` is not a directory or holds none of the
+    JSON files.
+    """
+    p = Path(run_dir)
+    if not p.is_dir():
+        raise InvalidParameterError(
+            f"`run_dir` must be an existing run directory. Got {str(run_dir)!r}, which "
+            f"{'is a file' if p.exists() else 'does not exist'}. "
+            "Pass the --output directory of `privtune train` or `privtune tune`."
+        )
+    if not any((p / f).is_file() for f in RUN_FILES[:3]):
+        raise InvalidParameterError(
+            f"`run_dir` {str(run_dir)!r} holds none of certificate.json, metrics.json, history.json: "
+            "it is not a privtune run directory. Pass the --output directory of `privtune train` or `privtune tune`."
+        )
+    run = RunData(run_dir=p)
+    for name, attr in (("certificate.json", "certificate"), ("metrics.json", "metrics"), ("history.json", "history")):
+        f = p / name
+        if f.is_file():
+            setattr(run, attr, _read_json(f, run.problems))
+        elif name == "certificate.json":
+            run.problems.append(
+                "certificate.json is missing: this run has no privacy certificate (it may have been interrupted; "
+                "rerun it with --resume)."
+            )
+    cfg = p / "config.yaml"
+    if cfg.is_file():
+        import yaml
+
+        try:
+            data = yaml.safe_load(cfg.read_text(encoding="utf-8"))
+            run.config = data if isinstance(data, dict) else {}
+        except yaml.YAMLError as exc:
+            run.problems.append(f"config.yaml could not be read ({str(exc).splitlines()[0]}).")
+    return run
+
+
+def load_events(dicts: Any) -> list:
+    """Event dicts -> privtune events (raises CertificateError on malformed ones)."""
+    from privtune.accounting.events import event_from_dict
+
+    if not isinstance(dicts, list):
+        return []
+    return [event_from_dict(d) for d in dicts]

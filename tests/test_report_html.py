@@ -1,0 +1,262 @@
+"""privtune.report.write_report on synthetic but realistic run directories.
+
+The run directories are built here from synthetic trials whose privacy events and ε
+come from the real accounting functions (no training), in the RUN_DIR layout that
+`privtune train` / `privtune tune` write.  `make_run` is also used by the browser test.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import privtune.accounting as acct
+from privtune.accounting.events import DPSGDEvent, GaussianEvent, RepeatAndSelectEvent, event_to_dict
+from privtune.config import save_effective_config
+from privtune.errors import InvalidParameterError
+from privtune.report import write_report
+
+DELTA = 1e-5
+
+
+def _full_batch_sigma(eps: float, steps: int) -> float:
+    mu = acct.gdp.mu_from_epsilon(eps, DELTA)
+    return math.sqrt(steps) / mu
+
+
+def _save_certificate(run_dir: Path, events: list, metadata: dict) -> float:
+    eps = float(acct.compute_epsilon(events, DELTA))
+    cert_cls = getattr(acct, "Certificate", None)
+    if cert_cls is not None:  # the real certificate once the accounting module has it
+        cert = cert_cls.from_events(events, DELTA, accountant="pld", metadata=metadata)
+        cert.save(run_dir / "certificate.json")
+        return float(cert.epsilon)
+    (run_dir / "certificate.json").write_text(json.dumps({
+        "epsilon": eps, "delta": DELTA, "accountant": "pld", "neighbouring": "add/remove one example",
+        "events": [event_to_dict(e) for e in events],
+        "sampling_assumptions": ["full-batch steps: every example in every step (no amplification claimed)"],
+        "versions": {"privtune": "0.1.0"}, "metadata": metadata,
+    }, indent=2))
+    return eps
+
+
+def make_run(run_dir: Path, strategy: str = "linear-scaling", *, reference: bool = True, clipping: bool = True,
+             seed: int = 0) -> Path:
+    """Write a realistic RUN_DIR for ``strategy`` (linear-scaling, hyperfree, random-search, grid-oracle, train)."""
+    rng = np.random.default_rng(seed)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "model").mkdir(exist_ok=True)
+    (run_dir / "model" / "config.json").write_text("{}")
+    total_eps = 1.0
+    trials, trial_events = [], []
+    strat: dict = {"name": strategy}
+    if strategy in ("linear-scaling", "grid-oracle", "random-search", "hyperfree"):
+        sweeps = [(0.05, 3), (0.1, 3)] if strategy == "linear-scaling" else [(0.08, 6)]
+        if strategy == "hyperfree":
+            sweeps = []
+        best_rs = []
+        for sweep, (eps_t, n) in enumerate(sweeps):
+            # r log-uniform; the best r grows with the trial budget, as linear scaling expects
+            rs = [3.0, 12.0, 40.0] if strategy == "linear-scaling" and sweep == 0 else (
+                [10.0, 25.0, 90.0] if strategy == "linear-scaling" else np.exp(rng.uniform(0.0, np.log(200.0), n)))
+            peak = 12.0 if sweep == 0 else 25.0
+            scores = []
+            for r in rs:
+                steps = int(rng.choice([20, 50, 100]))
+                ev = [GaussianEvent(_full_batch_sigma(eps_t, steps), count=steps, label=f"trial {len(trials) + 1}")]
+                score = float(0.80 - 0.01 * (np.log(r) - np.log(peak)) ** 2 + rng.normal(0, 0.002))
+                scores.append(score)
+                trials.append({"index": len(trials) + 1, "phase": f"sweep {sweep + 1}",
+                               "hyperparameters": {"r": float(r), "learning_rate": float(r / steps), "steps": steps},
+                               "events": [event_to_dict(e) for e in ev], "score": score,
+                               "score_source": "public_validation"})
+                if strategy != "grid-oracle":
+                    trial_events += ev
+            best_rs.append(float(rs[int(np.argmax(scores))]))
+        cum: list = []
+        for t in trials:
+            from privtune.accounting.events import event_from_dict
+
+            cum += [event_from_dict(d) for d in t["events"]]
+            t["epsilon_after"] = float(acct.compute_epsilon(cum, DELTA))
+        if strategy == "random-search":
+            inner = trials[0]["events"]
+            from privtune.accounting.events import event_from_dict
+
+            trial_events = [RepeatAndSelectEvent(events=tuple(event_from_dict(d) for d in inner), mean=6, shape=1)]
+            strat["scores"] = [t["score"] for t in trials]
+    steps_f = 300
+    if trial_events:
+        sigma_f = acct.calibrate_noise_multiplier(total_eps, DELTA, sample_rate=0.02, steps=steps_f,
+                                                  spent_events=trial_events)
+    else:
+        sigma_f = acct.calibrate_noise_multiplier(total_eps, DELTA, sample_rate=0.02, steps=steps_f)
+    final_ev = [DPSGDEvent(sigma_f, 0.02, steps_f, label="final run")]
+    final_eps = float(acct.compute_epsilon(final_ev, DELTA))
+    if strategy == "linear-scaling":
+        e1, e2 = 0.05, 0.1
+        slope = (best_rs[1] - best_rs[0]) / (e2 - e1)
+        intercept = best_rs[0] - slope * e1
+        r_star = float(np.clip(slope * final_eps + intercept, 1.0, 500.0))
+        strat.update({"trial_epsilons": [e1, e2], "best_r": best_rs,
+                      "fit": {"slope": slope, "intercept": intercept, "space": "epsilon"},
+                      "r_star": r_star, "final_epsilon": final_eps, "notes": []})
+    lr = [0.05] * steps_f
+    if strategy == "hyperfree":
+        lr = list(0.05 * np.exp(np.cumsum(rng.normal(0, 0.05, steps_f))))
+        strat["lr_trajectory"] = lr
+    steps = list(range(1, steps_f + 1))
+    loss = list(0.69 * np.exp(-np.arange(steps_f) / 120) + 0.3 + rng.normal(0, 0.03, steps_f))
+    evals = [{"step": s, "accuracy": float(0.5 + 0.33 * (1 - math.exp(-s / 80)))} for s in range(25, steps_f + 1, 25)]
+    history = {"final_run": {"step": steps, "train_loss": [float(v) for v in loss], "eval": evals, "lr": lr},
+               "trials": trials}
+    if strategy != "train":
+        history["strategy"] = strat
+    if clipping:
+        history["clipping_diagnostics"] = {
+            "step": list(range(10, steps_f + 1, 10)),
+            "fraction_clipped": [float(0.9 * math.exp(-s / 200)) for s in range(10, steps_f + 1, 10)],
+            "norm_quantiles": {"10%": 0.4, "50%": 1.3, "90%": 3.1},
+            "mse_optimal_clip": 1.7, "label": "NOT PRIVATE",
+        }
+    is_train = strategy == "train"
+    metadata = {"strategy": None if is_train else strategy, "selection": "public_validation",
+                "seed": seed, "command": "train" if is_train else "tune"}
+    eps = _save_certificate(run_dir, trial_events + final_ev, metadata)
+    metrics = {"accuracy": 0.832, "epsilon": eps, "delta": DELTA, "mode": "last-layer",
+               "hyperparameters": {"learning_rate": 0.05, "steps": steps_f, "noise_multiplier": sigma_f, "clip": 1.0},
+               "reported_split": "test", "dataset_fingerprint": "sha256:" + "ab" * 32,
+               "ledger_url": "sqlite:///ledger.db", "ledger_remaining_epsilon": 7.0}
+    if not is_train:
+        metrics.update({"strategy": strategy, "selection": "accuracy on a validation split declared public"})
+    if reference:
+        metrics["nonprivate_reference"] = {"accuracy": 0.871, "label": "NOT PRIVATE"}
+    if strategy == "grid-oracle":
+        metrics["not_private"] = True
+    (run_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    (run_dir / "history.json").write_text(json.dumps(history))
+    cfg = {"epsilon": total_eps, "delta": DELTA, "mode": "last-layer", "output": str(run_dir)}
+    if not is_train:
+        cfg["strategy"] = strategy
+    save_effective_config(cfg, run_dir, command="train" if is_train else "tune")
+    (run_dir / "log.txt").write_text("2026-01-01 00:00:00  start final run\n")
+    return run_dir
+
+
+def _images(html: str) -> list[bytes]:
+    return [base64.b64decode(m) for m in re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', html)]
+
+
+@pytest.fixture(scope="module")
+def ls_run(tmp_path_factory):
+    """A linear-scaling run with every optional part, and its report (written once per module)."""
+    run = make_run(tmp_path_factory.mktemp("ls") / "run")
+    return run, write_report(run)
+
+
+def test_linear_scaling_report_is_complete_and_self_contained(ls_run):
+    run, out = ls_run
+    assert out == run / "report.html"
+    html = out.read_text()
+    # self-contained: no network, images inlined as PNG
+    assert "http://" not in html and "https://" not in html and "<script" not in html
+    imgs = _images(html)
+    assert len(imgs) == 5 and all(i.startswith(b"\x89PNG") for i in imgs)
+    for name in ("budget.png", "strategy.png", "learning_curves.png", "accuracy_vs_reference.png", "clipping.png"):
+        assert (run / name).read_bytes().startswith(b"\x89PNG")
+    assert not (run / "trials.png").exists()
+    assert "Parts of this report are missing" not in html and "could not be drawn" not in html
+    # budget: totals, accountant, ledger, certificate verified and the re-verification command
+    cert = json.loads((run / "certificate.json").read_text())
+    assert f"{cert['epsilon']:.4g}" in html and "PLD" in html and "ε remaining for this dataset" in html
+    assert "VERIFIED" in html and "VERIFICATION FAILED" not in html
+    assert f"privtune account --certificate {run / 'certificate.json'}" in html
+    # NOT PRIVATE labels on the reference and the clipping diagnostics
+    assert html.count("NOT PRIVATE") >= 4
+    assert "Linear scaling" in html and "sweep 2" in html
+
+
+def test_budget_curve_is_composed_not_summed(ls_run):
+    from privtune.report.plots import budget_points
+    from privtune.report.run import load_run
+
+    run_dir = ls_run[0]
+    bp = budget_points(load_run(run_dir))
+    assert bp.kind == "trials" and bp.labels[-1] == "final run" and len(bp.cumulative) == 7
+    assert all(a <= b + 1e-9 for a, b in zip(bp.cumulative, bp.cumulative[1:]))  # monotone
+    # composed, not additive: well below the running sum once there are several trials
+    assert bp.cumulative[5] < sum(bp.individual[:6]) * 0.9
+    # the first point is the first trial alone; the last is the certificate's ε recomputed
+    first = json.loads((run_dir / "history.json").read_text())["trials"][0]
+    assert bp.cumulative[0] == pytest.approx(first["epsilon_after"], rel=1e-6)
+    cert = json.loads((run_dir / "certificate.json").read_text())
+    assert bp.cumulative[-1] == pytest.approx(cert["epsilon"], rel=1e-3)
+    assert bp.cumulative[-1] <= 1.0 + 1e-9 and bp.tuning_epsilon < bp.total_epsilon
+
+
+def test_tampered_certificate_fails_verification_in_the_report(ls_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(ls_run[0], run)
+    for name in ("history.json", "metrics.json"):
+        (run / name).unlink()
+    cert = json.loads((run / "certificate.json").read_text())
+    cert["epsilon"] = cert["epsilon"] / 2  # claims less than its events cost
+    (run / "certificate.json").write_text(json.dumps(cert))
+    html = write_report(run).read_text()
+    assert "VERIFICATION FAILED" in html and "VERIFIED<" not in html
+
+
+@pytest.mark.parametrize("strategy, image", [("hyperfree", "strategy.png"), ("random-search", "trials.png"),
+                                              ("grid-oracle", "trials.png"), ("train", None)])
+def test_other_strategies(tmp_path, strategy, image):
+    run = make_run(tmp_path / strategy, strategy, reference=False, clipping=False)
+    html = write_report(run).read_text()
+    assert "could not be drawn" not in html
+    if image:
+        assert (run / image).is_file()
+    assert (run / "budget.png").is_file() and (run / "learning_curves.png").is_file()
+    assert not (run / "accuracy_vs_reference.png").exists()
+    if strategy == "grid-oracle":
+        assert "tuning was not charged" in html and "NOT PRIVATE" in html
+    else:
+        assert "NOT PRIVATE" not in html
+    if strategy == "random-search":
+        assert "repeat-and-select" in html  # the note that the curve is plain composition
+    if strategy == "train":
+        assert "training run" in html and "Hyperparameters" in html  # chosen hyperparameters, no trials table
+        assert "<h3>Trials</h3>" not in html
+
+
+def test_cli_regenerates_removes_stale_plots_and_tolerates_missing_parts(ls_run, tmp_path, capsys):
+    from privtune.cli import main
+
+    run = tmp_path / "run"
+    shutil.copytree(ls_run[0], run)
+    (run / "history.json").unlink()
+    (run / "config.yaml").unlink()
+    assert main(["report", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "report.html" in out and "README.md" in out
+    assert not (run / "strategy.png").exists() and not (run / "clipping.png").exists()
+    assert (run / "budget.png").exists()  # from the certificate alone (ε along the final run)
+    (run / "metrics.json").write_text("{not json")
+    (run / "certificate.json").unlink()
+    html = write_report(run).read_text()
+    assert "metrics.json could not be read" in html and "certificate.json is missing" in html
+    assert main(["report", str(tmp_path / "missing")]) == 2
+    assert "run_dir" in capsys.readouterr().err
+
+
+def test_not_a_run_dir(tmp_path):
+    with pytest.raises(InvalidParameterError, match="run_dir"):
+        write_report(tmp_path / "nope")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(InvalidParameterError, match="not a privtune run directory"):
+        write_report(tmp_path / "empty")

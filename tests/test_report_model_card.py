@@ -1,0 +1,54 @@
+"""privtune.report.write_model_card: Hugging Face model-card front matter and the guarantee in words."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from test_report_html import make_run  # noqa: E402  (tests/ is on sys.path under pytest)
+
+from privtune.report import write_model_card
+
+
+def _split(text):
+    assert text.startswith("---\n")
+    fm, body = text[4:].split("\n---\n", 1)
+    return yaml.safe_load(fm), body
+
+
+def test_model_card_front_matter_and_guarantee(tmp_path):
+    run = make_run(tmp_path / "run")
+    path = write_model_card(run)
+    assert path == run / "model" / "README.md"
+    fm, body = _split(path.read_text())
+    assert "differential-privacy" in fm["tags"]
+    assert fm["base_model"] == "sentence-transformers/all-MiniLM-L6-v2"
+    assert fm["datasets"] and fm["metrics"] == ["accuracy"]
+    acc = fm["model-index"][0]["results"][0]["metrics"][0]
+    assert acc["type"] == "accuracy" and acc["value"] == pytest.approx(0.832)
+    cert = json.loads((run / "certificate.json").read_text())
+    assert f"ε = {cert['epsilon']:.4g}" in body and "δ = 1.0e-05" in body
+    assert "one training example is added or removed" in body
+    assert "hyperparameter tuning (6 trials" in body and "**and** the final training run" in body
+    assert "PLD" in body
+    for public in ("pretrained weights", "declared public", "search space"):
+        assert public in body
+    assert "NOT PRIVATE" in body  # reference model and clipping diagnostics are named as such
+    assert "privtune account --certificate ../certificate.json" in body and "(../certificate.json)" in body
+
+
+def test_model_card_grid_oracle_states_no_guarantee(tmp_path):
+    run = make_run(tmp_path / "run", "grid-oracle", reference=False, clipping=False)
+    fm, body = _split(write_model_card(run).read_text())
+    assert "not-private-reference" in fm["tags"]
+    assert "**NOT PRIVATE (reference only).**" in body and "no** end-to-end" in body
+
+
+def test_model_card_custom_base_model_and_data(tmp_path):
+    run = make_run(tmp_path / "run", "train", reference=False, clipping=False)
+    (run / "config.yaml").write_text("model: /models/my-bert\ndata: /data/reviews.tsv\nepsilon: 1.0\n")
+    fm, body = _split(write_model_card(run).read_text())
+    assert fm["base_model"] == "my-bert" and fm["datasets"] == ["reviews"]
+    assert "the training run that produced it" in body and "search space" not in body
