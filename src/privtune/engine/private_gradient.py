@@ -1,0 +1,589 @@
+"""The one DP step: per-example clipping in a single backward pass, noise once per logical batch.
+
+Usage (one logical batch made of one or more physical micro-batches)::
+
+    pg = PrivateGradient(model, max_grad_norm=1.0, noise_multiplier=1.1, expected_batch_size=256)
+    for micro_batch in logical_batch:                       # any number, including zero
+        losses = loss_fn(model(**micro_batch), labels, reduction="none")   # shape (B,)
+        norms = pg.backward(losses)                          # accumulates Σ_i c_i ∇loss_i
+    info = pg.release()                                      # + N(0, σ²C²), / expected batch size
+    optimizer.step(); optimizer.zero_grad()
+
+The per-example loss vector must be *sum-decomposable*: ``losses[i]`` may depend on example
+``i`` only (no batch-mean normaliser, no in-batch contrastive term, no train-mode BatchNorm).
+A per-example loss that is itself a mean over that example's tokens is fine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import warnings
+from dataclasses import asdict, dataclass
+from typing import Any, Iterator
+
+import torch
+from torch import nn
+from torch.autograd.graph import get_gradient_edge
+from torch.utils._pytree import tree_flatten
+
+from privtune._validation import check_choice, check_int, check_real
+from privtune.errors import InvalidParameterError, UnsupportedModuleError
+from privtune.engine._layers import (
+    ConvHandler,
+    EmbeddingHandler,
+    FallbackHandler,
+    GroupNormHandler,
+    Handler,
+    LayerNormHandler,
+    LinearHandler,
+    Record,
+    hf_conv1d_type,
+)
+
+__all__ = ["PrivateGradient", "ReleaseInfo"]
+
+_CLIPPING = ("flat", "automatic")
+
+
+@dataclass(frozen=True)
+class ReleaseInfo:
+    """What :meth:`PrivateGradient.release` did for one logical batch.
+
+    Attributes:
+        step: 1-based index of this release (logical batch) since construction / resume.
+        batch_size: realised number of examples that went into the clipped sum. **NOT PRIVATE**
+            (it is the size of a Poisson sample of the private data): log it for debugging only.
+        clipped_fraction: fraction of those examples whose gradient norm exceeded the clipping
+            norm C (for ``clipping="automatic"`` every example is rescaled; this still counts
+            ‖g‖ > C). **NOT PRIVATE**.
+        microbatches: number of :meth:`PrivateGradient.backward` calls in this logical batch.
+        noise_std: standard deviation of the Gaussian noise per coordinate of the *released*
+            (averaged) gradient, σ·C / expected_batch_size.
+        sensitivity: L2 sensitivity of the clipped sum under adding/removing one example (= C).
+        expected_batch_size: the public divisor (q·N) used instead of the realised batch size.
+    """
+
+    step: int
+    batch_size: int
+    clipped_fraction: float
+    microbatches: int
+    noise_std: float
+    sensitivity: float
+    expected_batch_size: float
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["not_private"] = ["batch_size", "clipped_fraction"]
+        return d
+
+
+def _in_backward() -> bool:
+    try:
+        return torch._C._current_graph_task_id() != -1
+    except AttributeError:  # pragma: no cover - older torch
+        return False
+
+
+def _is_batchnorm(m: nn.Module) -> bool:
+    return isinstance(m, nn.modules.batchnorm._BatchNorm)
+
+
+def _batchnorm_error(name: str) -> UnsupportedModuleError:
+    return UnsupportedModuleError(
+        f"`model` contains BatchNorm module {name!r} in train mode. Train-mode BatchNorm mixes examples "
+        "through batch statistics, so per-example gradients (and DP) are undefined. Fix: replace it with "
+        "GroupNorm (e.g. nn.GroupNorm(min(32, C), C)), or put it in eval mode and freeze it "
+        "(module.eval(); module.requires_grad_(False)) before building PrivateGradient and after every model.train()."
+    )
+
+
+class PrivateGradient:
+    """Clipped, noised gradient of a sum of per-example losses (the DP-SGD step, Abadi et al. 2016).
+
+    Args:
+        model: the ``nn.Module`` being trained. Its trainable parameters are those with
+            ``requires_grad=True`` at construction; hooks are attached to the modules owning them.
+        max_grad_norm: clipping norm C > 0 (L2, over all trainable parameters together: flat clipping).
+        noise_multiplier: σ ≥ 0, the noise standard deviation *divided by C*; the clipped sum
+            receives N(0, σ²C²) per coordinate once per logical batch. σ = 0 gives no privacy
+            (allowed for non-private references, which must be labelled as such).
+        expected_batch_size: the public normaliser q·N (> 0): the released gradient is
+            (clipped sum + noise) / expected_batch_size, never divided by the realised size.
+        clipping: ``"flat"`` (Abadi: c_i = min(1, C/‖g_i‖)) or ``"automatic"`` (AUTO-S,
+            Bu et al.: c_i = C / (‖g_i‖ + γ)). Both bound each clipped term by C.
+        gamma: AUTO-S stability constant γ > 0 (0.01 in the papers).
+        seed: integer seed of the noise generator for reproducible experiments (recorded as
+            ``self.seed``; put it in the certificate). ``None`` (default) seeds from the OS
+            (``secrets``); that seed is never stored or exposed, only the generator state in
+            :meth:`state_dict` (keep checkpoints private).
+
+    Layers handled without materialising per-example gradients (book-keeping, one backward):
+    ``nn.Linear`` (2-D and N-D inputs; ghost T×T or per-example form chosen per layer by cost
+    2T² vs p·d), HF ``Conv1D``, ``nn.Embedding`` (ghost, padding_idx respected), ``nn.Conv1d/2d``
+    (unfold), ``nn.LayerNorm``, ``nn.GroupNorm``; bias-only layers keep no activation
+    (DP-BiTFiT). Any other module owning a trainable parameter (and ``nn.MultiheadAttention``
+    as a whole) uses a ``torch.func`` per-example fallback, announced by one warning.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        max_grad_norm: float,
+        noise_multiplier: float,
+        expected_batch_size: float,
+        clipping: str = "flat",
+        gamma: float = 0.01,
+        seed: int | None = None,
+    ) -> None:
+        if not isinstance(model, nn.Module):
+            raise InvalidParameterError(
+                f"`model` must be a torch.nn.Module. Got {type(model).__name__}. Pass the model you will call in the forward pass."
+            )
+        self.max_grad_norm = check_real(max_grad_norm, "max_grad_norm", low=0.0,
+                                        fix="Pass the per-example clipping norm C, e.g. max_grad_norm=1.0.")
+        self.noise_multiplier = check_real(noise_multiplier, "noise_multiplier", low=0.0, low_inclusive=True,
+                                           fix="σ is the noise std divided by C; calibrate it with privtune.calibrate_noise_multiplier.")
+        self.expected_batch_size = check_real(expected_batch_size, "expected_batch_size", low=0.0,
+                                              fix="Pass q·N, the expected (not realised) logical batch size, e.g. 256.")
+        self.clipping = check_choice(clipping, "clipping", _CLIPPING)
+        self.gamma = check_real(gamma, "gamma", low=0.0, fix="AUTO-S uses gamma=0.01.")
+        if seed is not None:
+            seed = check_int(seed, "seed", low=0, high=2**63 - 1, fix="Pass a non-negative integer or None (OS entropy).")
+        self.seed: int | None = seed
+        self._generator = torch.Generator(device="cpu")
+        self._generator.manual_seed(seed if seed is not None else secrets.randbits(63))
+
+        self.model = model
+        self._params: list[nn.Parameter] = []
+        self._param_names: dict[nn.Parameter, str] = {}
+        for name, p in model.named_parameters():
+            if p.requires_grad and p not in self._param_names:
+                self._params.append(p)
+                self._param_names[p] = name
+        if not self._params:
+            raise InvalidParameterError(
+                "`model` must have at least one parameter with requires_grad=True. Got none. "
+                "Choose what to train first (e.g. privtune.finetune.apply_mode(model, 'bitfit'))."
+            )
+        self._batchnorms = [(n, m) for n, m in model.named_modules() if _is_batchnorm(m)]
+        self._check_batchnorm()
+
+        self.handlers: list[Handler] = []
+        self.fallback_modules: list[str] = []
+        owner: dict[nn.Parameter, str] = {}
+        covered: set[int] = set()
+        for mname, module in model.named_modules():
+            if id(module) in covered:
+                continue
+            if isinstance(module, nn.MultiheadAttention):
+                own = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+                for sub in module.modules():
+                    covered.add(id(sub))
+            else:
+                own = [(n, p) for n, p in module.named_parameters(recurse=False) if p.requires_grad]
+            if not own:
+                continue
+            for n, p in own:
+                if p in owner:
+                    raise UnsupportedModuleError(
+                        f"`model` parameter {self._param_names[p]!r} is shared by modules {owner[p]!r} and "
+                        f"{mname!r} (tied weights). Per-example clipping of tied trainable weights is not supported. "
+                        "Fix: freeze it (requires_grad_(False)) or untie the weights."
+                    )
+                owner[p] = mname or "<model>"
+            handler = self._make_handler(module, dict(own))
+            if isinstance(handler, FallbackHandler):
+                self.fallback_modules.append(f"{mname or '<model>'} ({type(module).__name__})")
+            self.handlers.append(handler)
+        self._owner_name = owner
+        if self.fallback_modules:
+            warnings.warn(
+                "PrivateGradient: no fast per-example rule for these modules; using the slower torch.func "
+                "per-example fallback (exact, B× parameter memory): " + ", ".join(self.fallback_modules),
+                UserWarning,
+                stacklevel=2,
+            )
+
+        self._hooks: list[Any] = []
+        self._batch: int | None = None
+        self._suspended = False
+        self._edges: list[Any] = []
+        self._hooks.append(model.register_forward_pre_hook(self._pre_forward, with_kwargs=True))
+        for h in self.handlers:
+            self._hooks.append(h.module.register_forward_hook(self._make_forward_hook(h), with_kwargs=True))
+        self._reset_accumulators()
+        self._releases = 0
+
+    # ------------------------------------------------------------------ construction
+    def _make_handler(self, module: nn.Module, own: dict[str, nn.Parameter]) -> Handler:
+        roles = set(own)
+        if isinstance(module, nn.Linear) and roles <= {"weight", "bias"}:
+            return LinearHandler(module, own)
+        conv1d = hf_conv1d_type()
+        if conv1d is not None and isinstance(module, conv1d) and roles <= {"weight", "bias"}:
+            return LinearHandler(module, own, transposed=True)
+        if isinstance(module, (nn.Conv1d, nn.Conv2d)) and roles <= {"weight", "bias"}:
+            return ConvHandler(module, own)
+        if isinstance(module, nn.Embedding) and roles == {"weight"}:
+            if module.scale_grad_by_freq:
+                raise UnsupportedModuleError(
+                    "`model` has an nn.Embedding with scale_grad_by_freq=True, which rescales gradients by "
+                    "in-batch token counts (couples examples). Fix: construct it with scale_grad_by_freq=False."
+                )
+            if module.max_norm is not None:
+                raise UnsupportedModuleError(
+                    "`model` has an nn.Embedding with max_norm set (renormalises rows in place during forward). "
+                    "Fix: set max_norm=None or freeze the embedding."
+                )
+            return EmbeddingHandler(module, own)
+        if isinstance(module, nn.LayerNorm) and roles <= {"weight", "bias"}:
+            return LayerNormHandler(module, own)
+        if isinstance(module, nn.GroupNorm) and roles <= {"weight", "bias"}:
+            return GroupNormHandler(module, own)
+        if _is_batchnorm(module):
+            # eval-mode BatchNorm is a per-example affine map; its parameters go through the fallback
+            pass
+        names = {p: n for n, p in own.items()}
+        return FallbackHandler(module, {n: p for n, p in own.items()}, names)
+
+    def _check_batchnorm(self) -> None:
+        for name, m in self._batchnorms:
+            if m.training:
+                raise _batchnorm_error(name)
+
+    # ------------------------------------------------------------------ hooks
+    def _pre_forward(self, module, args, kwargs):
+        if self._suspended:
+            return None
+        self._check_batchnorm()
+        # a new forward pass: records of a previous forward that never reached backward are stale
+        for h in self.handlers:
+            if h.records:
+                h.clear()
+        self._edges = []
+        self._batch = None
+        for v in tree_flatten((args, kwargs))[0]:  # first tensor argument (also inside dicts/lists)
+            if isinstance(v, torch.Tensor) and v.dim() > 0:
+                self._batch = int(v.shape[0])
+                break
+        return None
+
+    def _make_forward_hook(self, handler: Handler):
+        def hook(module, args, kwargs, output):
+            if self._suspended or not torch.is_grad_enabled():
+                return None
+            if _in_backward():
+                raise UnsupportedModuleError(
+                    f"module {self._owner_of(handler)!r} ran its forward pass during backward (activation / gradient "
+                    "checkpointing). PrivateGradient needs each trainable layer's forward to run once, before "
+                    "backward. Fix: disable checkpointing (model.gradient_checkpointing_disable())."
+                )
+            B = self._batch
+            if isinstance(handler, FallbackHandler):
+                leaves = tree_flatten(output)[0]
+                idx = [
+                    j for j, t in enumerate(leaves)
+                    if isinstance(t, torch.Tensor) and t.requires_grad and t.dim() > 0 and (B is None or t.shape[0] == B)
+                ]
+                if not idx:
+                    return None
+                rec = Record(act=handler.store_input(args, kwargs), grads=[None] * len(idx), n_outputs=len(idx), leaf_index=idx)
+                for k, j in enumerate(idx):
+                    self._capture(handler, rec, k, leaves[j])
+                handler.records.append(rec)
+                return None
+            if not isinstance(output, torch.Tensor) or not output.requires_grad:
+                return None
+            new_output = None
+            act_args = args
+            if B is not None and B > 1 and output.dim() > 0 and output.shape[0] == 1 and isinstance(handler, EmbeddingHandler):
+                # e.g. HF position embeddings looked up with (1, T) position_ids and broadcast over the
+                # batch: expand so each example gets its own output gradient
+                new_output = output.expand(B, *output.shape[1:])
+                ids = args[0] if args else next(v for v in kwargs.values() if isinstance(v, torch.Tensor))
+                act_args, kwargs = (ids.expand(B, *ids.shape[1:]),), {}
+                output = new_output
+            if output.dim() == 0 or (B is not None and output.shape[0] != B):
+                raise UnsupportedModuleError(
+                    f"module {self._owner_of(handler)!r} ({type(module).__name__}) produced an output of shape "
+                    f"{tuple(output.shape)} whose first dimension is not the batch size {B}; per-example gradients "
+                    "need the batch on dimension 0 of every trainable layer's input and output. "
+                    "Fix: keep the batch dimension first, or freeze this module."
+                )
+            rec = Record(act=handler.store_input(act_args, kwargs), grads=[None])
+            self._capture(handler, rec, 0, output)
+            handler.records.append(rec)
+            return new_output
+
+        return hook
+
+    def _capture(self, handler: Handler, rec: Record, k: int, t: torch.Tensor) -> None:
+        def on_grad(g):
+            rec.grads[k] = g if isinstance(handler, FallbackHandler) else handler.reduce_grad(g)
+            return None
+
+        t.register_hook(on_grad)
+        self._edges.append(get_gradient_edge(t))
+
+    def _owner_of(self, handler: Handler) -> str:
+        p = next(iter(handler.params.values()))
+        return self._owner_name.get(p, "?")
+
+    # ------------------------------------------------------------------ public API
+    @property
+    def sensitivity(self) -> float:
+        """L2 sensitivity of the clipped sum to adding or removing one example: C."""
+        return self.max_grad_norm
+
+    @property
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        """The parameters this step privatises (requires_grad at construction), in model order."""
+        return list(self._params)
+
+    def backward(self, losses: torch.Tensor) -> torch.Tensor:
+        """Back-propagate per-example losses once and add their clipped gradients to the running sum.
+
+        Args:
+            losses: shape (B,), ``losses[i]`` the loss of example i of the micro-batch that was just
+                forwarded through ``model`` (``reduction="none"``). Must be sum-decomposable (see module doc).
+
+        Returns:
+            Detached (B,) tensor of per-example gradient L2 norms (before clipping). **NOT PRIVATE.**
+        """
+        if not isinstance(losses, torch.Tensor):
+            raise InvalidParameterError(
+                f"`losses` must be a torch.Tensor of shape (B,). Got {type(losses).__name__}. "
+                "Compute the loss with reduction='none'."
+            )
+        if losses.dim() != 1:
+            raise InvalidParameterError(
+                f"`losses` must be a 1-D per-example loss vector of shape (B,). Got shape {tuple(losses.shape)}. "
+                "Use reduction='none' (and average over tokens within each example if needed)."
+            )
+        B = losses.shape[0]
+        if B == 0:
+            for h in self.handlers:
+                h.clear()
+            self._edges = []
+            return losses.detach()
+        if not losses.requires_grad:
+            raise InvalidParameterError(
+                "`losses` must require grad (come from a forward pass of `model` with grad enabled). Got a tensor "
+                "without grad. Do not wrap the forward pass in torch.no_grad()."
+            )
+        if self._batch is not None and B != self._batch:
+            raise InvalidParameterError(
+                f"`losses` must have one entry per example of the forwarded batch ({self._batch}). Got {B}. "
+                "Do not reduce or reshape the per-example loss."
+            )
+        if not torch.isfinite(losses.detach()).all():
+            raise InvalidParameterError(
+                "`losses` must be finite. Got NaN or inf values. Check the learning rate and the inputs."
+            )
+
+        fired = {id(h) for h in self.handlers if h.records}
+        guard = [p for h in self.handlers if id(h) not in fired for p in h.params.values()]
+        saved = {p: p.grad for p in guard}
+        for p in guard:
+            p.grad = None
+        edges, self._edges = self._edges, []
+        try:
+            torch.autograd.backward(losses.sum(), inputs=edges + guard)
+            leaked = [self._param_names[p] for p in guard if p.grad is not None and bool(p.grad.ne(0).any())]
+        finally:
+            for p in guard:
+                p.grad = saved[p]
+        if leaked:
+            for h in self.handlers:
+                h.clear()
+            raise UnsupportedModuleError(
+                f"`model` trainable parameters {leaked} received gradient although their owning module was never "
+                "called (used functionally elsewhere, e.g. tied or functional weights); their per-example gradients "
+                "cannot be attributed. Fix: freeze them, or call the module that owns them."
+            )
+
+        gram_cache: dict = {}
+        for h in self.handlers:
+            h.gram_cache = gram_cache
+        if not any(g is not None for h in self.handlers for r in h.records for g in r.grads):
+            for h in self.handlers:
+                h.clear()
+            raise InvalidParameterError(
+                "`losses` must come from the most recent forward pass of `model` (one forward, then backward). "
+                "Got losses that reach none of the recorded trainable layers. Run backward right after the forward "
+                "pass that produced them, and evaluate inside `with pg.paused():` or torch.no_grad()."
+            )
+        try:
+            sq = torch.zeros(B, dtype=torch.float64 if self._params[0].dtype == torch.float64 else torch.float32,
+                             device=losses.device)
+            active: list[Handler] = []
+            for h in self.handlers:
+                recs = [r for r in h.records if any(g is not None for g in r.grads)]
+                for r in recs:
+                    for k, g in enumerate(r.grads):
+                        if g is None:  # an output of a fallback module that did not reach the loss
+                            raise UnsupportedModuleError(
+                                f"module {self._owner_of(h)!r}: only some of its outputs reach the loss; the "
+                                "per-example fallback needs all of them. Fix: freeze this module."
+                            )
+                        if g.shape[0] != B:
+                            raise InvalidParameterError(
+                                f"`losses` has {B} entries but module {self._owner_of(h)!r} saw a batch of "
+                                f"{g.shape[0]}. Pass exactly one loss per example of the forwarded batch."
+                            )
+                if not recs:
+                    continue
+                h.records = recs
+                was_suspended, self._suspended = self._suspended, True
+                try:
+                    h.finish()
+                except RuntimeError as exc:
+                    if isinstance(h, FallbackHandler) and "random" in str(exc).lower():
+                        raise UnsupportedModuleError(
+                            f"module {self._owner_of(h)!r} ({type(h.module).__name__}) uses randomness (e.g. active "
+                            "dropout) inside the per-example fallback, which recomputes its forward pass. "
+                            "Fix: set its dropout probability to 0, or call module.eval() on it."
+                        ) from exc
+                    raise
+                finally:
+                    self._suspended = was_suspended
+                sq = sq + h.sq.to(sq.dtype)
+                active.append(h)
+            norms = sq.clamp_min(0).sqrt()
+            C = self.max_grad_norm
+            if self.clipping == "flat":
+                factors = (C / norms.clamp_min(1e-12)).clamp(max=1.0)
+            else:
+                factors = C / (norms + self.gamma)
+            for h in active:
+                for p, t in h.clipped_sum(h.records, factors).items():
+                    t = t.to(p.dtype)
+                    if p in self._sum:
+                        self._sum[p].add_(t)
+                    else:
+                        self._sum[p] = t
+        finally:
+            gram_cache.clear()
+            for h in self.handlers:
+                h.clear()
+        self._count += B
+        self._clipped += int((norms > C).sum())
+        self._microbatches += 1
+        return norms.detach()
+
+    def release(self) -> ReleaseInfo:
+        """Privatise the accumulated clipped sum and write it to ``param.grad``; start a new logical batch.
+
+        For every trainable parameter: ``grad = (Σ_i c_i ∇loss_i + N(0, σ²C² I)) / expected_batch_size``.
+        Called once per logical batch (also for an empty Poisson batch: then the gradient is noise only).
+        Overwrites any existing ``param.grad``.
+        """
+        std = self.noise_multiplier * self.max_grad_norm
+        inv = 1.0 / self.expected_batch_size
+        for p in self._params:
+            s = self._sum.get(p)
+            if s is None or s.dtype != p.dtype or s.shape != p.shape:
+                s = torch.zeros_like(p) if s is None else s.to(p.dtype).reshape(p.shape).clone()
+            elif not s.is_contiguous():
+                s = s.contiguous()
+            if std > 0:
+                z = torch.empty(p.shape, dtype=p.dtype).normal_(generator=self._generator)
+                s.add_(z.to(p.device), alpha=std)
+            p.grad = s.mul_(inv).detach()
+        self._releases += 1
+        info = ReleaseInfo(
+            step=self._releases,
+            batch_size=self._count,
+            clipped_fraction=(self._clipped / self._count) if self._count else 0.0,
+            microbatches=self._microbatches,
+            noise_std=std / self.expected_batch_size,
+            sensitivity=self.max_grad_norm,
+            expected_batch_size=self.expected_batch_size,
+        )
+        self._reset_accumulators()
+        return info
+
+    def _reset_accumulators(self) -> None:
+        self._sum: dict[nn.Parameter, torch.Tensor] = {}
+        self._count = 0
+        self._clipped = 0
+        self._microbatches = 0
+
+    @property
+    def pending_examples(self) -> int:
+        """Examples accumulated since the last release (NOT PRIVATE)."""
+        return self._count
+
+    def state_dict(self) -> dict:
+        """Noise-generator state and configuration, for exact resume. Keep it private (it fixes future noise)."""
+        if self._microbatches:
+            raise InvalidParameterError(
+                f"`state_dict` must be taken between logical batches. Got {self._microbatches} accumulated "
+                "micro-batches not yet released. Call release() first."
+            )
+        return {
+            "format": 1,
+            "seed": self.seed,
+            "generator_state": self._generator.get_state(),
+            "releases": self._releases,
+            "max_grad_norm": self.max_grad_norm,
+            "noise_multiplier": self.noise_multiplier,
+            "expected_batch_size": self.expected_batch_size,
+            "clipping": self.clipping,
+            "gamma": self.gamma,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what :meth:`state_dict` saved; the next noise draw continues the saved stream bit for bit."""
+        if not isinstance(state, dict) or "generator_state" not in state:
+            raise InvalidParameterError(
+                "`state` must be a dict from PrivateGradient.state_dict(). Got "
+                f"{type(state).__name__} without 'generator_state'. Pass the saved engine state."
+            )
+        for key in ("max_grad_norm", "noise_multiplier", "expected_batch_size", "clipping", "gamma"):
+            if key in state and state[key] != getattr(self, key):
+                raise InvalidParameterError(
+                    f"`state` was saved with {key}={state[key]!r} but this PrivateGradient has "
+                    f"{key}={getattr(self, key)!r}. Resume with the same privacy configuration."
+                )
+        self._generator.set_state(state["generator_state"])
+        self._releases = int(state.get("releases", 0))
+        self.seed = state.get("seed")
+        self._reset_accumulators()
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Context in which forward passes are not recorded (e.g. evaluation with grad enabled)."""
+        old = self._suspended
+        self._suspended = True
+        try:
+            yield
+        finally:
+            self._suspended = old
+
+    def close(self) -> None:
+        """Remove every hook from the model. The object cannot be used afterwards."""
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+        for h in self.handlers:
+            h.clear()
+
+    def __enter__(self) -> "PrivateGradient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def describe(self) -> dict:
+        """How each trainable module is handled (for logs and reports)."""
+        out: dict[str, str] = {}
+        for h in self.handlers:
+            mode = h.kind
+            if h.kind in ("linear", "conv", "layernorm", "groupnorm") and not h.needs_input:
+                mode += " (bias only, no activations)"
+            out[self._owner_of(h)] = mode
+        return out
+
