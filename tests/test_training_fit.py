@@ -1,0 +1,192 @@
+"""privtune.training.fit: events, accumulation, fast head path, two-phase, callbacks, learning."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from privtune.accounting.events import DPSGDEvent
+from privtune.errors import InvalidParameterError
+from privtune.finetune import FeatureSet, apply_mode, cache_features
+from privtune.models import load_classifier
+from privtune.models.testing import make_tiny_text_model, make_toy_text_dataset
+from privtune.training import FitResult, fit
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory):
+    return make_tiny_text_model(tmp_path_factory.mktemp("m") / "st", sentence_transformers=True)
+
+
+@pytest.fixture(scope="module")
+def data():
+    return make_toy_text_dataset(48, seed=0), make_toy_text_dataset(32, seed=1)
+
+
+def _params(m):
+    return {n: p.detach().clone() for n, p in m.named_parameters()}
+
+
+def test_fit_returns_events_of_steps_taken(model_path, data):
+    m = load_classifier(model_path, seed=0)
+    apply_mode(m, "bitfit")
+    r = fit(m, data[0], noise_multiplier=1.3, sample_rate=0.25, steps=4, learning_rate=1e-2, seed=0,
+            eval_set=data[1])
+    assert isinstance(r, FitResult) and r.private
+    assert r.events == [DPSGDEvent(1.3, 0.25, 4, sampling="poisson", label="")]
+    assert r.steps == 4 and len(r.history["train_loss"]) == 4
+    assert "NOT PRIVATE" in r.history["train_loss_label"]
+    assert 0.0 <= r.eval["accuracy"] <= 1.0 and r.history["eval"][-1]["step"] == 4
+
+
+def test_accumulation_equals_one_batch(model_path, data):
+    results = []
+    for phys in (5, 64):
+        m = load_classifier(model_path, seed=0)
+        apply_mode(m, "bitfit")
+        fit(m, data[0], noise_multiplier=0.8, sample_rate=0.5, steps=3, learning_rate=1e-2, seed=3,
+            max_physical_batch_size=phys)
+        results.append(_params(m))
+    for k in results[0]:
+        torch.testing.assert_close(results[0][k], results[1][k], atol=2e-6, rtol=1e-5)
+
+
+def test_same_seed_same_result_different_seed_differs(model_path, data):
+    outs = []
+    for seed in (5, 5, 6):
+        m = load_classifier(model_path, seed=0)
+        apply_mode(m, "bitfit")
+        fit(m, data[0], noise_multiplier=1.0, sample_rate=0.3, steps=2, learning_rate=1e-2, seed=seed)
+        outs.append(m.classification_head.weight.detach().clone())
+    assert torch.equal(outs[0], outs[1])
+    assert not torch.equal(outs[0], outs[2])
+
+
+def test_fast_head_path_equals_hooks_path(model_path, data):
+    m = load_classifier(model_path, seed=0)
+    apply_mode(m, "last-layer")
+    fs = cache_features(m, data[0])
+    heads = []
+    for fast in (True, False):
+        h = torch.nn.Linear(fs.num_features, 2)
+        torch.nn.init.zeros_(h.weight)
+        torch.nn.init.zeros_(h.bias)
+        fit(h, fs, noise_multiplier=1.0, sample_rate=0.5, steps=5, learning_rate=0.05, seed=1, fast_head=fast,
+            optimizer="sgd")
+        heads.append(h.weight.detach().clone())
+    torch.testing.assert_close(heads[0], heads[1], atol=1e-5, rtol=1e-4)
+
+
+def test_single_full_batch_step_on_features(model_path, data):
+    """Seed 002's recipe: zero head, one full-batch DP step on cached features."""
+    m = load_classifier(model_path, seed=0)
+    apply_mode(m, "last-layer")
+    fs, fe = cache_features(m, data[0]), cache_features(m, data[1])
+    r = fit(m, fs, noise_multiplier=2.0, sample_rate=1.0, steps=1, learning_rate=0.1, seed=0, eval_set=fe)
+    assert r.events == [DPSGDEvent(2.0, 1.0, 1, sampling="full_batch", label="")]
+    assert m.classification_head.weight.abs().sum() > 0  # moved from zero
+
+
+def test_last_layer_learns_without_noise(model_path):
+    m = load_classifier(model_path, seed=0)
+    apply_mode(m, "last-layer")
+    fs = cache_features(m, make_toy_text_dataset(128, seed=0))
+    fe = cache_features(m, make_toy_text_dataset(64, seed=1))
+    r = fit(m, fs, noise_multiplier=0.0, sample_rate=0.25, steps=100, learning_rate=0.1, seed=0, eval_set=fe)
+    assert not r.private and r.events == [] and "NOT PRIVATE" in r.label
+    assert r.eval["accuracy"] > 0.65
+
+
+def test_two_phase_switches_to_bitfit(model_path, data):
+    m = load_classifier(model_path, seed=0)
+    apply_mode(m, "two-phase")
+    before = _params(m)
+    r = fit(m, data[0], noise_multiplier=1.0, sample_rate=0.25, steps=4, learning_rate=1e-2, seed=0,
+            mode="two-phase", phase1_steps=1)
+    assert [e.steps for e in r.events] == [1, 3]
+    assert r.events[0].label.startswith("two-phase 1/2") and r.events[1].label.startswith("two-phase 2/2")
+    trainable = {n for n, p in m.named_parameters() if p.requires_grad}
+    assert all(n.endswith("bias") or n.startswith("head.") for n in trainable)
+    # a weight that only phase 1 trains has changed
+    assert not torch.equal(before["backbone.encoder.layer.0.attention.self.query.weight"],
+                           m.backbone.encoder.layer[0].attention.self.query.weight)
+    with pytest.raises(InvalidParameterError, match="phase1_steps"):
+        fit(m, data[0], noise_multiplier=1.0, sample_rate=0.25, steps=4, learning_rate=1e-2, mode="two-phase")
+
+
+def test_callback_can_stop_and_events_follow(model_path, data):
+    m = load_classifier(model_path, seed=0)
+    apply_mode(m, "last-layer")
+    fs = cache_features(m, data[0])
+    seen = []
+    r = fit(m, fs, noise_multiplier=1.0, sample_rate=0.5, steps=10, learning_rate=0.1, seed=0,
+            callback=lambda info: seen.append(info.step) or info.step >= 3)
+    assert seen == [1, 2, 3] and r.steps == 3 and r.events[0].steps == 3
+
+
+def test_clipping_diagnostics_are_labelled(model_path, data):
+    m = load_classifier(model_path, seed=0)
+    apply_mode(m, "last-layer")
+    fs = cache_features(m, data[0])
+    r = fit(m, fs, noise_multiplier=1.0, sample_rate=0.5, steps=2, learning_rate=0.1, seed=0)
+    assert r.clipping_diagnostics is None  # off by default
+    r = fit(m, fs, noise_multiplier=1.0, sample_rate=0.5, steps=2, learning_rate=0.1, seed=0,
+            clipping_diagnostics=True, clip=0.5)
+    d = r.clipping_diagnostics
+    assert d["label"] == "NOT PRIVATE" and 0 <= d["fraction_clipped"] <= 1
+    assert len(d["retained_weight_per_class"]) == 2
+    assert d["mse_optimal_clip"]["label"] == "NOT PRIVATE" and d["mse_optimal_clip"]["C"] > 0
+    m2 = load_classifier(model_path, seed=0)
+    apply_mode(m2, "bitfit")
+    r2 = fit(m2, data[0], noise_multiplier=1.0, sample_rate=0.5, steps=1, learning_rate=0.1, seed=0,
+             clipping_diagnostics=True)
+    assert r2.clipping_diagnostics["mse_optimal_clip"]["C"] > 0
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"noise_multiplier": -1.0}, "noise_multiplier"),
+        ({"sample_rate": 1.5}, "sample_rate"),
+        ({"steps": 0}, "steps"),
+        ({"learning_rate": 0.0}, "learning_rate"),
+        ({"clipping": "auto"}, "clipping"),
+        ({"optimizer": "adagrad"}, "optimizer"),
+        ({"sampling": "full_batch", "sample_rate": 0.5}, "full_batch"),
+    ],
+)
+def test_fit_bad_arguments(model_path, data, kwargs, match):
+    m = load_classifier(model_path, seed=0)
+    apply_mode(m, "last-layer")
+    base = dict(noise_multiplier=1.0, sample_rate=0.5, steps=1, learning_rate=0.1)
+    base.update(kwargs)
+    with pytest.raises(InvalidParameterError, match=match):
+        fit(m, data[0], **base)
+
+
+def test_bundled_minilm_last_layer_on_32_examples():
+    from privtune.data import embedded_sst2
+
+    train, _, test = embedded_sst2()
+    m = load_classifier()
+    apply_mode(m, "last-layer")
+    fs = cache_features(m, train.subset(range(32)))
+    fe = cache_features(m, test.subset(range(32)))
+    assert fs.features.shape == (32, 384)
+    torch.testing.assert_close(fs.features.norm(dim=1), torch.ones(32), atol=1e-4, rtol=0)  # normalised
+    r = fit(m, fs, noise_multiplier=0.5, sample_rate=1.0, steps=1, learning_rate=0.1, seed=0, eval_set=fe)
+    assert isinstance(r.eval["accuracy"], float)
+
+
+@pytest.mark.parametrize("mode", ["full", "bitfit", "last-layer", "lora"])
+def test_only_trainable_parameters_change(model_path, data, mode):
+    m = load_classifier(model_path, seed=0)
+    apply_mode(m, mode, lora_rank=2)
+    before = _params(m)
+    fit(m, data[0], noise_multiplier=0.5, sample_rate=0.5, steps=2, learning_rate=1e-2, seed=0)
+    after = _params(m)
+    trainable = {n for n, p in m.named_parameters() if p.requires_grad}
+    for n in before:
+        if n not in trainable:  # frozen weights are bit-identical after DP steps
+            assert torch.equal(before[n], after[n]), n
+    assert any(not torch.equal(before[n], after[n]) for n in trainable)

@@ -1,0 +1,241 @@
+"""privtune.training.train and the `privtune train` / `privtune predict` commands."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import privtune.training as training
+from privtune.errors import DataError, InvalidParameterError, ModelError
+from privtune.ledger import Ledger
+from privtune.models.testing import make_tiny_text_model, make_toy_text_dataset
+from privtune.training import train
+
+
+def _write_tsv(path, ds):
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("label\tsentence\n")
+        for t, y in zip(ds.texts, ds.labels):
+            f.write(f"{y}\t{t}\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("train")
+    return {
+        "model": make_tiny_text_model(root / "st", sentence_transformers=True),
+        "train": _write_tsv(root / "train.tsv", make_toy_text_dataset(80, seed=0)),
+        "eval": _write_tsv(root / "dev.tsv", make_toy_text_dataset(24, seed=1)),
+        "root": root,
+    }
+
+
+def _run(files, tmp_path, **kw):
+    args = dict(eval_data=files["eval"], model=files["model"], mode="bitfit", epsilon=2.0, delta=1e-3,
+                steps=4, batch_size=20, learning_rate=1e-2, ledger=f"sqlite:///{tmp_path / 'l.db'}",
+                output_dir=tmp_path / "run", seed=0, progress=False)
+    args.update(kw)
+    return train(files["train"], **args)
+
+
+def test_train_writes_run_dir_and_charges_ledger(files, tmp_path):
+    r = _run(files, tmp_path)
+    out = tmp_path / "run"
+    for name in ("model/config.json", "model/privtune_classifier.json", "certificate.json", "metrics.json",
+                 "history.json", "config.yaml", "log.txt"):
+        assert (out / name).is_file(), name
+    assert not (out / "checkpoints").exists()
+    cert = json.loads((out / "certificate.json").read_text())
+    assert {"epsilon", "delta", "events"} <= set(cert)
+    assert cert["epsilon"] <= 2.0 + 1e-9 and cert["epsilon"] > 1.9
+    assert cert["events"][0]["kind"] == "dpsgd" and cert["events"][0]["steps"] == 4
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["mode"] == "bitfit" and 0 <= metrics["accuracy"] <= 1
+    assert metrics["hyperparameters"]["batch_size"] == 20 and metrics["reported_split"] == "dev.tsv"
+    hist = json.loads((out / "history.json").read_text())
+    assert len(hist["final_run"]["train_loss"]) == 4 and "NOT PRIVATE" in hist["final_run"]["train_loss_label"]
+    led = Ledger(f"sqlite:///{tmp_path / 'l.db'}")
+    st = led.status(metrics["dataset_fingerprint"])
+    assert st.spent_epsilon == pytest.approx(cert["epsilon"], rel=1e-6)
+    from privtune.accounting import verify_certificate
+
+    assert verify_certificate(out / "certificate.json").epsilon == pytest.approx(cert["epsilon"])
+    assert r.certificate.epsilon == pytest.approx(cert["epsilon"])
+
+
+def test_noise_multiplier_instead_of_epsilon(files, tmp_path):
+    r = _run(files, tmp_path, epsilon=None, noise_multiplier=3.0, mode="last-layer", output_dir=None)
+    assert r.events[0].noise_multiplier == 3.0 and r.output_dir is None
+    assert r.metrics["epsilon"] > 0
+
+
+def _ledger_datasets(tmp_path):
+    return Ledger(f"sqlite:///{tmp_path / 'l.db'}").datasets()
+
+
+@pytest.mark.parametrize(
+    "kw, exc, match",
+    [
+        ({"mode": "bias"}, InvalidParameterError, "mode"),
+        ({"noise_multiplier": 1.0}, InvalidParameterError, "exactly one"),
+        ({"epsilon": -1.0}, InvalidParameterError, "epsilon"),
+        ({"epochs": 1.0}, InvalidParameterError, "either `epochs` or `steps`"),
+        ({"batch_size": 1000}, InvalidParameterError, "batch_size"),
+        ({"delta": 0.5}, InvalidParameterError, "delta"),
+        ({"model": "/nonexistent/model"}, ModelError, "does not exist"),
+        ({"label_column": "stars"}, DataError, "stars"),
+        ({"eval_data": "/nonexistent.tsv"}, DataError, "does not exist"),
+    ],
+)
+def test_bad_input_fails_before_any_budget_is_spent(files, tmp_path, kw, exc, match):
+    with pytest.raises(exc, match=match):
+        _run(files, tmp_path, **kw)
+    assert _ledger_datasets(tmp_path) == []
+    assert not (tmp_path / "run" / "certificate.json").exists()
+
+
+def test_single_class_data_is_rejected(files, tmp_path):
+    p = tmp_path / "one.tsv"
+    p.write_text("label\tsentence\n1\tgood\n1\tgreat\n", encoding="utf-8")
+    with pytest.raises(DataError, match="single class"):
+        train(p, model=files["model"], mode="bitfit", epsilon=1.0, delta=1e-3, ledger=f"sqlite:///{tmp_path/'l.db'}",
+              progress=False)
+    assert _ledger_datasets(tmp_path) == []
+
+
+def test_budget_exceeded_in_ledger(files, tmp_path):
+    from privtune.errors import BudgetExceededError
+
+    _run(files, tmp_path)  # registers the dataset with total ε = 2 and spends it
+    with pytest.raises(BudgetExceededError):
+        _run(files, tmp_path, output_dir=tmp_path / "run2")
+    assert not (tmp_path / "run2" / "certificate.json").exists()
+
+
+def test_resume_is_bit_for_bit(files, tmp_path, monkeypatch):
+    common = dict(steps=6, mode="full", epsilon=4.0, checkpoint_every=1, seed=11)
+    ref = _run(files, tmp_path, ledger=f"sqlite:///{tmp_path / 'ref.db'}", output_dir=tmp_path / "ref", **common)
+
+    real_step = training._Loop._one_step
+
+    def crashing_step(self):
+        if self.step == 3:
+            raise RuntimeError("simulated crash")
+        return real_step(self)
+
+    monkeypatch.setattr(training._Loop, "_one_step", crashing_step)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        _run(files, tmp_path, output_dir=tmp_path / "cut", **common)
+    assert (tmp_path / "cut" / "checkpoints" / "checkpoint.pt").is_file()
+    monkeypatch.setattr(training._Loop, "_one_step", real_step)
+    with pytest.raises(InvalidParameterError, match="resume"):
+        _run(files, tmp_path, output_dir=tmp_path / "cut", **common)  # must ask for --resume
+    res = _run(files, tmp_path, output_dir=tmp_path / "cut", resume=True, **common)
+    a, b = ref.model.state_dict(), res.model.state_dict()
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    assert res.history["final_run"]["train_loss"] == ref.history["final_run"]["train_loss"]
+    assert res.certificate.epsilon == pytest.approx(ref.certificate.epsilon)
+    # the ledger charged the run once
+    st = Ledger(f"sqlite:///{tmp_path / 'l.db'}").status(res.metrics["dataset_fingerprint"])
+    assert st.spent_epsilon == pytest.approx(res.certificate.epsilon, rel=1e-6)
+
+
+def test_resume_with_other_arguments_is_refused(files, tmp_path, monkeypatch):
+    real_step = training._Loop._one_step
+
+    def crashing_step(self):
+        if self.step == 2:
+            raise RuntimeError("simulated crash")
+        return real_step(self)
+
+    monkeypatch.setattr(training._Loop, "_one_step", crashing_step)
+    with pytest.raises(RuntimeError):
+        _run(files, tmp_path, checkpoint_every=1)
+    monkeypatch.setattr(training._Loop, "_one_step", real_step)
+    with pytest.raises(InvalidParameterError, match="learning_rate"):
+        _run(files, tmp_path, checkpoint_every=1, resume=True, learning_rate=0.5)
+
+
+def test_cli_train_and_predict(files, tmp_path, capsys):
+    from privtune.cli import main
+
+    out = tmp_path / "clirun"
+    rc = main(["train", "--data", str(files["train"]), "--eval-data", str(files["eval"]), "--model",
+               str(files["model"]), "--mode", "last-layer", "--epsilon", "3", "--delta", "1e-3", "--steps", "3",
+               "--batch-size", "40", "--ledger", f"sqlite:///{tmp_path / 'cli.db'}", "--output", str(out),
+               "--seed", "0", "--quiet"])
+    assert rc == 0
+    assert "ε = 3" in capsys.readouterr().out
+    assert json.loads((out / "certificate.json").read_text())["epsilon"] <= 3.0 + 1e-9
+    rc = main(["predict", "--model", str(out / "model"), "--data", str(files["eval"]), "--json"])
+    assert rc == 0
+    obj = json.loads(capsys.readouterr().out)
+    assert 0 <= obj["accuracy"] <= 1 and len(obj["predictions"]) == 24
+    rc = main(["predict", "--model", str(out), "--data", str(files["eval"])])
+    assert rc == 0 and "accuracy:" in capsys.readouterr().out
+
+
+def test_cli_config_file_and_errors(files, tmp_path, capsys):
+    from privtune.cli import main
+
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(f"data: {files['train']}\nmodel: {files['model']}\nmode: bitfit\nepsilon: 2.0\ndelta: 1.0e-3\n"
+                   f"steps: 2\nbatch_size: 20\nledger: sqlite:///{tmp_path / 'c.db'}\n", encoding="utf-8")
+    rc = main(["train", "--config", str(cfg), "--output", str(tmp_path / "cfgrun"), "--quiet", "--mode", "last-layer"])
+    assert rc == 0
+    assert json.loads((tmp_path / "cfgrun" / "metrics.json").read_text())["mode"] == "last-layer"  # flag wins
+    capsys.readouterr()
+    rc = main(["train", "--data", str(files["train"]), "--mode", "bitfit", "--epsilon", "-1", "--output", "x"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "epsilon" in err and err.count("\n") == 1
+    rc = main(["train", "--data", str(files["train"]), "--mode", "bitfit", "--output", "x"])
+    assert rc == 2 and "--epsilon" in capsys.readouterr().err
+    rc = main(["train", "--data", str(tmp_path / "missing.tsv"), "--mode", "bitfit", "--epsilon", "1",
+               "--output", str(tmp_path / "y")])
+    assert rc == 2 and "does not exist" in capsys.readouterr().err
+    rc = main(["predict", "--model", str(tmp_path), "--data", str(files["eval"])])
+    assert rc == 2 and "model" in capsys.readouterr().err
+
+
+def test_resume_with_shuffled_batches_mid_epoch(files, tmp_path, monkeypatch):
+    common = dict(steps=5, mode="last-layer", noise_multiplier=2.0, epsilon=None, sampling="shuffle",
+                  batch_size=30, checkpoint_every=1, seed=3)
+    ref = _run(files, tmp_path, ledger=f"sqlite:///{tmp_path / 'ref.db'}", output_dir=tmp_path / "ref", **common)
+    assert ref.events[0].sampling == "shuffle"
+    real_step = training._Loop._one_step
+
+    def crashing_step(self):
+        if self.step == 2:  # 80 examples / 30 per batch: the crash is inside the first epoch
+            raise RuntimeError("simulated crash")
+        return real_step(self)
+
+    monkeypatch.setattr(training._Loop, "_one_step", crashing_step)
+    with pytest.raises(RuntimeError):
+        _run(files, tmp_path, output_dir=tmp_path / "cut", **common)
+    monkeypatch.setattr(training._Loop, "_one_step", real_step)
+    res = _run(files, tmp_path, output_dir=tmp_path / "cut", resume=True, **common)
+    for k, v in ref.model.state_dict().items():
+        assert torch.equal(v, res.model.state_dict()[k]), k
+
+
+def test_train_on_an_image_folder(tmp_path):
+    Image = pytest.importorskip("PIL.Image")
+    from privtune.models.testing import make_tiny_image_model
+
+    for cls, color in (("cat", (250, 10, 10)), ("dog", (10, 10, 250))):
+        (tmp_path / "imgs" / cls).mkdir(parents=True)
+        for i in range(6):
+            Image.new("RGB", (8, 8), tuple(max(0, c - 20 * i) for c in color)).save(tmp_path / "imgs" / cls / f"{i}.png")
+    vit = make_tiny_image_model(tmp_path / "vit")
+    r = train(tmp_path / "imgs", eval_data=tmp_path / "imgs", model=vit, mode="bitfit", noise_multiplier=1.0,
+              delta=1e-3, steps=2, batch_size=6, ledger=f"sqlite:///{tmp_path / 'l.db'}",
+              output_dir=tmp_path / "run", seed=0, progress=False)
+    assert r.metrics["accuracy"] is not None and (tmp_path / "run" / "model" / "preprocessor_config.json").is_file()
+    from privtune.cli import main
+
+    assert main(["predict", "--model", str(tmp_path / "run"), "--data", str(tmp_path / "imgs"), "--json"]) == 0
