@@ -193,10 +193,15 @@ def _initial_guess(target: float, delta: float, q: float, T: int) -> float:
 
 def _calibrate_generic(eps_of: Callable[[float], float], target: float, ceiling: float,
                        guess: float = 1.0) -> float:
+    """Smallest σ ≤ ceiling with eps_of(σ) ≤ target: safeguarded secant (few evaluations),
+    Brent's method on a bracket as the fallback."""
     f = lambda s: eps_of(s) - target  # noqa: E731
     if f(ceiling) > 0:
         raise _infeasible_ceiling(ceiling)
-    lo, hi = _bracket(f, guess, ceiling)
+    s = _secant_down(eps_of, target, guess, ceiling, gap=2e-4)
+    if eps_of(s) <= target:
+        return s
+    lo, hi = _bracket(f, guess, ceiling)  # pragma: no cover - secant failed to converge
     if f(lo) <= 0:
         return lo
     return _solve_increasing_gap(f, lo, hi, xtol=5e-5)
@@ -343,7 +348,7 @@ def calibrate_loss_noise_multiplier(
             "(e.g. 1.01× the gradient-only σ) or the target."
         )
     eps_of = lambda sl: acc.compute_epsilon(events(sl), delta, accountant)  # noqa: E731
-    sl = _calibrate_generic(eps_of, target, max_noise_multiplier)
+    sl = _calibrate_generic(eps_of, target, max_noise_multiplier, guess=min(4.0 * sg, max_noise_multiplier))
     for _ in range(20):
         if eps_of(sl) <= target:
             return sl
