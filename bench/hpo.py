@@ -1,0 +1,242 @@
+"""Benchmark of private hyperparameter tuning on SST-2 (issue 7, item 8).
+
+Part A (MiniLM features, last layer): for every total ε and seed, each strategy is run with its
+whole tuning cost charged (linear-scaling, single-step, hyperfree, honestly charged random search)
+next to the NOT PRIVATE grid oracle (every grid run at the full ε, selection uncharged).  Trials are
+scored on a split of the SST-2 *training* set that the benchmark declares public (disjoint from
+the private training part); accuracy is reported on the GLUE dev set, which no selector sees.
+
+Output: dev accuracy mean ± std per strategy, RERR = (strategy − random)/(oracle − random), and
+tuning compute relative to one final run (counted in full-batch gradient evaluations, i.e. steps ×
+examples).  Features are cached once under bench/results/ (gitignored).
+
+    python bench/hpo.py --quick            # 6k-example subset, ε ∈ {0.5, 1, 8}, 2 seeds (minutes)
+    python bench/hpo.py                    # full SST-2 train, ε ∈ {0.25, 0.5, 1, 2, 8}, 3 seeds
+
+Part B (DP-BiTFiT with hyperfree vs. a fixed setting) runs with --bitfit and needs time; see
+docs/strategies.md for what it measures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent
+RESULTS = ROOT / "results"
+SST2 = Path(os.environ.get("PRIVTUNE_SST2", ROOT.parent.parent / "shared" / "data" / "sst2"))
+
+
+def _read_tsv(path: Path, limit: int | None = None):
+    texts, labels = [], []
+    with open(path, encoding="utf-8") as f:
+        rows = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
+        next(rows)
+        for r in rows:
+            labels.append(int(r[0]))
+            texts.append(r[1])
+    return texts, labels
+
+
+def load_features(public_size: int, subset: int | None, seed: int = 0, progress: bool = True):
+    """MiniLM features of SST-2 train (split into private train / declared-public validation) and dev."""
+    from privtune.data import TextDataset
+    from privtune.finetune import cache_features
+    from privtune.models import load_classifier
+
+    if not SST2.is_dir():
+        sys.exit(f"SST-2 not found at {SST2}; set PRIVTUNE_SST2 to the folder with train.tsv and dev.tsv")
+    tt, tl = _read_tsv(SST2 / "train.tsv")
+    dt, dl = _read_tsv(SST2 / "dev.tsv")
+    model = load_classifier(None, num_labels=2)
+    cache = RESULTS / "features"
+    out = {}
+    for name, (texts, labels) in {"train": (tt, tl), "dev": (dt, dl)}.items():
+        t0 = time.time()
+        done = [0]
+
+        def prog(k):
+            done[0] += k
+            if progress and done[0] % 5120 < k:
+                print(f"  features {name}: {done[0]}/{len(texts)} ({time.time() - t0:.0f} s)", flush=True)
+
+        fs = cache_features(model, TextDataset(texts=texts, labels=labels, num_labels=2), batch_size=128,
+                            cache_dir=cache, progress=prog)
+        out[name] = (fs.features.float(), fs.labels.long())
+    X, y = out["train"]
+    g = torch.Generator().manual_seed(seed)
+    perm = torch.randperm(X.shape[0], generator=g)
+    pub, priv = perm[:public_size], perm[public_size:]
+    if subset is not None:
+        priv = priv[:subset]
+    return (X[priv], y[priv]), (X[pub], y[pub]), out["dev"]
+
+
+def run_features(eps_list, seeds, strategies, train, public, dev, *, rs_trials=10, grid_points=7):
+    from privtune.hpo import grid_oracle as go
+    from privtune.hpo import hyperfree as hf
+    from privtune.hpo import linear_scaling as ls
+    from privtune.hpo import random_search as rs
+    from privtune.hpo import single_step as ss
+    from privtune.hpo.backends import FeatureBackend
+    from privtune.hpo.common import Selector
+    from privtune.hpo.recommend import recommend
+
+    (X, y), (Xp, yp), (Xd, yd) = train, public, dev
+    center = Xp.mean(0)  # mean of the declared-public split: free
+    n = X.shape[0]
+    rows = []
+    for eps in eps_list:
+        for seed in seeds:
+            be = FeatureBackend(X, y, 2, center=center)
+            sel = Selector("public_validation", Xp, yp, name="public")
+
+            def dev_acc(state):
+                return float((be.predict(state, Xd) == yd).float().mean())
+
+            res = {}
+            for name in strategies:
+                t0 = time.time()
+                be.runs = 0
+                steps0 = _steps_counter(be)
+                if name == "linear-scaling":
+                    cfg = ls.LinearScalingConfig()
+                    out = ls.run(be, sel, cfg, ls.plan(cfg, eps, 1e-5), seed=seed)
+                    final_steps = out.final_hyperparameters["steps"]
+                elif name == "random-search":
+                    cfg = rs.RandomSearchConfig(trials=rs_trials)
+                    out = rs.run(be, sel, cfg, rs.plan(cfg, eps, 1e-5), seed=seed)
+                    final_steps = out.final_hyperparameters["steps"]
+                elif name == "single-step":
+                    cfg = ss.SingleStepConfig()
+                    out = ss.run(be, cfg, ss.plan(cfg, eps, 1e-5), seed=seed)
+                    final_steps = 1
+                elif name == "hyperfree":
+                    cfg = hf.HyperfreeConfig()
+                    cands = [b for b in (256, 512, 1024, 2048, 4096) if b < n]
+                    r = recommend(eps, 1e-5, n, 3, candidates=cands)
+                    out = hf.run(be, cfg, hf.plan(cfg, eps, 1e-5, sample_rate=r.sample_rate, steps=r.steps),
+                                 seed=seed)
+                    final_steps = r.steps * r.sample_rate  # in full-batch equivalents
+                elif name == "grid-oracle (NOT PRIVATE)":
+                    o = go.run(be, sel, go.GridOracleConfig(lr_points=grid_points), eps, 1e-5, seed=seed)
+                    out = None
+                    acc = dev_acc(o.state)
+                    final_steps = o.hyperparameters["steps"]
+                else:
+                    raise SystemExit(f"unknown strategy {name}")
+                if out is not None:
+                    acc = dev_acc(out.state)
+                work = _steps_counter(be) - steps0
+                res[name] = acc
+                rows.append({"epsilon": eps, "seed": seed, "strategy": name, "dev_accuracy": acc,
+                             "compute_rel_final": work / max(final_steps, 1e-9), "seconds": time.time() - t0})
+                print(f"eps={eps:<5} seed={seed} {name:<26} dev={acc:.4f}  "
+                      f"compute/final={rows[-1]['compute_rel_final']:.1f}  ({time.time() - t0:.0f} s)", flush=True)
+    return rows
+
+
+def _steps_counter(be):
+    """Full-batch-equivalent gradient evaluations so far (monkey-patched counter on the backend)."""
+    return getattr(be, "_work", 0.0)
+
+
+def _install_counter():
+    from privtune.hpo import _heads
+    from privtune.hpo.backends import FeatureBackend
+
+    orig_run, orig_hf = FeatureBackend.run, FeatureBackend.run_hyperfree
+
+    def run(self, hp, **kw):
+        self._work = getattr(self, "_work", 0.0) + kw["steps"] * kw.get("sample_rate", 1.0)
+        return orig_run(self, hp, **kw)
+
+    def run_hf(self, **kw):
+        self._work = getattr(self, "_work", 0.0) + kw["steps"] * kw["sample_rate"] * (1 + 2 / kw["config"].interval
+                                                                                        / 3)
+        return orig_hf(self, **kw)
+
+    FeatureBackend.run, FeatureBackend.run_hyperfree = run, run_hf
+    del _heads
+
+
+def summarise(rows, strategies):
+    eps_list = sorted({r["epsilon"] for r in rows})
+    table = []
+    for eps in eps_list:
+        by = {s: [r["dev_accuracy"] for r in rows if r["epsilon"] == eps and r["strategy"] == s] for s in strategies}
+        comp = {s: [r["compute_rel_final"] for r in rows if r["epsilon"] == eps and r["strategy"] == s]
+                for s in strategies}
+        mean = {s: statistics.mean(v) if v else math.nan for s, v in by.items()}
+        sd = {s: statistics.stdev(v) if len(v) > 1 else 0.0 for s, v in by.items()}
+        orc, rnd = mean.get("grid-oracle (NOT PRIVATE)", math.nan), mean.get("random-search", math.nan)
+        for s in strategies:
+            rerr = (mean[s] - rnd) / (orc - rnd) if s not in ("random-search", "grid-oracle (NOT PRIVATE)") and \
+                abs(orc - rnd) > 1e-9 else math.nan
+            table.append({"epsilon": eps, "strategy": s, "mean": mean[s], "std": sd[s], "n": len(by[s]),
+                          "rerr": rerr, "compute_rel_final": statistics.mean(comp[s]) if comp[s] else math.nan})
+    return table
+
+
+def print_table(table):
+    print()
+    print(f"{'ε':>6}  {'strategy':<26} {'dev acc % (mean ± std)':>24} {'RERR':>7} {'tuning compute / final':>24}")
+    for r in table:
+        rerr = "" if math.isnan(r["rerr"]) else f"{100 * r['rerr']:.0f}%"
+        print(f"{r['epsilon']:>6g}  {r['strategy']:<26} {100 * r['mean']:>14.2f} ± {100 * r['std']:.2f} (n={r['n']})"
+              f" {rerr:>7} {r['compute_rel_final']:>24.1f}")
+    print("RERR = (strategy − random search)/(grid oracle − random search), all on dev accuracy; the oracle is "
+          "NOT PRIVATE (tuning uncharged). Compute counts full-batch-equivalent gradient passes of all runs, "
+          "divided by those of the final run.")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="small subset, fewer ε and seeds")
+    ap.add_argument("--epsilons", type=str, default=None)
+    ap.add_argument("--seeds", type=int, default=None)
+    ap.add_argument("--subset", type=int, default=None, help="private training examples (default: all)")
+    ap.add_argument("--public-size", type=int, default=2000)
+    ap.add_argument("--strategies", type=str, default="linear-scaling,single-step,hyperfree,random-search,"
+                    "grid-oracle (NOT PRIVATE)")
+    ap.add_argument("--features-only", action="store_true", help="only compute and cache the features")
+    ap.add_argument("--grid-points", type=int, default=7, help="learning rates in the oracle grid (× 6 step counts)")
+    ap.add_argument("--rs-trials", type=int, default=10, help="random-search trials k")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    eps_list = [float(e) for e in (args.epsilons or ("0.5,1,8" if args.quick else "0.25,0.5,1,2,8")).split(",")]
+    seeds = list(range(args.seeds or (2 if args.quick else 3)))
+    subset = args.subset if args.subset is not None else (6000 if args.quick else None)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    train, public, dev = load_features(args.public_size, subset)
+    print(f"features: private train {train[0].shape[0]}, declared-public validation {public[0].shape[0]}, "
+          f"dev {dev[0].shape[0]} ({time.time() - t0:.0f} s)", flush=True)
+    if args.features_only:
+        return 0
+    _install_counter()
+    strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    rows = run_features(eps_list, seeds, strategies, train, public, dev, rs_trials=args.rs_trials,
+                        grid_points=args.grid_points)
+    table = summarise(rows, strategies)
+    print_table(table)
+    tag = ("quick" if args.quick else "full") + ("_eps" + "_".join(f"{e:g}" for e in eps_list))
+    (RESULTS / f"hpo_{tag}.json").write_text(json.dumps({"rows": rows, "table": table}, indent=2))
+    print(f"\nwritten {RESULTS / f'hpo_{tag}.json'} in {time.time() - t0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,21 @@
+"""Private hyperparameter tuning: one honest (ε, δ) for tuning *and* training.
+
+:func:`tune` takes a total budget, spends part of it on tuning with one of the seeds'
+strategies and trains the final model with the rest, proving the total in one
+certificate.  :func:`recommend` gives a batch size, σ and clipping guidance for a budget.
+
+Strategies (one module each): :mod:`~privtune.hpo.linear_scaling` (seed 000),
+:mod:`~privtune.hpo.hyperfree` (seed 001), :mod:`~privtune.hpo.single_step` (seed 002),
+:mod:`~privtune.hpo.random_search` (honest baseline) and :mod:`~privtune.hpo.grid_oracle`
+(NOT PRIVATE reference only).
+"""
+
+from __future__ import annotations
+
+# The function names equal their module names (hpo/tune.py defines tune, hpo/recommend.py
+# defines recommend), so they are bound eagerly: a lazy attribute would be shadowed by the
+# submodule once it is imported.
+from privtune.hpo.recommend import Recommendation, recommend
+from privtune.hpo.tune import STRATEGIES, TuneResult, tune
+
+__all__ = ["tune", "TuneResult", "STRATEGIES", "recommend", "Recommendation"]

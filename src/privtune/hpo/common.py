@@ -1,0 +1,390 @@
+"""Shared pieces of every tuning strategy: budget plans, trial records, honest selection.
+
+A strategy works in three phases, and this module holds what they share:
+
+1. **Plan** (before any data is read): the trial events are fixed from data-independent
+   choices (per-trial budgets, numbers of trials, scoring releases) and the final run's σ
+   is derived by calibrating *inside the composition* with
+   :func:`privtune.accounting.calibrate_noise_multiplier` (``spent_events=``), so the
+   composed total meets the user's total (ε, δ).  An infeasible plan raises
+   :class:`~privtune.errors.InfeasibleBudgetError` at once, with the numbers and a fix.
+2. **Trials**, each scored by one :class:`Selector`: a validation split the user declared
+   public (free), a private split through a noisy count whose cost is charged, or a
+   privatised statistic of the training data.  The split used for the reported accuracy
+   is never handed to a selector.
+3. **Final run** with the remaining budget, then one certificate listing every event.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+
+from privtune._validation import check_delta, check_epsilon, check_real
+from privtune.accounting.events import DPSGDEvent, Event, GaussianEvent, event_to_dict
+from privtune.errors import InfeasibleBudgetError, InvalidParameterError
+
+#: Where a trial's score comes from.  Written into the certificate metadata.
+SELECTION_SOURCES = ("public_validation", "private_validation_noisy", "train_noisy", "train_loss_noisy", "none")
+
+_SOURCE_TEXT = {
+    "public_validation": "accuracy on a validation split the user declared PUBLIC (not charged)",
+    "private_validation_noisy": "noisy accuracy on a PRIVATE validation split (Gaussian count, charged)",
+    "train_noisy": "noisy accuracy on the private training data (Gaussian count, charged)",
+    "train_loss_noisy": "privatised training loss (clipped loss sum + Gaussian noise, charged)",
+    "none": "no data-dependent selection (no trials)",
+}
+
+
+def describe_selection(source: str) -> str:
+    """One-line description of a selection source, for reports and the certificate."""
+    return _SOURCE_TEXT.get(source, source)
+
+
+# --------------------------------------------------------------------------------------
+# accounting helpers (thin wrappers; all privacy maths lives in privtune.accounting)
+# --------------------------------------------------------------------------------------
+
+
+def _acct():
+    import privtune.accounting as acct
+
+    return acct
+
+
+def epsilon_of(events: Sequence[Event], delta: float, accountant: str = "pld") -> float:
+    """ε of the composition of ``events`` at ``delta`` (0 for no events)."""
+    events = list(events)
+    if not events:
+        return 0.0
+    return float(_acct().compute_epsilon(events, delta, accountant=accountant))
+
+
+def mu_from_epsilon(epsilon: float, delta: float) -> float:
+    """μ of the Gaussian mechanism (μ-GDP) that is exactly (ε, δ)-DP; 1/σ for one full-batch release."""
+    from privtune.accounting import gdp
+
+    return float(gdp.mu_from_epsilon(epsilon, delta))
+
+
+def full_batch_event(mu: float, steps: int, label: str = "") -> GaussianEvent:
+    """Full-batch DP-GD for ``steps`` steps at per-run privacy μ: ``GaussianEvent(σ=√T/μ, count=T)``."""
+    return GaussianEvent(noise_multiplier=math.sqrt(steps) / mu, count=int(steps), label=label)
+
+
+def calibrate_final(
+    total_epsilon: float,
+    delta: float,
+    spent_events: Sequence[Event],
+    *,
+    sample_rate: float,
+    steps: int,
+    sampling: str = "poisson",
+    accountant: str = "pld",
+    what: str = "the final run",
+    suggestion: str = "",
+    max_noise_multiplier: float | None = None,
+) -> float:
+    """σ of the final run so that ``spent_events`` + the final DP-SGD run compose to ≤ total ε.
+
+    Wraps :func:`privtune.accounting.calibrate_noise_multiplier` (``spent_events=``) and
+    turns an infeasible budget into an :class:`InfeasibleBudgetError` that states the
+    numbers (ε of the trials alone versus the total) and how to fix it.
+    """
+    acct = _acct()
+    spent = list(spent_events)
+    kw = {}
+    if max_noise_multiplier is None and (sampling == "full_batch" or sample_rate >= 1.0):
+        # full batch: σ = √T/μ can legitimately be large (it is the per-step multiplier); the
+        # ceiling must not reject a feasible μ after trials have run
+        max_noise_multiplier = 1e6
+    if max_noise_multiplier is not None:
+        kw["max_noise_multiplier"] = max_noise_multiplier
+    try:
+        return float(
+            acct.calibrate_noise_multiplier(
+                total_epsilon, delta, sample_rate, steps, accountant=accountant,
+                spent_events=spent, sampling=sampling, **kw,
+            )
+        )
+    except InfeasibleBudgetError as exc:
+        eps_spent = epsilon_of(spent, delta, accountant) if spent else 0.0
+        if eps_spent < 0.5 * total_epsilon:
+            raise InfeasibleBudgetError(
+                f"Budget plan infeasible: {what} cannot meet the total `epsilon` = {total_epsilon:g} at δ = {delta:g} "
+                f"(tuning spends ε = {eps_spent:.4g} of it) without noise above the ceiling: ε is too small for "
+                f"this schedule (q = {sample_rate:.4g}, T = {steps}). Raise `epsilon`, or use fewer steps / a smaller "
+                f"batch. (accounting: {exc})"
+            ) from None
+        msg = (
+            f"Budget plan infeasible: the tuning trials alone cost ε = {eps_spent:.4g} at δ = {delta:g}, "
+            f"which leaves no room for {what} within the total `epsilon` = {total_epsilon:g}."
+        )
+        if suggestion:
+            msg += " " + suggestion
+        else:
+            msg += (
+                f" Raise `epsilon` to at least {max(2 * eps_spent, 1.25 * eps_spent + 0.05):.3g}, or use a "
+                "cheaper schedule (fewer trials or smaller per-trial budgets)."
+            )
+        msg += f" (accounting: {exc})"
+        raise InfeasibleBudgetError(msg) from None
+
+
+# --------------------------------------------------------------------------------------
+# plan and trial records
+# --------------------------------------------------------------------------------------
+
+
+@dataclass
+class BudgetPlan:
+    """What a strategy will spend, fixed before any data is read.
+
+    Attributes
+    ----------
+    total_epsilon, delta : the user's total target.
+    trial_events : planned events of all trials and scoring releases (data-independent).
+    final_events : planned events of the final run.
+    final_noise_multiplier : σ of the final run (multiplier of the clipping norm) as planned.
+    notes : human-readable lines (budget split, per-trial ε, ...), printed before spending.
+    """
+
+    strategy: str
+    total_epsilon: float
+    delta: float
+    accountant: str
+    trial_events: list = field(default_factory=list)
+    final_events: list = field(default_factory=list)
+    final_noise_multiplier: float | None = None
+    notes: list = field(default_factory=list)
+    details: dict = field(default_factory=dict)
+
+    @property
+    def events(self) -> list:
+        """All planned events (trials, scoring, final run): what the ledger reserves."""
+        return list(self.trial_events) + list(self.final_events)
+
+    def planned_epsilon(self) -> float:
+        """ε of the composition of all planned events."""
+        return epsilon_of(self.events, self.delta, self.accountant)
+
+    def trial_epsilon(self) -> float:
+        """ε of the planned trial events alone."""
+        return epsilon_of(self.trial_events, self.delta, self.accountant)
+
+    def describe(self) -> str:
+        lines = [f"budget plan ({self.strategy}): total ε = {self.total_epsilon:g}, δ = {self.delta:g}"]
+        lines += ["  " + n for n in self.notes]
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "strategy": self.strategy,
+            "total_epsilon": self.total_epsilon,
+            "delta": self.delta,
+            "accountant": self.accountant,
+            "trial_events": [event_to_dict(e) for e in self.trial_events],
+            "final_events": [event_to_dict(e) for e in self.final_events],
+            "final_noise_multiplier": self.final_noise_multiplier,
+            "notes": list(self.notes),
+            "details": dict(self.details),
+        }
+
+
+@dataclass
+class TrialRecord:
+    """One tuning trial: what was tried, what it cost, how it scored and where the score came from."""
+
+    index: int
+    hyperparameters: dict
+    events: list
+    score: float | None
+    score_source: str
+    phase: str = ""
+    epsilon_after: float | None = None
+    extra: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "phase": self.phase,
+            "hyperparameters": dict(self.hyperparameters),
+            "events": [event_to_dict(e) for e in self.events],
+            "score": self.score,
+            "score_source": self.score_source,
+            "epsilon_after": self.epsilon_after,
+            **({"extra": self.extra} if self.extra else {}),
+        }
+
+
+def fill_epsilon_after(trials: Sequence[TrialRecord], delta: float, accountant: str = "pld",
+                       prefix_events: Sequence[Event] = ()) -> None:
+    """Set each trial's ``epsilon_after``: cumulative ε of all events up to and including it."""
+    acc = list(prefix_events)
+    for t in trials:
+        acc += list(t.events)
+        t.epsilon_after = epsilon_of(acc, delta, accountant) if acc else 0.0
+
+
+# --------------------------------------------------------------------------------------
+# honest selection
+# --------------------------------------------------------------------------------------
+
+
+@dataclass
+class Selector:
+    """Scores a trial's predictions honestly.
+
+    ``source`` is one of :data:`SELECTION_SOURCES`:
+
+    * ``"public_validation"``: accuracy on ``labels`` of a split the user declared public;
+      post-processing of public data, no privacy cost.
+    * ``"private_validation_noisy"`` / ``"train_noisy"``: the number of correct
+      predictions on private examples (sensitivity 1 under add/remove) is released with
+      Gaussian noise of standard deviation ``noise_std`` (so the noise multiplier is
+      ``noise_std``); each score is a :class:`GaussianEvent` that is charged.
+
+    ``data`` is whatever the backend's ``predict`` takes (a feature matrix or a dataset);
+    ``name`` identifies it in the selection log used by the honesty tests.
+    """
+
+    source: str
+    data: Any
+    labels: torch.Tensor
+    noise_std: float = 0.0
+    name: str = ""
+    seed: int | None = None
+    loss_clip: float = 3.0
+    log: list = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.source not in SELECTION_SOURCES or self.source == "none":
+            raise InvalidParameterError(
+                f"`selection` must be one of {SELECTION_SOURCES[:-1]}. Got {self.source!r}."
+            )
+        if self.source != "public_validation":
+            check_real(self.noise_std, "selection_noise", low=0.0,
+                       fix="A charged selection score needs Gaussian noise; pass e.g. selection_noise=20.")
+        self.labels = torch.as_tensor(self.labels).long()
+        self._gen = torch.Generator().manual_seed(int(self.seed if self.seed is not None else 0) + 7919)
+
+    @property
+    def charged(self) -> bool:
+        return self.source != "public_validation"
+
+    def score_event(self, label: str = "") -> GaussianEvent | None:
+        """The event one score costs (None when the split is public)."""
+        if not self.charged:
+            return None
+        return GaussianEvent(noise_multiplier=self.noise_std, count=1, label=label or f"score ({self.source})")
+
+    def score(self, outputs: torch.Tensor, label: str = "") -> tuple[float, list]:
+        """Return (score, events charged) for a trial's outputs on ``data``.
+
+        ``outputs`` are logits (n, K) or predicted labels (n,).  Accuracy sources count
+        correct predictions (sensitivity 1); ``"train_loss_noisy"`` releases the sum of
+        cross-entropies clipped at ``loss_clip`` (sensitivity ``loss_clip``) and scores
+        the negative privatised mean loss.  Public splits are scored exactly and free.
+        """
+        out = torch.as_tensor(outputs)
+        n = max(1, int(self.labels.shape[0]))
+        if out.shape[0] != self.labels.shape[0]:
+            raise InvalidParameterError(
+                f"outputs have {out.shape[0]} rows but the selection split has {self.labels.shape[0]}."
+            )
+        self.log.append(self.name)
+        noise = 0.0
+        if self.charged:
+            noise = self.noise_std * float(torch.randn((), generator=self._gen, dtype=torch.float64).item())
+        if self.source == "train_loss_noisy":
+            if out.dim() != 2:
+                raise InvalidParameterError("selection='train-loss' needs logits, not labels.")
+            losses = torch.nn.functional.cross_entropy(out.float(), self.labels, reduction="none")
+            total = float(losses.clamp(0.0, self.loss_clip).sum().item()) + noise * self.loss_clip
+            return -total / n, [self.score_event(label)]
+        pred = out.argmax(dim=1) if out.dim() == 2 else out.long().view(-1)
+        correct = float((pred == self.labels).sum().item())
+        if not self.charged:
+            return correct / n, []
+        return (correct + noise) / n, [self.score_event(label)]
+
+
+def default_selection_noise(n: int) -> float:
+    """Default σ of a charged count score: accuracy noise std ≈ 0.5 % of n, at least 5 (μ ≤ 0.2)."""
+    return float(max(5.0, 0.005 * n))
+
+
+def choose_best(records: Sequence[TrialRecord], key: Callable[[TrialRecord], float] | None = None,
+                tie: Callable[[TrialRecord], float] | None = None) -> TrialRecord:
+    """Best trial by score (ties broken by ``tie`` ascending, e.g. smaller r); NaN scores lose."""
+    if not records:
+        raise InvalidParameterError("no trials to choose from.")
+
+    def k(r: TrialRecord):
+        s = key(r) if key else r.score
+        s = -math.inf if s is None or not math.isfinite(s) else s
+        return (-s, tie(r) if tie else r.index)
+
+    return sorted(records, key=k)[0]
+
+
+@dataclass
+class StrategyOutcome:
+    """What a strategy returns to :func:`privtune.hpo.tune`."""
+
+    state: Any                       # the trained final model / head
+    final_events: list
+    final_hyperparameters: dict
+    trials: list                     # TrialRecord
+    strategy_data: dict = field(default_factory=dict)
+    final_history: dict = field(default_factory=dict)
+    selection_source: str = "none"
+    certificate_events: list | None = None  # when not the plain concatenation (repeat-and-select)
+
+
+def validate_total_budget(epsilon: Any, delta: Any, dataset_size: int | None = None) -> tuple[float, float]:
+    """Validate the user's total (ε, δ)."""
+    return check_epsilon(epsilon), check_delta(delta, dataset_size=dataset_size)
+
+
+def as_plain(obj: Any) -> Any:
+    """Convert dataclasses / tensors / numpy scalars into JSON-friendly values."""
+    if hasattr(obj, "__dataclass_fields__"):
+        return as_plain(asdict(obj))
+    if isinstance(obj, dict):
+        return {str(k): as_plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [as_plain(v) for v in obj]
+    if isinstance(obj, torch.Tensor):
+        return obj.tolist()
+    if hasattr(obj, "item") and callable(obj.item):
+        try:
+            return obj.item()
+        except Exception:  # pragma: no cover
+            return str(obj)
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+__all__ = [
+    "SELECTION_SOURCES",
+    "BudgetPlan",
+    "TrialRecord",
+    "StrategyOutcome",
+    "Selector",
+    "calibrate_final",
+    "choose_best",
+    "default_selection_noise",
+    "describe_selection",
+    "epsilon_of",
+    "fill_epsilon_after",
+    "full_batch_event",
+    "mu_from_epsilon",
+    "validate_total_budget",
+    "DPSGDEvent",
+    "GaussianEvent",
+]

@@ -1,0 +1,82 @@
+"""Grid oracle — NOT PRIVATE.  A reference to compare private tuners against, never a way
+to pick a released model.
+
+Every configuration of a grid over (η, T) is trained at the *whole* budget (each run alone
+is (ε, δ)-DP) and the best by the selection split is reported.  The tuning itself is
+**not charged**: the composition of all grid runs is far above ε.  This is what most DP
+papers report as "the" accuracy at ε; privtune reports it only as an upper reference,
+labelled NOT PRIVATE in every output, and :func:`privtune.hpo.tune` refuses to release
+its model.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from privtune.hpo.common import TrialRecord, calibrate_final, choose_best
+from privtune.hpo.linear_scaling import SearchSpace
+
+NAME = "grid-oracle"
+LABEL = "NOT PRIVATE"
+
+
+@dataclass
+class GridOracleConfig:
+    """Grid: ``lr_points`` η values log-spaced over ``lr_bounds`` × every T of ``steps_grid``."""
+
+    lr_bounds: tuple = (0.01, 10.0)
+    lr_points: int = 7
+    steps_grid: tuple = (5, 10, 20, 40, 80, 150)
+    momentum: float = 0.9
+    clip: float = 1.0
+    free_step: bool = True
+
+    def grid(self) -> list[tuple[float, int]]:
+        space = SearchSpace(float(self.lr_bounds[0]), float(self.lr_bounds[1]), tuple(self.steps_grid))
+        lrs = np.geomspace(space.lr_min, space.lr_max, int(self.lr_points))
+        return [(float(lr), int(T)) for lr in lrs for T in space.steps_grid]
+
+
+@dataclass
+class OracleResult:
+    """The NOT PRIVATE reference: best grid point by the selection score and all scores."""
+
+    hyperparameters: dict
+    score: float
+    state: object
+    trials: list
+    label: str = LABEL
+
+    def to_dict(self) -> dict:
+        return {"label": self.label, "hyperparameters": self.hyperparameters, "score": self.score,
+                "trials": [t.to_dict() for t in self.trials],
+                "note": "tuning NOT charged: each grid run alone is (ε, δ)-DP, their composition is not"}
+
+
+def run(backend, selector, config: GridOracleConfig, epsilon: float, delta: float, *, seed: int | None = None,
+        accountant: str = "pld", progress=None) -> OracleResult:
+    """Train every grid point at the full budget and return the best (NOT PRIVATE)."""
+    rng = np.random.default_rng(seed)
+    trials, states = [], {}
+    for i, (lr, T) in enumerate(config.grid()):
+        sigma = calibrate_final(epsilon, delta, [], sample_rate=1.0, steps=T, sampling="full_batch",
+                                accountant=accountant, what="one grid run")
+        fit = backend.run({"learning_rate": lr, "steps": T}, noise_multiplier=sigma, sample_rate=1.0, steps=T,
+                          learning_rate=lr, optimizer="sgd", momentum=config.momentum, clip=config.clip,
+                          free_step=config.free_step, seed=int(rng.integers(2**31)),
+                          label=f"grid-oracle run {i} ({LABEL})")
+        # uncharged: scored without noise on the selection split, whatever its status
+        pred = backend.predict(fit.state, selector.data)
+        score = float((pred.long() == selector.labels).float().mean().item())
+        trials.append(TrialRecord(index=i, phase="grid (NOT PRIVATE)", hyperparameters={
+            "learning_rate": lr, "steps": T, "r": lr * T, "noise_multiplier": sigma}, events=list(fit.events),
+            score=score, score_source=f"{selector.source} without noise ({LABEL})"))
+        states[i] = fit.state
+        if progress and (i + 1) % 7 == 0:
+            progress(f"grid oracle ({LABEL}) {i + 1}/{len(config.grid())}")
+    best = choose_best(trials, tie=lambda r: r.hyperparameters["r"])
+    return OracleResult(hyperparameters=dict(best.hyperparameters), score=float(best.score or math.nan),
+                        state=states[best.index], trials=trials)

@@ -1,0 +1,193 @@
+"""Random search, honestly charged: the baseline every private tuner must beat.
+
+k configurations (η log-uniform in the box, T uniform in the grid, drawn independently
+as in seed 000's baseline code) are trained; the best one by the selection score is
+released as the model (no separate final run).  Its cost is accounted whichever way is
+tighter (the issue's rule):
+
+* **plain composition** of all k trials (and their charged scores), each trial getting
+  per-run μ_t = √((μ_total² − scores)/k) in GDP (exact for full batch), PLD-verified; or
+* **Papernot & Steinke (ICLR 2022) repeat-and-select**: the number of trials K is random,
+  truncated negative binomial with mean k (``shape`` 0 = logarithmic), and only the best
+  is released; accounted with RDP through ``RepeatAndSelectEvent``.
+
+The choice, the per-trial σ and the realised K are recorded in the strategy data.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from privtune._validation import check_int, check_real
+from privtune.accounting.events import GaussianEvent, RepeatAndSelectEvent
+from privtune.errors import InfeasibleBudgetError
+from privtune.hpo.common import BudgetPlan, StrategyOutcome, TrialRecord, choose_best, epsilon_of, mu_from_epsilon
+from privtune.hpo.linear_scaling import SearchSpace
+
+NAME = "random-search"
+
+
+@dataclass
+class RandomSearchConfig:
+    """Parameters of honest random search.
+
+    trials : k, the (expected) number of configurations.
+    accounting : ``"auto"`` (tighter of the two), ``"composition"`` or ``"repeat-and-select"``.
+    shape : η of the truncated negative binomial for repeat-and-select (0 = logarithmic).
+    lr_bounds, steps_grid : the search box (same default as linear scaling).
+    momentum, clip, free_step : the fixed full-batch recipe.
+    """
+
+    trials: int = 10
+    accounting: str = "auto"
+    shape: float = 0.0
+    lr_bounds: tuple = (0.01, 10.0)
+    steps_grid: tuple = (5, 10, 20, 40, 80, 150)
+    momentum: float = 0.9
+    clip: float = 1.0
+    free_step: bool = True
+
+    def space(self) -> SearchSpace:
+        return SearchSpace(float(self.lr_bounds[0]), float(self.lr_bounds[1]), tuple(self.steps_grid))
+
+
+def _shrink_to_fit(make_events, mu0: float, total: float, delta: float, accountant: str) -> float:
+    """Largest μ ≤ mu0 (in 0.2 % steps) whose events meet the total ε under ``accountant``."""
+    mu = mu0
+    for _ in range(400):
+        if epsilon_of(make_events(mu), delta, accountant) <= total:
+            return mu
+        mu *= 0.998
+    raise InfeasibleBudgetError(f"random search: no per-trial μ ≤ {mu0:.4g} meets ε = {total:g}.")
+
+
+def _ps_mu(k: float, shape: float, score_sigma: float | None, total: float, delta: float) -> float | None:
+    """Per-trial μ for repeat-and-select by bisection on the RDP ε (None if infeasible)."""
+    def eps(mu: float) -> float:
+        inner = [GaussianEvent(1.0 / mu, 1)] + ([GaussianEvent(score_sigma, 1)] if score_sigma else [])
+        return epsilon_of([RepeatAndSelectEvent(events=tuple(inner), mean=k, shape=shape)], delta, "rdp")
+    lo, hi = 1e-4, mu_from_epsilon(total, delta)
+    if eps(lo) > total:
+        return None
+    if eps(hi) <= total:
+        return hi
+    for _ in range(40):
+        mid = math.sqrt(lo * hi)
+        if eps(mid) <= total:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def plan(config: RandomSearchConfig, total_epsilon: float, delta: float, *, score_sigma: float | None = None,
+         accountant: str = "pld", prefix_events=()) -> BudgetPlan:
+    """Choose the tighter accounting and the per-trial μ, before any data is read."""
+    k = check_int(config.trials, "trials", low=1)
+    check_real(config.shape, "shape", low=0.0, low_inclusive=True)
+    prefix = list(prefix_events)
+    mu_total = mu_from_epsilon(total_epsilon, delta)
+    if prefix:  # budget left after the prefix (e.g. --mode auto pilots), in GDP terms, PLD-verified below
+        eps_prefix = epsilon_of(prefix, delta, accountant)
+        if eps_prefix >= total_epsilon:
+            raise InfeasibleBudgetError(f"random search: the pilots alone cost ε = {eps_prefix:.4g} ≥ {total_epsilon:g}.")
+        mu_total = math.sqrt(max(1e-12, mu_total ** 2 - mu_from_epsilon(eps_prefix, delta) ** 2))
+    score_mu2 = k / score_sigma ** 2 if score_sigma else 0.0
+    comp_mu = None
+    if mu_total ** 2 > score_mu2:
+        def comp_events(mu: float) -> list:
+            evs = prefix + [GaussianEvent(1.0 / mu, 1, label=f"planned random-search trial {i}") for i in range(k)]
+            if score_sigma:
+                evs += [GaussianEvent(score_sigma, 1, label=f"score trial {i}") for i in range(k)]
+            return evs
+        comp_mu = _shrink_to_fit(comp_events, math.sqrt((mu_total ** 2 - score_mu2) / k), total_epsilon, delta,
+                                 accountant)
+    ps_mu = None
+    if config.accounting in ("auto", "repeat-and-select"):
+        ps_mu = None if prefix else _ps_mu(k, config.shape, score_sigma, total_epsilon, delta)
+    if config.accounting == "composition":
+        ps_mu = None
+    if config.accounting == "repeat-and-select":
+        comp_mu = None
+    if comp_mu is None and ps_mu is None:
+        raise InfeasibleBudgetError(
+            f"Budget plan infeasible: {k} random-search trials{' with charged scores' if score_sigma else ''} do not "
+            f"fit in ε = {total_epsilon:g}. Use fewer `trials`, a public validation split, or a larger `epsilon`."
+        )
+    use_ps = ps_mu is not None and (comp_mu is None or ps_mu > comp_mu)
+    p = BudgetPlan(strategy=NAME, total_epsilon=total_epsilon, delta=delta, accountant="rdp" if use_ps else accountant)
+    if use_ps:
+        inner = [GaussianEvent(1.0 / ps_mu, 1)] + ([GaussianEvent(score_sigma, 1)] if score_sigma else [])
+        p.trial_events = prefix + [RepeatAndSelectEvent(events=tuple(inner), mean=float(k), shape=float(config.shape),
+                                               label="random search (repeat-and-select)")]
+        mu = ps_mu
+    else:
+        p.trial_events = comp_events(comp_mu)
+        mu = comp_mu
+    p.details = {"trials": k, "accounting": "repeat-and-select" if use_ps else "composition", "trial_mu": mu,
+                 "composition_mu": comp_mu, "repeat_and_select_mu": ps_mu, "shape": config.shape}
+    p.notes = [
+        f"{k} {'expected ' if use_ps else ''}trials, each a full-batch run at per-run μ = {mu:.4g}",
+        f"accounting: {p.details['accounting']} (per-trial μ: composition {comp_mu or float('nan'):.4g}, "
+        f"repeat-and-select {ps_mu or float('nan'):.4g}; the larger μ, i.e. less noise, wins)",
+        "the best trial is released; no separate final run",
+    ]
+    return p
+
+
+def _draw_k(rng: np.random.Generator, mean: float, shape: float) -> int:
+    """Draw K from the truncated negative binomial with the given mean (dp_accounting's γ)."""
+    from dp_accounting.rdp.rdp_privacy_accountant import _gamma_truncated_negative_binomial
+
+    gamma = _gamma_truncated_negative_binomial(shape, mean)
+    for _ in range(10000):
+        if shape == 0:
+            kk = int(rng.logseries(1 - gamma))
+        elif shape == 1:
+            kk = int(rng.geometric(gamma))
+        else:
+            kk = int(rng.negative_binomial(shape, gamma))
+        if kk > 0:
+            return kk
+    return 1  # pragma: no cover
+
+
+def run(backend, selector, config: RandomSearchConfig, p: BudgetPlan, *, seed: int | None = None,
+        progress=None, max_trials: int = 100) -> StrategyOutcome:
+    rng = np.random.default_rng(seed)
+    space = config.space()
+    mu = p.details["trial_mu"]
+    use_ps = p.details["accounting"] == "repeat-and-select"
+    k = _draw_k(rng, float(p.details["trials"]), float(config.shape)) if use_ps else p.details["trials"]
+    k = min(k, max_trials)
+    trials, states = [], {}
+    for i in range(k):
+        lr = float(math.exp(rng.uniform(math.log(space.lr_min), math.log(space.lr_max))))
+        T = int(space.steps_grid[int(rng.integers(len(space.steps_grid)))])
+        sigma = math.sqrt(T) / mu
+        label = f"random-search trial {i}"
+        fit = backend.run({"learning_rate": lr, "steps": T}, noise_multiplier=sigma, sample_rate=1.0, steps=T,
+                          learning_rate=lr, optimizer="sgd", momentum=config.momentum, clip=config.clip,
+                          free_step=config.free_step, seed=int(rng.integers(2**31)), label=label, record=True)
+        score, score_events = selector.score(backend.logits(fit.state, selector.data), label=label + " score")
+        trials.append(TrialRecord(index=i, phase="random", hyperparameters={"learning_rate": lr, "steps": T,
+                                  "r": lr * T, "noise_multiplier": sigma}, events=list(fit.events) + score_events,
+                                  score=score, score_source=selector.source))
+        states[i] = fit
+        if progress:
+            progress(f"random search trial {i + 1}/{k}: η={lr:.3g} T={T} score={score:.4f}")
+    best = choose_best(trials)
+    fit = states[best.index]
+    data = {"name": NAME, "scores": [t.score for t in trials], "accounting": p.details["accounting"],
+            "trial_mu": mu, "realised_trials": k, "best_index": best.index}
+    out = StrategyOutcome(state=fit.state, final_events=[], final_hyperparameters=dict(best.hyperparameters,
+                          optimizer="sgd", momentum=config.momentum, clip=config.clip, batch="full",
+                          selected_trial=best.index), trials=trials, strategy_data=data,
+                          final_history=fit.history, selection_source=selector.source)
+    if use_ps:
+        out.strategy_data["certificate_events"] = "repeat-and-select event replaces per-trial composition"
+        out.certificate_events = [e for e in p.trial_events if isinstance(e, RepeatAndSelectEvent)]
+    return out

@@ -1,0 +1,838 @@
+"""``privtune.tune``: private tuning plus training under one total (ε, δ).
+
+The flow (each step happens before the next touches more data):
+
+1. validate every argument and the data (empty, single-class, overlapping splits, model
+   path) — errors here cost no budget;
+2. **plan**: the strategy fixes every trial event from data-independent choices and
+   calibrates the final run inside the composition, so that the composed total meets the
+   requested ε; an infeasible plan fails at once with the numbers and a fix;
+3. **reserve** the whole plan in the ledger (embedded demo: a ledger inside the run dir;
+   user data: the persistent ledger, where a new dataset is registered with the requested
+   total) — before any training reads the data;
+4. trials (scored on the public validation split, or by a charged noisy score), final run;
+5. one certificate listing every event of every trial and of the final run, the model
+   (``save_pretrained``), ``metrics.json`` (accuracy on the **reported** split, which no
+   selector ever saw), ``history.json``, and the HTML report.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from privtune._validation import check_choice, check_int, check_real
+from privtune.errors import DataError, InvalidParameterError, PrivtuneError
+from privtune.hpo import common
+from privtune.hpo.common import BudgetPlan, Selector, StrategyOutcome, as_plain
+
+STRATEGIES = ("linear-scaling", "hyperfree", "single-step", "random-search", "grid-oracle")
+MODES = ("auto", "last-layer", "bitfit", "lora", "full")
+AUTO_MODES = ("last-layer", "bitfit", "lora")
+SELECTIONS = {
+    "public-validation": "public_validation", "public_validation": "public_validation",
+    "private-validation": "private_validation_noisy", "private_validation_noisy": "private_validation_noisy",
+    "train-accuracy": "train_noisy", "train_noisy": "train_noisy",
+    "train-loss": "train_loss_noisy", "train_loss_noisy": "train_loss_noisy",
+}
+#: pilot run used by --mode auto to compare modes (per-run ε = min(0.1, 0.1·ε_total))
+_PILOT = {"last-layer": {"learning_rate": 1.0, "optimizer": "adam"},
+          "bitfit": {"learning_rate": 5e-3, "optimizer": "adam"},
+          "lora": {"learning_rate": 2e-3, "optimizer": "adam"}}
+_PILOT_STEPS = 10
+
+
+@dataclass
+class TuneResult:
+    """What :func:`tune` returns.
+
+    model : the trained :class:`privtune.models.Classifier` (the released model; ``None``
+        for the NOT PRIVATE grid oracle, which releases nothing).
+    certificate : :class:`privtune.accounting.Certificate` over every event of every trial
+        and of the final run.
+    trials : list of trial dicts (hyperparameters, events, score, score source, ε after).
+    metrics : the contents of ``metrics.json``.
+    history : the contents of ``history.json``.
+    run_dir : the run directory, or None when files were not written.
+    plan : the :class:`~privtune.hpo.common.BudgetPlan` reserved before any data was read.
+    """
+
+    model: Any
+    certificate: Any
+    trials: list
+    metrics: dict
+    history: dict = field(default_factory=dict)
+    run_dir: Path | None = None
+    plan: BudgetPlan | None = None
+
+    @property
+    def accuracy(self) -> float | None:
+        return self.metrics.get("accuracy")
+
+    @property
+    def epsilon(self) -> float:
+        return float(self.certificate.epsilon)
+
+
+# --------------------------------------------------------------------------------------
+# data helpers
+# --------------------------------------------------------------------------------------
+
+
+def _load(data: Any, what: str, text_column=None, label_column=None, num_labels=None, label_names=None):
+    from privtune.data import load_dataset
+
+    if data is None:
+        return None
+    if hasattr(data, "__len__") and hasattr(data, "kind"):
+        return data
+    if isinstance(data, (str, os.PathLike)):
+        p = Path(data).expanduser()
+        if not p.exists():
+            raise DataError(f"`{what}` file {str(p)!r} does not exist. Check the path.")
+        kw = {}
+        if num_labels is not None:
+            kw["num_labels"] = num_labels
+        if label_names is not None:
+            kw["label_names"] = label_names
+        try:
+            return load_dataset(str(p), text_column=text_column, label_column=label_column, **kw)
+        except TypeError:
+            return load_dataset(str(p), text_column=text_column, label_column=label_column)
+    raise InvalidParameterError(f"`{what}` must be a path or a privtune dataset. Got {type(data).__name__}.")
+
+
+def _rows(ds) -> set:
+    if getattr(ds, "kind", None) == "text":
+        return {t.strip() for t in ds.texts}
+    return {r for r in ds.canonical_rows()}
+
+
+def _check_train(ds) -> None:
+    if ds is None or len(ds) == 0:
+        raise DataError("The training data is empty. Pass a file with at least two labelled examples per class.")
+    labels = getattr(ds, "labels", None)
+    if labels is None:
+        raise DataError("The training data has no labels. Add a label column (e.g. `label`).")
+    labs = labels.tolist() if isinstance(labels, torch.Tensor) else list(labels)
+    if len(set(labs)) < 2:
+        raise DataError(
+            f"The training data has a single class ({labs[0]!r}) in all {len(labs)} rows; a classifier needs "
+            "examples of at least two classes."
+        )
+
+
+def _check_disjoint(train, other, what: str) -> None:
+    if other is None:
+        return
+    if len(other) == 0:
+        raise DataError(f"`{what}` is empty. Pass a split with labelled examples or leave it out.")
+    if getattr(other, "labels", None) is None:
+        raise DataError(f"`{what}` has no labels; accuracy cannot be computed. Add a label column.")
+    overlap = _rows(train) & _rows(other)
+    if overlap:
+        ex = next(iter(overlap))
+        ex = ex if isinstance(ex, str) else "<binary row>"
+        raise DataError(
+            f"`{what}` overlaps the training data: {len(overlap)} example(s) appear in both (e.g. {ex[:60]!r}). "
+            "Selection and reported accuracy must use held-out examples; remove them from one of the files."
+        )
+
+
+def _labels_tensor(ds) -> torch.Tensor:
+    lab = ds.labels
+    return lab.long() if isinstance(lab, torch.Tensor) else torch.tensor(list(lab), dtype=torch.long)
+
+
+# --------------------------------------------------------------------------------------
+# main entry point
+# --------------------------------------------------------------------------------------
+
+
+def tune(
+    data: Any = None,
+    *,
+    eval_data: Any = None,
+    model: Any = None,
+    mode: str = "auto",
+    strategy: str = "linear-scaling",
+    epsilon: float = 1.0,
+    delta: float = 1e-5,
+    ledger: Any = None,
+    output_dir: Any = None,
+    seed: int | None = None,
+    public_eval_data: Any = None,
+    selection: str | None = None,
+    selection_noise: float | None = None,
+    validation_fraction: float = 0.1,
+    trials: int | None = None,
+    epochs: float | None = None,
+    steps: int | None = None,
+    batch_size: int | None = None,
+    clip: float = 1.0,
+    clipping: str | None = None,
+    optimizer: str | None = None,
+    max_physical_batch_size: int = 32,
+    strategy_options: dict | None = None,
+    nonprivate_reference: bool = False,
+    accountant: str = "pld",
+    text_column: str | None = None,
+    label_column: str | None = None,
+    quiet: bool = False,
+    write_files: bool = True,
+    feature_cache_dir: Any = None,
+    **ignored: Any,
+) -> TuneResult:
+    """Tune hyperparameters privately and train, under one total (ε, δ).
+
+    Parameters
+    ----------
+    data : path or dataset, optional
+        Private training data (.tsv/.csv/.jsonl).  ``None`` runs the embedded demo: the
+        SST-2 subset shipped with privtune (train 3,000 / public validation 500 / dev 872)
+        and the bundled MiniLM, with the ledger kept inside the run directory.
+    eval_data : path or dataset, optional
+        The **reported** split: accuracy in ``metrics.json`` is computed on it, after the
+        final model is fixed.  It is never given to any selector.
+    model : path, optional
+        Backbone directory (Hugging Face format); ``None`` = bundled all-MiniLM-L6-v2.
+    mode : {"auto", "last-layer", "bitfit", "lora", "full"}
+        What is trained.  ``"auto"`` compares last-layer, bitfit and lora with one charged
+        pilot run each (per-run ε = min(0.1, 0.1·ε)) and continues with the best.
+    strategy : {"linear-scaling", "hyperfree", "single-step", "random-search", "grid-oracle"}
+        See ``docs/strategies.md``.  ``"grid-oracle"`` is NOT PRIVATE (tuning uncharged)
+        and releases no model.
+    epsilon, delta : the **total** budget: trials, scoring and final run together.
+    ledger : ledger URL; ``None`` = ``$PRIVTUNE_LEDGER`` / ``~/.privtune/ledger.db``.
+    output_dir : run directory; ``None`` = ``runs/<timestamp>/``.
+    public_eval_data : a validation split the user declares PUBLIC (scores trials for free).
+    selection : ``"public-validation"``, ``"private-validation"`` (a held-out private split
+        scored with a charged Gaussian count), ``"train-accuracy"`` or ``"train-loss"``
+        (privatised statistics of the training data, charged).  Default: public validation
+        when available, else ``"train-accuracy"``.
+    selection_noise : σ of a charged score (noise std of the correct-count); default
+        max(5, 0.5 % of the scored examples).
+    trials, epochs, steps, batch_size, clip, clipping, optimizer : strategy overrides.
+    strategy_options : extra keyword arguments of the strategy's config dataclass.
+    nonprivate_reference : also compute the NOT PRIVATE grid-oracle reference (never released).
+    """
+    t_start = time.time()
+    strategy = check_choice(strategy, "strategy", STRATEGIES)
+    mode = check_choice(mode, "mode", MODES)
+    eps_total = common.check_epsilon(epsilon)
+    delta = check_real(delta, "delta", low=0.0, high=1.0, fix="Pass e.g. 1e-5; δ should be well below 1/n.")
+    check_choice(accountant, "accountant", ("pld", "rdp"))
+    clip = check_real(clip, "clip", low=0.0)
+    if seed is not None:
+        seed = check_int(seed, "seed", low=0)
+    sel_name = None
+    if selection is not None:
+        sel_name = SELECTIONS.get(str(selection))
+        if sel_name is None:
+            check_choice(selection, "selection", ("public-validation", "private-validation", "train-accuracy",
+                                                  "train-loss"))
+    options = dict(strategy_options or {})
+
+    # ---------------------------------------------------------------- data and model
+    embedded = data is None
+    if embedded:
+        from privtune.data import embedded_sst2
+
+        train, pub, test = embedded_sst2()
+        public_eval_data = pub if public_eval_data is None else public_eval_data
+        eval_data = test if eval_data is None else eval_data
+        train_source = "embedded SST-2 subset (train 3,000)"
+    else:
+        train = _load(data, "data", text_column, label_column)
+        train_source = str(data) if isinstance(data, (str, os.PathLike)) else "in-memory dataset"
+    _check_train(train)
+    num_labels = int(getattr(train, "num_labels", None) or (max(_labels_tensor(train).tolist()) + 1))
+    names = getattr(train, "label_names", None)
+    eval_set = _load(eval_data, "eval_data", text_column, label_column, num_labels, names)
+    public_set = _load(public_eval_data, "public_eval_data", text_column, label_column, num_labels, names)
+    _check_disjoint(train, public_set, "public_eval_data")
+    if not embedded:
+        _check_disjoint(train, eval_set, "eval_data")
+    if public_set is not None and eval_set is not None:
+        _check_disjoint(public_set, eval_set, "eval_data (vs public_eval_data)")
+    n_train = len(train)
+    common.check_delta(delta, dataset_size=n_train)
+
+    # selection source
+    if sel_name is None:
+        sel_name = "public_validation" if public_set is not None else "train_noisy"
+    if sel_name == "public_validation" and public_set is None:
+        raise InvalidParameterError(
+            "`selection`='public-validation' needs a split you declare public: pass public_eval_data=PATH "
+            "(--public-eval-data), or use selection='private-validation' or 'train-accuracy' (charged)."
+        )
+    private_val = None
+    if sel_name == "private_validation_noisy":
+        frac = check_real(validation_fraction, "validation_fraction", low=0.0, high=0.5)
+        g = torch.Generator().manual_seed(int(seed or 0) + 1)
+        perm = torch.randperm(n_train, generator=g).tolist()
+        k = max(1, int(round(frac * n_train)))
+        private_val = train.subset(perm[:k])
+        train = train.subset(perm[k:])
+        n_train = len(train)
+    if strategy in ("hyperfree", "single-step"):
+        sel_name_effective = "none"
+    else:
+        sel_name_effective = sel_name
+
+    # run directory and progress
+    run_dir = None
+    if write_files:
+        run_dir = Path(output_dir) if output_dir is not None else Path("runs") / _dt.datetime.now().strftime(
+            "%Y%m%d-%H%M%S")
+        if run_dir.exists() and any(run_dir.iterdir()) and (run_dir / "certificate.json").exists():
+            raise InvalidParameterError(
+                f"`output` {str(run_dir)!r} already holds a finished run (certificate.json). Pass a new directory.")
+        run_dir.mkdir(parents=True, exist_ok=True)
+    prog = _progress(quiet, run_dir, eps_total)
+    log = prog.log
+    try:
+        from privtune.models import load_classifier
+
+        clf = load_classifier(model, num_labels=num_labels, label_names=names, seed=seed)
+        log(f"privtune tune: strategy={strategy}, mode={mode}, total ε={eps_total:g}, δ={delta:g}, "
+            f"data={train_source} (n={n_train}), selection={common.describe_selection(sel_name_effective)}")
+
+        # ------------------------------------------------------------ plan (no data read yet)
+        pilot_modes = list(AUTO_MODES) if mode == "auto" else []
+        pilot_events, pilot_eps = [], min(0.1, 0.1 * eps_total)
+        sel_sigma = None
+        if sel_name != "public_validation":
+            n_scored = len(private_val) if private_val is not None else n_train
+            sel_sigma = float(selection_noise) if selection_noise is not None else common.default_selection_noise(
+                n_scored)
+        if pilot_modes:
+            pilot_events = _plan_pilots(pilot_modes, pilot_eps, delta, n_train, sel_sigma, accountant)
+        center_sigma = None
+        if mode in ("auto", "last-layer") and public_set is None:
+            # features are centred by a private mean (Sun et al. 2024 via digest 000 §6.3): a charged release
+            center_sigma = float(options.pop("center_noise", max(5.0, 0.005 * n_train)))
+            from privtune.accounting.events import GaussianEvent
+
+            pilot_events = [GaussianEvent(center_sigma, 1, label="private feature mean (centering)")] + pilot_events
+        chosen_mode = mode if mode != "auto" else None
+        plan_mode = chosen_mode or "last-layer"
+        plan = _plan(strategy, plan_mode, eps_total, delta, n_train, options, sel_sigma if sel_name_effective != "none"
+                     else None, pilot_events, accountant, trials=trials, epochs=epochs, steps=steps,
+                     batch_size=batch_size)
+        log(plan.describe())
+
+        # ------------------------------------------------------------ reserve in the ledger
+        led, fp, ledger_url, registered = _ledger_for(ledger, embedded, run_dir, train, eps_total, delta, accountant)
+        if registered:
+            log(f"ledger: new dataset {fp[:12]}… registered with total ε = {eps_total:g}, δ = {delta:g} "
+                f"({ledger_url})")
+        if strategy == "grid-oracle":
+            log("grid-oracle is NOT PRIVATE: tuning is not charged and no model is released")
+        cm = led.spend(fp, plan.events, command="tune", config={"strategy": strategy, "mode": mode,
+                                                                 "epsilon": eps_total, "delta": delta}) \
+            if strategy != "grid-oracle" else _null_reservation()
+        with cm as reservation:
+            # -------------------------------------------------------- features / selection data
+            selector_data = public_set if sel_name == "public_validation" else (private_val or train)
+            outcome, final_model, used_mode, pilot_records, selector, feats = _execute(
+                strategy, mode, plan, clf, train, selector_data, sel_name_effective, sel_name, sel_sigma, eval_set,
+                public_set, pilot_modes, pilot_eps, delta, eps_total, accountant, options, seed, prog, trials=trials,
+                epochs=epochs, steps=steps, batch_size=batch_size, clip=clip, clipping=clipping,
+                optimizer=optimizer, max_physical_batch_size=max_physical_batch_size,
+                feature_cache_dir=feature_cache_dir, center_sigma=center_sigma, center_events=pilot_events[:1]
+                if center_sigma else [])
+            trial_list = pilot_records + list(outcome.trials)
+            pre = pilot_events[:1] if center_sigma else []
+            common.fill_epsilon_after(trial_list, delta, accountant, prefix_events=pre)
+            if outcome.certificate_events is not None:
+                events = pre + [e for t in pilot_records for e in t.events] + list(outcome.certificate_events)
+            else:
+                events = pre + [e for t in trial_list for e in t.events] + list(outcome.final_events)
+            if strategy != "grid-oracle":
+                reservation.commit(events)
+
+        # ------------------------------------------------------------ report
+        from privtune.accounting import Certificate
+
+        if pilot_records and sel_name_effective == "none":
+            sel_name_effective = sel_name  # the mode-auto pilots were scored with it
+        metadata = {
+            "strategy": strategy, "mode": used_mode, "selection": sel_name_effective,
+            "selection_description": common.describe_selection(sel_name_effective),
+            "selection_split": ("public validation (declared public by the user)" if sel_name == "public_validation"
+                                else "private validation split (charged)" if sel_name == "private_validation_noisy"
+                                else "private training data (charged)" if sel_name_effective != "none" else "none"),
+            "reported_split": _split_name(eval_data, embedded),
+            "reported_split_used_for_selection": False,
+            "total_epsilon_requested": eps_total, "seed": seed, "trials": len(trial_list),
+            "dataset_fingerprint": fp, "plan": as_plain(plan.notes),
+            "notes": [*(outcome.strategy_data.get("notes", []) or [])],
+        }
+        if strategy == "grid-oracle":
+            metadata["label"] = "NOT PRIVATE"
+            metadata["notes"].append("NOT PRIVATE: every grid run is (ε, δ)-DP alone; the selection is uncharged")
+        cert = Certificate.from_events(events, delta, accountant, metadata=as_plain(metadata))
+        if strategy != "grid-oracle" and cert.epsilon > eps_total * (1 + 1e-6):
+            raise PrivtuneError(f"internal error: certificate ε = {cert.epsilon:.6g} exceeds the total "
+                                f"{eps_total:g}; nothing was released.")
+        acc = None
+        if eval_set is not None and getattr(eval_set, "labels", None) is not None and final_model is not None:
+            prog.start_phase("evaluating on the reported split", None)
+            logits = final_model.predict_logits(eval_set)
+            acc = float((logits.argmax(1) == _labels_tensor(eval_set)).float().mean().item())
+            prog.end_phase()
+            log(f"accuracy on the reported split ({_split_name(eval_data, embedded)}): {acc:.4f}")
+        if strategy == "grid-oracle" and eval_set is not None:
+            acc = outcome.strategy_data.get("reported_accuracy")
+        remaining = None
+        try:
+            remaining = float(led.status(fp).remaining_epsilon)
+        except Exception:  # pragma: no cover - status is informative only
+            pass
+        metrics = {
+            "accuracy": acc, "epsilon": float(cert.epsilon), "delta": float(delta), "strategy": strategy,
+            "mode": used_mode, "hyperparameters": as_plain(outcome.final_hyperparameters),
+            "reported_split": _split_name(eval_data, embedded), "selection": sel_name_effective,
+            "selection_description": common.describe_selection(sel_name_effective),
+            "dataset_fingerprint": fp, "ledger_url": ledger_url, "ledger_remaining_epsilon": remaining,
+            "total_epsilon": eps_total, "n_train": n_train, "trials": len(trial_list),
+            "ledger_registered_new_dataset": registered,
+            "wall_time_s": None,
+        }
+        if strategy == "grid-oracle":
+            metrics["not_private"] = True
+            metrics["label"] = "NOT PRIVATE"
+        if nonprivate_reference and strategy != "grid-oracle" and feats is not None:
+            metrics["nonprivate_reference"] = _oracle_reference(feats, selector, eps_total, delta, accountant, seed,
+                                                                eval_set, prog)
+        history = {
+            "final_run": _final_curves(outcome.final_history),
+            "trials": [as_plain(t.to_dict()) for t in trial_list],
+            "strategy": as_plain(outcome.strategy_data),
+            "plan": as_plain(plan.to_dict()),
+        }
+        metrics["wall_time_s"] = round(time.time() - t_start, 1)
+        if run_dir is not None:
+            _write_run(run_dir, final_model, cert, metrics, history, dict(
+                strategy=strategy, mode=mode, epsilon=eps_total, delta=delta, data=str(data) if data else None,
+                eval_data=str(eval_data) if isinstance(eval_data, (str, os.PathLike)) else None,
+                model=str(model) if model else None, seed=seed, selection=sel_name, accountant=accountant,
+                ledger=ledger_url, output=str(run_dir)), log)
+        log(f"done in {time.time() - t_start:.0f} s: ε = {cert.epsilon:.4f} (≤ {eps_total:g}), δ = {delta:g}"
+            + (f", accuracy {acc:.4f}" if acc is not None else "") + (f" → {run_dir}" if run_dir else ""))
+        return TuneResult(model=final_model, certificate=cert, trials=history["trials"], metrics=metrics,
+                          history=history, run_dir=run_dir, plan=plan)
+    finally:
+        prog.close()
+
+
+# --------------------------------------------------------------------------------------
+# planning
+# --------------------------------------------------------------------------------------
+
+
+def _plan_pilots(modes, pilot_eps, delta, n, sel_sigma, accountant) -> list:
+    """Events of the --mode auto pilots, exactly as they will run: per-run ε_pilot each (+ a score)."""
+    from privtune.accounting.events import DPSGDEvent, GaussianEvent
+
+    out = []
+    for m in modes:
+        if m == "last-layer":
+            sigma = common.calibrate_final(pilot_eps, delta, [], sample_rate=1.0, steps=1, sampling="full_batch",
+                                           accountant=accountant, what="a mode pilot")
+            out.append(GaussianEvent(sigma, 1, label=f"planned pilot {m}"))
+        else:
+            q = min(64, max(1, n // 4)) / n
+            sigma = common.calibrate_final(pilot_eps, delta, [], sample_rate=q, steps=_PILOT_STEPS,
+                                           accountant=accountant, what="a mode pilot")
+            out.append(DPSGDEvent(sigma, q, _PILOT_STEPS, label=f"planned pilot {m}"))
+        if sel_sigma:
+            out.append(GaussianEvent(sel_sigma, 1, label=f"score pilot {m}"))
+    return out
+
+
+def _minibatch_schedule(eps_total, delta, n, epochs, steps, batch_size, accountant) -> tuple[float, int]:
+    from privtune.hpo.recommend import recommend, steps_for_epochs
+
+    if batch_size is not None:
+        b = check_int(batch_size, "batch_size", low=1)
+        q = min(1.0, b / n)
+        if steps is None:
+            steps = steps_for_epochs(n, b, float(epochs if epochs is not None else 3.0))
+        return q, int(steps)
+    ep = float(epochs if epochs is not None else 3.0)
+    cands = [b for b in (64, 128, 256, 512, 1024, 2048, 4096) if b < n] or [max(1, n // 4)]
+    rec = recommend(eps_total, delta, n, ep, candidates=cands, min_steps=20, accountant=accountant)
+    return rec.sample_rate, int(steps if steps is not None else rec.steps)
+
+
+def _plan(strategy, mode, eps_total, delta, n, options, sel_sigma, prefix, accountant, *, trials, epochs, steps,
+          batch_size) -> BudgetPlan:
+    from privtune.accounting.events import GaussianEvent
+    from privtune.hpo import hyperfree, linear_scaling, random_search, single_step
+
+    score_event = GaussianEvent(sel_sigma, 1, label="trial score (charged)") if sel_sigma else None
+    if strategy == "linear-scaling":
+        cfg = _config(linear_scaling.LinearScalingConfig, options)
+        if trials is not None:
+            cfg.runs_per_sweep = max(1, int(trials) // 2)
+        if mode == "last-layer":
+            p = linear_scaling.plan(cfg, eps_total, delta, score_event=score_event, accountant=accountant,
+                                    prefix_events=prefix)
+        else:
+            q, T = _minibatch_schedule(eps_total, delta, n, epochs if epochs is not None else 1.0, steps,
+                                       batch_size, accountant)
+            p = linear_scaling.plan_minibatch(cfg, eps_total, delta, sample_rate=q, steps=T, score_event=score_event,
+                                              accountant=accountant, prefix_events=prefix)
+        p.details["config"] = cfg
+    elif strategy == "random-search":
+        if mode != "last-layer":
+            raise InvalidParameterError(
+                f"strategy='random-search' is implemented on cached features (mode='last-layer'); got mode={mode!r}. "
+                "Use strategy='linear-scaling' or 'hyperfree' for bitfit/lora/full.")
+        cfg = _config(random_search.RandomSearchConfig, options)
+        if trials is not None:
+            cfg.trials = int(trials)
+        p = random_search.plan(cfg, eps_total, delta, score_sigma=sel_sigma, accountant=accountant,
+                               prefix_events=prefix)
+        p.details["config"] = cfg
+    elif strategy == "single-step":
+        if mode not in ("last-layer",):
+            raise InvalidParameterError(
+                f"strategy='single-step' trains the last layer only (seed 002); got mode={mode!r}. "
+                "Use mode='last-layer' (or 'auto')."
+            )
+        cfg = _config(single_step.SingleStepConfig, options)
+        p = single_step.plan(cfg, eps_total, delta, accountant=accountant, prefix_events=prefix)
+        p.details["config"] = cfg
+    elif strategy == "hyperfree":
+        cfg = _config(hyperfree.HyperfreeConfig, options)
+        if batch_size is None and cfg.batch_size is not None:
+            batch_size = cfg.batch_size
+        q, T = _minibatch_schedule(eps_total, delta, n, epochs if epochs is not None else cfg.epochs, steps,
+                                   batch_size, accountant)
+        p = hyperfree.plan(cfg, eps_total, delta, sample_rate=q, steps=T, accountant=accountant, prefix_events=prefix)
+        p.details["config"] = cfg
+    else:  # grid-oracle: nothing is planned against the budget (NOT PRIVATE)
+        from privtune.hpo import grid_oracle
+
+        cfg = _config(grid_oracle.GridOracleConfig, options)
+        p = BudgetPlan(strategy="grid-oracle", total_epsilon=eps_total, delta=delta, accountant=accountant,
+                       trial_events=list(prefix))
+        p.notes = [f"NOT PRIVATE: {len(cfg.grid())} grid runs, each alone at ε = {eps_total:g}; "
+                   "their composition is NOT within the budget and no model is released"]
+        p.details["config"] = cfg
+    return p
+
+
+def _config(cls, options: dict):
+    import dataclasses
+
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(options) - names)
+    if unknown:
+        import difflib
+
+        close = difflib.get_close_matches(unknown[0], sorted(names), n=1)
+        raise InvalidParameterError(
+            f"`strategy_options` has unknown key(s) {unknown} for {cls.__name__}. Valid keys: {sorted(names)}."
+            + (f" Did you mean {close[0]!r}?" if close else "")
+        )
+    try:
+        return cls(**options)
+    except (TypeError, ValueError) as exc:
+        raise InvalidParameterError(f"`strategy_options` for {cls.__name__}: {exc}") from None
+
+
+# --------------------------------------------------------------------------------------
+# execution
+# --------------------------------------------------------------------------------------
+
+
+def _execute(strategy, mode, plan, clf, train, selector_data, sel_eff, sel_name, sel_sigma, eval_set, public_set,
+             pilot_modes, pilot_eps, delta, eps_total, accountant, options, seed, prog, **kw):
+    """Run pilots (mode auto), then the strategy.  The reported split is not passed in here
+    except as ``eval_set`` for curves of the *final* run when it is the public split."""
+    from privtune.hpo import grid_oracle, hyperfree, linear_scaling, random_search, single_step
+    from privtune.hpo.backends import FeatureBackend, ModelBackend, head_into_classifier
+
+    del eval_set  # never used for selection; evaluated by tune() after the final model is fixed
+    log = prog.log
+    feats: dict = {}
+
+    def features():
+        if not feats:
+            from privtune.finetune import cache_features
+
+            for name, ds in (("train", train), ("select", selector_data if sel_name == "public_validation" else None),
+                             ("public", public_set)):
+                if ds is None or name in feats:
+                    continue
+                if name == "public" and ds is selector_data and "select" in feats:
+                    feats["public"] = feats["select"]
+                    continue
+                prog.start_phase(f"caching features ({name})", len(ds), unit="examples")
+                fs = cache_features(clf, ds, cache_dir=kw.get("feature_cache_dir"),
+                                    progress=lambda k: prog.advance(k, examples=k))
+                prog.end_phase()
+                feats[name] = (fs.features.float(), fs.labels)
+            if "public" in feats:
+                feats["_center"] = feats["public"][0].mean(dim=0)
+                feats["_center_note"] = "features centred by the mean of the PUBLIC validation split (free)"
+            elif kw.get("center_sigma"):
+                X = feats["train"][0]
+                Xc = X * (1.0 / X.norm(dim=1, keepdim=True).clamp_min(1.0))  # norm ≤ 1: sensitivity 1
+                g = torch.Generator().manual_seed(int(seed or 0) + 4242)
+                noisy = Xc.sum(0) + kw["center_sigma"] * torch.randn(X.shape[1], generator=g)
+                feats["_center"] = noisy / X.shape[0]
+                feats["_center_note"] = (f"features centred by a PRIVATE mean (Gaussian, σ = {kw['center_sigma']:.3g}, "
+                                         "charged)")
+        return feats
+
+    def make_selector(source, data_kind: str):
+        if source == "none":
+            return None
+        if data_kind == "features":
+            f = features()
+            if source == "public_validation":
+                X, y = f["select"]
+            elif sel_name == "private_validation_noisy":
+                from privtune.finetune import cache_features
+
+                fs = cache_features(clf, selector_data)
+                X, y = fs.features.float(), fs.labels
+            else:
+                X, y = f["train"]
+            return Selector(source, X, y, noise_std=sel_sigma or 0.0, name=f"selection:{source}", seed=seed)
+        return Selector(source, selector_data, _labels_tensor(selector_data), noise_std=sel_sigma or 0.0,
+                        name=f"selection:{source}", seed=seed)
+
+    # ---------------------------------------------------------------- --mode auto pilots
+    pilot_records = []
+    used_mode = mode
+    if pilot_modes:
+        used_mode, pilot_records = _run_pilots(pilot_modes, clf, train, features, make_selector, sel_eff
+                                               if sel_eff != "none" else sel_name, pilot_eps, delta, seed, prog, kw)
+        log(f"mode auto: chose {used_mode} (pilot scores: "
+            + ", ".join(f"{r.hyperparameters['mode']}={r.score:.4f}" for r in pilot_records) + ")")
+        # re-plan with the pilots' *actual* events (calibration inside the real composition)
+        prefix = list(kw.get("center_events") or []) + [e for r in pilot_records for e in r.events]
+        plan_new = _plan(strategy, used_mode, eps_total, delta, len(train), options,
+                         sel_sigma if sel_eff != "none" else None, prefix, accountant, trials=kw.get("trials"),
+                         epochs=kw.get("epochs"), steps=kw.get("steps"), batch_size=kw.get("batch_size"))
+        plan.trial_events, plan.final_events, plan.details = plan_new.trial_events, plan_new.final_events, \
+            plan_new.details
+        plan.notes += [f"re-planned after the pilots for mode {used_mode}:"] + plan_new.notes
+    cfg = plan.details["config"]
+    seed_s = None if seed is None else seed + 17
+
+    def say(msg):
+        log(msg)
+
+    if used_mode == "last-layer":
+        f = features()
+        X, y = f["train"]
+        curve = f.get("public")
+        center = f.get("_center")
+        backend = FeatureBackend(X, y, clf.num_labels, curve_data=curve, center=center)
+        selector = make_selector(sel_eff, "features")
+        prog.start_phase(f"{strategy} on cached features", None, unit="runs")
+        if strategy == "linear-scaling":
+            out = linear_scaling.run(backend, selector, cfg, plan, seed=seed_s, progress=say)
+        elif strategy == "random-search":
+            out = random_search.run(backend, selector, cfg, plan, seed=seed_s, progress=say)
+        elif strategy == "single-step":
+            out = single_step.run(backend, cfg, plan, seed=seed_s, progress=say)
+        elif strategy == "hyperfree":
+            out = hyperfree.run(backend, cfg, plan, mode="last-layer", seed=seed_s, progress=say)
+        else:
+            sel = make_selector(sel_name, "features")
+            res = grid_oracle.run(backend, sel, cfg, eps_total, delta, seed=seed_s, accountant=accountant,
+                                  progress=say)
+            out = StrategyOutcome(state=None, final_events=[], final_hyperparameters=res.hyperparameters,
+                                  trials=res.trials, strategy_data={"name": "grid-oracle", "label": "NOT PRIVATE",
+                                                                    "best": res.to_dict()["hyperparameters"],
+                                                                    "best_score": res.score},
+                                  selection_source=sel_name)
+            prog.end_phase()
+            return out, None, used_mode, pilot_records, sel, feats
+        prog.end_phase()
+        from privtune.finetune import apply_mode
+
+        apply_mode(clf, "last-layer")
+        final_model = head_into_classifier(clf, out.state, center)
+        if f.get("_center_note"):
+            out.strategy_data.setdefault("notes", []).append(f["_center_note"])
+        return out, final_model, used_mode, pilot_records, selector, feats
+    # ---------------------------------------------------------------- model modes
+    backend = ModelBackend(clf, train, used_mode, optimizer=kw.get("optimizer") or "adam",
+                           clipping=kw.get("clipping") or "flat",
+                           max_physical_batch_size=kw.get("max_physical_batch_size") or 32)
+    selector = make_selector(sel_eff, "model")
+    prog.start_phase(f"{strategy} ({used_mode})", None, unit="runs")
+    if strategy == "hyperfree":
+        out = hyperfree.run(backend, cfg, plan, mode=used_mode, seed=seed_s, progress=say)
+    elif strategy == "linear-scaling":
+        out = linear_scaling.run_minibatch(backend, selector, cfg, plan, seed=seed_s, progress=say)
+    elif strategy == "random-search":
+        out = random_search.run(backend, selector, cfg, plan, seed=seed_s, progress=say)
+    else:
+        raise InvalidParameterError(f"strategy={strategy!r} is not available for mode={used_mode!r}.")
+    prog.end_phase()
+    return out, out.state, used_mode, pilot_records, selector, feats
+
+
+def _run_pilots(modes, clf, train, features, make_selector, source, pilot_eps, delta, seed, prog, kw):
+    """One charged pilot per mode at per-run ε_pilot; best by the selection score."""
+    from privtune.hpo.backends import FeatureBackend, ModelBackend
+    from privtune.hpo.common import TrialRecord
+    records = []
+    for i, m in enumerate(modes):
+        label = f"mode-auto pilot {m}"
+        prog.log(f"pilot {i + 1}/{len(modes)}: {m} at per-run ε = {pilot_eps:g}")
+        if m == "last-layer":
+            f = features()
+            X, y = f["train"]
+            be = FeatureBackend(X, y, clf.num_labels, center=f.get("_center"))
+            sel = make_selector(source, "features")
+            sigma = common.calibrate_final(pilot_eps, delta, [], sample_rate=1.0, steps=1, sampling="full_batch")
+            run = be.run({}, noise_multiplier=sigma, sample_rate=1.0, steps=1, learning_rate=1.0, optimizer="sgd",
+                         momentum=0.0, seed=seed, label=label)
+            hp = {"mode": m, "optimizer": "sgd", "steps": 1, "batch": "full", "noise_multiplier": sigma}
+        else:
+            be = ModelBackend(clf, train, m, max_physical_batch_size=kw.get("max_physical_batch_size") or 32)
+            sel = make_selector(source, "model")
+            n = len(train)
+            b = min(64, max(1, n // 4))
+            q, T = b / n, _PILOT_STEPS  # a short, cheap pilot: 10 steps of expected batch 64
+            sigma = common.calibrate_final(pilot_eps, delta, [], sample_rate=q, steps=T, what="a mode pilot")
+            run = be.run({}, noise_multiplier=sigma, sample_rate=q, steps=T,
+                         learning_rate=_PILOT[m]["learning_rate"], optimizer="adam", seed=seed, label=label)
+            hp = {"mode": m, "optimizer": "adam", "learning_rate": _PILOT[m]["learning_rate"], "steps": T,
+                  "sample_rate": q, "noise_multiplier": sigma}
+        score, evs = sel.score(be.logits(run.state, sel.data), label=label + " score")
+        records.append(TrialRecord(index=i, phase="mode-auto pilot", hyperparameters=hp,
+                                   events=list(run.events) + evs, score=score, score_source=sel.source))
+    best = common.choose_best(records, tie=lambda r: r.index)
+    return best.hyperparameters["mode"], records
+
+
+def _oracle_reference(feats, selector, eps, delta, accountant, seed, eval_set, prog) -> dict:
+    """NOT PRIVATE grid-oracle reference on the same features (never released)."""
+    from privtune.hpo import grid_oracle
+    from privtune.hpo.backends import FeatureBackend
+
+    X, y = feats["train"]
+    sel = selector
+    if sel is None:
+        if "select" not in feats:
+            return {"label": "NOT PRIVATE", "note": "no public selection split; reference skipped"}
+        Xs, ys = feats["select"]
+        sel = Selector("public_validation", Xs, ys, name="oracle")
+    be = FeatureBackend(X, y, int(y.max().item()) + 1)
+    res = grid_oracle.run(be, sel, grid_oracle.GridOracleConfig(), eps, delta, seed=seed, accountant=accountant,
+                          progress=prog.log)
+    return {"kind": "grid-oracle (tuning uncharged)", "label": "NOT PRIVATE", "selection_score": res.score,
+            "hyperparameters": res.hyperparameters}
+
+
+# --------------------------------------------------------------------------------------
+# ledger, progress, files
+# --------------------------------------------------------------------------------------
+
+
+class _null_reservation:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+    def commit(self, *a, **k):  # pragma: no cover
+        return None
+
+
+def _ledger_for(url, embedded, run_dir, train, eps, delta, accountant):
+    from privtune.errors import UnknownDatasetError
+    from privtune.ledger import Ledger, dataset_fingerprint
+
+    if embedded and url is None:
+        if run_dir is None:
+            import tempfile
+
+            run_dir = Path(tempfile.mkdtemp(prefix="privtune-demo-"))
+        url = f"sqlite:///{(Path(run_dir) / 'ledger.db').resolve()}"
+    led = Ledger(url)
+    src = getattr(train, "source", None)
+    fp = dataset_fingerprint(src) if src and Path(src).is_file() else dataset_fingerprint(train.canonical_rows())
+    registered = False
+    try:
+        led.status(fp)
+    except UnknownDatasetError:
+        led.init_dataset(fp, epsilon=eps, delta=delta, name=Path(src).name if src else None, accountant=accountant,
+                         command="tune")
+        registered = True
+    display = url or os.environ.get("PRIVTUNE_LEDGER") or "~/.privtune/ledger.db"
+    return led, fp, str(display), registered
+
+
+def _progress(quiet, run_dir, eps):
+    from privtune.report.progress import Progress
+
+    return Progress(quiet=quiet, log_path=(run_dir / "log.txt") if run_dir else None, total_epsilon=eps)
+
+
+def _split_name(eval_data, embedded) -> str | None:
+    if eval_data is None:
+        return "embedded SST-2 dev (872 GLUE dev sentences)" if embedded else None
+    if isinstance(eval_data, (str, os.PathLike)):
+        return str(eval_data)
+    return getattr(eval_data, "source", None) or "in-memory evaluation split"
+
+
+def _final_curves(h: dict) -> dict:
+    h = dict(h or {})
+    out = {"step": h.get("step", []), "lr": h.get("lr", []), "eval": h.get("eval", [])}
+    if h.get("train_loss"):
+        out["train_loss"] = h["train_loss"]
+        out["train_loss_step"] = h.get("train_loss_step")
+        out["train_loss_label"] = h.get("train_loss_label", "privatised")
+    for k in ("R_l", "accepted", "acceptance_rate"):
+        if k in h:
+            out[k] = h[k]
+    return as_plain(out)
+
+
+def _write_run(run_dir: Path, model, cert, metrics, history, cfg, log) -> None:
+    if model is not None:
+        model.save_pretrained(run_dir / "model")
+    cert.save(run_dir / "certificate.json")
+    (run_dir / "metrics.json").write_text(json.dumps(as_plain(metrics), indent=2, sort_keys=True), encoding="utf-8")
+    (run_dir / "history.json").write_text(json.dumps(as_plain(history), indent=2), encoding="utf-8")
+    try:
+        from privtune.config import save_effective_config
+
+        save_effective_config({k: v for k, v in cfg.items() if v is not None}, run_dir)
+    except Exception as exc:  # config is informative; never lose a finished run over it
+        log(f"warning: config.yaml not written ({type(exc).__name__}: {exc})")
+    try:
+        from privtune.report import write_report
+
+        write_report(run_dir)
+    except Exception as exc:
+        log(f"warning: report.html not written ({type(exc).__name__}: {exc})")
+    if model is not None:
+        try:
+            from privtune.report import write_model_card
+
+            write_model_card(run_dir)
+        except Exception as exc:
+            log(f"warning: model card not written ({type(exc).__name__}: {exc})")

@@ -1,0 +1,104 @@
+"""HyFreeDP (seed 001): the GeN η update on a quadratic, its guards, loss privatisation, joint accounting."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from privtune.accounting import DPSGDEvent, compute_epsilon, joint_noise_multiplier
+from privtune.errors import InfeasibleBudgetError, InvalidParameterError
+from privtune.hpo import hyperfree as hf
+from privtune.hpo.backends import FeatureBackend
+
+
+def _quadratic(seed=0, d=5):
+    g = torch.Generator().manual_seed(seed)
+    M = torch.randn(d, d, generator=g, dtype=torch.float64)
+    A = M @ M.T + d * torch.eye(d, dtype=torch.float64)
+    w_star = torch.randn(d, generator=g, dtype=torch.float64)
+    return A, w_star, (lambda w: 0.5 * float((w - w_star) @ A @ (w - w_star)))
+
+
+@pytest.mark.parametrize("probe", [1e-3, 0.05, 0.7])
+def test_parabola_fit_is_exact_on_a_quadratic(probe):
+    A, w_star, L = _quadratic()
+    w = torch.zeros(5, dtype=torch.float64)
+    grad = A @ (w - w_star)
+    d = grad + 0.3 * torch.ones(5, dtype=torch.float64)  # any descent direction
+    L0, Lm, Lp = L(w), L(w - probe * d), L(w + probe * d)
+    a, b = hf.fit_parabola(L0, Lm, Lp, probe)
+    assert b == pytest.approx(float(grad @ d), rel=1e-9)
+    assert a == pytest.approx(float(d @ A @ d), rel=1e-9)
+    s = b / a
+    # the step minimises L along d: directional derivative zero afterwards
+    assert float((A @ (w - s * d - w_star)) @ d) == pytest.approx(0.0, abs=1e-8)
+    literal = hf.gen_lr_update(L0, Lm, Lp, probe, clamp_factor=math.inf, smoothing=0.0)
+    assert literal.accepted and literal.lr == pytest.approx(s, rel=1e-9)
+
+
+def test_guards_reject_clamp_and_smooth():
+    A, w_star, L = _quadratic(1)
+    w = torch.zeros(5, dtype=torch.float64)
+    d = A @ (w - w_star)
+    lr = 1e-4  # far below the optimum: the proposal is clamped to 2η, then smoothed
+    u = hf.gen_lr_update(L(w), L(w - lr * d), L(w + lr * d), lr)
+    assert u.accepted and u.proposal > 2 * lr
+    assert u.lr == pytest.approx(0.9 * lr + 0.1 * 2 * lr)
+    lr = 10.0  # far above: clamped to η/2
+    u = hf.gen_lr_update(L(w), L(w - lr * d), L(w + lr * d), lr)
+    assert u.accepted and u.lr == pytest.approx(0.9 * lr + 0.1 * lr / 2)
+    # swapped probes (the classic sign bug) give b < 0: rejected, η unchanged
+    sw = hf.gen_lr_update(L(w), L(w + 1e-2 * d), L(w - 1e-2 * d), 1e-2)
+    assert not sw.accepted and sw.lr == 1e-2 and "slope" in sw.reason
+    concave = hf.gen_lr_update(1.0, 0.5, 0.6, 0.1)  # Lp + Lm − 2 L0 < 0
+    assert not concave.accepted and concave.lr == 0.1 and "curvature" in concave.reason
+    nan = hf.gen_lr_update(1.0, float("nan"), 0.6, 0.1)
+    assert not nan.accepted and nan.lr == 0.1
+    floor = hf.gen_lr_update(1.0, 0.999999, 1.000001 + 1e3, 1e-9, lr_min=1e-8)
+    assert floor.lr >= 1e-8
+
+
+def test_privatized_loss_without_noise_and_its_noise_std():
+    losses = torch.tensor([0.1, 0.5, 2.0, 7.0])
+    assert hf.privatize_loss(losses, 1.0, 0.0, 4.0) == pytest.approx((0.1 + 0.5 + 1.0 + 1.0) / 4)
+    g = torch.Generator().manual_seed(0)
+    vals = torch.tensor([hf.privatize_loss(losses, 1.0, 3.0, 4.0, g) for _ in range(4000)])
+    assert vals.std().item() == pytest.approx(3.0 * 1.0 / 4.0, rel=0.06)
+
+
+def test_joint_calibration_meets_the_budget_and_is_joint():
+    q, T = 0.02, 150
+    sigma, sg, sl, events = hf.calibrate_joint(3.0, 1e-5, q, T, interval=5)
+    assert sg == pytest.approx(1.01 * sigma)
+    assert sum(e.steps for e in events) == T and events[-1].steps == math.ceil(T / 5)
+    eps = compute_epsilon(events, 1e-5)
+    assert eps <= 3.0 + 1e-9 and eps == pytest.approx(3.0, rel=5e-3)
+    # the update-step event is the joint Gaussian of the gradient and 3 loss releases
+    assert events[-1].noise_multiplier == pytest.approx(joint_noise_multiplier(sg, sl, 3), rel=1e-6)
+    # accounting the losses as independent releases would claim less: the joint rule is never below it
+    indep = [DPSGDEvent(sg, q, T)] + [DPSGDEvent(sl, q, math.ceil(T / 5))] * 3
+    assert compute_epsilon(indep, 1e-5) <= eps + 1e-6
+    with pytest.raises(InfeasibleBudgetError):
+        hf.calibrate_joint(3.0, 1e-5, q, T, gamma_noise=1.0)
+    with pytest.raises(InvalidParameterError):
+        hf.HyperfreeConfig(gamma_noise=0.99).validate()
+
+
+def test_hyperfree_on_features_learns_and_records_trajectories():
+    g = torch.Generator().manual_seed(0)
+    n, d = 2000, 16
+    y = torch.randint(0, 2, (n,), generator=g)
+    X = torch.randn(n, d, generator=g) + 1.5 * (2 * y[:, None] - 1) * torch.ones(d) / math.sqrt(d)
+    X = X / X.norm(dim=1, keepdim=True)
+    cfg = hf.HyperfreeConfig()
+    p = hf.plan(cfg, 2.0, 1e-5, sample_rate=200 / n, steps=40)
+    out = hf.run(FeatureBackend(X, y, 2), cfg, p, mode="last-layer", seed=0)
+    traj = out.strategy_data["lr_trajectory"]
+    assert len(traj) == 40 and traj[0] == pytest.approx(hf.DEFAULT_LR0["last-layer"], rel=0.2)
+    assert all(t > 0 for t in traj)
+    assert len(out.final_history["train_loss"]) == math.ceil(40 / 5)
+    acc = (out.state.predict(X) == y).float().mean().item()
+    assert acc > 0.8
+    assert compute_epsilon(out.final_events, 1e-5) <= 2.0 + 1e-9

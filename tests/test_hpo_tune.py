@@ -1,0 +1,175 @@
+"""privtune.tune end to end on a tiny model: every strategy, honest certificates, honest selection."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import privtune
+from privtune.accounting import compute_epsilon, event_from_dict, verify_certificate
+from privtune.cli import main
+from privtune.errors import DataError, InfeasibleBudgetError, InvalidParameterError, ModelError
+from privtune.ledger import Ledger
+from privtune.models.testing import make_tiny_text_model, make_toy_text_dataset
+
+
+def _write(path, ds):
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("label\tsentence\n")
+        for t, y in zip(ds.texts, ds.labels):
+            f.write(f"{y}\t{t}\n")
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tune")
+    return {
+        "model": make_tiny_text_model(root / "st", sentence_transformers=True),
+        "train": _write(root / "train.tsv", make_toy_text_dataset(160, seed=0)),
+        "public": _write(root / "public.tsv", make_toy_text_dataset(40, seed=1)),
+        "dev": _write(root / "dev.tsv", make_toy_text_dataset(40, seed=2)),
+        "root": root,
+    }
+
+
+def _tune(files, tmp_path, **kw):
+    args = dict(eval_data=files["dev"], public_eval_data=files["public"], model=files["model"], mode="last-layer",
+                epsilon=2.0, delta=1e-3, ledger=f"sqlite:///{tmp_path / 'l.db'}", output_dir=tmp_path / "run",
+                seed=0, quiet=True)
+    args.update(kw)
+    return privtune.tune(files["train"], **args)
+
+
+def _check_certificate(r, total):
+    cert = json.loads((r.run_dir / "certificate.json").read_text())
+    events = [event_from_dict(e) for e in cert["events"]]
+    assert cert["epsilon"] <= total + 1e-9
+    assert compute_epsilon(events, cert["delta"], accountant=cert["accountant"]) == pytest.approx(cert["epsilon"],
+                                                                                                  rel=1e-6)
+    verify_certificate(r.run_dir / "certificate.json")
+    return cert
+
+
+@pytest.mark.parametrize("strategy,n_trials", [("linear-scaling", 6), ("random-search", None),
+                                               ("single-step", 0), ("hyperfree", 0)])
+def test_each_strategy_end_to_end(files, tmp_path, strategy, n_trials):
+    opts = {"strategy_options": {"trials": 4}} if strategy == "random-search" else {}
+    r = _tune(files, tmp_path, strategy=strategy, **opts)
+    cert = _check_certificate(r, 2.0)
+    m = json.loads((r.run_dir / "metrics.json").read_text())
+    for key in ("accuracy", "epsilon", "delta", "strategy", "mode", "hyperparameters", "selection"):
+        assert key in m
+    assert m["strategy"] == strategy and m["mode"] == "last-layer" and 0.0 <= m["accuracy"] <= 1.0
+    h = json.loads((r.run_dir / "history.json").read_text())
+    assert h["strategy"]["name"] == strategy and "final_run" in h
+    if n_trials is not None:
+        assert len(h["trials"]) == n_trials
+    # at least one event per trial and one for the final run (repeat-and-select is one event for all trials)
+    if strategy in ("linear-scaling",):
+        assert len(cert["events"]) >= n_trials + 1
+    assert cert["metadata"]["reported_split_used_for_selection"] is False
+    assert (r.run_dir / "model" / "config.json").is_file()
+    reloaded = privtune.models.load_classifier(r.run_dir / "model")
+    from privtune.data import load_text_dataset
+
+    dev = load_text_dataset(files["dev"])
+    acc = (reloaded.predict_logits(dev).argmax(1) == torch.tensor(dev.labels)).float().mean().item()
+    assert acc == pytest.approx(m["accuracy"], abs=1e-6)
+    # the ledger was charged with exactly the certificate's events
+    st = Ledger(f"sqlite:///{tmp_path / 'l.db'}").status(m["dataset_fingerprint"])
+    assert st.spent_epsilon == pytest.approx(cert["epsilon"], rel=1e-3)
+
+
+def test_reported_split_is_never_seen_during_selection(files, tmp_path, monkeypatch):
+    """Every forward pass over a split is logged; the dev texts may appear only after selection is over."""
+    import privtune.finetune as ft
+    from privtune.hpo import common
+    from privtune.models.classifier import Classifier
+
+    dev_texts = set(make_toy_text_dataset(40, seed=2).texts)
+    log = []
+    orig_cache, orig_score, orig_pred = ft.cache_features, common.Selector.score, Classifier.predict_logits
+
+    def cache(model, ds, **kw):
+        log.append(("features", bool(set(ds.texts) & dev_texts)))
+        return orig_cache(model, ds, **kw)
+
+    def score(self, outputs, label=""):
+        log.append(("score", False))
+        return orig_score(self, outputs, label)
+
+    def pred(self, ds, **kw):
+        log.append(("predict", bool(set(ds.texts) & dev_texts)))
+        return orig_pred(self, ds, **kw)
+
+    monkeypatch.setattr(ft, "cache_features", cache)
+    monkeypatch.setattr(common.Selector, "score", score)
+    monkeypatch.setattr(Classifier, "predict_logits", pred)
+    _tune(files, tmp_path, strategy="linear-scaling")
+    scores = [i for i, (k, _) in enumerate(log) if k == "score"]
+    dev_uses = [i for i, (k, dev) in enumerate(log) if dev]
+    assert len(scores) == 6 and dev_uses, log
+    assert min(dev_uses) > max(scores)                     # dev only after the last selection score
+    assert all(k == "predict" for i, (k, dev) in enumerate(log) if dev)  # and only to report accuracy
+
+
+def test_charged_selection_and_mode_auto(files, tmp_path):
+    r = _tune(files, tmp_path, strategy="single-step", mode="auto", public_eval_data=None,
+              selection="train-accuracy", epsilon=4.0)
+    cert = _check_certificate(r, 4.0)
+    assert r.metrics["mode"] in ("last-layer", "bitfit", "lora")
+    pilots = [t for t in r.trials if t["phase"] == "mode-auto pilot"]
+    assert {t["hyperparameters"]["mode"] for t in pilots} == {"last-layer", "bitfit", "lora"}
+    labels = [e["label"] for e in cert["events"]]
+    assert sum("score" in lab for lab in labels) == 3          # each pilot's noisy score is charged
+    assert any("centering" in lab for lab in labels)          # private feature mean (no public split)
+    assert r.certificate.metadata["selection"] == "train_noisy"
+
+
+def test_bitfit_with_hyperfree_uses_joint_accounting(files, tmp_path):
+    r = _tune(files, tmp_path, strategy="hyperfree", mode="bitfit", epochs=1, batch_size=40)
+    cert = _check_certificate(r, 2.0)
+    assert any("joint" in e["label"] for e in cert["events"])
+    assert len(r.history["strategy"]["lr_trajectory"]) == r.metrics["hyperparameters"]["steps"]
+
+
+def test_bad_inputs_fail_before_any_budget_is_spent(files, tmp_path):
+    led = f"sqlite:///{tmp_path / 'bad.db'}"
+    with pytest.raises(InvalidParameterError, match="strategy"):
+        _tune(files, tmp_path, strategy="grid-search", ledger=led)
+    with pytest.raises(InvalidParameterError, match="mode"):
+        _tune(files, tmp_path, mode="everything", ledger=led)
+    with pytest.raises(DataError, match="overlaps"):
+        _tune(files, tmp_path, public_eval_data=files["train"], ledger=led)
+    single = _write(tmp_path / "single.tsv", type(make_toy_text_dataset(4))(texts=["a b c", "d e f"], labels=[1, 1]))
+    with pytest.raises(DataError, match="single class"):
+        privtune.tune(single, model=files["model"], ledger=led, output_dir=tmp_path / "s", quiet=True)
+    with pytest.raises(ModelError):
+        _tune(files, tmp_path, model=str(tmp_path), ledger=led, output_dir=tmp_path / "m")
+    with pytest.raises(InfeasibleBudgetError, match="ε"):
+        _tune(files, tmp_path, strategy="linear-scaling", epsilon=0.3, ledger=led, output_dir=tmp_path / "i",
+              strategy_options={"sweep_epsilons": [0.1, 0.2]})
+    assert not (tmp_path / "bad.db").exists() or not Ledger(led).datasets() if hasattr(Ledger, "datasets") else True
+
+
+def test_grid_oracle_is_labelled_and_releases_nothing(files, tmp_path):
+    r = _tune(files, tmp_path, strategy="grid-oracle", strategy_options={"lr_points": 2, "steps_grid": [5, 10]})
+    assert r.model is None and not (r.run_dir / "model").exists()
+    m = json.loads((r.run_dir / "metrics.json").read_text())
+    assert m["not_private"] is True and m["label"] == "NOT PRIVATE"
+    assert r.certificate.metadata["label"] == "NOT PRIVATE"
+
+
+def test_cli_tune(files, tmp_path, capsys):
+    out = tmp_path / "cli"
+    rc = main(["tune", "--data", files["train"], "--eval-data", files["dev"], "--public-eval-data", files["public"],
+               "--model", files["model"], "--mode", "last-layer", "--strategy", "single-step", "--epsilon", "1",
+               "--delta", "1e-3", "--ledger", f"sqlite:///{tmp_path / 'c.db'}", "--output", str(out), "--quiet"])
+    text = capsys.readouterr().out
+    assert rc == 0 and "certificate: ε" in text and (out / "certificate.json").is_file()
+    assert "registered" in (out / "log.txt").read_text()
+    assert main(["account", "--certificate", str(out / "certificate.json")]) == 0
+    assert main(["tune", "--data", files["train"], "--strategy", "nope"]) == 2
