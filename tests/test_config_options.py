@@ -59,6 +59,12 @@ def test_key_of_other_command_is_explained(tmp_path):
         resolve_options("train", cfg, {})
 
 
+def test_train_only_keys_are_refused_by_tune(tmp_path):
+    cfg = _write(tmp_path, "resume: true\n")
+    with pytest.raises(InvalidParameterError, match="option of `privtune train`"):
+        resolve_options("tune", cfg, {})
+
+
 @pytest.mark.parametrize(
     "text, key",
     [

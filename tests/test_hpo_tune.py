@@ -152,7 +152,10 @@ def test_bad_inputs_fail_before_any_budget_is_spent(files, tmp_path):
     with pytest.raises(InfeasibleBudgetError, match="ε"):
         _tune(files, tmp_path, strategy="linear-scaling", epsilon=0.3, ledger=led, output_dir=tmp_path / "i",
               strategy_options={"sweep_epsilons": [0.1, 0.2]})
-    assert not (tmp_path / "bad.db").exists() or not Ledger(led).datasets() if hasattr(Ledger, "datasets") else True
+    with pytest.raises(InvalidParameterError, match="Did you mean 'strategy'"):
+        _tune(files, tmp_path, stratgy="hyperfree", ledger=led)
+    # nothing was registered or charged by any of the refused calls
+    assert not (tmp_path / "bad.db").exists() or not Ledger(led).datasets()
 
 
 def test_grid_oracle_is_labelled_and_releases_nothing(files, tmp_path):

@@ -135,7 +135,7 @@ _TRAIN: list[Option] = [
 _TUNE: list[Option] = [
     *_common(TUNE_MODES, "auto", data_active=False),
     Option("strategy", "choice", "Tuning strategy: " + ", ".join(STRATEGIES)
-           + " (grid-oracle is NOT PRIVATE: a reference only).", "linear-scaling", choices=STRATEGIES, active=True),
+           + " (grid-oracle is NOT PRIVATE: a reference only).", "hyperfree", choices=STRATEGIES, active=True),
     Option("public_eval_data", "path",
            "Validation split you declare PUBLIC, used to score trials at no privacy cost.", "public_dev.tsv"),
     Option("selection", "str", "How trials are scored (e.g. public-validation, private-validation, train-loss); "
@@ -153,13 +153,11 @@ _TUNE: list[Option] = [
            {"r_max": 100.0}),
     Option("nonprivate_reference", "bool",
            "Also train a non-private reference for comparison. NOT PRIVATE; never released.", False),
-    Option("clipping_diagnostics", "bool", "Record clipping diagnostics. NOT PRIVATE.", False),
     Option("ledger", "str", "Budget ledger URL; unset = $PRIVTUNE_LEDGER or ~/.privtune/ledger.db "
            "(the embedded demo keeps its ledger inside the run directory).", "sqlite:///ledger.db"),
     Option("output", "path", "Run directory; unset = a new runs/<timestamp>/.", "runs/my-tuning-run"),
     Option("seed", "int", "Seed for data order, search and noise (experiments only).", 0, low=0,
            low_inclusive=True),
-    Option("resume", "bool", "Continue an interrupted run in `output`.", False),
     Option("quiet", "bool", "No progress display (RUN_DIR/log.txt is still written).", False),
 ]
 

@@ -23,7 +23,7 @@ STRATEGIES = ("linear-scaling", "hyperfree", "single-step", "random-search", "gr
 SELECTIONS = ("public-validation", "private-validation", "train-accuracy", "train-loss")
 
 # defaults applied after the YAML file and the flags are merged (flags win over the file)
-_DEFAULTS = {"mode": "auto", "strategy": "linear-scaling", "epsilon": 1.0, "delta": 1e-5}
+_DEFAULTS = {"mode": "auto", "strategy": "hyperfree", "epsilon": 1.0, "delta": 1e-5}
 
 
 def _explicit(ctx: click.Context) -> dict:
@@ -54,7 +54,7 @@ def _resolve(config: str | None, values: dict) -> dict:
 @click.option("--mode", type=click.Choice(MODES), help="What is trained; auto compares last-layer/bitfit/lora "
               "with charged pilots. [default: auto]")
 @click.option("--strategy", type=click.Choice(STRATEGIES), help="Tuning strategy (grid-oracle is NOT PRIVATE, "
-              "reference only). [default: linear-scaling]")
+              "reference only). [default: hyperfree]")
 @click.option("--epsilon", type=float, help="TOTAL ε for tuning plus training. [default: 1.0]")
 @click.option("--delta", type=float, help="δ. [default: 1e-5]")
 @click.option("--selection", type=click.Choice(SELECTIONS), help="How trials are scored (default: public "
@@ -78,8 +78,6 @@ def tune(**kwargs) -> None:
 
     mapping = {"output": "output_dir"}
     call = {mapping.get(k, k): v for k, v in opts.items() if v is not None}
-    for k in ("resume", "clipping_diagnostics", "public_eval_data_declared"):
-        call.pop(k, None)
     result = run_tune(call.pop("data", None), **call)
     m = result.metrics
     click.echo(f"run directory: {result.run_dir}")

@@ -162,7 +162,7 @@ def tune(
     eval_data: Any = None,
     model: Any = None,
     mode: str = "auto",
-    strategy: str = "linear-scaling",
+    strategy: str = "hyperfree",
     epsilon: float = 1.0,
     delta: float = 1e-5,
     ledger: Any = None,
@@ -188,7 +188,7 @@ def tune(
     quiet: bool = False,
     write_files: bool = True,
     feature_cache_dir: Any = None,
-    **ignored: Any,
+    **unknown: Any,
 ) -> TuneResult:
     """Tune hyperparameters privately and train, under one total (ε, δ).
 
@@ -207,8 +207,9 @@ def tune(
         What is trained.  ``"auto"`` compares last-layer, bitfit and lora with one charged
         pilot run each (per-run ε = min(0.1, 0.1·ε)) and continues with the best.
     strategy : {"linear-scaling", "hyperfree", "single-step", "random-search", "grid-oracle"}
-        See ``docs/strategies.md``.  ``"grid-oracle"`` is NOT PRIVATE (tuning uncharged)
-        and releases no model.
+        See ``docs/strategies.md``.  Default ``"hyperfree"``: no search, and the best or
+        near-best strategy in ``bench/hpo.py`` and on the embedded demo.  ``"grid-oracle"`` is
+        NOT PRIVATE (tuning uncharged) and releases no model.
     epsilon, delta : the **total** budget: trials, scoring and final run together.
     ledger : ledger URL; ``None`` = ``$PRIVTUNE_LEDGER`` / ``~/.privtune/ledger.db``.
     output_dir : run directory; ``None`` = ``runs/<timestamp>/``.
@@ -224,6 +225,17 @@ def tune(
     nonprivate_reference : also compute the NOT PRIVATE grid-oracle reference (never released).
     """
     t_start = time.time()
+    if unknown:  # refuse, never drop: a misspelt option would otherwise run with the default silently
+        import difflib
+        import inspect
+
+        valid = [k for k in inspect.signature(tune).parameters if k != "unknown"]
+        name = sorted(unknown)[0]
+        close = difflib.get_close_matches(name, valid, n=1)
+        raise InvalidParameterError(
+            f"tune() got an unknown option {name!r}." + (f" Did you mean {close[0]!r}?" if close else "")
+            + f" Valid options: {', '.join(valid)}."
+        )
     strategy = check_choice(strategy, "strategy", STRATEGIES)
     mode = check_choice(mode, "mode", MODES)
     eps_total = common.check_epsilon(epsilon)

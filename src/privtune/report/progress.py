@@ -84,6 +84,21 @@ def _fmt_eps(eps: float | None, total: float | None) -> str:
     return f"ε {eps:.3g}" + (f"/{total:.3g}" if total is not None else "")
 
 
+def _count_column():
+    """A rich column: ``done/total unit`` for phases with a known amount of work, nothing for
+    open-ended ones (rich's own M/N column would print a made-up ``0/0``)."""
+    from rich.progress import ProgressColumn
+    from rich.text import Text
+
+    class CountColumn(ProgressColumn):
+        def render(self, task):  # noqa: D102
+            if not task.fields.get("counted", True) or task.total is None:
+                return Text("")
+            return Text(f"{task.completed:g}/{task.total:g} {task.fields.get('unit', '')}")
+
+    return CountColumn()
+
+
 class Progress:
     """Terminal progress (rich) plus the plain log file.
 
@@ -122,14 +137,13 @@ class Progress:
         self._rich = None
         if not self.quiet:
             from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+            from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
             from rich.progress import Progress as RichProgress
 
             self._rich = RichProgress(
                 TextColumn("[bold]{task.description}"),
                 BarColumn(bar_width=28),
-                MofNCompleteColumn(),
-                TextColumn("{task.fields[unit]}"),
+                _count_column(),
                 TextColumn("[cyan]{task.fields[rate]}"),
                 TextColumn("{task.fields[loss]}"),
                 TextColumn("[magenta]{task.fields[eps]}"),
@@ -159,7 +173,7 @@ class Progress:
         self._t0 = self._last_log = time.monotonic()
         self.runlog.write(f"start {name}" + (f" ({total:g} {unit})" if total is not None else ""))
         if self._rich is not None:
-            self._task = self._rich.add_task(name, total=total, unit=unit, rate="", loss="",
+            self._task = self._rich.add_task(name, total=total, unit=unit, counted=total is not None, rate="", loss="",
                                              eps=_fmt_eps(self.epsilon, self.total_epsilon))
 
     def advance(
@@ -220,8 +234,9 @@ class Progress:
         self.runlog.write("done " + self._status_line() + f" in {time.monotonic() - self._t0:.1f} s")
         if self._rich is not None and self._task is not None:
             task = self._rich.tasks[-1]
-            if task.total is None:
-                self._rich.update(self._task, total=self._done)
+            if task.total is None:  # an open-ended phase: show the bar full, without a made-up count
+                done = max(self._done, 1)
+                self._rich.update(self._task, total=done, completed=done)
             self._rich.stop_task(self._task)
         self.phase = None
         self._task = None
