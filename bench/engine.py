@@ -12,6 +12,10 @@ Methods per mode (full / bitfit / lora):
   privtune       PrivateGradient (flat clipping, σ = 1) + Adam, plain HF call
   opacus-ghost   Opacus 1.6 grad_sample_mode="ghost" (full and lora only; needs (B, T) position_ids)
   opacus-hooks   Opacus 1.6 grad_sample_mode="hooks" (needs (B, T) position_ids)
+Mode ``head`` (last-layer on cached features): a zero-initialised nn.Linear(384, 2) on 67,349 cached
+384-d feature vectors (random here: speed does not depend on their values), expected batch 1024, as
+example-gradients per second, through the closed-form LinearHeadGradient and through the generic
+PrivateGradient hooks, next to non-private head training.
 Opacus is given contiguous (B, T) ``position_ids`` (its per-sample rules crash on the (1, T)
 buffer that the plain HF call uses); privtune and non-DP runs use the plain call.
 """
@@ -185,6 +189,59 @@ def child(mode: str, method: str, steps: int, warmup: int, batch_size: int, max_
             "peak_growth_mib": (peak - base) / 1024, "trainable": n_trainable, "steps": steps}
 
 
+def head_child(method: str, steps: int, warmup: int, batch_size: int = 1024) -> dict:
+    """Last-layer training on cached features: example-gradients per second (one CPU thread)."""
+    import torch
+    import torch.nn.functional as F
+
+    torch.set_num_threads(1)
+    g = torch.Generator().manual_seed(0)
+    n, d = 67_349, 384  # full SST-2 train, MiniLM width
+    X, y = torch.randn(n, d, generator=g), torch.randint(0, 2, (n,), generator=g)
+    head = torch.nn.Linear(d, 2)
+    torch.nn.init.zeros_(head.weight)
+    opt = torch.optim.Adam(head.parameters(), lr=1e-2)
+    q = batch_size / n
+    if method == "privtune":
+        from privtune.finetune.last_layer import LinearHeadGradient
+
+        hg = LinearHeadGradient(head, max_grad_norm=1.0, noise_multiplier=1.0, expected_batch_size=batch_size, seed=0)
+    elif method == "privtune-hooks":
+        from privtune.engine import PrivateGradient
+
+        pg = PrivateGradient(head, max_grad_norm=1.0, noise_multiplier=1.0, expected_batch_size=batch_size, seed=0)
+    done = 0
+
+    def step():
+        nonlocal done
+        idx = torch.nonzero(torch.rand(n, generator=g) < q).squeeze(1)  # Poisson batch
+        xb, yb = X[idx], y[idx]
+        if method == "nondp":
+            F.cross_entropy(head(xb), yb).backward()
+        elif method == "privtune":
+            hg.accumulate(xb, yb)
+            hg.release()
+        else:
+            pg.backward(F.cross_entropy(head(xb), yb, reduction="none"))
+            pg.release()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        done += len(idx)
+
+    for _ in range(warmup):
+        step()
+    done = 0
+    t0, c0 = time.perf_counter(), time.process_time()
+    for _ in range(steps):
+        step()
+    dt, dc = time.perf_counter() - t0, time.process_time() - c0
+    return {"mode": "head", "method": method, "examples_per_s": done / dt, "examples_per_cpu_s": done / dc,
+            "peak_growth_mib": float("nan"), "trainable": sum(p.numel() for p in head.parameters()), "steps": steps}
+
+
+HEAD_METHODS = ("nondp", "privtune", "privtune-hooks")
+
+
 def run_one(mode, method, args) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", mode, method, "--steps", str(args.steps),
            "--warmup", str(args.warmup), "--batch-size", str(args.batch_size), "--max-length", str(args.max_length)]
@@ -203,7 +260,7 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=None, help="untimed warm-up steps (default 2)")
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--max-length", type=int, default=64)
-    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--modes", default=",".join(MODES) + ",head")
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--repeats", type=int, default=1, help="run every configuration this many times (median)")
     ap.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
@@ -215,7 +272,10 @@ def main(argv=None) -> int:
     if args.warmup is None:
         args.warmup = 1 if args.quick else 2
     if args.child:
-        print("RESULT " + json.dumps(child(*args.child, args.steps, args.warmup, args.batch_size, args.max_length)))
+        mode, method = args.child
+        res = (head_child(method, args.steps * 10, args.warmup) if mode == "head"
+               else child(mode, method, args.steps, args.warmup, args.batch_size, args.max_length))
+        print("RESULT " + json.dumps(res))
         return 0
 
     modes = [m for m in args.modes.split(",") if m]
@@ -223,11 +283,12 @@ def main(argv=None) -> int:
     results: dict[tuple[str, str], list[dict]] = {}
     for rep in range(args.repeats):  # interleave repeats so machine noise spreads over methods
         for mode in modes:
-            for method in methods:
+            for method in (HEAD_METHODS if mode == "head" else methods):
                 r = run_one(mode, method, args)
                 results.setdefault((mode, method), []).append(r)
                 print(f"  [{rep + 1}/{args.repeats}] {mode:6s} {method:13s} "
-                      + (f"{r['examples_per_s']:.1f} ex/s wall, {r['examples_per_cpu_s']:.1f} ex/CPU-s, +{r['peak_growth_mib']:.0f} MiB" if "error" not in r else "ERROR " + r["error"]),
+                      + (f"{r['examples_per_s']:.1f} ex/s wall, {r['examples_per_cpu_s']:.1f} ex/CPU-s, "
+                         f"+{r['peak_growth_mib']:.0f} MiB" if "error" not in r else "ERROR " + r["error"]),
                       file=sys.stderr, flush=True)
 
     tkey = "examples_per_cpu_s" if args.clock == "cpu" else "examples_per_s"
@@ -243,6 +304,8 @@ def main(argv=None) -> int:
     print(hdr)
     print("-" * len(hdr))
     for mode in modes:
+        if mode == "head":
+            continue
         base = results.get((mode, "nondp"), [])
         b_tp, b_mem = med(base, tkey), med(base, "peak_growth_mib")
         pt = results.get((mode, "privtune"), [])
@@ -260,6 +323,14 @@ def main(argv=None) -> int:
             print(f"{mode:7s} {method:13s} {tp:8.1f} {r_tp:>7s} {mem:9.0f} {r_mem:>7s} {vs:>10s}")
     print("privtune × = privtune throughput / this method's throughput (same mode, same run).")
     print("Opacus is called with contiguous (B, T) position_ids; privtune and non-DP use the plain HF call.")
+    if "head" in modes:
+        base = med(results.get(("head", "nondp"), []), tkey)
+        print(f"\nlast layer on cached features: nn.Linear(384, 2), 67,349 examples, expected batch 1024 (Poisson), "
+              f"{args.steps * 10} steps")
+        for method in HEAD_METHODS:
+            tp = med(results.get(("head", method), []), tkey)
+            ratio = f"{tp / base:.2f}× non-DP" if (tp and base) else ""
+            print(f"  {method:15s} " + (f"{tp:12,.0f} example-gradients/s  {ratio}" if tp else "fails"))
     return 0
 
 

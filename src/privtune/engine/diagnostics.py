@@ -1,4 +1,4 @@
-"""Clipping diagnostics (Sander et al., seed 003). **NOT PRIVATE.**
+"""Clipping diagnostics (Rehn et al., seed 003). **NOT PRIVATE.**
 
 Everything here reads private gradients *without noise*. Use it to understand a run (e.g. on a
 public split or in a benchmark), never to choose what is released, and label every output

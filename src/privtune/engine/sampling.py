@@ -38,7 +38,26 @@ def _check_seed(seed):
     return check_int(seed, "seed", low=0, high=2**63 - 1, fix="Pass a non-negative integer or None (OS entropy).")
 
 
-class PoissonSampler:
+class _SamplerState:
+    """Checkpointing shared by the samplers: the generator state, so a resumed run draws the same batches."""
+
+    sampling: str
+    seed: int | None
+    _g: torch.Generator
+
+    def state_dict(self) -> dict:
+        return {"sampling": self.sampling, "seed": self.seed, "generator_state": self._g.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if not isinstance(state, dict) or state.get("sampling") != self.sampling:
+            raise InvalidParameterError(
+                f"`state` must come from {type(self).__name__}.state_dict(). Got {state!r:.80}. Pass the saved sampler state."
+            )
+        self.seed = state.get("seed")
+        self._g.set_state(state["generator_state"])
+
+
+class PoissonSampler(_SamplerState):
     """Poisson subsampling: each of ``num_examples`` indices is included independently w.p. ``sample_rate``.
 
     Args:
@@ -80,19 +99,9 @@ class PoissonSampler:
     def __len__(self) -> int:
         return self.steps
 
-    def state_dict(self) -> dict:
-        return {"sampling": self.sampling, "seed": self.seed, "generator_state": self._g.get_state()}
-
-    def load_state_dict(self, state: dict) -> None:
-        if not isinstance(state, dict) or state.get("sampling") != self.sampling:
-            raise InvalidParameterError(
-                f"`state` must come from {type(self).__name__}.state_dict(). Got {state!r:.80}. Pass the saved sampler state."
-            )
-        self.seed = state.get("seed")
-        self._g.set_state(state["generator_state"])
 
 
-class ShuffleSampler:
+class ShuffleSampler(_SamplerState):
     """Fixed-size batches from a fresh random permutation each epoch (no Poisson amplification).
 
     Args:
@@ -135,13 +144,3 @@ class ShuffleSampler:
             return self.num_examples // self.batch_size
         return math.ceil(self.num_examples / self.batch_size)
 
-    def state_dict(self) -> dict:
-        return {"sampling": self.sampling, "seed": self.seed, "generator_state": self._g.get_state()}
-
-    def load_state_dict(self, state: dict) -> None:
-        if not isinstance(state, dict) or state.get("sampling") != self.sampling:
-            raise InvalidParameterError(
-                f"`state` must come from {type(self).__name__}.state_dict(). Got {state!r:.80}. Pass the saved sampler state."
-            )
-        self.seed = state.get("seed")
-        self._g.set_state(state["generator_state"])

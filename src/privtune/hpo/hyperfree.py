@@ -212,6 +212,20 @@ def plan(config: HyperfreeConfig, total_epsilon: float, delta: float, *, sample_
 # --------------------------------------------------------------------------------------
 
 
+def _update_lr(L0: float, Lm: float, Lp: float, lr: float, t: int, config, hist: dict) -> tuple[float, float]:
+    """One learning-rate update from the three privatised losses (guards of digest 001 §11), recorded in
+    ``hist``; returns the new η and the new loss clipping bound R_l (the sum of the three losses)."""
+    upd = gen_lr_update(L0, Lm, Lp, lr, clamp_factor=config.clamp_factor, smoothing=config.smoothing,
+                        lr_min=config.lr_min)
+    R_l = max(config.R_min, L0 + Lm + Lp)
+    hist["train_loss"].append(L0)
+    hist["train_loss_step"].append(t)
+    hist["R_l"].append(R_l)
+    hist["accepted"].append(upd.accepted)
+    hist["reasons"].append(upd.reason)
+    return upd.lr, R_l
+
+
 def _adam_direction(g: torch.Tensor, state: dict, key: str, t: int, betas=(0.9, 0.999), eps=1e-8,
                     weight_decay: float = 0.0, w: torch.Tensor | None = None) -> torch.Tensor:
     """AdamW direction d (a step is w ← w − η·d); updates the moments once."""
@@ -263,15 +277,7 @@ def train_head_hyperfree(X: torch.Tensor, y: torch.Tensor, num_classes: int, *, 
             L0 = privatize_loss(loss_at(0.0), R_l, sigma_l, B, gen)
             Lm = privatize_loss(loss_at(-1.0), R_l, sigma_l, B, gen)
             Lp = privatize_loss(loss_at(+1.0), R_l, sigma_l, B, gen)
-            upd = gen_lr_update(L0, Lm, Lp, lr, clamp_factor=config.clamp_factor, smoothing=config.smoothing,
-                                lr_min=config.lr_min)
-            lr = upd.lr
-            R_l = max(config.R_min, L0 + Lm + Lp)
-            hist["train_loss"].append(L0)
-            hist["train_loss_step"].append(t)
-            hist["R_l"].append(R_l)
-            hist["accepted"].append(upd.accepted)
-            hist["reasons"].append(upd.reason)
+            lr, R_l = _update_lr(L0, Lm, Lp, lr, t, config, hist)
         head.weight -= lr * dW
         if head.bias is not None:
             head.bias -= lr * db
@@ -378,15 +384,7 @@ def train_model_hyperfree(model, train_set, *, steps: int, sample_rate: float, s
                     return privatize_loss(losses_at(idx), R_l, sigma_l, B, gen)
 
                 L0, Lm, Lp = at(0.0), at(-1.0), at(+1.0)
-                upd = gen_lr_update(L0, Lm, Lp, lr, clamp_factor=config.clamp_factor, smoothing=config.smoothing,
-                                    lr_min=config.lr_min)
-                lr = upd.lr
-                R_l = max(config.R_min, L0 + Lm + Lp)
-                hist["train_loss"].append(L0)
-                hist["train_loss_step"].append(t)
-                hist["R_l"].append(R_l)
-                hist["accepted"].append(upd.accepted)
-                hist["reasons"].append(upd.reason)
+                lr, R_l = _update_lr(L0, Lm, Lp, lr, t, config, hist)
                 with torch.no_grad():  # apply the step with the (possibly new) η
                     for p, a, dd in zip(params, w0, d):
                         p.copy_(a - lr * dd)

@@ -414,6 +414,16 @@ def _canonical_json(obj: Any) -> str:
 # --------------------------------------------------------------------------- input checks
 
 
+def _check_spend_delta(delta: float | None, dataset_delta: float) -> None:
+    """A spend's δ above the dataset's δ would not be covered by the dataset's budget: refuse it."""
+    if delta is not None and delta > dataset_delta:
+        raise BudgetExceededError(
+            f"`delta` of the spend ({delta:g}) is larger than the dataset's δ = {dataset_delta:g}, so the "
+            f"run's guarantee would not be covered by the dataset's budget. Pass delta <= {dataset_delta:g} "
+            "(the dataset's δ)."
+        )
+
+
 def _check_events(events: Any, name: str) -> tuple:
     types = tuple(EVENT_TYPES.values())
     if isinstance(events, types) or isinstance(events, Mapping):
@@ -895,12 +905,7 @@ class Ledger:
         with self._write() as conn:
             row = self._find(conn, dataset, lock=True)
             st = self._load(conn, row)
-            if delta is not None and delta > st.delta:
-                raise BudgetExceededError(
-                    f"`delta` of the spend ({delta:g}) is larger than the dataset's δ = {st.delta:g}, so the "
-                    "run's guarantee would not be covered by the dataset's budget. Pass delta <= "
-                    f"{st.delta:g} (the dataset's δ)."
-                )
+            _check_spend_delta(delta, st.delta)
             if resume_key is not None:
                 previous = [e for e in st.entries.values() if e.resume_key == resume_key and e.state != "released"]
                 if previous:
@@ -971,11 +976,7 @@ class Ledger:
         with self._write() as conn:
             row = self._find(conn, dataset, lock=True)
             st = self._load(conn, row)
-            if delta is not None and delta > st.delta:
-                raise BudgetExceededError(
-                    f"`delta` of the spend ({delta:g}) is larger than the dataset's δ = {st.delta:g}. "
-                    f"Pass delta <= {st.delta:g}."
-                )
+            _check_spend_delta(delta, st.delta)
             eps_after = composed_epsilon(st.charged_events(), st.delta, st.accountant, new=events)
             if eps_after > st.total_epsilon * (1 + _RTOL) and not force:
                 raise self._exceeded(st, events, eps_after, "The external run")

@@ -25,7 +25,7 @@ PNG_NAMES = ("budget.png", "strategy.png", "trials.png", "learning_curves.png", 
              "clipping.png")
 
 STRATEGY_TEXT = {
-    "linear-scaling": "Linear scaling (Sander et al., seed 000): cheap low-ε trials find the best total step size "
+    "linear-scaling": "Linear scaling (Panda et al., seed 000): cheap low-ε trials find the best total step size "
                       "r = η·T at each trial budget; a line r(ε) is fitted and extrapolated to the final run's ε.",
     "hyperfree": "Hyperparameter-free (seed 001): automatic clipping (AUTO-S) and a learning rate set at each update "
                  "from privatised losses, whose cost is accounted jointly with the gradient releases.",
