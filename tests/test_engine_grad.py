@@ -233,3 +233,38 @@ def test_multihead_attention_uses_fallback_for_all_its_parameters():
     y = torch.tensor([0, 1, 1, 0])
     _check(model, lambda: F.cross_entropy(model(x), y, reduction="none"),
            lambda i: F.cross_entropy(model(x[i:i + 1]), y[i:i + 1]), B, expect_fallback=True)
+
+
+@pytest.mark.parametrize("clipping", ["flat", "automatic"])
+def test_per_layer_clipping_matches_naive_loop(clipping):
+    """per_layer=True: each module's part of g_i is clipped to C/√K separately (K modules)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.LayerNorm(7), nn.Linear(7, 3)).double()
+    x, y = torch.randn(B * 2, 5, dtype=torch.float64), torch.randint(0, 3, (B * 2,))
+    modules = [m for m in model if any(p.requires_grad for p in m.parameters(recurse=False))]
+    C = 0.3
+    C_layer = C / len(modules) ** 0.5
+    expected, total_sq = [], torch.zeros(len(x), dtype=torch.float64)
+    for m in modules:
+        ps = list(m.parameters())
+        rows = []
+        for i in range(len(x)):
+            gs = torch.autograd.grad(F.cross_entropy(model(x[i:i + 1]), y[i:i + 1]), ps)
+            rows.append(torch.cat([g.reshape(-1) for g in gs]))
+        G = torch.stack(rows)
+        n = G.norm(dim=1)
+        total_sq += n ** 2
+        c = (C_layer / n).clamp(max=1.0) if clipping == "flat" else C_layer / (n + 0.01)
+        expected.append((c[:, None] * G).sum(0))
+    pg = PrivateGradient(model, max_grad_norm=C, noise_multiplier=0.0, expected_batch_size=1.0, clipping=clipping,
+                         per_layer=True)
+    norms = pg.backward(F.cross_entropy(model(x), y, reduction="none"))
+    pg.release()
+    got = torch.cat([torch.cat([p.grad.reshape(-1) for p in m.parameters()]) for m in modules])
+    want = torch.cat(expected)
+    assert torch.allclose(norms, total_sq.sqrt(), rtol=1e-9)
+    assert (got - want).norm() <= 1e-9 * want.norm()
+    # every clipped per-example term still has norm <= C: the sensitivity (and so the noise) is unchanged
+    assert float(want.norm()) <= len(x) * C + 1e-12
+    with pytest.raises(Exception, match="per_layer"):
+        PrivateGradient(model, max_grad_norm=C, noise_multiplier=1.0, expected_batch_size=1.0, per_layer="yes")

@@ -239,3 +239,16 @@ def test_train_on_an_image_folder(tmp_path):
     from privtune.cli import main
 
     assert main(["predict", "--model", str(tmp_path / "run"), "--data", str(tmp_path / "imgs"), "--json"]) == 0
+
+
+def test_per_layer_clipping_same_budget_different_update(files, tmp_path):
+    flat = _run(files, tmp_path / "flat", mode="full", clip=0.01)
+    layer = _run(files, tmp_path / "layer", mode="full", clip=0.01, per_layer_clipping=True)
+    # the privacy cost does not depend on how the norm C is split over layers
+    assert layer.certificate.epsilon == pytest.approx(flat.certificate.epsilon, rel=1e-12)
+    assert layer.metrics["hyperparameters"]["per_layer_clipping"] is True
+    wf = dict(flat.model.named_parameters())
+    changed = [n for n, p in layer.model.named_parameters() if not torch.equal(p, wf[n])]
+    assert changed, "per-layer clipping (C/sqrt(K) per layer, clip active) must change the trained weights"
+    with pytest.raises(InvalidParameterError, match="per_layer"):
+        _run(files, tmp_path / "bad", per_layer_clipping="yes")

@@ -116,6 +116,8 @@ _TRAIN: list[Option] = [
     Option("learning_rate", "float", "Learning rate η.", 1e-3, low=0.0),
     Option("clip", "float", "Clipping norm C (per-example gradient L2 norm bound).", 1.0, low=0.0),
     Option("clipping", "choice", "flat (Abadi: min(1, C/||g||)) or automatic (AUTO-S).", "flat", choices=CLIPPING),
+    Option("per_layer_clipping", "bool", "Clip each layer to C/sqrt(K) (K layers) instead of the whole gradient "
+           "to C; the sensitivity, σ and ε are unchanged.", False),
     Option("optimizer", "choice", "Optimizer applied to the privatised gradient.", "adam", choices=OPTIMIZERS),
     Option("sampling", "choice",
            "poisson (amplification accounted), shuffle (accounted without amplification) or full_batch.",

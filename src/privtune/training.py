@@ -261,12 +261,13 @@ class _Loop:
     """The DP training loop with exact checkpoint/resume state (internal; see :func:`fit`)."""
 
     def __init__(self, model, data, *, noise_multiplier, sample_rate, phases: list[_Phase], clip, clipping,
-                 optimizer, momentum, weight_decay, sampling, max_physical_batch_size, seed, eval_set,
+                 optimizer, per_layer_clipping=False, momentum, weight_decay, sampling, max_physical_batch_size, seed, eval_set,
                  eval_every, callback, progress, delta, accountant, clipping_diagnostics, fast_head=True):
         self.model, self.data = model, data
         self.fast_head = fast_head
         self.sigma, self.q, self.phases = noise_multiplier, sample_rate, phases
         self.clip, self.clipping, self.optimizer_name = clip, clipping, optimizer
+        self.per_layer = per_layer_clipping
         self.momentum, self.weight_decay = momentum, weight_decay
         self.sampling, self.max_phys = sampling, max_physical_batch_size
         self.eval_set, self.eval_every, self.callback, self.progress = eval_set, eval_every, callback, progress
@@ -311,14 +312,15 @@ class _Loop:
         params = [p for p in self.module.parameters() if p.requires_grad]
         if not params:
             raise ModelError("Nothing to train: no parameter has requires_grad=True. Call apply_mode first.")
-        step_cls = PrivateGradient
+        step_cls, extra = PrivateGradient, {"per_layer": self.per_layer}
         if self.fast_head and _is_features(self.data) and isinstance(self.module, nn.Linear):
             from privtune.finetune.last_layer import LinearHeadGradient
 
-            step_cls = LinearHeadGradient
+            # one nn.Linear is one layer: per-layer clipping is flat clipping there
+            step_cls, extra = LinearHeadGradient, {}
         self.pg = step_cls(
             self.module, max_grad_norm=self.clip, noise_multiplier=self.sigma,
-            expected_batch_size=self.q * self.n, clipping=self.clipping, seed=self.noise_seed,
+            expected_batch_size=self.q * self.n, clipping=self.clipping, seed=self.noise_seed, **extra,
         )
         if noise_state is not None:
             self.pg.load_state_dict(noise_state)
@@ -517,6 +519,7 @@ def fit(
     learning_rate: float,
     clip: float = 1.0,
     clipping: str = "flat",
+    per_layer_clipping: bool = False,
     optimizer: str = "adam",
     eval_set: Any = None,
     seed: int | None = None,
@@ -558,6 +561,10 @@ def fit(
         Clipping norm C (L2 over all trainable parameters).
     clipping : {"flat", "automatic"}
         Abadi min(1, C/‖g‖) or AUTO-S C/(‖g‖ + 0.01).
+    per_layer_clipping : bool, default False
+        Clip each layer's part of the per-example gradient to C/√K (K layers with trainable
+        parameters) instead of the whole gradient to C; the sensitivity stays C, so σ and ε are
+        unchanged (:class:`privtune.engine.PrivateGradient`, ``per_layer``).
     optimizer : {"sgd", "adam", "adamw", "lamb"}
         Applied to the privatised gradient (:func:`privtune.optim.make_optimizer`).
     eval_set : labelled data, optional
@@ -618,7 +625,7 @@ def fit(
     elif progress is False:
         progress = None
     loop = _Loop(model, train_set, noise_multiplier=sigma, sample_rate=q, phases=phases, clip=clip,
-                 clipping=clipping, optimizer=optimizer, momentum=momentum, weight_decay=weight_decay,
+                 clipping=clipping, per_layer_clipping=per_layer_clipping, optimizer=optimizer, momentum=momentum, weight_decay=weight_decay,
                  sampling=sampling, max_physical_batch_size=max_phys, seed=seed, eval_set=eval_set,
                  eval_every=eval_every, callback=callback, progress=progress, delta=delta, accountant=accountant,
                  clipping_diagnostics=clipping_diagnostics, fast_head=fast_head)
@@ -749,6 +756,7 @@ def train(
     learning_rate: float | None = None,
     clip: float = 1.0,
     clipping: str = "flat",
+    per_layer_clipping: bool = False,
     optimizer: str = "adam",
     ledger: Any = None,
     output_dir: str | os.PathLike | None = None,
@@ -792,7 +800,7 @@ def train(
     epochs, steps : run length; T = steps or ceil(epochs / q) (default 3 epochs).
     batch_size : expected (Poisson) batch size B; q = B / N (default min(N, 256)).
     learning_rate : default by mode (full 5e-4, bitfit 5e-3, lora 2e-3, last-layer 5e-2).
-    clip, clipping, optimizer, sampling, accountant, momentum, weight_decay : see :func:`fit`.
+    clip, clipping, per_layer_clipping, optimizer, sampling, accountant, momentum, weight_decay : see :func:`fit`.
     ledger : Ledger, URL or None ($PRIVTUNE_LEDGER or ~/.privtune/ledger.db).  A dataset seen for the
         first time is registered with the requested total ε.
     output_dir : RUN_DIR to write (model/, certificate.json, metrics.json, history.json, config.yaml,
@@ -905,7 +913,7 @@ def train(
     if getattr(clf, "kind", "text") != train_set.kind:
         raise DataError(f"The model takes {clf.kind} inputs but the training data is {train_set.kind}.")
     mode_info = apply_mode(clf, mode, lora_rank=lora_rank, lora_target_modules=lora_target_modules)
-    _dry_run_engine(clf, clip, clipping)  # unsupported modules fail here, before the ledger reservation
+    _dry_run_engine(clf, clip, clipping, per_layer_clipping)  # unsupported modules fail here, before the ledger reservation
 
     # ---------------------------------------------------------------- 3. plan: q, T, σ, events
     B = batch_size if batch_size is not None else min(n, 256)
@@ -939,7 +947,8 @@ def train(
     planned_eps = compute_epsilon(planned, delta, accountant=accountant)
     hyper = {
         "mode": mode, "epochs": epochs, "steps": T, "batch_size": B, "sample_rate": q, "sampling": sampling,
-        "learning_rate": lr, "clip": clip, "clipping": clipping, "optimizer": optimizer,
+        "learning_rate": lr, "clip": clip, "clipping": clipping, "per_layer_clipping": per_layer_clipping,
+        "optimizer": optimizer,
         "noise_multiplier": sigma, "momentum": momentum, "weight_decay": weight_decay,
         "phase1_steps": phase1_steps, "phase1_learning_rate": phases[0].learning_rate if phase1_steps else None,
         "max_physical_batch_size": max_phys, "accountant": accountant, "seed": seed,
@@ -1001,7 +1010,7 @@ def train(
                 if fit_data is not train_set:
                     phys = 65536
             loop = _Loop(clf, fit_data, noise_multiplier=sigma, sample_rate=q, phases=phases, clip=clip,
-                         clipping=clipping, optimizer=optimizer, momentum=momentum, weight_decay=weight_decay,
+                         clipping=clipping, per_layer_clipping=per_layer_clipping, optimizer=optimizer, momentum=momentum, weight_decay=weight_decay,
                          sampling=sampling, max_physical_batch_size=phys, seed=seed, eval_set=fit_eval,
                          eval_every=eval_every, callback=None, progress=None, delta=delta, accountant=accountant,
                          clipping_diagnostics=clipping_diagnostics)
@@ -1091,7 +1100,7 @@ def _cached_for_last_layer(clf, train_set, eval_set, prog, log):
     return fs, fe
 
 
-def _dry_run_engine(model: nn.Module, clip: float, clipping: str) -> None:
+def _dry_run_engine(model: nn.Module, clip: float, clipping: str, per_layer: bool = False) -> None:
     """Build (and drop) the DP step on the model: BatchNorm, tied trainable weights and other unsupported
     configurations raise here, before any budget is reserved."""
     from privtune.engine import PrivateGradient
@@ -1101,7 +1110,7 @@ def _dry_run_engine(model: nn.Module, clip: float, clipping: str) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         PrivateGradient(model, max_grad_norm=clip, noise_multiplier=1.0, expected_batch_size=1.0,
-                        clipping=clipping, seed=0).close()
+                        clipping=clipping, per_layer=per_layer, seed=0).close()
 
 
 def _split_name(eval_data: Any) -> str:
@@ -1135,7 +1144,8 @@ def _effective_config(data, eval_data, model, clf, mode, epsilon, noise_multipli
         "mode": mode, "delta": delta, "accountant": hyper["accountant"],
         "steps": hyper["steps"], "batch_size": hyper["batch_size"],
         "max_physical_batch_size": hyper["max_physical_batch_size"], "learning_rate": hyper["learning_rate"],
-        "clip": hyper["clip"], "clipping": hyper["clipping"], "optimizer": hyper["optimizer"],
+        "clip": hyper["clip"], "clipping": hyper["clipping"], "per_layer_clipping": hyper["per_layer_clipping"],
+        "optimizer": hyper["optimizer"],
         "sampling": hyper["sampling"], "clipping_diagnostics": bool(clipping_diagnostics),
         "ledger": ledger if isinstance(ledger, str) else None, "output": str(out), "seed": hyper["seed"],
         "quiet": not progress,

@@ -59,6 +59,8 @@ def _resolve(command: str, config: str | None, values: dict) -> dict:
 @click.option("--resume", is_flag=True, default=None, help="Continue an interrupted run in --output exactly.")
 @click.option("--output", type=str, help="Run directory RUN_DIR.  [required]")
 @click.option("--clipping", type=click.Choice(("flat", "automatic")), help="flat (Abadi) or automatic (AUTO-S).")
+@click.option("--per-layer-clipping", is_flag=True, default=None,
+              help="Clip each layer to C/sqrt(K) instead of the whole gradient to C (same σ and ε).")
 @click.option("--sampling", type=click.Choice(("poisson", "shuffle", "full_batch")), help="Batch sampling (default poisson).")
 @click.option("--accountant", type=click.Choice(("pld", "rdp")), help="Privacy accountant (default pld).")
 @click.option("--max-physical-batch-size", type=int, help="Micro-batch size in memory (default 32).")
@@ -100,7 +102,8 @@ def train(**kwargs) -> None:
         text_column=opts.get("text_column"), label_column=opts.get("label_column"),
         clipping_diagnostics=bool(opts.get("clipping_diagnostics")),
     )
-    for key in ("clip", "clipping", "optimizer", "sampling", "accountant", "max_physical_batch_size",
+    for key in ("clip", "clipping", "per_layer_clipping", "optimizer", "sampling", "accountant",
+                "max_physical_batch_size",
                 "phase1_epochs", "pooling", "max_length"):
         if opts.get(key) is not None:
             args[key] = opts[key]

@@ -17,6 +17,7 @@ A per-example loss that is itself a mean over that example's tokens is fine.
 from __future__ import annotations
 
 import contextlib
+import math
 import secrets
 import warnings
 from dataclasses import asdict, dataclass
@@ -113,6 +114,10 @@ class PrivateGradient:
         clipping: ``"flat"`` (Abadi: c_i = min(1, C/‖g_i‖)) or ``"automatic"`` (AUTO-S,
             Bu et al.: c_i = C / (‖g_i‖ + γ)). Both bound each clipped term by C.
         gamma: AUTO-S stability constant γ > 0 (0.01 in the papers).
+        per_layer: clip each module's part of the per-example gradient separately, to
+            C/√K for K modules with trainable parameters (layer-wise thresholds as in fastDP),
+            instead of the whole gradient to C. Each clipped term still has norm ≤ C, so the
+            noise N(0, σ²C²) and the accounting are unchanged. Default False (flat: one norm).
         seed: integer seed of the noise generator for reproducible experiments (recorded as
             ``self.seed``; put it in the certificate). ``None`` (default) seeds from the OS
             (``secrets``); that seed is never stored or exposed, only the generator state in
@@ -135,6 +140,7 @@ class PrivateGradient:
         expected_batch_size: float,
         clipping: str = "flat",
         gamma: float = 0.01,
+        per_layer: bool = False,
         seed: int | None = None,
     ) -> None:
         if not isinstance(model, nn.Module):
@@ -149,6 +155,9 @@ class PrivateGradient:
                                               fix="Pass q·N, the expected (not realised) logical batch size, e.g. 256.")
         self.clipping = check_choice(clipping, "clipping", _CLIPPING)
         self.gamma = check_real(gamma, "gamma", low=0.0, fix="AUTO-S uses gamma=0.01.")
+        if not isinstance(per_layer, bool):
+            raise InvalidParameterError(f"`per_layer` must be True or False. Got {per_layer!r}.")
+        self.per_layer = per_layer
         if seed is not None:
             seed = check_int(seed, "seed", low=0, high=2**63 - 1, fix="Pass a non-negative integer or None (OS entropy).")
         self.seed: int | None = seed
@@ -453,11 +462,16 @@ class PrivateGradient:
                 active.append(h)
             norms = sq.clamp_min(0).sqrt()
             C = self.max_grad_norm
-            if self.clipping == "flat":
-                factors = (C / norms.clamp_min(1e-12)).clamp(max=1.0)
+            if self.per_layer:  # one threshold C/√K per module: Σ_k (C/√K)² = C², sensitivity stays C
+                C_layer = C / math.sqrt(len(self.handlers))
+                layer_norms = [h.sq.to(sq.dtype).clamp_min(0).sqrt() for h in active]
+                layer_factors = [self._clip_factors(n, C_layer) for n in layer_norms]
+                clipped = torch.stack([n > C_layer for n in layer_norms]).any(0) if active else norms > C
             else:
-                factors = C / (norms + self.gamma)
-            for h in active:
+                factors = self._clip_factors(norms, C)
+                layer_factors = [factors] * len(active)
+                clipped = norms > C
+            for h, factors in zip(active, layer_factors):
                 for p, t in h.clipped_sum(h.records, factors).items():
                     t = t.to(p.dtype)
                     if p in self._sum:
@@ -469,9 +483,15 @@ class PrivateGradient:
             for h in self.handlers:
                 h.clear()
         self._count += B
-        self._clipped += int((norms > C).sum())
+        self._clipped += int(clipped.sum())
         self._microbatches += 1
         return norms.detach()
+
+    def _clip_factors(self, norms: torch.Tensor, C: float) -> torch.Tensor:
+        """Per-example scale factors bounding each clipped term's norm by C (flat or AUTO-S)."""
+        if self.clipping == "flat":
+            return (C / norms.clamp_min(1e-12)).clamp(max=1.0)
+        return C / (norms + self.gamma)
 
     def release(self) -> ReleaseInfo:
         """Privatise the accumulated clipped sum and write it to ``param.grad``; start a new logical batch.
@@ -533,6 +553,7 @@ class PrivateGradient:
             "expected_batch_size": self.expected_batch_size,
             "clipping": self.clipping,
             "gamma": self.gamma,
+            "per_layer": self.per_layer,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -542,7 +563,7 @@ class PrivateGradient:
                 "`state` must be a dict from PrivateGradient.state_dict(). Got "
                 f"{type(state).__name__} without 'generator_state'. Pass the saved engine state."
             )
-        for key in ("max_grad_norm", "noise_multiplier", "expected_batch_size", "clipping", "gamma"):
+        for key in ("max_grad_norm", "noise_multiplier", "expected_batch_size", "clipping", "gamma", "per_layer"):
             if key in state and state[key] != getattr(self, key):
                 raise InvalidParameterError(
                     f"`state` was saved with {key}={state[key]!r} but this PrivateGradient has "
