@@ -130,7 +130,7 @@ def test_charged_selection_and_mode_auto(files, tmp_path):
 
 
 def test_bitfit_with_hyperfree_uses_joint_accounting(files, tmp_path):
-    r = _tune(files, tmp_path, strategy="hyperfree", mode="bitfit", epochs=1, batch_size=40)
+    r = _tune(files, tmp_path, strategy="hyperfree", mode="bitfit", epochs=2, batch_size=40)  # > one epoch of steps
     cert = _check_certificate(r, 2.0)
     assert any("joint" in e["label"] for e in cert["events"])
     assert len(r.history["strategy"]["lr_trajectory"]) == r.metrics["hyperparameters"]["steps"]

@@ -345,7 +345,7 @@ def train_model_hyperfree(model, train_set, *, steps: int, sample_rate: float, s
     opt = torch.optim.AdamW(params, lr=lr0, betas=(0.9, 0.999), weight_decay=config.weight_decay)
     pg = PrivateGradient(model, max_grad_norm=1.0, noise_multiplier=sigma_g, expected_batch_size=B,
                          clipping="automatic", gamma=config.auto_gamma, seed=seed)
-    sampler = iter(PoissonSampler(n, sample_rate, seed=seed))
+    sampler = PoissonSampler(n, sample_rate, seed=seed)  # .sample(): one batch each, for any number of steps
     gen = torch.Generator().manual_seed(int(seed or 0) + 99)
     lr, R_l = float(lr0), float(config.R_l0)
     hist = {"step": [], "lr": [], "train_loss": [], "train_loss_step": [], "R_l": [], "accepted": [],
@@ -362,7 +362,7 @@ def train_model_hyperfree(model, train_set, *, steps: int, sample_rate: float, s
 
     try:
         for t in range(int(steps)):
-            idx = next(sampler)
+            idx = sampler.sample()
             model.train()
             for s in range(0, len(idx), max_physical_batch_size):
                 part = idx[s:s + max_physical_batch_size]
