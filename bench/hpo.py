@@ -13,8 +13,14 @@ examples).  Features are cached once under bench/results/ (gitignored).
     python bench/hpo.py --quick            # 6k-example subset, ε ∈ {0.5, 1, 8}, 2 seeds (minutes)
     python bench/hpo.py                    # full SST-2 train, ε ∈ {0.25, 0.5, 1, 2, 8}, 3 seeds
 
-Part B (DP-BiTFiT with hyperfree vs. a fixed setting) runs with --bitfit and needs time; see
-docs/strategies.md for what it measures.
+Part B, ``--bitfit`` (DP-BiTFiT of MiniLM, end to end through the public API): on a subset of N
+private SST-2 training phrases (``--bitfit-subset``, default 2000; 500 other training phrases declared
+public), at each ``--bitfit-epsilons`` total, ``privtune.tune(mode="bitfit", strategy="hyperfree")``
+against ``privtune.train(mode="bitfit")`` with one fixed, untuned setting (2 epochs, expected batch
+256, DP-Adam lr 1e-2, C = 1: the issue's reference setting scaled to the subset) and the NOT PRIVATE
+non-private BiTFiT on the same subset.  Dev accuracy; one seed (CPU time: minutes per run).
+
+    python bench/hpo.py --bitfit          # Part B only
 """
 
 from __future__ import annotations
@@ -202,6 +208,70 @@ def print_table(table):
           "divided by those of the final run.")
 
 
+def run_bitfit(eps_list, subset: int, public_size: int = 500, seed: int = 0):
+    """Part B: DP-BiTFiT through privtune.tune / privtune.train on an SST-2 subset (see the module docstring)."""
+    import random
+    import tempfile
+
+    import privtune
+    from privtune.data import load_text_dataset
+    from privtune.finetune import apply_mode
+    from privtune.models import load_classifier
+    from privtune.training import evaluate, fit_nonprivate
+
+    if not SST2.is_dir():
+        sys.exit(f"SST-2 not found at {SST2}; set PRIVTUNE_SST2 to the folder with train.tsv and dev.tsv")
+    texts, labels = _read_tsv(SST2 / "train.tsv")
+    idx = list(range(len(texts)))
+    random.Random(seed).shuffle(idx)
+    folder = RESULTS / "bitfit"
+    folder.mkdir(parents=True, exist_ok=True)
+
+    def write(name, rows):
+        path = folder / name
+        with open(path, "w", encoding="utf-8") as f:
+            f.write("label\tsentence\n" + "".join(f"{labels[i]}\t{texts[i]}\n" for i in rows))
+        return path
+
+    pub = write("public.tsv", idx[:public_size])
+    tr = write("train.tsv", idx[public_size:public_size + subset])
+    dev = SST2 / "dev.tsv"
+    rows = []
+    t0 = time.time()
+    model = load_classifier(None, num_labels=2, seed=seed)
+    apply_mode(model, "bitfit")
+    fit_nonprivate(model, load_text_dataset(tr, num_labels=2), epochs=1.0, batch_size=32, learning_rate=2e-3,
+                   seed=seed)
+    ref_acc = evaluate(model, load_text_dataset(dev, num_labels=2))["accuracy"]
+    rows.append({"epsilon": "∞", "method": "non-private BiTFiT, 1 epoch (NOT PRIVATE)", "dev_accuracy": ref_acc,
+                 "seconds": time.time() - t0})
+    print(f"bitfit N={subset} non-private (NOT PRIVATE) dev={ref_acc:.4f} ({time.time() - t0:.0f} s)", flush=True)
+    for eps in eps_list:
+        with tempfile.TemporaryDirectory() as tmp:
+            t0 = time.time()
+            r = privtune.tune(tr, eval_data=dev, public_eval_data=pub, mode="bitfit", strategy="hyperfree",
+                              epsilon=eps, delta=1e-5, ledger=f"sqlite:///{tmp}/l.db", output_dir=Path(tmp) / "tune",
+                              seed=seed, quiet=True)
+            rows.append({"epsilon": eps, "method": "tune: hyperfree (bitfit)", "dev_accuracy": r.metrics["accuracy"],
+                         "certificate_epsilon": r.certificate.epsilon, "seconds": time.time() - t0})
+            print(f"bitfit N={subset} eps={eps} hyperfree dev={r.metrics['accuracy']:.4f} "
+                  f"(certificate ε={r.certificate.epsilon:.4f}, {time.time() - t0:.0f} s)", flush=True)
+            t0 = time.time()
+            f = privtune.train(tr, eval_data=dev, mode="bitfit", epsilon=eps, delta=1e-5, epochs=2,
+                               batch_size=min(256, subset // 4),
+                               learning_rate=1e-2, optimizer="adam", clip=1.0, ledger=f"sqlite:///{tmp}/l2.db",
+                               output_dir=Path(tmp) / "train", seed=seed, progress=False)
+            rows.append({"epsilon": eps, "method": "train: fixed untuned setting", "dev_accuracy": f.metrics["accuracy"],
+                         "certificate_epsilon": f.certificate.epsilon, "seconds": time.time() - t0})
+            print(f"bitfit N={subset} eps={eps} fixed dev={f.metrics['accuracy']:.4f} ({time.time() - t0:.0f} s)",
+                  flush=True)
+    print(f"\nDP-BiTFiT, MiniLM, N = {subset} SST-2 training phrases, dev accuracy (872 sentences), seed {seed}")
+    for r in rows:
+        print(f"  ε={str(r['epsilon']):<5} {r['method']:<36} {100 * r['dev_accuracy']:.2f} %  ({r['seconds']:.0f} s)")
+    (RESULTS / f"hpo_bitfit_N{subset}.json").write_text(json.dumps(rows, indent=2))
+    return rows
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small subset, fewer ε and seeds")
@@ -214,7 +284,15 @@ def main(argv=None):
     ap.add_argument("--features-only", action="store_true", help="only compute and cache the features")
     ap.add_argument("--grid-points", type=int, default=7, help="learning rates in the oracle grid (× 6 step counts)")
     ap.add_argument("--rs-trials", type=int, default=10, help="random-search trials k")
+    ap.add_argument("--bitfit", action="store_true", help="run Part B (DP-BiTFiT through privtune.tune) only")
+    ap.add_argument("--bitfit-subset", type=int, default=2000, help="Part B: private training examples")
+    ap.add_argument("--bitfit-epsilons", type=str, default="1,8", help="Part B: total ε values")
     args = ap.parse_args(argv)
+    if args.bitfit:
+        torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        run_bitfit([float(e) for e in args.bitfit_epsilons.split(",")], args.bitfit_subset)
+        return 0
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
     eps_list = [float(e) for e in (args.epsilons or ("0.5,1,8" if args.quick else "0.25,0.5,1,2,8")).split(",")]
     seeds = list(range(args.seeds or (2 if args.quick else 3)))
