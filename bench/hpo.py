@@ -289,11 +289,11 @@ def main(argv=None):
     ap.add_argument("--bitfit-epsilons", type=str, default="1,8", help="Part B: total ε values")
     args = ap.parse_args(argv)
     if args.bitfit:
-        torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+        torch.set_num_threads(max(1, min(2, len(os.sched_getaffinity(0)))))
         RESULTS.mkdir(parents=True, exist_ok=True)
         run_bitfit([float(e) for e in args.bitfit_epsilons.split(",")], args.bitfit_subset)
         return 0
-    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    torch.set_num_threads(max(1, min(2, len(os.sched_getaffinity(0)))))
     eps_list = [float(e) for e in (args.epsilons or ("0.5,1,8" if args.quick else "0.25,0.5,1,2,8")).split(",")]
     seeds = list(range(args.seeds or (2 if args.quick else 3)))
     subset = args.subset if args.subset is not None else (6000 if args.quick else None)

@@ -127,7 +127,8 @@ def _summary_cards(run: RunData, b: Any) -> str:
     cards = []
     acc = m.get("accuracy")
     if isinstance(acc, (int, float)):
-        cards.append(("accuracy", f"{100 * acc:.1f} %", m.get("reported_split") or "reported split"))
+        split = str(m.get("reported_split") or "reported split")
+        cards.append(("accuracy", f"{100 * acc:.1f} %", os.path.basename(split.rstrip("/")) or split))
     if run.epsilon is not None:
         cards.append(("ε (total)", f"{run.epsilon:.4g}", "tuning included" if run.trials else "the whole run"))
     if run.delta is not None:

@@ -159,12 +159,16 @@ def budget_points(run: RunData, max_points: int = 40) -> BudgetPoints | None:
         cum: list = []
         trial_dicts: list = []
         marks = set(idx)
+        k = 0  # trials are numbered from 1; --mode auto pilots are named by their mode
         for i, t in enumerate(trials):
             ev = load_events(t["events"])
             cum += ev
             trial_dicts += t["events"]
+            pilot = "pilot" in str(t.get("phase", ""))
+            k += not pilot
             if i in marks:
-                bp.labels.append(f"trial {t.get('index', i + 1) if isinstance(t.get('index'), int) else i + 1}")
+                bp.labels.append(f"pilot {(t.get('hyperparameters') or {}).get('mode', '')}".strip() if pilot
+                                 else f"trial {k}")
                 bp.cumulative.append(_compute_epsilon(cum, delta, acc))
                 bp.individual.append(_compute_epsilon(ev, delta, acc) if ev else 0.0)
         bp.tuning_epsilon = bp.cumulative[-1] if bp.cumulative else 0.0
@@ -225,9 +229,9 @@ def plot_budget(run: RunData, bp: BudgetPoints) -> Figure | None:
             ax.plot(x, naive, "--", color=GREY, lw=1.3, label="sum of per-step ε (naive; not how ε composes)")
         ticks = x if len(x) <= 14 else x[:: max(1, len(x) // 10)] + [x[-1]]
         ax.set_xticks(ticks)
-        ax.set_xticklabels([bp.labels[i - 1].replace("trial ", "") if bp.labels[i - 1] != "final run" else "final"
-                            for i in ticks])
-        ax.set_xlabel("after trial k  →  final run")
+        ax.set_xticklabels([bp.labels[i - 1].replace("trial ", "").replace("pilot ", "P:")
+                            if bp.labels[i - 1] != "final run" else "final" for i in ticks])
+        ax.set_xlabel("after trial k (P: mode-auto pilot)  →  final run")
         ax.set_title("Privacy spent: ε after each trial, composed by the accountant")
     else:
         steps = [int(s.split()[1]) for s in bp.labels if s.startswith("step ")]
