@@ -268,3 +268,21 @@ def test_per_layer_clipping_matches_naive_loop(clipping):
     assert float(want.norm()) <= len(x) * C + 1e-12
     with pytest.raises(Exception, match="per_layer"):
         PrivateGradient(model, max_grad_norm=C, noise_multiplier=1.0, expected_batch_size=1.0, per_layer="yes")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine (CPU-only run)")
+def test_cuda_step_matches_cpu():
+    """The DP step on a CUDA model releases what the same step on the CPU releases (same seed)."""
+    torch.manual_seed(0)
+    cpu = nn.Sequential(nn.Linear(6, 8), nn.LayerNorm(8), nn.Linear(8, 3)).double()
+    gpu = nn.Sequential(nn.Linear(6, 8), nn.LayerNorm(8), nn.Linear(8, 3)).double().cuda()
+    gpu.load_state_dict(cpu.state_dict())
+    x, y = torch.randn(10, 6, dtype=torch.float64), torch.randint(0, 3, (10,))
+    grads = []
+    for model, dev in ((cpu, "cpu"), (gpu, "cuda")):
+        pg = PrivateGradient(model, max_grad_norm=0.5, noise_multiplier=1.0, expected_batch_size=10.0, seed=3)
+        pg.backward(F.cross_entropy(model(x.to(dev)), y.to(dev), reduction="none"))
+        pg.release()
+        grads.append(torch.cat([p.grad.reshape(-1).cpu() for p in model.parameters()]))
+        pg.close()
+    assert torch.allclose(grads[0], grads[1], rtol=1e-9, atol=1e-12)
