@@ -91,3 +91,54 @@ def test_bad_input_exits_2_with_one_line(capsys, argv, name):
     lines = [ln for ln in err.strip().splitlines() if ln.strip()]
     assert len(lines) == 1, err
     assert lines[0].startswith("error:") and name in lines[0]
+
+
+# --------------------------------------------------------------------------- extreme σ and T
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("sigma", ["1e-300", "1e-10", "1e-5", "1e-3"])
+def test_tiny_noise_multiplier_is_answered_or_refused_quickly(capsys, sigma):
+    code, out, err = run(capsys, "account", "--noise-multiplier", sigma, "--sample-rate", "0.01", "--steps", "5000",
+                         "--delta", "1e-5", "--json")
+    if float(sigma) < 1e-6:  # below the stated floor: exit 2, one line naming the flag and the floor
+        assert code == 2 and out == ""
+        lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+        assert len(lines) == 1 and lines[0].startswith("error: `--noise-multiplier` must be ≥ 1e-06"), err
+        assert "Traceback" not in err
+        return
+    assert code == 0, err
+    data = json.loads(out)
+    # PLD would need ~1e8-1e12 grid points: RDP instead, said so, never optimistic (a valid upper bound)
+    assert data["requested_accountant"] == "pld" and data["accountant"] == "rdp"
+    assert data["epsilon"] == data["epsilons"]["rdp"] and data["epsilon"] > 1e9
+    assert any("accounted with RDP" in n for n in data["notes"])
+
+
+@pytest.mark.timeout(60)
+def test_a_billion_steps_is_answered_quickly(capsys):
+    code, out, err = run(capsys, "account", "-s", "1", "-q", "0.01", "--steps", "1e9", "-d", "1e-5")
+    assert code == 0, err
+    assert "pld → rdp" in out and "self-compositions" in out and "1000000000" in out
+    code, out, _ = run(capsys, "account", "-s", "1", "-q", "0.01", "--steps", "1e9", "-d", "1e-5", "--json")
+    data = json.loads(out)
+    assert data["steps"] == 10**9 and data["accountant"] == "rdp"
+    assert data["epsilon"] == pytest.approx(compute_epsilon(DPSGDEvent(1.0, 0.01, 10**9), 1e-5, "rdp"), rel=1e-12)
+
+
+@pytest.mark.parametrize("extra,flag", [
+    (["--epochs", "3"], "--epochs"),
+    (["--dataset-size", "1000"], "--dataset-size"),
+    (["--batch-size", "10"], "--batch-size"),
+    (["--sampling", "shuffle"], "--sampling"),
+    (["--accountant", "rdp"], "--accountant"),
+    (["--noise-multiplier", "1"], "--noise-multiplier"),
+])
+def test_certificate_rejects_schedule_options(capsys, tmp_path, extra, flag):
+    path = Certificate.from_events([DPSGDEvent(1.0, 0.01, 100)], 1e-5).save(tmp_path / "c.json")
+    code, out, err = run(capsys, "account", "--certificate", str(path), *extra)
+    assert code == 2 and out == ""
+    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"error: `{flag}` cannot be combined with --certificate")
+    code, out, _ = run(capsys, "account", "--certificate", str(path), "--json")
+    assert code == 0 and json.loads(out)["verified"] is True

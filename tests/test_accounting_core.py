@@ -104,7 +104,11 @@ def test_gaussians_merge_exactly_into_one_gdp_mechanism():
 def test_shuffle_gets_no_amplification_unless_assumed():
     shuffled = DPSGDEvent(1.0, 0.1, 25, sampling="shuffle")  # 3 epochs
     res = account(shuffled, 1e-5)
-    assert res.epsilon == compute_epsilon(GaussianEvent(1.0, 3), 1e-5)
+    # per epoch, adding/removing one example changes two batch sums (by ≤ 2C and ≤ C): multiplier σ/√5
+    assert res.epsilon == compute_epsilon(GaussianEvent(1.0 / math.sqrt(5.0), 3), 1e-5)
+    two_releases = compute_epsilon([GaussianEvent(0.5, 3), GaussianEvent(1.0, 3)], 1e-5)  # 2C and C per epoch
+    assert res.epsilon == pytest.approx(two_releases, rel=2e-3)
+    assert res.epsilon > compute_epsilon(GaussianEvent(1.0, 3), 1e-5)  # never the old one-batch bound
     assert any("no privacy amplification" in n for n in res.notes)
     assumed = account(DPSGDEvent(1.0, 0.1, 25, sampling="shuffle", assume_poisson=True), 1e-5)
     assert assumed.epsilon == compute_epsilon(DPSGDEvent(1.0, 0.1, 25), 1e-5)

@@ -35,3 +35,101 @@ def test_compose_matches_dp_accounting():
         b = b.compose(p)
     assert a.get_epsilon_for_delta(1e-5) == pytest.approx(b.get_epsilon_for_delta(1e-5), rel=1e-9)
     assert a.get_delta_for_epsilon(2.0) == pytest.approx(b.get_delta_for_epsilon(2.0), rel=1e-8, abs=1e-15)
+
+
+# --------------------------------------------------------------------------- run-time self-check
+
+
+def _clear_caches():
+    from privtune.accounting import accountant as acc
+
+    for f in (acc._base_pld, acc._segment_pld, acc._composed_pld):
+        f.cache_clear()
+
+
+@pytest.fixture
+def fresh_self_check():
+    """Each test starts with no self-check result and empty PLD caches, and leaves none behind."""
+    fp._reset_self_check()
+    _clear_caches()
+    yield
+    fp._reset_self_check()
+    _clear_caches()
+
+
+def _public_epsilon(sigma, q, h, T, delta=1e-5):
+    return fp.public_self_compose(fp.public_gaussian_pld(sigma, q, h), T).get_epsilon_for_delta(delta)
+
+
+def test_self_check_passes_on_this_dp_accounting(fresh_self_check):
+    assert fp.self_check() is None
+    assert fp.ensure_checked() is True
+    assert fp.fast_path_status() == {"checked": True, "fast": True, "reason": None}
+
+
+def test_wrong_fast_construction_is_caught_and_the_public_path_used(fresh_self_check, monkeypatch):
+    import warnings
+
+    from privtune.accounting import DPSGDEvent, compute_epsilon
+
+    # a fast construction that silently drifts (as if dp_accounting's internals had changed meaning)
+    monkeypatch.setattr(fp, "_fast_gaussian_pld", lambda s, q, h: fp.public_gaussian_pld(s * 1.01, q, h))
+    with pytest.warns(RuntimeWarning, match=r"fast PLD path .* construction .* public"):
+        eps = compute_epsilon(DPSGDEvent(1.0, 0.01, 500), 1e-5, value_discretization_interval=1e-3)
+    assert eps == pytest.approx(_public_epsilon(1.0, 0.01, 1e-3, 500), rel=1e-12)
+    assert eps > _public_epsilon(1.01, 0.01, 1e-3, 500) * 1.001  # not the drifted (optimistic) value
+    status = fp.fast_path_status()
+    assert status["checked"] and not status["fast"] and "construction" in status["reason"]
+    with warnings.catch_warnings():  # warned once per process, not on every call
+        warnings.simplefilter("error")
+        eps2 = compute_epsilon(DPSGDEvent(1.3, 0.02, 300), 1e-5, value_discretization_interval=1e-3)
+    assert eps2 == pytest.approx(_public_epsilon(1.3, 0.02, 1e-3, 300), rel=1e-12)
+
+
+def test_wrong_fast_self_composition_is_caught(fresh_self_check, monkeypatch):
+    from privtune.accounting import DPSGDEvent, compute_epsilon
+
+    real = fp._fast_self_compose
+    monkeypatch.setattr(fp, "_fast_self_compose", lambda pld, T, tail=1e-15: real(pld, T + 1, tail))
+    with pytest.warns(RuntimeWarning, match="self-composition"):
+        eps = compute_epsilon(DPSGDEvent(1.0, 0.01, 800), 1e-5, value_discretization_interval=1e-3)
+    assert eps == pytest.approx(_public_epsilon(1.0, 0.01, 1e-3, 800), rel=1e-12)
+    assert not fp.fast_path_status()["fast"]
+
+
+def test_fast_path_that_raises_falls_back_with_the_reason(fresh_self_check, monkeypatch):
+    def broken(*_args):
+        raise AttributeError("module 'dp_accounting.pld.privacy_loss_distribution' has no attribute '_x'")
+
+    monkeypatch.setattr(fp, "_fast_gaussian_pld", broken)
+    with pytest.warns(RuntimeWarning, match="raised AttributeError"):
+        pld = fp.gaussian_pld(1.0, 0.01, 1e-2)
+    ref = fp.public_gaussian_pld(1.0, 0.01, 1e-2)
+    assert pld.get_epsilon_for_delta(1e-5) == ref.get_epsilon_for_delta(1e-5)
+
+
+# --------------------------------------------------------------------------- size limits
+
+
+def test_predicted_points_match_the_built_pld():
+    for sigma, q, h in [(1.0, 0.01, 1e-2), (0.3, 0.01, 1e-3), (0.5, 1.0, 1e-2), (3.0, 0.3, 1e-2)]:
+        pld = fp.gaussian_pld(sigma, q, h)
+        built = max(pld._pmf_remove.size, pld._pmf_add.size)
+        assert fp.predicted_points(sigma, q, h) == pytest.approx(built, rel=0.01, abs=5)
+    for sigma in (1e-5, 1e-10, 1e-300):
+        assert fp.predicted_points(sigma, 0.01, 1e-2) > fp.MAX_PLD_POINTS
+
+
+@pytest.mark.timeout(60)
+def test_too_large_plds_are_refused_before_allocating():
+    with pytest.raises(fp.PLDTooLargeError, match="grid points"):
+        fp.gaussian_pld(1e-5, 0.01, 1e-2)  # 5e11 points: numpy MemoryError before the size check
+    with pytest.raises(fp.PLDTooLargeError, match="unbounded"):
+        fp.gaussian_pld(1e-300, 0.01, 1e-2)  # inf range: OverflowError before the size check
+    base = fp.gaussian_pld(1.0, 0.01, 1e-2)  # sparse, 568 points
+    with pytest.raises(fp.PLDTooLargeError, match="self-compositions"):
+        fp.self_compose(base, 10**12)  # size ** T alone used to hang
+    big = fp.self_compose(fp.gaussian_pld(1.0, 0.01, 1e-3), 10**6)
+    with pytest.raises(fp.PLDTooLargeError, match="composition"):
+        for _ in range(20):
+            big = fp.compose(big, big)

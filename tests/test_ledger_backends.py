@@ -3,7 +3,8 @@
 The PostgreSQL server is started by the ``pg_server`` fixture below (initdb + pg_ctl in a
 temporary directory, unix socket only, run as the ``postgres``/``nobody`` user when the tests
 run as root).  It is skipped only when no server binary exists (Debian: ``apt-get install
-postgresql``).
+postgresql``), and never in CI: with the environment variable ``CI=true`` (set by ``.ci/run``)
+a missing server FAILS the PostgreSQL tests, because CI must test the PostgreSQL backend.
 
 The race test uses the RDP accountant: it composes ~1600 budget checks, and RDP answers in
 about a millisecond where PLD takes tens to hundreds; the ledger logic under test is the same.
@@ -44,6 +45,15 @@ def _pg_bindir() -> Path | None:
     return None
 
 
+def _unavailable(reason: str):
+    """Skip with ``reason`` on a developer machine; fail in CI (``CI=true``), which must have a server."""
+    if os.environ.get("CI", "").strip().lower() == "true":
+        pytest.fail(f"CI=true but the PostgreSQL ledger tests cannot run: {reason}. CI must test the "
+                    "PostgreSQL backend against a real server: make `.ci/run` install it "
+                    "(`apt-get install postgresql`).", pytrace=False)
+    pytest.skip(reason)
+
+
 def _run_as() -> tuple[list[str], int | None, int | None]:
     """Prefix to run server commands as a non-root user (postgres refuses root)."""
     if os.geteuid() != 0:
@@ -56,7 +66,7 @@ def _run_as() -> tuple[list[str], int | None, int | None]:
         if shutil.which("runuser"):
             return ["runuser", "-u", user, "--"], pw.pw_uid, pw.pw_gid
         return ["su", "-s", "/bin/sh", user, "-c"], pw.pw_uid, pw.pw_gid  # pragma: no cover
-    pytest.skip("running as root and no 'postgres' or 'nobody' user exists to run a PostgreSQL server")
+    _unavailable("running as root and no 'postgres' or 'nobody' user exists to run a PostgreSQL server")
 
 
 def _free_port() -> int:
@@ -69,8 +79,8 @@ def _free_port() -> int:
 def pg_server():
     bindir = _pg_bindir()
     if bindir is None:
-        pytest.skip("PostgreSQL server binaries (initdb, pg_ctl) not found; on Debian install the "
-                    "`postgresql` package to run the PostgreSQL ledger tests")
+        _unavailable("PostgreSQL server binaries (initdb, pg_ctl) not found; on Debian install the "
+                     "`postgresql` package to run the PostgreSQL ledger tests")
     prefix, uid, gid = _run_as()
     base = Path(tempfile.mkdtemp(prefix="privtune-pg-"))
     if uid is not None:
@@ -270,10 +280,31 @@ def test_commit_actual_release_and_delta_checks(url):
     st2 = ledger.status(fp)
     assert st2.entries[-1].state == "released" and st2.used_epsilon == pytest.approx(st.used_epsilon)
 
-    with pytest.warns(UserWarning, match="more than its reservation"):
-        r3 = ledger.reserve(fp, [GaussianEvent(5.0, 1)], command="underplanned")
+    # committing more than the reservation is refused: nothing written, the reservation stays charged
+    r3 = ledger.reserve(fp, [GaussianEvent(5.0, 1)], command="underplanned")
+    before = ledger.status(fp)
+    n_records = len(ledger.history(fp))
+    reserved_eps = compute_epsilon([GaussianEvent(5.0, 1)], 1e-5, "rdp")
+    attempted_eps = compute_epsilon([GaussianEvent(5.0, 2)], 1e-5, "rdp")
+    with pytest.raises(BudgetExceededError, match="Committed events must not exceed the reservation") as info:
         r3.commit([GaussianEvent(5.0, 2)])
+    msg = str(info.value)
+    assert f"reserved ε = {reserved_eps:.4g}" in msg and f"ε = {attempted_eps:.4g} on their own" in msg
+    assert "force=True" in msg
+    after = ledger.status(fp)
+    assert len(ledger.history(fp)) == n_records
+    assert after.entries[-1].state == "reserved" and after.entries[-1].entry_id == r3.entry_id
+    assert after.reserved_epsilon == pytest.approx(before.reserved_epsilon)
+    assert after.used_epsilon == pytest.approx(before.used_epsilon)
+    # a smaller commit of the same reservation is still accepted afterwards ...
+    r3.commit([GaussianEvent(6.0, 1)])
+    assert ledger.status(fp).entries[-1].state == "committed"
+    # ... and force=True records a real overspend of the reservation, with a warning
+    r4 = ledger.reserve(fp, [GaussianEvent(5.0, 1)], command="underplanned, forced")
+    with pytest.warns(UserWarning, match="more than its reservation"):
+        r4.commit([GaussianEvent(5.0, 2)], force=True)
     assert ledger.status(fp).entries[-1].events == (GaussianEvent(5.0, 2),)
+    assert ledger.verify().ok
 
     with pytest.raises(BudgetExceededError, match="`delta` of the spend"):
         ledger.reserve(fp, [GaussianEvent(5.0)], command="x", delta=1e-3)
@@ -379,3 +410,13 @@ def test_moved_dataset_keeps_its_budget(url, tmp_path):
     a.rename(b)
     st = ledger.status(b)
     assert st.fingerprint == dataset_fingerprint(b) and len(st.entries) == 1
+
+
+def test_missing_server_skips_locally_but_fails_in_ci(monkeypatch):
+    """CI must test the PostgreSQL backend: with CI=true a missing server is a failure, not a skip."""
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="CI=true but the PostgreSQL ledger tests cannot run: no server"):
+        _unavailable("no server")
+    monkeypatch.delenv("CI")
+    with pytest.raises(pytest.skip.Exception, match="no server"):
+        _unavailable("no server")

@@ -79,9 +79,19 @@ def test_errors_exit_2_with_the_fix(setup):
     rc, _, err = run("spend", "--dataset", str(data), "--noise-multiplier", "5", "--sample-rate", "0.01",
                      "--steps", "10", "--delta", "1e-3")
     assert rc == 2 and "`delta` of the spend" in err
-    rc, _, err = run("spend", "--dataset", str(data), "--noise-multiplier", "-1", "--sample-rate", "0.01",
-                     "--steps", "10")
-    assert rc == 2 and "`noise_multiplier`" in err
+    # errors name the flags, not the Python arguments
+    for flags, name in [
+        (["--noise-multiplier", "-1", "--sample-rate", "0.01", "--steps", "10"], "`--noise-multiplier`"),
+        (["--noise-multiplier", "1e-10", "--sample-rate", "0.01", "--steps", "10"], "`--noise-multiplier` must be ≥ 1e-06"),
+        (["--noise-multiplier", "1", "--sample-rate", "0", "--steps", "10"], "`--sample-rate`"),
+        (["--noise-multiplier", "1", "--sample-rate", "1.5", "--steps", "10"], "`--sample-rate`"),
+        (["--noise-multiplier", "1", "--sample-rate", "0.01", "--steps", "0"], "`--steps`"),
+        (["--noise-multiplier", "1", "--sample-rate", "0.01", "--steps", "10", "--delta", "2"], "`--delta`"),
+    ]:
+        rc, out, err = run("spend", "--dataset", str(data), *flags)
+        lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+        assert rc == 2 and len(lines) == 1 and lines[0].startswith(f"error: {name}"), (flags, err)
+        assert "noise_multiplier" not in err and "sample_rate" not in err
     rc, _, err = run("spend", "--dataset", str(data), "--noise-multiplier", "1", "--sample-rate", "0.5",
                      "--steps", "10", "--sampling", "full_batch")
     assert rc == 2 and "--sample-rate" in err
@@ -118,3 +128,23 @@ def test_raise_is_recorded_and_verify_fails_on_tampering(setup):
     assert rc == 1 and "TAMPERED" in err and "was edited" in err and "FAILED" in out
     rc, out, _ = run("verify", "--json")
     assert rc == 1 and json.loads(out)["ok"] is False
+
+
+@pytest.mark.parametrize("url", ["sqlite:///", "sqlite://", "sqlite:///:memory:"])
+def test_ledger_without_a_file_is_refused(tmp_path, capsys, url):
+    """`--ledger sqlite:///` used to give an in-memory ledger: `init` printed success and kept nothing."""
+    data = tmp_path / "train.csv"
+    data.write_text("text,label\na,1\n")
+    rc = main(["budget", "init", "--dataset", str(data), "--epsilon", "1", "--delta", "1e-5", "--ledger", url])
+    out, err = capsys.readouterr()
+    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+    assert rc == 2 and out == "" and len(lines) == 1
+    assert lines[0].startswith("error: `--ledger`") and "names no SQLite file" in lines[0]
+    assert "sqlite:////absolute/path/ledger.db" in lines[0]
+
+
+def test_env_ledger_without_a_file_is_refused(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("PRIVTUNE_LEDGER", "sqlite:///")
+    rc = main(["budget", "show"])
+    _, err = capsys.readouterr()
+    assert rc == 2 and err.startswith("error: `$PRIVTUNE_LEDGER`") and "names no SQLite file" in err

@@ -95,6 +95,17 @@ def test_url_selection(tmp_path, monkeypatch):
         Ledger(42)
 
 
+@pytest.mark.parametrize("url", ["sqlite:///", "sqlite://", "sqlite:///:memory:",
+                                 "sqlite:///file::memory:?cache=shared&uri=true",
+                                 "sqlite:///file:x.db?mode=memory&uri=true"])
+def test_in_memory_sqlite_needs_an_explicit_opt_in(url):
+    with pytest.raises(InvalidParameterError, match="names no SQLite file"):
+        Ledger(url)
+    led = Ledger("sqlite:///:memory:", allow_in_memory=True)  # throw-away ledger, explicitly asked for
+    st = led.init_dataset(b"memory data", 2.0, 1e-5)
+    assert led.status(st.fingerprint).total_epsilon == 2.0
+
+
 # --------------------------------------------------------------------------- bad files and directories
 
 
@@ -269,3 +280,22 @@ def test_ensure_dataset_registers_once_and_never_changes_a_total(tmp_path):
     st = led.ensure_dataset(b"data", 9.0, 1e-6)  # a later run's own target is not a new total
     assert (st.total_epsilon, st.delta, st.name) == (2.0, 1e-5, "d")
     assert [r.state for r in led.history("d")] == ["init"]
+
+
+def test_events_without_a_finite_epsilon_are_never_recorded(tmp_path):
+    from privtune.errors import BudgetExceededError
+
+    led = Ledger(tmp_path / "inf.db")
+    fp = led.init_dataset(b"inf data", 1.0, 1e-5).fingerprint
+    tiny = [DPSGDEvent(1e-10, 0.01, 10)]  # below the 1e-6 floor: ε = inf
+    for attempt in (lambda: led.record_spend(fp, tiny, command="x"),
+                    lambda: led.record_spend(fp, tiny, command="x", force=True),
+                    lambda: led.reserve(fp, tiny, command="x")):
+        with pytest.raises(BudgetExceededError, match="inf|no finite ε"):
+            attempt()
+    res = led.reserve(fp, [DPSGDEvent(10.0, 0.01, 10)], command="y")
+    with pytest.raises(BudgetExceededError, match="no finite ε"):
+        res.commit(tiny, force=True)
+    st = led.status(fp)
+    assert st.entries[-1].state == "reserved" and 0.0 < st.used_epsilon < 1.0
+    assert [r.state for r in led.history(fp)] == ["init", "reserved"] and led.verify().ok

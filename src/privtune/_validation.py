@@ -119,3 +119,22 @@ def check_noise_multiplier(value: Any, name: str = "noise_multiplier") -> float:
         value, name, low=0.0,
         fix="σ is the noise standard deviation divided by the clipping norm; it must be positive.",
     )
+
+
+#: Smallest noise multiplier σ (noise std / clipping norm) that privtune's accountant evaluates.
+#: Below it ε is reported as infinite: the RDP bound already exceeds 5·10¹¹ at σ = 1e-6, and
+#: dp_accounting's arithmetic breaks down for tiny σ (ZeroDivisionError at σ = 1e-200, ε = 0 at
+#: σ = 1e-160).  Used by the command line to reject such σ with a clear error.
+MIN_ACCOUNTED_NOISE_MULTIPLIER = 1e-6
+
+
+def check_accounted_noise_multiplier(value: Any, name: str = "noise_multiplier") -> float:
+    """σ > 0 and ≥ :data:`MIN_ACCOUNTED_NOISE_MULTIPLIER` (a σ whose ε is finite and computable)."""
+    v = check_noise_multiplier(value, name)
+    if v < MIN_ACCOUNTED_NOISE_MULTIPLIER:
+        raise InvalidParameterError(
+            f"`{name}` must be ≥ {MIN_ACCOUNTED_NOISE_MULTIPLIER:g} for privtune to account it. Got {value!r}. "
+            "With so little noise no finite ε can be certified (the run is effectively not private); "
+            "σ (noise std / clipping norm) is usually 0.5–10."
+        )
+    return v

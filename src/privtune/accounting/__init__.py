@@ -4,8 +4,8 @@ Everything privacy-mathematical is delegated to Google's ``dp_accounting``; see
 ``docs/accounting.md``.  Typical use::
 
     from privtune.accounting import DPSGDEvent, compute_epsilon, calibrate_noise_multiplier
-    compute_epsilon(DPSGDEvent(noise_multiplier=1.0, sample_rate=0.01, steps=5000), delta=1e-5)  # ≈ 4.20
-    calibrate_noise_multiplier(1.0, 1e-5, sample_rate=0.01, steps=5000)                           # σ ≈ 2.2
+    compute_epsilon(DPSGDEvent(noise_multiplier=1.0, sample_rate=0.01, steps=5000), delta=1e-5)  # ≈ 4.2039
+    calibrate_noise_multiplier(1.0, 1e-5, sample_rate=0.01, steps=5000)                           # σ ≈ 2.7539
 """
 
 from privtune.accounting.accountant import (

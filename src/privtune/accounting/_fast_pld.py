@@ -10,20 +10,77 @@ subsampling: ℓ_ws = log(1 + (e^ℓ − 1)/q) for REMOVE, −log(1 + (e^−ℓ 
 numpy.  The mathematics, the discretisation, the pessimistic rounding and the tail handling
 all remain dp_accounting's; the test suite checks equality with the public constructor.
 
-If dp_accounting's private helpers change, :func:`gaussian_pld` silently uses the public
-``from_gaussian_mechanism`` instead (same result, slower).
+**Run-time self-check.**  The first time a process uses this module, :func:`ensure_checked`
+compares the fast construction, self-composition and composition with dp_accounting's public
+``from_gaussian_mechanism`` / ``self_compose`` / ``compose`` on small cases (interval 1e-2,
+T = 50; ~20 ms).  If any ε or δ differs by more than 1e-9 relative (or a private helper is
+missing or has changed its signature), the public functions are used for the rest of the process
+(same numbers, slower) and one ``RuntimeWarning`` states the reason.
+
+**Size limits.**  The number of grid points of a PLD grows like (loss range)/(interval): about
+(10/σ + 1/(2σ²))/interval for the subsampled Gaussian, and with T for a self-composition.  Before
+allocating anything, :func:`gaussian_pld`, :func:`self_compose` and :func:`compose` predict the
+size (dp_accounting's own ``connect_dots_bounds`` and Chernoff truncation bounds) and raise
+:class:`PLDTooLargeError` above :data:`MAX_PLD_POINTS` / :data:`MAX_COMPOSED_POINTS`, so that a
+tiny σ or a huge T is answered by the caller (coarser interval, or RDP) in seconds instead of a
+MemoryError or an hour of FFTs.
 """
 
 from __future__ import annotations
 
 import math
 import numbers
+import threading
+import warnings
 
 import numpy as np
 from dp_accounting.pld import privacy_loss_distribution as pldlib
 from dp_accounting.pld import privacy_loss_mechanism as plm
 
+from privtune.errors import PrivtuneError
+
 AdjacencyType = plm.AdjacencyType
+
+#: Largest base PLD (grid points of one direction's PMF) that is built (~1.3 s to construct).
+MAX_PLD_POINTS = 1_000_000
+#: Largest composed/self-composed PMF (grid points) that is computed (an FFT of this length, ~0.2 s;
+#: reading ε off it with dp_accounting's Python loop can take ~1 s).
+MAX_COMPOSED_POINTS = 1 << 21
+
+
+class PLDTooLargeError(PrivtuneError):
+    """The PLD at the requested discretisation would need more grid points than allowed.
+
+    Raised *before* anything large is allocated; the accountant catches it and uses a coarser
+    interval or the RDP accountant (with a note saying so)."""
+
+    def __init__(self, what: str, points: float, limit: int):
+        self.points = points
+        self.limit = limit
+        size = "an unbounded number of" if not math.isfinite(points) else f"about {points:.3g}"
+        super().__init__(f"the PLD of {what} would need {size} grid points (limit {limit:.3g})")
+
+
+def predicted_points(sigma: float, q: float, interval: float) -> float:
+    """Grid points of the larger direction of ``gaussian_pld(sigma, q, interval)`` (inf if unbounded).
+
+    Uses dp_accounting's public ``GaussianPrivacyLoss.connect_dots_bounds`` (the loss range that
+    ``from_gaussian_mechanism`` discretises); costs ~1 ms and allocates nothing large."""
+    if not (sigma > 0.0 and interval > 0.0):
+        return math.inf
+    worst = 0.0
+    try:
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for adjacency_type in (AdjacencyType.REMOVE, AdjacencyType.ADD):
+                bounds = plm.GaussianPrivacyLoss(
+                    sigma, sensitivity=1.0, pessimistic_estimate=True, sampling_prob=q,
+                    adjacency_type=adjacency_type).connect_dots_bounds()
+                width = float(bounds.epsilon_upper) - float(bounds.epsilon_lower)
+                worst = max(worst, width / interval + 1.0)
+    except (ArithmeticError, ValueError):
+        return math.inf
+    return worst if math.isfinite(worst) else math.inf
 
 
 class VectorizedGaussianPrivacyLoss(plm.GaussianPrivacyLoss):
@@ -98,10 +155,19 @@ def _fast_gaussian_pld(sigma: float, q: float, interval: float):
 
 
 def gaussian_pld(sigma: float, q: float, interval: float):
-    """Pessimistic connect-the-dots PLD of the Poisson-subsampled Gaussian (add/remove)."""
+    """Pessimistic connect-the-dots PLD of the Poisson-subsampled Gaussian (add/remove).
+
+    Raises :class:`PLDTooLargeError` (before allocating) above :data:`MAX_PLD_POINTS` grid points."""
+    points = predicted_points(sigma, q, interval)
+    if points > MAX_PLD_POINTS:
+        raise PLDTooLargeError(f"the Gaussian with σ = {sigma:.3g}, q = {q:.3g} at interval {interval:g}",
+                               points, MAX_PLD_POINTS)
+    if not ensure_checked():
+        return public_gaussian_pld(sigma, q, interval)
     try:
         return _fast_gaussian_pld(sigma, q, interval)
-    except (AttributeError, TypeError):  # pragma: no cover - dp_accounting internals changed
+    except (AttributeError, TypeError) as exc:  # pragma: no cover - dp_accounting internals changed
+        _disable_fast(f"the fast PLD construction raised {type(exc).__name__}: {exc}")
         return public_gaussian_pld(sigma, q, interval)
 
 
@@ -165,11 +231,31 @@ def _dense_self_compose(pmf, num_times: int, tail_mass_truncation: float):
                                inf_prob, pmf._pessimistic_estimate)  # noqa: SLF001
 
 
+def _stays_sparse(pmf, num_times: int) -> bool:
+    """dp_accounting's test ``size ** num_times <= _MAX_PMF_SPARSE_SIZE`` without building a
+    huge integer (568 ** 10**9 alone takes minutes and gigabytes)."""
+    size = pmf.size
+    return size <= 1 or (num_times < 64 and size ** num_times <= _pmflib._MAX_PMF_SPARSE_SIZE)  # noqa: SLF001
+
+
+def _check_self_compose_size(pmf, num_times: int, tail_mass_truncation: float) -> None:
+    """Raise PLDTooLargeError if the self-composed PMF would exceed MAX_COMPOSED_POINTS."""
+    if num_times == 1 or (isinstance(pmf, _pmflib.SparsePLDPmf) and _stays_sparse(pmf, num_times)):
+        return
+    dense = pmf if isinstance(pmf, _pmflib.DensePLDPmf) else pmf.to_dense_pmf()
+    lo, hi = _self_convolve_bounds(np.asarray(dense._probs, dtype=float), num_times,  # noqa: SLF001
+                                   tail_mass_truncation)
+    size = max(hi - lo + 1, dense.size)
+    if size > MAX_COMPOSED_POINTS:
+        count = str(num_times) if num_times < 10**12 else f"~1e{len(str(num_times)) - 1}"
+        raise PLDTooLargeError(f"{count} self-compositions", float(size), MAX_COMPOSED_POINTS)
+
+
 def _pmf_self_compose(pmf, num_times: int, tail_mass_truncation: float = 1e-15):
     if num_times == 1:
         return pmf
     if isinstance(pmf, _pmflib.SparsePLDPmf):
-        if pmf.size ** num_times <= _pmflib._MAX_PMF_SPARSE_SIZE:  # noqa: SLF001
+        if _stays_sparse(pmf, num_times):
             return pmf.self_compose(num_times, tail_mass_truncation)
         pmf = pmf.to_dense_pmf()
     if isinstance(pmf, _pmflib.DensePLDPmf):
@@ -177,16 +263,52 @@ def _pmf_self_compose(pmf, num_times: int, tail_mass_truncation: float = 1e-15):
     return pmf.self_compose(num_times, tail_mass_truncation)  # pragma: no cover
 
 
-def self_compose(pld, num_times: int, tail_mass_truncation: float = 1e-15):
-    """``pld.self_compose(num_times)`` with the same result, computed faster (see above)."""
+def _public_pmf_self_compose(pmf, num_times: int, tail_mass_truncation: float):
+    """dp_accounting's own ``PLDPmf.self_compose`` (its sparse → dense switch, without the big integer)."""
+    if isinstance(pmf, _pmflib.SparsePLDPmf) and not _stays_sparse(pmf, num_times):
+        pmf = pmf.to_dense_pmf()
+    return pmf.self_compose(num_times, tail_mass_truncation)
+
+
+def _fast_self_compose(pld, num_times: int, tail_mass_truncation: float = 1e-15):
+    rem = _pmf_self_compose(pld._pmf_remove, num_times, tail_mass_truncation)  # noqa: SLF001
+    if pld._symmetric:  # noqa: SLF001
+        return pldlib.PrivacyLossDistribution(rem)
+    add = _pmf_self_compose(pld._pmf_add, num_times, tail_mass_truncation)  # noqa: SLF001
+    return pldlib.PrivacyLossDistribution(rem, add)
+
+
+def public_self_compose(pld, num_times: int, tail_mass_truncation: float = 1e-15):
+    """The same self-composition through dp_accounting's ``PLDPmf.self_compose`` (reference)."""
     try:
-        rem = _pmf_self_compose(pld._pmf_remove, num_times, tail_mass_truncation)  # noqa: SLF001
+        rem = _public_pmf_self_compose(pld._pmf_remove, num_times, tail_mass_truncation)  # noqa: SLF001
         if pld._symmetric:  # noqa: SLF001
             return pldlib.PrivacyLossDistribution(rem)
-        add = _pmf_self_compose(pld._pmf_add, num_times, tail_mass_truncation)  # noqa: SLF001
+        add = _public_pmf_self_compose(pld._pmf_add, num_times, tail_mass_truncation)  # noqa: SLF001
         return pldlib.PrivacyLossDistribution(rem, add)
     except AttributeError:  # pragma: no cover - dp_accounting internals changed
         return pld.self_compose(num_times, tail_mass_truncation)
+
+
+def self_compose(pld, num_times: int, tail_mass_truncation: float = 1e-15):
+    """``pld.self_compose(num_times)`` with the same result, computed faster (see above).
+
+    Raises :class:`PLDTooLargeError` (before the FFT) if the result would exceed
+    :data:`MAX_COMPOSED_POINTS` grid points."""
+    try:
+        pmfs = [pld._pmf_remove] if pld._symmetric else [pld._pmf_remove, pld._pmf_add]  # noqa: SLF001
+    except AttributeError:  # pragma: no cover - dp_accounting internals changed
+        _disable_fast("dp_accounting's PrivacyLossDistribution has no _pmf_remove/_pmf_add")
+        return pld.self_compose(num_times, tail_mass_truncation)
+    for pmf in pmfs:
+        _check_self_compose_size(pmf, num_times, tail_mass_truncation)
+    if not ensure_checked():
+        return public_self_compose(pld, num_times, tail_mass_truncation)
+    try:
+        return _fast_self_compose(pld, num_times, tail_mass_truncation)
+    except (AttributeError, TypeError) as exc:  # pragma: no cover - dp_accounting internals changed
+        _disable_fast(f"the fast self-composition raised {type(exc).__name__}: {exc}")
+        return public_self_compose(pld, num_times, tail_mass_truncation)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -232,13 +354,111 @@ def _pmf_compose(a, b, tail: float):
     return _pmflib.compose_pmfs(a, b, tail)
 
 
+def _fast_compose(p1, p2, tail_mass_truncation: float = 1e-15):
+    rem = _pmf_compose(p1._pmf_remove, p2._pmf_remove, tail_mass_truncation)  # noqa: SLF001
+    if p1._symmetric and p2._symmetric:  # noqa: SLF001
+        return pldlib.PrivacyLossDistribution(rem)
+    add = _pmf_compose(p1._pmf_add, p2._pmf_add, tail_mass_truncation)  # noqa: SLF001
+    return pldlib.PrivacyLossDistribution(rem, add)
+
+
 def compose(p1, p2, tail_mass_truncation: float = 1e-15):
-    """``p1.compose(p2)`` with the same result (vectorised tail truncation)."""
+    """``p1.compose(p2)`` with the same result (vectorised tail truncation).
+
+    Raises :class:`PLDTooLargeError` (before the FFT) if the convolution would exceed
+    :data:`MAX_COMPOSED_POINTS` grid points."""
     try:
-        rem = _pmf_compose(p1._pmf_remove, p2._pmf_remove, tail_mass_truncation)  # noqa: SLF001
-        if p1._symmetric and p2._symmetric:  # noqa: SLF001
-            return pldlib.PrivacyLossDistribution(rem)
-        add = _pmf_compose(p1._pmf_add, p2._pmf_add, tail_mass_truncation)  # noqa: SLF001
-        return pldlib.PrivacyLossDistribution(rem, add)
+        size = max(p1._pmf_remove.size + p2._pmf_remove.size, p1._pmf_add.size + p2._pmf_add.size) - 1  # noqa: SLF001
     except AttributeError:  # pragma: no cover - dp_accounting internals changed
+        _disable_fast("dp_accounting's PrivacyLossDistribution has no _pmf_remove/_pmf_add")
         return p1.compose(p2, tail_mass_truncation)
+    if size > MAX_COMPOSED_POINTS:
+        raise PLDTooLargeError("the composition", float(size), MAX_COMPOSED_POINTS)
+    if not ensure_checked():
+        return p1.compose(p2, tail_mass_truncation)
+    try:
+        return _fast_compose(p1, p2, tail_mass_truncation)
+    except (AttributeError, TypeError) as exc:  # pragma: no cover - dp_accounting internals changed
+        _disable_fast(f"the fast composition raised {type(exc).__name__}: {exc}")
+        return p1.compose(p2, tail_mass_truncation)
+
+
+# ---------------------------------------------------------------------------------------------
+# run-time self-check (once per process)
+# ---------------------------------------------------------------------------------------------
+#: Relative tolerance of the self-check (the test suite finds agreement to ~1e-10).
+SELF_CHECK_RTOL = 1e-9
+_CHECK_LOCK = threading.Lock()
+_STATE: dict = {"checked": False, "fast": True, "reason": None}
+
+
+def _disable_fast(reason: str) -> None:
+    """Use dp_accounting's public functions for the rest of the process; warn once."""
+    with _CHECK_LOCK:
+        already_off = not _STATE["fast"] and _STATE["checked"]
+        _STATE.update(checked=True, fast=False, reason=reason)
+    if not already_off:
+        warnings.warn(
+            "privtune: the fast PLD path (privtune/accounting/_fast_pld.py) does not reproduce "
+            f"dp_accounting's public functions: {reason}. Using dp_accounting's public "
+            "from_gaussian_mechanism/self_compose/compose for the rest of this process (same "
+            "guarantees, slower). Please report this with your dp-accounting version.",
+            RuntimeWarning, stacklevel=3,
+        )
+
+
+def _agree(what: str, fast, public) -> str | None:
+    checks = [("ε at δ = 1e-5", fast.get_epsilon_for_delta(1e-5), public.get_epsilon_for_delta(1e-5), 1e-12),
+              ("δ at ε = 0.5", fast.get_delta_for_epsilon(0.5), public.get_delta_for_epsilon(0.5), 1e-15)]
+    for label, a, b, atol in checks:
+        a, b = float(a), float(b)
+        if not (math.isfinite(a) and math.isfinite(b)) or abs(a - b) > SELF_CHECK_RTOL * abs(b) + atol:
+            return f"{what}: {label} is {a!r} (fast) vs {b!r} (dp_accounting)"
+    return None
+
+
+def self_check() -> str | None:
+    """Compare the fast path with dp_accounting's public functions on small cases (~20 ms).
+
+    Returns ``None`` when every ε and δ agrees to :data:`SELF_CHECK_RTOL` (relative), else the
+    first disagreement (or the exception the fast path raised)."""
+    try:
+        for sigma, q in ((1.0, 0.01), (2.0, 1.0)):
+            bad = _agree(f"construction (σ = {sigma:g}, q = {q:g}, interval 1e-2)",
+                         _fast_gaussian_pld(sigma, q, 1e-2), public_gaussian_pld(sigma, q, 1e-2))
+            if bad:
+                return bad
+        base = public_gaussian_pld(1.0, 0.01, 1e-2)
+        fast50, public50 = _fast_self_compose(base, 50), public_self_compose(base, 50)
+        bad = _agree("self-composition (σ = 1, q = 0.01, T = 50)", fast50, public50)
+        if bad:
+            return bad
+        return _agree("composition", _fast_compose(public50, base), public50.compose(base))
+    except Exception as exc:  # noqa: BLE001 - any failure of the fast path means: do not use it
+        return f"the fast path raised {type(exc).__name__}: {exc}"
+
+
+def ensure_checked() -> bool:
+    """Run :func:`self_check` once per process; return True if the fast path may be used."""
+    if _STATE["checked"]:
+        return _STATE["fast"]
+    with _CHECK_LOCK:
+        if _STATE["checked"]:
+            return _STATE["fast"]
+        reason = self_check()
+        if reason is None:
+            _STATE.update(checked=True, fast=True, reason=None)
+            return True
+    _disable_fast(reason)
+    return False
+
+
+def fast_path_status() -> dict:
+    """``{"checked": bool, "fast": bool, "reason": str | None}`` for this process."""
+    return dict(_STATE)
+
+
+def _reset_self_check() -> None:
+    """Forget the self-check result (tests only)."""
+    with _CHECK_LOCK:
+        _STATE.update(checked=False, fast=True, reason=None)

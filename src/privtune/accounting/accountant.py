@@ -22,6 +22,16 @@ All privacy mathematics is done by Google's ``dp_accounting``; this module only
    ``RepeatAndSelectEvent`` (Papernot & Steinke tuning) is only supported by RDP in
    dp_accounting; when PLD is asked for a list containing one, the whole list is accounted
    with RDP and the result says so (``accountant == "rdp"`` and a note).
+
+Extreme inputs are answered in seconds, never optimistically, and always with a note:
+
+* a PLD grid is never built above ``_fast_pld.MAX_PLD_POINTS`` / ``MAX_COMPOSED_POINTS`` points
+  (its size is predicted first).  When the finest affordable interval is coarser than the
+  precision target, ε is the pessimistic PLD at that interval (still an upper bound) or the RDP
+  bound if smaller; when not even the coarsest interval fits (σ ≲ 0.01, or T ~ 10⁹), the
+  composition is accounted with RDP;
+* a noise multiplier below :data:`MIN_ACCOUNTED_NOISE_MULTIPLIER` (1e-6), or an RDP bound that
+  overflows, gives ε = inf (δ = 1): no finite guarantee is claimed.
 """
 
 from __future__ import annotations
@@ -34,7 +44,8 @@ from dataclasses import dataclass, field
 from dp_accounting import dp_event as dpe
 from dp_accounting.rdp import rdp_privacy_accountant as rdplib
 
-from privtune._validation import check_choice, check_delta, check_real
+from privtune._validation import MIN_ACCOUNTED_NOISE_MULTIPLIER, check_choice, check_delta, check_real
+from privtune.accounting._fast_pld import PLDTooLargeError
 from privtune.accounting._fast_pld import compose as fast_compose
 from privtune.accounting._fast_pld import gaussian_pld
 from privtune.accounting._fast_pld import self_compose as fast_self_compose
@@ -57,6 +68,10 @@ DEFAULT_PLD_ATOL = 1e-5
 PLD_LEVELS = (1e-2, 3e-3, 1e-3, 3e-4, 1e-4, 3e-5, 1e-5)
 #: dp_accounting's own default interval, used as "the tight PLD reference" in tests/benchmarks.
 REFERENCE_PLD_INTERVAL = 1e-4
+# MIN_ACCOUNTED_NOISE_MULTIPLIER (1e-6, imported from privtune._validation): the smallest σ that is
+# accounted.  Below it ε is reported as infinite (no guarantee): the RDP bound is already > 5·10¹¹ at
+# σ = 1e-6, and dp_accounting's RDP arithmetic breaks down for tiny σ (it raises ZeroDivisionError at
+# σ = 1e-200 and returns ε = 0 at σ = 1e-160).
 
 
 # --------------------------------------------------------------------------------------------
@@ -123,6 +138,10 @@ def as_event_list(events) -> list[Event]:
     return out
 
 
+#: sensitivity of one shuffled epoch in units of C under add/remove-one: √(2² + 1²)
+_SHUFFLE_SENSITIVITY = math.sqrt(5.0)
+
+
 def _lower_primitive(e, notes: list[str], assumptions: list[str]) -> Segment:
     if isinstance(e, GaussianEvent):
         assumptions.append(f"{describe_event(e)}: Gaussian releases on the full dataset (no subsampling)")
@@ -150,16 +169,26 @@ def _lower_primitive(e, notes: list[str], assumptions: list[str]) -> Segment:
         if e.sample_rate >= 1.0:
             return Segment(e.noise_multiplier, 1.0, e.steps)
         return Segment(e.noise_multiplier, e.sample_rate, e.steps)
+    # Fixed-size batches cut from a permutation: adding (removing) one example puts it in one batch and,
+    # under the best coupling, moves one other example into (out of) the epoch's last batch, so two batch
+    # sums of the epoch change, by at most 2C and C.  Two Gaussian releases of sensitivities 2C and C
+    # compose exactly to one of sensitivity √5·C, i.e. multiplier σ/√5 per epoch.  This also covers
+    # replace-one (one sum changes by 2C).  What it cannot cover is a change of the number of batches
+    # per epoch (⌈N/B⌉ moving when B divides N), so that number is taken as public and said so.
     assumptions.append(
-        f"{describe_event(e)}: shuffled batches, no amplification claimed: accounted as "
-        f"{e.epochs} full-data Gaussian release(s), one per epoch"
+        f"{describe_event(e)}: shuffled fixed-size batches, no amplification claimed: accounted as "
+        f"{e.epochs} epoch(s), each a Gaussian release with multiplier σ/√5 = "
+        f"{e.noise_multiplier / _SHUFFLE_SENSITIVITY:.6g} (adding or removing one example changes at most "
+        "two batch sums of an epoch, by ≤ 2C and ≤ C); the number of batches per epoch, ⌈N/B⌉, is "
+        "treated as public"
     )
     notes.append(
-        f"{describe_event(e)}: shuffling gets no privacy amplification; accounted as {e.epochs} "
-        "Gaussian release(s) (one per epoch: each example is in at most one batch per epoch). "
-        "Use Poisson sampling for amplification, or assume_poisson=True to assume it."
+        f"{describe_event(e)}: shuffling gets no privacy amplification and each epoch is charged as a "
+        f"Gaussian with multiplier σ/√5 (two batch sums can change under add/remove-one); {e.epochs} "
+        "epoch(s) composed. Poisson sampling (the default) is amplified and needs no assumption on the "
+        "number of batches."
     )
-    return Segment(e.noise_multiplier, 1.0, e.epochs)
+    return Segment(e.noise_multiplier / _SHUFFLE_SENSITIVITY, 1.0, e.epochs)
 
 
 def lower_events(events) -> _Lowered:
@@ -195,13 +224,14 @@ def group_segments(segments: Sequence[Segment]) -> list[Segment]:
     inv_var = 0.0
     for s in segments:
         if s.sample_rate >= 1.0:
-            inv_var += s.count / s.noise_multiplier**2
+            var = s.noise_multiplier**2
+            inv_var += s.count / var if var > 0.0 else math.inf
         else:
             key = (s.noise_multiplier, s.sample_rate)
             counts[key] = counts.get(key, 0) + s.count
     out = [Segment(sig, q, c) for (sig, q), c in sorted(counts.items())]
     if inv_var > 0.0:
-        out.append(Segment(1.0 / math.sqrt(inv_var), 1.0, 1))
+        out.append(Segment(1.0 / math.sqrt(inv_var), 1.0, 1))  # 0.0 when inv_var overflows to inf
     return out
 
 
@@ -279,37 +309,63 @@ def choose_pld_interval(
     ≤ ``rtol``·ε + ``atol`` and jumps there, then refines level by level until the error
     estimated from the last two levels meets the tolerance.  Every value computed is an upper
     bound on the true ε (pessimistic estimate), so the choice affects tightness, never validity.
+
+    A level whose PLD would exceed the size limits of :mod:`~privtune.accounting._fast_pld` is
+    not computed: refinement stops at the finest level that fits (see :func:`account` for the
+    note); :class:`~privtune.accounting._fast_pld.PLDTooLargeError` if not even the coarsest fits.
     """
     segments = tuple(segments)
-    return _refine(lambda h: pld_epsilon_at(segments, delta, h), rtol, atol)
+    h, v, _ = _refine(lambda h: pld_epsilon_at(segments, delta, h), rtol, atol)
+    return h, v
 
 
-def _refine(value_at, rtol: float, atol: float) -> tuple[float, float]:
+def _refine(value_at, rtol: float, atol: float) -> tuple[float, float, str | None]:
+    """(interval, value, None), or (interval, value, why refinement stopped early)."""
     levels = list(PLD_LEVELS)
 
-    def ok(v_coarse, h_coarse, v_fine, h_fine):
+    def err(v_coarse, h_coarse, v_fine, h_fine):
         if not (math.isfinite(v_coarse) and math.isfinite(v_fine)):
-            return False
-        est_err = abs(v_coarse - v_fine) / ((h_coarse / h_fine) ** 2 - 1.0)
-        return est_err <= rtol * v_fine + atol
+            return math.inf
+        return abs(v_coarse - v_fine) / ((h_coarse / h_fine) ** 2 - 1.0)
 
-    e0 = value_at(levels[0])
-    e1 = value_at(levels[1])
+    def ok(v_coarse, h_coarse, v_fine, h_fine):
+        return err(v_coarse, h_coarse, v_fine, h_fine) <= rtol * v_fine + atol
+
+    def stopped(h_ok, exc, est=math.inf):
+        est_s = f"; estimated discretisation error ≈ {est:.2g}" if math.isfinite(est) else ""
+        return (f"PLD refinement stopped at interval {h_ok:g} (precision target not reached{est_s}): "
+                f"the next interval would need too much memory ({exc}). The value is still an upper bound.")
+
+    e0 = value_at(levels[0])  # PLDTooLargeError propagates: not even the coarsest level fits
+    try:
+        e1 = value_at(levels[1])
+    except PLDTooLargeError as exc:
+        return levels[0], e0, stopped(levels[0], exc)
     if ok(e0, levels[0], e1, levels[1]):
-        return levels[1], e1
+        return levels[1], e1, None
     start = 2
     if math.isfinite(e0) and math.isfinite(e1) and e0 != e1:
         c = abs(e0 - e1) / (levels[0] ** 2 - levels[1] ** 2)
         h_pred = math.sqrt((rtol * e1 + atol) / c)
         start = next((i for i, h in enumerate(levels) if i >= 2 and h <= h_pred), len(levels) - 1)
-    prev_h, prev_v = levels[1], e1
-    h = v = None
-    for h in levels[start:]:
-        v = value_at(h)
+    prev_i, prev_h, prev_v = 1, levels[1], e1
+    prev_err = err(e0, levels[0], e1, levels[1])
+    i = start
+    while i < len(levels):
+        h = levels[i]
+        try:
+            v = value_at(h)
+        except PLDTooLargeError as exc:
+            if i - 1 > prev_i:  # the predicted jump does not fit: try the next coarser level
+                i -= 1
+                continue
+            return prev_h, prev_v, stopped(prev_h, exc, prev_err)
         if ok(prev_v, prev_h, v, h):
-            return h, v
-        prev_h, prev_v = h, v
-    return h, v
+            return h, v, None
+        prev_err = err(prev_v, prev_h, v, h)
+        prev_i, prev_h, prev_v = i, h, v
+        i += 1
+    return prev_h, prev_v, None
 
 
 def pld_epsilon(segments: Sequence[Segment], delta: float, *, rtol: float = DEFAULT_PLD_RTOL) -> float:
@@ -326,6 +382,55 @@ def _rdp_accountant(events) -> rdplib.RdpAccountant:
     acc = rdplib.RdpAccountant()
     acc.compose(to_dp_event(events))
     return acc
+
+
+_RDP_FAILURES = (ArithmeticError, ValueError, FloatingPointError)
+
+
+def _rdp_epsilon(events, delta: float, notes: list[str]) -> float:
+    """RDP ε; +inf (with a note) when dp_accounting's arithmetic overflows (never an exception)."""
+    try:
+        eps = float(_rdp_accountant(events).get_epsilon(delta))
+    except _RDP_FAILURES as exc:
+        eps, why = math.inf, f"{type(exc).__name__}: {exc}"
+    else:
+        why = f"it returned {eps!r}"
+    if not (math.isfinite(eps) and eps >= 0.0):
+        notes.append(f"The RDP bound is not finite ({why}); ε is reported as infinite: no finite "
+                     "guarantee can be certified for these events.")
+        return math.inf
+    return eps
+
+
+def _rdp_delta(events, epsilon: float) -> float:
+    try:
+        d = float(_rdp_accountant(events).get_delta(epsilon))
+    except _RDP_FAILURES:
+        return 1.0
+    return d if math.isfinite(d) and 0.0 <= d <= 1.0 else 1.0
+
+
+def _smallest_sigma(low: _Lowered) -> float:
+    """Smallest noise multiplier fed to dp_accounting (after grouping), repeat-and-select included."""
+    sigmas = [s.noise_multiplier for s in low.segments]
+    for r in low.repeat_and_select:
+        sigmas += [s.noise_multiplier for s in lower_events(list(r.events)).segments]
+    return min(sigmas, default=math.inf)
+
+
+def _floor_note(sigma: float) -> str:
+    return (f"A noise multiplier of {sigma:.3g} (after grouping identical releases) is below "
+            f"{MIN_ACCOUNTED_NOISE_MULTIPLIER:g}, the smallest σ privtune accounts: ε is reported as "
+            "infinite (no privacy guarantee). Such runs are effectively not private; use σ ≥ 0.3 for "
+            "a meaningful ε.")
+
+
+def _too_large_note(exc: Exception, interval: float) -> str:
+    if isinstance(exc, MemoryError):
+        exc = f"building the PLD ran out of memory ({exc})"
+    return (f"PLD was requested, but {exc} even at interval {interval:g} (a tiny σ or a huge number "
+            "of steps); the WHOLE composition was accounted with RDP instead (an upper bound, looser "
+            "than the PLD).")
 
 
 # --------------------------------------------------------------------------------------------
@@ -365,24 +470,50 @@ def account(
 
     Returns:
         :class:`AccountingResult` with ε (add/remove one example), δ, the accountant used and notes.
+        Never an exception for a tiny σ or a huge T: if the PLD would be too large to build, RDP
+        is used (``accountant == "rdp"``, a note says why); if σ < :data:`MIN_ACCOUNTED_NOISE_MULTIPLIER`
+        or the RDP bound overflows, ``epsilon`` is ``inf`` (no guarantee) and a note says why.
     """
     delta = check_delta(delta, dataset_size=dataset_size)
     low = lower_events(events)
     notes = list(low.notes)
     used = _resolve(accountant, low, notes)
     interval = None
-    if used == "rdp":
-        eps = float(_rdp_accountant(events).get_epsilon(delta))
+    fixed = None
+    if value_discretization_interval is not None:
+        fixed = check_real(value_discretization_interval, "value_discretization_interval", low=0.0, high=1.0)
+    smallest = _smallest_sigma(low)
+    if smallest < MIN_ACCOUNTED_NOISE_MULTIPLIER:
+        notes.append(_floor_note(smallest))
+        eps = math.inf
+    elif used == "rdp":
+        eps = _rdp_epsilon(events, delta, notes)
+    elif not low.segments:
+        eps = 0.0
     else:
-        if value_discretization_interval is None:
-            if low.segments:
-                interval, eps = choose_pld_interval(low.segments, delta)
-                notes.append(f"PLD value discretisation interval {interval:g} (chosen for ~0.1% ε precision).")
+        try:
+            if fixed is None:
+                interval, eps, stopped = _refine(
+                    lambda h: pld_epsilon_at(low.segments, delta, h), DEFAULT_PLD_RTOL, DEFAULT_PLD_ATOL)
+                if stopped is None:
+                    notes.append(f"PLD value discretisation interval {interval:g} (chosen for ~0.1% ε precision).")
+                else:
+                    rdp_notes: list[str] = []
+                    rdp_eps = _rdp_epsilon(events, delta, rdp_notes)
+                    if rdp_eps < eps:
+                        notes.append(f"{stopped} The RDP bound, ε = {rdp_eps:.6g}, is smaller than the PLD's "
+                                     f"{eps:.6g} at that interval; RDP is reported.")
+                        notes.extend(rdp_notes)
+                        used, interval, eps = "rdp", None, rdp_eps
+                    else:
+                        notes.append(stopped)
             else:
-                eps = 0.0
-        else:
-            interval = check_real(value_discretization_interval, "value_discretization_interval", low=0.0, high=1.0)
-            eps = pld_epsilon_at(low.segments, delta, interval)
+                interval = fixed
+                eps = pld_epsilon_at(low.segments, delta, interval)
+        except (PLDTooLargeError, MemoryError) as exc:  # MemoryError: only if a size prediction was wrong
+            notes.append(_too_large_note(exc, fixed if fixed is not None else PLD_LEVELS[0]))
+            used, interval = "rdp", None
+            eps = _rdp_epsilon(events, delta, notes)
     return AccountingResult(
         epsilon=eps,
         delta=delta,
@@ -414,26 +545,39 @@ def compute_delta(
 
     PLD: the pessimistic PLD's δ(ε) (an upper bound); the discretisation is chosen by target
     precision (relative δ error ≈ 1e-3) unless given.  RDP: dp_accounting's
-    ``RdpAccountant.get_delta``.
+    ``RdpAccountant.get_delta``.  As in :func:`account`, a PLD too large to build falls back to
+    RDP (or the smaller of the two upper bounds when refinement had to stop early), and a noise
+    multiplier below :data:`MIN_ACCOUNTED_NOISE_MULTIPLIER` or an overflowing RDP bound gives δ = 1.
     """
     epsilon = check_real(epsilon, "epsilon", low=0.0, low_inclusive=True,
                          fix="Pass a finite ε ≥ 0 at which to evaluate δ.")
     low = lower_events(events)
     used = _resolve(accountant, low, [])
+    fixed = None
+    if value_discretization_interval is not None:
+        fixed = check_real(value_discretization_interval, "value_discretization_interval", low=0.0, high=1.0)
+    if _smallest_sigma(low) < MIN_ACCOUNTED_NOISE_MULTIPLIER:
+        return 1.0  # no guarantee claimed (see MIN_ACCOUNTED_NOISE_MULTIPLIER)
     if used == "rdp":
-        return float(_rdp_accountant(events).get_delta(epsilon))
+        return _rdp_delta(events, epsilon)
     if not low.segments:
         return 0.0
-    if value_discretization_interval is None:
-        segs = tuple(low.segments)
-        return _refine(lambda h: pld_delta_at(segs, epsilon, h), DEFAULT_PLD_RTOL, 1e-12)[1]
-    interval = check_real(value_discretization_interval, "value_discretization_interval", low=0.0, high=1.0)
-    return pld_delta_at(low.segments, epsilon, interval)
+    segs = tuple(low.segments)
+    try:
+        if fixed is None:
+            _, d, stopped = _refine(lambda h: pld_delta_at(segs, epsilon, h), DEFAULT_PLD_RTOL, 1e-12)
+            # refinement stopped early: both values are upper bounds, report the smaller
+            return min(d, _rdp_delta(events, epsilon)) if stopped else d
+        return pld_delta_at(segs, epsilon, fixed)
+    except (PLDTooLargeError, MemoryError):  # the PLD does not fit even at the coarsest interval: RDP
+        return _rdp_delta(events, epsilon)
 
 
 __all__ = [
     "ACCOUNTANTS",
     "AccountingResult",
+    "MIN_ACCOUNTED_NOISE_MULTIPLIER",
+    "PLDTooLargeError",
     "Segment",
     "account",
     "compute_epsilon",

@@ -163,7 +163,8 @@ def calibrate_noise_multiplier(
                            T if sampling != "shuffle" or assume_poisson else make(1.0).epochs)
     guess = min(max(guess, MIN_NOISE_MULTIPLIER), ceiling)
     low_spent = acc.lower_events(spent)
-    if accountant == "rdp" or low_spent.repeat_and_select:
+
+    def generic() -> float:
         sigma = _calibrate_generic(verified, target, ceiling, guess)
         for _ in range(20):  # verification pass (same public function)
             if verified(sigma) <= target:
@@ -172,7 +173,15 @@ def calibrate_noise_multiplier(
         raise InfeasibleBudgetError(  # pragma: no cover - would be a bug
             f"calibration could not verify ε ≤ {target:g}; please report this with your arguments."
         )
-    return _calibrate_pld(spent, make, target, delta, ceiling, guess, verified)
+
+    if accountant == "rdp" or low_spent.repeat_and_select:
+        return generic()
+    try:
+        return _calibrate_pld(spent, make, target, delta, ceiling, guess, verified)
+    except acc.PLDTooLargeError:
+        # a PLD on the way would be too large to build (tiny σ or huge T): solve on
+        # compute_epsilon itself, which falls back to RDP there and says so
+        return generic()
 
 
 def _initial_guess(target: float, delta: float, q: float, T: int) -> float:

@@ -83,6 +83,11 @@ class Certificate:
         if not events:
             raise CertificateError("A certificate needs at least one event; got an empty list.")
         res = acc.account(events, delta, accountant, dataset_size=dataset_size)
+        if not math.isfinite(res.epsilon):
+            raise CertificateError(
+                f"These events have no finite ε at δ = {res.delta:g}, so no certificate can be issued: "
+                f"{' '.join(res.notes[-1:])}"
+            )
         md = dict(metadata or {})
         try:
             json.dumps(md)

@@ -8,11 +8,11 @@ import math
 import click
 
 from privtune._validation import (
+    check_accounted_noise_multiplier,
     check_choice,
     check_delta,
     check_epsilon,
     check_int,
-    check_noise_multiplier,
     check_real,
     check_sample_rate,
     check_steps,
@@ -63,6 +63,25 @@ def _resolve_schedule(sample_rate, steps, dataset_size, batch_size, epochs):
     return q, T, n
 
 
+def _json_number(x: float) -> float | None:
+    """JSON has no infinity: a non-finite ε is written as null (the notes say why)."""
+    return x if math.isfinite(x) else None
+
+
+def _fmt_eps(x: float, digits: int = 4) -> str:
+    """Fixed-point for ordinary ε, scientific for astronomically large ones, 'inf' for no guarantee."""
+    return f"{x:.{digits}f}" if x < 1e6 else f"{x:.{digits}g}"
+
+
+def _fmt_count(T: int) -> str:
+    return str(T) if T < 10**12 else f"{float(T):.4g}"
+
+
+def _accountant_label(requested: str, result) -> str:
+    """'pld', or 'pld → rdp' when the PLD could not be used (the notes say why)."""
+    return requested if result.accountant == requested else f"{requested} → {result.accountant}"
+
+
 def _print_table(title: str, columns: list[str], rows: list[list[str]], notes: list[str]) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -88,10 +107,10 @@ def _print_table(title: str, columns: list[str], rows: list[list[str]], notes: l
 @click.option("--dataset-size", "-n", type=float, default=None, help="n: with --batch-size and --epochs replaces -q/-T.")
 @click.option("--batch-size", "-b", type=float, default=None, help="Expected batch size B (q = B/n).")
 @click.option("--epochs", type=float, default=None, help="Epochs E (T = ceil(E·n/B)).")
-@click.option("--sampling", type=str, default="poisson", show_default=True,
-              help="poisson | shuffle (no amplification) | full_batch.")
-@click.option("--accountant", type=str, default="pld", show_default=True,
-              help="Accountant of the headline/JSON result: pld or rdp (the table shows both).")
+@click.option("--sampling", type=str, default=None,
+              help="poisson | shuffle (no amplification) | full_batch.  [default: poisson]")
+@click.option("--accountant", type=str, default=None,
+              help="Accountant of the headline/JSON result: pld or rdp (the table shows both).  [default: pld]")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
 @click.option("--certificate", "certificate", type=str, default=None,
               help="Verify a certificate.json (recompute ε from its events).")
@@ -108,19 +127,24 @@ def account(noise_multiplier, epsilon, delta, sample_rate, steps, dataset_size, 
     """
     from privtune import accounting as A
 
-    accountant = check_choice(accountant, "--accountant", A.ACCOUNTANTS)
-    sampling = check_choice(sampling, "--sampling", A.SAMPLING_SCHEMES)
-
     if certificate is not None:
         others = _given(**{"--noise-multiplier": noise_multiplier, "--epsilon": epsilon, "--delta": delta,
-                           "--sample-rate": sample_rate, "--steps": steps})
+                           "--sample-rate": sample_rate, "--steps": steps, "--dataset-size": dataset_size,
+                           "--batch-size": batch_size, "--epochs": epochs, "--sampling": sampling,
+                           "--accountant": accountant})
         if others:
             raise InvalidParameterError(
-                f"`{others[0]}` cannot be combined with --certificate. Got both. The certificate holds its own events."
+                f"`{others[0]}` cannot be combined with --certificate. Got both. The certificate holds its own "
+                f"events, δ and accountant: pass only --certificate FILE (and --json), or drop --certificate "
+                f"to compute ε for {', '.join(others)}."
             )
+    accountant = check_choice("pld" if accountant is None else accountant, "--accountant", A.ACCOUNTANTS)
+    sampling = check_choice("poisson" if sampling is None else sampling, "--sampling", A.SAMPLING_SCHEMES)
+
+    if certificate is not None:
         cert = A.verify_certificate(certificate)
         if as_json:
-            click.echo(json.dumps({"verified": True, "epsilon": cert.epsilon, "delta": cert.delta,
+            click.echo(json.dumps({"verified": True, "epsilon": _json_number(cert.epsilon), "delta": cert.delta,
                                    "accountant": cert.accountant, "events": len(cert.events),
                                    "path": certificate}))
         else:
@@ -150,20 +174,22 @@ def account(noise_multiplier, epsilon, delta, sample_rate, steps, dataset_size, 
         return A.DPSGDEvent(sig, q, T, sampling=sampling)
 
     if noise_multiplier is not None:
-        sigma = check_noise_multiplier(noise_multiplier, "--noise-multiplier")
+        sigma = check_accounted_noise_multiplier(noise_multiplier, "--noise-multiplier")
         results = {a: A.account(event(sigma), delta, a) for a in A.ACCOUNTANTS}
         main = results[accountant]
         if as_json:
             click.echo(json.dumps({
-                "epsilon": main.epsilon, "delta": delta, "noise_multiplier": sigma, "sample_rate": q,
-                "steps": T, "accountant": main.accountant, "sampling": sampling,
-                "epsilons": {a: r.epsilon for a, r in results.items()},
+                "epsilon": _json_number(main.epsilon), "delta": delta, "noise_multiplier": sigma, "sample_rate": q,
+                "steps": T, "accountant": main.accountant, "requested_accountant": accountant, "sampling": sampling,
+                "epsilons": {a: _json_number(r.epsilon) for a, r in results.items()},
                 "dataset_size": n, "notes": main.notes,
             }))
             return 0
-        rows = [[a, f"{r.epsilon:.4f}", f"{delta:g}", f"{sigma:g}", f"{q:g}", str(T)] for a, r in results.items()]
+        rows = [[_accountant_label(a, r), _fmt_eps(r.epsilon), f"{delta:g}", f"{sigma:g}", f"{q:g}", _fmt_count(T)]
+                for a, r in results.items()]
+        notes = list(results["pld"].notes) + [n for n in results["rdp"].notes if n not in results["pld"].notes]
         _print_table("privtune account: ε (add/remove one example)",
-                     ["accountant", "ε", "δ", "σ", "q", "T"], rows, results["pld"].notes)
+                     ["accountant", "ε", "δ", "σ", "q", "T"], rows, notes)
         return 0
 
     target = check_epsilon(epsilon, "--epsilon")
@@ -175,16 +201,21 @@ def account(noise_multiplier, epsilon, delta, sample_rate, steps, dataset_size, 
             sigmas[a] = A.calibrate_noise_multiplier(target, delta, q, T, a, sampling=sampling)
         except InfeasibleBudgetError as exc:  # name the flag, not the Python argument
             raise InfeasibleBudgetError(str(exc).replace("`target_epsilon`", "`--epsilon`")) from None
-    achieved = {a: A.compute_epsilon(event(s), delta, a) for a, s in sigmas.items()}
+    checked = {a: A.account(event(s), delta, a) for a, s in sigmas.items()}
+    achieved = {a: r.epsilon for a, r in checked.items()}
+    # notes worth showing: why an accountant fell back or stopped refining (not the routine interval note)
+    notes = [n for r in checked.values() for n in r.notes if not n.startswith("PLD value discretisation interval")]
+    notes = list(dict.fromkeys(notes))
     if as_json:
         click.echo(json.dumps({
             "epsilon": achieved[accountant], "target_epsilon": target, "delta": delta,
-            "noise_multiplier": sigmas[accountant], "sample_rate": q, "steps": T, "accountant": accountant,
-            "sampling": sampling, "noise_multipliers": sigmas, "dataset_size": n,
+            "noise_multiplier": sigmas[accountant], "sample_rate": q, "steps": T,
+            "accountant": checked[accountant].accountant, "requested_accountant": accountant,
+            "sampling": sampling, "noise_multipliers": sigmas, "dataset_size": n, "notes": notes,
         }))
         return 0
-    rows = [[a, f"{sigmas[a]:.5f}", f"{achieved[a]:.5f}", f"{target:g}", f"{delta:g}", f"{q:g}", str(T)]
-            for a in A.ACCOUNTANTS]
+    rows = [[_accountant_label(a, checked[a]), f"{sigmas[a]:.5f}", _fmt_eps(achieved[a], 5), f"{target:g}",
+             f"{delta:g}", f"{q:g}", _fmt_count(T)] for a in A.ACCOUNTANTS]
     _print_table("privtune account: calibrated σ (noise std / clipping norm)",
-                 ["accountant", "σ", "achieved ε", "target ε", "δ", "q", "T"], rows, [])
+                 ["accountant", "σ", "achieved ε", "target ε", "δ", "q", "T"], rows, notes)
     return 0

@@ -33,9 +33,14 @@ def _command_line() -> str:
 
 
 def _open(url: str | None):
+    from privtune.errors import InvalidParameterError
     from privtune.ledger import Ledger
 
-    return Ledger(url)
+    try:
+        return Ledger(url)
+    except InvalidParameterError as exc:  # name the flag (or the variable), not the Python argument
+        name = "`--ledger`" if url is not None else "`$PRIVTUNE_LEDGER`"
+        raise InvalidParameterError(str(exc).replace("`url`", name, 1)) from None
 
 
 def _console():
@@ -189,11 +194,22 @@ def verify(ctx: click.Context, dataset: str | None, as_json: bool, ledger_url: s
 def spend(dataset: str, noise_multiplier: float, sample_rate: float, steps: int, sampling: str,
           delta: float | None, note: str | None, force: bool, ledger_url: str | None) -> None:
     """Record an external DP-SGD run (e.g. trained with another library) so the books stay complete."""
+    from privtune._validation import (
+        check_accounted_noise_multiplier,
+        check_delta,
+        check_sample_rate,
+        check_steps,
+    )
     from privtune.accounting.events import DPSGDEvent, describe_event
+    from privtune.errors import InvalidParameterError
 
+    # validate here so that errors name the flags (--noise-multiplier), not the Python arguments
+    noise_multiplier = check_accounted_noise_multiplier(noise_multiplier, "--noise-multiplier")
+    sample_rate = check_sample_rate(sample_rate, "--sample-rate")
+    steps = check_steps(steps, "--steps")
+    if delta is not None:
+        delta = check_delta(delta, "--delta")
     if sampling == "full_batch" and sample_rate != 1.0:
-        from privtune.errors import InvalidParameterError
-
         raise InvalidParameterError(f"`--sample-rate` must be 1 with --sampling full_batch. Got {sample_rate!r}.")
     event = DPSGDEvent(noise_multiplier, sample_rate, steps, sampling=sampling)
     ledger = _open(ledger_url)

@@ -99,8 +99,22 @@ def _is_default_location(path: Path) -> bool:
     return path.parent == privtune_home()
 
 
-def resolve_url(url: str | os.PathLike | None) -> tuple[URL, Path | None, bool]:
-    """Return (SQLAlchemy URL, SQLite file path or None, whether it is the default location)."""
+def _in_memory_error(raw: str) -> InvalidParameterError:
+    return InvalidParameterError(
+        f"`url` {mask_url(raw)!r} names no SQLite file, which would give an in-memory ledger: it forgets "
+        "every budget and spend when the process exits, so nothing would be on the books. Pass a file, "
+        "e.g. 'sqlite:////absolute/path/ledger.db' (four slashes for an absolute path) or a plain path; "
+        "omit --ledger to use $PRIVTUNE_LEDGER or ~/.privtune/ledger.db. (From Python, a throw-away "
+        "ledger for tests is Ledger('sqlite:///:memory:', allow_in_memory=True).)"
+    )
+
+
+def resolve_url(url: str | os.PathLike | None, *, allow_in_memory: bool = False) -> tuple[URL, Path | None, bool]:
+    """Return (SQLAlchemy URL, SQLite file path or None, whether it is the default location).
+
+    An SQLite URL without a file (``sqlite://``, ``sqlite:///``, ``sqlite:///:memory:``, or a
+    ``file:`` URI in memory mode) is refused unless ``allow_in_memory``: an in-memory ledger
+    keeps no books."""
     raw = default_ledger_url() if url is None else url
     if isinstance(raw, os.PathLike):
         raw = os.fspath(raw)
@@ -125,11 +139,19 @@ def resolve_url(url: str | os.PathLike | None) -> tuple[URL, Path | None, bool]:
     if backend == "sqlite":
         if u.drivername not in ("sqlite", "sqlite+pysqlite"):
             raise InvalidParameterError(f"`url` driver {u.drivername!r} is not supported; use plain 'sqlite:///PATH'.")
-        db = u.database or ""
+        db = (u.database or "").strip()
         if db in ("", ":memory:"):
+            if not allow_in_memory:
+                raise _in_memory_error(raw)
             return u, None, False
         if db.startswith("file:"):  # SQLite URI filename (e.g. ?mode=ro&uri=true)
-            return u, Path(db[len("file:"):].split("?", 1)[0]).expanduser(), False
+            name, _, query = db[len("file:"):].partition("?")
+            in_memory = name in ("", ":memory:") or "mode=memory" in query or u.query.get("mode") == "memory"
+            if in_memory:
+                if not allow_in_memory:
+                    raise _in_memory_error(raw)
+                return u, None, False
+            return u, Path(name).expanduser(), False
         path = Path(db).expanduser()
         u = u.set(database=str(path))
         return u, path, _is_default_location(path)

@@ -30,6 +30,7 @@ import dataclasses
 import getpass
 import hashlib
 import json
+import math
 import os
 import socket
 import uuid
@@ -527,6 +528,17 @@ def _fmt(eps: float) -> str:
     return f"{eps:.4g}"
 
 
+def _refuse_infinite(eps_after: float, events: tuple, delta: float) -> None:
+    """A forced record must still have a finite ε: the books cannot compose an infinite one."""
+    if not math.isfinite(eps_after):
+        raise BudgetExceededError(
+            f"The events [{'; '.join(describe_event(e) for e in events)}] have no finite ε at δ = {delta:g} "
+            "(a noise multiplier below 1e-06, or an accountant overflow), so they cannot be recorded, even "
+            "with force=True: the ledger composes finite ε's only. Such a run is not differentially private; "
+            "if it really touched this dataset, the dataset's privacy guarantee is gone."
+        )
+
+
 # --------------------------------------------------------------------------- the ledger
 
 
@@ -549,14 +561,18 @@ class Reservation:
         self.remaining_epsilon = remaining_epsilon
         self.state = "reserved"
 
-    def commit(self, actual_events: Any = None, *, command: str | None = None) -> Entry:
+    def commit(self, actual_events: Any = None, *, command: str | None = None, force: bool = False) -> Entry:
         """Record the actually spent events (default: the planned ones) and close the entry.
 
-        Actual events that cost more than the reservation are still recorded (the books must
-        show what happened), with a warning; BudgetExceededError follows if the dataset's total
-        is then overspent.
+        Committed events must not cost more than the reservation (their composed ε on their own,
+        at the dataset's δ, with the dataset's accountant): otherwise BudgetExceededError is
+        raised, nothing is written and the reservation stays charged.  ``force=True`` records
+        such events anyway (a run that really spent more: the books must show it), with a
+        warning and ``exceeded_reservation`` in the record; BudgetExceededError then follows
+        if the dataset's total is overspent.
         """
-        entry = self.ledger._commit(self.fingerprint, self.entry_id, actual_events, command=command)
+        entry = self.ledger._commit(self.fingerprint, self.entry_id, actual_events, command=command,
+                                    force=bool(force))
         self.state = "committed"
         return entry
 
@@ -582,12 +598,19 @@ class Ledger:
         ``"sqlite:////abs/path.db"`` (or a bare file path) for a file on this machine;
         ``"postgresql://user:password@host:5432/dbname"`` for a ledger shared by a team.
 
+    allow_in_memory : bool, default False
+        Accept an SQLite URL without a file (``sqlite:///:memory:``, ``sqlite:///``): a throw-away
+        ledger that forgets everything when the process exits (tests only).  Without it such a
+        URL raises InvalidParameterError, so that ``--ledger sqlite:///`` cannot silently keep no
+        books.
+
     The database is opened (and its schema created when empty) on first use.  A file that is
     not a privtune ledger, or is corrupted, raises LedgerError; it is never reset.
     """
 
-    def __init__(self, url: str | os.PathLike | None = None) -> None:
-        self._sa_url, self._sqlite_path, self._default_location = backend.resolve_url(url)
+    def __init__(self, url: str | os.PathLike | None = None, *, allow_in_memory: bool = False) -> None:
+        self._sa_url, self._sqlite_path, self._default_location = backend.resolve_url(
+            url, allow_in_memory=bool(allow_in_memory))
         self._engine: sa.Engine | None = None
         self._pid: int | None = None
         self._replays: dict[int, tuple] = {}  # dataset id -> ((head_seq, head_hash), replayed state)
@@ -980,6 +1003,7 @@ class Ledger:
             eps_after = composed_epsilon(st.charged_events(), st.delta, st.accountant, new=events)
             if eps_after > st.total_epsilon * (1 + _RTOL) and not force:
                 raise self._exceeded(st, events, eps_after, "The external run")
+            _refuse_infinite(eps_after, events, st.delta)
             entry_id = uuid.uuid4().hex
             dicts = [event_to_dict(e) for e in events]
             self._append(conn, st, "reserve", entry_id,
@@ -1009,7 +1033,8 @@ class Ledger:
             )
         return st, e
 
-    def _commit(self, fingerprint: str, entry_id: str, actual_events: Any, *, command: str | None) -> Entry:
+    def _commit(self, fingerprint: str, entry_id: str, actual_events: Any, *, command: str | None,
+                force: bool = False) -> Entry:
         overspent = False
         with self._write() as conn:
             st, e = self._open_entry(conn, fingerprint, entry_id)
@@ -1017,15 +1042,26 @@ class Ledger:
             who = _who(command or e.first.command, None)
             who["config_hash"] = e.first.config_hash
             eps_after = composed_epsilon(st.charged_events(exclude=entry_id), st.delta, st.accountant, new=actual)
+            _refuse_infinite(eps_after, actual, st.delta)
             payload: dict[str, Any] = {"events": [event_to_dict(x) for x in actual]}
             if group_events(actual) != group_events(e.planned):
                 eps_actual = composed_epsilon((), st.delta, st.accountant, new=actual)
                 eps_planned = composed_epsilon((), st.delta, st.accountant, new=e.planned)
                 if eps_actual > eps_planned * (1 + _RTOL):
+                    if not force:
+                        raise BudgetExceededError(
+                            f"Entry {entry_id} reserved ε = {_fmt(eps_planned)} "
+                            f"([{'; '.join(describe_event(x) for x in e.planned)}]) but the commit's events cost "
+                            f"ε = {_fmt(eps_actual)} on their own ([{'; '.join(describe_event(x) for x in actual)}]) "
+                            f"at δ = {st.delta:g} ({st.accountant}). Committed events must not exceed the "
+                            "reservation: the commit was refused, nothing was written and the reservation stays "
+                            "charged. If the run really spent this much, commit with force=True to record it "
+                            "(the dataset may become overspent)."
+                        )
                     payload["exceeded_reservation"] = True
                     warnings.warn(
                         f"Entry {entry_id} spent ε = {_fmt(eps_actual)} alone, more than its reservation "
-                        f"(ε = {_fmt(eps_planned)}); the actual events are recorded.",
+                        f"(ε = {_fmt(eps_planned)}); recorded because force=True.",
                         UserWarning, stacklevel=3,
                     )
             self._append(conn, st, "commit", entry_id, payload, eps_after, who)
