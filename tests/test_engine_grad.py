@@ -286,3 +286,59 @@ def test_cuda_step_matches_cpu():
         grads.append(torch.cat([p.grad.reshape(-1).cpu() for p in model.parameters()]))
         pg.close()
     assert torch.allclose(grads[0], grads[1], rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "T_, p, d, form",
+    [
+        (4, 64, 64, "ghost"),          # short sequence, wide layer: 2T² = 32 < p·d = 4096
+        (64, 4, 4, "per-example"),     # long sequence, narrow layer: 2T² = 8192 > p·d = 16
+        (8, 13, 10, "ghost"),          # just below the boundary: 128 < 130
+        (8, 16, 8, "per-example"),     # on the boundary 2T² = p·d = 128: the rule is strict
+        (1, 5, 7, "rank-one"),
+    ],
+)
+def test_linear_norm_form_is_chosen_by_cost(T_, p, d, form):
+    """The cost rule 2T² vs p·d picks the form, and _linear_weight_sq really follows it: only the ghost
+    form builds (and caches) the T×T Gram matrix of the layer input."""
+    from privtune.engine._layers import _linear_weight_sq, linear_norm_form
+
+    assert linear_norm_form(T_, p, d) == form
+    torch.manual_seed(0)
+    a = torch.randn(3, T_, d, dtype=torch.float64)
+    g = torch.randn(3, T_, p, dtype=torch.float64)
+    cache: dict = {}
+    got = _linear_weight_sq(a, g, cache)
+    assert len(cache) == (1 if form == "ghost" else 0)
+    if form == "ghost":
+        (_, gram), = cache.values()
+        assert gram.shape == (3, T_, T_)
+    ref = torch.stack([(g[i].t() @ a[i]).pow(2).sum() for i in range(3)])
+    assert torch.allclose(got, ref, rtol=1e-12)
+
+
+def test_private_gradient_uses_the_form_the_rule_picks(monkeypatch):
+    """Through the DP step: a wide layer on a short sequence goes ghost, a narrow one on a long sequence
+    goes per-example (recorded from the Gram cache each call leaves behind)."""
+    import privtune.engine._layers as layers
+
+    real = layers._linear_weight_sq
+    seen = []
+
+    def spy(a, g, cache=None):
+        before = len(cache) if cache is not None else 0
+        out = real(a, g, cache)
+        seen.append(((a.shape[1], g.shape[-1], a.shape[-1]), (len(cache) if cache is not None else 0) > before))
+        return out
+
+    monkeypatch.setattr(layers, "_linear_weight_sq", spy)
+    for T_, width, want_ghost in ((4, 48, True), (40, 3, False)):
+        seen.clear()
+        torch.manual_seed(0)
+        lin = nn.Linear(width, width).double()
+        x = torch.randn(B, T_, width, dtype=torch.float64)
+        pg = PrivateGradient(lin, max_grad_norm=1.0, noise_multiplier=0.0, expected_batch_size=1.0)
+        pg.backward(lin(x).pow(2).mean((1, 2)))
+        pg.release()
+        pg.close()
+        assert seen == [((T_, width, width), want_ghost)]

@@ -48,7 +48,8 @@ from privtune.errors import InvalidParameterError
 COMMANDS = ("train", "tune")
 
 TRAIN_MODES = ("full", "bitfit", "last-layer", "lora", "two-phase")
-TUNE_MODES = (*TRAIN_MODES, "auto")
+TUNE_MODES = ("auto", "last-layer", "bitfit", "lora", "full")  # what privtune.tune accepts (no two-phase)
+TUNE_SELECTIONS = ("public-validation", "private-validation", "train-accuracy", "train-loss")
 STRATEGIES = ("linear-scaling", "hyperfree", "single-step", "random-search", "grid-oracle")
 OPTIMIZERS = ("sgd", "adam", "adamw", "lamb")
 CLIPPING = ("flat", "automatic")
@@ -61,7 +62,8 @@ class Option:
     """One configuration key.
 
     ``kind`` is one of ``"path"``, ``"str"``, ``"float"``, ``"int"``, ``"number"`` (int or
-    float), ``"bool"``, ``"choice"``, ``"mapping"``.  ``low``/``high`` bound numbers
+    float), ``"bool"``, ``"choice"``, ``"mapping"``, ``"str_list"`` (a list of names, or one
+    comma-separated string).  ``low``/``high`` bound numbers
     (``low`` exclusive, ``high`` inclusive unless ``high_exclusive``).  ``example`` is the
     value shown in the template; ``active`` makes the template set it instead of showing
     it commented out.
@@ -122,6 +124,17 @@ _TRAIN: list[Option] = [
     Option("sampling", "choice",
            "poisson (amplification accounted), shuffle (accounted without amplification) or full_batch.",
            "poisson", choices=SAMPLING),
+    Option("assume_poisson", "bool",
+           "Only with `sampling: shuffle`: account the shuffled batches AS IF Poisson sampled (an assumption, not a "
+           "proof; recorded in the certificate).", False),
+    Option("lora_rank", "int", "Only with `mode: lora`: LoRA rank r (default 8).", 8, low=1, low_inclusive=True),
+    Option("lora_alpha", "float", "Only with `mode: lora`: LoRA scaling alpha; the update is alpha/r * B A (default 16).",
+           16.0, low=0.0),
+    Option("lora_target_modules", "str_list",
+           "Only with `mode: lora`: names of the modules that get adapters (default per architecture).",
+           ["query", "value"]),
+    Option("device", "str", "Where to train: cpu, cuda, cuda:N or mps; unset = cuda when available, else cpu.",
+           "cpu"),
     Option("clipping_diagnostics", "bool",
            "Record clipping diagnostics. NOT PRIVATE: reads private data without noise.", False),
     Option("ledger", "str", "Budget ledger URL (sqlite:///PATH or postgresql://...); unset = $PRIVTUNE_LEDGER or "
@@ -140,9 +153,15 @@ _TUNE: list[Option] = [
            + " (grid-oracle is NOT PRIVATE: a reference only).", "hyperfree", choices=STRATEGIES, active=True),
     Option("public_eval_data", "path",
            "Validation split you declare PUBLIC, used to score trials at no privacy cost.", "public_dev.tsv"),
-    Option("selection", "str", "How trials are scored (e.g. public-validation, private-validation, train-loss); "
-           "unset = the strategy's default.", "train-loss"),
-    Option("trials", "int", "Number of tuning trials (strategy-specific default when unset).", 6, low=0.0),
+    Option("selection", "choice", "How trials are scored: " + ", ".join(TUNE_SELECTIONS) + " (the last three are "
+           "charged); unset = public-validation when public_eval_data is given, else train-accuracy.", "train-loss",
+           choices=TUNE_SELECTIONS),
+    Option("selection_noise", "float", "σ of a charged selection score (noise std of the correct-count); unset = "
+           "max(5, 0.5 % of the scored examples).", 20.0, low=0.0),
+    Option("validation_fraction", "float", "Fraction of the training data held out as the private validation "
+           "split when selection is private-validation (its scores are charged).", 0.1, low=0.0, high=0.5),
+    Option("trials", "int", "Number of tuning trials of linear-scaling / random-search (unset = the strategy's "
+           "default; strategies without trials refuse it).", 6, low=0.0),
     Option("epochs", "number", "Passes over the data of the final run.", 3, low=0.0),
     Option("steps", "int", "Optimizer steps of the final run (instead of epochs).", 1000, low=0.0),
     Option("batch_size", "int", "Expected batch size; unset = recommended from the budget (Rehn et al.).", 256,
@@ -151,17 +170,22 @@ _TUNE: list[Option] = [
     Option("clip", "float", "Clipping norm C.", 1.0, low=0.0),
     Option("clipping", "choice", "flat or automatic (AUTO-S).", "flat", choices=CLIPPING),
     Option("optimizer", "choice", "Optimizer applied to the privatised gradient.", "adam", choices=OPTIMIZERS),
-    Option("strategy_options", "mapping", "Extra keyword arguments of the strategy (see docs/strategies.md).",
-           {"r_max": 100.0}),
+    Option("strategy_options", "mapping", "Extra parameters of the strategy's config (docs/strategies.md); the keys "
+           "depend on the strategy, e.g. hyperfree: interval, lr0, gamma_noise; linear-scaling: runs_per_sweep, "
+           "lr_bounds, sweep_epsilons; random-search: trials, accounting; single-step: optimizer.",
+           {"interval": 5, "gamma_noise": 1.01}),
     Option("nonprivate_reference", "bool",
            "Also train a non-private reference for comparison. NOT PRIVATE; never released.", False),
     Option("ledger", "str", "Budget ledger URL; unset = $PRIVTUNE_LEDGER or ~/.privtune/ledger.db "
            "(the embedded demo keeps its ledger inside the run directory).", "sqlite:///ledger.db"),
     Option("output", "path", "Run directory; unset = a new runs/<timestamp>/.", "runs/my-tuning-run"),
-    Option("seed", "int", "Seed for data order, search and noise (experiments only).", 0, low=0,
+    Option("seed", "int", "Seed for data order, search and noise (experiments only: anyone who knows it can "
+           "reproduce the noise; unset = OS entropy, never written to the run's files).", 0, low=0,
            low_inclusive=True),
+    Option("feature_cache_dir", "path", "Directory caching backbone features between runs (features of your "
+           "private data: keep it as private as the data).", "feature-cache"),
     Option("quiet", "bool", "No progress display (RUN_DIR/log.txt is still written).", False),
-]
+]  # `--resume` is a flag only: `privtune tune --resume --config RUN_DIR/config.yaml` continues an interrupted run
 
 SCHEMAS: dict[str, dict[str, Option]] = {
     "train": {o.key: o for o in _TRAIN},
@@ -277,11 +301,17 @@ def validate_value(opt: Option, value: Any, source: str = "config") -> Any:
         if isinstance(value, bool):
             return value
         raise _type_error(opt, value, source, "true or false")
+    if kind == "str_list":
+        items = value.split(",") if isinstance(value, str) else value
+        if isinstance(items, (list, tuple)) and items and all(isinstance(v, str) and v.strip() for v in items):
+            return [v.strip() for v in items]
+        raise _type_error(opt, value, source, "a non-empty list of names (or one comma-separated string)",
+                          "Example: `" + opt.key + ": [" + ", ".join(map(str, opt.example)) + "]`.")
     if kind == "mapping":
         if isinstance(value, Mapping) and all(isinstance(k, str) for k in value):
             return dict(value)
-        raise _type_error(opt, value, source, "a mapping of name: value",
-                          f"Example:\n  {opt.key}:\n    r_max: 100.0")
+        example = "".join(f"\n    {k}: {_yaml_scalar(v)}" for k, v in (opt.example or {}).items())
+        raise _type_error(opt, value, source, "a mapping of name: value", f"Example:\n  {opt.key}:{example}")
     if kind in ("float", "int", "number"):
         allowed = {"float": "a number", "int": "an integer", "number": "a number"}[kind] + f" in {_interval(opt)}"
         if isinstance(value, bool) or not isinstance(value, numbers.Real):

@@ -155,10 +155,15 @@ def _trained_module(model: nn.Module, data: Any) -> nn.Module:
     return model
 
 
+def _device_of(module: nn.Module) -> torch.device:
+    p = next(module.parameters(), None)
+    return p.device if p is not None else torch.device("cpu")
+
+
 def _forward(model: nn.Module, module: nn.Module, data: Any, idx: torch.Tensor) -> torch.Tensor:
     if _is_features(data):
-        return module(data.features[idx])
-    return model(**model.encode(data, idx))
+        return module(data.features[idx].to(_device_of(module)))
+    return model(**model.encode(data, idx))  # a Classifier moves its inputs to its own device
 
 
 @torch.no_grad()
@@ -167,7 +172,8 @@ def evaluate(model: nn.Module, data: Any, *, batch_size: int = 128) -> dict:
     labels = _labels_tensor(data)
     if _is_features(data):
         head = getattr(model, "classification_head", model)
-        logits = torch.cat([head(data.features[s : s + 8192]) for s in range(0, len(data), 8192)])
+        dev = _device_of(head)
+        logits = torch.cat([head(data.features[s : s + 8192].to(dev)).cpu() for s in range(0, len(data), 8192)])
     else:
         logits = model.predict_logits(data, batch_size=batch_size)
     if logits.shape[1] <= int(labels.max()):
@@ -262,8 +268,10 @@ class _Loop:
 
     def __init__(self, model, data, *, noise_multiplier, sample_rate, phases: list[_Phase], clip, clipping,
                  optimizer, per_layer_clipping=False, momentum, weight_decay, sampling, max_physical_batch_size, seed, eval_set,
-                 eval_every, callback, progress, delta, accountant, clipping_diagnostics, fast_head=True):
+                 eval_every, callback, progress, delta, accountant, clipping_diagnostics, fast_head=True,
+                 assume_poisson=False, device=None):
         self.model, self.data = model, data
+        self.assume_poisson = bool(assume_poisson)
         self.fast_head = fast_head
         self.sigma, self.q, self.phases = noise_multiplier, sample_rate, phases
         self.clip, self.clipping, self.optimizer_name = clip, clipping, optimizer
@@ -278,6 +286,11 @@ class _Loop:
         self.lengths = (torch.tensor([len(t) for t in data.texts]) if getattr(data, "kind", None) == "text"
                         else None)
         self.module = _trained_module(model, data)
+        from privtune.models import resolve_device
+
+        self.device = resolve_device(device)
+        model.to(self.device)  # the whole model (also the frozen backbone of a head trained on features)
+        self.module.to(self.device)
         if seed is not None:
             self.sampler_seed, self.noise_seed = int(seed), int(seed) + 1
         else:
@@ -291,7 +304,7 @@ class _Loop:
         self.total_steps = sum(p.steps for p in phases)
         self.examples = 0
         self.seconds = 0.0
-        self.diag = {"norms": [], "labels": []} if clipping_diagnostics else None
+        self.diag = {"norms": [], "labels": [], "layer_norms": []} if clipping_diagnostics else None
         self.pg = None
         self.opt = None
         self._setup_phase(0, first=True)
@@ -376,7 +389,7 @@ class _Loop:
             t = ph.steps if planned else done
             if t > 0:
                 out.append(DPSGDEvent(self.sigma, 1.0 if self.sampling == "full_batch" else self.q, t,
-                                      sampling=self.sampling, label=ph.label))
+                                      sampling=self.sampling, assume_poisson=self.assume_poisson, label=ph.label))
         return out
 
     def epsilon_so_far(self) -> float | None:
@@ -396,17 +409,21 @@ class _Loop:
         loss_sum, count = 0.0, 0
         for s in range(0, idx.numel(), self.max_phys):
             chunk = idx[s : s + self.max_phys]
+            y = self.labels[chunk].to(self.device)
             if hasattr(self.pg, "accumulate"):  # closed-form linear head on cached features
-                losses, norms = self.pg.accumulate(self.data.features[chunk], self.labels[chunk])
+                losses, norms = self.pg.accumulate(self.data.features[chunk].to(self.device), y)
             else:
                 logits = _forward(self.model, self.module, self.data, chunk)
-                losses = F.cross_entropy(logits, self.labels[chunk], reduction="none")
+                losses = F.cross_entropy(logits, y, reduction="none")
                 norms = self.pg.backward(losses)
             loss_sum += float(losses.detach().sum())
             count += chunk.numel()
             if self.diag is not None:
-                self.diag["norms"].append(norms.detach().float().cpu())
+                self.diag["norms"].append(norms.detach().double().cpu())
                 self.diag["labels"].append(self.labels[chunk].clone())
+                layer = getattr(self.pg, "last_layer_norms", None) if self.per_layer else None
+                if layer is not None and chunk.numel():
+                    self.diag.setdefault("layer_norms", []).append(layer.detach().double().cpu())
         self.pg.release()
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
@@ -454,10 +471,30 @@ class _Loop:
 
         norms = torch.cat(self.diag["norms"]).double()
         labels = torch.cat(self.diag["labels"])
-        out = clipping_diagnostics(norms, self.clip, labels=labels, num_classes=int(self.labels.max()) + 1)
+        gamma = float(getattr(self.pg, "gamma", 0.01))
+        layer_norms = None
+        if self.per_layer:
+            if hasattr(self.pg, "accumulate"):  # one nn.Linear head is one layer: C/sqrt(1) = C
+                layer_norms = norms[:, None]
+            elif self.diag.get("layer_norms"):
+                layer_norms = torch.cat(self.diag["layer_norms"])
+        out = clipping_diagnostics(norms, self.clip, labels=labels, num_classes=int(self.labels.max()) + 1,
+                                   clipping=self.clipping, gamma=gamma, layer_norms=layer_norms)
         out["note"] = ("per-example gradient norms of private training examples seen during training, without "
                        "noise (seed 003 diagnostics); never use them to choose what is released")
         out["scope"] = "all sampled examples of all steps"
+        flat_whole = self.clipping == "flat" and (
+            not self.per_layer or (layer_norms is not None and layer_norms.shape[1] == 1))
+        if not flat_whole:
+            K = layer_norms.shape[1] if layer_norms is not None else "K"
+            used = "automatic clipping (AUTO-S)" if self.clipping != "flat" else (
+                f"per-layer clipping (threshold C/sqrt(K) for each of K = {K} layers)")
+            out["mse_optimal_clip"] = {
+                "C": None, "label": "NOT PRIVATE",
+                "note": ("not computed: the MSE-optimal C of seed 003 (Thm 5.2) is defined for flat clipping of the "
+                         f"whole per-example gradient, and this run used {used}"),
+            }
+            return out
         # MSE-optimal clipping norm for the final parameters on a small sample (exact solver, Thm 5.2)
         params = [p for p in self.module.parameters() if p.requires_grad]
         n_params = sum(p.numel() for p in params)
@@ -466,9 +503,9 @@ class _Loop:
         if n_params * sample.numel() <= 5e7:
             with torch.enable_grad():
                 if hasattr(self.pg, "accumulate"):
-                    X, y = self.data.features[sample], self.labels[sample]
+                    X, y = self.data.features[sample].to(self.device), self.labels[sample].to(self.device)
                     resid = torch.softmax(self.module(X), 1).detach()
-                    resid[torch.arange(y.numel()), y] -= 1.0
+                    resid[torch.arange(y.numel(), device=y.device), y] -= 1.0
                     parts = []
                     if self.module.weight.requires_grad:
                         parts.append((resid[:, :, None] * X[:, None, :]).flatten(1))
@@ -480,7 +517,7 @@ class _Loop:
                     ctx = pause if pause is not None else torch.enable_grad()
                     with ctx:
                         logits = _forward(self.model, self.module, self.data, sample)
-                        losses = F.cross_entropy(logits, self.labels[sample], reduction="none")
+                        losses = F.cross_entropy(logits, self.labels[sample].to(logits.device), reduction="none")
                         G = per_example_gradients(losses, params)
             opt = optimal_clip_mse(G, self.sigma)
             out["mse_optimal_clip"] = {"C": opt["C"], "sample_size": int(sample.numel()),
@@ -537,6 +574,8 @@ def fit(
     accountant: str = "pld",
     clipping_diagnostics: bool = False,
     fast_head: bool = True,
+    assume_poisson: bool = False,
+    device: Any = None,
 ) -> FitResult:
     """Train ``model`` privately for ``steps`` DP steps; no ledger, no files.
 
@@ -593,6 +632,16 @@ def fit(
         On a FeatureSet, compute the linear head's per-example gradients in closed form
         (:class:`privtune.finetune.LinearHeadGradient`: same clipping, noise generator and
         normalisation as PrivateGradient); False uses PrivateGradient's hooks.
+    assume_poisson : bool, default False
+        Only with ``sampling="shuffle"``: account the shuffled fixed-size batches AS IF they were
+        Poisson sampled with rate q (amplification by subsampling).  This is an assumption, not a
+        proof; the events carry it and every certificate built from them states it.  By default
+        shuffling is accounted without amplification (one full-data Gaussian release per epoch).
+    device : str or torch.device, optional
+        Where the model and each batch live: ``None`` (default) is ``"cuda"`` when
+        ``torch.cuda.is_available()``, else ``"cpu"``; or ``"cpu"``, ``"cuda"``, ``"cuda:N"``, ``"mps"``.
+        The model is moved there in place.  Sampling and noise generators stay on the CPU (so a seed
+        gives the same batches and noise on every device); the noise is moved to the parameters' device.
 
     Returns
     -------
@@ -611,8 +660,16 @@ def fit(
         raise InvalidParameterError(f"`sample_rate` must be 1.0 for sampling='full_batch'. Got {q!r}.")
     if q == 1.0 and sampling == "poisson":
         sampling = "full_batch"
+    assume_poisson = _check_assume_poisson(assume_poisson, sampling)
+    from privtune.models import resolve_device
+
+    device = resolve_device(device)
     if len(train_set) == 0:
         raise DataError("The training data is empty. Pass at least one labelled example.")
+    if sampling == "shuffle":
+        # The sampler cuts batches of round(q·N); account the rate it really uses, so that the number of
+        # epochs ⌈T·B/N⌉ is never smaller than the passes the steps actually make.
+        q = max(1, round(q * len(train_set))) / len(train_set)
     if max_physical_batch_size is None:
         max_physical_batch_size = 65536 if _is_features(train_set) else 32
     max_phys = check_int(max_physical_batch_size, "max_physical_batch_size", low=1)
@@ -628,7 +685,8 @@ def fit(
                  clipping=clipping, per_layer_clipping=per_layer_clipping, optimizer=optimizer, momentum=momentum, weight_decay=weight_decay,
                  sampling=sampling, max_physical_batch_size=max_phys, seed=seed, eval_set=eval_set,
                  eval_every=eval_every, callback=callback, progress=progress, delta=delta, accountant=accountant,
-                 clipping_diagnostics=clipping_diagnostics, fast_head=fast_head)
+                 clipping_diagnostics=clipping_diagnostics, fast_head=fast_head, assume_poisson=assume_poisson,
+                 device=device)
     if own_progress is not None:
         with own_progress:
             own_progress.start_phase("DP training (batch loss NOT PRIVATE)", total=loop.total_steps, unit="steps")
@@ -636,6 +694,43 @@ def fit(
     else:
         loop.run()
     return _result(loop)
+
+
+def _check_lora_options(mode: str, rank: Any, alpha: Any, targets: Any) -> tuple[int, float, list[str] | None]:
+    """Validate the LoRA options of :func:`train` (before any data is read); returns (rank, alpha, targets)."""
+    given = [name for name, v in (("lora_rank", rank), ("lora_alpha", alpha), ("lora_target_modules", targets))
+             if v is not None]
+    if given and mode != "lora":
+        raise InvalidParameterError(
+            f"`{given[0]}` only applies to mode='lora'. Got mode={mode!r}. Drop the LoRA option(s) {given}, or "
+            "pass mode='lora' (CLI: --mode lora)."
+        )
+    rank = 8 if rank is None else check_int(rank, "lora_rank", low=1, fix="The LoRA rank r must be at least 1, e.g. 8.")
+    alpha = 16.0 if alpha is None else check_real(alpha, "lora_alpha", low=0.0,
+                                                  fix="LoRA scales its update by alpha/r; pass e.g. lora_alpha=16.")
+    if targets is not None:
+        if isinstance(targets, str):
+            targets = [t.strip() for t in targets.split(",")]
+        if not isinstance(targets, (list, tuple)) or not targets or not all(
+                isinstance(t, str) and t.strip() for t in targets):
+            raise InvalidParameterError(
+                "`lora_target_modules` must be a non-empty list of module names (or one comma-separated string, "
+                f"CLI: --lora-target-modules query,value). Got {targets!r}."
+            )
+        targets = [t.strip() for t in targets]
+    return rank, alpha, targets
+
+
+def _check_assume_poisson(assume_poisson: Any, sampling: str) -> bool:
+    if not isinstance(assume_poisson, bool):
+        raise InvalidParameterError(f"`assume_poisson` must be True or False. Got {assume_poisson!r}.")
+    if assume_poisson and sampling != "shuffle":
+        raise InvalidParameterError(
+            f"`assume_poisson` only applies to sampling='shuffle' (it accounts shuffled batches as if Poisson "
+            f"sampled). Got sampling={sampling!r}, which is accounted as what it is. Drop assume_poisson, or pass "
+            "sampling='shuffle' (CLI: --sampling shuffle)."
+        )
+    return assume_poisson
 
 
 def _result(loop: _Loop) -> FitResult:
@@ -655,16 +750,21 @@ def _result(loop: _Loop) -> FitResult:
 
 def fit_nonprivate(model: nn.Module, train_set: Any, *, epochs: float = 1.0, batch_size: int = 32,
                    learning_rate: float, optimizer: str = "adam", seed: int | None = 0,
-                   eval_set: Any = None) -> FitResult:
+                   eval_set: Any = None, device: Any = None) -> FitResult:
     """Ordinary (NOT PRIVATE) mini-batch training, the reference DP runs are compared against.
 
     Shuffled batches of ``batch_size``, mean loss, no clipping, no noise.  The result has no events
-    and must never be released as private; benchmarks label it "non-private".
+    and must never be released as private; benchmarks label it "non-private".  ``device`` as in
+    :func:`fit` (default: CUDA when available, else CPU).
     """
+    from privtune.models import resolve_device
     from privtune.optim import make_optimizer
 
+    dev = resolve_device(device)
     labels = _labels_tensor(train_set)
     module = _trained_module(model, train_set)
+    model.to(dev)
+    module.to(dev)
     params = [p for p in module.parameters() if p.requires_grad]
     opt = make_optimizer(optimizer, params, learning_rate=learning_rate)
     g = torch.Generator().manual_seed(seed if seed is not None else secrets.randbits(63))
@@ -679,7 +779,7 @@ def fit_nonprivate(model: nn.Module, train_set: Any, *, epochs: float = 1.0, bat
             perm, pos = torch.randperm(n, generator=g), 0
         idx = perm[pos : pos + batch_size]
         pos += batch_size
-        loss = F.cross_entropy(_forward(model, module, train_set, idx), labels[idx])
+        loss = F.cross_entropy(_forward(model, module, train_set, idx), labels[idx].to(dev))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -774,12 +874,15 @@ def train(
     label_column: str | None = None,
     pooling: str = "auto",
     max_length: int | None = None,
-    lora_rank: int = 8,
-    lora_target_modules: Sequence[str] | None = None,
+    lora_rank: int | None = None,
+    lora_target_modules: Sequence[str] | str | None = None,
     checkpoint_every: int | None = None,
     eval_every: int | None = None,
     clipping_diagnostics: bool = False,
     config: dict | None = None,
+    lora_alpha: float | None = None,
+    assume_poisson: bool = False,
+    device: Any = None,
 ) -> TrainResult:
     """Fine-tune a classifier privately with fixed hyperparameters: one complete, accounted run.
 
@@ -809,7 +912,16 @@ def train(
     resume : continue an interrupted run in ``output_dir`` from its checkpoint, bit for bit (same
         arguments required; the ledger reservation is continued, not charged twice).
     phase1_epochs : two-phase only: epochs of DP full fine-tuning before DP-BiTFiT (default 1).
+    lora_rank, lora_alpha, lora_target_modules : mode="lora" only: rank r ≥ 1 (default 8), scaling α > 0
+        (default 16; the update is α/r · B A) and the names of the modules that get adapters (a list, or
+        one comma-separated string; default per architecture, e.g. ``query,value`` for BERT).  A target
+        that matches no module of the backbone is an error listing the module names there are.
     clipping_diagnostics : NOT PRIVATE norm statistics in history.json (off by default).
+    assume_poisson : sampling="shuffle" only: account the shuffled batches AS IF Poisson sampled (an
+        assumption, recorded in the certificate's events, notes and sampling assumptions); default False
+        accounts shuffling without amplification.
+    device : "cpu", "cuda", "cuda:N", "mps" or None (default: CUDA when available, else CPU).  The model
+        and every batch go there; the saved model, checkpoints and certificate do not depend on it.
 
     Returns
     -------
@@ -863,6 +975,12 @@ def train(
         seed = check_int(seed, "seed", low=0, high=2**62)
     if phase1_epochs is not None and mode != "two-phase":
         raise InvalidParameterError(f"`phase1_epochs` only applies to mode='two-phase'. Got mode={mode!r}.")
+    assume_poisson = _check_assume_poisson(assume_poisson, sampling)
+    lora_rank, lora_alpha, lora_target_modules = _check_lora_options(mode, lora_rank, lora_alpha,
+                                                                     lora_target_modules)
+    from privtune.models import resolve_device
+
+    device_arg, device = device, resolve_device(device)
     out = Path(output_dir).expanduser() if output_dir is not None else None
     ckpt_path = out / "checkpoints" / CHECKPOINT_FILE if out is not None else None
     if resume:
@@ -912,8 +1030,10 @@ def train(
                               label_names=train_set.label_names, max_length=max_length, seed=seed)
     if getattr(clf, "kind", "text") != train_set.kind:
         raise DataError(f"The model takes {clf.kind} inputs but the training data is {train_set.kind}.")
-    mode_info = apply_mode(clf, mode, lora_rank=lora_rank, lora_target_modules=lora_target_modules)
+    mode_info = apply_mode(clf, mode, lora_rank=lora_rank, lora_alpha=lora_alpha,
+                           lora_target_modules=lora_target_modules)
     _dry_run_engine(clf, clip, clipping, per_layer_clipping)  # unsupported modules fail here, before the ledger reservation
+    clf.to(device)
 
     # ---------------------------------------------------------------- 3. plan: q, T, σ, events
     B = batch_size if batch_size is not None else min(n, 256)
@@ -939,11 +1059,12 @@ def train(
 
     if epsilon is not None:
         sigma = calibrate_noise_multiplier(epsilon, delta, sample_rate=q, steps=T, accountant=accountant,
-                                           sampling=sampling)
+                                           sampling=sampling, assume_poisson=assume_poisson)
     else:
         sigma = noise_multiplier
     for ph in phases:
-        planned.append(DPSGDEvent(sigma, q, ph.steps, sampling=sampling, label=ph.label))
+        planned.append(DPSGDEvent(sigma, q, ph.steps, sampling=sampling, assume_poisson=assume_poisson,
+                                  label=ph.label))
     planned_eps = compute_epsilon(planned, delta, accountant=accountant)
     hyper = {
         "mode": mode, "epochs": epochs, "steps": T, "batch_size": B, "sample_rate": q, "sampling": sampling,
@@ -952,7 +1073,11 @@ def train(
         "noise_multiplier": sigma, "momentum": momentum, "weight_decay": weight_decay,
         "phase1_steps": phase1_steps, "phase1_learning_rate": phases[0].learning_rate if phase1_steps else None,
         "max_physical_batch_size": max_phys, "accountant": accountant, "seed": seed,
+        "assume_poisson": assume_poisson,
     }
+    if mode == "lora":
+        hyper.update({"lora_rank": lora_rank, "lora_alpha": lora_alpha,
+                      "lora_target_modules": list(mode_info.lora_target_modules or [])})
     fp = _fingerprint(train_set)
 
     # ---------------------------------------------------------------- 4. run directory and resume state
@@ -962,7 +1087,7 @@ def train(
         out.mkdir(parents=True, exist_ok=True)
         (out / "checkpoints").mkdir(exist_ok=True)
         if resume:
-            state = torch.load(ckpt_path, weights_only=False)
+            state = torch.load(ckpt_path, weights_only=False, map_location="cpu")  # any device resumes
             if state.get("fingerprint") != fp or state.get("hyperparameters") != hyper:
                 diff = [k for k in hyper if state.get("hyperparameters", {}).get(k) != hyper[k]]
                 raise InvalidParameterError(
@@ -1013,7 +1138,7 @@ def train(
                          clipping=clipping, per_layer_clipping=per_layer_clipping, optimizer=optimizer, momentum=momentum, weight_decay=weight_decay,
                          sampling=sampling, max_physical_batch_size=phys, seed=seed, eval_set=fit_eval,
                          eval_every=eval_every, callback=None, progress=None, delta=delta, accountant=accountant,
-                         clipping_diagnostics=clipping_diagnostics)
+                         clipping_diagnostics=clipping_diagnostics, assume_poisson=assume_poisson, device=device)
             if state is not None:
                 loop.load_state_dict(state)
                 log(f"resumed from step {loop.step}")
@@ -1037,8 +1162,11 @@ def train(
 
     metadata = {
         "command": "train", "mode": mode, "hyperparameters": hyper, "dataset_fingerprint": fp,
-        "seeds": {"sampler": loop.sampler_seed, "noise": loop.noise_seed, "explicit_seed": seed},
-        "sampling": sampling, "run_id": run_id, "privtune_version": privtune.__version__,
+        "seeds": {"sampler": loop.sampler_seed, "noise": loop.noise_seed, "explicit_seed": seed,
+                  "noise_seed_source": ("explicit seed (experiments): the noise generator is seeded with seed + 1, "
+                                        "the sampler with seed" if seed is not None else
+                                        "OS entropy (secrets.randbits): the seeds are never stored or exposed")},
+        "sampling": sampling, "assume_poisson": assume_poisson, "device": str(loop.device), "run_id": run_id, "privtune_version": privtune.__version__,
         "selection": "none (fixed hyperparameters)",
         "notes": ([f"dataset registered in the ledger by this run with total ε={epsilon or planned_eps:.4g}"]
                   if registered_now else []) + mode_info.notes,
@@ -1057,7 +1185,7 @@ def train(
         "ledger_url": _mask(getattr(led, "url", None)), "ledger_remaining_epsilon": remaining,
         "trainable_parameters": mode_info.num_trainable, "total_parameters": mode_info.num_total,
         "examples_per_second": result.examples_per_second, "train_seconds": result.seconds,
-        "steps": loop.step,
+        "steps": loop.step, "device": str(loop.device),
     }
     history = {"final_run": result.history, "trials": [], "strategy": {"name": "fixed"}}
     if result.clipping_diagnostics is not None:
@@ -1069,7 +1197,7 @@ def train(
         _write_json(out / "history.json", history)
         _save_config(out, config if config is not None else _effective_config(
             data, eval_data, model, clf, mode, epsilon, noise_multiplier, delta, hyper, ledger, out, text_column,
-            label_column, clipping_diagnostics, phase1_epochs, progress))
+            label_column, clipping_diagnostics, phase1_epochs, progress, device_arg))
         _optional_report(out, log)
         if ckpt_path.exists():
             ckpt_path.unlink()
@@ -1131,7 +1259,8 @@ def _mask(url: Any) -> Any:
 
 
 def _effective_config(data, eval_data, model, clf, mode, epsilon, noise_multiplier, delta, hyper, ledger, out,
-                      text_column, label_column, clipping_diagnostics, phase1_epochs, progress) -> dict:
+                      text_column, label_column, clipping_diagnostics, phase1_epochs, progress,
+                      device_arg=None) -> dict:
     """The options of this run under the `privtune train` configuration keys (reloadable with --config)."""
     def path_or_none(x):
         return str(x) if isinstance(x, (str, os.PathLike)) else None
@@ -1156,6 +1285,13 @@ def _effective_config(data, eval_data, model, clf, mode, epsilon, noise_multipli
         cfg["noise_multiplier"] = noise_multiplier
     if mode == "two-phase":
         cfg["phase1_epochs"] = phase1_epochs if phase1_epochs is not None else 1.0
+    if mode == "lora":
+        for key in ("lora_rank", "lora_alpha", "lora_target_modules"):
+            cfg[key] = hyper.get(key)
+    if hyper.get("assume_poisson"):
+        cfg["assume_poisson"] = True
+    if device_arg is not None:  # only when asked for: a config written on a GPU machine must run elsewhere
+        cfg["device"] = str(device_arg)
     return {k: v for k, v in cfg.items() if v is not None}
 
 

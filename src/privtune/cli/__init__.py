@@ -4,8 +4,9 @@ Each sub-command lives in its own module (``privtune.cli.account``, ``.budget``,
 ``.train``, ``.tune``, ``.report``, ``.config``) and is imported only when it is run,
 so ``privtune account`` does not pay for importing torch.
 
-Errors caused by the user (:class:`privtune.errors.PrivtuneError`) are printed as one
-line, ``error: ...``, and exit with status 2, like click's own usage errors.
+Errors caused by the user (:class:`privtune.errors.PrivtuneError`) and click's own usage
+errors (an invalid choice, a value that is not a number, an unknown option) are printed as one
+line, ``error: ...``, and exit with status 2.
 """
 
 from __future__ import annotations
@@ -53,6 +54,15 @@ def cli() -> None:
     """privtune: differentially private fine-tuning with privately chosen hyperparameters."""
 
 
+def _one_line_click_message(exc: click.ClickException) -> str:
+    """``exc``'s message on one line, with the command to ask for help (usage errors only)."""
+    msg = " ".join(exc.format_message().split())
+    ctx = getattr(exc, "ctx", None)
+    if isinstance(exc, click.UsageError) and ctx is not None:
+        msg += f" Run '{ctx.command_path} --help' for the options."
+    return msg
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``privtune`` executable; returns the exit status."""
     try:
@@ -61,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         click.echo("Aborted.", err=True)
         return 130
     except click.ClickException as exc:
-        exc.show()
+        # click's own usage errors (bad choice, not an integer, unknown option, ...) as one line, like ours
+        click.echo(f"error: {_one_line_click_message(exc)}", err=True)
         return exc.exit_code
     except PrivtuneError as exc:
         click.echo(f"error: {exc}", err=True)

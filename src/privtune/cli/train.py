@@ -62,6 +62,15 @@ def _resolve(command: str, config: str | None, values: dict) -> dict:
 @click.option("--per-layer-clipping", is_flag=True, default=None,
               help="Clip each layer to C/sqrt(K) instead of the whole gradient to C (same σ and ε).")
 @click.option("--sampling", type=click.Choice(("poisson", "shuffle", "full_batch")), help="Batch sampling (default poisson).")
+@click.option("--assume-poisson", is_flag=True, default=None,
+              help="With --sampling shuffle only: account the shuffled batches AS IF Poisson sampled (an assumption, "
+                   "not a proof; recorded in the certificate). Default: shuffling gets no amplification.")
+@click.option("--lora-rank", type=int, help="--mode lora: LoRA rank r >= 1 (default 8).")
+@click.option("--lora-alpha", type=float, help="--mode lora: LoRA scaling alpha, update = alpha/r * B A (default 16).")
+@click.option("--lora-target-modules", type=str,
+              help="--mode lora: comma-separated module names that get adapters, e.g. query,value "
+                   "(default per architecture).")
+@click.option("--device", type=str, help="cpu, cuda, cuda:N or mps (default: cuda when available, else cpu).")
 @click.option("--accountant", type=click.Choice(("pld", "rdp")), help="Privacy accountant (default pld).")
 @click.option("--max-physical-batch-size", type=int, help="Micro-batch size in memory (default 32).")
 @click.option("--text-column", type=str, help="Text column name (auto-detected).")
@@ -104,7 +113,8 @@ def train(**kwargs) -> None:
     )
     for key in ("clip", "clipping", "per_layer_clipping", "optimizer", "sampling", "accountant",
                 "max_physical_batch_size",
-                "phase1_epochs", "pooling", "max_length"):
+                "phase1_epochs", "pooling", "max_length", "assume_poisson", "lora_rank", "lora_alpha",
+                "lora_target_modules", "device"):
         if opts.get(key) is not None:
             args[key] = opts[key]
     result = run_train(**args)
@@ -128,20 +138,25 @@ def train(**kwargs) -> None:
 @click.option("--text-column", type=str, help="Text column name (auto-detected).")
 @click.option("--label-column", type=str, help="Label column name (auto-detected; optional).")
 @click.option("--batch-size", type=int, default=64, show_default=True, help="Examples per forward pass.")
+@click.option("--device", type=str, help="cpu, cuda, cuda:N or mps (default: cuda when available, else cpu).")
 def predict(model_dir: str, data: str, as_json: bool, text_column: str | None, label_column: str | None,
-            batch_size: int) -> None:
-    """Predict with a fine-tuned model; print accuracy when the data has labels."""
+            batch_size: int, device: str | None) -> None:
+    """Predict with a fine-tuned model; print accuracy when the data has labels.
+
+    The data may be unlabelled: a single text column (TSV/CSV/JSONL) is enough.
+    """
     from pathlib import Path
 
     from privtune._validation import check_int
     from privtune.data import load_dataset
-    from privtune.models import Classifier
+    from privtune.models import Classifier, resolve_device
 
     batch_size = check_int(batch_size, "batch_size", low=1)
+    dev = resolve_device(device)
     d = Path(model_dir)
     if (d / "model" / "privtune_classifier.json").is_file():
         d = d / "model"
-    model = Classifier.from_pretrained(d)
+    model = Classifier.from_pretrained(d).to(dev)
     ds = load_dataset(data, text_column, label_column, label_names=model.label_names,
                       num_labels=model.num_labels if model.label_names is None else None, require_labels=False)
     if ds.kind != model.kind:

@@ -46,6 +46,7 @@ class TextDataset:
                 f"`labels` has {len(self.labels)} entries but `texts` has {len(self.texts)}; pass one label per text."
             )
         if self.labels is not None and self.num_labels is None and self.labels:
+            _check_contiguous(self.labels, "TextDataset")
             self.num_labels = max(self.labels) + 1
 
     def __len__(self) -> int:
@@ -92,6 +93,7 @@ class ImageDataset:
                 f"`labels` has {len(self.labels)} entries but `images` has {len(self.images)}; pass one label per image."
             )
         if self.labels is not None and self.num_labels is None and self.labels:
+            _check_contiguous(self.labels, "ImageDataset")
             self.num_labels = max(self.labels) + 1
 
     def __len__(self) -> int:
@@ -158,10 +160,40 @@ def _as_int_label(value: Any) -> int | None:
     return None
 
 
+def _check_contiguous(labels: Sequence[int], where: str, column: str | None = None) -> None:
+    """Integer labels whose class count is inferred (num_labels not given) must be exactly 0..K-1.
+
+    Labels such as {0, 7} would otherwise create an 8-class head with six classes that never occur,
+    and 1-based labels {1, 2} a 3-class head; both are almost always a mistake.  A single class is
+    left to the caller (training reports "needs at least two classes")."""
+    try:
+        present = sorted({int(x) for x in labels})
+    except (TypeError, ValueError):
+        raise DataError(
+            f"{where}: `labels` must be integer class indices 0..K-1. Got {list(labels)[:5]!r}. Map class names "
+            "to indices (or load the file with load_text_dataset, which does it)."
+        ) from None
+    if len(present) < 2 or present == list(range(present[-1] + 1)):
+        return
+    missing = sorted(set(range(present[-1] + 1)) - set(present))
+    shown = ", ".join(map(str, present[:10])) + (", ..." if len(present) > 10 else "")
+    gaps = ", ".join(map(str, missing[:10])) + (", ..." if len(missing) > 10 else "")
+    col = f" in column {column!r}" if column else ""
+    raise DataError(
+        f"{where}: the integer labels{col} are {{{shown}}}, which skips class(es) {{{gaps}}}; integer labels must "
+        f"be the class indices 0..K-1 with every class present, or class names (e.g. neg/pos). Renumber them "
+        f"0..{len(present) - 1} or use names. If some classes are genuinely absent, give the number of classes "
+        f"explicitly: load_text_dataset(..., num_labels={present[-1] + 1}) or TextDataset(..., "
+        f"num_labels={present[-1] + 1}), and pass that dataset."
+    )
+
+
 def _encode_labels(
-    raw: Sequence[Any], where: str, column: str, num_labels: int | None, label_names: Sequence[str] | None
+    raw: Sequence[Any], where: str, column: str, num_labels: int | None, label_names: Sequence[str] | None,
+    contiguous: bool = True,
 ) -> tuple[list[int], int, list[str] | None]:
-    """Turn raw label values into class indices; DataError on missing/out-of-range/mixed labels."""
+    """Turn raw label values into class indices; DataError on missing/out-of-range/mixed labels, and (with
+    ``contiguous``, for training data whose class count is inferred) on integer labels that skip a class."""
     for i, v in enumerate(raw):
         if v is None or (isinstance(v, str) and not v.strip()) or (isinstance(v, float) and math.isnan(v)):
             raise DataError(
@@ -195,6 +227,8 @@ def _encode_labels(
                 f"integers in {allowed} ({len(bad)} row(s) affected). Renumber the classes 0..K-1"
                 + (f" or pass num_labels > {max(b[1] for b in bad)}." if num_labels is not None else ".")
             )
+        if num_labels is None and contiguous:
+            _check_contiguous(labels, where, column)
         k = num_labels if num_labels is not None else max(labels) + 1
         return labels, k, None
     if any(x is not None for x in ints) and any(isinstance(v, (numbers.Real,)) for v in raw):
@@ -235,7 +269,9 @@ def _pick_column(columns: list[str], given: str | None, candidates: tuple[str, .
 # --------------------------------------------------------------------------------------------- readers
 
 
-def _read_table(path: Path, fmt: str) -> tuple[list[str], list[dict[str, Any]]]:
+def _read_table(path: Path, fmt: str, single_column_ok: bool = False) -> tuple[list[str], list[dict[str, Any]]]:
+    """Header and rows of a text table.  A TSV/CSV with a single column is an error unless
+    ``single_column_ok`` (unlabelled data for prediction: the one column is the text)."""
     where = str(path)
     try:
         raw = path.read_bytes()
@@ -278,10 +314,11 @@ def _read_table(path: Path, fmt: str) -> tuple[list[str], list[dict[str, Any]]]:
     except (StopIteration, csv.Error) as exc:  # pragma: no cover - guarded by the empty check
         raise DataError(f"Cannot parse {where!r}: {exc}.") from None
     header = [h.strip() for h in header]
-    if len(header) < 1 or (len(header) == 1 and fmt != "jsonl"):
+    if len(header) < 1 or (len(header) == 1 and not single_column_ok):
         raise DataError(
             f"{where}: found a single column {header} in the header; expected a text and a label column "
-            f"separated by {'tabs' if fmt == 'tsv' else 'commas'}. Check the file's delimiter and extension."
+            f"separated by {'tabs' if fmt == 'tsv' else 'commas'}. Check the file's delimiter and extension "
+            "(a single text column is accepted only for prediction, where labels are optional)."
         )
     out = []
     try:
@@ -349,7 +386,7 @@ def load_text_dataset(
             f"Cannot tell the format of {where!r} from its extension {path.suffix!r}; "
             f"allowed: {sorted(TEXT_SUFFIXES)}. Rename the file or convert it."
         )
-    columns, rows = _read_table(path, fmt)
+    columns, rows = _read_table(path, fmt, single_column_ok=not require_labels)
     return _build_text(rows, columns, where, text_column, label_column, num_labels, label_names,
                        require_labels, source=str(path.resolve()))
 
@@ -391,7 +428,7 @@ def _build_text(rows, columns, where, text_column, label_column, num_labels, lab
     names = list(label_names) if label_names is not None else None
     if lcol is not None:
         raw = [r.get(lcol) for r in rows]
-        labels, k, names = _encode_labels(raw, where, lcol, num_labels, label_names)
+        labels, k, names = _encode_labels(raw, where, lcol, num_labels, label_names, contiguous=require_labels)
         if num_labels is None and label_names is None:
             k = max(k, 2)  # a binary file whose rows happen to hold one class still has two classes
     return TextDataset(texts=texts, labels=labels, num_labels=k, label_names=names, source=source,

@@ -98,18 +98,26 @@ class Handler:
 # Linear-like layers: nn.Linear, HF Conv1D, and convolutions after unfolding
 # ----------------------------------------------------------------------------------------
 
-def _linear_weight_sq(a: torch.Tensor, g: torch.Tensor, cache: dict | None = None) -> torch.Tensor:
-    """Per-example ‖g_iᵀ a_i‖²_F for a (B, T, d), g (B, T, p), choosing the cheaper form.
+def linear_norm_form(T: int, p: int, d: int) -> str:
+    """Which per-example weight-norm form a linear layer uses for sequence length T, output size p and
+    input size d: ``"rank-one"`` (T = 1: ‖a‖²‖g‖², exact and cheapest), ``"ghost"`` (T×T Gram matrices,
+    memory ~2T² per example) when 2T² < p·d, else ``"per-example"`` (materialise the p×d gradient of
+    each example).  Bu et al.'s mixed ghost norm rule: ghost costs ~2T²(p+d) flops and 2T² memory per
+    example, the per-example form ~2Tpd flops and p·d memory."""
+    if T == 1:
+        return "rank-one"
+    return "ghost" if 2 * T * T < p * d else "per-example"
 
-    Ghost (T×T Gram matrices) costs ~2T²(p+d) per example; materialising the per-example
-    gradient costs ~2Tpd and B·p·d memory.  Rule (Bu et al. mixed ghost norm): ghost when
-    2T² < p·d.
-    """
+
+def _linear_weight_sq(a: torch.Tensor, g: torch.Tensor, cache: dict | None = None) -> torch.Tensor:
+    """Per-example ‖g_iᵀ a_i‖²_F for a (B, T, d), g (B, T, p), choosing the cheaper form
+    (:func:`linear_norm_form`: ghost when 2T² < p·d)."""
     _, T, d = a.shape
     p = g.shape[-1]
-    if T == 1:
+    form = linear_norm_form(T, p, d)
+    if form == "rank-one":
         return a.pow(2).sum((1, 2)) * g.pow(2).sum((1, 2))
-    if 2 * T * T < p * d:
+    if form == "ghost":
         key = (a.data_ptr(), tuple(a.shape), tuple(a.stride()), a.dtype)
         hit = cache.get(key) if cache is not None else None
         if hit is not None:  # layers sharing one input (Q, K, V; LoRA A and its base) share the Gram matrix

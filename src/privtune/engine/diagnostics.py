@@ -35,8 +35,59 @@ def _as_1d(x, name) -> torch.Tensor:
     return t
 
 
-def retained_weight(grad_norms, labels, max_grad_norm: float, num_classes: int) -> torch.Tensor:
-    """Per-class mean of min(1, C/‖g_i‖) (seed 003 Eq. 3); NaN for classes without examples. NOT PRIVATE."""
+_CLIPPINGS = ("flat", "automatic")
+
+
+def _factor_rule(clipping: str, gamma: float) -> str:
+    if clipping == "flat":
+        return "min(1, threshold/||g||) (flat, Abadi)"
+    return f"threshold/(||g|| + {gamma:g}) (automatic, AUTO-S; may exceed 1: small gradients are scaled up)"
+
+
+def _clip_factors(norms: torch.Tensor, threshold: float, clipping: str, gamma: float) -> torch.Tensor:
+    if clipping == "flat":
+        return (threshold / norms.clamp_min(1e-300)).clamp(max=1.0)
+    return threshold / (norms + gamma)
+
+
+def _retained(n: torch.Tensor, C: float, clipping: str, gamma: float, layer_norms) -> tuple[torch.Tensor, dict]:
+    """Per-example retained factor ‖clip(g_i)‖ / ‖g_i‖ under the clipping actually used, and facts about it.
+
+    Flat or automatic clipping of the whole gradient: the factor is c_i itself.  Per-layer clipping
+    (``layer_norms`` of shape (n, K)): layer k of example i is scaled by c_ik computed against C/√K, and
+    the example keeps sqrt(Σ_k c_ik² ‖g_ik‖²) / ‖g_i‖ of its norm."""
+    if clipping not in _CLIPPINGS:
+        raise InvalidParameterError(f"`clipping` must be one of {_CLIPPINGS}. Got {clipping!r}.")
+    gamma = check_real(gamma, "gamma", low=0.0)
+    if layer_norms is None:
+        f = _clip_factors(n, C, clipping, gamma)
+        return f, {"per_layer": False, "num_layers": None, "threshold": C,
+                   "scaled_down": f < 1.0, "layers_scaled_down": None}
+    L = torch.as_tensor(layer_norms, dtype=torch.float64).detach().cpu()
+    if L.dim() != 2 or L.shape[0] != n.shape[0] or L.shape[1] == 0:
+        raise InvalidParameterError(
+            f"`layer_norms` must have shape (n, K) = ({n.shape[0]}, K>=1), one row per norm. Got {tuple(L.shape)}."
+        )
+    if not torch.isfinite(L).all() or (L < 0).any():
+        raise InvalidParameterError("`layer_norms` must contain finite non-negative norms.")
+    K = L.shape[1]
+    thr = C / K ** 0.5
+    fl = _clip_factors(L, thr, clipping, gamma)  # (n, K)
+    kept = ((fl * L) ** 2).sum(1).sqrt()
+    f = torch.where(n > 0, kept / n.clamp_min(1e-300), torch.ones_like(n))
+    active = L > 0
+    return f, {"per_layer": True, "num_layers": K, "threshold": thr,
+               "scaled_down": ((fl < 1.0) & active).any(1), "layers_scaled_down": (fl < 1.0)[active]}
+
+
+def retained_weight(grad_norms, labels, max_grad_norm: float, num_classes: int, *, clipping: str = "flat",
+                    gamma: float = 0.01, layer_norms=None) -> torch.Tensor:
+    """Per-class mean retained factor (seed 003 Eq. 3: mean of min(1, C/‖g_i‖)); NaN for empty classes. NOT PRIVATE.
+
+    The factor follows the clipping actually used: ``clipping="automatic"`` uses C/(‖g_i‖ + γ) (AUTO-S,
+    which can exceed 1), and ``layer_norms`` ((n, K) per-layer norms, per-layer clipping at C/√K) gives
+    ‖clip(g_i)‖/‖g_i‖ of the layer-wise clipped gradient.
+    """
     n = _as_1d(grad_norms, "grad_norms")
     C = check_real(max_grad_norm, "max_grad_norm", low=0.0)
     K = check_int(num_classes, "num_classes", low=1)
@@ -45,7 +96,7 @@ def retained_weight(grad_norms, labels, max_grad_norm: float, num_classes: int) 
         raise InvalidParameterError(f"`labels` must have one label per norm ({n.numel()}). Got shape {tuple(y.shape)}.")
     if (y < 0).any() or (y >= K).any():
         raise InvalidParameterError(f"`labels` must lie in [0, {K - 1}]. Got values {y.min().item()}..{y.max().item()}.")
-    f = (C / n.clamp_min(1e-300)).clamp(max=1.0)
+    f, _ = _retained(n, C, clipping, gamma, layer_norms)
     s = torch.bincount(y, weights=f, minlength=K)
     c = torch.bincount(y, minlength=K).double()
     return torch.where(c > 0, s / c.clamp_min(1), torch.full_like(s, float("nan")))
@@ -57,30 +108,68 @@ def clipping_diagnostics(
     labels=None,
     num_classes: int | None = None,
     quantiles: Sequence[float] = (0.1, 0.25, 0.5, 0.75, 0.9, 0.99),
+    *,
+    clipping: str = "flat",
+    gamma: float = 0.01,
+    layer_norms=None,
 ) -> dict:
     """Fraction clipped, norm quantiles and (with labels) retained weight per class. NOT PRIVATE.
 
+    Every statistic follows the clipping that was actually applied:
+
+    * flat clipping of the whole gradient (default): an example is clipped when ‖g_i‖ > C and keeps
+      min(1, C/‖g_i‖) of its gradient (seed 003);
+    * ``clipping="automatic"`` (AUTO-S): every example is rescaled by C/(‖g_i‖ + γ), so "fraction clipped"
+      is not defined and is reported as ``None`` with a note; ``fraction_scaled_down`` counts the examples
+      whose factor is below 1, and the retained factors may exceed 1;
+    * ``layer_norms`` given (per-layer clipping): each of the K layers is compared with C/√K;
+      ``fraction_clipped`` counts examples with at least one layer clipped, ``fraction_layers_clipped``
+      the (example, layer) pairs, and the retained factor is ‖clip(g_i)‖/‖g_i‖ of the whole gradient.
+
     Args:
         grad_norms: per-example gradient L2 norms (e.g. what ``PrivateGradient.backward`` returns).
-        max_grad_norm: clipping norm C.
+        max_grad_norm: clipping norm C (the sensitivity; the per-layer threshold is C/√K).
         labels, num_classes: optional class labels to report the retained weight per class.
+        clipping: ``"flat"`` or ``"automatic"``; gamma: AUTO-S γ.
+        layer_norms: optional (n, K) per-layer norms (``PrivateGradient.last_layer_norms``) for per-layer clipping.
     """
     n = _as_1d(grad_norms, "grad_norms")
     C = check_real(max_grad_norm, "max_grad_norm", low=0.0)
     qs = torch.tensor([check_real(q, "quantiles", low=0.0, high=1.0, low_inclusive=True, high_inclusive=True) for q in quantiles],
                       dtype=torch.float64)
+    f, info = _retained(n, C, clipping, gamma, layer_norms)
     out = {
         "label": NOT_PRIVATE,
         "num_examples": int(n.numel()),
         "max_grad_norm": C,
-        "fraction_clipped": float((n > C).double().mean()),
-        "mean_retained_factor": float((C / n.clamp_min(1e-300)).clamp(max=1.0).mean()),
+        "clipping": clipping,
+        "per_layer": info["per_layer"],
+        "num_layers": info["num_layers"],
+        "threshold": info["threshold"],
+        "retained_factor": ("||clip(g)|| / ||g|| per example, with per-layer factors "
+                            if info["per_layer"] else "per-example factor ") + _factor_rule(clipping, gamma),
+        "mean_retained_factor": float(f.mean()),
         "norm_quantiles": {f"{float(q):g}": float(v) for q, v in zip(qs, torch.quantile(n, qs))},
     }
+    if clipping == "flat":
+        out["fraction_clipped"] = float(info["scaled_down"].double().mean())
+    else:
+        out["fraction_clipped"] = None
+        out["fraction_clipped_note"] = (
+            "not defined for automatic clipping (AUTO-S): every example is rescaled, none is left unclipped; "
+            "fraction_scaled_down counts the examples whose factor is below 1"
+        )
+        out["fraction_scaled_down"] = float(info["scaled_down"].double().mean())
+    if info["per_layer"]:
+        lay = info["layers_scaled_down"]
+        out["fraction_layers_clipped"] = float(lay.double().mean()) if lay.numel() else 0.0
+        out["norm_quantiles_note"] = ("quantiles of the whole-gradient norm ||g_i||; per-layer clipping compares "
+                                      f"each layer's norm with the threshold C/sqrt(K) = {info['threshold']:.6g}")
     if labels is not None:
         if num_classes is None:
             num_classes = int(torch.as_tensor(labels).max()) + 1
-        out["retained_weight_per_class"] = [float(v) for v in retained_weight(n, labels, C, num_classes)]
+        out["retained_weight_per_class"] = [float(v) for v in retained_weight(
+            n, labels, C, num_classes, clipping=clipping, gamma=gamma, layer_norms=layer_norms)]
     return out
 
 

@@ -224,6 +224,7 @@ class PrivateGradient:
             self._hooks.append(h.module.register_forward_hook(self._make_forward_hook(h), with_kwargs=True))
         self._reset_accumulators()
         self._releases = 0
+        self._last_layer_norms: torch.Tensor | None = None
 
     # ------------------------------------------------------------------ construction
     def _make_handler(self, module: nn.Module, own: dict[str, nn.Parameter]) -> Handler:
@@ -347,6 +348,13 @@ class PrivateGradient:
         return self.max_grad_norm
 
     @property
+    def last_layer_norms(self) -> torch.Tensor | None:
+        """(B, K) per-module gradient L2 norms of the last :meth:`backward` (K = all modules with trainable
+        parameters, 0 for a module the micro-batch did not reach), or None unless ``per_layer=True``.
+        These are what per-layer clipping compares with C/√K. **NOT PRIVATE** (diagnostics only)."""
+        return self._last_layer_norms
+
+    @property
     def trainable_parameters(self) -> list[nn.Parameter]:
         """The parameters this step privatises (requires_grad at construction), in model order."""
         return list(self._params)
@@ -467,6 +475,11 @@ class PrivateGradient:
                 layer_norms = [h.sq.to(sq.dtype).clamp_min(0).sqrt() for h in active]
                 layer_factors = [self._clip_factors(n, C_layer) for n in layer_norms]
                 clipped = torch.stack([n > C_layer for n in layer_norms]).any(0) if active else norms > C
+                table = torch.zeros(B, len(self.handlers), dtype=sq.dtype, device=sq.device)
+                pos = {id(h): k for k, h in enumerate(self.handlers)}
+                for h, n in zip(active, layer_norms):
+                    table[:, pos[id(h)]] = n
+                self._last_layer_norms = table.detach()
             else:
                 factors = self._clip_factors(norms, C)
                 layer_factors = [factors] * len(active)

@@ -23,13 +23,22 @@ import torch
 from privtune._validation import check_int, check_sample_rate
 from privtune.errors import InvalidParameterError
 
-__all__ = ["PoissonSampler", "ShuffleSampler"]
+__all__ = ["PoissonSampler", "ShuffleSampler", "make_generator"]
 
 
-def _generator(seed: int | None) -> torch.Generator:
+def make_generator(seed: int | None, offset: int = 0) -> torch.Generator:
+    """A CPU ``torch.Generator`` for DP noise or sampling.
+
+    ``seed=None`` seeds it from the OS (``secrets``), which is what a release needs: noise from a
+    known seed can be subtracted by anyone who knows it.  An explicit ``seed`` (experiments,
+    exact resume) gives ``seed + offset``, so one run seed can feed several independent streams.
+    """
     g = torch.Generator(device="cpu")
-    g.manual_seed(seed if seed is not None else secrets.randbits(63))
+    g.manual_seed(int(seed) + int(offset) if seed is not None else secrets.randbits(63))
     return g
+
+
+_generator = make_generator
 
 
 def _check_seed(seed):

@@ -137,7 +137,7 @@ def cache_features(
         feats = torch.empty(len(dataset), model.num_features, dtype=torch.float32)
         for s in range(0, len(order), batch_size):
             idx = order[s : s + batch_size]
-            feats[idx] = model.features(**model.encode(dataset, idx)).float()
+            feats[idx] = model.features(**model.encode(dataset, idx)).float().cpu()
             if progress is not None:
                 progress(len(idx))
     finally:
@@ -210,7 +210,7 @@ class LinearHeadGradient:
         logp = torch.log_softmax(logits, dim=1)
         losses = -logp.gather(1, labels[:, None]).squeeze(1)
         resid = logp.exp()
-        resid[torch.arange(labels.numel()), labels] -= 1.0  # P − E
+        resid[torch.arange(labels.numel(), device=labels.device), labels] -= 1.0  # P − E
         train_w = W.requires_grad
         train_b = b is not None and b.requires_grad
         xsq = (features * features).sum(1) if train_w else torch.zeros_like(losses)
@@ -237,8 +237,8 @@ class LinearHeadGradient:
         std = self.noise_multiplier * self.max_grad_norm
         for p in self._params:
             s = self._sum_w if p is self.head.weight else self._sum_b
-            if std > 0:
-                z = torch.randn(p.shape, generator=self._generator, dtype=p.dtype)
+            if std > 0:  # drawn on the CPU generator (same stream on every device), then moved
+                z = torch.randn(p.shape, generator=self._generator, dtype=p.dtype).to(p.device)
                 s = z.mul_(std) if s is None else s + z.mul_(std)
             elif s is None:
                 s = torch.zeros_like(p)

@@ -120,6 +120,35 @@ def default_lora_target_modules(model: nn.Module) -> list[str]:
     )
 
 
+def _lora_capable_names(backbone: nn.Module) -> list[str]:
+    """Distinct last name parts of the backbone's modules LoRA can adapt (Linear, Conv1D, Conv, Embedding)."""
+    kinds = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Embedding)
+    return sorted({n.rsplit(".", 1)[-1] for n, m in backbone.named_modules()
+                   if n and (isinstance(m, kinds) or type(m).__name__ == "Conv1D")})
+
+
+def _lora_names_hint(backbone: nn.Module) -> str:
+    names = _lora_capable_names(backbone)
+    more = f" ... ({len(names)} in all)" if len(names) > 25 else ""
+    return f"Layers LoRA can adapt in this backbone (last part of the module name): {names[:25]}{more}."
+
+
+def check_lora_targets(backbone: nn.Module, targets: Sequence[str]) -> None:
+    """Raise ModelError unless every name in ``targets`` matches a module of ``backbone``.
+
+    A target matches a module whose full name equals it or ends with ``"." + target`` (peft's rule
+    for a list of names).  peft itself ignores a target that matches nothing as long as another one
+    matches; here a misspelt target is an error, so what is trained is exactly what was asked for.
+    """
+    names = [n for n, _ in backbone.named_modules() if n]
+    missing = [t for t in targets if not any(n == t or n.endswith("." + t) for n in names)]
+    if missing:
+        raise ModelError(
+            f"LoRA target modules {missing} match no module of the backbone {type(backbone).__name__}. "
+            f"{_lora_names_hint(backbone)} Pass lora_target_modules=[...] (CLI: --lora-target-modules a,b)."
+        )
+
+
 def _set_all(model: nn.Module, flag: bool) -> None:
     for p in model.parameters():
         p.requires_grad_(flag)
@@ -228,6 +257,7 @@ def apply_mode(
         lora_targets = list(lora_target_modules) if lora_target_modules else default_lora_target_modules(model)
         if getattr(model, "lora_config", None) is not None:
             raise ModelError("LoRA adapters were already added to this model; load a fresh model.")
+        check_lora_targets(model.backbone, lora_targets)
         from peft import LoraConfig, inject_adapter_in_model
 
         cfg = LoraConfig(r=lora_rank, lora_alpha=lora_alpha, lora_dropout=0.0, target_modules=lora_targets,
@@ -239,8 +269,9 @@ def apply_mode(
                 inject_adapter_in_model(cfg, model.backbone)
         except ValueError as exc:
             raise ModelError(
-                f"LoRA target modules {lora_targets} do not match the backbone {type(model.backbone).__name__}: "
-                f"{str(exc).splitlines()[0]} Pass lora_target_modules=[...]."
+                f"LoRA target modules {lora_targets} cannot be adapted in the backbone {type(model.backbone).__name__}: "
+                f"{str(exc).splitlines()[0]} {_lora_names_hint(model.backbone)} Pass lora_target_modules=[...] "
+                "(CLI: --lora-target-modules a,b)."
             ) from None
         n_lora = 0
         for n, p in model.backbone.named_parameters():

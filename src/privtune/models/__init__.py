@@ -11,6 +11,7 @@ from privtune.models.classifier import (
     Classifier,
     default_model_path,
     load_classifier,
+    resolve_device,
 )
 
-__all__ = ["Classifier", "load_classifier", "default_model_path", "POOLING_CHOICES"]
+__all__ = ["Classifier", "load_classifier", "default_model_path", "resolve_device", "POOLING_CHOICES"]

