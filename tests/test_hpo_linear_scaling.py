@@ -47,18 +47,54 @@ def test_negative_slope_falls_back_and_r_star_is_clamped():
         ls.extrapolate_r([0.1, 0.1], [1.0, 2.0], 0.88)
 
 
+class _LandscapeBackend:
+    """A fake backend whose trial score depends only on the trained r = η·T and the trial's per-run ε:
+    the best r is exactly 40·ε (a linear rule), so the sweeps' argmax and the fit must recover it."""
+
+    n = 1000
+
+    def __init__(self, mus, epsilons, slope=40.0):
+        self.mus, self.epsilons, self.slope = list(mus), list(epsilons), slope
+        self.calls = []
+
+    def run(self, hp, *, noise_multiplier, sample_rate, steps, learning_rate, seed=None, label="", **kw):
+        from privtune.hpo.backends import TrialRun
+
+        mu = math.sqrt(steps) / noise_multiplier  # full batch: √T/σ-GDP whatever (η, T)
+        i = int(np.argmin([abs(math.log(mu / m)) for m in self.mus]))
+        r = learning_rate * steps
+        self.calls.append({"r": r, "eps": self.epsilons[i], "label": label})
+        return TrialRun(state=(r, self.epsilons[i]), events=[ls.GaussianEvent(noise_multiplier, int(steps),
+                                                                                label=label)])
+
+    def logits(self, state, labels):
+        r, eps = state
+        acc = max(0.0, 1.0 - 0.2 * abs(math.log(r / (self.slope * eps))))
+        k = int(round(acc * len(labels)))
+        pred = labels.clone()
+        pred[k:] = 1 - pred[k:]
+        return torch.nn.functional.one_hot(pred, 2).float()
+
+
 def test_fit_on_synthetic_trials_recovers_a_linear_rule():
-    # synthetic landscape whose best r is exactly 40·ε: the sweeps' argmax and the line recover it
-    rng = np.random.default_rng(0)
-    space = ls.SearchSpace(0.01, 10.0, (5, 10, 20, 40, 80, 150))
-    best = []
-    for eps in (0.1, 0.2):
-        rs = ls.sample_r(rng, space.r_min, space.r_max, 400)
-        rs = [ls.decompose(r, space, rng)[0] * ls.decompose(r, space, rng)[1] for r in rs]
-        score = [-abs(math.log(r / (40 * eps))) for r in rs]
-        best.append(rs[int(np.argmax(score))])
-    e = ls.extrapolate_r([0.1, 0.2], best, 0.88)
-    assert e.r_star == pytest.approx(40 * 0.88, rel=0.1)
+    # synthetic landscape whose best r is exactly 40·ε: the real sweeps (sampling, decomposition into
+    # (η, T), training, scoring, argmax) and the line through their winners must recover r* = 40·ε_f
+    cfg = ls.LinearScalingConfig(sweep_epsilons=(0.01, 0.02), runs_per_sweep=150)
+    p = ls.plan(cfg, 3.0, 1e-5)
+    eps_f = p.details["final_epsilon"]
+    mus = p.details["mu"] + [p.details["final_mu"]]
+    be = _LandscapeBackend(mus, [0.01, 0.02, eps_f])
+    labels = torch.arange(1000) % 2
+    out = ls.run(be, Selector("public_validation", labels, labels, name="public"), cfg, p, seed=0)
+    # every trial trained exactly the r it reports (η·T, T from the grid)
+    for t, call in zip(out.trials, be.calls):
+        assert call["r"] == pytest.approx(t.hyperparameters["r"], rel=1e-12)
+        assert t.hyperparameters["learning_rate"] * t.hyperparameters["steps"] == pytest.approx(call["r"])
+    assert out.strategy_data["best_r"][0] == pytest.approx(40 * 0.01, rel=0.1)
+    assert out.strategy_data["best_r"][1] == pytest.approx(40 * 0.02, rel=0.1)
+    assert out.strategy_data["r_star"] == pytest.approx(40 * eps_f, rel=0.15)
+    assert be.calls[-1]["eps"] == eps_f and be.calls[-1]["r"] == pytest.approx(out.strategy_data["r_star"])
+    assert out.strategy_data["extrapolation"]["fallback"] is None
 
 
 def test_sampling_and_decomposition():
@@ -133,3 +169,66 @@ def test_charged_scores_are_in_the_plan_and_the_events():
     events = [e for t in out.trials for e in t.events] + out.final_events
     assert sum(1 for e in events if "score" in e.label) == 6
     assert epsilon_of(events, 1e-5) <= 2.0 + 1e-9
+
+
+class _MinibatchBackend:
+    """Fake mini-batch backend: records every run; accuracy grows with η (so r* wants to leave the box)."""
+
+    n = 1000
+
+    def __init__(self):
+        self.calls = []
+
+    def run(self, hp, *, noise_multiplier, sample_rate, steps, learning_rate, seed=None, label="", **kw):
+        from privtune.accounting import DPSGDEvent
+        from privtune.hpo.backends import TrialRun
+
+        self.calls.append({"lr": learning_rate, "steps": steps, "sigma": noise_multiplier, "label": label})
+        return TrialRun(state=learning_rate, events=[DPSGDEvent(noise_multiplier, sample_rate, int(steps),
+                                                                label=label)])
+
+    def logits(self, lr, labels):
+        k = int(round(min(1.0, 0.5 + 10.0 * lr) * len(labels)))
+        pred = labels.clone()
+        pred[k:] = 1 - pred[k:]
+        return torch.nn.functional.one_hot(pred, 2).float()
+
+
+def _minibatch(cfg, q=0.05, T=40, total=4.0):
+    p = ls.plan_minibatch(cfg, total, 1e-5, sample_rate=q, steps=T)
+    be = _MinibatchBackend()
+    labels = torch.arange(1000) % 2
+    out = ls.run_minibatch(be, Selector("public_validation", labels, labels, name="public"), cfg, p, seed=0)
+    return p, be, out
+
+
+def test_minibatch_uses_the_given_lr_bounds_and_clamps_r_star_to_the_searched_range():
+    cfg = ls.LinearScalingConfig(lr_bounds=(1e-3, 2e-2))
+    p, be, out = _minibatch(cfg)
+    T = p.details["steps"]
+    sweeps, final = be.calls[:-1], be.calls[-1]
+    assert len(sweeps) == 6 and all(c["steps"] == T for c in be.calls)
+    assert all(1e-3 * (1 - 1e-9) <= c["lr"] <= 2e-2 * (1 + 1e-9) for c in be.calls)  # the user's box, not a default
+    # sweep 1 searches [r_min, sweep1_fraction·r_max] exactly (no hidden widening)
+    assert all(c["lr"] * T <= 0.1 * 2e-2 * T * (1 + 1e-9) for c in sweeps[:3])
+    # accuracy grows with η, so the line extrapolates past the box: r* is clamped to the searched maximum
+    assert out.strategy_data["r_star"] == pytest.approx(2e-2 * T)
+    assert "clamped to the searched maximum" in out.strategy_data["extrapolation"]["clamped"]
+    assert final["lr"] == pytest.approx(2e-2) and final["steps"] == T
+    assert out.strategy_data["search_space"]["lr_bounds"] == [1e-3, 2e-2]
+    # the final run is exactly the planned one
+    assert final["sigma"] == pytest.approx(p.final_noise_multiplier)
+    events = [e for t in out.trials for e in t.events] + out.final_events
+    assert epsilon_of(events, 1e-5) <= 4.0 + 1e-9
+
+
+def test_minibatch_default_box_and_refused_full_batch_options():
+    p, be, _ = _minibatch(ls.LinearScalingConfig())
+    assert all(ls.MINIBATCH_LR_BOUNDS[0] * (1 - 1e-9) <= c["lr"] <= ls.MINIBATCH_LR_BOUNDS[1] * (1 + 1e-9)
+               for c in be.calls)
+    assert ls.LinearScalingConfig().space().lr_min == 0.01  # the full-batch default is unchanged
+    for bad, match in (({"steps_grid": (5, 10)}, "steps_grid"), ({"momentum": 0.5}, "momentum"),
+                       ({"free_step": False}, "free_step"), ({"decomposition": "fewest_steps"}, "decomposition"),
+                       ({"lr_bounds": (0.1, 0.01)}, "lr_bounds"), ({"sweep1_fraction": 2.0}, "sweep1_fraction")):
+        with pytest.raises(InvalidParameterError, match=match):
+            ls.plan_minibatch(ls.LinearScalingConfig(**bad), 4.0, 1e-5, sample_rate=0.05, steps=40)

@@ -260,3 +260,51 @@ def test_not_a_run_dir(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(InvalidParameterError, match="not a privtune run directory"):
         write_report(tmp_path / "empty")
+
+
+def _tiny_tune_files(root: Path) -> dict:
+    from privtune.models.testing import make_tiny_text_model, make_toy_text_dataset
+
+    def write(path, ds):
+        path.write_text("label\tsentence\n" + "".join(f"{y}\t{t}\n" for t, y in zip(ds.texts, ds.labels)))
+        return str(path)
+
+    root.mkdir(parents=True, exist_ok=True)
+    return {"model": make_tiny_text_model(root / "st", sentence_transformers=True),
+            "train": write(root / "train.tsv", make_toy_text_dataset(160, seed=0)),
+            "public": write(root / "public.tsv", make_toy_text_dataset(40, seed=1)),
+            "dev": write(root / "dev.tsv", make_toy_text_dataset(40, seed=2))}
+
+
+@pytest.mark.parametrize("mode", ["last-layer", "bitfit"])
+def test_hyperfree_run_has_public_accuracy_curve_in_history_and_report(tmp_path, mode, monkeypatch):
+    """A real `privtune tune` (hyperfree, the default) records the final run's learning curves: the privatised
+    loss and accuracy on the PUBLIC validation split only (never the reported split), and the report shows them."""
+    import privtune
+    from privtune.models.classifier import Classifier
+
+    f = _tiny_tune_files(tmp_path / "data")
+    public_texts = set(Path(f["public"]).read_text().splitlines()[1:])
+    dev_texts = {ln.split("\t", 1)[1] for ln in Path(f["dev"]).read_text().splitlines()[1:]}
+    seen, orig = [], Classifier.predict_logits
+
+    def predict(self, ds, **kw):  # every evaluation pass over a split
+        seen.append("dev" if set(ds.texts) & dev_texts else "other")
+        return orig(self, ds, **kw)
+
+    monkeypatch.setattr(Classifier, "predict_logits", predict)
+    r = privtune.tune(f["train"], eval_data=f["dev"], public_eval_data=f["public"], model=f["model"], mode=mode,
+                      strategy="hyperfree", epsilon=2.0, delta=1e-3, epochs=2, batch_size=40, seed=0, quiet=True,
+                      ledger=f"sqlite:///{tmp_path / 'l.db'}", output_dir=tmp_path / "run")
+    assert public_texts
+    h = json.loads((r.run_dir / "history.json").read_text())["final_run"]
+    steps = r.metrics["hyperparameters"]["steps"]
+    assert len(h["eval"]) >= 2 and h["eval"][-1]["step"] == steps
+    assert all(0.0 <= e["accuracy"] <= 1.0 for e in h["eval"])
+    assert "public validation" in h["eval_split"]
+    assert h["train_loss"] and "privatised" in h["train_loss_label"] and len(h["train_loss_step"]) == len(
+        h["train_loss"])
+    if mode == "bitfit":  # the reported split is evaluated once, after the model is final, never for curves
+        assert seen.count("dev") == 1 and seen[-1] == "dev"
+    html = (r.run_dir / "report.html").read_text()
+    assert (r.run_dir / "learning_curves.png").is_file() and "public validation split" in html

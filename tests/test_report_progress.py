@@ -65,3 +65,63 @@ def test_interrupt_is_logged(tmp_path):
             raise KeyboardInterrupt
     text = log.read_text()
     assert "interrupted (Ctrl-C)" in text and "interrupted during final run: 3/10 steps" in text
+
+
+class _Recording(Progress):
+    """A quiet Progress that records every phase and every update."""
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.updates: list = []
+        self.phases: list = []
+
+    def start_phase(self, name, total=None, unit="steps"):
+        self.phases.append((name, total))
+        super().start_phase(name, total, unit)
+
+    def advance(self, n=1, *, examples=None, loss=None, epsilon=None):
+        self.updates.append({"phase": self.phase, "n": n, "examples": examples, "loss": loss, "epsilon": epsilon,
+                             "rate": self.examples_per_second})
+        super().advance(n, examples=examples, loss=loss, epsilon=epsilon)
+
+
+def test_tune_reports_steps_examples_loss_and_epsilon(tmp_path, monkeypatch):
+    """privtune tune gives every run's steps to the display: examples/s, the loss (labelled NOT PRIVATE when it is
+    the batch loss; the privatised loss for hyperfree's final run) and the ε spent so far over the whole tune."""
+    import importlib
+
+    import privtune
+    from privtune.models.testing import make_tiny_text_model, make_toy_text_dataset
+
+    def write(path, ds):
+        path.write_text("label\tsentence\n" + "".join(f"{y}\t{t}\n" for t, y in zip(ds.texts, ds.labels)))
+        return str(path)
+
+    tune_mod = importlib.import_module("privtune.hpo.tune")  # the module (privtune.hpo.tune is also the function)
+    made = []
+    monkeypatch.setattr(tune_mod, "_progress", lambda quiet, run_dir, eps: made.append(
+        _Recording(quiet=True, log_path=run_dir / "log.txt", total_epsilon=eps, log_interval=0.0)) or made[-1])
+    model = make_tiny_text_model(tmp_path / "st", sentence_transformers=True)
+    r = privtune.tune(write(tmp_path / "train.tsv", make_toy_text_dataset(160, seed=0)),
+                      public_eval_data=write(tmp_path / "pub.tsv", make_toy_text_dataset(40, seed=1)),
+                      model=model, mode="auto", strategy="hyperfree", epsilon=2.0, delta=1e-3, epochs=2,
+                      batch_size=40, seed=0, quiet=True, ledger=f"sqlite:///{tmp_path / 'l.db'}",
+                      output_dir=tmp_path / "run")
+    (pr,) = made
+    names = [n for n, _ in pr.phases]
+    pilots = [n for n in names if "pilot bitfit" in n or "pilot lora" in n]
+    assert pilots and all("NOT PRIVATE" in n for n in pilots)  # the batch loss of fit is not private
+    final = [n for n in names if n.startswith("final run")]
+    assert len(final) == 1 and "privatised loss" in final[0]
+    steps = r.metrics["hyperparameters"]["steps"]
+    assert (final[0], steps) in pr.phases
+    upd = [u for u in pr.updates if u["phase"] == final[0]]
+    assert len(upd) == steps and all(u["examples"] is not None and u["n"] == 1 for u in upd)
+    assert any(u["loss"] is not None for u in upd) and any(u["rate"] > 0 for u in upd)
+    eps = [u["epsilon"] for u in upd if u["epsilon"] is not None]
+    assert eps and eps == sorted(eps) and eps[-1] == pytest.approx(r.certificate.epsilon, rel=1e-6)
+    for name in pilots:
+        pu = [u for u in pr.updates if u["phase"] == name]
+        assert pu and all(u["loss"] is not None and u["examples"] is not None for u in pu)
+    text = (tmp_path / "run" / "log.txt").read_text()
+    assert f"done {final[0]}: {steps}/{steps} steps" in text and "examples/s" in text and "ε " in text

@@ -4,7 +4,7 @@ and :func:`privtune.hpo.recommend`.
 ::
 
     privtune tune [--data FILE] [--eval-data FILE] [--model PATH] [--mode M|auto] [--strategy S] [--epsilon E]
-                  [--delta D] [--ledger URL] [--config FILE] [--output RUN_DIR]
+                  [--delta D] [--ledger URL] [--config FILE] [--output RUN_DIR] [--resume] [--quiet]
     privtune recommend --epsilon E --delta D --dataset-size N --epochs K [--json]
 
 With no arguments ``privtune tune`` runs the embedded demo: the SST-2 subset shipped with
@@ -61,12 +61,16 @@ def _resolve(config: str | None, values: dict) -> dict:
               "validation when given, else charged noisy training accuracy).")
 @click.option("--trials", type=int, help="Number of trials (strategy default when unset).")
 @click.option("--epochs", type=float, help="Epochs of mini-batch runs (hyperfree, bitfit/lora modes).")
+@click.option("--steps", type=int, help="Steps of mini-batch runs, instead of --epochs.")
 @click.option("--batch-size", type=int, help="Expected batch size; unset = recommended (seed 003).")
 @click.option("--ledger", type=str, help="Budget ledger URL (default $PRIVTUNE_LEDGER or ~/.privtune/ledger.db; "
               "the embedded demo keeps its ledger in the run directory).")
 @click.option("--config", type=str, help="YAML configuration file (flags override it).")
 @click.option("--output", type=str, help="Run directory. [default: runs/<timestamp>/]")
-@click.option("--seed", type=int, help="Seed (experiments only).")
+@click.option("--seed", type=int, help="Seed (experiments only: it fixes the noise; unset = OS entropy).")
+@click.option("--resume", is_flag=True, default=None,
+              help="Continue the interrupted run in --output exactly (same options, e.g. --config RUN_DIR/config.yaml): "
+                   "its ledger reservation is continued and completed trials are replayed, not recomputed.")
 @click.option("--quiet", is_flag=True, default=None, help="No progress display (log.txt is still written).")
 def tune(**kwargs) -> None:
     """Tune hyperparameters privately and train the final model: one (ε, δ) for everything."""
@@ -81,14 +85,23 @@ def tune(**kwargs) -> None:
     result = run_tune(call.pop("data", None), **call)
     m = result.metrics
     click.echo(f"run directory: {result.run_dir}")
+    if m.get("resumed"):
+        click.echo(f"resumed: {m['resumed']['replayed_trials']} completed trial(s) replayed, not recomputed; the "
+                   "same ledger reservation was continued")
     acc = m.get("accuracy")
     click.echo(f"strategy: {m['strategy']}  mode: {m['mode']}  selection: {m['selection']}")
-    click.echo(f"certificate: ε = {m['epsilon']:.4f}, δ = {m['delta']:g} (tuning included; "
-               f"{m['trials']} trial(s) + final run)")
+    if m.get("not_private"):
+        click.echo(f"NOT PRIVATE (grid-oracle reference): tuning is not charged and no model is released; the "
+                   f"{m['trials']} grid runs compose to ε = {m['epsilon']:.4g}, δ = {m['delta']:g}, above the "
+                   f"requested ε = {m['total_epsilon']:g}; the ledger was not touched")
+    else:
+        click.echo(f"certificate: ε = {m['epsilon']:.4f}, δ = {m['delta']:g} (tuning included; "
+                   f"{m['trials']} trial(s) + final run)")
     if acc is not None:
         label = " (NOT PRIVATE)" if m.get("not_private") else ""
         click.echo(f"accuracy on {m.get('reported_split')}: {acc:.4f}{label}")
-    click.echo(f"hyperparameters: {json.dumps(m['hyperparameters'], default=str)}")
+    label = " (NOT PRIVATE: chosen by an uncharged selection)" if m.get("not_private") else ""
+    click.echo(f"hyperparameters{label}: {json.dumps(m['hyperparameters'], default=str)}")
     if m.get("ledger_registered_new_dataset"):
         click.echo(f"ledger: new dataset {m['dataset_fingerprint'][:12]}… registered with total ε = "
                    f"{m['total_epsilon']:g}, δ = {m['delta']:g}")

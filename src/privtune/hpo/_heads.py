@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from privtune.accounting.events import DPSGDEvent, GaussianEvent
 from privtune.errors import InvalidParameterError
+from privtune.engine.sampling import make_generator
 
 
 @dataclass
@@ -151,7 +152,7 @@ def train_head(
         curves; never pass the reported split.
     """
     n, d = X.shape
-    gen = torch.Generator().manual_seed(int(seed) if seed is not None else 0)
+    gen = make_generator(seed)  # OS-seeded unless a seed is given
     head = LinearHead.zeros(d, num_classes, bias=bias, init_bias=init_bias, dtype=X.dtype)
     params = [head.weight] + ([head.bias] if head.bias is not None else [])
     for p in params:

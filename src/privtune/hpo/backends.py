@@ -72,12 +72,20 @@ class FeatureBackend:
         return TrialRun(state=fit.head, events=fit.events, history=fit.history)
 
     def run_hyperfree(self, *, steps: int, sample_rate: float, sigma_g: float, sigma_l: float, config, lr0: float,
-                      seed: int | None = None):
+                      seed: int | None = None, progress=None):
+        """HyFreeDP on the head; with ``curve_data`` (a PUBLIC split) its accuracy is recorded at a few
+        points for the learning curves (free: post-processing of the released head on public data)."""
         from privtune.hpo.hyperfree import train_head_hyperfree
 
         self.runs += 1
+        eval_fn, every = None, 0
+        if self.curve_data is not None:
+            Xc, yc = self.curve_data
+            eval_fn = lambda h: _heads.accuracy(h, Xc, yc)  # noqa: E731
+            every = _eval_every(steps)
         return train_head_hyperfree(self.X, self.y, self.num_classes, steps=steps, sample_rate=sample_rate,
-                                    sigma_g=sigma_g, sigma_l=sigma_l, config=config, lr0=lr0, seed=seed)
+                                    sigma_g=sigma_g, sigma_l=sigma_l, config=config, lr0=lr0, seed=seed,
+                                    progress=progress, eval_fn=eval_fn, eval_every=every)
 
     def predict(self, state: _heads.LinearHead, data: torch.Tensor) -> torch.Tensor:
         return state.predict(self._c(data.float()))
@@ -143,34 +151,56 @@ class ModelBackend:
     def run(self, hp: dict, *, noise_multiplier: float, sample_rate: float, steps: int, learning_rate: float,
             optimizer: str | None = None, momentum: float = 0.0, clip: float = 1.0, free_step: bool = False,
             seed: int | None = None, label: str = "", eps_adam: float = 1e-8, record: bool = False,
-            clipping: str | None = None, bias: bool = True) -> TrialRun:
+            clipping: str | None = None, bias: bool = True, progress=None) -> TrialRun:
+        """One DP run with :func:`privtune.training.fit`.  ``progress`` (a
+        :class:`privtune.report.progress.Progress` or anything with its ``advance``) receives one
+        update per step: examples, the batch loss (computed WITHOUT noise: NOT PRIVATE) and no ε
+        (the caller adds the ε spent so far).  With ``record=True`` and ``curve_data`` (a PUBLIC
+        split) accuracy is evaluated at a few points for the learning curves."""
         from privtune.training import fit
 
         self.runs += 1
         model = self._fresh()
+        curve = self.curve_data if record else None
         res = fit(model, self.train_set, noise_multiplier=noise_multiplier, sample_rate=sample_rate, steps=int(steps),
                   learning_rate=learning_rate, clip=clip, clipping=clipping or self.clipping,
-                  optimizer=optimizer or self.optimizer, eval_set=self.curve_data if record else None, seed=seed,
-                  max_physical_batch_size=self.max_physical_batch_size)
+                  optimizer=optimizer or self.optimizer, eval_set=curve, seed=seed,
+                  eval_every=_eval_every(steps) if curve is not None else None,
+                  max_physical_batch_size=self.max_physical_batch_size, progress=progress)
         events = list(res.events)
         if label:
             events = [_relabel(e, label) for e in events]
         return TrialRun(state=res.model, events=events, history=_as_history(res.history))
 
     def run_hyperfree(self, *, steps: int, sample_rate: float, sigma_g: float, sigma_l: float, config, lr0: float,
-                      seed: int | None = None):
+                      seed: int | None = None, progress=None):
+        """HyFreeDP on a fresh copy of the model; with ``curve_data`` (a PUBLIC split) its accuracy is
+        recorded at a few points for the learning curves (no privacy cost: public data)."""
         from privtune.hpo.hyperfree import train_model_hyperfree
 
         self.runs += 1
+        eval_fn, every = None, 0
+        if self.curve_data is not None:
+            from privtune.training import evaluate
+
+            curve = self.curve_data
+            eval_fn = lambda m: evaluate(m, curve)["accuracy"]  # noqa: E731
+            every = _eval_every(steps)
         return train_model_hyperfree(self._fresh(), self.train_set, steps=steps, sample_rate=sample_rate,
                                      sigma_g=sigma_g, sigma_l=sigma_l, config=config, lr0=lr0, seed=seed,
-                                     max_physical_batch_size=self.max_physical_batch_size)
+                                     max_physical_batch_size=self.max_physical_batch_size, progress=progress,
+                                     eval_fn=eval_fn, eval_every=every)
 
     def predict(self, state: Any, data: Any) -> torch.Tensor:
         return self.logits(state, data).argmax(dim=1)
 
     def logits(self, state: Any, data: Any) -> torch.Tensor:
         return state.predict_logits(data)
+
+
+def _eval_every(steps: int, points: int = 5) -> int:
+    """Evaluate the (public) curve split at about ``points`` points of a run, and at its end."""
+    return max(1, int(steps) // points)
 
 
 def _relabel(event, label: str):

@@ -26,6 +26,7 @@ import torch
 from privtune._validation import check_delta, check_epsilon, check_real
 from privtune.accounting.events import DPSGDEvent, Event, GaussianEvent, event_to_dict
 from privtune.errors import InfeasibleBudgetError, InvalidParameterError
+from privtune.engine.sampling import make_generator
 
 #: Where a trial's score comes from.  Written into the certificate metadata.
 SELECTION_SOURCES = ("public_validation", "private_validation_noisy", "train_noisy", "train_loss_noisy", "none")
@@ -161,6 +162,24 @@ class BudgetPlan:
     final_noise_multiplier: float | None = None
     notes: list = field(default_factory=list)
     details: dict = field(default_factory=dict)
+    #: set by :func:`privtune.hpo.tune` once the plan is reserved: the ε (at ``delta``, with
+    #: ``accountant``) that in-run calibrations must not exceed, and a predicate telling whether a
+    #: list of events is covered by the ledger reservation (the ledger refuses larger commits)
+    epsilon_cap: float | None = field(default=None, repr=False)
+    covered: Callable[[list], bool] | None = field(default=None, repr=False, compare=False)
+
+    def run_target(self) -> float:
+        """The ε an in-run calibration targets: the total, or the reserved ε when that is smaller."""
+        if self.epsilon_cap is None:
+            return self.total_epsilon
+        return min(self.total_epsilon, self.epsilon_cap)
+
+    def fits(self, events: Sequence[Event]) -> bool:
+        """True when ``events`` compose within the total and within the reservation (if any)."""
+        events = list(events)
+        if epsilon_of(events, self.delta, self.accountant) > self.run_target() * (1 + 1e-12):
+            return False
+        return True if self.covered is None else bool(self.covered(events))
 
     @property
     def events(self) -> list:
@@ -220,6 +239,35 @@ class TrialRecord:
         }
 
 
+def calibrate_in_plan(p: BudgetPlan, spent_events: Sequence[Event], *, sample_rate: float, steps: int,
+                      sampling: str = "poisson", what: str = "the final run") -> float:
+    """σ of a final run calibrated *during* a strategy (e.g. after linear scaling's fit chose T).
+
+    The composition ``spent_events`` + the final run meets :meth:`BudgetPlan.run_target` (the total,
+    or the reserved ε when smaller) and is covered by the ledger reservation
+    (:meth:`BudgetPlan.fits`); the target is lowered by tiny steps when the ledger's own measure
+    (its δ and accountant) needs it.  Raises :class:`InfeasibleBudgetError` otherwise — before the
+    final run reads any data.
+    """
+    spent = list(spent_events)
+    target = p.run_target()
+    last = None
+    for shrink in (0.0, 1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2):
+        sigma = calibrate_final(target * (1.0 - shrink), p.delta, spent, sample_rate=sample_rate, steps=steps,
+                                sampling=sampling, accountant=p.accountant, what=what)
+        if sampling == "full_batch" or sample_rate >= 1.0:
+            final = GaussianEvent(sigma, int(steps), label="final run")
+        else:
+            final = DPSGDEvent(sigma, sample_rate, int(steps), label="final run")
+        if p.fits(spent + [final]):
+            return sigma
+        last = epsilon_of(spent + [final], p.delta, p.accountant)
+    raise InfeasibleBudgetError(
+        f"{what} cannot be calibrated within the reserved budget (ε = {p.run_target():.6g}; best attempt "
+        f"{last:.6g}). Nothing more was run; the reservation stays charged."
+    )
+
+
 def fill_epsilon_after(trials: Sequence[TrialRecord], delta: float, accountant: str = "pld",
                        prefix_events: Sequence[Event] = ()) -> None:
     """Set each trial's ``epsilon_after``: cumulative ε of all events up to and including it."""
@@ -269,7 +317,7 @@ class Selector:
             check_real(self.noise_std, "selection_noise", low=0.0,
                        fix="A charged selection score needs Gaussian noise; pass e.g. selection_noise=20.")
         self.labels = torch.as_tensor(self.labels).long()
-        self._gen = torch.Generator().manual_seed(int(self.seed if self.seed is not None else 0) + 7919)
+        self._gen = make_generator(self.seed, offset=7919)  # score noise; OS-seeded unless a seed is given
 
     @property
     def charged(self) -> bool:
@@ -377,6 +425,7 @@ __all__ = [
     "StrategyOutcome",
     "Selector",
     "calibrate_final",
+    "calibrate_in_plan",
     "choose_best",
     "default_selection_noise",
     "describe_selection",

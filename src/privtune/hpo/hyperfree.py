@@ -35,8 +35,11 @@ from privtune.accounting.events import DPSGDEvent
 from privtune.errors import InfeasibleBudgetError
 from privtune.hpo._heads import LinearHead, clipped_gradient_sum, per_example_losses
 from privtune.hpo.common import BudgetPlan, epsilon_of
+from privtune.engine.sampling import make_generator
 
 NAME = "hyperfree"
+#: base optimizers whose direction d the learning-rate rule scales (see :class:`HyperfreeConfig`)
+OPTIMIZERS = ("adamw", "adam", "sgd")
 
 #: default initial learning rate per fine-tuning mode (digest 001 §9 D22; seed 004 Table 8 for bitfit/full)
 DEFAULT_LR0 = {"last-layer": 1e-1, "features": 1e-1, "bitfit": 5e-3, "full": 5e-4, "lora": 1e-3, "two-phase": 5e-4}
@@ -125,7 +128,9 @@ class HyperfreeConfig:
     R_l0, R_min : initial and minimum loss clipping threshold.
     clamp_factor, smoothing, lr_min : guards of the update (see :func:`gen_lr_update`).
     batch_size, epochs : expected batch size and epochs; None → :func:`privtune.hpo.recommend`.
-    optimizer : the base optimizer giving the direction d ("adamw" 0.9/0.999, wd 0.01).
+    optimizer : the base optimizer giving the direction d: ``"adamw"`` (default; 0.9/0.999, decoupled
+        weight decay ``weight_decay``), ``"adam"`` (0.9/0.999, ``weight_decay`` as an L2 term added to
+        the noisy gradient) or ``"sgd"`` (d = noisy gradient + ``weight_decay``·w).
     auto_gamma : AUTO-S stability constant (0.01).
     """
 
@@ -149,6 +154,10 @@ class HyperfreeConfig:
         check_int(self.probes, "probes", low=3, fix="GeN needs at least the 3 points {−η, 0, +η}.")
         check_real(self.gamma_noise, "gamma_noise", low=1.0,
                    fix="γ = σ_g/σ must exceed 1 to leave budget for the loss releases; e.g. 1.01.")
+        from privtune._validation import check_choice
+
+        check_choice(self.optimizer, "optimizer", OPTIMIZERS)
+        check_real(self.weight_decay, "weight_decay", low=0.0, low_inclusive=True)
 
 
 def calibrate_joint(total_epsilon: float, delta: float, sample_rate: float, steps: int, *, interval: int = 5,
@@ -216,6 +225,16 @@ def plan(config: HyperfreeConfig, total_epsilon: float, delta: float, *, sample_
 # --------------------------------------------------------------------------------------
 
 
+def _report_step(progress, hist: dict, t: int, batch: int, eval_fn, eval_every: int, steps: int, evaluate) -> None:
+    """After step t: public-split accuracy for the curves (every ``eval_every`` steps and at the end)
+    and one progress update (batch size; the privatised loss L0 when step t released one)."""
+    if eval_fn is not None and eval_every and ((t + 1) % eval_every == 0 or t + 1 == steps):
+        hist["eval"].append({"step": t + 1, "accuracy": float(evaluate())})
+    if progress is not None:
+        fresh = bool(hist["train_loss_step"]) and hist["train_loss_step"][-1] == t
+        progress.advance(1, examples=batch, loss=hist["train_loss"][-1] if fresh else None)
+
+
 def _update_lr(L0: float, Lm: float, Lp: float, lr: float, t: int, config, hist: dict) -> tuple[float, float]:
     """One learning-rate update from the three privatised losses (guards of digest 001 §11), recorded in
     ``hist``; returns the new η and the new loss clipping bound R_l (the sum of the three losses)."""
@@ -245,22 +264,36 @@ def _adam_direction(g: torch.Tensor, state: dict, key: str, t: int, betas=(0.9, 
     return d
 
 
+def _direction(config, g: torch.Tensor, state: dict, key: str, t: int, w: torch.Tensor | None) -> torch.Tensor:
+    """The base optimizer's step direction d (a step is w ← w − η·d) for ``config.optimizer``."""
+    wd = float(config.weight_decay) if w is not None else 0.0
+    if config.optimizer == "adamw":
+        return _adam_direction(g, state, key, t, weight_decay=wd, w=w)
+    if config.optimizer == "adam":  # L2 in the gradient (torch.optim.Adam's weight_decay)
+        return _adam_direction(g + wd * w if wd else g, state, key, t)
+    return g + wd * w if wd else g.clone()  # sgd
+
+
 def train_head_hyperfree(X: torch.Tensor, y: torch.Tensor, num_classes: int, *, steps: int, sample_rate: float,
                          sigma_g: float, sigma_l: float, config: HyperfreeConfig, lr0: float, seed: int | None = None,
-                         bias: bool = True):
+                         bias: bool = True, progress=None, eval_fn=None, eval_every: int = 0):
     """HyFreeDP (Algorithm 1 of seed 001, guarded) on a zero-initialised linear head.
 
     Returns (head, history) where history holds the η and R_l trajectories, the privatised
     losses L0 (the only training-loss curve released) and the acceptance log.
+    ``progress`` (anything with :meth:`privtune.report.progress.Progress.advance`) gets one update
+    per step: the batch size and, at update steps, the privatised loss L0 (charged; never a loss
+    computed without noise).  ``eval_fn(head)`` (accuracy on a PUBLIC split, never private data)
+    is recorded in ``history["eval"]`` every ``eval_every`` steps and at the end.
     """
     n, d = X.shape
-    gen = torch.Generator().manual_seed(int(seed) if seed is not None else 0)
+    gen = make_generator(seed)  # OS-seeded unless a seed is given
     head = LinearHead.zeros(d, num_classes, bias=bias, dtype=X.dtype)
     B = sample_rate * n
     lr, R_l = float(lr0), float(config.R_l0)
     state: dict = {}
     hist = {"step": [], "lr": [], "train_loss": [], "train_loss_step": [], "R_l": [], "accepted": [],
-            "reasons": [], "train_loss_label": "privatised loss L0 (charged, joint accounting)"}
+            "reasons": [], "train_loss_label": "privatised loss L0 (charged, joint accounting)", "eval": []}
     for t in range(int(steps)):
         idx = torch.nonzero(torch.rand(n, generator=gen) < sample_rate).view(-1) if sample_rate < 1 else torch.arange(n)
         Xb, yb = X[idx], y[idx]
@@ -269,11 +302,11 @@ def train_head_hyperfree(X: torch.Tensor, y: torch.Tensor, num_classes: int, *, 
         else:
             gW, gb = torch.zeros_like(head.weight), torch.zeros_like(head.bias) if head.bias is not None else None
         gW = (gW + sigma_g * torch.randn(gW.shape, generator=gen, dtype=gW.dtype)) / B
-        dW = _adam_direction(gW, state, "W", t + 1, weight_decay=config.weight_decay, w=head.weight)
+        dW = _direction(config, gW, state, "W", t + 1, w=head.weight)
         db = None
         if gb is not None:
             gb = (gb + sigma_g * torch.randn(gb.shape, generator=gen, dtype=gb.dtype)) / B
-            db = _adam_direction(gb, state, "b", t + 1)
+            db = _direction(config, gb, state, "b", t + 1, w=None)  # no weight decay on the bias
         if t % config.interval == 0:
             def loss_at(sign: float) -> torch.Tensor:
                 h = LinearHead(head.weight + sign * lr * dW, None if head.bias is None else head.bias + sign * lr * db)
@@ -287,6 +320,7 @@ def train_head_hyperfree(X: torch.Tensor, y: torch.Tensor, num_classes: int, *, 
             head.bias -= lr * db
         hist["step"].append(t + 1)
         hist["lr"].append(lr)
+        _report_step(progress, hist, t, int(idx.numel()), eval_fn, eval_every, int(steps), lambda: eval_fn(head))
     n_upd = len(hist["accepted"])
     hist["acceptance_rate"] = (sum(hist["accepted"]) / n_upd) if n_upd else 0.0
     return head, hist
@@ -329,14 +363,17 @@ def run(backend, config: HyperfreeConfig, p: BudgetPlan, *, mode: str = "last-la
 
 def train_model_hyperfree(model, train_set, *, steps: int, sample_rate: float, sigma_g: float, sigma_l: float,
                           config: HyperfreeConfig, lr0: float, seed: int | None = None,
-                          max_physical_batch_size: int = 32):
+                          max_physical_batch_size: int = 32, progress=None, eval_fn=None, eval_every: int = 0):
     """HyFreeDP on a :class:`privtune.models.Classifier` whose trainable parameters are set.
 
     One backward per step through :class:`privtune.engine.PrivateGradient` (AUTO-S, noise σ_g);
-    AdamW (0.9, 0.999, wd 0.01) gives the direction d via a single ``opt.step()`` (read back as
+    the base optimizer (``config.optimizer``: AdamW by default, Adam or SGD) gives the direction d via a
+    single ``opt.step()`` (read back as
     d = (w_t − w_{t+1})/η); every K steps the losses at w_t, w_t − η·d and w_t + η·d are
     evaluated on the same batch in eval mode, privatised and fitted, and the step is re-applied
-    with the new η.  Returns (model, history).
+    with the new η.  Returns (model, history).  ``progress``, ``eval_fn(model)`` and ``eval_every``
+    as in :func:`train_head_hyperfree` (the curve split must be PUBLIC; evaluation runs with the
+    engine's hooks paused and does not touch any generator of the run).
     """
     import torch.nn.functional as F
 
@@ -346,14 +383,24 @@ def train_model_hyperfree(model, train_set, *, steps: int, sample_rate: float, s
     n = len(train_set)
     B = sample_rate * n
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=lr0, betas=(0.9, 0.999), weight_decay=config.weight_decay)
+    if config.optimizer == "adamw":
+        opt = torch.optim.AdamW(params, lr=lr0, betas=(0.9, 0.999), weight_decay=config.weight_decay)
+    elif config.optimizer == "adam":
+        opt = torch.optim.Adam(params, lr=lr0, betas=(0.9, 0.999), weight_decay=config.weight_decay)
+    else:
+        opt = torch.optim.SGD(params, lr=lr0, weight_decay=config.weight_decay)
     pg = PrivateGradient(model, max_grad_norm=1.0, noise_multiplier=sigma_g, expected_batch_size=B,
-                         clipping="automatic", gamma=config.auto_gamma, seed=seed)
+                         clipping="automatic", gamma=config.auto_gamma,
+                         seed=None if seed is None else seed + 1)  # never the sampler's stream
     sampler = PoissonSampler(n, sample_rate, seed=seed)  # .sample(): one batch each, for any number of steps
-    gen = torch.Generator().manual_seed(int(seed or 0) + 99)
+    gen = make_generator(seed, offset=99)  # loss-release noise; OS-seeded unless a seed is given
     lr, R_l = float(lr0), float(config.R_l0)
     hist = {"step": [], "lr": [], "train_loss": [], "train_loss_step": [], "R_l": [], "accepted": [],
-            "reasons": [], "train_loss_label": "privatised loss L0 (charged, joint accounting)"}
+            "reasons": [], "train_loss_label": "privatised loss L0 (charged, joint accounting)", "eval": []}
+
+    def evaluate_public():
+        with torch.no_grad(), pg.paused():
+            return eval_fn(model)
 
     def losses_at(idx) -> torch.Tensor:
         out = []
@@ -394,6 +441,7 @@ def train_model_hyperfree(model, train_set, *, steps: int, sample_rate: float, s
                         p.copy_(a - lr * dd)
             hist["step"].append(t + 1)
             hist["lr"].append(lr)
+            _report_step(progress, hist, t, int(len(idx)), eval_fn, eval_every, int(steps), evaluate_public)
     finally:
         pg.close()
         for p in params:

@@ -35,12 +35,19 @@ from privtune.hpo.common import (
     StrategyOutcome,
     TrialRecord,
     calibrate_final,
+    calibrate_in_plan,
     choose_best,
     epsilon_of,
     mu_from_epsilon,
 )
 
 NAME = "linear-scaling"
+
+#: default search box of the full-batch variant (a linear head on cached features, mean-gradient η)
+DEFAULT_LR_BOUNDS = (0.01, 10.0)
+DEFAULT_STEPS_GRID = (5, 10, 20, 40, 80, 150)
+#: default η box of the mini-batch variant (Adam on transformer fine-tuning, mean-gradient convention)
+MINIBATCH_LR_BOUNDS = (1e-4, 5e-2)
 
 
 # --------------------------------------------------------------------------------------
@@ -235,19 +242,23 @@ class LinearScalingConfig:
     sweep_epsilons : per-run ε of sweep 1 and sweep 2 (at the common δ), or ``"auto"``:
         (min(0.1, 0.1·ε_total), min(0.2, 0.2·ε_total)), the paper's (0.1, 0.2) at ε ≥ 1.
     runs_per_sweep : n trials per sweep (paper: 3).
-    lr_bounds, steps_grid : the search box (see :class:`SearchSpace`).
+    lr_bounds : the η box; ``None`` = (0.01, 10) for full-batch runs on features and
+        :data:`MINIBATCH_LR_BOUNDS` (1e-4, 5e-2) for the mini-batch variant (bitfit/lora/full).
+    steps_grid : the T grid of the full-batch variant (``None`` = (5, 10, 20, 40, 80, 150)); the
+        mini-batch variant uses the schedule's T and rejects an explicit grid.
     r_sampling : ``"log_uniform"`` (default) or ``"uniform"`` (paper).
     fit_space : ``"epsilon"`` (default) or ``"mu"``.
     decomposition : ``"random"`` (T uniform among feasible) or ``"fewest_steps"``.
     sweep1_fraction : sweep 1 searches [r_min, sweep1_fraction · r_max] (code prior 1/10).
-    momentum, clip, free_step : the fixed training recipe (SGD 0.9, C = 1, one free step).
+    momentum, clip, free_step : the fixed full-batch recipe (SGD 0.9, C = 1, one free step);
+        the mini-batch variant trains with the model's optimizer and rejects non-default values.
     proportional_cap : optional cap r* ≤ cap · r₂ · ε_f / ε₂.
     """
 
     sweep_epsilons: Any = "auto"
     runs_per_sweep: int = 3
-    lr_bounds: tuple = (0.01, 10.0)
-    steps_grid: tuple = (5, 10, 20, 40, 80, 150)
+    lr_bounds: tuple | None = None
+    steps_grid: tuple | None = None
     r_sampling: str = "log_uniform"
     fit_space: str = "epsilon"
     decomposition: str = "random"
@@ -258,7 +269,40 @@ class LinearScalingConfig:
     proportional_cap: float | None = None
 
     def space(self) -> SearchSpace:
-        return SearchSpace(float(self.lr_bounds[0]), float(self.lr_bounds[1]), tuple(self.steps_grid))
+        """The full-batch search box (defaults filled in)."""
+        lo, hi = _bounds(self.lr_bounds, DEFAULT_LR_BOUNDS)
+        grid = DEFAULT_STEPS_GRID if self.steps_grid is None else self.steps_grid
+        try:
+            grid = tuple(grid)
+        except TypeError:
+            raise InvalidParameterError(f"`steps_grid` must be a list of step counts. Got {self.steps_grid!r}.") from None
+        return SearchSpace(lo, hi, grid)
+
+    def minibatch_lr_bounds(self) -> tuple[float, float]:
+        """The η box of the mini-batch variant; refuses options that only the full-batch recipe uses."""
+        if self.steps_grid is not None:
+            raise InvalidParameterError(
+                "`steps_grid` does not apply to linear-scaling's mini-batch variant (mode bitfit/lora/full): every "
+                "sweep run uses the schedule's T, so r = η·T varies through η alone. Remove `steps_grid`; choose T "
+                "with steps=, epochs= or batch_size=."
+            )
+        for name, default in (("decomposition", "random"), ("momentum", 0.9), ("free_step", True)):
+            if getattr(self, name) != default:
+                raise InvalidParameterError(
+                    f"`{name}` does not apply to linear-scaling's mini-batch variant (mode bitfit/lora/full): it "
+                    "belongs to the full-batch SGD recipe on cached features (mode='last-layer'); mini-batch runs "
+                    f"use the model's optimizer. Remove `{name}` or use mode='last-layer'."
+                )
+        lo, hi = _bounds(self.lr_bounds, MINIBATCH_LR_BOUNDS)
+        SearchSpace(lo, hi, (1,))  # validates 0 < lo < hi
+        return lo, hi
+
+    def validate(self) -> None:
+        check_int(self.runs_per_sweep, "runs_per_sweep", low=1)
+        check_real(self.sweep1_fraction, "sweep1_fraction", low=0.0, high=1.0, high_inclusive=True,
+                   fix="Sweep 1 searches [r_min, sweep1_fraction·r_max]; pass a fraction in (0, 1], e.g. 0.1.")
+        check_choice(self.r_sampling, "r_sampling", ("log_uniform", "uniform"))
+        check_choice(self.fit_space, "fit_space", ("epsilon", "mu"))
 
     def resolve_sweep_epsilons(self, total_epsilon: float) -> tuple[float, float]:
         if self.sweep_epsilons == "auto":
@@ -274,6 +318,16 @@ class LinearScalingConfig:
         return e1, e2
 
 
+def _bounds(value: Any, default: tuple) -> tuple[float, float]:
+    if value is None:
+        return float(default[0]), float(default[1])
+    try:
+        lo, hi = (float(v) for v in value)
+    except Exception:
+        raise InvalidParameterError(f"`lr_bounds` must be two numbers (lr_min, lr_max). Got {value!r}.") from None
+    return lo, hi
+
+
 def plan(config: LinearScalingConfig, total_epsilon: float, delta: float, *, score_event: GaussianEvent | None = None,
          accountant: str = "pld", prefix_events: Sequence = ()) -> BudgetPlan:
     """Plan every release before data is read (full-batch runs: exact GDP in μ).
@@ -283,6 +337,8 @@ def plan(config: LinearScalingConfig, total_epsilon: float, delta: float, *, sco
     ``GaussianEvent(√T/μᵢ, count=T)``.  The final run's μ_f is calibrated inside the
     composition; infeasible → :class:`InfeasibleBudgetError` with numbers and a fix.
     """
+    config.validate()
+    config.space()  # validates the box before anything is planned
     n = check_int(config.runs_per_sweep, "runs_per_sweep", low=1)
     e1, e2 = config.resolve_sweep_epsilons(total_epsilon)
     mu1, mu2 = mu_from_epsilon(e1, delta), mu_from_epsilon(e2, delta)
@@ -364,8 +420,7 @@ def run(backend, selector, config: LinearScalingConfig, p: BudgetPlan, *, seed: 
                         r_bounds=(lo, space.r_max), proportional_cap=config.proportional_cap)
     lr_f, T_f, note_f = decompose(ext.r_star, space, rng, config.decomposition)
     spent = list(p.details.get("prefix_events", [])) + [e for t in trials for e in t.events]
-    sigma_f = calibrate_final(p.total_epsilon, p.delta, spent, sample_rate=1.0, steps=T_f, sampling="full_batch",
-                              accountant=p.accountant)
+    sigma_f = calibrate_in_plan(p, spent, sample_rate=1.0, steps=T_f, sampling="full_batch")
     if progress:
         progress(f"fit ({ext.space}-space): r* = {ext.r_star:.4g} → final run η={lr_f:.3g}, T={T_f}, σ={sigma_f:.4g}")
     final = backend.run({"learning_rate": lr_f, "steps": T_f}, noise_multiplier=sigma_f, sample_rate=1.0, steps=T_f,
@@ -398,22 +453,22 @@ def run(backend, selector, config: LinearScalingConfig, p: BudgetPlan, *, seed: 
 # mini-batch variant (BiTFiT / LoRA / full fine-tuning through privtune.training.fit)
 # --------------------------------------------------------------------------------------
 
-#: default η box for Adam on transformer fine-tuning (mean-gradient convention)
-MINIBATCH_LR_BOUNDS = (1e-4, 5e-2)
-
-
 def plan_minibatch(config: LinearScalingConfig, total_epsilon: float, delta: float, *, sample_rate: float,
                    steps: int, score_event: GaussianEvent | None = None, accountant: str = "pld",
                    prefix_events: Sequence = ()) -> BudgetPlan:
     """Plan for Poisson-subsampled runs: every sweep run is ``DPSGDEvent(σᵢ, q, T)`` with σᵢ
     calibrated to the per-run εᵢ; the final σ is calibrated inside the PLD composition.
 
-    In the sweeps T is fixed (r = η·T varies through η); the final run's T grows (up to 4T)
-    when r* needs an η above the box.
+    T is the schedule's (fixed for every run): r = η·T varies through η in ``lr_bounds``
+    (default :data:`MINIBATCH_LR_BOUNDS`), r* is clamped to the searched range [η_min·T, η_max·T],
+    and the final run is exactly the planned ``DPSGDEvent(σ_f, q, T)``.  Options of the full-batch
+    recipe (``steps_grid``, ``decomposition``, ``momentum``, ``free_step``) are refused, not ignored.
     """
     from privtune.accounting import calibrate_noise_multiplier
     from privtune.accounting.events import DPSGDEvent
 
+    config.validate()
+    lr_lo, lr_hi = config.minibatch_lr_bounds()
     n = check_int(config.runs_per_sweep, "runs_per_sweep", low=1)
     e1, e2 = config.resolve_sweep_epsilons(total_epsilon)
     sig = [float(calibrate_noise_multiplier(e, delta, sample_rate, steps, accountant=accountant)) for e in (e1, e2)]
@@ -438,7 +493,7 @@ def plan_minibatch(config: LinearScalingConfig, total_epsilon: float, delta: flo
                    final_noise_multiplier=sigma_f)
     p.details = {"sweep_epsilons": [e1, e2], "runs_per_sweep": n, "sigmas": sig, "final_epsilon": eps_f,
                  "trial_epsilon": eps_trials, "prefix_events": list(prefix_events), "sample_rate": sample_rate,
-                 "steps": steps, "minibatch": True}
+                 "steps": steps, "minibatch": True, "lr_bounds": [lr_lo, lr_hi]}
     p.notes = [f"sweeps: {n} + {n} Poisson runs (q = {sample_rate:.4g}, T = {steps}) at per-run ε = {e1:g}, {e2:g} "
                f"(σ = {sig[0]:.4g}, {sig[1]:.4g})",
                f"final run: per-run ε_f = {eps_f:.4g} (σ = {sigma_f:.4g}); the sweeps cost ε = {eps_trials:.4g}"]
@@ -449,15 +504,19 @@ def run_minibatch(backend, selector, config: LinearScalingConfig, p: BudgetPlan,
                   progress=None) -> StrategyOutcome:
     """Algorithm 2 with Poisson mini-batches on a model backend (T fixed in the sweeps)."""
     rng = np.random.default_rng(seed)
+    from privtune.accounting.events import DPSGDEvent
+
     q, T = p.details["sample_rate"], p.details["steps"]
-    lr_lo, lr_hi = (config.lr_bounds if tuple(config.lr_bounds) != (0.01, 10.0) else MINIBATCH_LR_BOUNDS)
+    lr_lo, lr_hi = config.minibatch_lr_bounds()
     r_min, r_max = lr_lo * T, lr_hi * T
     n = p.details["runs_per_sweep"]
     e1, e2 = p.details["sweep_epsilons"]
     trials: list[TrialRecord] = []
     best_rs: list[float] = []
     for s, (eps_s, sig) in enumerate(zip((e1, e2), p.details["sigmas"]), start=1):
-        lo, hi = (r_min, max(r_min, config.sweep1_fraction * r_max * 10 ** 0.5)) if s == 1 else (best_rs[0], r_max)
+        # sweep 1 on [r_min, sweep1_fraction·r_max] (the code's prior, as in the full-batch variant);
+        # sweep 2 between sweep 1's best r and r_max (the issue's fix)
+        lo, hi = (r_min, max(r_min, config.sweep1_fraction * r_max)) if s == 1 else (best_rs[0], r_max)
         recs = []
         for i, r in enumerate(sample_r(rng, lo, hi, n, config.r_sampling)):
             lr = r / T
@@ -474,11 +533,13 @@ def run_minibatch(backend, selector, config: LinearScalingConfig, p: BudgetPlan,
                 progress(f"sweep {s} trial {i + 1}/{n}: η={lr:.3g} (r={r:.4g}) score={score:.4f}")
         best_rs.append(float(choose_best(recs, tie=lambda r: r.hyperparameters["r"]).hyperparameters["r"]))
     ext = extrapolate_r([e1, e2], best_rs, p.details["final_epsilon"], delta=p.delta, fit_space=config.fit_space,
-                        r_bounds=(r_min, 4 * r_max), proportional_cap=config.proportional_cap)
-    T_f = T if ext.r_star <= lr_hi * T else min(4 * T, math.ceil(ext.r_star / lr_hi))
-    lr_f = min(lr_hi, ext.r_star / T_f)
+                        r_bounds=(r_min, r_max), proportional_cap=config.proportional_cap)
+    T_f = T  # r* lies in the searched range [η_min·T, η_max·T], so η = r*/T is inside the box
+    lr_f = min(max(ext.r_star / T, lr_lo), lr_hi)
     spent = list(p.details.get("prefix_events", [])) + [e for t in trials for e in t.events]
-    sigma_f = calibrate_final(p.total_epsilon, p.delta, spent, sample_rate=q, steps=T_f, accountant=p.accountant)
+    sigma_f = float(p.final_noise_multiplier)  # the planned final run (the trials ran exactly as planned)
+    if not p.fits(spent + [DPSGDEvent(sigma_f, q, T_f)]):  # pragma: no cover - guard; trials differ from the plan
+        sigma_f = calibrate_in_plan(p, spent, sample_rate=q, steps=T_f)
     if progress:
         progress(f"fit: r* = {ext.r_star:.4g} → final η={lr_f:.3g}, T={T_f}, σ={sigma_f:.4g}")
     final = backend.run({"learning_rate": lr_f, "steps": T_f}, noise_multiplier=sigma_f, sample_rate=q, steps=T_f,
@@ -487,6 +548,9 @@ def run_minibatch(backend, selector, config: LinearScalingConfig, p: BudgetPlan,
     data = {"name": NAME, "trial_epsilons": [e1, e2], "best_r": best_rs, "r_star": ext.r_star,
             "fit": {"slope": ext.slope, "intercept": ext.intercept, "space": ext.space},
             "extrapolation": ext.to_dict(), "final_epsilon": p.details["final_epsilon"], "minibatch": True,
+            "search_space": {"lr_bounds": [lr_lo, lr_hi], "steps": T, "r_min": r_min, "r_max": r_max,
+                             "r_sampling": config.r_sampling, "sweep1": [r_min, max(r_min, config.sweep1_fraction
+                                                                                   * r_max)]},
             "notes": [x for x in (ext.fallback, ext.clamped) if x]}
     return StrategyOutcome(state=final.state, final_events=list(final.events),
                            final_hyperparameters={"learning_rate": lr_f, "steps": T_f, "r": lr_f * T_f,

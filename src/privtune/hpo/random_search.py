@@ -9,7 +9,11 @@ tighter (the issue's rule):
   per-run μ_t = √((μ_total² − scores)/k) in GDP (exact for full batch), PLD-verified; or
 * **Papernot & Steinke (ICLR 2022) repeat-and-select**: the number of trials K is random,
   truncated negative binomial with mean k (``shape`` 0 = logarithmic), and only the best
-  is released; accounted with RDP through ``RepeatAndSelectEvent``.
+  is released; accounted with RDP through ``RepeatAndSelectEvent``.  "Truncated" is the
+  paper's: K = 0 is excluded.  K is **never capped** from above: the theorem holds only for
+  the untruncated distribution (a cap at 100 would break it with probability ≈ 0.5 % at mean
+  10).  Compute is bounded honestly instead: a mean above :data:`MAX_MEAN_TRIALS` is refused
+  at plan time, and the plan states the probability that K exceeds 10× its mean.
 
 The choice, the per-trial σ and the realised K are recorded in the strategy data.
 """
@@ -28,13 +32,16 @@ from privtune.hpo.common import BudgetPlan, StrategyOutcome, TrialRecord, choose
 from privtune.hpo.linear_scaling import SearchSpace
 
 NAME = "random-search"
+#: largest expected number of trials accepted for repeat-and-select (K itself is not capped)
+MAX_MEAN_TRIALS = 100
 
 
 @dataclass
 class RandomSearchConfig:
     """Parameters of honest random search.
 
-    trials : k, the (expected) number of configurations.
+    trials : k, the (expected) number of configurations; at most :data:`MAX_MEAN_TRIALS` with
+        repeat-and-select accounting (the realised K is random and never capped).
     accounting : ``"auto"`` (tighter of the two), ``"composition"`` or ``"repeat-and-select"``.
     shape : η of the truncated negative binomial for repeat-and-select (0 = logarithmic).
     lr_bounds, steps_grid : the search box (same default as linear scaling).
@@ -88,6 +95,16 @@ def plan(config: RandomSearchConfig, total_epsilon: float, delta: float, *, scor
     """Choose the tighter accounting and the per-trial μ, before any data is read."""
     k = check_int(config.trials, "trials", low=1)
     check_real(config.shape, "shape", low=0.0, low_inclusive=True)
+    from privtune._validation import check_choice
+
+    check_choice(config.accounting, "accounting", ("auto", "composition", "repeat-and-select"))
+    config.space()  # validates the search box before anything is planned
+    if config.accounting == "repeat-and-select" and k > MAX_MEAN_TRIALS:
+        raise InfeasibleBudgetError(
+            f"random search: repeat-and-select with a mean of {k} trials is refused (limit {MAX_MEAN_TRIALS}): its "
+            "number of trials is random and cannot be capped without breaking the guarantee, so the compute is "
+            f"unbounded in the tail. Use trials ≤ {MAX_MEAN_TRIALS}, or accounting='composition' (exactly k trials)."
+        )
     prefix = list(prefix_events)
     mu_total = mu_from_epsilon(total_epsilon, delta)
     if prefix:  # budget left after the prefix (e.g. --mode auto pilots), in GDP terms, PLD-verified below
@@ -106,7 +123,7 @@ def plan(config: RandomSearchConfig, total_epsilon: float, delta: float, *, scor
         comp_mu = _shrink_to_fit(comp_events, math.sqrt((mu_total ** 2 - score_mu2) / k), total_epsilon, delta,
                                  accountant)
     ps_mu = None
-    if config.accounting in ("auto", "repeat-and-select"):
+    if config.accounting in ("auto", "repeat-and-select") and k <= MAX_MEAN_TRIALS:
         ps_mu = None if prefix else _ps_mu(k, config.shape, score_sigma, total_epsilon, delta)
     if config.accounting == "composition":
         ps_mu = None
@@ -124,18 +141,42 @@ def plan(config: RandomSearchConfig, total_epsilon: float, delta: float, *, scor
         p.trial_events = prefix + [RepeatAndSelectEvent(events=tuple(inner), mean=float(k), shape=float(config.shape),
                                                label="random search (repeat-and-select)")]
         mu = ps_mu
+        tail = _tail_probability(float(k), float(config.shape), 10 * k)
     else:
         p.trial_events = comp_events(comp_mu)
         mu = comp_mu
     p.details = {"trials": k, "accounting": "repeat-and-select" if use_ps else "composition", "trial_mu": mu,
                  "composition_mu": comp_mu, "repeat_and_select_mu": ps_mu, "shape": config.shape}
+    if use_ps:
+        p.details["p_trials_above_10x_mean"] = tail
     p.notes = [
         f"{k} {'expected ' if use_ps else ''}trials, each a full-batch run at per-run μ = {mu:.4g}",
         f"accounting: {p.details['accounting']} (per-trial μ: composition {comp_mu or float('nan'):.4g}, "
         f"repeat-and-select {ps_mu or float('nan'):.4g}; the larger μ, i.e. less noise, wins)",
         "the best trial is released; no separate final run",
     ]
+    if use_ps:
+        p.notes.append(f"the number of trials K is random (mean {k}, never capped: the guarantee needs the whole "
+                       f"distribution); P(K > {10 * k}) = {tail:.2g}")
     return p
+
+
+def _k_distribution(mean: float, shape: float):
+    """(pmf over k ≥ 1 as a callable, γ) of dp_accounting's truncated negative binomial."""
+    from dp_accounting.rdp.rdp_privacy_accountant import _gamma_truncated_negative_binomial
+    from scipy import stats
+
+    gamma = _gamma_truncated_negative_binomial(shape, mean)
+    if shape == 0:
+        return stats.logser(1 - gamma), gamma
+    return stats.nbinom(shape, gamma), gamma
+
+
+def _tail_probability(mean: float, shape: float, k: int) -> float:
+    """P(K > k) for the truncated (K ≥ 1) negative binomial with the given mean and shape."""
+    dist, _ = _k_distribution(mean, shape)
+    p0 = 0.0 if shape == 0 else float(dist.pmf(0))
+    return float(dist.sf(k)) / (1.0 - p0)
 
 
 def _draw_k(rng: np.random.Generator, mean: float, shape: float) -> int:
@@ -143,7 +184,7 @@ def _draw_k(rng: np.random.Generator, mean: float, shape: float) -> int:
     from dp_accounting.rdp.rdp_privacy_accountant import _gamma_truncated_negative_binomial
 
     gamma = _gamma_truncated_negative_binomial(shape, mean)
-    for _ in range(10000):
+    while True:  # rejection of K = 0 is the definition of the (zero-)truncated distribution; no upper cap
         if shape == 0:
             kk = int(rng.logseries(1 - gamma))
         elif shape == 1:
@@ -152,17 +193,16 @@ def _draw_k(rng: np.random.Generator, mean: float, shape: float) -> int:
             kk = int(rng.negative_binomial(shape, gamma))
         if kk > 0:
             return kk
-    return 1  # pragma: no cover
 
 
 def run(backend, selector, config: RandomSearchConfig, p: BudgetPlan, *, seed: int | None = None,
-        progress=None, max_trials: int = 100) -> StrategyOutcome:
+        progress=None) -> StrategyOutcome:
     rng = np.random.default_rng(seed)
     space = config.space()
     mu = p.details["trial_mu"]
     use_ps = p.details["accounting"] == "repeat-and-select"
+    # repeat-and-select: K drawn from the untruncated-above distribution the accounting assumes
     k = _draw_k(rng, float(p.details["trials"]), float(config.shape)) if use_ps else p.details["trials"]
-    k = min(k, max_trials)
     trials, states = [], {}
     for i in range(k):
         lr = float(math.exp(rng.uniform(math.log(space.lr_min), math.log(space.lr_max))))

@@ -31,11 +31,22 @@ import torch
 from privtune._validation import check_choice, check_int, check_real
 from privtune.errors import DataError, InvalidParameterError, PrivtuneError
 from privtune.hpo import common
+from privtune.accounting.events import event_to_dict
 from privtune.hpo.common import BudgetPlan, Selector, StrategyOutcome, as_plain
+from privtune.engine.sampling import make_generator
 
 STRATEGIES = ("linear-scaling", "hyperfree", "single-step", "random-search", "grid-oracle")
 MODES = ("auto", "last-layer", "bitfit", "lora", "full")
 AUTO_MODES = ("last-layer", "bitfit", "lora")
+#: what each strategy can train; ``--mode auto`` pilots only these (none when only one is left),
+#: and any other mode is refused before anything is reserved
+STRATEGY_MODES = {
+    "linear-scaling": ("last-layer", "bitfit", "lora", "full"),
+    "hyperfree": ("last-layer", "bitfit", "lora", "full"),
+    "single-step": ("last-layer",),
+    "random-search": ("last-layer",),
+    "grid-oracle": ("last-layer",),
+}
 SELECTIONS = {
     "public-validation": "public_validation", "public_validation": "public_validation",
     "private-validation": "private_validation_noisy", "private_validation_noisy": "private_validation_noisy",
@@ -188,6 +199,7 @@ def tune(
     quiet: bool = False,
     write_files: bool = True,
     feature_cache_dir: Any = None,
+    resume: bool = False,
     **unknown: Any,
 ) -> TuneResult:
     """Tune hyperparameters privately and train, under one total (ε, δ).
@@ -204,12 +216,14 @@ def tune(
     model : path, optional
         Backbone directory (Hugging Face format); ``None`` = bundled all-MiniLM-L6-v2.
     mode : {"auto", "last-layer", "bitfit", "lora", "full"}
-        What is trained.  ``"auto"`` compares last-layer, bitfit and lora with one charged
-        pilot run each (per-run ε = min(0.1, 0.1·ε)) and continues with the best.
+        What is trained.  ``"auto"`` compares the modes the strategy can train among
+        last-layer, bitfit and lora with one charged pilot run each (per-run ε =
+        min(0.1, 0.1·ε)) and continues with the best; single-step, random-search and
+        grid-oracle train the last layer only, so for them ``"auto"`` is last-layer, no pilots.
     strategy : {"linear-scaling", "hyperfree", "single-step", "random-search", "grid-oracle"}
-        See ``docs/strategies.md``.  Default ``"hyperfree"``: no search, and the best or
-        near-best strategy in ``bench/hpo.py`` and on the embedded demo.  ``"grid-oracle"`` is
-        NOT PRIVATE (tuning uncharged) and releases no model.
+        See ``docs/strategies.md``.  Default ``"hyperfree"``: no search, and the best strategy
+        at every ε in ``bench/hpo.py`` (README table).  ``"grid-oracle"`` is NOT PRIVATE
+        (tuning uncharged), releases no model and does not touch the ledger.
     epsilon, delta : the **total** budget: trials, scoring and final run together.
     ledger : ledger URL; ``None`` = ``$PRIVTUNE_LEDGER`` / ``~/.privtune/ledger.db``.
     output_dir : run directory; ``None`` = ``runs/<timestamp>/``.
@@ -223,7 +237,12 @@ def tune(
     trials, epochs, steps, batch_size, clip, clipping, optimizer : strategy overrides.
     strategy_options : extra keyword arguments of the strategy's config dataclass.
     nonprivate_reference : also compute the NOT PRIVATE grid-oracle reference (never released).
+    resume : continue the interrupted run in ``output_dir`` (same options): its ledger reservation
+        is continued (no new charge), completed trials are replayed from the private state file
+        ``RUN_DIR/.tune_state.jsonl`` (not recomputed) and the interrupted one is recomputed with the
+        same seeds.  Not available for ``grid-oracle`` (it reserves nothing).
     """
+    _args = dict(locals())  # every argument as given: RUN_DIR/config.yaml and the resume check
     t_start = time.time()
     if unknown:  # refuse, never drop: a misspelt option would otherwise run with the default silently
         import difflib
@@ -238,6 +257,12 @@ def tune(
         )
     strategy = check_choice(strategy, "strategy", STRATEGIES)
     mode = check_choice(mode, "mode", MODES)
+    supported_modes = STRATEGY_MODES[strategy]
+    if mode != "auto" and mode not in supported_modes:
+        raise InvalidParameterError(
+            f"strategy={strategy!r} trains {' / '.join(supported_modes)} only; got mode={mode!r}. Use "
+            f"mode={supported_modes[0]!r} (or 'auto'), or strategy='hyperfree' / 'linear-scaling' for {mode}."
+        )
     eps_total = common.check_epsilon(epsilon)
     delta = check_real(delta, "delta", low=0.0, high=1.0, fix="Pass e.g. 1e-5; δ should be well below 1/n.")
     check_choice(accountant, "accountant", ("pld", "rdp"))
@@ -251,6 +276,9 @@ def tune(
             check_choice(selection, "selection", ("public-validation", "private-validation", "train-accuracy",
                                                   "train-loss"))
     options = dict(strategy_options or {})
+    if epochs is not None and steps is not None:
+        raise InvalidParameterError(
+            f"give `epochs` or `steps`, not both. Got epochs={epochs!r}, steps={steps!r}. Remove one of them.")
 
     # ---------------------------------------------------------------- data and model
     embedded = data is None
@@ -276,6 +304,9 @@ def tune(
         _check_disjoint(public_set, eval_set, "eval_data (vs public_eval_data)")
     n_train = len(train)
     common.check_delta(delta, dataset_size=n_train)
+    # the ledger's dataset is the WHOLE training file: fingerprint it before any private-validation split
+    # (a split's rows would hash to a new fingerprint, i.e. a fresh budget for the same data)
+    train_fp, train_name = _dataset_identity(train)
 
     # selection source
     if sel_name is None:
@@ -288,7 +319,7 @@ def tune(
     private_val = None
     if sel_name == "private_validation_noisy":
         frac = check_real(validation_fraction, "validation_fraction", low=0.0, high=0.5)
-        g = torch.Generator().manual_seed(int(seed or 0) + 1)
+        g = make_generator(seed, offset=1)
         perm = torch.randperm(n_train, generator=g).tolist()
         k = max(1, int(round(frac * n_train)))
         private_val = train.subset(perm[:k])
@@ -308,17 +339,34 @@ def tune(
             raise InvalidParameterError(
                 f"`output` {str(run_dir)!r} already holds a finished run (certificate.json). Pass a new directory.")
         run_dir.mkdir(parents=True, exist_ok=True)
+    # ---------------------------------------------------------------- seeds and resume state (no budget yet)
+    run_cfg, unsaved = _effective_config(_args, run_dir)
+    state_header, state_entries = _resume_state(resume, run_dir, output_dir, strategy, run_cfg, train_fp)
+    # every noise and sampling generator of the run derives from run_seed: the user's seed, or OS entropy
+    # kept only in the private state file until the run finishes (never in config, metrics or certificate)
+    import secrets
+    import uuid
+
+    run_seed = int(state_header["seed"]) if state_header else (seed if seed is not None else secrets.randbits(62))
+    run_id = str(state_header["run_id"]) if state_header else uuid.uuid4().hex
     prog = _progress(quiet, run_dir, eps_total)
     log = prog.log
+    journal = None
     try:
         from privtune.models import load_classifier
 
-        clf = load_classifier(model, num_labels=num_labels, label_names=names, seed=seed)
+        clf = load_classifier(model, num_labels=num_labels, label_names=names, seed=derive_seed(run_seed, "model"))
         log(f"privtune tune: strategy={strategy}, mode={mode}, total ε={eps_total:g}, δ={delta:g}, "
             f"data={train_source} (n={n_train}), selection={common.describe_selection(sel_name_effective)}")
 
         # ------------------------------------------------------------ plan (no data read yet)
-        pilot_modes = list(AUTO_MODES) if mode == "auto" else []
+        # --mode auto: pilot only the modes this strategy can train; with one candidate there is nothing to
+        # choose and nothing is spent on pilots
+        candidates = [m for m in AUTO_MODES if m in supported_modes] if mode == "auto" else [mode]
+        pilot_modes = candidates if len(candidates) > 1 else []
+        run_mode = candidates[0] if not pilot_modes else "auto"
+        if mode == "auto" and not pilot_modes:
+            log(f"mode auto: strategy {strategy} trains {run_mode} only; no mode pilots are run")
         pilot_events, pilot_eps = [], min(0.1, 0.1 * eps_total)
         sel_sigma = None
         if sel_name != "public_validation":
@@ -328,39 +376,67 @@ def tune(
         if pilot_modes:
             pilot_events = _plan_pilots(pilot_modes, pilot_eps, delta, n_train, sel_sigma, accountant)
         center_sigma = None
-        if mode in ("auto", "last-layer") and public_set is None:
+        if "last-layer" in candidates and public_set is None:
             # features are centred by a private mean (Sun et al. 2024 via digest 000 §6.3): a charged release
             center_sigma = float(options.pop("center_noise", max(5.0, 0.005 * n_train)))
             from privtune.accounting.events import GaussianEvent
 
             pilot_events = [GaussianEvent(center_sigma, 1, label="private feature mean (centering)")] + pilot_events
-        chosen_mode = mode if mode != "auto" else None
-        plan_mode = chosen_mode or "last-layer"
-        plan = _plan(strategy, plan_mode, eps_total, delta, n_train, options, sel_sigma if sel_name_effective != "none"
-                     else None, pilot_events, accountant, trials=trials, epochs=epochs, steps=steps,
-                     batch_size=batch_size)
+        # every candidate mode is planned now, before anything is reserved: a combination that cannot work
+        # fails here, and the reservation covers whichever mode the pilots pick
+        _check_overrides(strategy, candidates, {"trials": trials, "epochs": epochs, "steps": steps,
+                                                "batch_size": batch_size, "optimizer": optimizer})
+        mode_plans = {}
+        for m in candidates:
+            try:
+                mode_plans[m] = _plan(strategy, m, eps_total, delta, n_train, options,
+                                      sel_sigma if sel_name_effective != "none" else None, pilot_events, accountant,
+                                      trials=trials, epochs=epochs, steps=steps, batch_size=batch_size,
+                                      optimizer=optimizer)
+            except PrivtuneError as exc:
+                if not pilot_modes:
+                    raise
+                raise type(exc)(f"mode='auto': candidate mode {m!r} cannot be planned with strategy {strategy!r}: "
+                                f"{exc} Pass an explicit mode (e.g. mode='last-layer') to skip it.") from None
+        plan_mode = candidates[0]
+        plan = mode_plans[plan_mode]
         log(plan.describe())
+        for m in candidates[1:]:
+            log(f"  if the pilots choose {m}: planned ε = {mode_plans[m].planned_epsilon():.4g}")
 
         # ------------------------------------------------------------ reserve in the ledger
-        led, fp, ledger_url, registered = _ledger_for(ledger, embedded, run_dir, train, eps_total, delta, accountant)
-        if registered:
-            log(f"ledger: new dataset {fp[:12]}… registered with total ε = {eps_total:g}, δ = {delta:g} "
-                f"({ledger_url})")
-        if strategy == "grid-oracle":
-            log("grid-oracle is NOT PRIVATE: tuning is not charged and no model is released")
-        cm = led.spend(fp, plan.events, command="tune", config={"strategy": strategy, "mode": mode,
-                                                                 "epsilon": eps_total, "delta": delta}) \
-            if strategy != "grid-oracle" else _null_reservation()
+        if strategy == "grid-oracle":  # NOT PRIVATE: spends and releases nothing, so the ledger is not touched
+            led, fp, ledger_url, registered = None, train_fp, None, False
+            log("grid-oracle is NOT PRIVATE: tuning is not charged, no model is released and the ledger is not "
+                "touched")
+            cm = _null_reservation()
+        else:
+            led, fp, ledger_url, registered = _ledger_for(ledger, embedded, run_dir, train_fp, train_name, eps_total,
+                                                          delta, accountant)
+            if registered:
+                log(f"ledger: new dataset {fp[:12]}… registered with total ε = {eps_total:g}, δ = {delta:g} "
+                    f"({ledger_url})")
+            reserved = _cover_candidates(led, fp, mode_plans, eps_total, delta, accountant)
+            if state_header is not None:
+                _check_open_reservation(led, fp, run_id, run_dir)
+            cm = led.spend(fp, reserved, command="tune", delta=delta, resume_key=run_id,
+                           config={"strategy": strategy, "mode": mode, "epsilon": eps_total, "delta": delta,
+                                   "output": str(run_dir) if run_dir is not None else None})
         with cm as reservation:
+            if strategy != "grid-oracle":  # seeds, completed trials and replay (see _Journal)
+                journal = _open_journal(run_dir, state_header, state_entries, run_seed, run_id, run_cfg, unsaved, fp,
+                                        prog, delta, accountant, pilot_events[:1] if center_sigma else [],
+                                        reservation)
             # -------------------------------------------------------- features / selection data
             selector_data = public_set if sel_name == "public_validation" else (private_val or train)
             outcome, final_model, used_mode, pilot_records, selector, feats = _execute(
-                strategy, mode, plan, clf, train, selector_data, sel_name_effective, sel_name, sel_sigma, eval_set,
-                public_set, pilot_modes, pilot_eps, delta, eps_total, accountant, options, seed, prog, trials=trials,
+                strategy, run_mode, plan, clf, train, selector_data, sel_name_effective, sel_name, sel_sigma, eval_set,
+                public_set, pilot_modes, pilot_eps, delta, eps_total, accountant, options, run_seed, prog,
+                journal=journal, trials=trials,
                 epochs=epochs, steps=steps, batch_size=batch_size, clip=clip, clipping=clipping,
                 optimizer=optimizer, max_physical_batch_size=max_physical_batch_size,
                 feature_cache_dir=feature_cache_dir, center_sigma=center_sigma, center_events=pilot_events[:1]
-                if center_sigma else [])
+                if center_sigma else [], mode_plans=mode_plans, pilot_events=pilot_events)
             trial_list = pilot_records + list(outcome.trials)
             pre = pilot_events[:1] if center_sigma else []
             common.fill_epsilon_after(trial_list, delta, accountant, prefix_events=pre)
@@ -388,6 +464,7 @@ def tune(
             "dataset_fingerprint": fp, "plan": as_plain(plan.notes),
             "notes": [*(outcome.strategy_data.get("notes", []) or [])],
         }
+        metadata.update(_trial_section(trial_list, outcome, strategy))
         if strategy == "grid-oracle":
             metadata["label"] = "NOT PRIVATE"
             metadata["notes"].append("NOT PRIVATE: every grid run is (ε, δ)-DP alone; the selection is uncharged")
@@ -406,7 +483,7 @@ def tune(
             acc = outcome.strategy_data.get("reported_accuracy")
         remaining = None
         try:
-            remaining = float(led.status(fp).remaining_epsilon)
+            remaining = float(led.status(fp).remaining_epsilon) if led is not None else None
         except Exception:  # pragma: no cover - status is informative only
             pass
         metrics = {
@@ -432,18 +509,80 @@ def tune(
             "plan": as_plain(plan.to_dict()),
         }
         metrics["wall_time_s"] = round(time.time() - t_start, 1)
+        _label_curves(history["final_run"], public_set is not None)
+        if journal is not None and journal.replayed:
+            metrics["resumed"] = {"replayed_trials": journal.replayed}
         if run_dir is not None:
-            _write_run(run_dir, final_model, cert, metrics, history, dict(
-                strategy=strategy, mode=mode, epsilon=eps_total, delta=delta, data=str(data) if data else None,
-                eval_data=str(eval_data) if isinstance(eval_data, (str, os.PathLike)) else None,
-                model=str(model) if model else None, seed=seed, selection=sel_name, accountant=accountant,
-                ledger=ledger_url, output=str(run_dir)), log)
-        log(f"done in {time.time() - t_start:.0f} s: ε = {cert.epsilon:.4f} (≤ {eps_total:g}), δ = {delta:g}"
+            if unsaved:
+                log(f"note: config.yaml cannot hold {', '.join(unsaved)} (in-memory objects, not paths); rerunning "
+                    "from it needs them passed again")
+            _write_run(run_dir, final_model, cert, metrics, history, run_cfg, log)
+            # the state file holds the noise seeds: with them anyone could subtract the noise from the
+            # released model, so it goes as soon as the run's files are written
+            sp = _state_path(run_dir)
+            if sp.exists():
+                sp.unlink()
+        log(f"done in {time.time() - t_start:.0f} s: "
+            + (f"ε = {cert.epsilon:.4f} (≤ {eps_total:g}), δ = {delta:g}" if strategy != "grid-oracle" else
+               f"NOT PRIVATE reference (composition of the grid runs: ε = {cert.epsilon:.4g}, δ = {delta:g})")
             + (f", accuracy {acc:.4f}" if acc is not None else "") + (f" → {run_dir}" if run_dir else ""))
         return TuneResult(model=final_model, certificate=cert, trials=history["trials"], metrics=metrics,
                           history=history, run_dir=run_dir, plan=plan)
+    except KeyboardInterrupt:
+        if journal is not None:  # reserved: the reservation stays charged; say how to continue without a new one
+            import sys
+
+            if getattr(journal.reservation, "state", None) == "committed":
+                hint = ("interrupted after the run's privacy cost was committed to the ledger: the budget is spent "
+                        f"and some files in {run_dir} may be missing; nothing can be resumed.")
+            else:
+                hint = _resume_hint(run_dir if journal.path is not None else None, journal.config_written)
+            prog.runlog.write(hint)
+            print(hint, file=sys.stderr)
+        raise
+    except Exception as exc:
+        if journal is not None and journal.path is not None:
+            prog.runlog.write(f"failed after the ledger reservation ({type(exc).__name__}): the reservation stays "
+                              f"charged; once the cause is fixed, `--resume` continues this run. "
+                              + _resume_hint(run_dir, journal.config_written).split("\n", 1)[-1])
+        raise
     finally:
         prog.close()
+
+
+def _trial_section(trial_list, outcome, strategy) -> dict:
+    """The certificate's per-trial section: one record per trial (hyperparameters, score, events) and
+    one for the final run, each saying how it is accounted in the certificate's ``events``."""
+    ps = outcome.certificate_events is not None
+    records = []
+    for t in trial_list:
+        d = as_plain(t.to_dict())
+        if ps and t.phase != "mode-auto pilot":
+            d["accounted"] = ("by the repeat-and-select event in `events` (Papernot & Steinke), which covers every "
+                              "trial and the selection; this trial's own events are listed for information and are "
+                              "NOT composed again")
+        else:
+            d["accounted"] = "its events are listed in `events`"
+        records.append(d)
+    final = {"phase": "final run", "hyperparameters": as_plain(outcome.final_hyperparameters),
+             "events": [as_plain(event_to_dict(e)) for e in outcome.final_events]}
+    if strategy == "grid-oracle":
+        final["accounted"] = "NOT PRIVATE reference: no model is released"
+    elif outcome.final_events:
+        final["accounted"] = "its events are listed in `events`"
+    else:
+        sel = outcome.final_hyperparameters.get("selected_trial")
+        final["accounted"] = (f"the released model is trial {sel}'s: no separate run, no further event"
+                              + (" (covered by the repeat-and-select event)" if ps else ""))
+    out = {"trial_records": records + [final]}
+    if ps:
+        out["trials_accounting"] = ("repeat-and-select (Papernot & Steinke 2022): `events` holds ONE "
+                                    "RepeatAndSelectEvent for all trials and the selection of the best; each trial is "
+                                    "listed in `trial_records` with its hyperparameters, score and events, which are "
+                                    "not composed again (that would double count)")
+    else:
+        out["trials_accounting"] = "composition: every trial's events (and charged scores) are listed in `events`"
+    return out
 
 
 # --------------------------------------------------------------------------------------
@@ -486,8 +625,45 @@ def _minibatch_schedule(eps_total, delta, n, epochs, steps, batch_size, accounta
     return rec.sample_rate, int(steps if steps is not None else rec.steps)
 
 
+#: which tune() overrides each strategy uses: (strategy, "features" | "model") -> option names
+_OVERRIDES = {
+    ("linear-scaling", "features"): {"trials"},
+    ("linear-scaling", "model"): {"trials", "epochs", "steps", "batch_size", "optimizer"},
+    ("random-search", "features"): {"trials"},
+    ("single-step", "features"): {"optimizer"},
+    ("hyperfree", "features"): {"epochs", "steps", "batch_size", "optimizer"},
+    ("hyperfree", "model"): {"epochs", "steps", "batch_size", "optimizer"},
+    ("grid-oracle", "features"): set(),
+}
+
+
+def _check_overrides(strategy: str, modes, given: dict) -> None:
+    """Refuse an override that no candidate mode of ``strategy`` uses (never drop it silently)."""
+    used = set().union(*(_OVERRIDES[(strategy, "features" if m == "last-layer" else "model")] for m in modes))
+    for name in ("trials", "epochs", "steps", "batch_size", "optimizer"):
+        if given.get(name) is not None and name not in used:
+            where = "mode " + "/".join(modes)
+            raise InvalidParameterError(
+                f"`{name}` does not apply to strategy={strategy!r} in {where}"
+                + (" (the full-batch recipe on cached features fixes it)" if name != "trials" else
+                   " (it runs no trials)")
+                + f"; remove it{' or use mode=bitfit/lora/full' if strategy == 'linear-scaling' else ''}."
+            )
+
+
+def _strategy_optimizer(cfg, optimizer) -> None:
+    """tune(optimizer=...) sets the strategy's optimizer; a different strategy_options value is a conflict."""
+    if optimizer is None:
+        return
+    default = type(cfg).__dataclass_fields__["optimizer"].default
+    if cfg.optimizer != default and cfg.optimizer != optimizer:
+        raise InvalidParameterError(
+            f"`optimizer`={optimizer!r} conflicts with strategy_options optimizer={cfg.optimizer!r}; pass one of them.")
+    cfg.optimizer = optimizer
+
+
 def _plan(strategy, mode, eps_total, delta, n, options, sel_sigma, prefix, accountant, *, trials, epochs, steps,
-          batch_size) -> BudgetPlan:
+          batch_size, optimizer=None) -> BudgetPlan:
     from privtune.accounting.events import GaussianEvent
     from privtune.hpo import hyperfree, linear_scaling, random_search, single_step
 
@@ -523,10 +699,13 @@ def _plan(strategy, mode, eps_total, delta, n, options, sel_sigma, prefix, accou
                 "Use mode='last-layer' (or 'auto')."
             )
         cfg = _config(single_step.SingleStepConfig, options)
+        _strategy_optimizer(cfg, optimizer)
         p = single_step.plan(cfg, eps_total, delta, accountant=accountant, prefix_events=prefix)
         p.details["config"] = cfg
     elif strategy == "hyperfree":
         cfg = _config(hyperfree.HyperfreeConfig, options)
+        _strategy_optimizer(cfg, optimizer)
+        cfg.validate()
         if batch_size is None and cfg.batch_size is not None:
             batch_size = cfg.batch_size
         q, T = _minibatch_schedule(eps_total, delta, n, epochs if epochs is not None else cfg.epochs, steps,
@@ -602,7 +781,7 @@ def _execute(strategy, mode, plan, clf, train, selector_data, sel_eff, sel_name,
             elif kw.get("center_sigma"):
                 X = feats["train"][0]
                 Xc = X * (1.0 / X.norm(dim=1, keepdim=True).clamp_min(1.0))  # norm ≤ 1: sensitivity 1
-                g = torch.Generator().manual_seed(int(seed or 0) + 4242)
+                g = make_generator(seed, offset=4242)  # noise of the private centring
                 noisy = Xc.sum(0) + kw["center_sigma"] * torch.randn(X.shape[1], generator=g)
                 feats["_center"] = noisy / X.shape[0]
                 feats["_center_note"] = (f"features centred by a PRIVATE mean (Gaussian, σ = {kw['center_sigma']:.3g}, "
@@ -623,28 +802,36 @@ def _execute(strategy, mode, plan, clf, train, selector_data, sel_eff, sel_name,
                 X, y = fs.features.float(), fs.labels
             else:
                 X, y = f["train"]
-            return Selector(source, X, y, noise_std=sel_sigma or 0.0, name=f"selection:{source}", seed=seed)
-        return Selector(source, selector_data, _labels_tensor(selector_data), noise_std=sel_sigma or 0.0,
-                        name=f"selection:{source}", seed=seed)
+            return _journaled(Selector(source, X, y, noise_std=sel_sigma or 0.0, name=f"selection:{source}",
+                                       seed=seed), kw)
+        return _journaled(Selector(source, selector_data, _labels_tensor(selector_data), noise_std=sel_sigma or 0.0,
+                                   name=f"selection:{source}", seed=seed), kw)
 
     # ---------------------------------------------------------------- --mode auto pilots
     pilot_records = []
     used_mode = mode
     if pilot_modes:
         used_mode, pilot_records = _run_pilots(pilot_modes, clf, train, features, make_selector, sel_eff
-                                               if sel_eff != "none" else sel_name, pilot_eps, delta, seed, prog, kw)
+                                               if sel_eff != "none" else sel_name, pilot_eps, delta, seed, prog,
+                                               dict(kw, accountant=accountant))
         log(f"mode auto: chose {used_mode} (pilot scores: "
             + ", ".join(f"{r.hyperparameters['mode']}={r.score:.4f}" for r in pilot_records) + ")")
-        # re-plan with the pilots' *actual* events (calibration inside the real composition)
-        prefix = list(kw.get("center_events") or []) + [e for r in pilot_records for e in r.events]
-        plan_new = _plan(strategy, used_mode, eps_total, delta, len(train), options,
-                         sel_sigma if sel_eff != "none" else None, prefix, accountant, trials=kw.get("trials"),
-                         epochs=kw.get("epochs"), steps=kw.get("steps"), batch_size=kw.get("batch_size"))
-        plan.trial_events, plan.final_events, plan.details = plan_new.trial_events, plan_new.final_events, \
-            plan_new.details
-        plan.notes += [f"re-planned after the pilots for mode {used_mode}:"] + plan_new.notes
+        # continue with the chosen mode's plan, made before the reservation with the pilots' planned events
+        # (which are exactly the events the pilots ran: checked here) and covered by the reservation
+        actual = list(kw.get("center_events") or []) + [e for r in pilot_records for e in r.events]
+        planned = list(kw.get("pilot_events") or [])
+        if common.epsilon_of(actual, delta, accountant) > common.epsilon_of(planned, delta, accountant) * (1 + 1e-9):
+            raise PrivtuneError("internal error: the mode pilots cost more than planned; the reservation stays "
+                                "charged and nothing is released.")
+        chosen = kw["mode_plans"][used_mode]
+        plan.trial_events, plan.final_events, plan.details = chosen.trial_events, chosen.final_events, chosen.details
+        plan.final_noise_multiplier, plan.accountant = chosen.final_noise_multiplier, chosen.accountant
+        plan.epsilon_cap, plan.covered = chosen.epsilon_cap, chosen.covered
+        plan.notes += [f"after the pilots: mode {used_mode}, planned before the reservation:"] + chosen.notes
     cfg = plan.details["config"]
     seed_s = None if seed is None else seed + 17
+    if kw.get("journal") is not None:
+        kw["journal"].set_plan(plan)
 
     def say(msg):
         log(msg)
@@ -654,7 +841,7 @@ def _execute(strategy, mode, plan, clf, train, selector_data, sel_eff, sel_name,
         X, y = f["train"]
         curve = f.get("public")
         center = f.get("_center")
-        backend = FeatureBackend(X, y, clf.num_labels, curve_data=curve, center=center)
+        backend = _journaled(FeatureBackend(X, y, clf.num_labels, curve_data=curve, center=center), kw)
         selector = make_selector(sel_eff, "features")
         prog.start_phase(f"{strategy} on cached features", None, unit="runs")
         if strategy == "linear-scaling":
@@ -685,9 +872,11 @@ def _execute(strategy, mode, plan, clf, train, selector_data, sel_eff, sel_name,
             out.strategy_data.setdefault("notes", []).append(f["_center_note"])
         return out, final_model, used_mode, pilot_records, selector, feats
     # ---------------------------------------------------------------- model modes
-    backend = ModelBackend(clf, train, used_mode, optimizer=kw.get("optimizer") or "adam",
-                           clipping=kw.get("clipping") or "flat",
-                           max_physical_batch_size=kw.get("max_physical_batch_size") or 32)
+    # curves of the final run: accuracy on the PUBLIC validation split only (free); never the reported split
+    backend = _journaled(ModelBackend(clf, train, used_mode, optimizer=kw.get("optimizer") or "adam",
+                                      clipping=kw.get("clipping") or "flat",
+                                      max_physical_batch_size=kw.get("max_physical_batch_size") or 32,
+                                      curve_data=public_set), kw)
     selector = make_selector(sel_eff, "model")
     prog.start_phase(f"{strategy} ({used_mode})", None, unit="runs")
     if strategy == "hyperfree":
@@ -713,19 +902,22 @@ def _run_pilots(modes, clf, train, features, make_selector, source, pilot_eps, d
         if m == "last-layer":
             f = features()
             X, y = f["train"]
-            be = FeatureBackend(X, y, clf.num_labels, center=f.get("_center"))
+            be = _journaled(FeatureBackend(X, y, clf.num_labels, center=f.get("_center")), kw)
             sel = make_selector(source, "features")
-            sigma = common.calibrate_final(pilot_eps, delta, [], sample_rate=1.0, steps=1, sampling="full_batch")
+            sigma = common.calibrate_final(pilot_eps, delta, [], sample_rate=1.0, steps=1, sampling="full_batch",
+                                           accountant=kw.get("accountant", "pld"), what="a mode pilot")
             run = be.run({}, noise_multiplier=sigma, sample_rate=1.0, steps=1, learning_rate=1.0, optimizer="sgd",
                          momentum=0.0, seed=seed, label=label)
             hp = {"mode": m, "optimizer": "sgd", "steps": 1, "batch": "full", "noise_multiplier": sigma}
         else:
-            be = ModelBackend(clf, train, m, max_physical_batch_size=kw.get("max_physical_batch_size") or 32)
+            be = _journaled(ModelBackend(clf, train, m, max_physical_batch_size=kw.get("max_physical_batch_size") or 32),
+                            kw)
             sel = make_selector(source, "model")
             n = len(train)
             b = min(64, max(1, n // 4))
             q, T = b / n, _PILOT_STEPS  # a short, cheap pilot: 10 steps of expected batch 64
-            sigma = common.calibrate_final(pilot_eps, delta, [], sample_rate=q, steps=T, what="a mode pilot")
+            sigma = common.calibrate_final(pilot_eps, delta, [], sample_rate=q, steps=T, what="a mode pilot",
+                                           accountant=kw.get("accountant", "pld"))
             run = be.run({}, noise_multiplier=sigma, sample_rate=q, steps=T,
                          learning_rate=_PILOT[m]["learning_rate"], optimizer="adam", seed=seed, label=label)
             hp = {"mode": m, "optimizer": "adam", "learning_rate": _PILOT[m]["learning_rate"], "steps": T,
@@ -772,9 +964,23 @@ class _null_reservation:
         return None
 
 
-def _ledger_for(url, embedded, run_dir, train, eps, delta, accountant):
+def _dataset_identity(train) -> tuple[str, str | None]:
+    """(fingerprint, ledger name) of the whole training set, exactly as ``privtune train`` names it.
+
+    The file's content is fingerprinted (in-memory data: its canonical rows); the name is
+    ``"<file name>#<fingerprint[:8]>"``, which is never an existing path, so ``--data train.tsv``
+    run from the folder holding ``train.tsv`` registers fine (a bare ``train.tsv`` is refused by
+    the ledger as ambiguous with the path)."""
+    from privtune.training import _fingerprint
+
+    fp = _fingerprint(train)
+    src = getattr(train, "source", None)
+    return fp, (f"{Path(src).name}#{fp[:8]}" if src else None)
+
+
+def _ledger_for(url, embedded, run_dir, fp, name, eps, delta, accountant):
     from privtune.errors import UnknownDatasetError
-    from privtune.ledger import Ledger, dataset_fingerprint
+    from privtune.ledger import Ledger
 
     if embedded and url is None:
         if run_dir is None:
@@ -783,17 +989,39 @@ def _ledger_for(url, embedded, run_dir, train, eps, delta, accountant):
             run_dir = Path(tempfile.mkdtemp(prefix="privtune-demo-"))
         url = f"sqlite:///{(Path(run_dir) / 'ledger.db').resolve()}"
     led = Ledger(url)
-    src = getattr(train, "source", None)
-    fp = dataset_fingerprint(src) if src and Path(src).is_file() else dataset_fingerprint(train.canonical_rows())
     registered = False
     try:
         led.status(fp)
     except UnknownDatasetError:
-        led.init_dataset(fp, epsilon=eps, delta=delta, name=Path(src).name if src else None, accountant=accountant,
-                         command="tune")
+        led.init_dataset(fp, epsilon=eps, delta=delta, name=name, accountant=accountant, command="tune")
         registered = True
     display = url or os.environ.get("PRIVTUNE_LEDGER") or "~/.privtune/ledger.db"
     return led, fp, str(display), registered
+
+
+def _cover_candidates(led, fp, plans: dict, eps_total, delta, accountant) -> list:
+    """The events to reserve, and each candidate plan armed so that what runs stays inside the reservation.
+
+    The ledger refuses a commit that costs more than its reservation (measured at the dataset's δ
+    with the dataset's accountant).  With ``--mode auto`` the mode, hence the plan, is chosen after
+    the reservation, so the plan reserved is the most expensive candidate *by the ledger's own
+    measure*; every plan's in-run calibrations then target at most that (``epsilon_cap``) and are
+    checked against it (``covered``).
+    """
+    from privtune.ledger._compose import composed_epsilon
+
+    st = led.status(fp)
+
+    def ledger_eps(events) -> float:
+        return float(composed_epsilon((), st.delta, st.accountant, new=list(events)))
+
+    scored = [(ledger_eps(p.events), p.planned_epsilon(), m) for m, p in plans.items()]
+    reserved_ledger, _, worst = max(scored)
+    reserved = list(plans[worst].events)
+    for p in plans.values():
+        p.epsilon_cap = common.epsilon_of(reserved, p.delta, p.accountant)
+        p.covered = lambda evs, _cap=reserved_ledger: ledger_eps(evs) <= _cap
+    return reserved
 
 
 def _progress(quiet, run_dir, eps):
@@ -832,7 +1060,7 @@ def _write_run(run_dir: Path, model, cert, metrics, history, cfg, log) -> None:
     try:
         from privtune.config import save_effective_config
 
-        save_effective_config({k: v for k, v in cfg.items() if v is not None}, run_dir)
+        save_effective_config({k: v for k, v in cfg.items() if v is not None}, run_dir, command="tune")
     except Exception as exc:  # config is informative; never lose a finished run over it
         log(f"warning: config.yaml not written ({type(exc).__name__}: {exc})")
     try:
@@ -848,3 +1076,520 @@ def _write_run(run_dir: Path, model, cert, metrics, history, cfg, log) -> None:
             write_model_card(run_dir)
         except Exception as exc:
             log(f"warning: model card not written ({type(exc).__name__}: {exc})")
+
+
+# --------------------------------------------------------------------------------------
+# resumable runs: the run's seeds, the private state file, replay of completed trials
+# --------------------------------------------------------------------------------------
+
+#: RUN_DIR/STATE_FILE: private state of an unfinished run (mode 0600, deleted when the run finishes)
+STATE_FILE = ".tune_state.jsonl"
+_STATE_VERSION = 1
+#: configuration keys that do not change what a run computes (not compared on resume)
+_NOT_COMPARED = ("quiet", "feature_cache_dir", "output")
+#: tune() arguments that are not configuration (never written to config.yaml)
+_NOT_CONFIG = ("write_files", "unknown", "resume")
+_PATH_ARGS = ("data", "eval_data", "public_eval_data", "model", "feature_cache_dir", "output_dir")
+_SELECTION_FLAG = {"public_validation": "public-validation", "private_validation_noisy": "private-validation",
+                   "train_noisy": "train-accuracy", "train_loss_noisy": "train-loss"}
+
+
+def derive_seed(master: int, *parts: Any) -> int:
+    """A 62-bit seed derived from a run's master seed and a name/index (SHA-256; independent streams)."""
+    import hashlib
+
+    h = hashlib.sha256(repr((int(master),) + tuple(parts)).encode("utf-8")).digest()
+    return int.from_bytes(h[:8], "big") >> 2
+
+
+class _seeded_torch:
+    """Seed torch's global generators (dropout, LoRA initialisation) for one run and restore them
+    afterwards, so that a run is a function of its seeds alone (what an exact resume needs)."""
+
+    def __init__(self, seed: int):
+        self.seed = int(seed)
+
+    def __enter__(self):
+        devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+        self._fork = torch.random.fork_rng(devices=devices)
+        self._fork.__enter__()
+        torch.manual_seed(self.seed)
+        return self
+
+    def __exit__(self, *exc):
+        return self._fork.__exit__(*exc)
+
+
+def _effective_config(args: dict, run_dir: Path | None) -> tuple[dict, list]:
+    """Every tune() argument that was set, keyed like ``privtune tune --config`` (paths as given).
+
+    Returns (config, names of arguments that cannot be written to a file, e.g. in-memory datasets; they
+    appear as a non-existent path naming the problem).
+    The OS-drawn seed of a run without ``seed`` is never part of it (it is secret)."""
+    out: dict = {}
+    unsaved: list = []
+    for k, v in args.items():
+        if k in _NOT_CONFIG or v is None:
+            continue
+        key = "output" if k == "output_dir" else k
+        if k in _PATH_ARGS:
+            if not isinstance(v, (str, os.PathLike)):
+                # written as a path that does not exist, so that a rerun from the file fails loudly instead of
+                # silently running without it (e.g. `data` missing would run the embedded demo)
+                unsaved.append(key)
+                v = f"<in-memory {type(v).__name__}: not reproducible from this file; pass it again>"
+            else:
+                v = os.fspath(v)
+        elif k == "selection":
+            v = _SELECTION_FLAG.get(SELECTIONS.get(str(v), ""), v)
+        elif k == "strategy_options":
+            v = as_plain(dict(v))
+        out[key] = v
+    if run_dir is not None:
+        out["output"] = str(run_dir)
+    return out, unsaved
+
+
+def _compared(cfg: dict) -> dict:
+    return json.loads(json.dumps(as_plain({k: v for k, v in cfg.items() if k not in _NOT_COMPARED}), sort_keys=True))
+
+
+def _state_path(run_dir: Path | None) -> Path | None:
+    return None if run_dir is None else Path(run_dir) / STATE_FILE
+
+
+def _read_state(path: Path) -> tuple[dict, list]:
+    """(header, completed call entries) of a state file; a torn last line (a crash while writing it)
+    is dropped: that trial had not completed and is recomputed with the same seeds."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise InvalidParameterError(f"`resume`: cannot read the run state {str(path)!r} ({exc}).") from None
+    bad = PrivtuneError(f"`resume`: the run state {str(path)!r} is damaged; this run cannot be resumed exactly. "
+                        "Its ledger reservation stays charged; start a new run in a new directory.")
+    try:
+        header = json.loads(lines[0]) if lines else None
+    except json.JSONDecodeError:
+        header = None
+    if not isinstance(header, dict) or header.get("version") != _STATE_VERSION or "seed" not in header:
+        raise bad
+    entries: list = []
+    for i, line in enumerate(lines[1:], start=1):
+        try:
+            entries += json.loads(line)
+        except json.JSONDecodeError:
+            if i == len(lines) - 1:
+                break
+            raise bad from None
+    return header, entries
+
+
+def _write_state_lines(path: Path, objs: list, create: bool = False) -> None:
+    flags = os.O_WRONLY | (os.O_CREAT | os.O_EXCL if create else os.O_APPEND)
+    fd = os.open(path, flags, 0o600)
+    with os.fdopen(fd, "a" if not create else "w", encoding="utf-8") as f:
+        f.write("".join(json.dumps(o) + "\n" for o in objs))
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _check_resume_config(header: dict, cfg: dict, path: Path) -> None:
+    old, new = header.get("config") or {}, _compared(cfg)
+    diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+    if diff:
+        shown = "; ".join(f"{k}: was {old.get(k)!r}, now {new.get(k)!r}" for k in diff[:6])
+        raise InvalidParameterError(
+            f"`resume`: the configuration differs from the interrupted run in {str(path.parent)!r} ({shown}). "
+            f"Resume with exactly the same options, e.g. `privtune tune --resume --config "
+            f"{path.parent / 'config.yaml'}`."
+        )
+
+
+class _Replayed:
+    """The model of a trial replayed from the state file: not stored (only its score is needed).
+    Any other use is a bug and fails loudly instead of releasing something wrong."""
+
+    def __init__(self, label: str):
+        self.__dict__["_label"] = label
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise PrivtuneError(f"internal error: the model of replayed trial {self._label!r} was not stored and cannot "
+                            f"be used ({name!r}); nothing was released.")
+
+
+_REPLAYED_OUTPUTS = object()
+
+
+def _state_to_json(state: Any) -> dict | None:
+    from privtune.hpo._heads import LinearHead
+
+    if isinstance(state, LinearHead):
+        return {"type": "linear_head", "dtype": str(state.weight.dtype).replace("torch.", ""),
+                "weight": state.weight.detach().cpu().tolist(),
+                "bias": None if state.bias is None else state.bias.detach().cpu().tolist()}
+    return None
+
+
+def _state_from_json(d: dict | None, label: str) -> Any:
+    from privtune.hpo._heads import LinearHead
+
+    if not d:
+        return _Replayed(label)
+    dt = getattr(torch, d["dtype"])
+    return LinearHead(torch.tensor(d["weight"], dtype=dt),
+                      None if d["bias"] is None else torch.tensor(d["bias"], dtype=dt))
+
+
+def _plain_key(d: dict) -> dict:
+    return json.loads(json.dumps(as_plain(d), sort_keys=True))
+
+
+class _Journal:
+    """Seeds, replay and progress of one tune() run.
+
+    Every trial run and every selection score gets its noise seed from (master seed, call index)
+    (:func:`derive_seed`), so a run is a deterministic function of its master seed.  Each completed
+    trial (its run: events, history, a feature head; and its score) is appended to the private
+    state file as one line, after it completes.  On resume the same calls happen in the same order:
+    completed ones are answered from the file (not recomputed: re-running a trial with fresh noise
+    would be an unaccounted release), the interrupted one is recomputed with the same seeds, which
+    reproduces the same release (exactly on CPU).  Final runs are never stored: they are recomputed
+    with their seeds.
+    """
+
+    def __init__(self, seed: int, path: Path | None, replay: list, prog, delta: float, accountant: str,
+                 base_events: list):
+        self.seed = int(seed)
+        self.path = path
+        self.replay = list(replay)
+        self.pos = 0
+        self.pending: list = []
+        self.prog = prog
+        self.delta, self.accountant = delta, accountant
+        self.base_events = list(base_events)  # charged before any run (private feature centering)
+        self.spent: list = []                 # events of the completed runs and scores
+        self.n_run = self.n_score = self.n_trial = 0
+        self.trials_expected: int | None = None
+        self.show_epsilon = True
+        self.replayed = 0
+        self.config_written = False
+        self.reservation = None
+
+    def set_plan(self, plan: BudgetPlan) -> None:
+        """Trial count for the display; no running ε where the accounting is not a composition of the
+        runs (repeat-and-select: one event for all trials, shown when the run ends)."""
+        d = plan.details or {}
+        if "runs_per_sweep" in d:
+            self.trials_expected = 2 * int(d["runs_per_sweep"])
+        elif d.get("accounting") == "composition":
+            self.trials_expected = int(d.get("trials") or 0) or None
+        if d.get("accounting") == "repeat-and-select":
+            self.show_epsilon = False
+
+    # -------------------------------------------------------------- file
+    def next(self, kind: str, key: dict) -> dict | None:
+        if self.pos >= len(self.replay):
+            return None
+        e = self.replay[self.pos]
+        if e.get("kind") != kind or e.get("key") != key:
+            raise PrivtuneError(
+                f"`resume`: the run state does not match this run at call {self.pos + 1} (stored: {e.get('kind')} "
+                f"{e.get('key')}; now: {kind} {key}); the run cannot be resumed exactly. Its ledger reservation stays "
+                "charged; start a new run in a new directory.")
+        self.pos += 1
+        return e
+
+    def flush(self) -> None:
+        if self.pending and self.path is not None:
+            _write_state_lines(self.path, [self.pending])
+        self.pending = []
+
+    # -------------------------------------------------------------- progress
+    def epsilon(self, extra: list = ()) -> float | None:
+        if not self.show_epsilon:
+            return None
+        evs = self.base_events + self.spent + list(extra)
+        return common.epsilon_of(evs, self.delta, self.accountant) if evs else 0.0
+
+    def report_epsilon(self) -> None:
+        eps = self.epsilon()
+        if eps is not None:
+            self.prog.set_epsilon(eps)
+
+    def phase_name(self, label: str) -> str:
+        if "final" in label:
+            return f"final run ({label})"
+        if "pilot" in label:
+            return label
+        self.n_trial += 1
+        n = f"/{self.trials_expected}" if self.trials_expected else ""
+        return f"trial {self.n_trial}{n} ({label})"
+
+
+class _StepProgress:
+    """Per-step progress of one run: examples and loss as the run reports them, and the ε spent so
+    far over the whole tune (everything completed before this run plus this run's steps so far,
+    composed by the accountant), updated a few times per run."""
+
+    def __init__(self, journal: _Journal, events_at, total: int, updates: int = 8):
+        self.j, self.events_at, self.total = journal, events_at, max(1, int(total))
+        self.every = max(1, self.total // updates)
+        self.k = 0
+
+    def advance(self, n: float = 1, *, examples: int | None = None, loss: float | None = None,
+                epsilon: float | None = None) -> None:
+        del epsilon  # the run's own ε; the display shows the tune's cumulative ε
+        self.k += int(n)
+        eps = None
+        if self.k % self.every == 0 or self.k >= self.total:
+            eps = self.j.epsilon(self.events_at(self.k))
+        self.j.prog.advance(n, examples=examples, loss=loss, epsilon=eps)
+
+    def __getattr__(self, name: str):
+        return getattr(self.j.prog, name)
+
+
+def _run_events(sigma: float, q: float, k: int) -> list:
+    from privtune.accounting.events import DPSGDEvent, GaussianEvent
+
+    if k <= 0:
+        return []
+    return [GaussianEvent(sigma, k)] if q >= 1.0 else [DPSGDEvent(sigma, q, k)]
+
+
+class _JournalBackend:
+    """A backend whose runs are seeded from the journal, replayed when completed, and shown."""
+
+    def __init__(self, inner, journal: _Journal):
+        self._inner, self._j = inner, journal
+
+    def __getattr__(self, name: str):
+        return getattr(self._inner, name)
+
+    def run(self, hp: dict, **kw) -> Any:
+        from privtune.accounting.events import event_from_dict, event_to_dict
+        from privtune.hpo.backends import TrialRun
+
+        j = self._j
+        j.flush()
+        label = str(kw.get("label", ""))
+        final = "final" in label
+        index = j.n_run
+        j.n_run += 1
+        key = _plain_key({"label": label, "steps": kw.get("steps"), "sample_rate": kw.get("sample_rate"),
+                          "noise_multiplier": kw.get("noise_multiplier"),
+                          "learning_rate": kw.get("learning_rate")})
+        name = j.phase_name(label)
+        if not final:
+            e = j.next("run", key)
+            if e is not None:
+                j.replayed += 1
+                events = [event_from_dict(d) for d in e["events"]]
+                j.spent += events
+                j.prog.log(f"{name}: completed before the interruption; replayed from the run state, not recomputed")
+                return TrialRun(state=_state_from_json(e.get("state"), label), events=events,
+                                history=e.get("history") or {})
+        kw["seed"] = derive_seed(j.seed, "run", index)
+        model = getattr(self._inner, "kind", "") == "model"
+        if model:
+            steps = int(kw.get("steps") or 1)
+            sigma, q = float(kw["noise_multiplier"]), float(kw["sample_rate"])
+            j.prog.start_phase(f"{name}, batch loss NOT PRIVATE", total=steps, unit="steps")
+            kw["progress"] = _StepProgress(j, lambda k: _run_events(sigma, q, k), steps)
+        try:
+            with _seeded_torch(derive_seed(j.seed, "torch", index)):
+                res = self._inner.run(hp, **kw)
+        finally:
+            if model:
+                j.prog.end_phase()
+        j.spent += list(res.events)
+        if not final:
+            j.pending.append({"kind": "run", "key": key, "events": [event_to_dict(e) for e in res.events],
+                              "history": as_plain(res.history or {}), "state": _state_to_json(res.state)})
+        else:
+            j.report_epsilon()
+        if not model and j.prog.phase is not None:
+            j.prog.advance(1)
+        return res
+
+    def run_hyperfree(self, **kw):
+        import math
+
+        from privtune.accounting import joint_noise_multiplier
+
+        j = self._j
+        j.flush()
+        index = j.n_run
+        j.n_run += 1
+        kw["seed"] = derive_seed(j.seed, "run", index)
+        cfg, T, q = kw["config"], int(kw["steps"]), float(kw["sample_rate"])
+        sg, sl = float(kw["sigma_g"]), float(kw["sigma_l"])
+        s_eff = float(joint_noise_multiplier(sg, sl, cfg.probes))
+
+        def events_at(k: int) -> list:
+            n_upd = math.ceil(k / cfg.interval)
+            return _run_events(sg, q, k - n_upd) + _run_events(s_eff, q, n_upd)
+
+        j.prog.start_phase(f"final run (hyperfree, {getattr(self._inner, 'kind', '')}; privatised loss)", total=T,
+                           unit="steps")
+        try:
+            with _seeded_torch(derive_seed(j.seed, "torch", index)):
+                return self._inner.run_hyperfree(progress=_StepProgress(j, events_at, T), **kw)
+        finally:
+            j.prog.end_phase()
+
+    def logits(self, state: Any, data: Any) -> Any:
+        if isinstance(state, _Replayed):
+            return _REPLAYED_OUTPUTS
+        return self._inner.logits(state, data)
+
+    def predict(self, state: Any, data: Any) -> Any:
+        if isinstance(state, _Replayed):
+            return _REPLAYED_OUTPUTS
+        return self._inner.predict(state, data)
+
+
+class _JournalSelector:
+    """A selector whose charged noise is seeded from (master seed, score index) and whose completed
+    scores are replayed on resume (never drawn twice)."""
+
+    def __init__(self, inner, journal: _Journal):
+        self._inner, self._j = inner, journal
+
+    def __getattr__(self, name: str):
+        return getattr(self._inner, name)
+
+    def score(self, outputs: Any, label: str = "") -> tuple[float, list]:
+        import dataclasses
+
+        from privtune.accounting.events import event_from_dict, event_to_dict
+
+        j = self._j
+        index = j.n_score
+        j.n_score += 1
+        key = _plain_key({"label": label, "source": self._inner.source})
+        e = j.next("score", key)
+        if e is not None:
+            events = [event_from_dict(d) for d in e["events"]]
+            j.spent += events
+            j.report_epsilon()
+            return e["score"], events
+        if outputs is _REPLAYED_OUTPUTS:
+            raise PrivtuneError(f"`resume`: the run state holds trial {label!r} without its score; it cannot be "
+                                "resumed exactly. Its ledger reservation stays charged; start a new run.")
+        sel = dataclasses.replace(self._inner, seed=derive_seed(j.seed, "score", index))
+        score, events = sel.score(outputs, label=label)
+        j.spent += list(events)
+        j.pending.append({"kind": "score", "key": key, "score": score,
+                          "events": [event_to_dict(e) for e in events]})
+        j.flush()
+        j.report_epsilon()
+        return score, events
+
+
+def _journaled(obj: Any, kw: dict) -> Any:
+    """Wrap a backend or selector in the run's journal (when there is one)."""
+    j = kw.get("journal")
+    if j is None or obj is None:
+        return obj
+    if isinstance(obj, Selector):
+        return _JournalSelector(obj, j)
+    return _JournalBackend(obj, j)
+
+
+def _resume_hint(run_dir: Path | None, config_written: bool) -> str:
+    if run_dir is None:
+        return ("interrupted: the ledger reservation stays charged (the run may have read data); a run without "
+                "files (write_files=False) cannot be resumed.")
+    how = (f"privtune tune --resume --config {run_dir / 'config.yaml'}" if config_written
+           else f"privtune tune --resume --output {run_dir} ... (the same options as before)")
+    return (f"interrupted: the ledger reservation stays charged (the run may have read data). Continue this run "
+            f"exactly, without a new charge, with:\n  {how}\n(Python: privtune.tune(..., output_dir={str(run_dir)!r}, "
+            "resume=True)). Completed trials are replayed from RUN_DIR/" + STATE_FILE + ", not recomputed.")
+
+
+def _resume_state(resume: bool, run_dir: Path | None, output_dir: Any, strategy: str, cfg: dict,
+                  fingerprint: str) -> tuple[dict | None, list]:
+    """Check ``resume`` against RUN_DIR before anything is charged; (header, completed calls) or (None, [])."""
+    path = _state_path(run_dir)
+    if not resume:
+        if path is not None and path.exists():
+            raise InvalidParameterError(
+                f"`output` {str(run_dir)!r} holds an interrupted run ({STATE_FILE}). Pass resume=True (--resume) "
+                f"with the same options to continue it (`privtune tune --resume --config {run_dir / 'config.yaml'}`), "
+                "or a new directory.")
+        return None, []
+    if run_dir is None or output_dir is None:
+        raise InvalidParameterError("`resume=True` needs `output_dir` (--output): the RUN_DIR of the interrupted run.")
+    if strategy == "grid-oracle":
+        raise InvalidParameterError(
+            "`resume` is not available for strategy='grid-oracle': it is NOT PRIVATE, reserves no budget and releases "
+            "nothing, so there is nothing to continue. Rerun it in a new directory.")
+    if not path.is_file():
+        raise InvalidParameterError(
+            f"`resume`: no interrupted run in {str(run_dir)!r} (no {STATE_FILE}; a finished run deletes it). Run "
+            "without --resume to start a new run, or pass the --output of an interrupted one.")
+    header, entries = _read_state(path)
+    _check_resume_config(header, cfg, path)
+    if header.get("fingerprint") != fingerprint:
+        raise InvalidParameterError(
+            f"`resume`: the training data differs from the interrupted run in {str(run_dir)!r} (dataset fingerprint "
+            f"{str(header.get('fingerprint'))[:12]}… then, {fingerprint[:12]}… now). Resume with the same data.")
+    return header, entries
+
+
+def _open_journal(run_dir, header, entries, run_seed, run_id, cfg, unsaved, fingerprint, prog, delta, accountant,
+                  base_events, reservation) -> _Journal:
+    """After the reservation: create the private state file (first run) or load it (resume)."""
+    path = _state_path(run_dir)
+    if header is None and path is not None:
+        _write_state_lines(path, [{"version": _STATE_VERSION, "run_id": run_id, "seed": int(run_seed),
+                                   "fingerprint": fingerprint, "config": _compared(cfg),
+                                   "note": "PRIVATE: noise seeds of an unfinished privtune tune run; deleted when "
+                                           "the run finishes. Do not share."}], create=True)
+    journal = _Journal(run_seed, path, entries, prog, delta, accountant, base_events)
+    journal.reservation = reservation
+    if path is not None:
+        try:
+            from privtune.config import save_effective_config
+
+            save_effective_config(cfg, run_dir, command="tune")
+            journal.config_written = not unsaved
+        except Exception as exc:  # informative; the run does not depend on it
+            prog.log(f"warning: config.yaml not written ({type(exc).__name__}: {exc})")
+    if header is not None:
+        n = sum(1 for e in entries if e.get("kind") == "score")
+        prog.log(f"resume: continuing ledger reservation {getattr(reservation, 'entry_id', '?')} "
+                 f"({'resumed' if getattr(reservation, 'resumed', False) else 'NEW'}); {n} completed trial(s) "
+                 "will be replayed from the run state, the interrupted one recomputed with the same seeds")
+        if not getattr(reservation, "resumed", True):  # pragma: no cover - _check_open_reservation ran first
+            raise PrivtuneError("internal error: a resumed run opened a new ledger reservation (it stays charged); "
+                                "stopping before any data is read.")
+    return journal
+
+
+def _label_curves(final_run: dict, public: bool) -> None:
+    """Say which split the accuracy curve is on (the PUBLIC validation split only) or why there is none."""
+    if final_run.get("eval"):
+        final_run["eval_split"] = "public validation split (declared public by the user; no privacy cost)"
+    elif not public:
+        final_run["eval_note"] = ("no accuracy curve: it needs a validation split declared public "
+                                  "(--public-eval-data); evaluating private data would spend budget, and the "
+                                  "reported split is never looked at before the model is final")
+
+
+def _check_open_reservation(led, fp: str, run_id: str, run_dir: Path) -> None:
+    """On resume, before reserving: the interrupted run's reservation must still be open in this ledger
+    (otherwise the replayed trials would sit under no reservation, or the finished run be charged twice)."""
+    entries = [e for e in led.status(fp).entries if e.resume_key == run_id]
+    if any(e.state == "reserved" for e in entries):
+        return
+    if any(e.state == "committed" for e in entries):
+        raise InvalidParameterError(
+            f"`resume`: the run in {str(run_dir)!r} was already committed in the ledger (it finished; its files may "
+            "not have been written). There is nothing to resume; its budget is spent.")
+    raise InvalidParameterError(
+        f"`resume`: the ledger has no open reservation for the run in {str(run_dir)!r} (it was released, or this is "
+        "another ledger). Resume with the ledger of the interrupted run, or start a new run in a new directory.")

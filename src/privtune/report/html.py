@@ -264,6 +264,14 @@ def _final_section(run: RunData, b: _Builder) -> str:
         split = run.metrics.get("reported_split", "the reported split")
         out.append(f"<p>Accuracy of the released model on <b>{_e(split)}</b>: <b>{100 * acc:.2f} %</b>.</p>")
     out.append(curves)
+    fr = run.final_run
+    if curves and fr.get("eval_split"):
+        loss = fr.get("train_loss_label")
+        out.append(f"<p class='note'>Learning curves of the final run. Accuracy is measured on the "
+                   f"<b>{_e(fr['eval_split'])}</b> at a few points, never on the reported split, at no privacy cost"
+                   + (f"; the loss curve is the {_e(loss)}" if loss else "") + ".</p>")
+    elif fr.get("eval_note"):
+        out.append(f"<p class='note'>{_e(str(fr['eval_note'])[:1].upper() + str(fr['eval_note'])[1:])}.</p>")
     if ref:
         out.append(f"<h3>Against a non-private reference {_np_badge()}</h3>")
         out.append("<p class='note'>The reference is trained on the same private data <b>without</b> differential "

@@ -412,6 +412,10 @@ def plot_trial_scores(run: RunData) -> Figure | None:
     return fig
 
 
+def _short(text: str, n: int) -> str:
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
 # ===================================================================================== final run
 @_styled
 def plot_learning_curves(run: RunData) -> Figure | None:
@@ -426,7 +430,9 @@ def plot_learning_curves(run: RunData) -> Figure | None:
     fig, axes = new_figure(9.6, 3.1, ncols=2)
     ax = axes[0]
     if has_loss:
-        xs = steps if isinstance(steps, list) and len(steps) == len(loss) else list(range(1, len(loss) + 1))
+        at = fr.get("train_loss_step")  # released only at some steps (hyperfree: every K steps)
+        xs = (at if isinstance(at, list) and len(at) == len(loss) else
+              steps if isinstance(steps, list) and len(steps) == len(loss) else list(range(1, len(loss) + 1)))
         ys = [float(v) if v is not None else math.nan for v in loss]
         ax.plot(xs, ys, color=LIGHT_BLUE, lw=1, label="per step")
         w = max(1, len(ys) // 20)
@@ -442,13 +448,16 @@ def plot_learning_curves(run: RunData) -> Figure | None:
     if evals:
         ax2.plot([e.get("step", i) for i, e in enumerate(evals)], [100 * float(e["accuracy"]) for e in evals], "-o",
                  color=GREEN, lw=2, ms=4)
-        split = run.metrics.get("reported_split")
-        ax2.set_title("Evaluation accuracy" + (f" ({split})" if split else ""))
+        # tune evaluates the PUBLIC validation split during the final run (eval_split says so); train evaluates
+        # its evaluation split, which is also the reported one
+        split = fr.get("eval_split") or run.metrics.get("reported_split")
+        ax2.set_title("Evaluation accuracy" + (f"\n({_short(str(split), 60)})" if split else ""))
         ax2.set_xlabel("step")
         ax2.set_ylabel("accuracy (%)")
     else:
         ax2.set_axis_off()
-        ax2.text(0.5, 0.5, "no evaluation split given", ha="center", va="center", color=GREY)
+        why = "no public validation split given" if fr.get("eval_note") else "no evaluation split given"
+        ax2.text(0.5, 0.5, why, ha="center", va="center", color=GREY)
     return fig
 
 

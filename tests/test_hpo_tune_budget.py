@@ -1,0 +1,299 @@
+"""privtune.tune and the budget: --mode auto per strategy, the reservation covering what runs, the dataset
+identity in the ledger, random search's certificate, the NOT PRIVATE grid oracle, bad inputs before spending."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+
+import privtune
+from privtune.accounting import compute_epsilon, event_from_dict, verify_certificate
+from privtune.cli import main
+from privtune.errors import BudgetExceededError, DataError, InfeasibleBudgetError, InvalidParameterError
+from privtune.hpo import common
+from privtune.hpo import random_search as rs
+from privtune.ledger import Ledger, dataset_fingerprint
+from privtune.models.testing import make_tiny_text_model, make_toy_text_dataset
+
+
+def _write(path, ds):
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("label\tsentence\n")
+        for t, y in zip(ds.texts, ds.labels):
+            f.write(f"{y}\t{t}\n")
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tune_budget")
+    return {
+        "model": make_tiny_text_model(root / "st", sentence_transformers=True),
+        "train": _write(root / "train.tsv", make_toy_text_dataset(160, seed=0)),
+        "public": _write(root / "public.tsv", make_toy_text_dataset(40, seed=1)),
+        "dev": _write(root / "dev.tsv", make_toy_text_dataset(40, seed=2)),
+    }
+
+
+def _tune(files, tmp_path, data=None, **kw):
+    args = dict(eval_data=files["dev"], public_eval_data=files["public"], model=files["model"], mode="last-layer",
+                epsilon=2.0, delta=1e-3, ledger=f"sqlite:///{tmp_path / 'l.db'}", output_dir=tmp_path / "run",
+                seed=0, quiet=True)
+    args.update(kw)
+    return privtune.tune(files["train"] if data is None else data, **args)
+
+
+def _entries(url, fp):
+    return Ledger(url).status(fp).entries
+
+
+def _commits_within_reservation(url, fp) -> bool:
+    return not any(r.payload.get("exceeded_reservation") for r in Ledger(url).history(fp) if r.action == "commit")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# --mode auto: pilots only the modes the strategy trains; the reservation covers the mode the pilots pick
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _force_pilot_winner(monkeypatch, winner):
+    orig = common.Selector.score
+
+    def score(self, outputs, label=""):
+        s, evs = orig(self, outputs, label)
+        if label.startswith(f"mode-auto pilot {winner}"):
+            return 10.0, evs  # this mode wins the pilot, whatever it scored
+        return s, evs
+
+    monkeypatch.setattr(common.Selector, "score", score)
+
+
+@pytest.mark.parametrize("strategy,winner", [
+    ("hyperfree", "bitfit"), ("hyperfree", "lora"), ("linear-scaling", "bitfit"), ("linear-scaling", "lora"),
+    ("single-step", "bitfit"), ("random-search", "lora"), ("grid-oracle", "bitfit"),
+])
+def test_mode_auto_with_a_forced_pilot_winner_is_covered_and_committed(files, tmp_path, monkeypatch, strategy,
+                                                                        winner):
+    _force_pilot_winner(monkeypatch, winner)
+    url = f"sqlite:///{tmp_path / 'l.db'}"
+    opts = {"strategy_options": {"trials": 3}} if strategy == "random-search" else {}
+    if strategy == "grid-oracle":
+        opts = {"strategy_options": {"lr_points": 2, "steps_grid": [5]}}
+    extra = {"epochs": 1, "batch_size": 40} if strategy in ("hyperfree", "linear-scaling") else {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # a commit above its reservation warns (or is refused)
+        r = _tune(files, tmp_path, strategy=strategy, mode="auto", epsilon=3.0, **opts, **extra)
+    pilots = [t for t in r.trials if t["phase"] == "mode-auto pilot"]
+    if strategy in ("hyperfree", "linear-scaling"):  # they train every candidate mode: three pilots
+        assert {t["hyperparameters"]["mode"] for t in pilots} == {"last-layer", "bitfit", "lora"}
+        assert r.metrics["mode"] == winner
+    else:  # last layer only: nothing to choose, nothing spent on pilots
+        assert pilots == [] and r.metrics["mode"] == "last-layer"
+    if strategy == "grid-oracle":
+        assert r.model is None and not (tmp_path / "l.db").exists()
+        return
+    cert = json.loads((r.run_dir / "certificate.json").read_text())
+    events = [event_from_dict(e) for e in cert["events"]]
+    assert cert["epsilon"] <= 3.0 + 1e-9
+    assert compute_epsilon(events, cert["delta"], accountant=cert["accountant"]) == pytest.approx(cert["epsilon"])
+    fp = r.metrics["dataset_fingerprint"]
+    entries = _entries(url, fp)
+    assert len(entries) == 1 and entries[0].state == "committed"  # not left reserved
+    assert _commits_within_reservation(url, fp)
+    assert Ledger(url).status(fp).reserved_epsilon == 0.0
+
+
+def test_strategy_mode_combinations_that_cannot_work_fail_before_the_ledger(files, tmp_path):
+    url = f"sqlite:///{tmp_path / 'l.db'}"
+    for strategy in ("single-step", "random-search", "grid-oracle"):
+        for mode in ("bitfit", "lora", "full"):
+            with pytest.raises(InvalidParameterError, match="trains last-layer only"):
+                _tune(files, tmp_path, strategy=strategy, mode=mode)
+    # a candidate of --mode auto whose plan is impossible fails before anything is reserved
+    with pytest.raises(InvalidParameterError, match="candidate mode 'bitfit'.*steps_grid"):
+        _tune(files, tmp_path, strategy="linear-scaling", mode="auto", strategy_options={"steps_grid": [5, 10]})
+    # overrides that the strategy would ignore are refused, not dropped
+    with pytest.raises(InvalidParameterError, match="`optimizer` does not apply"):
+        _tune(files, tmp_path, strategy="random-search", optimizer="adam")
+    with pytest.raises(InvalidParameterError, match="`trials` does not apply"):
+        _tune(files, tmp_path, strategy="hyperfree", trials=5)
+    assert not (tmp_path / "l.db").exists() or not Ledger(url).datasets()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the dataset in the ledger: same identity as `privtune train`, whole file, relative paths
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_relative_data_path_from_its_own_folder(files, tmp_path, monkeypatch):
+    _write(tmp_path / "train.tsv", make_toy_text_dataset(160, seed=0))
+    monkeypatch.chdir(tmp_path)
+    url = f"sqlite:///{tmp_path / 'rel.db'}"
+    r = _tune(files, tmp_path, data="train.tsv", strategy="single-step", ledger=url)
+    fp = dataset_fingerprint(tmp_path / "train.tsv")
+    assert r.metrics["dataset_fingerprint"] == fp and r.metrics["ledger_registered_new_dataset"] is True
+    (ds,) = Ledger(url).datasets()
+    assert ds["fingerprint"] == fp and ds["name"] == f"train.tsv#{fp[:8]}"  # privtune train's naming
+    assert Ledger(url).status(f"train.tsv#{fp[:8]}").spent_epsilon == pytest.approx(r.certificate.epsilon, rel=1e-3)
+
+
+def test_private_validation_charges_the_whole_file(files, tmp_path):
+    url = f"sqlite:///{tmp_path / 'pv.db'}"
+    Ledger(url).init_dataset(files["train"], epsilon=20.0, delta=1e-3)
+    fp = dataset_fingerprint(files["train"])
+    plain = _tune(files, tmp_path, strategy="random-search", ledger=url, output_dir=tmp_path / "a",
+                  strategy_options={"trials": 3})
+    private = _tune(files, tmp_path, strategy="random-search", ledger=url, output_dir=tmp_path / "b",
+                    public_eval_data=None, selection="private-validation", strategy_options={"trials": 3})
+    assert private.certificate.metadata["selection"] == "private_validation_noisy"
+    assert plain.metrics["dataset_fingerprint"] == private.metrics["dataset_fingerprint"] == fp
+    assert len(Ledger(url).datasets()) == 1  # the 90 % left after the split did not get a fresh budget
+    entries = _entries(url, fp)
+    assert [e.state for e in entries] == ["committed", "committed"]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# random search: K is never capped; every trial and the final run are in the certificate
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_repeat_and_select_trial_count_is_not_truncated():
+    rng = np.random.default_rng(0)
+    ks = np.array([rs._draw_k(rng, 10.0, 0.0) for _ in range(20000)])
+    assert ks.min() >= 1 and abs(ks.mean() - 10.0) < 0.6
+    tail = rs._tail_probability(10.0, 0.0, 100)
+    assert tail == pytest.approx(0.005, rel=0.1)  # what a cap at 100 would have broken
+    assert (ks > 100).mean() == pytest.approx(tail, rel=0.35) and ks.max() > 100
+    with pytest.raises(InfeasibleBudgetError, match="limit 100"):
+        rs.plan(rs.RandomSearchConfig(trials=150, accounting="repeat-and-select"), 4.0, 1e-5)
+    p = rs.plan(rs.RandomSearchConfig(trials=10, accounting="repeat-and-select"), 4.0, 1e-5)
+    assert p.details["p_trials_above_10x_mean"] == pytest.approx(tail)
+    assert any("never capped" in n for n in p.notes)
+
+
+@pytest.mark.parametrize("accounting", ["repeat-and-select", "composition"])
+def test_random_search_certificate_lists_every_trial_and_the_final_run(files, tmp_path, accounting):
+    r = _tune(files, tmp_path, strategy="random-search", strategy_options={"trials": 3, "accounting": accounting})
+    cert = json.loads((r.run_dir / "certificate.json").read_text())
+    verify_certificate(r.run_dir / "certificate.json")
+    k = r.history["strategy"]["realised_trials"]
+    records = cert["metadata"]["trial_records"]
+    assert len(records) == k + 1 and records[-1]["phase"] == "final run"
+    assert all("hyperparameters" in t and "score" in t and t["events"] for t in records[:-1])
+    assert records[-1]["hyperparameters"]["selected_trial"] == r.history["strategy"]["best_index"]
+    labels = [e["label"] for e in cert["events"]]
+    if accounting == "repeat-and-select":
+        assert len(cert["events"]) == 1 and "repeat-and-select" in labels[0]
+        assert "repeat-and-select" in cert["metadata"]["trials_accounting"]
+        assert all("NOT composed again" in t["accounted"] for t in records[:-1])
+    else:
+        assert sum("random-search trial" in lab for lab in labels) == k  # one event per trial
+        assert all(t["accounted"] == "its events are listed in `events`" for t in records[:-1])
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the grid oracle is NOT PRIVATE: labelled everywhere, and it leaves the persistent ledger alone
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_grid_oracle_does_not_touch_the_ledger_and_is_labelled_in_the_cli(files, tmp_path, capsys):
+    db = tmp_path / "oracle.db"
+    out = tmp_path / "oracle"
+    rc = main(["tune", "--data", files["train"], "--eval-data", files["dev"], "--public-eval-data", files["public"],
+               "--model", str(files["model"]), "--mode", "last-layer", "--strategy", "grid-oracle", "--epsilon", "1",
+               "--delta", "1e-3", "--ledger", f"sqlite:///{db}", "--output", str(out), "--quiet"])
+    text = capsys.readouterr().out
+    assert rc == 0 and not db.exists()
+    eps_lines = [ln for ln in text.splitlines() if "ε =" in ln]
+    assert eps_lines and all("NOT PRIVATE" in ln for ln in eps_lines), text
+    assert "certificate: ε" not in text and "remaining ε" not in text and "registered" not in text
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["not_private"] is True and m["ledger_url"] is None and m["ledger_remaining_epsilon"] is None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# bad inputs: refused before any budget is spent
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_budget_the_ledger_cannot_fit_is_refused_before_training(files, tmp_path, monkeypatch):
+    import privtune.finetune as ft
+
+    url = f"sqlite:///{tmp_path / 'small.db'}"
+    Ledger(url).init_dataset(files["train"], epsilon=0.5, delta=1e-3)
+
+    def no_data(*a, **k):  # features are computed only after the reservation
+        raise AssertionError("the training data was read before the reservation")
+
+    monkeypatch.setattr(ft, "cache_features", no_data)
+    with pytest.raises(BudgetExceededError):
+        _tune(files, tmp_path, strategy="single-step", ledger=url, epsilon=2.0)
+    st = Ledger(url).status(dataset_fingerprint(files["train"]))
+    assert st.entries == () and st.spent_epsilon == 0.0 and st.reserved_epsilon == 0.0
+
+
+def test_empty_training_set_and_overlapping_eval_data(files, tmp_path):
+    url = f"sqlite:///{tmp_path / 'bad.db'}"
+    empty = tmp_path / "empty.tsv"
+    empty.write_text("label\tsentence\n", encoding="utf-8")
+    with pytest.raises(DataError, match="no examples"):
+        _tune(files, tmp_path, data=str(empty), ledger=url)
+    with pytest.raises(DataError, match="empty"):
+        _tune(files, tmp_path, data=type(make_toy_text_dataset(4))(texts=[], labels=[]), ledger=url)
+    overlap = _write(tmp_path / "overlap.tsv", make_toy_text_dataset(160, seed=0))  # the training rows
+    with pytest.raises(DataError, match="`eval_data` overlaps the training data"):
+        _tune(files, tmp_path, eval_data=overlap, ledger=url)
+    assert not (tmp_path / "bad.db").exists() or not Ledger(url).datasets()
+
+
+def test_tune_optimizer_reaches_hyperfree_and_single_step(files, tmp_path):
+    r = _tune(files, tmp_path, strategy="hyperfree", optimizer="sgd", output_dir=tmp_path / "h")
+    assert r.metrics["hyperparameters"]["optimizer"] == "sgd"
+    r = _tune(files, tmp_path, strategy="single-step", optimizer="adam", output_dir=tmp_path / "s",
+              ledger=f"sqlite:///{tmp_path / 's.db'}")
+    assert r.metrics["hyperparameters"]["optimizer"] == "adam"
+    with pytest.raises(InvalidParameterError, match="conflicts"):
+        _tune(files, tmp_path, strategy="hyperfree", optimizer="sgd", strategy_options={"optimizer": "adam"},
+              output_dir=tmp_path / "c")
+
+
+def test_the_reservation_covers_the_most_expensive_candidate_by_the_ledgers_measure(tmp_path):
+    import importlib
+
+    from privtune.accounting import GaussianEvent
+    from privtune.hpo import single_step
+
+    tune_mod = importlib.import_module("privtune.hpo.tune")
+    led = Ledger(f"sqlite:///{tmp_path / 'c.db'}")
+    fp = "ab" * 32
+    led.init_dataset(fp, epsilon=5.0, delta=1e-2, accountant="rdp")  # not the run's δ nor its accountant
+    cfg = single_step.SingleStepConfig()
+    plans = {"cheap": single_step.plan(cfg, 1.0, 1e-5), "dear": single_step.plan(cfg, 1.5, 1e-5)}
+    reserved = tune_mod._cover_candidates(led, fp, plans, 1.5, 1e-5, "pld")
+    assert reserved == plans["dear"].events
+    for p in plans.values():
+        assert p.epsilon_cap == pytest.approx(plans["dear"].planned_epsilon())
+        assert p.covered(plans["cheap"].events) and p.covered(plans["dear"].events)
+        assert not p.covered(plans["dear"].events + [GaussianEvent(50.0, 1)])
+    # an in-run calibration is pulled under the reservation when the ledger's measure needs it
+    p = plans["dear"]
+    p.covered = lambda evs: common.epsilon_of(evs, 1e-5) <= 1.5 * (1 - 3e-5)
+    sigma = common.calibrate_in_plan(p, [], sample_rate=1.0, steps=4, sampling="full_batch")
+    assert common.epsilon_of([GaussianEvent(sigma, 4)], 1e-5) <= 1.5 * (1 - 3e-5)
+    p.covered = lambda evs: False
+    with pytest.raises(InfeasibleBudgetError, match="reserved budget"):
+        common.calibrate_in_plan(p, [], sample_rate=1.0, steps=4, sampling="full_batch")
+
+
+def test_in_run_calibration_stays_within_a_reservation_measured_at_another_delta(files, tmp_path):
+    url = f"sqlite:///{tmp_path / 'd.db'}"
+    Ledger(url).init_dataset(files["train"], epsilon=10.0, delta=1e-2, accountant="rdp")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        r = _tune(files, tmp_path, strategy="linear-scaling", ledger=url)  # final σ calibrated after the fit
+    fp = r.metrics["dataset_fingerprint"]
+    assert [e.state for e in _entries(url, fp)] == ["committed"] and _commits_within_reservation(url, fp)
+    assert r.certificate.epsilon <= 2.0 + 1e-9
