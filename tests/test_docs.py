@@ -27,7 +27,7 @@ FENCE = re.compile(r"^```python[ \t]*\n(.*?)^```[ \t]*$", re.S | re.M)
 
 def _blocks() -> list:
     params = []
-    for md in sorted(DOCS.glob("*.md")) if DOCS.is_dir() else []:
+    for md in sorted(DOCS.rglob("*.md")) if DOCS.is_dir() else []:
         text = md.read_text(encoding="utf-8")
         for m in FENCE.finditer(text):
             code = m.group(1)
@@ -35,13 +35,24 @@ def _blocks() -> list:
             first = code.lstrip().splitlines()[0].strip() if code.strip() else ""
             marks = [pytest.mark.skip(reason="marked `# doctest: skip` in the docs")] if (
                 first.replace(" ", "").lower() == "#doctest:skip") else []
-            params.append(pytest.param(md, line, code, id=f"{md.name}:{line}", marks=marks))
+            name = md.relative_to(DOCS).as_posix()
+            params.append(pytest.param(md, line, code, id=f"{name}:{line}", marks=marks))
     return params
 
 
 def test_docs_exist():
     for page in ("index.md", "quickstart.md", "privacy-model.md", "cli.md", "api.md"):
         assert (DOCS / page).is_file(), page
+
+
+PLACEHOLDER = re.compile(r"@@[A-Z_]+@@")
+
+
+def test_no_unfilled_placeholders():
+    """README and docs quote measured numbers; a `@@NAME@@` left behind means a number was never filled in."""
+    pages = [DOCS.parent / "README.md", *sorted(DOCS.rglob("*.md"))]
+    left = [f"{p.name}: {m.group(0)}" for p in pages for m in PLACEHOLDER.finditer(p.read_text(encoding="utf-8"))]
+    assert not left, f"unfilled placeholders: {left}"
 
 
 def test_fence_parser():
