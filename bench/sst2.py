@@ -12,18 +12,19 @@ all in the same process, and reports GLUE dev accuracy (872 sentences) next to e
 Fixed hyperparameters (not tuned on dev; chosen from the references in issue 6 and digest 004):
 
 =============  =====================================================================================
-DP-BiTFiT      expected batch B = 500 (q = B/N), 2 epochs (T = 40 at N = 10,000), Adam lr 1e-2, C = 1
+DP-BiTFiT      expected batch B = 500 (q = B/N), 2 epochs (T = 16 at N = 4,000), Adam lr 1e-2, C = 1
 DP full        same B and T, Adam lr 5e-4, C = 1
 non-private    1 epoch, batch 32, Adam lr 2e-3 (BiTFiT) / 5e-5 (full)
 =============  =====================================================================================
 
 The training set is a **seeded random subsample** of the 67,349 SST-2 training phrases
-(``--train-size``, default 10,000), because DP full fine-tuning of MiniLM runs at tens of
-examples per second on 2 CPU cores; the table says how many were used.  Max length 64 tokens.
+(``--train-size``, default 4,000), because DP full fine-tuning of MiniLM runs at tens of
+examples per second on 2 CPU cores; the table says how many were used.  The default run took
+21 min on the project's 2-core machine.  Max length 64 tokens.
 
 Usage::
 
-    python bench/sst2.py              # full benchmark (~30-50 min on 2 idle cores)
+    python bench/sst2.py              # full benchmark (21 min on 2 cores)
     python bench/sst2.py --quick      # smoke run: 400 examples, 4 steps, 128 dev sentences
     python bench/sst2.py --train-size 20000 --epsilons 1 8 --out results.json
 """
@@ -56,7 +57,7 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="tiny smoke run (minutes)")
     ap.add_argument("--data-dir", type=Path, default=DEFAULT_DATA, help="folder with train.tsv and dev.tsv")
-    ap.add_argument("--train-size", type=int, default=10000, help="training subsample size N")
+    ap.add_argument("--train-size", type=int, default=4000, help="training subsample size N")
     ap.add_argument("--dev-size", type=int, default=None, help="random dev subsample (default: all 872)")
     ap.add_argument("--batch-size", type=int, default=500, help="expected DP batch size B")
     ap.add_argument("--epochs", type=float, default=2.0, help="DP epochs (T = ceil(epochs / q))")

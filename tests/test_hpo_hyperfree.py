@@ -131,3 +131,37 @@ def test_the_optimizer_option_is_honoured_or_refused():
         assert out.final_hyperparameters["optimizer"] == opt
         heads[opt] = out.state.weight
     assert not torch.allclose(heads["adamw"], heads["sgd"])  # the option changes what is trained
+
+
+def test_clipping_defaults_to_auto_s_on_features_and_flat_on_a_model(monkeypatch):
+    cfg = hf.HyperfreeConfig()
+    assert cfg.clipping_for(True) == "automatic" and cfg.clipping_for(False) == "flat"
+    assert hf.HyperfreeConfig(clipping="automatic").clipping_for(False) == "automatic"
+    with pytest.raises(InvalidParameterError, match="clipping"):
+        hf.HyperfreeConfig(clipping="per-layer").validate()
+
+    # the model path hands the chosen style to the DP step (spy on PrivateGradient)
+    from privtune import engine
+    from privtune.finetune import apply_mode
+    from privtune.models import load_classifier
+    from privtune.models.testing import make_tiny_text_model, make_toy_text_dataset
+
+    seen = []
+    real = engine.PrivateGradient
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("clipping"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "PrivateGradient", spy)
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as tmp:
+        m = load_classifier(make_tiny_text_model(Path(tmp) / "m", sentence_transformers=True), seed=0)
+    apply_mode(m, "bitfit", zero_init_head=True)
+    data = make_toy_text_dataset(24, seed=0)
+    for style, expected in ((None, "flat"), ("automatic", "automatic")):
+        hf.train_model_hyperfree(m, data, steps=2, sample_rate=0.5, sigma_g=1.0, sigma_l=5.0,
+                                 config=hf.HyperfreeConfig(clipping=style), lr0=1e-3, seed=0)
+        assert seen[-1] == expected
