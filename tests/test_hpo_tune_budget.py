@@ -297,3 +297,24 @@ def test_in_run_calibration_stays_within_a_reservation_measured_at_another_delta
     fp = r.metrics["dataset_fingerprint"]
     assert [e.state for e in _entries(url, fp)] == ["committed"] and _commits_within_reservation(url, fp)
     assert r.certificate.epsilon <= 2.0 + 1e-9
+
+
+def test_clip_and_clipping_reach_the_strategy_or_are_refused():
+    import importlib
+
+    from privtune.hpo import hyperfree, linear_scaling
+
+    tune_mod = importlib.import_module("privtune.hpo.tune")  # the package re-exports the function `tune`
+    p = tune_mod._plan("linear-scaling", "last-layer", 1.0, 1e-5, 500, {}, None, [], "pld", trials=None,
+                       epochs=None, steps=None, batch_size=None, clip=0.5)
+    assert isinstance(p.details["config"], linear_scaling.LinearScalingConfig) and p.details["config"].clip == 0.5
+    p = tune_mod._plan("hyperfree", "bitfit", 1.0, 1e-5, 500, {}, None, [], "pld", trials=None, epochs=None,
+                       steps=None, batch_size=None, clipping="automatic")
+    assert isinstance(p.details["config"], hyperfree.HyperfreeConfig) and p.details["config"].clipping == "automatic"
+    with pytest.raises(InvalidParameterError, match="conflicts"):
+        tune_mod._plan("hyperfree", "bitfit", 1.0, 1e-5, 500, {"clipping": "flat"}, None, [], "pld", trials=None,
+                       epochs=None, steps=None, batch_size=None, clipping="automatic")
+    with pytest.raises(InvalidParameterError, match="`clip`"):
+        tune_mod.tune(None, strategy="hyperfree", clip=2.0, write_files=False)
+    with pytest.raises(InvalidParameterError, match="`clipping`"):
+        tune_mod.tune(None, strategy="single-step", clipping="automatic", write_files=False)

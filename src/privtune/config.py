@@ -167,8 +167,11 @@ _TUNE: list[Option] = [
     Option("batch_size", "int", "Expected batch size; unset = recommended from the budget (Rehn et al.).", 256,
            low=0.0),
     Option("max_physical_batch_size", "int", "Largest micro-batch held in memory.", 32, low=0.0),
-    Option("clip", "float", "Clipping norm C.", 1.0, low=0.0),
-    Option("clipping", "choice", "flat or automatic (AUTO-S).", "flat", choices=CLIPPING),
+    Option("clip", "float", "Clipping norm C of the strategy's runs (unset = 1; hyperfree always clips at 1).",
+           1.0, low=0.0),
+    Option("clipping", "choice", "flat or automatic (AUTO-S); for hyperfree (default: AUTO-S on features, flat "
+           "on a model) and linear-scaling with bitfit/lora/full; other strategies refuse it.", "flat",
+           choices=CLIPPING),
     Option("optimizer", "choice", "Optimizer applied to the privatised gradient.", "adam", choices=OPTIMIZERS),
     Option("strategy_options", "mapping", "Extra parameters of the strategy's config (docs/strategies.md); the keys "
            "depend on the strategy, e.g. hyperfree: interval, lr0, gamma_noise; linear-scaling: runs_per_sweep, "

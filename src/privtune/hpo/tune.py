@@ -187,7 +187,7 @@ def tune(
     epochs: float | None = None,
     steps: int | None = None,
     batch_size: int | None = None,
-    clip: float = 1.0,
+    clip: float | None = None,
     clipping: str | None = None,
     optimizer: str | None = None,
     max_physical_batch_size: int = 32,
@@ -266,7 +266,19 @@ def tune(
     eps_total = common.check_epsilon(epsilon)
     delta = check_real(delta, "delta", low=0.0, high=1.0, fix="Pass e.g. 1e-5; δ should be well below 1/n.")
     check_choice(accountant, "accountant", ("pld", "rdp"))
-    clip = check_real(clip, "clip", low=0.0)
+    if clip is not None:
+        clip = check_real(clip, "clip", low=0.0, fix="Pass the per-example clipping norm C, e.g. clip=1.0.")
+        if strategy == "hyperfree" and clip != 1.0:
+            raise InvalidParameterError(
+                f"`clip`={clip!r} does not apply to strategy='hyperfree': it clips at C = 1 (sensitivity 1) and its "
+                "learning-rate rule absorbs the scale. Remove `clip`, or choose another strategy.")
+    if clipping is not None:
+        check_choice(clipping, "clipping", ("flat", "automatic"))
+        if strategy not in ("hyperfree", "linear-scaling") or (strategy == "linear-scaling" and mode == "last-layer"):
+            raise InvalidParameterError(
+                f"`clipping` does not apply to strategy={strategy!r} with mode={mode!r}: its full-batch recipe on cached "
+                "features clips flat at `clip`. Remove `clipping`, or use strategy='hyperfree' (any mode) or "
+                "'linear-scaling' with mode=bitfit/lora/full.")
     if seed is not None:
         seed = check_int(seed, "seed", low=0)
     sel_name = None
@@ -392,7 +404,7 @@ def tune(
                 mode_plans[m] = _plan(strategy, m, eps_total, delta, n_train, options,
                                       sel_sigma if sel_name_effective != "none" else None, pilot_events, accountant,
                                       trials=trials, epochs=epochs, steps=steps, batch_size=batch_size,
-                                      optimizer=optimizer)
+                                      optimizer=optimizer, clip=clip, clipping=clipping)
             except PrivtuneError as exc:
                 if not pilot_modes:
                     raise
@@ -651,25 +663,31 @@ def _check_overrides(strategy: str, modes, given: dict) -> None:
             )
 
 
-def _strategy_optimizer(cfg, optimizer) -> None:
-    """tune(optimizer=...) sets the strategy's optimizer; a different strategy_options value is a conflict."""
-    if optimizer is None:
+def _strategy_override(cfg, name: str, value) -> None:
+    """tune(name=...) sets the strategy config's field; a different strategy_options value is a conflict."""
+    fields = type(cfg).__dataclass_fields__
+    if value is None or name not in fields:
         return
-    default = type(cfg).__dataclass_fields__["optimizer"].default
-    if cfg.optimizer != default and cfg.optimizer != optimizer:
+    current = getattr(cfg, name)
+    if current != fields[name].default and current != value:
         raise InvalidParameterError(
-            f"`optimizer`={optimizer!r} conflicts with strategy_options optimizer={cfg.optimizer!r}; pass one of them.")
-    cfg.optimizer = optimizer
+            f"`{name}`={value!r} conflicts with strategy_options {name}={current!r}; pass one of them.")
+    setattr(cfg, name, value)
+
+
+def _strategy_optimizer(cfg, optimizer) -> None:
+    _strategy_override(cfg, "optimizer", optimizer)
 
 
 def _plan(strategy, mode, eps_total, delta, n, options, sel_sigma, prefix, accountant, *, trials, epochs, steps,
-          batch_size, optimizer=None) -> BudgetPlan:
+          batch_size, optimizer=None, clip=None, clipping=None) -> BudgetPlan:
     from privtune.accounting.events import GaussianEvent
     from privtune.hpo import hyperfree, linear_scaling, random_search, single_step
 
     score_event = GaussianEvent(sel_sigma, 1, label="trial score (charged)") if sel_sigma else None
     if strategy == "linear-scaling":
         cfg = _config(linear_scaling.LinearScalingConfig, options)
+        _apply_clip_overrides(cfg, clip, clipping)
         if trials is not None:
             cfg.runs_per_sweep = max(1, int(trials) // 2)
         if mode == "last-layer":
@@ -687,6 +705,7 @@ def _plan(strategy, mode, eps_total, delta, n, options, sel_sigma, prefix, accou
                 f"strategy='random-search' is implemented on cached features (mode='last-layer'); got mode={mode!r}. "
                 "Use strategy='linear-scaling' or 'hyperfree' for bitfit/lora/full.")
         cfg = _config(random_search.RandomSearchConfig, options)
+        _apply_clip_overrides(cfg, clip, clipping)
         if trials is not None:
             cfg.trials = int(trials)
         p = random_search.plan(cfg, eps_total, delta, score_sigma=sel_sigma, accountant=accountant,
@@ -699,11 +718,13 @@ def _plan(strategy, mode, eps_total, delta, n, options, sel_sigma, prefix, accou
                 "Use mode='last-layer' (or 'auto')."
             )
         cfg = _config(single_step.SingleStepConfig, options)
+        _apply_clip_overrides(cfg, clip, clipping)
         _strategy_optimizer(cfg, optimizer)
         p = single_step.plan(cfg, eps_total, delta, accountant=accountant, prefix_events=prefix)
         p.details["config"] = cfg
     elif strategy == "hyperfree":
         cfg = _config(hyperfree.HyperfreeConfig, options)
+        _apply_clip_overrides(cfg, clip, clipping)
         _strategy_optimizer(cfg, optimizer)
         cfg.validate()
         if batch_size is None and cfg.batch_size is not None:
@@ -716,12 +737,20 @@ def _plan(strategy, mode, eps_total, delta, n, options, sel_sigma, prefix, accou
         from privtune.hpo import grid_oracle
 
         cfg = _config(grid_oracle.GridOracleConfig, options)
+
+        _apply_clip_overrides(cfg, clip, clipping)
         p = BudgetPlan(strategy="grid-oracle", total_epsilon=eps_total, delta=delta, accountant=accountant,
                        trial_events=list(prefix))
         p.notes = [f"NOT PRIVATE: {len(cfg.grid())} grid runs, each alone at ε = {eps_total:g}; "
                    "their composition is NOT within the budget and no model is released"]
         p.details["config"] = cfg
     return p
+
+
+def _apply_clip_overrides(cfg, clip, clipping) -> None:
+    """tune(clip=..., clipping=...) into the strategy's config (validated in tune(); never dropped)."""
+    _strategy_override(cfg, "clip", clip)
+    _strategy_override(cfg, "clipping", clipping)
 
 
 def _config(cls, options: dict):
