@@ -225,6 +225,7 @@ def test_other_strategies(tmp_path, strategy, image):
     assert not (run / "accuracy_vs_reference.png").exists()
     if strategy == "grid-oracle":
         assert "tuning was not charged" in html and "NOT PRIVATE" in html
+        assert "nothing was charged to the ledger" in html and "ε remaining for this dataset" not in html
     else:
         assert "NOT PRIVATE" not in html
     if strategy == "random-search":

@@ -808,15 +808,6 @@ def _resolve_ledger(ledger: Any):
     return ledger
 
 
-def _fingerprint(data: Any) -> str:
-    from privtune.ledger import dataset_fingerprint
-
-    src = getattr(data, "source", None)
-    if src is not None and Path(src).exists():
-        return dataset_fingerprint(src)
-    return dataset_fingerprint(data.canonical_rows())
-
-
 def _write_json(path: Path, obj: Any) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n", encoding="utf-8")
@@ -1078,7 +1069,9 @@ def train(
     if mode == "lora":
         hyper.update({"lora_rank": lora_rank, "lora_alpha": lora_alpha,
                       "lora_target_modules": list(mode_info.lora_target_modules or [])})
-    fp = _fingerprint(train_set)
+    from privtune.ledger import dataset_identity
+
+    fp, ledger_name = dataset_identity(train_set)
 
     # ---------------------------------------------------------------- 4. run directory and resume state
     run_id = uuid.uuid4().hex
@@ -1109,7 +1102,7 @@ def train(
         led.status(fp)
     except UnknownDatasetError:
         led.init_dataset(fp, epsilon if epsilon is not None else planned_eps, delta,
-                         name=f"{Path(train_set.source).name}#{fp[:8]}" if train_set.source else None)
+                         name=ledger_name)
         registered_now = True
         log(f"dataset {fp[:12]} registered in the ledger with total ε={epsilon or planned_eps:.4g}, δ={delta:g}")
     cfg_for_ledger = {"hyperparameters": hyper, "output_dir": str(out) if out else None}

@@ -1000,11 +1000,9 @@ def _dataset_identity(train) -> tuple[str, str | None]:
     ``"<file name>#<fingerprint[:8]>"``, which is never an existing path, so ``--data train.tsv``
     run from the folder holding ``train.tsv`` registers fine (a bare ``train.tsv`` is refused by
     the ledger as ambiguous with the path)."""
-    from privtune.training import _fingerprint
+    from privtune.ledger import dataset_identity
 
-    fp = _fingerprint(train)
-    src = getattr(train, "source", None)
-    return fp, (f"{Path(src).name}#{fp[:8]}" if src else None)
+    return dataset_identity(train)
 
 
 def _ledger_for(url, embedded, run_dir, fp, name, eps, delta, accountant):

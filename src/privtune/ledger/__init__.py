@@ -17,7 +17,7 @@ See ``docs/ledger.md``.
 
 from privtune.ledger._backend import default_ledger_url
 from privtune.ledger._compose import group_events
-from privtune.ledger.fingerprint import dataset_fingerprint, is_fingerprint
+from privtune.ledger.fingerprint import dataset_fingerprint, dataset_identity, is_fingerprint
 from privtune.ledger.ledger import (
     ACCOUNTANTS,
     BudgetStatus,
@@ -37,6 +37,7 @@ __all__ = [
     "VerifyReport",
     "ACCOUNTANTS",
     "dataset_fingerprint",
+    "dataset_identity",
     "is_fingerprint",
     "default_ledger_url",
     "group_events",

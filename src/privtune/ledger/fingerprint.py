@@ -118,4 +118,22 @@ def dataset_fingerprint(data: str | os.PathLike | bytes | bytearray | memoryview
     )
 
 
-__all__ = ["dataset_fingerprint", "is_fingerprint"]
+__all__ = ["dataset_fingerprint", "dataset_identity", "is_fingerprint"]
+
+
+def dataset_identity(data) -> tuple[str, str | None]:
+    """(fingerprint, ledger name) of a loaded privtune dataset, as ``train`` and ``tune`` charge it.
+
+    The fingerprint is that of the file the dataset was read from (so renaming or moving the file
+    does not reset its budget) or, for in-memory data, of its canonical rows.  The name is
+    ``"<file name>#<fingerprint[:8]>"``: readable, and never an existing path, so ``--data
+    train.tsv`` run from the folder holding it is not refused as ambiguous.  ``None`` for in-memory
+    data.  Fingerprint the *whole* training set, before any split, or each part would get a budget
+    of its own.
+    """
+    src = getattr(data, "source", None)
+    if src is not None and Path(src).exists():
+        fp = dataset_fingerprint(src)
+    else:
+        fp = dataset_fingerprint(data.canonical_rows())
+    return fp, (f"{Path(src).name}#{fp[:8]}" if src else None)

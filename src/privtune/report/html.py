@@ -195,7 +195,10 @@ def _budget_section(run: RunData, b: _Builder, bp: P.BudgetPoints | None) -> str
             out.append("<h3>Sampling assumptions</h3><ul>" + lis + "</ul>")
     ledger_rows = [("dataset fingerprint", m.get("dataset_fingerprint")), ("ledger", m.get("ledger_url")),
                    ("ε remaining for this dataset", m.get("ledger_remaining_epsilon"))]
-    if any(v is not None for _, v in ledger_rows):
+    if run.not_private:
+        out.append("<h3>Ledger</h3><p class='note'>NOT PRIVATE reference: nothing was charged to the ledger and no "
+                   "model was released. Its uses of the data are not covered by any privacy guarantee.</p>")
+    elif any(v is not None for _, v in ledger_rows):
         out.append("<h3>Ledger</h3>" + _kv_table(ledger_rows))
         out.append("<p class='note'>Check it any time with <code>privtune budget show</code> (and "
                    "<code>privtune budget history --dataset …</code>). Every later run on the same data is charged to "
