@@ -172,7 +172,8 @@ class ModelBackend:
                   learning_rate=learning_rate, clip=clip, clipping=clipping or self.clipping,
                   optimizer=optimizer or self.optimizer, eval_set=curve, seed=seed,
                   eval_every=_eval_every(steps) if curve is not None else None,
-                  max_physical_batch_size=self.max_physical_batch_size, progress=progress)
+                  max_physical_batch_size=self.max_physical_batch_size, progress=progress,
+                  device="cpu")  # tune's other model paths (hyperfree) run on the CPU; keep one device per run
         events = list(res.events)
         if label:
             events = [_relabel(e, label) for e in events]
