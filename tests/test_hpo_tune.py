@@ -12,15 +12,8 @@ from privtune.accounting import compute_epsilon, event_from_dict, verify_certifi
 from privtune.cli import main
 from privtune.errors import DataError, InfeasibleBudgetError, InvalidParameterError, ModelError
 from privtune.ledger import Ledger
-from privtune.models.testing import make_tiny_text_model, make_toy_text_dataset
+from privtune.models.testing import make_tiny_text_model, make_toy_text_dataset, write_toy_tsv
 
-
-def _write(path, ds):
-    with open(path, "w", encoding="utf-8") as f:
-        f.write("label\tsentence\n")
-        for t, y in zip(ds.texts, ds.labels):
-            f.write(f"{y}\t{t}\n")
-    return str(path)
 
 
 @pytest.fixture(scope="module")
@@ -28,9 +21,9 @@ def files(tmp_path_factory):
     root = tmp_path_factory.mktemp("tune")
     return {
         "model": make_tiny_text_model(root / "st", sentence_transformers=True),
-        "train": _write(root / "train.tsv", make_toy_text_dataset(160, seed=0)),
-        "public": _write(root / "public.tsv", make_toy_text_dataset(40, seed=1)),
-        "dev": _write(root / "dev.tsv", make_toy_text_dataset(40, seed=2)),
+        "train": write_toy_tsv(root / "train.tsv", make_toy_text_dataset(160, seed=0)),
+        "public": write_toy_tsv(root / "public.tsv", make_toy_text_dataset(40, seed=1)),
+        "dev": write_toy_tsv(root / "dev.tsv", make_toy_text_dataset(40, seed=2)),
         "root": root,
     }
 
@@ -145,7 +138,7 @@ def test_bad_inputs_fail_before_any_budget_is_spent(files, tmp_path):
         _tune(files, tmp_path, mode="everything", ledger=led)
     with pytest.raises(DataError, match="overlaps"):
         _tune(files, tmp_path, public_eval_data=files["train"], ledger=led)
-    single = _write(tmp_path / "single.tsv", type(make_toy_text_dataset(4))(texts=["a b c", "d e f"], labels=[1, 1]))
+    single = write_toy_tsv(tmp_path / "single.tsv", type(make_toy_text_dataset(4))(texts=["a b c", "d e f"], labels=[1, 1]))
     with pytest.raises(DataError, match="single class"):
         privtune.tune(single, model=files["model"], ledger=led, output_dir=tmp_path / "s", quiet=True)
     with pytest.raises(ModelError):

@@ -16,15 +16,8 @@ from privtune.errors import BudgetExceededError, DataError, InfeasibleBudgetErro
 from privtune.hpo import common
 from privtune.hpo import random_search as rs
 from privtune.ledger import Ledger, dataset_fingerprint
-from privtune.models.testing import make_tiny_text_model, make_toy_text_dataset
+from privtune.models.testing import make_tiny_text_model, make_toy_text_dataset, write_toy_tsv
 
-
-def _write(path, ds):
-    with open(path, "w", encoding="utf-8") as f:
-        f.write("label\tsentence\n")
-        for t, y in zip(ds.texts, ds.labels):
-            f.write(f"{y}\t{t}\n")
-    return str(path)
 
 
 @pytest.fixture(scope="module")
@@ -32,9 +25,9 @@ def files(tmp_path_factory):
     root = tmp_path_factory.mktemp("tune_budget")
     return {
         "model": make_tiny_text_model(root / "st", sentence_transformers=True),
-        "train": _write(root / "train.tsv", make_toy_text_dataset(160, seed=0)),
-        "public": _write(root / "public.tsv", make_toy_text_dataset(40, seed=1)),
-        "dev": _write(root / "dev.tsv", make_toy_text_dataset(40, seed=2)),
+        "train": write_toy_tsv(root / "train.tsv", make_toy_text_dataset(160, seed=0)),
+        "public": write_toy_tsv(root / "public.tsv", make_toy_text_dataset(40, seed=1)),
+        "dev": write_toy_tsv(root / "dev.tsv", make_toy_text_dataset(40, seed=2)),
     }
 
 
@@ -129,7 +122,7 @@ def test_strategy_mode_combinations_that_cannot_work_fail_before_the_ledger(file
 
 
 def test_relative_data_path_from_its_own_folder(files, tmp_path, monkeypatch):
-    _write(tmp_path / "train.tsv", make_toy_text_dataset(160, seed=0))
+    write_toy_tsv(tmp_path / "train.tsv", make_toy_text_dataset(160, seed=0))
     monkeypatch.chdir(tmp_path)
     url = f"sqlite:///{tmp_path / 'rel.db'}"
     r = _tune(files, tmp_path, data="train.tsv", strategy="single-step", ledger=url)
@@ -243,7 +236,7 @@ def test_empty_training_set_and_overlapping_eval_data(files, tmp_path):
         _tune(files, tmp_path, data=str(empty), ledger=url)
     with pytest.raises(DataError, match="empty"):
         _tune(files, tmp_path, data=type(make_toy_text_dataset(4))(texts=[], labels=[]), ledger=url)
-    overlap = _write(tmp_path / "overlap.tsv", make_toy_text_dataset(160, seed=0))  # the training rows
+    overlap = write_toy_tsv(tmp_path / "overlap.tsv", make_toy_text_dataset(160, seed=0))  # the training rows
     with pytest.raises(DataError, match="`eval_data` overlaps the training data"):
         _tune(files, tmp_path, eval_data=overlap, ledger=url)
     assert not (tmp_path / "bad.db").exists() or not Ledger(url).datasets()

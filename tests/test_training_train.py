@@ -10,16 +10,9 @@ import torch
 import privtune.training as training
 from privtune.errors import DataError, InvalidParameterError, ModelError
 from privtune.ledger import Ledger
-from privtune.models.testing import make_tiny_text_model, make_toy_text_dataset
+from privtune.models.testing import make_tiny_text_model, make_toy_text_dataset, write_toy_tsv
 from privtune.training import train
 
-
-def _write_tsv(path, ds):
-    with open(path, "w", encoding="utf-8") as f:
-        f.write("label\tsentence\n")
-        for t, y in zip(ds.texts, ds.labels):
-            f.write(f"{y}\t{t}\n")
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -27,8 +20,8 @@ def files(tmp_path_factory):
     root = tmp_path_factory.mktemp("train")
     return {
         "model": make_tiny_text_model(root / "st", sentence_transformers=True),
-        "train": _write_tsv(root / "train.tsv", make_toy_text_dataset(80, seed=0)),
-        "eval": _write_tsv(root / "dev.tsv", make_toy_text_dataset(24, seed=1)),
+        "train": write_toy_tsv(root / "train.tsv", make_toy_text_dataset(80, seed=0)),
+        "eval": write_toy_tsv(root / "dev.tsv", make_toy_text_dataset(24, seed=1)),
         "root": root,
     }
 

@@ -17,15 +17,8 @@ from privtune.cli import main
 from privtune.errors import InvalidParameterError
 from privtune.hpo.tune import STATE_FILE
 from privtune.ledger import Ledger
-from privtune.models.testing import make_tiny_text_model, make_toy_text_dataset
+from privtune.models.testing import make_tiny_text_model, make_toy_text_dataset, write_toy_tsv
 
-
-def _write(path, ds):
-    with open(path, "w", encoding="utf-8") as f:
-        f.write("label\tsentence\n")
-        for t, y in zip(ds.texts, ds.labels):
-            f.write(f"{y}\t{t}\n")
-    return str(path)
 
 
 @pytest.fixture(scope="module")
@@ -33,10 +26,10 @@ def files(tmp_path_factory):
     root = tmp_path_factory.mktemp("resume")
     return {
         "model": make_tiny_text_model(root / "st", sentence_transformers=True),
-        "train": _write(root / "train.tsv", make_toy_text_dataset(160, seed=0)),
-        "train2": _write(root / "train2.tsv", make_toy_text_dataset(160, seed=5)),
-        "public": _write(root / "public.tsv", make_toy_text_dataset(40, seed=1)),
-        "dev": _write(root / "dev.tsv", make_toy_text_dataset(40, seed=2)),
+        "train": write_toy_tsv(root / "train.tsv", make_toy_text_dataset(160, seed=0)),
+        "train2": write_toy_tsv(root / "train2.tsv", make_toy_text_dataset(160, seed=5)),
+        "public": write_toy_tsv(root / "public.tsv", make_toy_text_dataset(40, seed=1)),
+        "dev": write_toy_tsv(root / "dev.tsv", make_toy_text_dataset(40, seed=2)),
     }
 
 

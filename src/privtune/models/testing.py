@@ -102,3 +102,12 @@ def make_toy_text_dataset(n: int = 64, *, seed: int = 0, min_words: int = 3, max
         texts.append(" ".join(words))
         labels.append(y)
     return TextDataset(texts=texts, labels=labels, num_labels=2)
+
+
+def write_toy_tsv(path: str | os.PathLike, dataset) -> str:
+    """Write a text dataset (``.texts``, ``.labels``) as a ``label<TAB>sentence`` TSV; returns the path as str."""
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("label\tsentence\n")
+        for text, label in zip(dataset.texts, dataset.labels):
+            f.write(f"{label}\t{text}\n")
+    return str(path)
