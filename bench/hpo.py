@@ -18,7 +18,8 @@ private SST-2 training phrases (``--bitfit-subset``, default 2000; 500 other tra
 public), at each ``--bitfit-epsilons`` total, ``privtune.tune(mode="bitfit", strategy="hyperfree")``
 against ``privtune.train(mode="bitfit")`` with one fixed, untuned setting (2 epochs, expected batch
 256, DP-Adam lr 1e-2, C = 1: the issue's reference setting scaled to the subset) and the NOT PRIVATE
-non-private BiTFiT on the same subset.  Dev accuracy; one seed (CPU time: minutes per run).
+non-private BiTFiT on the same subset.  Dev accuracy, mean ± std over ``--bitfit-seeds`` (3) run
+seeds on one fixed split (about 20 min on 2 cores).
 
     python bench/hpo.py --bitfit          # Part B only
 """
@@ -219,7 +220,7 @@ def print_table(table):
           "divided by those of the final run.")
 
 
-def run_bitfit(eps_list, subset: int, public_size: int = 500, seed: int = 0):
+def run_bitfit(eps_list, subset: int, public_size: int = 500, seeds=(0,)):
     """Part B: DP-BiTFiT through privtune.tune / privtune.train on an SST-2 subset (see the module docstring)."""
     import random
     import tempfile
@@ -234,7 +235,8 @@ def run_bitfit(eps_list, subset: int, public_size: int = 500, seed: int = 0):
         sys.exit(f"SST-2 not found at {SST2}; set PRIVTUNE_SST2 to the folder with train.tsv and dev.tsv")
     texts, labels = _read_tsv(SST2 / "train.tsv")
     idx = list(range(len(texts)))
-    random.Random(seed).shuffle(idx)
+    random.Random(0).shuffle(idx)  # one fixed split; the seeds below vary the runs (noise, sampling, search)
+    seed = seeds[0]
     folder = RESULTS / "bitfit"
     folder.mkdir(parents=True, exist_ok=True)
 
@@ -258,27 +260,37 @@ def run_bitfit(eps_list, subset: int, public_size: int = 500, seed: int = 0):
                  "seconds": time.time() - t0})
     print(f"bitfit N={subset} non-private (NOT PRIVATE) dev={ref_acc:.4f} ({time.time() - t0:.0f} s)", flush=True)
     for eps in eps_list:
-        with tempfile.TemporaryDirectory() as tmp:
-            t0 = time.time()
-            r = privtune.tune(tr, eval_data=dev, public_eval_data=pub, mode="bitfit", strategy="hyperfree",
-                              epsilon=eps, delta=1e-5, ledger=f"sqlite:///{tmp}/l.db", output_dir=Path(tmp) / "tune",
-                              seed=seed, quiet=True)
-            rows.append({"epsilon": eps, "method": "tune: hyperfree (bitfit)", "dev_accuracy": r.metrics["accuracy"],
-                         "certificate_epsilon": r.certificate.epsilon, "seconds": time.time() - t0})
-            print(f"bitfit N={subset} eps={eps} hyperfree dev={r.metrics['accuracy']:.4f} "
-                  f"(certificate ε={r.certificate.epsilon:.4f}, {time.time() - t0:.0f} s)", flush=True)
-            t0 = time.time()
-            f = privtune.train(tr, eval_data=dev, mode="bitfit", epsilon=eps, delta=1e-5, epochs=2,
-                               batch_size=min(256, subset // 4),
-                               learning_rate=1e-2, optimizer="adam", clip=1.0, ledger=f"sqlite:///{tmp}/l2.db",
-                               output_dir=Path(tmp) / "train", seed=seed, progress=False)
-            rows.append({"epsilon": eps, "method": "train: fixed untuned setting", "dev_accuracy": f.metrics["accuracy"],
-                         "certificate_epsilon": f.certificate.epsilon, "seconds": time.time() - t0})
-            print(f"bitfit N={subset} eps={eps} fixed dev={f.metrics['accuracy']:.4f} ({time.time() - t0:.0f} s)",
-                  flush=True)
-    print(f"\nDP-BiTFiT, MiniLM, N = {subset} SST-2 training phrases, dev accuracy (872 sentences), seed {seed}")
+        for seed in seeds:
+            with tempfile.TemporaryDirectory() as tmp:
+                t0 = time.time()
+                r = privtune.tune(tr, eval_data=dev, public_eval_data=pub, mode="bitfit", strategy="hyperfree",
+                                  epsilon=eps, delta=1e-5, ledger=f"sqlite:///{tmp}/l.db",
+                                  output_dir=Path(tmp) / "tune", seed=seed, quiet=True)
+                rows.append({"epsilon": eps, "seed": seed, "method": "tune: hyperfree (bitfit)",
+                             "dev_accuracy": r.metrics["accuracy"], "certificate_epsilon": r.certificate.epsilon,
+                             "seconds": time.time() - t0})
+                print(f"bitfit N={subset} eps={eps} seed={seed} hyperfree dev={r.metrics['accuracy']:.4f} "
+                      f"(certificate ε={r.certificate.epsilon:.4f}, {time.time() - t0:.0f} s)", flush=True)
+                t0 = time.time()
+                f = privtune.train(tr, eval_data=dev, mode="bitfit", epsilon=eps, delta=1e-5, epochs=2,
+                                   batch_size=min(256, subset // 4), learning_rate=1e-2, optimizer="adam", clip=1.0,
+                                   ledger=f"sqlite:///{tmp}/l2.db", output_dir=Path(tmp) / "train", seed=seed,
+                                   progress=False)
+                rows.append({"epsilon": eps, "seed": seed, "method": "train: fixed untuned setting",
+                             "dev_accuracy": f.metrics["accuracy"], "certificate_epsilon": f.certificate.epsilon,
+                             "seconds": time.time() - t0})
+                print(f"bitfit N={subset} eps={eps} seed={seed} fixed dev={f.metrics['accuracy']:.4f} "
+                      f"({time.time() - t0:.0f} s)", flush=True)
+    print(f"\nDP-BiTFiT, MiniLM, N = {subset} SST-2 training phrases, dev accuracy (872 sentences), "
+          f"seeds {list(seeds)} (mean ± std)")
+    groups = {}
     for r in rows:
-        print(f"  ε={str(r['epsilon']):<5} {r['method']:<36} {100 * r['dev_accuracy']:.2f} %  ({r['seconds']:.0f} s)")
+        groups.setdefault((str(r["epsilon"]), r["method"]), []).append(r)
+    for (eps, method), rs in groups.items():
+        acc = [100 * r["dev_accuracy"] for r in rs]
+        secs = statistics.mean(r["seconds"] for r in rs)
+        spread = f" ± {statistics.stdev(acc):.2f}" if len(acc) > 1 else ""
+        print(f"  ε={eps:<5} {method:<42} {statistics.mean(acc):.2f}{spread} %  ({secs:.0f} s per run)")
     (RESULTS / f"hpo_bitfit_N{subset}.json").write_text(json.dumps(rows, indent=2))
     return rows
 
@@ -300,6 +312,7 @@ def main(argv=None):
     ap.add_argument("--bitfit", action="store_true", help="run Part B (DP-BiTFiT through privtune.tune) only")
     ap.add_argument("--bitfit-subset", type=int, default=2000, help="Part B: private training examples")
     ap.add_argument("--bitfit-epsilons", type=str, default="1,8", help="Part B: total ε values")
+    ap.add_argument("--bitfit-seeds", type=int, default=3, help="Part B: seeds per ε (runs vary, the split does not)")
     args = ap.parse_args(argv)
     if args.summarise:
         rows = json.loads(args.summarise.read_text())["rows"]
@@ -309,7 +322,8 @@ def main(argv=None):
     if args.bitfit:
         torch.set_num_threads(max(1, min(2, len(os.sched_getaffinity(0)))))
         RESULTS.mkdir(parents=True, exist_ok=True)
-        run_bitfit([float(e) for e in args.bitfit_epsilons.split(",")], args.bitfit_subset)
+        run_bitfit([float(e) for e in args.bitfit_epsilons.split(",")], args.bitfit_subset,
+                   seeds=tuple(range(args.bitfit_seeds)))
         return 0
     torch.set_num_threads(max(1, min(2, len(os.sched_getaffinity(0)))))
     eps_list = [float(e) for e in (args.epsilons or ("0.5,1,8" if args.quick else "0.25,0.5,1,2,8")).split(",")]
