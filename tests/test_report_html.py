@@ -309,3 +309,13 @@ def test_hyperfree_run_has_public_accuracy_curve_in_history_and_report(tmp_path,
         assert seen.count("dev") == 1 and seen[-1] == "dev"
     html = (r.run_dir / "report.html").read_text()
     assert (r.run_dir / "learning_curves.png").is_file() and "public validation split" in html
+
+
+@pytest.mark.parametrize("clipping, expected", [("flat", "flat at C = 1"), ("automatic", "automatic (AUTO-S")])
+def test_hyperfree_report_states_the_clipping_it_used(tmp_path, clipping, expected):
+    run = make_run(tmp_path / "hf", "hyperfree", reference=False, clipping=False)
+    metrics = json.loads((run / "metrics.json").read_text())
+    metrics["hyperparameters"]["clipping"] = clipping
+    (run / "metrics.json").write_text(json.dumps(metrics))
+    html = write_report(run).read_text()
+    assert "Clipping here: " + expected in html

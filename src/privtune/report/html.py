@@ -27,8 +27,8 @@ PNG_NAMES = ("budget.png", "strategy.png", "trials.png", "learning_curves.png", 
 STRATEGY_TEXT = {
     "linear-scaling": "Linear scaling (Panda et al., seed 000): cheap low-ε trials find the best total step size "
                       "r = η·T at each trial budget; a line r(ε) is fitted and extrapolated to the final run's ε.",
-    "hyperfree": "Hyperparameter-free (seed 001): automatic clipping (AUTO-S) and a learning rate set at each update "
-                 "from privatised losses, whose cost is accounted jointly with the gradient releases.",
+    "hyperfree": "Hyperparameter-free (seed 001): a learning rate set at each update from privatised losses, whose "
+                 "cost is accounted jointly with the gradient releases, and a clipping with no threshold to tune.",
     "single-step": "Single step (seed 002): a zero-initialised head trained with one full-batch DP step on cached "
                    "features of a public backbone.",
     "random-search": "Random search: trials with random hyperparameters, the best one selected; the selection is "
@@ -216,7 +216,12 @@ def _strategy_section(run: RunData, b: _Builder, bp: P.BudgetPoints | None) -> s
     out = [f"<section id='strategy'{cls}><h2>Hyperparameters{': ' + _e(name) if name else ''}"
            f"{' ' + _np_badge() if run.not_private else ''}</h2>"]
     if name in STRATEGY_TEXT:
-        out.append(f"<p>{_e(STRATEGY_TEXT[name])}</p>")
+        text = STRATEGY_TEXT[name]
+        clipping = (run.metrics.get("hyperparameters") or {}).get("clipping")
+        if name == "hyperfree" and clipping:  # the style actually used (AUTO-S on features, flat C = 1 on a model)
+            text += (" Clipping here: " + ("automatic (AUTO-S, per-example normalisation)." if clipping == "automatic"
+                                          else f"{clipping} at C = 1 (sensitivity 1)."))
+        out.append(f"<p>{_e(text)}</p>")
     sel = run.metrics.get("selection") or run.metadata.get("selection")
     if sel:
         out.append(f"<p><b>Trial selection:</b> {_e(sel)}. The split used for the reported accuracy was never used "
