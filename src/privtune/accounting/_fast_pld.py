@@ -154,6 +154,18 @@ def _fast_gaussian_pld(sigma: float, q: float, interval: float):
     return pldlib._pld_for_subsampled_mechanism(single, q)  # noqa: SLF001
 
 
+def _fast_or_public(fast, public, what: str):
+    """``fast()`` when the run-time self-check passed, else (or if dp_accounting's internals changed
+    under it) ``public()``: the public dp_accounting path gives the same numbers, only slower."""
+    if not ensure_checked():
+        return public()
+    try:
+        return fast()
+    except (AttributeError, TypeError) as exc:  # pragma: no cover - dp_accounting internals changed
+        _disable_fast(f"{what} raised {type(exc).__name__}: {exc}")
+        return public()
+
+
 def gaussian_pld(sigma: float, q: float, interval: float):
     """Pessimistic connect-the-dots PLD of the Poisson-subsampled Gaussian (add/remove).
 
@@ -162,13 +174,8 @@ def gaussian_pld(sigma: float, q: float, interval: float):
     if points > MAX_PLD_POINTS:
         raise PLDTooLargeError(f"the Gaussian with σ = {sigma:.3g}, q = {q:.3g} at interval {interval:g}",
                                points, MAX_PLD_POINTS)
-    if not ensure_checked():
-        return public_gaussian_pld(sigma, q, interval)
-    try:
-        return _fast_gaussian_pld(sigma, q, interval)
-    except (AttributeError, TypeError) as exc:  # pragma: no cover - dp_accounting internals changed
-        _disable_fast(f"the fast PLD construction raised {type(exc).__name__}: {exc}")
-        return public_gaussian_pld(sigma, q, interval)
+    return _fast_or_public(lambda: _fast_gaussian_pld(sigma, q, interval),
+                           lambda: public_gaussian_pld(sigma, q, interval), "the fast PLD construction")
 
 
 def public_gaussian_pld(sigma: float, q: float, interval: float):
@@ -302,13 +309,9 @@ def self_compose(pld, num_times: int, tail_mass_truncation: float = 1e-15):
         return pld.self_compose(num_times, tail_mass_truncation)
     for pmf in pmfs:
         _check_self_compose_size(pmf, num_times, tail_mass_truncation)
-    if not ensure_checked():
-        return public_self_compose(pld, num_times, tail_mass_truncation)
-    try:
-        return _fast_self_compose(pld, num_times, tail_mass_truncation)
-    except (AttributeError, TypeError) as exc:  # pragma: no cover - dp_accounting internals changed
-        _disable_fast(f"the fast self-composition raised {type(exc).__name__}: {exc}")
-        return public_self_compose(pld, num_times, tail_mass_truncation)
+    return _fast_or_public(lambda: _fast_self_compose(pld, num_times, tail_mass_truncation),
+                           lambda: public_self_compose(pld, num_times, tail_mass_truncation),
+                           "the fast self-composition")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -374,13 +377,8 @@ def compose(p1, p2, tail_mass_truncation: float = 1e-15):
         return p1.compose(p2, tail_mass_truncation)
     if size > MAX_COMPOSED_POINTS:
         raise PLDTooLargeError("the composition", float(size), MAX_COMPOSED_POINTS)
-    if not ensure_checked():
-        return p1.compose(p2, tail_mass_truncation)
-    try:
-        return _fast_compose(p1, p2, tail_mass_truncation)
-    except (AttributeError, TypeError) as exc:  # pragma: no cover - dp_accounting internals changed
-        _disable_fast(f"the fast composition raised {type(exc).__name__}: {exc}")
-        return p1.compose(p2, tail_mass_truncation)
+    return _fast_or_public(lambda: _fast_compose(p1, p2, tail_mass_truncation),
+                           lambda: p1.compose(p2, tail_mass_truncation), "the fast composition")
 
 
 # ---------------------------------------------------------------------------------------------
