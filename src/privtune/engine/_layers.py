@@ -21,6 +21,7 @@ output gradient is reduced to ``(B, p)`` inside the backward hook.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,7 +55,7 @@ def _first_input(args: tuple, kwargs: dict) -> torch.Tensor:
     return next(v for v in kwargs.values() if isinstance(v, torch.Tensor))
 
 
-class Handler:
+class Handler(ABC):
     """Base class.  ``params`` maps a role ('weight', 'bias', ...) to a trainable Parameter."""
 
     kind = "base"
@@ -83,11 +84,13 @@ class Handler:
         """All records have gradients: compute per-example squared norms."""
         self.sq = self.sq_norms(self.records)
 
-    def sq_norms(self, records: list[Record]) -> torch.Tensor:  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abstractmethod
+    def sq_norms(self, records: list[Record]) -> torch.Tensor:
+        """(B,) per-example squared gradient norms of this layer's parameters."""
 
-    def clipped_sum(self, records: list[Record], c: torch.Tensor) -> dict[nn.Parameter, torch.Tensor]:  # pragma: no cover
-        raise NotImplementedError
+    @abstractmethod
+    def clipped_sum(self, records: list[Record], c: torch.Tensor) -> dict[nn.Parameter, torch.Tensor]:
+        """Σ_i c_i · ∇_θ loss_i for each parameter of this layer (c: (B,) clipping factors)."""
 
     def clear(self) -> None:
         self.records = []
@@ -288,8 +291,9 @@ class EmbeddingHandler(Handler):
 class _MaterialisingHandler(Handler):
     """Handlers whose per-example gradients are cheap to hold: (B, *param.shape) each."""
 
-    def per_example(self, records) -> dict[nn.Parameter, torch.Tensor]:  # pragma: no cover
-        raise NotImplementedError
+    @abstractmethod
+    def per_example(self, records) -> dict[nn.Parameter, torch.Tensor]:
+        """Per-example gradients, (B, *param.shape) for each parameter."""
 
     def finish(self):
         self._pe = self.per_example(self.records)
