@@ -12,20 +12,13 @@ from privtune.accounting import compute_epsilon, event_from_dict, verify_certifi
 from privtune.cli import main
 from privtune.errors import DataError, InfeasibleBudgetError, InvalidParameterError, ModelError
 from privtune.ledger import Ledger
-from privtune.models.testing import make_tiny_text_model, make_toy_text_dataset, write_toy_tsv
+from privtune.models.testing import make_toy_text_dataset, make_toy_text_files, write_toy_tsv
 
 
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tune")
-    return {
-        "model": make_tiny_text_model(root / "st", sentence_transformers=True),
-        "train": write_toy_tsv(root / "train.tsv", make_toy_text_dataset(160, seed=0)),
-        "public": write_toy_tsv(root / "public.tsv", make_toy_text_dataset(40, seed=1)),
-        "dev": write_toy_tsv(root / "dev.tsv", make_toy_text_dataset(40, seed=2)),
-        "root": root,
-    }
+    return make_toy_text_files(tmp_path_factory.mktemp("tune"), {"train": ("train.tsv", 160, 0), "public": ("public.tsv", 40, 1), "dev": ("dev.tsv", 40, 2)})
 
 
 def _tune(files, tmp_path, **kw):

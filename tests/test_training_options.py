@@ -11,19 +11,14 @@ import torch
 
 from privtune.errors import DataError, InvalidParameterError, ModelError
 from privtune.ledger import Ledger
-from privtune.models.testing import make_tiny_text_model, make_toy_text_dataset, write_toy_tsv
+from privtune.models.testing import make_toy_text_dataset, make_toy_text_files
 from privtune.training import fit, train
 
 
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
-    root = tmp_path_factory.mktemp("opts")
-    return {
-        "model": make_tiny_text_model(root / "st", sentence_transformers=True),
-        "train": write_toy_tsv(root / "train.tsv", make_toy_text_dataset(60, seed=0)),
-        "eval": write_toy_tsv(root / "dev.tsv", make_toy_text_dataset(12, seed=1)),
-    }
+    return make_toy_text_files(tmp_path_factory.mktemp("opts"), {"train": ("train.tsv", 60, 0), "eval": ("dev.tsv", 12, 1)})
 
 
 def _run(files, tmp_path, **kw):

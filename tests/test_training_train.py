@@ -10,20 +10,14 @@ import torch
 import privtune.training as training
 from privtune.errors import DataError, InvalidParameterError, ModelError
 from privtune.ledger import Ledger
-from privtune.models.testing import make_tiny_text_model, make_toy_text_dataset, write_toy_tsv
+from privtune.models.testing import make_toy_text_files
 from privtune.training import train
 
 
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
-    root = tmp_path_factory.mktemp("train")
-    return {
-        "model": make_tiny_text_model(root / "st", sentence_transformers=True),
-        "train": write_toy_tsv(root / "train.tsv", make_toy_text_dataset(80, seed=0)),
-        "eval": write_toy_tsv(root / "dev.tsv", make_toy_text_dataset(24, seed=1)),
-        "root": root,
-    }
+    return make_toy_text_files(tmp_path_factory.mktemp("train"), {"train": ("train.tsv", 80, 0), "eval": ("dev.tsv", 24, 1)})
 
 
 def _run(files, tmp_path, **kw):

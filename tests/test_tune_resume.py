@@ -17,20 +17,14 @@ from privtune.cli import main
 from privtune.errors import InvalidParameterError
 from privtune.hpo.tune import STATE_FILE
 from privtune.ledger import Ledger
-from privtune.models.testing import make_tiny_text_model, make_toy_text_dataset, write_toy_tsv
+from privtune.models.testing import make_toy_text_files
 
 
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
-    root = tmp_path_factory.mktemp("resume")
-    return {
-        "model": make_tiny_text_model(root / "st", sentence_transformers=True),
-        "train": write_toy_tsv(root / "train.tsv", make_toy_text_dataset(160, seed=0)),
-        "train2": write_toy_tsv(root / "train2.tsv", make_toy_text_dataset(160, seed=5)),
-        "public": write_toy_tsv(root / "public.tsv", make_toy_text_dataset(40, seed=1)),
-        "dev": write_toy_tsv(root / "dev.tsv", make_toy_text_dataset(40, seed=2)),
-    }
+    return make_toy_text_files(tmp_path_factory.mktemp("resume"), {"train": ("train.tsv", 160, 0), "train2": ("train2.tsv", 160, 5),
+                                         "public": ("public.tsv", 40, 1), "dev": ("dev.tsv", 40, 2)})
 
 
 class _Interrupt:

@@ -111,3 +111,16 @@ def write_toy_tsv(path: str | os.PathLike, dataset) -> str:
         for text, label in zip(dataset.texts, dataset.labels):
             f.write(f"{label}\t{text}\n")
     return str(path)
+
+
+def make_toy_text_files(root: str | os.PathLike, splits: dict) -> dict:
+    """A tiny sentence-transformers model and toy TSV splits under ``root``, for tests and docs.
+
+    ``splits`` maps a key to ``(file name, rows, seed)``; returns ``{"model": path, "root": root,
+    key: path of that split, ...}``.
+    """
+    root = Path(root)
+    out = {"model": make_tiny_text_model(root / "st", sentence_transformers=True), "root": root}
+    for key, (name, rows, seed) in splits.items():
+        out[key] = write_toy_tsv(root / name, make_toy_text_dataset(rows, seed=seed))
+    return out
