@@ -636,7 +636,8 @@ def fit(
         Only with ``sampling="shuffle"``: account the shuffled fixed-size batches AS IF they were
         Poisson sampled with rate q (amplification by subsampling).  This is an assumption, not a
         proof; the events carry it and every certificate built from them states it.  By default
-        shuffling is accounted without amplification (one full-data Gaussian release per epoch).
+        shuffling is accounted without amplification (per epoch, one Gaussian release with
+        multiplier σ/√5: two batch sums can change under add/remove-one; docs/accounting.md).
     device : str or torch.device, optional
         Where the model and each batch live: ``None`` (default) is ``"cuda"`` when
         ``torch.cuda.is_available()``, else ``"cpu"``; or ``"cpu"``, ``"cuda"``, ``"cuda:N"``, ``"mps"``.

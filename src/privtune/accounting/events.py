@@ -62,8 +62,9 @@ class DPSGDEvent:
     * ``"poisson"``: each example independently with probability ``sample_rate``; the
       accountant uses privacy amplification by subsampling.
     * ``"shuffle"``: a random permutation cut into batches.  No amplification is
-      claimed: each example is in one batch per epoch, so the event is accounted as
-      ``epochs = ceil(steps · sample_rate)`` full Gaussian releases, unless
+      claimed: the event is accounted as ``epochs = ceil(steps · sample_rate)`` Gaussian
+      releases of multiplier σ/√5 (adding or removing one example changes at most two batch
+      sums of an epoch, by ≤ 2C and ≤ C; the number of batches per epoch is taken as public), unless
       ``assume_poisson`` is True, in which case it is accounted as Poisson and the
       certificate says that this was an assumption.
     * ``"full_batch"``: every example every step (``sample_rate`` must be 1).
