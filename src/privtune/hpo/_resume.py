@@ -1,0 +1,540 @@
+"""Resumable ``privtune tune`` runs: the run's seeds, the private state file, replay of completed trials.
+
+A tune run is a deterministic function of one master seed (OS entropy unless the user gives one):
+every trial, score and final run derives its seeds from it.  Completed trials are appended to a
+private state file in the run directory (mode 0600) and replayed on ``--resume`` instead of being
+recomputed, because re-running a trial with fresh noise would be a release nobody accounted for; the
+interrupted one is recomputed with the same seeds, which reproduces the same release.  The file
+holds noise seeds, so it is deleted when the run finishes.  Used by :func:`privtune.hpo.tune.tune`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from privtune.errors import InvalidParameterError, PrivtuneError
+from privtune.hpo import common
+from privtune.hpo.common import BudgetPlan, Selector, as_plain
+
+# --------------------------------------------------------------------------------------
+# resumable runs: the run's seeds, the private state file, replay of completed trials
+# --------------------------------------------------------------------------------------
+
+#: RUN_DIR/STATE_FILE: private state of an unfinished run (mode 0600, deleted when the run finishes)
+STATE_FILE = ".tune_state.jsonl"
+_STATE_VERSION = 1
+#: configuration keys that do not change what a run computes (not compared on resume)
+_NOT_COMPARED = ("quiet", "feature_cache_dir", "output")
+#: tune() arguments that are not configuration (never written to config.yaml)
+_NOT_CONFIG = ("write_files", "unknown", "resume")
+_PATH_ARGS = ("data", "eval_data", "public_eval_data", "model", "feature_cache_dir", "output_dir")
+_SELECTION_FLAG = {"public_validation": "public-validation", "private_validation_noisy": "private-validation",
+                   "train_noisy": "train-accuracy", "train_loss_noisy": "train-loss"}
+
+
+def derive_seed(master: int, *parts: Any) -> int:
+    """A 62-bit seed derived from a run's master seed and a name/index (SHA-256; independent streams)."""
+    import hashlib
+
+    h = hashlib.sha256(repr((int(master),) + tuple(parts)).encode("utf-8")).digest()
+    return int.from_bytes(h[:8], "big") >> 2
+
+
+class _seeded_torch:
+    """Seed torch's global generators (dropout, LoRA initialisation) for one run and restore them
+    afterwards, so that a run is a function of its seeds alone (what an exact resume needs)."""
+
+    def __init__(self, seed: int):
+        self.seed = int(seed)
+
+    def __enter__(self):
+        devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+        self._fork = torch.random.fork_rng(devices=devices)
+        self._fork.__enter__()
+        torch.manual_seed(self.seed)
+        return self
+
+    def __exit__(self, *exc):
+        return self._fork.__exit__(*exc)
+
+
+def _effective_config(args: dict, run_dir: Path | None) -> tuple[dict, list]:
+    """Every tune() argument that was set, keyed like ``privtune tune --config`` (paths as given).
+
+    Returns (config, names of arguments that cannot be written to a file, e.g. in-memory datasets; they
+    appear as a non-existent path naming the problem).
+    The OS-drawn seed of a run without ``seed`` is never part of it (it is secret)."""
+    out: dict = {}
+    unsaved: list = []
+    for k, v in args.items():
+        if k in _NOT_CONFIG or v is None:
+            continue
+        key = "output" if k == "output_dir" else k
+        if k in _PATH_ARGS:
+            if not isinstance(v, (str, os.PathLike)):
+                # written as a path that does not exist, so that a rerun from the file fails loudly instead of
+                # silently running without it (e.g. `data` missing would run the embedded demo)
+                unsaved.append(key)
+                v = f"<in-memory {type(v).__name__}: not reproducible from this file; pass it again>"
+            else:
+                v = os.fspath(v)
+        elif k == "selection":
+            from privtune.hpo.tune import SELECTIONS  # here: tune.py imports this module
+
+            v = _SELECTION_FLAG.get(SELECTIONS.get(str(v), ""), v)
+        elif k == "strategy_options":
+            v = as_plain(dict(v))
+        out[key] = v
+    if run_dir is not None:
+        out["output"] = str(run_dir)
+    return out, unsaved
+
+
+def _compared(cfg: dict) -> dict:
+    return json.loads(json.dumps(as_plain({k: v for k, v in cfg.items() if k not in _NOT_COMPARED}), sort_keys=True))
+
+
+def _state_path(run_dir: Path | None) -> Path | None:
+    return None if run_dir is None else Path(run_dir) / STATE_FILE
+
+
+def _read_state(path: Path) -> tuple[dict, list]:
+    """(header, completed call entries) of a state file; a torn last line (a crash while writing it)
+    is dropped: that trial had not completed and is recomputed with the same seeds."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise InvalidParameterError(f"`resume`: cannot read the run state {str(path)!r} ({exc}).") from None
+    bad = PrivtuneError(f"`resume`: the run state {str(path)!r} is damaged; this run cannot be resumed exactly. "
+                        "Its ledger reservation stays charged; start a new run in a new directory.")
+    try:
+        header = json.loads(lines[0]) if lines else None
+    except json.JSONDecodeError:
+        header = None
+    if not isinstance(header, dict) or header.get("version") != _STATE_VERSION or "seed" not in header:
+        raise bad
+    entries: list = []
+    for i, line in enumerate(lines[1:], start=1):
+        try:
+            entries += json.loads(line)
+        except json.JSONDecodeError:
+            if i == len(lines) - 1:
+                break
+            raise bad from None
+    return header, entries
+
+
+def _write_state_lines(path: Path, objs: list, create: bool = False) -> None:
+    flags = os.O_WRONLY | (os.O_CREAT | os.O_EXCL if create else os.O_APPEND)
+    fd = os.open(path, flags, 0o600)
+    with os.fdopen(fd, "a" if not create else "w", encoding="utf-8") as f:
+        f.write("".join(json.dumps(o) + "\n" for o in objs))
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _check_resume_config(header: dict, cfg: dict, path: Path) -> None:
+    old, new = header.get("config") or {}, _compared(cfg)
+    diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+    if diff:
+        shown = "; ".join(f"{k}: was {old.get(k)!r}, now {new.get(k)!r}" for k in diff[:6])
+        raise InvalidParameterError(
+            f"`resume`: the configuration differs from the interrupted run in {str(path.parent)!r} ({shown}). "
+            f"Resume with exactly the same options, e.g. `privtune tune --resume --config "
+            f"{path.parent / 'config.yaml'}`."
+        )
+
+
+class _Replayed:
+    """The model of a trial replayed from the state file: not stored (only its score is needed).
+    Any other use is a bug and fails loudly instead of releasing something wrong."""
+
+    def __init__(self, label: str):
+        self.__dict__["_label"] = label
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise PrivtuneError(f"internal error: the model of replayed trial {self._label!r} was not stored and cannot "
+                            f"be used ({name!r}); nothing was released.")
+
+
+_REPLAYED_OUTPUTS = object()
+
+
+def _state_to_json(state: Any) -> dict | None:
+    from privtune.hpo._heads import LinearHead
+
+    if isinstance(state, LinearHead):
+        return {"type": "linear_head", "dtype": str(state.weight.dtype).replace("torch.", ""),
+                "weight": state.weight.detach().cpu().tolist(),
+                "bias": None if state.bias is None else state.bias.detach().cpu().tolist()}
+    return None
+
+
+def _state_from_json(d: dict | None, label: str) -> Any:
+    from privtune.hpo._heads import LinearHead
+
+    if not d:
+        return _Replayed(label)
+    dt = getattr(torch, d["dtype"])
+    return LinearHead(torch.tensor(d["weight"], dtype=dt),
+                      None if d["bias"] is None else torch.tensor(d["bias"], dtype=dt))
+
+
+def _plain_key(d: dict) -> dict:
+    return json.loads(json.dumps(as_plain(d), sort_keys=True))
+
+
+class _Journal:
+    """Seeds, replay and progress of one tune() run.
+
+    Every trial run and every selection score gets its noise seed from (master seed, call index)
+    (:func:`derive_seed`), so a run is a deterministic function of its master seed.  Each completed
+    trial (its run: events, history, a feature head; and its score) is appended to the private
+    state file as one line, after it completes.  On resume the same calls happen in the same order:
+    completed ones are answered from the file (not recomputed: re-running a trial with fresh noise
+    would be an unaccounted release), the interrupted one is recomputed with the same seeds, which
+    reproduces the same release (exactly on CPU).  Final runs are never stored: they are recomputed
+    with their seeds.
+    """
+
+    def __init__(self, seed: int, path: Path | None, replay: list, prog, delta: float, accountant: str,
+                 base_events: list):
+        self.seed = int(seed)
+        self.path = path
+        self.replay = list(replay)
+        self.pos = 0
+        self.pending: list = []
+        self.prog = prog
+        self.delta, self.accountant = delta, accountant
+        self.base_events = list(base_events)  # charged before any run (private feature centering)
+        self.spent: list = []                 # events of the completed runs and scores
+        self.n_run = self.n_score = self.n_trial = 0
+        self.trials_expected: int | None = None
+        self.show_epsilon = True
+        self.replayed = 0
+        self.config_written = False
+        self.reservation = None
+
+    def set_plan(self, plan: BudgetPlan) -> None:
+        """Trial count for the display; no running ε where the accounting is not a composition of the
+        runs (repeat-and-select: one event for all trials, shown when the run ends)."""
+        d = plan.details or {}
+        if "runs_per_sweep" in d:
+            self.trials_expected = 2 * int(d["runs_per_sweep"])
+        elif d.get("accounting") == "composition":
+            self.trials_expected = int(d.get("trials") or 0) or None
+        if d.get("accounting") == "repeat-and-select":
+            self.show_epsilon = False
+
+    # -------------------------------------------------------------- file
+    def next(self, kind: str, key: dict) -> dict | None:
+        if self.pos >= len(self.replay):
+            return None
+        e = self.replay[self.pos]
+        if e.get("kind") != kind or e.get("key") != key:
+            raise PrivtuneError(
+                f"`resume`: the run state does not match this run at call {self.pos + 1} (stored: {e.get('kind')} "
+                f"{e.get('key')}; now: {kind} {key}); the run cannot be resumed exactly. Its ledger reservation stays "
+                "charged; start a new run in a new directory.")
+        self.pos += 1
+        return e
+
+    def flush(self) -> None:
+        if self.pending and self.path is not None:
+            _write_state_lines(self.path, [self.pending])
+        self.pending = []
+
+    # -------------------------------------------------------------- progress
+    def epsilon(self, extra: list = ()) -> float | None:
+        if not self.show_epsilon:
+            return None
+        evs = self.base_events + self.spent + list(extra)
+        return common.epsilon_of(evs, self.delta, self.accountant) if evs else 0.0
+
+    def report_epsilon(self) -> None:
+        eps = self.epsilon()
+        if eps is not None:
+            self.prog.set_epsilon(eps)
+
+    def phase_name(self, label: str) -> str:
+        if "final" in label:
+            return f"final run ({label})"
+        if "pilot" in label:
+            return label
+        self.n_trial += 1
+        n = f"/{self.trials_expected}" if self.trials_expected else ""
+        return f"trial {self.n_trial}{n} ({label})"
+
+
+class _StepProgress:
+    """Per-step progress of one run: examples and loss as the run reports them, and the ε spent so
+    far over the whole tune (everything completed before this run plus this run's steps so far,
+    composed by the accountant), updated a few times per run."""
+
+    def __init__(self, journal: _Journal, events_at, total: int, updates: int = 8):
+        self.j, self.events_at, self.total = journal, events_at, max(1, int(total))
+        self.every = max(1, self.total // updates)
+        self.k = 0
+
+    def advance(self, n: float = 1, *, examples: int | None = None, loss: float | None = None,
+                epsilon: float | None = None) -> None:
+        del epsilon  # the run's own ε; the display shows the tune's cumulative ε
+        self.k += int(n)
+        eps = None
+        if self.k % self.every == 0 or self.k >= self.total:
+            eps = self.j.epsilon(self.events_at(self.k))
+        self.j.prog.advance(n, examples=examples, loss=loss, epsilon=eps)
+
+    def __getattr__(self, name: str):
+        return getattr(self.j.prog, name)
+
+
+def _run_events(sigma: float, q: float, k: int) -> list:
+    from privtune.accounting.events import DPSGDEvent, GaussianEvent
+
+    if k <= 0:
+        return []
+    return [GaussianEvent(sigma, k)] if q >= 1.0 else [DPSGDEvent(sigma, q, k)]
+
+
+class _JournalBackend:
+    """A backend whose runs are seeded from the journal, replayed when completed, and shown."""
+
+    def __init__(self, inner, journal: _Journal):
+        self._inner, self._j = inner, journal
+
+    def __getattr__(self, name: str):
+        return getattr(self._inner, name)
+
+    def run(self, hp: dict, **kw) -> Any:
+        from privtune.accounting.events import event_from_dict, event_to_dict
+        from privtune.hpo.backends import TrialRun
+
+        j = self._j
+        j.flush()
+        label = str(kw.get("label", ""))
+        final = "final" in label
+        index = j.n_run
+        j.n_run += 1
+        key = _plain_key({"label": label, "steps": kw.get("steps"), "sample_rate": kw.get("sample_rate"),
+                          "noise_multiplier": kw.get("noise_multiplier"),
+                          "learning_rate": kw.get("learning_rate")})
+        name = j.phase_name(label)
+        if not final:
+            e = j.next("run", key)
+            if e is not None:
+                j.replayed += 1
+                events = [event_from_dict(d) for d in e["events"]]
+                j.spent += events
+                j.prog.log(f"{name}: completed before the interruption; replayed from the run state, not recomputed")
+                return TrialRun(state=_state_from_json(e.get("state"), label), events=events,
+                                history=e.get("history") or {})
+        kw["seed"] = derive_seed(j.seed, "run", index)
+        model = getattr(self._inner, "kind", "") == "model"
+        if model:
+            steps = int(kw.get("steps") or 1)
+            sigma, q = float(kw["noise_multiplier"]), float(kw["sample_rate"])
+            j.prog.start_phase(f"{name}, batch loss NOT PRIVATE", total=steps, unit="steps")
+            kw["progress"] = _StepProgress(j, lambda k: _run_events(sigma, q, k), steps)
+        try:
+            with _seeded_torch(derive_seed(j.seed, "torch", index)):
+                res = self._inner.run(hp, **kw)
+        finally:
+            if model:
+                j.prog.end_phase()
+        j.spent += list(res.events)
+        if not final:
+            j.pending.append({"kind": "run", "key": key, "events": [event_to_dict(e) for e in res.events],
+                              "history": as_plain(res.history or {}), "state": _state_to_json(res.state)})
+        else:
+            j.report_epsilon()
+        if not model and j.prog.phase is not None:
+            j.prog.advance(1)
+        return res
+
+    def run_hyperfree(self, **kw):
+        import math
+
+        from privtune.accounting import joint_noise_multiplier
+
+        j = self._j
+        j.flush()
+        index = j.n_run
+        j.n_run += 1
+        kw["seed"] = derive_seed(j.seed, "run", index)
+        cfg, T, q = kw["config"], int(kw["steps"]), float(kw["sample_rate"])
+        sg, sl = float(kw["sigma_g"]), float(kw["sigma_l"])
+        s_eff = float(joint_noise_multiplier(sg, sl, cfg.probes))
+
+        def events_at(k: int) -> list:
+            n_upd = math.ceil(k / cfg.interval)
+            return _run_events(sg, q, k - n_upd) + _run_events(s_eff, q, n_upd)
+
+        j.prog.start_phase(f"final run (hyperfree, {getattr(self._inner, 'kind', '')}; privatised loss)", total=T,
+                           unit="steps")
+        try:
+            with _seeded_torch(derive_seed(j.seed, "torch", index)):
+                return self._inner.run_hyperfree(progress=_StepProgress(j, events_at, T), **kw)
+        finally:
+            j.prog.end_phase()
+
+    def logits(self, state: Any, data: Any) -> Any:
+        if isinstance(state, _Replayed):
+            return _REPLAYED_OUTPUTS
+        return self._inner.logits(state, data)
+
+    def predict(self, state: Any, data: Any) -> Any:
+        if isinstance(state, _Replayed):
+            return _REPLAYED_OUTPUTS
+        return self._inner.predict(state, data)
+
+
+class _JournalSelector:
+    """A selector whose charged noise is seeded from (master seed, score index) and whose completed
+    scores are replayed on resume (never drawn twice)."""
+
+    def __init__(self, inner, journal: _Journal):
+        self._inner, self._j = inner, journal
+
+    def __getattr__(self, name: str):
+        return getattr(self._inner, name)
+
+    def score(self, outputs: Any, label: str = "") -> tuple[float, list]:
+        import dataclasses
+
+        from privtune.accounting.events import event_from_dict, event_to_dict
+
+        j = self._j
+        index = j.n_score
+        j.n_score += 1
+        key = _plain_key({"label": label, "source": self._inner.source})
+        e = j.next("score", key)
+        if e is not None:
+            events = [event_from_dict(d) for d in e["events"]]
+            j.spent += events
+            j.report_epsilon()
+            return e["score"], events
+        if outputs is _REPLAYED_OUTPUTS:
+            raise PrivtuneError(f"`resume`: the run state holds trial {label!r} without its score; it cannot be "
+                                "resumed exactly. Its ledger reservation stays charged; start a new run.")
+        sel = dataclasses.replace(self._inner, seed=derive_seed(j.seed, "score", index))
+        score, events = sel.score(outputs, label=label)
+        j.spent += list(events)
+        j.pending.append({"kind": "score", "key": key, "score": score,
+                          "events": [event_to_dict(e) for e in events]})
+        j.flush()
+        j.report_epsilon()
+        return score, events
+
+
+def _journaled(obj: Any, kw: dict) -> Any:
+    """Wrap a backend or selector in the run's journal (when there is one)."""
+    j = kw.get("journal")
+    if j is None or obj is None:
+        return obj
+    if isinstance(obj, Selector):
+        return _JournalSelector(obj, j)
+    return _JournalBackend(obj, j)
+
+
+def _resume_hint(run_dir: Path | None, config_written: bool) -> str:
+    if run_dir is None:
+        return ("interrupted: the ledger reservation stays charged (the run may have read data); a run without "
+                "files (write_files=False) cannot be resumed.")
+    how = (f"privtune tune --resume --config {run_dir / 'config.yaml'}" if config_written
+           else f"privtune tune --resume --output {run_dir} ... (the same options as before)")
+    return (f"interrupted: the ledger reservation stays charged (the run may have read data). Continue this run "
+            f"exactly, without a new charge, with:\n  {how}\n(Python: privtune.tune(..., output_dir={str(run_dir)!r}, "
+            "resume=True)). Completed trials are replayed from RUN_DIR/" + STATE_FILE + ", not recomputed.")
+
+
+def _resume_state(resume: bool, run_dir: Path | None, output_dir: Any, strategy: str, cfg: dict,
+                  fingerprint: str) -> tuple[dict | None, list]:
+    """Check ``resume`` against RUN_DIR before anything is charged; (header, completed calls) or (None, [])."""
+    path = _state_path(run_dir)
+    if not resume:
+        if path is not None and path.exists():
+            raise InvalidParameterError(
+                f"`output` {str(run_dir)!r} holds an interrupted run ({STATE_FILE}). Pass resume=True (--resume) "
+                f"with the same options to continue it (`privtune tune --resume --config {run_dir / 'config.yaml'}`), "
+                "or a new directory.")
+        return None, []
+    if run_dir is None or output_dir is None:
+        raise InvalidParameterError("`resume=True` needs `output_dir` (--output): the RUN_DIR of the interrupted run.")
+    if strategy == "grid-oracle":
+        raise InvalidParameterError(
+            "`resume` is not available for strategy='grid-oracle': it is NOT PRIVATE, reserves no budget and releases "
+            "nothing, so there is nothing to continue. Rerun it in a new directory.")
+    if not path.is_file():
+        raise InvalidParameterError(
+            f"`resume`: no interrupted run in {str(run_dir)!r} (no {STATE_FILE}; a finished run deletes it). Run "
+            "without --resume to start a new run, or pass the --output of an interrupted one.")
+    header, entries = _read_state(path)
+    _check_resume_config(header, cfg, path)
+    if header.get("fingerprint") != fingerprint:
+        raise InvalidParameterError(
+            f"`resume`: the training data differs from the interrupted run in {str(run_dir)!r} (dataset fingerprint "
+            f"{str(header.get('fingerprint'))[:12]}… then, {fingerprint[:12]}… now). Resume with the same data.")
+    return header, entries
+
+
+def _open_journal(run_dir, header, entries, run_seed, run_id, cfg, unsaved, fingerprint, prog, delta, accountant,
+                  base_events, reservation) -> _Journal:
+    """After the reservation: create the private state file (first run) or load it (resume)."""
+    path = _state_path(run_dir)
+    if header is None and path is not None:
+        _write_state_lines(path, [{"version": _STATE_VERSION, "run_id": run_id, "seed": int(run_seed),
+                                   "fingerprint": fingerprint, "config": _compared(cfg),
+                                   "note": "PRIVATE: noise seeds of an unfinished privtune tune run; deleted when "
+                                           "the run finishes. Do not share."}], create=True)
+    journal = _Journal(run_seed, path, entries, prog, delta, accountant, base_events)
+    journal.reservation = reservation
+    if path is not None:
+        try:
+            from privtune.config import save_effective_config
+
+            save_effective_config(cfg, run_dir, command="tune")
+            journal.config_written = not unsaved
+        except Exception as exc:  # informative; the run does not depend on it
+            prog.log(f"warning: config.yaml not written ({type(exc).__name__}: {exc})")
+    if header is not None:
+        n = sum(1 for e in entries if e.get("kind") == "score")
+        prog.log(f"resume: continuing ledger reservation {getattr(reservation, 'entry_id', '?')} "
+                 f"({'resumed' if getattr(reservation, 'resumed', False) else 'NEW'}); {n} completed trial(s) "
+                 "will be replayed from the run state, the interrupted one recomputed with the same seeds")
+        if not getattr(reservation, "resumed", True):  # pragma: no cover - _check_open_reservation ran first
+            raise PrivtuneError("internal error: a resumed run opened a new ledger reservation (it stays charged); "
+                                "stopping before any data is read.")
+    return journal
+
+
+def _label_curves(final_run: dict, public: bool) -> None:
+    """Say which split the accuracy curve is on (the PUBLIC validation split only) or why there is none."""
+    if final_run.get("eval"):
+        final_run["eval_split"] = "public validation split (declared public by the user; no privacy cost)"
+    elif not public:
+        final_run["eval_note"] = ("no accuracy curve: it needs a validation split declared public "
+                                  "(--public-eval-data); evaluating private data would spend budget, and the "
+                                  "reported split is never looked at before the model is final")
+
+
+def _check_open_reservation(led, fp: str, run_id: str, run_dir: Path) -> None:
+    """On resume, before reserving: the interrupted run's reservation must still be open in this ledger
+    (otherwise the replayed trials would sit under no reservation, or the finished run be charged twice)."""
+    entries = [e for e in led.status(fp).entries if e.resume_key == run_id]
+    if any(e.state == "reserved" for e in entries):
+        return
+    if any(e.state == "committed" for e in entries):
+        raise InvalidParameterError(
+            f"`resume`: the run in {str(run_dir)!r} was already committed in the ledger (it finished; its files may "
+            "not have been written). There is nothing to resume; its budget is spent.")
+    raise InvalidParameterError(
+        f"`resume`: the ledger has no open reservation for the run in {str(run_dir)!r} (it was released, or this is "
+        "another ledger). Resume with the ledger of the interrupted run, or start a new run in a new directory.")
