@@ -193,12 +193,13 @@ def test_only_trainable_parameters_change(model_path, data, mode):
 
 
 def test_shuffled_run_accounts_the_batch_size_it_uses(model_path):
-    # n = 9, q = 0.3: the sampler cuts batches of round(2.7) = 3, so 30 steps make 10 passes; accounting
-    # the requested q would count ⌈30·0.3⌉ = 9 epochs and under-charge.
+    # n = 11, q = 0.25: the sampler cuts batches of round(2.75) = 3 (11 mod 3 = 2, so the shuffle accounting
+    # applies), so 44 steps make 12 passes; accounting the requested q would count ⌈44·0.25⌉ = 11 epochs
+    # and under-charge.
     m = load_classifier(model_path, seed=0)
     apply_mode(m, "last-layer")
-    fs = cache_features(m, make_toy_text_dataset(9, seed=2))
-    r = fit(m, fs, noise_multiplier=1.0, sample_rate=0.3, steps=30, learning_rate=0.1, seed=0, sampling="shuffle")
+    fs = cache_features(m, make_toy_text_dataset(11, seed=2))
+    r = fit(m, fs, noise_multiplier=1.0, sample_rate=0.25, steps=44, learning_rate=0.1, seed=0, sampling="shuffle")
     (event,) = r.events
-    assert event.sampling == "shuffle" and event.sample_rate == pytest.approx(3 / 9)
-    assert event.epochs == 10
+    assert event.sampling == "shuffle" and event.sample_rate == pytest.approx(3 / 11)
+    assert event.epochs == 12

@@ -136,7 +136,7 @@ def test_certificate_records_the_explicit_seed_or_os_seeding(files, tmp_path):
 
 
 def test_shuffle_is_accounted_without_amplification_unless_assumed(files, tmp_path, capsys):
-    common = dict(sampling="shuffle", epsilon=None, noise_multiplier=1.0, steps=6)
+    common = dict(sampling="shuffle", epsilon=None, noise_multiplier=1.0, steps=6, batch_size=19)  # 60 mod 19 = 3
     plain = _run(files, tmp_path, output_dir=tmp_path / "plain", **common)
     assumed = _run(files, tmp_path, output_dir=tmp_path / "assumed", assume_poisson=True,
                    ledger=f"sqlite:///{tmp_path / 'l2.db'}", **common)
@@ -161,6 +161,12 @@ def test_shuffle_is_accounted_without_amplification_unless_assumed(files, tmp_pa
                         "--output", tmp_path / "cli", "--seed", "0", "--quiet", "--device", "cpu")
     assert rc == 0, err
     assert json.loads((tmp_path / "cli" / "certificate.json").read_text())["events"][0]["assume_poisson"] is True
+
+
+def test_shuffled_train_refuses_sizes_the_accounting_does_not_cover(files, tmp_path):
+    # 60 examples in batches of 20: adding one example opens a 4th batch per epoch (issue 13, item 4)
+    with pytest.raises(InvalidParameterError, match=r"60 mod 20 = 0.*19 \(sample_rate 19/60\)"):
+        _run(files, tmp_path, sampling="shuffle", epsilon=None, noise_multiplier=1.0, steps=6, batch_size=20)
 
 
 def test_assume_poisson_needs_shuffling(files, tmp_path, capsys):

@@ -671,6 +671,10 @@ def fit(
         # The sampler cuts batches of round(q·N); account the rate it really uses, so that the number of
         # epochs ⌈T·B/N⌉ is never smaller than the passes the steps actually make.
         q = max(1, round(q * len(train_set))) / len(train_set)
+        if not assume_poisson:  # σ/√5 per epoch needs N mod B ∉ {0, 1}
+            from privtune.engine.sampling import check_shuffle_batching
+
+            check_shuffle_batching(len(train_set), round(q * len(train_set)))
     if max_physical_batch_size is None:
         max_physical_batch_size = 65536 if _is_features(train_set) else 32
     max_phys = check_int(max_physical_batch_size, "max_physical_batch_size", low=1)
@@ -1034,6 +1038,10 @@ def train(
             f"`batch_size` must be at most the dataset size N = {n}. Got {B}. Pass batch_size <= {n}."
         )
     q = 1.0 if sampling == "full_batch" else B / n
+    if sampling == "shuffle" and not assume_poisson:  # before the ledger reservation: σ/√5 needs N mod B ∉ {0, 1}
+        from privtune.engine.sampling import check_shuffle_batching
+
+        check_shuffle_batching(n, B)
     if sampling == "full_batch" and batch_size is not None and batch_size != n:
         raise InvalidParameterError(f"`batch_size` must be N = {n} (or omitted) for sampling='full_batch'.")
     if steps is None:

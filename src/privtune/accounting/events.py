@@ -64,7 +64,10 @@ class DPSGDEvent:
     * ``"shuffle"``: a random permutation cut into batches.  No amplification is
       claimed: the event is accounted as ``epochs = ceil(steps · sample_rate)`` Gaussian
       releases of multiplier σ/√5 (adding or removing one example changes at most two batch
-      sums of an epoch, by ≤ 2C and ≤ C; the number of batches per epoch is taken as public), unless
+      sums of an epoch, by ≤ 2C and ≤ C).  Valid only for batches of B = q·N from N examples
+      with N mod B ∉ {0, 1}, so that a neighbour has the same number of batches per epoch
+      ⌈N/B⌉ (``privtune.fit``/``train`` refuse other N; see
+      ``privtune.engine.sampling.check_shuffle_batching``), unless
       ``assume_poisson`` is True, in which case it is accounted as Poisson and the
       certificate says that this was an assumption.
     * ``"full_batch"``: every example every step (``sample_rate`` must be 1).

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from privtune.accounting.events import DPSGDEvent, GaussianEvent
 from privtune.errors import InvalidParameterError
-from privtune.engine.sampling import make_generator
+from privtune.engine.sampling import make_generator, poisson_indices
 
 
 @dataclass
@@ -106,9 +106,7 @@ class HeadFit:
 
 
 def _poisson_batch(n: int, q: float, gen: torch.Generator) -> torch.Tensor:
-    if q >= 1.0:
-        return torch.arange(n)
-    return torch.nonzero(torch.rand(n, generator=gen) < q, as_tuple=False).view(-1)
+    return poisson_indices(n, q, gen)  # P(included) ≤ q exactly (integer threshold)
 
 
 def train_head(

@@ -37,7 +37,7 @@ from privtune.accounting.events import DPSGDEvent
 from privtune.errors import InfeasibleBudgetError
 from privtune.hpo._heads import LinearHead, clipped_gradient_sum, per_example_losses
 from privtune.hpo.common import BudgetPlan, epsilon_of
-from privtune.engine.sampling import make_generator
+from privtune.engine.sampling import make_generator, poisson_indices
 
 NAME = "hyperfree"
 #: base optimizers whose direction d the learning-rate rule scales (see :class:`HyperfreeConfig`)
@@ -311,7 +311,7 @@ def train_head_hyperfree(X: torch.Tensor, y: torch.Tensor, num_classes: int, *, 
     hist = {"step": [], "lr": [], "train_loss": [], "train_loss_step": [], "R_l": [], "accepted": [],
             "reasons": [], "train_loss_label": "privatised loss L0 (charged, joint accounting)", "eval": []}
     for t in range(int(steps)):
-        idx = torch.nonzero(torch.rand(n, generator=gen) < sample_rate).view(-1) if sample_rate < 1 else torch.arange(n)
+        idx = poisson_indices(n, sample_rate, gen)  # P(included) ≤ q exactly (integer threshold)
         Xb, yb = X[idx], y[idx]
         if idx.numel():
             gW, gb, _ = clipped_gradient_sum(head, Xb, yb, clip=1.0, clipping=config.clipping_for(True),
