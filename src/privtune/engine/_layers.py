@@ -17,9 +17,23 @@ A handler provides two things:
 
 Bias-only layers store no input activation at all (DP-BiTFiT, Bu et al. 2024): their
 output gradient is reduced to ``(B, p)`` inside the backward hook.
+
+**Norms are certified upper bounds, computed in float64.**  A ghost norm is a sum of T² terms of
+both signs; in float32 an example whose token contributions nearly cancel could get a reported norm of
+0 and go in unclipped (issue 13, item 5: 10⁴·C measured).  So every ``sq`` a handler returns is an
+*upper bound* on the exact squared norm of that example's gradient (of the stored float tensors): the
+sums run in float64 on exact float64 copies, and the worst-case float64 rounding error of the formula
+used (Higham's γₙ = n·u/(1 − n·u), u = 2⁻⁵³, any summation order, with or without FMA) is added:
+γ·U² for a ghost sum, where U = Σ_t ‖a_t‖‖g_t‖ bounds the norm by the triangle inequality.  For
+natural data the added term is ≈ 1e-12 relative; for a crafted, cancelling example it is what makes
+the bound hold.  When an example's gradient is so cancelled that its norm is below
+:data:`ILL_CONDITIONED` · U, the layer's clipped sum for that micro-batch is also accumulated in float64,
+so that the float32 rounding of the sum (≈ u₃₂ · c·U per example) stays negligible next to C.
 """
 
 from __future__ import annotations
+
+import math
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -28,6 +42,42 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+
+#: float64 unit roundoff.
+_U64 = 2.0 ** -53
+#: An example whose per-layer gradient norm is below this fraction of U = Σ_t ‖a_t‖‖g_t‖ is
+#: "ill-conditioned" (heavy cancellation between its tokens; ~1/√T for natural data): the layer's
+#: clipped sum is then accumulated in float64.
+ILL_CONDITIONED = 2.0 ** -10
+
+
+def _gamma(n: float) -> float:
+    """Twice Higham's γₙ for float64 (a safety factor of 2); inf when it would not be meaningful."""
+    nu = 2.0 * float(n) * _U64
+    return nu / (1.0 - nu) if nu < 0.5 else math.inf
+
+
+def _inflate(sq: torch.Tensor, n: float) -> torch.Tensor:
+    """A float64 sum of n non-negative terms (no cancellation), made an upper bound on the exact sum."""
+    return sq * (1.0 + _gamma(n + 4))
+
+
+def _row_norms(x: torch.Tensor) -> torch.Tensor:
+    """(B, T, k) float64 → (B, T) L2 norms over the last dimension, rounded up."""
+    return (_inflate(x.pow(2).sum(-1), x.shape[-1])).sqrt() * (1.0 + 4 * _U64)
+
+
+def factors_as(c: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Clipping factors ``c`` cast to ``dtype``, rounded toward zero: never above the float64 factor
+    (a round-to-nearest cast could raise c by 2⁻²⁴ in float32 or 2⁻⁸ in bfloat16)."""
+    out = c.to(dtype)
+    if dtype == c.dtype:
+        return out
+    too_big = out.to(c.dtype) > c
+    if bool(too_big.any()):
+        out = torch.where(too_big, torch.nextafter(out, torch.zeros_like(out)), out)
+    return out
 
 
 @dataclass
@@ -112,26 +162,63 @@ def linear_norm_form(T: int, p: int, d: int) -> str:
     return "ghost" if 2 * T * T < p * d else "per-example"
 
 
+def _gamma32(n: float) -> float:
+    """Twice Higham's γₙ for float32 (u = 2⁻²⁴)."""
+    nu = 2.0 * float(n) * 2.0 ** -24
+    return nu / (1.0 - nu) if nu < 0.5 else math.inf
+
+
+def _token_norm_sum(a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """U_i ≥ Σ_t ‖a_t‖‖g_t‖ as float64 (B,): a bound on the per-example weight-gradient norm
+    ‖Σ_t g_t a_tᵀ‖_F by the triangle inequality, and the scale of every rounding error below.
+
+    Row norms in float32 (cheap; sums of squares cannot cancel), then rounded up by their worst-case
+    float32 error; an overflow gives inf, which clips that example to 0."""
+    na = torch.linalg.vector_norm(a.float(), dim=-1)
+    ng = torch.linalg.vector_norm(g.float(), dim=-1)
+    slack = _gamma32(a.shape[-1] + g.shape[-1] + a.shape[1] + 8)
+    return (na.double() * ng.double()).sum(1) * (1.0 + slack)
+
+
 def _linear_weight_sq(a: torch.Tensor, g: torch.Tensor, cache: dict | None = None) -> torch.Tensor:
-    """Per-example ‖g_iᵀ a_i‖²_F for a (B, T, d), g (B, T, p), choosing the cheaper form
-    (:func:`linear_norm_form`: ghost when 2T² < p·d)."""
+    """Per-example upper bound on ‖g_iᵀ a_i‖²_F for a (B, T, d), g (B, T, p): float64, shape (B,).
+
+    Computed in float64 with the cheaper form (:func:`linear_norm_form`: ghost when 2T² < p·d) plus that
+    form's worst-case float64 rounding error (module docstring), so it is ≥ the exact squared norm
+    whatever the data; for natural data it exceeds it by ~1e-12 relative."""
     _, T, d = a.shape
     p = g.shape[-1]
     form = linear_norm_form(T, p, d)
-    if form == "rank-one":
-        return a.pow(2).sum((1, 2)) * g.pow(2).sum((1, 2))
+    g64 = g.to(torch.float64)
+    if form == "rank-one":  # ‖a‖²‖g‖²: no cancellation
+        a64 = a.to(torch.float64)
+        return _inflate(a64.pow(2).sum((1, 2)), d) * _inflate(g64.pow(2).sum((1, 2)), p) * (1.0 + 4 * _U64)
+    U = _token_norm_sum(a, g)
     if form == "ghost":
         key = (a.data_ptr(), tuple(a.shape), tuple(a.stride()), a.dtype)
         hit = cache.get(key) if cache is not None else None
         if hit is not None:  # layers sharing one input (Q, K, V; LoRA A and its base) share the Gram matrix
             aa = hit[1]
         else:
-            aa = torch.bmm(a, a.transpose(1, 2))
+            a64 = a.to(torch.float64)
+            aa = torch.bmm(a64, a64.transpose(1, 2))
             if cache is not None:
                 cache[key] = (a, aa)  # holding `a` keeps its address from being reused by another tensor
-        gg = torch.bmm(g, g.transpose(1, 2))
-        return (aa * gg).sum((1, 2))
-    return torch.bmm(g.transpose(1, 2), a).pow(2).sum((1, 2))
+        gg = torch.bmm(g64, g64.transpose(1, 2))
+        # |computed − exact| ≤ γ_{d+p+T²+1} · Σ_{t,s} ‖a_t‖‖a_s‖‖g_t‖‖g_s‖ = γ · U²
+        return ((aa * gg).sum((1, 2)).clamp_min(0.0) + _gamma(d + p + T * T + 1) * U.pow(2)) * (1.0 + 4 * _U64)
+    # entries of the per-example gradient are sums of T products: ‖Ĝ − G‖_F ≤ γ_T · U
+    G = torch.bmm(g64.transpose(1, 2), a.to(torch.float64))
+    norm = _inflate(G.pow(2).sum((1, 2)), p * d).sqrt() + _gamma(T) * U
+    return norm.pow(2) * (1.0 + 8 * _U64)
+
+
+def _ill_conditioned(sq: torch.Tensor, a: torch.Tensor, g: torch.Tensor) -> bool:
+    """Whether some example's weight-gradient norm is below ILL_CONDITIONED · Σ_t ‖a_t‖‖g_t‖."""
+    if a.shape[1] == 1:
+        return False  # one token: nothing can cancel
+    U = _token_norm_sum(a, g)
+    return bool((sq < (ILL_CONDITIONED * U).pow(2)).any())
 
 
 def _cat3(ts: list[torch.Tensor]) -> torch.Tensor:
@@ -160,29 +247,43 @@ class LinearHandler(Handler):
         return a, g
 
     def sq_norms(self, records):
+        self.ill = False
         if not self.needs_input:
-            gb = sum(r.grads[0] for r in records)
-            return gb.pow(2).sum(1)
+            gb = sum(r.grads[0] for r in records)  # the (B, p) vectors that clipped_sum adds
+            return _inflate(gb.to(torch.float64).pow(2).sum(1), gb.shape[1])
         a, g = self._cat(records)
         sq = _linear_weight_sq(a, g, self.gram_cache)
+        self.ill = _ill_conditioned(sq, a, g)
         if "bias" in self.params:
-            sq = sq + g.sum(1).pow(2).sum(1)
+            # the per-example bias gradients Σ_t g_t; clipped_sum adds exactly these (B, p) vectors
+            self._bias_pe = g.sum(1)
+            sq = sq + _inflate(self._bias_pe.to(torch.float64).pow(2).sum(1), g.shape[-1])
         return sq
 
     def clipped_sum(self, records, c):
         out = {}
         if not self.needs_input:
             gb = sum(r.grads[0] for r in records)
-            out[self.params["bias"]] = c.to(gb.dtype) @ gb
+            out[self.params["bias"]] = factors_as(c, gb.dtype) @ gb
             return out
         a, g = self._cat(records)
-        gc = g * c.to(g.dtype)[:, None, None]
+        if getattr(self, "ill", False):  # heavy cancellation inside an example: accumulate in float64
+            a, g = a.to(torch.float64), g.to(torch.float64)
+        gc = g * factors_as(c, g.dtype)[:, None, None]
         p, d = g.shape[-1], a.shape[-1]
         gw = gc.reshape(-1, p).t() @ a.reshape(-1, d)  # (p, d)
         out[self.params["weight"]] = gw.t() if self.transposed else gw
         if "bias" in self.params:
-            out[self.params["bias"]] = gc.sum((0, 1))
+            bias_pe = getattr(self, "_bias_pe", None)
+            if bias_pe is None or bias_pe.shape[0] != c.shape[0]:
+                bias_pe = g.sum(1)
+            out[self.params["bias"]] = factors_as(c, bias_pe.dtype) @ bias_pe
         return out
+
+    def clear(self):
+        super().clear()
+        self.ill = False
+        self._bias_pe = None
 
 
 class ConvHandler(LinearHandler):
@@ -223,26 +324,34 @@ class ConvHandler(LinearHandler):
         return torch.cat(a_list, 2), torch.cat(g_list, 2)
 
     def sq_norms(self, records):
+        self.ill = False
         if not self.needs_input:
             gb = sum(r.grads[0] for r in records)
-            return gb.pow(2).sum(1)
+            return _inflate(gb.to(torch.float64).pow(2).sum(1), gb.shape[1])
         a, g = self._cat(records)
-        sq = sum(_linear_weight_sq(a[j], g[j]) for j in range(a.shape[0]))
-        if "bias" in self.params:
-            gb = g.sum(2).permute(1, 0, 2).reshape(g.shape[1], -1)
-            sq = sq + gb.pow(2).sum(1)
+        parts = [_linear_weight_sq(a[j], g[j]) for j in range(a.shape[0])]
+        sq = sum(parts)
+        self.ill = any(_ill_conditioned(part, a[j], g[j]) for j, part in enumerate(parts))
+        if "bias" in self.params:  # per-example bias gradients; clipped_sum adds exactly these vectors
+            self._bias_pe = g.sum(2).permute(1, 0, 2).reshape(g.shape[1], -1)
+            sq = sq + _inflate(self._bias_pe.to(torch.float64).pow(2).sum(1), self._bias_pe.shape[1])
         return sq
 
     def clipped_sum(self, records, c):
         if not self.needs_input:
             return super().clipped_sum(records, c)
         a, g = self._cat(records)
-        gc = g * c.to(g.dtype)[None, :, None, None]
+        if getattr(self, "ill", False):  # heavy cancellation inside an example: accumulate in float64
+            a, g = a.to(torch.float64), g.to(torch.float64)
+        gc = g * factors_as(c, g.dtype)[None, :, None, None]
         w = self.params["weight"]
         parts = [gc[j].reshape(-1, gc.shape[-1]).t() @ a[j].reshape(-1, a.shape[-1]) for j in range(a.shape[0])]
         out = {w: torch.cat(parts, 0).reshape(w.shape)}
         if "bias" in self.params:
-            out[self.params["bias"]] = gc.sum((1, 2)).reshape(-1)
+            bias_pe = getattr(self, "_bias_pe", None)
+            if bias_pe is None or bias_pe.shape[0] != c.shape[0]:
+                bias_pe = g.sum(2).permute(1, 0, 2).reshape(g.shape[1], -1)
+            out[self.params["bias"]] = factors_as(c, bias_pe.dtype) @ bias_pe
         return out
 
 
@@ -268,20 +377,34 @@ class EmbeddingHandler(Handler):
         return ids, g
 
     def sq_norms(self, records):
+        self.ill = False
         ids, g = self._cat(records)
-        if ids.shape[1] == 1:
-            return g.pow(2).sum((1, 2))
-        eq = (ids.unsqueeze(2) == ids.unsqueeze(1)).to(g.dtype)
-        gg = torch.bmm(g, g.transpose(1, 2))
-        return (eq * gg).sum((1, 2))
+        g64 = g.to(torch.float64)
+        T, p = g.shape[1], g.shape[-1]
+        if T == 1:
+            return _inflate(g64.pow(2).sum((1, 2)), p)
+        eq = (ids.unsqueeze(2) == ids.unsqueeze(1)).to(torch.float64)
+        gg = torch.bmm(g64, g64.transpose(1, 2))
+        # ≥ Σ_t ‖g_t‖ ≥ the exact norm (float32 row norms rounded up, as in _token_norm_sum)
+        U = torch.linalg.vector_norm(g.float(), dim=-1).double().sum(1) * (1.0 + _gamma32(p + T + 8))
+        # float64 ghost sum plus its worst-case rounding error γ · U² (module docstring)
+        sq = ((eq * gg).sum((1, 2)).clamp_min(0.0) + _gamma(p + T * T + 1) * U.pow(2)) * (1.0 + 4 * _U64)
+        self.ill = bool((sq < (ILL_CONDITIONED * U).pow(2)).any())
+        return sq
 
     def clipped_sum(self, records, c):
         ids, g = self._cat(records)
+        if getattr(self, "ill", False):  # heavy cancellation inside an example: accumulate in float64
+            g = g.to(torch.float64)
         w = self.params["weight"]
-        gc = (g * c.to(g.dtype)[:, None, None]).reshape(-1, g.shape[-1])
+        gc = (g * factors_as(c, g.dtype)[:, None, None]).reshape(-1, g.shape[-1])
         out = torch.zeros(w.shape, dtype=g.dtype, device=g.device)
         out.index_add_(0, ids.reshape(-1), gc)
         return {w: out}
+
+    def clear(self):
+        super().clear()
+        self.ill = False
 
 
 # ----------------------------------------------------------------------------------------
@@ -295,19 +418,24 @@ class _MaterialisingHandler(Handler):
     def per_example(self, records) -> dict[nn.Parameter, torch.Tensor]:
         """Per-example gradients, (B, *param.shape) for each parameter."""
 
+    @staticmethod
+    def _sq_of(pe: dict) -> torch.Tensor:
+        # squared norms of exactly the vectors clipped_sum adds, in float64, rounded up
+        return sum(_inflate(t.reshape(t.shape[0], -1).to(torch.float64).pow(2).sum(1), t[0].numel())
+                   for t in pe.values())
+
     def finish(self):
         self._pe = self.per_example(self.records)
-        self.sq = sum(t.reshape(t.shape[0], -1).pow(2).sum(1) for t in self._pe.values())
+        self.sq = self._sq_of(self._pe)
 
     def sq_norms(self, records):
-        pe = self.per_example(records)
-        return sum(t.reshape(t.shape[0], -1).pow(2).sum(1) for t in pe.values())
+        return self._sq_of(self.per_example(records))
 
     def clipped_sum(self, records, c):
         pe = getattr(self, "_pe", None)
         if pe is None:
             pe = self.per_example(records)
-        return {p: torch.tensordot(c.to(t.dtype), t, dims=1) for p, t in pe.items()}
+        return {p: torch.tensordot(factors_as(c, t.dtype), t, dims=1) for p, t in pe.items()}
 
     def clear(self):
         super().clear()

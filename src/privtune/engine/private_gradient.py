@@ -433,8 +433,10 @@ class PrivateGradient:
                 "pass that produced them, and evaluate inside `with pg.paused():` or torch.no_grad()."
             )
         try:
-            sq = torch.zeros(B, dtype=torch.float64 if self._params[0].dtype == torch.float64 else torch.float32,
-                             device=losses.device)
+            # norms are certified upper bounds accumulated in float64 (engine/_layers.py); they are returned
+            # in the parameters' precision as before
+            out_dtype = torch.float64 if self._params[0].dtype == torch.float64 else torch.float32
+            sq = torch.zeros(B, dtype=torch.float64, device=losses.device)
             active: list[Handler] = []
             for h in self.handlers:
                 recs = [r for r in h.records if any(g is not None for g in r.grads)]
@@ -475,10 +477,10 @@ class PrivateGradient:
                 layer_norms = [h.sq.to(sq.dtype).clamp_min(0).sqrt() for h in active]
                 layer_factors = [self._clip_factors(n, C_layer) for n in layer_norms]
                 clipped = torch.stack([n > C_layer for n in layer_norms]).any(0) if active else norms > C
-                table = torch.zeros(B, len(self.handlers), dtype=sq.dtype, device=sq.device)
+                table = torch.zeros(B, len(self.handlers), dtype=out_dtype, device=sq.device)
                 pos = {id(h): k for k, h in enumerate(self.handlers)}
                 for h, n in zip(active, layer_norms):
-                    table[:, pos[id(h)]] = n
+                    table[:, pos[id(h)]] = n.to(out_dtype)
                 self._last_layer_norms = table.detach()
             else:
                 factors = self._clip_factors(norms, C)
@@ -498,7 +500,7 @@ class PrivateGradient:
         self._count += B
         self._clipped += int(clipped.sum())
         self._microbatches += 1
-        return norms.detach()
+        return norms.detach().to(out_dtype)
 
     def _clip_factors(self, norms: torch.Tensor, C: float) -> torch.Tensor:
         """Per-example scale factors bounding each clipped term's norm by C (flat or AUTO-S)."""
