@@ -133,3 +133,39 @@ def test_too_large_plds_are_refused_before_allocating():
     with pytest.raises(fp.PLDTooLargeError, match="composition"):
         for _ in range(20):
             big = fp.compose(big, big)
+
+
+# --------------------------------------------------------------------------- huge T (issue 13, fast PLD)
+
+
+def test_huge_t_epsilon_carries_the_fft_rounding_margin(fresh_self_check):
+    """Above LARGE_T_EXACT_UP_TO steps the FFT power's rounding (measured up to 7.5e-5 relative at T = 1e8, both signs)
+    is covered by a relative margin on ε, with a note; δ(ε) is consistent with it."""
+    from privtune.accounting import DPSGDEvent, account, compute_delta
+    from privtune.accounting import accountant as acc
+
+    T = 2 * acc.LARGE_T_EXACT_UP_TO
+    base = fp.gaussian_pld(1.0, 1e-4, 1e-2)
+    raw = fp.self_compose(base, T).get_epsilon_for_delta(1e-5)
+    res = account(DPSGDEvent(1.0, 1e-4, T), 1e-5, value_discretization_interval=1e-2)
+    assert res.accountant == "pld"
+    assert res.epsilon == pytest.approx(raw * (1 + acc.LARGE_T_MARGIN), rel=1e-12)
+    assert any("safety margin" in n for n in res.notes)
+    d = compute_delta(DPSGDEvent(1.0, 1e-4, T), res.epsilon, value_discretization_interval=1e-2)
+    assert d == pytest.approx(1e-5, rel=1e-3) and d <= 1e-5 * (1 + 1e-3)
+    # at or below the threshold nothing changes
+    small = acc.LARGE_T_EXACT_UP_TO
+    res_small = account(DPSGDEvent(1.0, 1e-4, small), 1e-5, value_discretization_interval=1e-2)
+    assert res_small.epsilon == pytest.approx(fp.self_compose(base, small).get_epsilon_for_delta(1e-5), rel=1e-12)
+    assert not any("safety margin" in n for n in res_small.notes)
+
+
+def test_huge_t_margin_dominates_the_measured_fft_disagreement(fresh_self_check):
+    """The margin is ≥ 10× the fast-vs-dp_accounting disagreement at T = 10⁷ (two independent FFT-power
+    evaluations of the same convolution); the full measurement is bench/fast_pld_large_t.py."""
+    from privtune.accounting import accountant as acc
+
+    base = fp.public_gaussian_pld(1.0, 1e-4, 3e-3)
+    a = fp._fast_self_compose(base, 10**7).get_epsilon_for_delta(1e-5)
+    b = fp.public_self_compose(base, 10**7).get_epsilon_for_delta(1e-5)
+    assert abs(a - b) / b * 10 <= acc.LARGE_T_MARGIN

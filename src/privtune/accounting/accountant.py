@@ -68,6 +68,16 @@ DEFAULT_PLD_ATOL = 1e-5
 PLD_LEVELS = (1e-2, 3e-3, 1e-3, 3e-4, 1e-4, 3e-5, 1e-5)
 #: dp_accounting's own default interval, used as "the tight PLD reference" in tests/benchmarks.
 REFERENCE_PLD_INTERVAL = 1e-4
+#: Largest self-composition count accounted without a rounding margin: up to 10⁵ steps the fast PLD path
+#: and dp_accounting's public one agree to ≤ 2.2e-8 relative (bench/fast_pld_large_t.py).
+LARGE_T_EXACT_UP_TO = 10**5
+#: Relative safety margin added to a PLD ε whose composition contains a self-composition of more than
+#: LARGE_T_EXACT_UP_TO steps.  Raising an FFT to the power T amplifies float64 rounding ~T·u: two FFT
+#: evaluations of the same exact convolution (privtune's, dp_accounting's) differ by up to 1.3e-7 at
+#: T = 10⁶, 3e-6 at 10⁷ and 7.5e-5 at 10⁸ relative, in both directions (bench/fast_pld_large_t.py;
+#: docs/accounting.md).  The margin is 13× the largest, so a rounding error in the optimistic
+#: direction cannot make the reported ε an under-estimate of the pessimistic PLD's.
+LARGE_T_MARGIN = 1e-3
 # MIN_ACCOUNTED_NOISE_MULTIPLIER (1e-6, imported from privtune._validation): the smallest σ that is
 # accounted.  Below it ε is reported as infinite (no guarantee): the RDP bound is already > 5·10¹¹ at
 # σ = 1e-6, and dp_accounting's RDP arithmetic breaks down for tiny σ (it raises ZeroDivisionError at
@@ -284,17 +294,36 @@ def _composed_pld(segments: tuple[Segment, ...], interval: float):
     return pld
 
 
+def _large_t(segments: Sequence[Segment]) -> bool:
+    return any(s.count > LARGE_T_EXACT_UP_TO for s in segments)
+
+
 def pld_epsilon_at(segments: Sequence[Segment], delta: float, interval: float) -> float:
-    """Pessimistic-PLD ε of the composition at one value discretisation interval (an upper bound)."""
+    """Pessimistic-PLD ε of the composition at one value discretisation interval (an upper bound).
+
+    With a self-composition of more than :data:`LARGE_T_EXACT_UP_TO` steps, ε is raised by the relative
+    :data:`LARGE_T_MARGIN` (FFT-power rounding at huge T)."""
     if not segments:
         return 0.0
-    return float(_composed_pld(tuple(segments), float(interval)).get_epsilon_for_delta(delta))
+    eps = float(_composed_pld(tuple(segments), float(interval)).get_epsilon_for_delta(delta))
+    return eps * (1.0 + LARGE_T_MARGIN) if _large_t(segments) else eps
 
 
 def pld_delta_at(segments: Sequence[Segment], epsilon: float, interval: float) -> float:
+    """δ(ε) of the pessimistic PLD; with the large-T margin, δ at ε/(1 + margin) (consistent with
+    :func:`pld_epsilon_at`)."""
     if not segments:
         return 0.0
+    if _large_t(segments):
+        epsilon = epsilon / (1.0 + LARGE_T_MARGIN)
     return float(_composed_pld(tuple(segments), float(interval)).get_delta_for_epsilon(epsilon))
+
+
+def _large_t_note(segments: Sequence[Segment]) -> str:
+    big = max(s.count for s in segments)
+    return (f"A self-composition of {big} steps (> {LARGE_T_EXACT_UP_TO:.0e}): the PLD ε includes a "
+            f"relative safety margin of {LARGE_T_MARGIN:g} for the float64 rounding of the FFT power "
+            "at such T (measured at most 7.5e-5 relative at T = 1e8; docs/accounting.md).")
 
 
 def choose_pld_interval(
@@ -513,6 +542,8 @@ def account(
             else:
                 interval = fixed
                 eps = pld_epsilon_at(low.segments, delta, interval)
+            if used == "pld" and _large_t(low.segments):
+                notes.append(_large_t_note(low.segments))
         except (PLDTooLargeError, MemoryError) as exc:  # MemoryError: only if a size prediction was wrong
             notes.append(_too_large_note(exc, fixed if fixed is not None else PLD_LEVELS[0]))
             used, interval = "rdp", None
@@ -580,6 +611,8 @@ __all__ = [
     "ACCOUNTANTS",
     "AccountingResult",
     "MIN_ACCOUNTED_NOISE_MULTIPLIER",
+    "LARGE_T_EXACT_UP_TO",
+    "LARGE_T_MARGIN",
     "PLDTooLargeError",
     "Segment",
     "account",
