@@ -1,6 +1,11 @@
 """Micro-benchmark of the DP step (PrivateGradient backward + release) on a BERT-like block stack.
 
-B=32, T=64 (ghost form for 384x384 / 384x1536 layers), one CPU thread; median of repeats."""
+    python bench/engine_norm_micro.py [T]      # T = sequence length, default 64
+
+Embedding + 2 blocks (Q, K, V, O 384×384, FFN 384↔1536, LayerNorm) + head, B = 32, one CPU thread,
+median CPU time of 9 steps, next to a non-private step of the same model.  Used to measure the cost of
+the certified float64 per-example norms (docs/engine.md): run it with PYTHONPATH pointing at two
+checkouts, interleaved, on a quiet machine."""
 import statistics, sys, time, torch
 from torch import nn
 torch.set_num_threads(1)

@@ -15,7 +15,9 @@ compares the fast construction, self-composition and composition with dp_account
 ``from_gaussian_mechanism`` / ``self_compose`` / ``compose`` on small cases (interval 1e-2,
 T = 50; ~20 ms).  If any ε or δ differs by more than 1e-9 relative (or a private helper is
 missing or has changed its signature), the public functions are used for the rest of the process
-(same numbers, slower) and one ``RuntimeWarning`` states the reason.
+(same numbers, slower) and one ``RuntimeWarning`` states the reason.  The check does not cover huge T,
+where any FFT power (this one or dp_accounting's) carries a rounding error growing ~T·u; the accountant
+adds a measured relative margin to ε above ``accountant.LARGE_T_EXACT_UP_TO`` steps (see there).
 
 **Size limits.**  The number of grid points of a PLD grows like (loss range)/(interval): about
 (10/σ + 1/(2σ²))/interval for the subsampled Gaussian, and with T for a self-composition.  Before
