@@ -591,7 +591,9 @@ def fit(
         σ ≥ 0: noise std divided by the clipping norm C (σ = 0 is NOT PRIVATE; references only).
     sample_rate : float
         q in (0, 1]: Poisson inclusion probability per step (expected batch size q·N).
-        ``sampling="full_batch"`` needs q = 1; ``"shuffle"`` uses fixed batches of round(q·N).
+        ``sampling="full_batch"`` needs q = 1; ``"shuffle"`` uses fixed batches of B = round(q·N) and
+        refuses N mod B ∈ {0, 1} (the σ/√5-per-epoch accounting needs the same number of batches per
+        epoch for N ± 1 examples; ``privtune.engine.sampling.check_shuffle_batching``).
     steps : int
         T, the number of optimizer steps (logical batches) in total (both phases for two-phase).
     learning_rate : float
