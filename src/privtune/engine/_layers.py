@@ -63,11 +63,6 @@ def _inflate(sq: torch.Tensor, n: float) -> torch.Tensor:
     return sq * (1.0 + _gamma(n + 4))
 
 
-def _row_norms(x: torch.Tensor) -> torch.Tensor:
-    """(B, T, k) float64 → (B, T) L2 norms over the last dimension, rounded up."""
-    return (_inflate(x.pow(2).sum(-1), x.shape[-1])).sqrt() * (1.0 + 4 * _U64)
-
-
 def factors_as(c: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Clipping factors ``c`` cast to ``dtype``, rounded toward zero: never above the float64 factor
     (a round-to-nearest cast could raise c by 2⁻²⁴ in float32 or 2⁻⁸ in bfloat16)."""
