@@ -734,7 +734,14 @@ def _plan(strategy, mode, eps_total, delta, n, options, sel_sigma, prefix, accou
         cfg = _config(linear_scaling.LinearScalingConfig, options)
         _apply_clip_overrides(cfg, clip, clipping)
         if trials is not None:
-            cfg.runs_per_sweep = max(1, int(trials) // 2)
+            # two sweeps of the same size: an odd count cannot be split, and used to be rounded down silently
+            t = check_int(trials, "trials", low=2)
+            if t % 2:
+                raise InvalidParameterError(
+                    f"`trials` must be even for strategy='linear-scaling': it runs two sweeps of trials/2 runs each "
+                    f"(the paper: 2 × 3). Got {t}. Pass {t - 1} or {t + 1}."
+                )
+            cfg.runs_per_sweep = t // 2
         if mode == "last-layer":
             p = linear_scaling.plan(cfg, eps_total, delta, score_event=score_event, accountant=accountant,
                                     prefix_events=prefix)
