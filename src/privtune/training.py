@@ -8,8 +8,9 @@
   events of what it did.  Hyperparameter tuning (:mod:`privtune.hpo`) calls it for every trial.
 * :func:`train` is a complete run: validate every argument, load and check the data and the model,
   calibrate σ from (ε, δ) when asked, **reserve the planned events in the ledger before any
-  computation on the data**, fit with progress and checkpoints (exact resume), evaluate, commit the
-  actual events, and export ``RUN_DIR`` (model, certificate, metrics, history, config, log).
+  computation on the data**, fit with progress and checkpoints (exact resume), evaluate, release
+  ``RUN_DIR`` (model, certificate, metrics, history, config, log: staged, then moved into place)
+  and only then commit the actual events (:mod:`privtune._release`).
 
 During DP training the model runs in eval mode (dropout off, as in seed 002's fine-tuning recipe);
 this also makes resumed runs bit-for-bit identical to uninterrupted ones with a fixed seed.
@@ -918,7 +919,9 @@ def train(
         log.txt, checkpoint); None writes nothing.
     seed : seeds head init, sampler and noise (recorded in the certificate); None uses OS entropy.
     resume : continue an interrupted run in ``output_dir`` from its checkpoint, bit for bit (same
-        arguments required; the ledger reservation is continued, not charged twice).
+        arguments required; the ledger reservation is continued, not charged twice).  A run interrupted
+        while writing its files, even after its ledger commit, is finished from its final checkpoint
+        without a new charge.
     phase1_epochs : two-phase only: epochs of DP full fine-tuning before DP-BiTFiT (default 1).
     lora_rank, lora_alpha, lora_target_modules : mode="lora" only: rank r ≥ 1 (default 8), scaling α > 0
         (default 16; the update is α/r · B A) and the names of the modules that get adapters (a list, or

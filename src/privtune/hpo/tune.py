@@ -13,7 +13,11 @@ The flow (each step happens before the next touches more data):
 4. trials (scored on the public validation split, or by a charged noisy score), final run;
 5. one certificate listing every event of every trial and of the final run, the model
    (``save_pretrained``), ``metrics.json`` (accuracy on the **reported** split, which no
-   selector ever saw), ``history.json``, and the HTML report.
+   selector ever saw), ``history.json``, and the HTML report, written into a private staging
+   directory and moved into RUN_DIR (certificate last);
+6. **commit** the events in the ledger, only once the release is in place, then delete the
+   private state file (a crash before the commit stays charged; ``--resume`` finishes the run
+   without a new charge: :mod:`privtune._release`).
 """
 
 from __future__ import annotations
