@@ -255,3 +255,31 @@ def test_tune_state_file_is_0600_even_if_it_existed_with_more(tmp_path):
     os.chmod(path, 0o644)
     _write_state_lines(path, [{"x": 1}])
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def test_full_disk_while_writing_is_one_error_and_resume_finishes(files, tmp_path, monkeypatch, reference, capsys):
+    """A full disk while writing the release: one `error:` line naming --resume, the reservation stays charged
+    (not committed, never refunded), and --resume writes the files without a second charge."""
+    import errno
+
+    import privtune.training as training
+    from privtune.cli import main
+
+    real = training._write_json
+
+    def full_disk(path, obj):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    a = _train_args(files, tmp_path)
+    argv = ["train", "--data", str(files["train"]), "--eval-data", a["eval_data"], "--model", a["model"],
+            "--mode", "last-layer", "--epsilon", "2", "--delta", "1e-3", "--steps", "3", "--batch-size", "20",
+            "--seed", "0", "--ledger", a["ledger"], "--output", a["output_dir"], "--quiet"]
+    monkeypatch.setattr(training, "_write_json", full_disk)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "--resume" in err and "No space" in err
+    _check_interrupted(reference, a["ledger"], "write-metrics.json")
+    assert not (tmp_path / "run" / "certificate.json").exists()
+    monkeypatch.setattr(training, "_write_json", real)
+    res = train(str(files["train"]), resume=True, **a)
+    _check_finished(res, reference, a["ledger"], tmp_path / "run")
