@@ -1102,10 +1102,11 @@ def train(
     try:
         led.status(fp)
     except UnknownDatasetError:
-        led.init_dataset(fp, epsilon if epsilon is not None else planned_eps, delta,
-                         name=ledger_name)
+        registered = led.init_dataset(fp, epsilon if epsilon is not None else planned_eps, delta,
+                                      name=ledger_name)
         registered_now = True
-        log(f"dataset {fp[:12]} registered in the ledger with total ε={epsilon or planned_eps:.4g}, δ={delta:g}")
+        log(f"dataset {registered.dataset_id} registered in the ledger with total ε={epsilon or planned_eps:.4g}, "
+            f"δ={delta:g}")
     cfg_for_ledger = {"hyperparameters": hyper, "output_dir": str(out) if out else None}
     prog = _make_progress(progress, out / "log.txt" if out is not None else None, planned_eps)
     if checkpoint_every is None:
@@ -1155,7 +1156,9 @@ def train(
     import privtune
 
     metadata = {
-        "command": "train", "mode": mode, "hyperparameters": hyper, "dataset_fingerprint": fp,
+        # the ledger's random dataset id, never a hash of the data (which would let anyone holding the
+        # data minus one row test candidate rows)
+        "command": "train", "mode": mode, "hyperparameters": hyper, "dataset_id": reservation.dataset_id,
         "seeds": {"sampler": loop.sampler_seed, "noise": loop.noise_seed, "explicit_seed": seed,
                   "noise_seed_source": ("explicit seed (experiments): the noise generator is seeded with seed + 1, "
                                         "the sampler with seed" if seed is not None else
@@ -1175,7 +1178,7 @@ def train(
         "eval_loss": result.eval["loss"] if result.eval else None,
         "epsilon": cert.epsilon, "delta": delta, "mode": mode, "strategy": None,
         "hyperparameters": hyper, "reported_split": _split_name(eval_data) if eval_set is not None else None,
-        "selection": "none (fixed hyperparameters)", "dataset_fingerprint": fp,
+        "selection": "none (fixed hyperparameters)", "dataset_id": reservation.dataset_id,
         "ledger_url": _mask(getattr(led, "url", None)), "ledger_remaining_epsilon": remaining,
         "trainable_parameters": mode_info.num_trainable, "total_parameters": mode_info.num_total,
         "examples_per_second": result.examples_per_second, "train_seconds": result.seconds,
