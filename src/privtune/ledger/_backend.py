@@ -193,7 +193,7 @@ def _lock_notice(sqlite_path: Path | None, purpose: str) -> None:
 
     print(
         f"privtune: the SQLite ledger {str(sqlite_path)!r} is locked by another process (another privtune command "
-        f"recording a spend, or a program holding the file open); waiting up to {LOCK_WAIT_S - LOCK_NOTICE_S:.0f} s "
+        f"recording a spend, or a program holding the file open); waiting up to {LOCK_WAIT_S - LOCK_NOTICE_S:.3g} s "
         f"more to {purpose}.",
         file=sys.stderr, flush=True,
     )
@@ -339,8 +339,9 @@ def check_sqlite_location(path: Path, default_location: bool) -> None:
     parent = path.parent
     if not parent.exists():
         if default_location:
-            try:
-                parent.mkdir(parents=True, exist_ok=True)
+            try:  # it will hold the ledger and its secret key: private to the user, whatever the umask
+                parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                os.chmod(parent, 0o700)
             except OSError as exc:
                 raise LedgerError(
                     f"Cannot create the ledger directory {str(parent)!r}: {exc.strerror or exc}. Set "
