@@ -138,7 +138,7 @@ def test_private_validation_charges_the_whole_file(files, tmp_path):
     assert private.certificate.metadata["selection"] == "private_validation_noisy"
     assert plain.metrics["dataset_id"] == private.metrics["dataset_id"] == dataset_id
     assert len(Ledger(url).datasets()) == 1  # the 90 % left after the split did not get a fresh budget
-    entries = _entries(url, fp)
+    entries = _entries(url, dataset_id)
     assert [e.state for e in entries] == ["committed", "committed"]
 
 

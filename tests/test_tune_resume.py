@@ -81,7 +81,7 @@ def test_interrupted_tune_resumes_exactly(files, tmp_path, monkeypatch, capfd, s
     state = out / STATE_FILE
     assert state.is_file() and stat.S_IMODE(state.stat().st_mode) == 0o600
     assert not (out / "certificate.json").exists()
-    fp = ref.metrics["dataset_id"]
+    fp = files["train"]  # the data file: its dataset id differs per ledger (ref.db, l.db)
     (entry,) = _entries(url, fp)
     assert entry.state == "reserved"  # charged: the interrupted run may have read data
     # a new run may not silently start over the interrupted one

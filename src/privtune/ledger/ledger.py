@@ -158,9 +158,12 @@ class Record:
 
     def summary(self) -> str:
         """Events summary, or what an administrative record did."""
-        if self.events:
-            return "; ".join(describe_event(e) for e in self.events)
         p = self.payload
+        if self.events:
+            text = "; ".join(describe_event(e) for e in self.events)
+            if self.action == "commit" and p.get("closed_orphan"):
+                text += f" (orphaned reservation closed, charged in full: {p.get('reason', '')})"
+            return text
         if self.action == "init":
             return f"total ε={p['total_epsilon']:g}, δ={p['delta']:g}, accountant={p['accountant']}"
         if self.action == "raise":
