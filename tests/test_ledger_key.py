@@ -209,3 +209,25 @@ def test_tune_run_directory_and_output_carry_only_the_random_dataset_id(toy_file
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["dataset_id"].startswith("ds-") and metrics["dataset_id"] in printed.out
     _assert_no_traces(out, _hash_traces(toy_files["train"], url), printed.out + printed.err)
+
+
+def test_embedded_demo_ledger_keeps_its_key_outside_the_run_directory(tmp_path):
+    from privtune.hpo.tune import _ledger_for
+
+    run_dir = tmp_path / "demo-run"
+    run_dir.mkdir()
+    raw = dataset_fingerprint(b"demo rows")
+    led, _, _, registered = _ledger_for(None, True, run_dir, raw, None, 1.0, 1e-5, "pld")
+    assert registered and (run_dir / "ledger.db").is_file()
+    assert not any(p.name.endswith(".key") for p in run_dir.rglob("*"))
+    keys = list((tmp_path / "privtune_home" / "demo-ledger-keys").glob("*.key"))  # $PRIVTUNE_HOME (conftest)
+    assert len(keys) == 1 and _mode(keys[0]) == 0o600
+    again, _, _, registered = _ledger_for(None, True, run_dir, raw, None, 1.0, 1e-5, "pld")  # a resumed demo
+    assert not registered and again.status(raw).dataset_id == led.status(raw).dataset_id
+
+
+def test_postgresql_key_file_name_does_not_depend_on_the_user():
+    a = Ledger("postgresql://alice:secret@db.internal:5432/ledger")._key_path
+    b = Ledger("postgresql://bob@db.internal/ledger")._key_path
+    assert a == b and a.name.startswith("ledger-") and a.parent.name == "ledger-keys"
+    assert Ledger("postgresql://alice@db.internal/other")._key_path != a

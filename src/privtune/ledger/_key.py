@@ -15,7 +15,7 @@ Where the key lives (:func:`key_path`):
 * ``$PRIVTUNE_LEDGER_KEY_FILE`` when set (any backend), e.g. to keep the key on another disk
   than the database, so that a stolen or shared database copy is useless to a forger;
 * SQLite: the file ``<ledger file>.key`` beside the database (``ledger.db.key``);
-* PostgreSQL: ``$PRIVTUNE_HOME/ledger-keys/<database>-<hash of the URL>.key``.  Everyone who
+* PostgreSQL: ``$PRIVTUNE_HOME/ledger-keys/<database>-<hash of host:port/database>.key``.  Everyone who
   uses a team ledger needs the same key file: the first command against an empty database
   creates it; copy it to your colleagues over a secure channel.
 
@@ -86,7 +86,10 @@ def demo_key_path(ledger_file: Path) -> Path:
 
 
 def key_path(sqlite_path: Path | None, url_text: str, database: str | None) -> Path | None:
-    """Where this ledger's key file is (``None``: an in-memory ledger, whose key lives in memory)."""
+    """Where this ledger's key file is (``None``: an in-memory ledger, whose key lives in memory).
+
+    ``url_text``: for PostgreSQL, the server and database only (``host:port/database``, no user), so
+    that every member of a team finds the key under the same name."""
     env = os.environ.get(KEY_ENV)
     if env and env.strip():
         return Path(env.strip()).expanduser()
@@ -97,7 +100,7 @@ def key_path(sqlite_path: Path | None, url_text: str, database: str | None) -> P
     from privtune.ledger._backend import privtune_home
 
     label = re.sub(r"[^A-Za-z0-9_.-]", "_", database or "ledger")[:40]
-    tag = hashlib.sha256(url_text.encode()).hexdigest()[:12]  # of the URL (without password), not of data
+    tag = hashlib.sha256(url_text.encode()).hexdigest()[:12]  # of the server's address, not of data
     return privtune_home() / "ledger-keys" / f"{label}-{tag}.key"
 
 

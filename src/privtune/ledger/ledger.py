@@ -660,12 +660,21 @@ class Ledger:
         self._pid: int | None = None
         self._replays: dict[int, tuple] = {}  # dataset id -> ((head_seq, head_hash), replayed state)
         self._key_path = (Path(os.fspath(key_file)).expanduser() if key_file is not None else
-                          _key.key_path(self._sqlite_path, backend.mask_url(self._sa_url), self._sa_url.database))
+                          _key.key_path(self._sqlite_path, self._server_address(), self._sa_url.database))
         self._key: bytes | None = None
         if self._key_path is None:  # in-memory ledger: its key lives as long as the process
             self._key = secrets.token_bytes(32)
 
     # ---- plumbing
+
+    def _server_address(self) -> str:
+        """'sqlite' or 'host:port/database' of a PostgreSQL ledger (no user, no password)."""
+        u = self._sa_url
+        if u.get_backend_name() == "sqlite":
+            return "sqlite"
+        host = u.host or u.query.get("host") or "localhost"
+        port = u.port or u.query.get("port") or 5432
+        return f"{host}:{port}/{u.database or ''}"
 
     @property
     def url(self) -> str:
