@@ -1158,7 +1158,7 @@ def train(
     metadata = {
         # the ledger's random dataset id, never a hash of the data (which would let anyone holding the
         # data minus one row test candidate rows)
-        "command": "train", "mode": mode, "hyperparameters": hyper, "dataset_id": reservation.dataset_id,
+        "command": "train", "mode": mode, "hyperparameters": hyper, "dataset_id": getattr(reservation, "dataset_id", None),
         "seeds": {"sampler": loop.sampler_seed, "noise": loop.noise_seed, "explicit_seed": seed,
                   "noise_seed_source": ("explicit seed (experiments): the noise generator is seeded with seed + 1, "
                                         "the sampler with seed" if seed is not None else
@@ -1178,7 +1178,7 @@ def train(
         "eval_loss": result.eval["loss"] if result.eval else None,
         "epsilon": cert.epsilon, "delta": delta, "mode": mode, "strategy": None,
         "hyperparameters": hyper, "reported_split": _split_name(eval_data) if eval_set is not None else None,
-        "selection": "none (fixed hyperparameters)", "dataset_id": reservation.dataset_id,
+        "selection": "none (fixed hyperparameters)", "dataset_id": getattr(reservation, "dataset_id", None),
         "ledger_url": _mask(getattr(led, "url", None)), "ledger_remaining_epsilon": remaining,
         "trainable_parameters": mode_info.num_trainable, "total_parameters": mode_info.num_total,
         "examples_per_second": result.examples_per_second, "train_seconds": result.seconds,

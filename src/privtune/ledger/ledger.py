@@ -2,8 +2,9 @@
 
 Model
 -----
-A **dataset** is its content fingerprint (:func:`~privtune.ledger.dataset_fingerprint`) plus
-an optional unique human name.  It has a total budget (ε, δ) and an accountant, set once by
+A **dataset** is its keyed content fingerprint (HMAC-SHA256 with the ledger's secret key of
+:func:`~privtune.ledger.dataset_fingerprint`, see ``_key.py``), a random public ``dataset_id``
+(what run directories publish) and an optional unique human name.  It has a total budget (ε, δ) and an accountant, set once by
 :meth:`Ledger.init_dataset`; :meth:`Ledger.raise_budget` is the only way to change the total,
 and it is recorded like everything else.
 
@@ -11,8 +12,10 @@ Each dataset has an append-only **hash chain of records**: ``init``, ``raise``, 
 ``resume``, ``commit``, ``release``.  A spend is an **entry** (the records sharing one
 ``entry_id``): its accounting events, who/what spent it (command, config hash, privtune
 version, user, host, time) and a state ``reserved`` -> ``committed`` (or ``released``, only
-when no example was touched).  Every record stores the hash of the previous one, so
-:meth:`Ledger.verify` detects an edited, inserted or deleted record.
+when no example was touched).  Every record stores an HMAC (keyed with the ledger's secret) of
+its content and of the previous record's MAC, and the dataset row a keyed MAC of the last
+record, so :meth:`Ledger.verify` detects an edited, inserted or deleted record, at the end too,
+unless the editor holds the key.
 
 Remaining ε = total ε − ε(composition of the events of all committed and reserved entries),
 computed at the dataset's δ by the accounting core (:func:`privtune.accounting.compute_epsilon`);
