@@ -65,7 +65,7 @@ def test_each_strategy_end_to_end(files, tmp_path, strategy, n_trials):
     acc = (reloaded.predict_logits(dev).argmax(1) == torch.tensor(dev.labels)).float().mean().item()
     assert acc == pytest.approx(m["accuracy"], abs=1e-6)
     # the ledger was charged with exactly the certificate's events
-    st = Ledger(f"sqlite:///{tmp_path / 'l.db'}").status(m["dataset_fingerprint"])
+    st = Ledger(f"sqlite:///{tmp_path / 'l.db'}").status(m["dataset_id"])
     assert st.spent_epsilon == pytest.approx(cert["epsilon"], rel=1e-3)
 
 

@@ -45,7 +45,7 @@ def test_train_writes_run_dir_and_charges_ledger(files, tmp_path):
     hist = json.loads((out / "history.json").read_text())
     assert len(hist["final_run"]["train_loss"]) == 4 and "NOT PRIVATE" in hist["final_run"]["train_loss_label"]
     led = Ledger(f"sqlite:///{tmp_path / 'l.db'}")
-    st = led.status(metrics["dataset_fingerprint"])
+    st = led.status(metrics["dataset_id"])
     assert st.spent_epsilon == pytest.approx(cert["epsilon"], rel=1e-6)
     from privtune.accounting import verify_certificate
 
@@ -128,7 +128,7 @@ def test_resume_is_bit_for_bit(files, tmp_path, monkeypatch):
     assert res.history["final_run"]["train_loss"] == ref.history["final_run"]["train_loss"]
     assert res.certificate.epsilon == pytest.approx(ref.certificate.epsilon)
     # the ledger charged the run once
-    st = Ledger(f"sqlite:///{tmp_path / 'l.db'}").status(res.metrics["dataset_fingerprint"])
+    st = Ledger(f"sqlite:///{tmp_path / 'l.db'}").status(res.metrics["dataset_id"])
     assert st.spent_epsilon == pytest.approx(res.certificate.epsilon, rel=1e-6)
 
 

@@ -1142,11 +1142,11 @@ def train(
         try:
             status = led.status(fp)
         except UnknownDatasetError:
-            led.init_dataset(fp, epsilon if epsilon is not None else planned_eps, delta,
-                             name=ledger_name)
+            registered = led.init_dataset(fp, epsilon if epsilon is not None else planned_eps, delta,
+                                          name=ledger_name)
             registered_now = True
-            log(f"dataset {fp[:12]} registered in the ledger with total ε={epsilon or planned_eps:.4g}, "
-                f"δ={delta:g}")
+            log(f"dataset {registered.dataset_id} registered in the ledger with total ε="
+                f"{epsilon or planned_eps:.4g}, δ={delta:g}")
             status = None
         if resume and status is not None:
             mine = [e for e in status.entries if e.resume_key == run_id]
@@ -1221,8 +1221,14 @@ def train(
 
     import privtune
 
+    try:  # a resumed, already committed run has no reservation object: ask the ledger
+        dataset_id = getattr(reservation, "dataset_id", None) or led.status(fp).dataset_id
+    except PrivtuneError:
+        dataset_id = None
     metadata = {
-        "command": "train", "mode": mode, "hyperparameters": hyper, "dataset_fingerprint": fp,
+        # the ledger's random dataset id, never a hash of the data (which would let anyone holding the
+        # data minus one row test candidate rows)
+        "command": "train", "mode": mode, "hyperparameters": hyper, "dataset_id": dataset_id,
         "seeds": {"sampler": loop.sampler_seed, "noise": loop.noise_seed, "explicit_seed": seed,
                   "noise_seed_source": ("explicit seed (experiments): the noise generator is seeded with seed + 1, "
                                         "the sampler with seed" if seed is not None else
@@ -1242,7 +1248,7 @@ def train(
         "eval_loss": result.eval["loss"] if result.eval else None,
         "epsilon": cert.epsilon, "delta": delta, "mode": mode, "strategy": None,
         "hyperparameters": hyper, "reported_split": _split_name(eval_data) if eval_set is not None else None,
-        "selection": "none (fixed hyperparameters)", "dataset_fingerprint": fp,
+        "selection": "none (fixed hyperparameters)", "dataset_id": dataset_id,
         "ledger_url": _mask(getattr(led, "url", None)), "ledger_remaining_epsilon": remaining,
         "trainable_parameters": mode_info.num_trainable, "total_parameters": mode_info.num_total,
         "examples_per_second": result.examples_per_second, "train_seconds": result.seconds,

@@ -104,7 +104,7 @@ def tune(**kwargs) -> None:
     label = " (NOT PRIVATE: chosen by an uncharged selection)" if m.get("not_private") else ""
     click.echo(f"hyperparameters{label}: {json.dumps(m['hyperparameters'], default=str)}")
     if m.get("ledger_registered_new_dataset"):
-        click.echo(f"ledger: new dataset {m['dataset_fingerprint'][:12]}… registered with total ε = "
+        click.echo(f"ledger: new dataset {m.get('dataset_id')} registered with total ε = "
                    f"{m['total_epsilon']:g}, δ = {m['delta']:g}")
     if m.get("ledger_remaining_epsilon") is not None:
         click.echo(f"ledger {m.get('ledger_url')}: remaining ε = {m['ledger_remaining_epsilon']:.4g}")

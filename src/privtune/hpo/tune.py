@@ -455,8 +455,8 @@ def tune(
                 led, fp, ledger_url, registered = _ledger_for(ledger, embedded, run_dir, train_fp, train_name,
                                                               eps_total, delta, accountant)
                 if registered:
-                    log(f"ledger: new dataset {fp[:12]}… registered with total ε = {eps_total:g}, δ = {delta:g} "
-                        f"({ledger_url})")
+                    log(f"ledger: new dataset {led.status(fp).dataset_id} registered with total ε = "
+                        f"{eps_total:g}, δ = {delta:g} ({ledger_url})")
                 reserved = _cover_candidates(led, fp, mode_plans, eps_total, delta, accountant)
                 committed = None
                 if state_header is not None:
@@ -509,6 +509,11 @@ def tune(
         # ------------------------------------------------------------ report
         from privtune.accounting import Certificate
 
+        # published: the ledger's random dataset id, never a hash of the data (grid-oracle: no ledger, none)
+        dataset_id = None
+        if strategy != "grid-oracle":  # a resumed, already committed run holds no reservation: ask the ledger
+            dataset_id = getattr(reservation, "dataset_id", None) or led.status(fp).dataset_id
+
         if pilot_records and sel_name_effective == "none":
             sel_name_effective = sel_name  # the mode-auto pilots were scored with it
         metadata = {
@@ -520,7 +525,7 @@ def tune(
             "reported_split": _split_name(eval_data, embedded),
             "reported_split_used_for_selection": False,
             "total_epsilon_requested": eps_total, "seed": seed, "trials": len(trial_list),
-            "dataset_fingerprint": fp, "plan": as_plain(plan.notes),
+            "dataset_id": dataset_id, "plan": as_plain(plan.notes),
             "notes": [*(outcome.strategy_data.get("notes", []) or [])],
         }
         metadata.update(_trial_section(trial_list, outcome, strategy))
@@ -550,7 +555,7 @@ def tune(
             "mode": used_mode, "hyperparameters": as_plain(outcome.final_hyperparameters),
             "reported_split": _split_name(eval_data, embedded), "selection": sel_name_effective,
             "selection_description": common.describe_selection(sel_name_effective),
-            "dataset_fingerprint": fp, "ledger_url": ledger_url, "ledger_remaining_epsilon": remaining,
+            "dataset_id": dataset_id, "ledger_url": ledger_url, "ledger_remaining_epsilon": remaining,
             "total_epsilon": eps_total, "n_train": n_train, "trials": len(trial_list),
             "ledger_registered_new_dataset": registered,
             "wall_time_s": None,
@@ -1050,12 +1055,11 @@ class _null_reservation:
 
 
 def _dataset_identity(train) -> tuple[str, str | None]:
-    """(fingerprint, ledger name) of the whole training set, exactly as ``privtune train`` names it.
+    """(content SHA-256, ledger name) of the whole training set, exactly as ``privtune train`` identifies it.
 
-    The file's content is fingerprinted (in-memory data: its canonical rows); the name is
-    ``"<file name>#<fingerprint[:8]>"``, which is never an existing path, so ``--data train.tsv``
-    run from the folder holding ``train.tsv`` registers fine (a bare ``train.tsv`` is refused by
-    the ledger as ambiguous with the path)."""
+    The file's content is fingerprinted (in-memory data: its canonical rows); the digest stays in
+    this process and the private state file, the ledger keys it.  No name: the ledger assigns the
+    dataset a random id, which is what the run directory publishes."""
     from privtune.ledger import dataset_identity
 
     return dataset_identity(train)
@@ -1071,7 +1075,12 @@ def _ledger_for(url, embedded, run_dir, fp, name, eps, delta, accountant):
 
             run_dir = Path(tempfile.mkdtemp(prefix="privtune-demo-"))
         url = f"sqlite:///{(Path(run_dir) / 'ledger.db').resolve()}"
-    led = Ledger(url)
+        # the demo ledger sits in the run directory, its key never does
+        from privtune.ledger._key import demo_key_path
+
+        led = Ledger(url, key_file=demo_key_path(Path(run_dir) / "ledger.db"))
+    else:
+        led = Ledger(url)
     registered = False
     try:
         led.status(fp)

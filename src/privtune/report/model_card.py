@@ -43,8 +43,8 @@ def _base_model(run: RunData) -> tuple[str, str]:
 def _dataset(run: RunData) -> tuple[str, str]:
     name = run.metrics.get("dataset_name") or run.metadata.get("dataset_name")
     data = run.config.get("data")
-    fp = run.metrics.get("dataset_fingerprint")
-    fp_txt = f" (fingerprint `{fp}`)" if fp else ""
+    dataset_id = run.metrics.get("dataset_id")  # the ledger's random id: never a hash of the data
+    fp_txt = f" (ledger dataset id `{dataset_id}`)" if dataset_id else ""
     if name:
         return str(name), f"`{name}`{fp_txt}"
     if data:
