@@ -811,4 +811,4 @@ def embedded_sst2() -> tuple[TextDataset, TextDataset, TextDataset]:
     Labels: 0 = negative, 1 = positive.  Built by ``scripts/make_embedded_data.py`` (seeded).
     """
     names = ("train", "public_validation", "test")
-    return tuple(load_text_dataset(embedded_path(s), labels=EMBEDDED_LABELS) for s in names)  # type: ignore[return-value]  # type: ignore[return-value]
+    return tuple(load_text_dataset(embedded_path(s), labels=EMBEDDED_LABELS) for s in names)  # type: ignore[return-value]

@@ -235,6 +235,8 @@ def tune(
         same seeds.  Not available for ``grid-oracle`` (it reserves nothing).
     """
     _args = dict(locals())  # every argument as given: RUN_DIR/config.yaml and the resume check
+    if isinstance(labels, (str, list, tuple)):  # [0, 1], "0,1" and --labels 0,1 are one setting (config, resume)
+        _args["labels"] = [str(x).strip() for x in (labels.split(",") if isinstance(labels, str) else labels)]
     t_start = time.time()
     if unknown:  # refuse, never drop: a misspelt option would otherwise run with the default silently
         import difflib
