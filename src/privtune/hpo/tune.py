@@ -2,8 +2,8 @@
 
 The flow (each step happens before the next touches more data):
 
-1. validate every argument and the data (empty, single-class, overlapping splits, model
-   path) — errors here cost no budget;
+1. validate every argument and the data (the declared label set, labels outside it, empty data,
+   overlapping splits, model path) — errors here cost no budget;
 2. **plan**: the strategy fixes every trial event from data-independent choices and
    calibrates the final run inside the composition, so that the composed total meets the
    requested ε; an infeasible plan fails at once with the numbers and a fix;
