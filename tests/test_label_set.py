@@ -80,6 +80,21 @@ def test_the_label_set_is_never_inferred_from_the_private_file(tiny, tmp_path, c
     assert _no_ledger_entries(tmp_path) and not (tmp_path / "run" / "model").exists()
 
 
+def test_cli_and_config_take_the_label_set(tmp_path, capsys):
+    from privtune.cli import main
+    from privtune.config import validate_options
+
+    for command in ("train", "tune"):
+        rc = main([command, "--data", str(tmp_path / "d.tsv"), "--labels", "pos", "--mode", "last-layer",
+                   "--epsilon", "1", "--output", str(tmp_path / "o")])
+        err = capsys.readouterr().err
+        assert rc == 2 and "`labels` must name at least two classes" in err and err.count("\n") == 1
+    assert validate_options("tune", {"labels": [0, 1]})["labels"] == ["0", "1"]
+    assert validate_options("train", {"labels": "neg, pos"})["labels"] == ["neg", "pos"]
+    with pytest.raises(InvalidParameterError, match="labels"):
+        validate_options("train", {"labels": [0.5, True]})
+
+
 def test_declared_order_is_the_class_order(tmp_path):
     d = _write(tmp_path / "d.tsv", [("neg", "a b"), ("pos", "c d")])
     ds = load_text_dataset(d, labels="pos,neg")
@@ -110,6 +125,10 @@ def test_label_set_from_the_model_or_a_public_split(tiny, tmp_path):
     again = _fit(d, tiny, tmp_path / "again", model=tmp_path / "run" / "model")  # no labels: the model's own set
     assert again.model.label_names == ["pos", "neg"] and first.model.label_names == ["pos", "neg"]
     assert saved_label_set(tmp_path / "run") == (2, ["pos", "neg"])
+    from privtune.errors import ModelError
+
+    with pytest.raises(ModelError, match=r"classes \[pos, neg\] but the run's label set"):  # no silent reorder
+        _fit(d, tiny, tmp_path / "again", model=tmp_path / "run" / "model", labels=["neg", "pos"])
     # a Hugging Face config names classes only when id2label is not transformers' LABEL_i placeholder
     cfg = json.loads((tiny / "config.json").read_text())
     assert saved_label_set(tiny) is None
