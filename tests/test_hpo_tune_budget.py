@@ -28,7 +28,7 @@ def files(tmp_path_factory):
 def _tune(files, tmp_path, data=None, **kw):
     args = dict(eval_data=files["dev"], public_eval_data=files["public"], model=files["model"], mode="last-layer",
                 epsilon=2.0, delta=1e-3, ledger=f"sqlite:///{tmp_path / 'l.db'}", output_dir=tmp_path / "run",
-                seed=0, quiet=True)
+                seed=0, quiet=True, labels=[0, 1])
     args.update(kw)
     return privtune.tune(files["train"] if data is None else data, **args)
 

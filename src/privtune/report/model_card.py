@@ -84,6 +84,10 @@ def _public_items(run: RunData, base_words: str) -> list[str]:
         where = f" (`{ev}`)" if ev else ""
         items.append(f"the validation split{where} that the user declared public; trials were scored on it at no "
                      "privacy cost")
+    labels = run.config.get("labels")
+    shown = f" ({', '.join(map(str, labels))})" if isinstance(labels, list) and labels else ""
+    items.append(f"the label set{shown}: the classes and their number (the classifier head's shape), declared by "
+                 "the user, a public split or the base model; never read from the private training data")
     if run.trials or run.strategy_name:
         items.append("the hyperparameter search space (ranges and grids), fixed before any private data was read")
     items.append("the number of training examples, used to set the sampling rate q = batch size / n (standard "
