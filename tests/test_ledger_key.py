@@ -182,7 +182,8 @@ def test_train_run_directory_and_output_carry_only_the_random_dataset_id(toy_fil
     out = tmp_path / "run"
     capsys.readouterr()
     rc = main(["train", "--data", str(toy_files["train"]), "--eval-data", str(toy_files["eval"]), "--model",
-               str(toy_files["model"]), "--mode", "bitfit", "--epsilon", "2", "--delta", "1e-3", "--steps", "3",
+               str(toy_files["model"]), "--mode", "bitfit", "--labels", "0,1", "--epsilon", "2", "--delta", "1e-3",
+               "--steps", "3",
                "--batch-size", "20", "--ledger", url, "--output", str(out), "--quiet"])
     printed = capsys.readouterr()
     assert rc == 0, printed.err
@@ -202,7 +203,7 @@ def test_tune_run_directory_and_output_carry_only_the_random_dataset_id(toy_file
     capsys.readouterr()
     rc = main(["tune", "--data", str(toy_files["train"]), "--eval-data", str(toy_files["eval"]),
                "--public-eval-data", str(toy_files["public"]), "--model", str(toy_files["model"]),
-               "--mode", "last-layer", "--strategy", "single-step", "--epsilon", "2", "--delta", "1e-3",
+               "--mode", "last-layer", "--labels", "0,1", "--strategy", "single-step", "--epsilon", "2", "--delta", "1e-3",
                "--ledger", url, "--output", str(out), "--quiet"])
     printed = capsys.readouterr()
     assert rc == 0, printed.err

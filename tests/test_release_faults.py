@@ -56,8 +56,8 @@ def files(tmp_path_factory):
 
 
 def _train_args(files, tmp_path) -> dict:
-    return dict(eval_data=str(files["eval"]), model=str(files["model"]), mode="last-layer", epsilon=2.0,
-                delta=1e-3, steps=3, batch_size=20, seed=0, progress=False,
+    return dict(eval_data=str(files["eval"]), model=str(files["model"]), mode="last-layer", labels=["0", "1"],
+                epsilon=2.0, delta=1e-3, steps=3, batch_size=20, seed=0, progress=False,
                 ledger=f"sqlite:///{tmp_path / 'l.db'}", output_dir=str(tmp_path / "run"))
 
 
@@ -145,7 +145,7 @@ def test_cli_resume_is_the_one_command(files, tmp_path, monkeypatch, reference, 
 
     a = _train_args(files, tmp_path)
     argv = ["train", "--data", str(files["train"]), "--eval-data", a["eval_data"], "--model", a["model"],
-            "--mode", "last-layer", "--epsilon", "2", "--delta", "1e-3", "--steps", "3", "--batch-size", "20",
+            "--mode", "last-layer", "--labels", "0,1", "--epsilon", "2", "--delta", "1e-3", "--steps", "3", "--batch-size", "20",
             "--seed", "0", "--ledger", a["ledger"], "--output", a["output_dir"], "--quiet"]
     monkeypatch.setenv(FAULT_ENV, "publish-model")
     with pytest.raises(InjectedFault):
@@ -178,7 +178,7 @@ TUNE_STAGES = ["after-reserve", "after-last-step", "write-model", "write-certifi
 
 def _tune_args(files, tmp_path) -> dict:
     return dict(eval_data=str(files["eval"]), model=str(files["model"]), mode="last-layer", strategy="hyperfree",
-                epsilon=2.0, delta=1e-3, seed=0, quiet=True, ledger=f"sqlite:///{tmp_path / 'l.db'}",
+                labels=["0", "1"], epsilon=2.0, delta=1e-3, seed=0, quiet=True, ledger=f"sqlite:///{tmp_path / 'l.db'}",
                 output_dir=str(tmp_path / "run"))
 
 
@@ -274,7 +274,7 @@ def test_full_disk_while_writing_is_one_error_and_resume_finishes(files, tmp_pat
 
     a = _train_args(files, tmp_path)
     argv = ["train", "--data", str(files["train"]), "--eval-data", a["eval_data"], "--model", a["model"],
-            "--mode", "last-layer", "--epsilon", "2", "--delta", "1e-3", "--steps", "3", "--batch-size", "20",
+            "--mode", "last-layer", "--labels", "0,1", "--epsilon", "2", "--delta", "1e-3", "--steps", "3", "--batch-size", "20",
             "--seed", "0", "--ledger", a["ledger"], "--output", a["output_dir"], "--quiet"]
     monkeypatch.setattr(training, "_write_json", full_disk)
     assert main(argv) == 2
