@@ -8,8 +8,9 @@
   events of what it did.  Hyperparameter tuning (:mod:`privtune.hpo`) calls it for every trial.
 * :func:`train` is a complete run: validate every argument, load and check the data and the model,
   calibrate σ from (ε, δ) when asked, **reserve the planned events in the ledger before any
-  computation on the data**, fit with progress and checkpoints (exact resume), evaluate, commit the
-  actual events, and export ``RUN_DIR`` (model, certificate, metrics, history, config, log).
+  computation on the data**, fit with progress and checkpoints (exact resume), evaluate, release
+  ``RUN_DIR`` (model, certificate, metrics, history, config, log: staged, then moved into place)
+  and only then commit the actual events (:mod:`privtune._release`).
 
 During DP training the model runs in eval mode (dropout off, as in seed 002's fine-tuning recipe);
 this also makes resumed runs bit-for-bit identical to uninterrupted ones with a fixed seed.
@@ -33,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from privtune import _release
 from privtune._validation import (
     _suggest_delta,
     check_choice,
@@ -56,6 +58,9 @@ NOT_PRIVATE_LOSS = (
     "do not publish)"
 )
 CHECKPOINT_FILE = "checkpoint.pt"
+#: what train() releases into RUN_DIR (checked before the reservation: an entry of the wrong kind is an error)
+_RELEASED_FILES = ("certificate.json", "metrics.json", "history.json", "config.yaml", "report.html", "log.txt")
+_RELEASED_DIRS = ("model", "checkpoints")
 
 
 # ============================================================================================ results
@@ -807,9 +812,21 @@ def fit_nonprivate(model: nn.Module, train_set: Any, *, epochs: float = 1.0, bat
 # ============================================================================================ train
 
 
+def _check_ledger_arg(ledger: Any) -> None:
+    """A ledger argument is None, a URL/path or a Ledger: anything else is refused before any work."""
+    if ledger is None or isinstance(ledger, (str, os.PathLike)):
+        return
+    if not all(callable(getattr(ledger, name, None)) for name in ("reserve", "status", "init_dataset")):
+        raise InvalidParameterError(
+            f"`ledger` must be a Ledger, a ledger URL such as 'sqlite:////path/ledger.db', or None "
+            f"($PRIVTUNE_LEDGER or ~/.privtune/ledger.db). Got {ledger!r} ({type(ledger).__name__})."
+        )
+
+
 def _resolve_ledger(ledger: Any):
     from privtune.ledger import Ledger
 
+    _check_ledger_arg(ledger)
     if ledger is None or isinstance(ledger, (str, os.PathLike)):
         return Ledger(None if ledger is None else str(ledger))
     return ledger
@@ -881,6 +898,7 @@ def train(
     lora_alpha: float | None = None,
     assume_poisson: bool = False,
     device: Any = None,
+    labels: Sequence[str | int] | str | None = None,
 ) -> TrainResult:
     """Fine-tune a classifier privately with fixed hyperparameters: one complete, accounted run.
 
@@ -908,7 +926,9 @@ def train(
         log.txt, checkpoint); None writes nothing.
     seed : seeds head init, sampler and noise (recorded in the certificate); None uses OS entropy.
     resume : continue an interrupted run in ``output_dir`` from its checkpoint, bit for bit (same
-        arguments required; the ledger reservation is continued, not charged twice).
+        arguments required; the ledger reservation is continued, not charged twice).  A run interrupted
+        while writing its files, even after its ledger commit, is finished from its final checkpoint
+        without a new charge.
     phase1_epochs : two-phase only: epochs of DP full fine-tuning before DP-BiTFiT (default 1).
     lora_rank, lora_alpha, lora_target_modules : mode="lora" only: rank r ≥ 1 (default 8), scaling α > 0
         (default 16; the update is α/r · B A) and the names of the modules that get adapters (a list, or
@@ -920,14 +940,22 @@ def train(
         accounts shuffling without amplification.
     device : "cpu", "cuda", "cuda:N", "mps" or None (default: CUDA when available, else CPU).  The model
         and every batch go there; the saved model, checkpoints and certificate do not depend on it.
+    labels : list or comma-separated str, optional
+        The label set, PUBLIC input, in class-index order: ``["neg", "pos"]`` (class 0 is ``neg``) or
+        the integer classes ``[0, 1]``.  Default: the model's own label set (a privtune model, or a
+        Hugging Face config that names its classes); otherwise an error: it is never inferred from the
+        private data.  A row whose label is not in the set is an error (row number, not its content);
+        ``eval_data`` must use the same labels.
 
     Returns
     -------
     TrainResult
     """
     from privtune.data import load_dataset
+    from privtune.data.datasets import check_disjoint, declared_label_set
     from privtune.finetune import MODES, apply_mode
     from privtune.models import load_classifier
+    from privtune.models.classifier import check_model_label_set
 
     # ---------------------------------------------------------------- 1. arguments (no data yet)
     mode = check_choice(mode, "mode", MODES)
@@ -979,8 +1007,11 @@ def train(
     from privtune.models import resolve_device
 
     device_arg, device = device, resolve_device(device)
+    _check_ledger_arg(ledger)
     out = Path(output_dir).expanduser() if output_dir is not None else None
     ckpt_path = out / "checkpoints" / CHECKPOINT_FILE if out is not None else None
+    if out is not None:
+        _release.check_output_path(out, _RELEASED_FILES, _RELEASED_DIRS)
     if resume:
         if out is None:
             raise InvalidParameterError("`resume=True` needs `output_dir` (the RUN_DIR of the interrupted run).")
@@ -989,43 +1020,41 @@ def train(
                 f"`resume`: no checkpoint at {str(ckpt_path)!r}. Got output_dir={str(out)!r}. Run without --resume "
                 "to start a new run, or pass the RUN_DIR of an interrupted one."
             )
-    elif out is not None and out.exists() and (out / "certificate.json").exists():
-        raise InvalidParameterError(
-            f"`output_dir` {str(out)!r} already holds a finished run. Pass a new directory."
-        )
     elif out is not None and ckpt_path.exists():
+        # checked first: an interrupted release may already have put certificate.json in place
         raise InvalidParameterError(
             f"`output_dir` {str(out)!r} holds an interrupted run. Pass resume=True (--resume) to continue it, "
             "or a new directory."
         )
+    elif out is not None and out.exists() and (out / "certificate.json").exists():
+        raise InvalidParameterError(
+            f"`output_dir` {str(out)!r} already holds a finished run. Pass a new directory."
+        )
 
     # ---------------------------------------------------------------- 2. data and model (validated, no budget)
-    train_set = load_dataset(data, text_column, label_column)
+    # the label set is public input (released as the head's shape and names): never read from private rows,
+    # and no check depends on which classes the rows happen to contain
+    num_labels, label_names, label_source = declared_label_set(labels, model=model)
+    train_set = load_dataset(data, text_column, label_column, num_labels=num_labels, label_names=label_names)
     if not train_set.has_labels:
         raise DataError("The training data has no labels. Pass a file with a label column.")
     n = len(train_set)
-    present = set(train_set.labels)
-    if len(present) < 2:
-        raise DataError(
-            f"The training data has a single class ({sorted(present)}); a classifier needs at least two. "
-            "Check the label column."
-        )
     eval_set = None
     if eval_data is not None:
-        eval_set = load_dataset(eval_data, text_column, label_column, label_names=train_set.label_names,
-                                num_labels=train_set.num_labels if train_set.label_names is None else None)
+        eval_set = load_dataset(eval_data, text_column, label_column, num_labels=num_labels,
+                                label_names=label_names)
         if not eval_set.has_labels:
             raise DataError("`eval_data` has no labels; evaluation needs a label column.")
+        check_disjoint(train_set, eval_set, "eval_data")  # accuracy on training rows is not held-out (nor private)
     if delta is None:
         delta = min(1e-5, _suggest_delta(n))
     delta = check_delta(delta, dataset_size=n)
     if isinstance(model, nn.Module):
         clf = model
-        if clf.num_labels < train_set.num_labels:
-            raise ModelError(f"`model` has {clf.num_labels} classes but the data has {train_set.num_labels}.")
     else:
-        clf = load_classifier(model, num_labels=train_set.num_labels, pooling=pooling,
-                              label_names=train_set.label_names, max_length=max_length, seed=seed)
+        clf = load_classifier(model, num_labels=num_labels, pooling=pooling,
+                              label_names=label_names, max_length=max_length, seed=seed)
+    check_model_label_set(clf, num_labels, label_names, label_source)
     if getattr(clf, "kind", "text") != train_set.kind:
         raise DataError(f"The model takes {clf.kind} inputs but the training data is {train_set.kind}.")
     mode_info = apply_mode(clf, mode, lora_rank=lora_rank, lora_alpha=lora_alpha,
@@ -1087,9 +1116,17 @@ def train(
     # ---------------------------------------------------------------- 4. run directory and resume state
     run_id = uuid.uuid4().hex
     state = None
+    created: list[Path] = []
+    fresh_files: list[Path] = []  # what this call writes before the reservation (removed if it is refused)
     if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "checkpoints").mkdir(exist_ok=True)
+        # every output path is checked and the directory proven writable before anything is charged
+        log_existed = (out / "log.txt").exists()
+        created = _release.prepare_output_dir(out, _RELEASED_FILES, _RELEASED_DIRS)
+        if not log_existed:
+            fresh_files.append(out / "log.txt")
+        if not (out / "checkpoints").exists():
+            created.append(out / "checkpoints")
+        _release.private_dir(out / "checkpoints")  # holds the noise generator's state: 0700, files 0600
         if resume:
             state = torch.load(ckpt_path, weights_only=False, map_location="cpu")  # any device resumes
             if state.get("fingerprint") != fp or state.get("hyperparameters") != hyper:
@@ -1100,23 +1137,53 @@ def train(
                     "data and hyperparameters."
                 )
             run_id = state["run_id"]
+        else:
+            # the run id and a step-0 state exist before the reservation: a run killed at any later point
+            # resumes under the same reservation instead of being charged again
+            _release.private_torch_save({"format": 1, "step": 0, "run_id": run_id, "fingerprint": fp,
+                                         "hyperparameters": hyper}, ckpt_path)
+            fresh_files.append(ckpt_path)
     log = _Log(out / "log.txt" if out is not None else None)
     log(f"{'resume' if resume else 'start'} privtune train: mode={mode} N={n} q={q:.5g} T={T} σ={sigma:.5g} "
         f"planned ε={planned_eps:.4g} δ={delta:g}")
 
     # ---------------------------------------------------------------- 5. ledger reservation, then training
-    led = _resolve_ledger(ledger)
     from privtune.errors import UnknownDatasetError
 
     registered_now = False
-    try:
-        led.status(fp)
-    except UnknownDatasetError:
-        led.init_dataset(fp, epsilon if epsilon is not None else planned_eps, delta,
-                         name=ledger_name)
-        registered_now = True
-        log(f"dataset {fp[:12]} registered in the ledger with total ε={epsilon or planned_eps:.4g}, δ={delta:g}")
+    committed_before = False  # resume of a run whose release was interrupted after its ledger commit
     cfg_for_ledger = {"hyperparameters": hyper, "output_dir": str(out) if out else None}
+    try:
+        led = _resolve_ledger(ledger)
+        try:
+            status = led.status(fp)
+        except UnknownDatasetError:
+            registered = led.init_dataset(fp, epsilon if epsilon is not None else planned_eps, delta,
+                                          name=ledger_name)
+            registered_now = True
+            log(f"dataset {registered.dataset_id} registered in the ledger with total ε="
+                f"{epsilon or planned_eps:.4g}, δ={delta:g}")
+            status = None
+        if resume and status is not None:
+            mine = [e for e in status.entries if e.resume_key == run_id]
+            committed_before = any(e.state == "committed" for e in mine) and not any(
+                e.state == "reserved" for e in mine)
+        if committed_before:
+            if int(state.get("step", 0)) != T:
+                raise InvalidParameterError(
+                    f"`resume`: the run in {str(out)!r} is committed in the ledger but its checkpoint is at step "
+                    f"{state.get('step', 0)} of {T}; it cannot be finished. Its budget is spent."
+                )
+            reservation = None
+            log("resume: the ledger already holds this run's commit; writing its files from the final "
+                "checkpoint, without a new charge")
+        else:
+            reservation = led.reserve(fp, planned, command="train", config=cfg_for_ledger, resume_key=run_id)
+    except PrivtuneError:
+        # refused before anything was charged: leave no half-made RUN_DIR behind
+        _release.discard_unreserved(created, fresh_files)
+        raise
+    _release.fault_point("after-reserve")
     prog = _make_progress(progress, out / "log.txt" if out is not None else None, planned_eps)
     if checkpoint_every is None:
         checkpoint_every = max(1, min(50, T // 10)) if out is not None else None
@@ -1124,12 +1191,14 @@ def train(
     def save_checkpoint(lp: _Loop) -> None:
         st = lp.state_dict()
         st.update({"run_id": run_id, "fingerprint": fp, "hyperparameters": hyper})
-        tmp = ckpt_path.with_suffix(".tmp")
-        torch.save(st, tmp)
-        os.replace(tmp, ckpt_path)
+        _release.private_torch_save(st, ckpt_path)
         log(f"checkpoint at step {lp.step}/{T}")
+        if 0 < lp.step < T:
+            _release.fault_point("mid-training")
 
-    with led.spend(fp, planned, command="train", config=cfg_for_ledger, resume_key=run_id) as reservation:
+    import contextlib
+
+    with contextlib.nullcontext(reservation):
         fit_data, fit_eval, phys = train_set, eval_set, max_phys
         if prog is not None:
             prog.__enter__()
@@ -1143,9 +1212,11 @@ def train(
                          sampling=sampling, max_physical_batch_size=phys, seed=seed, eval_set=fit_eval,
                          eval_every=eval_every, callback=None, progress=None, delta=delta, accountant=accountant,
                          clipping_diagnostics=clipping_diagnostics, assume_poisson=assume_poisson, device=device)
-            if state is not None:
+            if state is not None and "model" in state:
                 loop.load_state_dict(state)
                 log(f"resumed from step {loop.step}")
+            elif out is not None:
+                save_checkpoint(loop)  # the full step-0 state: the resumed run draws the same noise
             if prog is not None:
                 prog.start_phase(f"DP {mode} (batch loss NOT PRIVATE)", total=T, unit="steps")
                 if loop.step:
@@ -1158,14 +1229,22 @@ def train(
 
                 prog.__exit__(*_sys.exc_info())
         actual = loop.events()
-        reservation.commit(actual)
+        if out is not None and loop.step == T and int((state or {}).get("step", 0)) != T:
+            save_checkpoint(loop)  # the final state: an interrupted release is written again from it
+        _release.fault_point("after-last-step")
     result = _result(loop)
     from privtune.accounting import Certificate
 
     import privtune
 
+    try:  # a resumed, already committed run has no reservation object: ask the ledger
+        dataset_id = getattr(reservation, "dataset_id", None) or led.status(fp).dataset_id
+    except PrivtuneError:
+        dataset_id = None
     metadata = {
-        "command": "train", "mode": mode, "hyperparameters": hyper, "dataset_fingerprint": fp,
+        # the ledger's random dataset id, never a hash of the data (which would let anyone holding the
+        # data minus one row test candidate rows)
+        "command": "train", "mode": mode, "hyperparameters": hyper, "dataset_id": dataset_id,
         "seeds": {"sampler": loop.sampler_seed, "noise": loop.noise_seed, "explicit_seed": seed,
                   "noise_seed_source": ("explicit seed (experiments): the noise generator is seeded with seed + 1, "
                                         "the sampler with seed" if seed is not None else
@@ -1185,7 +1264,7 @@ def train(
         "eval_loss": result.eval["loss"] if result.eval else None,
         "epsilon": cert.epsilon, "delta": delta, "mode": mode, "strategy": None,
         "hyperparameters": hyper, "reported_split": _split_name(eval_data) if eval_set is not None else None,
-        "selection": "none (fixed hyperparameters)", "dataset_fingerprint": fp,
+        "selection": "none (fixed hyperparameters)", "dataset_id": dataset_id,
         "ledger_url": _mask(getattr(led, "url", None)), "ledger_remaining_epsilon": remaining,
         "trainable_parameters": mode_info.num_trainable, "total_parameters": mode_info.num_total,
         "examples_per_second": result.examples_per_second, "train_seconds": result.seconds,
@@ -1195,14 +1274,29 @@ def train(
     if result.clipping_diagnostics is not None:
         history["clipping_diagnostics"] = result.clipping_diagnostics
     if out is not None:
-        clf.save_pretrained(out / "model")
-        cert.save(out / "certificate.json")
-        _write_json(out / "metrics.json", metrics)
-        _write_json(out / "history.json", history)
-        _save_config(out, config if config is not None else _effective_config(
+        run_config = config if config is not None else _effective_config(
             data, eval_data, model, clf, mode, epsilon, noise_multiplier, delta, hyper, ledger, out, text_column,
-            label_column, clipping_diagnostics, phase1_epochs, progress, device_arg))
-        _optional_report(out, log)
+            label_column, clipping_diagnostics, phase1_epochs, progress, device_arg)
+        try:
+            _release.release_files(out, [
+                ("model", lambda d: clf.save_pretrained(d / "model")),
+                ("metrics.json", lambda d: _write_json(d / "metrics.json", metrics)),
+                ("history.json", lambda d: _write_json(d / "history.json", history)),
+                ("config.yaml", lambda d: _save_config(d, run_config)),
+                ("certificate.json", lambda d: cert.save(d / "certificate.json")),
+            ], derived=lambda d: _optional_report(d, log))
+        except OSError as exc:  # a full disk, a permission changed during the run, ...
+            raise PrivtuneError(
+                f"Writing the run's files into {str(out)!r} failed ({exc.strerror or exc}). The ledger reservation "
+                "stays charged (it is never refunded); fix the cause, then run the same command with --resume "
+                "(resume=True): it writes the files from the final checkpoint without a new charge."
+            ) from None
+    # the ledger commit comes only once the release is in place: a crash before it leaves the reservation
+    # charged (never refunded) and `--resume` writes the files again from the final checkpoint
+    if reservation is not None:
+        reservation.commit(actual)
+    _release.fault_point("after-commit")
+    if out is not None:
         if ckpt_path.exists():
             ckpt_path.unlink()
         if ckpt_path.parent.is_dir() and not any(ckpt_path.parent.iterdir()):
@@ -1273,6 +1367,8 @@ def _effective_config(data, eval_data, model, clf, mode, epsilon, noise_multipli
         "data": path_or_none(data) or "<in-memory dataset>",
         "eval_data": path_or_none(eval_data),
         "text_column": text_column, "label_column": label_column,
+        "labels": (list(clf.label_names) if getattr(clf, "label_names", None) is not None
+                   else [str(i) for i in range(clf.num_labels)]) if hasattr(clf, "num_labels") else None,
         "model": path_or_none(model) if not isinstance(model, nn.Module) else getattr(clf, "source", None),
         "mode": mode, "delta": delta, "accountant": hyper["accountant"],
         "steps": hyper["steps"], "batch_size": hyper["batch_size"],

@@ -2,8 +2,8 @@
 
 The flow (each step happens before the next touches more data):
 
-1. validate every argument and the data (empty, single-class, overlapping splits, model
-   path) — errors here cost no budget;
+1. validate every argument and the data (the declared label set, labels outside it, empty data,
+   overlapping splits, model path) — errors here cost no budget;
 2. **plan**: the strategy fixes every trial event from data-independent choices and
    calibrates the final run inside the composition, so that the composed total meets the
    requested ε; an infeasible plan fails at once with the numbers and a fix;
@@ -13,11 +13,16 @@ The flow (each step happens before the next touches more data):
 4. trials (scored on the public validation split, or by a charged noisy score), final run;
 5. one certificate listing every event of every trial and of the final run, the model
    (``save_pretrained``), ``metrics.json`` (accuracy on the **reported** split, which no
-   selector ever saw), ``history.json``, and the HTML report.
+   selector ever saw), ``history.json``, and the HTML report, written into a private staging
+   directory and moved into RUN_DIR (certificate last);
+6. **commit** the events in the ledger, only once the release is in place, then delete the
+   private state file (a crash before the commit stays charged; ``--resume`` finishes the run
+   without a new charge: :mod:`privtune._release`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
 import os
@@ -28,6 +33,7 @@ from typing import Any
 
 import torch
 
+from privtune import _release
 from privtune._validation import check_choice, check_int, check_real
 from privtune.errors import DataError, InvalidParameterError, PrivtuneError
 from privtune.hpo import common
@@ -44,9 +50,13 @@ from privtune.hpo._resume import (  # noqa: F401  (STATE_FILE is part of this mo
     _resume_hint,
     _resume_state,
     _state_path,
+    _write_state_header,
     derive_seed,
 )
 
+#: what tune() releases into RUN_DIR (checked before the reservation: an entry of the wrong kind is an error)
+_RELEASED_FILES = ("certificate.json", "metrics.json", "history.json", "config.yaml", "report.html", "log.txt")
+_RELEASED_DIRS = ("model",)
 STRATEGIES = ("linear-scaling", "hyperfree", "single-step", "random-search", "grid-oracle")
 MODES = ("auto", "last-layer", "bitfit", "lora", "full")
 AUTO_MODES = ("last-layer", "bitfit", "lora")
@@ -110,32 +120,22 @@ class TuneResult:
 
 
 def _load(data: Any, what: str, text_column=None, label_column=None, num_labels=None, label_names=None):
-    from privtune.data import load_dataset
+    """Load a split; with a declared label set (``num_labels``/``label_names``) its labels must be in it."""
+    from privtune.data import ImageDataset, TextDataset, load_dataset
 
     if data is None:
         return None
+    if isinstance(data, (TextDataset, ImageDataset)):
+        return load_dataset(data, num_labels=num_labels, label_names=label_names)
     if hasattr(data, "__len__") and hasattr(data, "kind"):
         return data
     if isinstance(data, (str, os.PathLike)):
         p = Path(data).expanduser()
         if not p.exists():
             raise DataError(f"`{what}` file {str(p)!r} does not exist. Check the path.")
-        kw = {}
-        if num_labels is not None:
-            kw["num_labels"] = num_labels
-        if label_names is not None:
-            kw["label_names"] = label_names
-        try:
-            return load_dataset(str(p), text_column=text_column, label_column=label_column, **kw)
-        except TypeError:
-            return load_dataset(str(p), text_column=text_column, label_column=label_column)
+        return load_dataset(str(p), text_column=text_column, label_column=label_column, num_labels=num_labels,
+                            label_names=label_names)
     raise InvalidParameterError(f"`{what}` must be a path or a privtune dataset. Got {type(data).__name__}.")
-
-
-def _rows(ds) -> set:
-    if getattr(ds, "kind", None) == "text":
-        return {t.strip() for t in ds.texts}
-    return {r for r in ds.canonical_rows()}
 
 
 def _check_train(ds) -> None:
@@ -144,29 +144,14 @@ def _check_train(ds) -> None:
     labels = getattr(ds, "labels", None)
     if labels is None:
         raise DataError("The training data has no labels. Add a label column (e.g. `label`).")
-    labs = labels.tolist() if isinstance(labels, torch.Tensor) else list(labels)
-    if len(set(labs)) < 2:
-        raise DataError(
-            f"The training data has a single class ({labs[0]!r}) in all {len(labs)} rows; a classifier needs "
-            "examples of at least two classes."
-        )
+    # no check of which classes the rows contain: the label set is declared (public), and a refusal that
+    # depends on the rows' classes would tell whoever sees it something about the private data
 
 
 def _check_disjoint(train, other, what: str) -> None:
-    if other is None:
-        return
-    if len(other) == 0:
-        raise DataError(f"`{what}` is empty. Pass a split with labelled examples or leave it out.")
-    if getattr(other, "labels", None) is None:
-        raise DataError(f"`{what}` has no labels; accuracy cannot be computed. Add a label column.")
-    overlap = _rows(train) & _rows(other)
-    if overlap:
-        ex = next(iter(overlap))
-        ex = ex if isinstance(ex, str) else "<binary row>"
-        raise DataError(
-            f"`{what}` overlaps the training data: {len(overlap)} example(s) appear in both (e.g. {ex[:60]!r}). "
-            "Selection and reported accuracy must use held-out examples; remove them from one of the files."
-        )
+    from privtune.data.datasets import check_disjoint
+
+    check_disjoint(train, other, what)
 
 
 def _labels_tensor(ds) -> torch.Tensor:
@@ -212,6 +197,7 @@ def tune(
     write_files: bool = True,
     feature_cache_dir: Any = None,
     resume: bool = False,
+    labels: Any = None,
     **unknown: Any,
 ) -> TuneResult:
     """Tune hyperparameters privately and train, under one total (ε, δ).
@@ -249,12 +235,18 @@ def tune(
     trials, epochs, steps, batch_size, clip, clipping, optimizer : strategy overrides.
     strategy_options : extra keyword arguments of the strategy's config dataclass.
     nonprivate_reference : also compute the NOT PRIVATE grid-oracle reference (never released).
+    labels : the label set, PUBLIC input, in class-index order (``["neg", "pos"]``, or ``[0, 1]`` for
+        integer classes).  Default: the labels of ``public_eval_data``, else the model's own label set
+        (a privtune model or a config that names its classes), else an error; never inferred from the
+        private data.  The embedded demo declares 0/1.  Every split's labels must be in the set.
     resume : continue the interrupted run in ``output_dir`` (same options): its ledger reservation
         is continued (no new charge), completed trials are replayed from the private state file
         ``RUN_DIR/.tune_state.jsonl`` (not recomputed) and the interrupted one is recomputed with the
         same seeds.  Not available for ``grid-oracle`` (it reserves nothing).
     """
     _args = dict(locals())  # every argument as given: RUN_DIR/config.yaml and the resume check
+    if isinstance(labels, (str, list, tuple)):  # [0, 1], "0,1" and --labels 0,1 are one setting (config, resume)
+        _args["labels"] = [str(x).strip() for x in (labels.split(",") if isinstance(labels, str) else labels)]
     t_start = time.time()
     if unknown:  # refuse, never drop: a misspelt option would otherwise run with the default silently
         import difflib
@@ -306,6 +298,8 @@ def tune(
 
     # ---------------------------------------------------------------- data and model
     embedded = data is None
+    from privtune.data.datasets import EMBEDDED_LABELS, declared_label_set
+
     if embedded:
         from privtune.data import embedded_sst2
 
@@ -313,12 +307,15 @@ def tune(
         public_eval_data = pub if public_eval_data is None else public_eval_data
         eval_data = test if eval_data is None else eval_data
         train_source = "embedded SST-2 subset (train 3,000)"
+        if labels is None:
+            labels = list(EMBEDDED_LABELS)  # declared by the demo (public), not read from its rows
     else:
-        train = _load(data, "data", text_column, label_column)
         train_source = str(data) if isinstance(data, (str, os.PathLike)) else "in-memory dataset"
+    # the label set is public input: declared, or a public split's, or the model's; never the private rows'
+    public_probe = _load(public_eval_data, "public_eval_data", text_column, label_column) if labels is None else None
+    num_labels, names, label_source = declared_label_set(labels, model=model, public_data=public_probe)
+    train = _load(train if embedded else data, "data", text_column, label_column, num_labels, names)
     _check_train(train)
-    num_labels = int(getattr(train, "num_labels", None) or (max(_labels_tensor(train).tolist()) + 1))
-    names = getattr(train, "label_names", None)
     eval_set = _load(eval_data, "eval_data", text_column, label_column, num_labels, names)
     public_set = _load(public_eval_data, "public_eval_data", text_column, label_column, num_labels, names)
     _check_disjoint(train, public_set, "public_eval_data")
@@ -356,13 +353,18 @@ def tune(
 
     # run directory and progress
     run_dir = None
+    created_dirs, log_existed = [], True
     if write_files:
         run_dir = Path(output_dir) if output_dir is not None else Path("runs") / _dt.datetime.now().strftime(
             "%Y%m%d-%H%M%S")
-        if run_dir.exists() and any(run_dir.iterdir()) and (run_dir / "certificate.json").exists():
+        _release.check_output_path(run_dir, _RELEASED_FILES, _RELEASED_DIRS)
+        if (run_dir / "certificate.json").exists() and not _state_path(run_dir).exists():
+            # with the state file, an interrupted release (certificate in place, ledger not yet committed)
             raise InvalidParameterError(
                 f"`output` {str(run_dir)!r} already holds a finished run (certificate.json). Pass a new directory.")
-        run_dir.mkdir(parents=True, exist_ok=True)
+        log_existed = (run_dir / "log.txt").exists()
+        # every output path is checked and the directory proven writable before anything is charged
+        created_dirs = _release.prepare_output_dir(run_dir, _RELEASED_FILES, _RELEASED_DIRS)
     # ---------------------------------------------------------------- seeds and resume state (no budget yet)
     run_cfg, unsaved = _effective_config(_args, run_dir)
     state_header, state_entries = _resume_state(resume, run_dir, output_dir, strategy, run_cfg, train_fp)
@@ -380,6 +382,9 @@ def tune(
         from privtune.models import load_classifier
 
         clf = load_classifier(model, num_labels=num_labels, label_names=names, seed=derive_seed(run_seed, "model"))
+        from privtune.models.classifier import check_model_label_set
+
+        check_model_label_set(clf, num_labels, names, label_source)
         log(f"privtune tune: strategy={strategy}, mode={mode}, total ε={eps_total:g}, δ={delta:g}, "
             f"data={train_source} (n={n_train}), selection={common.describe_selection(sel_name_effective)}")
 
@@ -435,17 +440,38 @@ def tune(
                 "touched")
             cm = _null_reservation()
         else:
-            led, fp, ledger_url, registered = _ledger_for(ledger, embedded, run_dir, train_fp, train_name, eps_total,
-                                                          delta, accountant)
-            if registered:
-                log(f"ledger: new dataset {fp[:12]}… registered with total ε = {eps_total:g}, δ = {delta:g} "
-                    f"({ledger_url})")
-            reserved = _cover_candidates(led, fp, mode_plans, eps_total, delta, accountant)
-            if state_header is not None:
-                _check_open_reservation(led, fp, run_id, run_dir)
-            cm = led.spend(fp, reserved, command="tune", delta=delta, resume_key=run_id,
-                           config={"strategy": strategy, "mode": mode, "epsilon": eps_total, "delta": delta,
-                                   "output": str(run_dir) if run_dir is not None else None})
+            fresh_state = False
+            try:
+                led, fp, ledger_url, registered = _ledger_for(ledger, embedded, run_dir, train_fp, train_name,
+                                                              eps_total, delta, accountant)
+                if registered:
+                    log(f"ledger: new dataset {led.status(fp).dataset_id} registered with total ε = "
+                        f"{eps_total:g}, δ = {delta:g} ({ledger_url})")
+                reserved = _cover_candidates(led, fp, mode_plans, eps_total, delta, accountant)
+                committed = None
+                if state_header is not None:
+                    committed = _check_open_reservation(led, fp, run_id, run_dir, state_entries)
+                elif run_dir is not None:
+                    _write_state_header(run_dir, run_id, run_seed, fp, run_cfg)
+                    fresh_state = True
+                if committed is not None:  # interrupted after its commit: write the release, charge nothing
+                    log(f"resume: ledger entry {committed.entry_id} is already committed; the run is finished "
+                        "from its state without a new charge")
+                    cm = contextlib.nullcontext(_CommittedEntry(committed.entry_id))
+                else:
+                    # the ledger commit comes only after the release is in place (below), never on leaving
+                    # this block
+                    cm = contextlib.nullcontext(led.reserve(
+                        fp, reserved, command="tune", delta=delta, resume_key=run_id,
+                        config={"strategy": strategy, "mode": mode, "epsilon": eps_total, "delta": delta,
+                                "output": str(run_dir) if run_dir is not None else None}))
+            except PrivtuneError:
+                # refused before anything was charged: leave no half-made RUN_DIR behind
+                if run_dir is not None:
+                    _release.discard_unreserved(created_dirs, ([] if log_existed else [run_dir / "log.txt"])
+                                                + ([_state_path(run_dir)] if fresh_state else []))
+                raise
+            _release.fault_point("after-reserve")
         with cm as reservation:
             if strategy != "grid-oracle":  # seeds, completed trials and replay (see _Journal)
                 journal = _open_journal(run_dir, state_header, state_entries, run_seed, run_id, run_cfg, unsaved, fp,
@@ -468,11 +494,15 @@ def tune(
                 events = pre + [e for t in pilot_records for e in t.events] + list(outcome.certificate_events)
             else:
                 events = pre + [e for t in trial_list for e in t.events] + list(outcome.final_events)
-            if strategy != "grid-oracle":
-                reservation.commit(events)
+            _release.fault_point("after-last-step")
 
         # ------------------------------------------------------------ report
         from privtune.accounting import Certificate
+
+        # published: the ledger's random dataset id, never a hash of the data (grid-oracle: no ledger, none)
+        dataset_id = None
+        if strategy != "grid-oracle":  # a resumed, already committed run holds no reservation: ask the ledger
+            dataset_id = getattr(reservation, "dataset_id", None) or led.status(fp).dataset_id
 
         if pilot_records and sel_name_effective == "none":
             sel_name_effective = sel_name  # the mode-auto pilots were scored with it
@@ -485,7 +515,7 @@ def tune(
             "reported_split": _split_name(eval_data, embedded),
             "reported_split_used_for_selection": False,
             "total_epsilon_requested": eps_total, "seed": seed, "trials": len(trial_list),
-            "dataset_fingerprint": fp, "plan": as_plain(plan.notes),
+            "dataset_id": dataset_id, "plan": as_plain(plan.notes),
             "notes": [*(outcome.strategy_data.get("notes", []) or [])],
         }
         metadata.update(_trial_section(trial_list, outcome, strategy))
@@ -515,7 +545,7 @@ def tune(
             "mode": used_mode, "hyperparameters": as_plain(outcome.final_hyperparameters),
             "reported_split": _split_name(eval_data, embedded), "selection": sel_name_effective,
             "selection_description": common.describe_selection(sel_name_effective),
-            "dataset_fingerprint": fp, "ledger_url": ledger_url, "ledger_remaining_epsilon": remaining,
+            "dataset_id": dataset_id, "ledger_url": ledger_url, "ledger_remaining_epsilon": remaining,
             "total_epsilon": eps_total, "n_train": n_train, "trials": len(trial_list),
             "ledger_registered_new_dataset": registered,
             "wall_time_s": None,
@@ -541,8 +571,14 @@ def tune(
                 log(f"note: config.yaml cannot hold {', '.join(unsaved)} (in-memory objects, not paths); rerunning "
                     "from it needs them passed again")
             _write_run(run_dir, final_model, cert, metrics, history, run_cfg, log)
+        # committed only once the release is in place: a crash before leaves the reservation charged (never
+        # refunded) and `--resume` writes the release again from the state file
+        if strategy != "grid-oracle" and reservation.state == "reserved":
+            reservation.commit(events)
+        _release.fault_point("after-commit")
+        if run_dir is not None:
             # the state file holds the noise seeds: with them anyone could subtract the noise from the
-            # released model, so it goes as soon as the run's files are written
+            # released model, so it goes as soon as the run's files are written and committed
             sp = _state_path(run_dir)
             if sp.exists():
                 sp.unlink()
@@ -556,11 +592,7 @@ def tune(
         if journal is not None:  # reserved: the reservation stays charged; say how to continue without a new one
             import sys
 
-            if getattr(journal.reservation, "state", None) == "committed":
-                hint = ("interrupted after the run's privacy cost was committed to the ledger: the budget is spent "
-                        f"and some files in {run_dir} may be missing; nothing can be resumed.")
-            else:
-                hint = _resume_hint(run_dir if journal.path is not None else None, journal.config_written)
+            hint = _resume_hint(run_dir if journal.path is not None else None, journal.config_written)
             prog.runlog.write(hint)
             print(hint, file=sys.stderr)
         raise
@@ -701,7 +733,14 @@ def _plan(strategy, mode, eps_total, delta, n, options, sel_sigma, prefix, accou
         cfg = _config(linear_scaling.LinearScalingConfig, options)
         _apply_clip_overrides(cfg, clip, clipping)
         if trials is not None:
-            cfg.runs_per_sweep = max(1, int(trials) // 2)
+            # two sweeps of the same size: an odd count cannot be split, and used to be rounded down silently
+            t = check_int(trials, "trials", low=2)
+            if t % 2:
+                raise InvalidParameterError(
+                    f"`trials` must be even for strategy='linear-scaling': it runs two sweeps of trials/2 runs each "
+                    f"(the paper: 2 × 3). Got {t}. Pass {t - 1} or {t + 1}."
+                )
+            cfg.runs_per_sweep = t // 2
         if mode == "last-layer":
             p = linear_scaling.plan(cfg, eps_total, delta, score_event=score_event, accountant=accountant,
                                     prefix_events=prefix)
@@ -1006,12 +1045,11 @@ class _null_reservation:
 
 
 def _dataset_identity(train) -> tuple[str, str | None]:
-    """(fingerprint, ledger name) of the whole training set, exactly as ``privtune train`` names it.
+    """(content SHA-256, ledger name) of the whole training set, exactly as ``privtune train`` identifies it.
 
-    The file's content is fingerprinted (in-memory data: its canonical rows); the name is
-    ``"<file name>#<fingerprint[:8]>"``, which is never an existing path, so ``--data train.tsv``
-    run from the folder holding ``train.tsv`` registers fine (a bare ``train.tsv`` is refused by
-    the ledger as ambiguous with the path)."""
+    The file's content is fingerprinted (in-memory data: its canonical rows); the digest stays in
+    this process and the private state file, the ledger keys it.  No name: the ledger assigns the
+    dataset a random id, which is what the run directory publishes."""
     from privtune.ledger import dataset_identity
 
     return dataset_identity(train)
@@ -1027,7 +1065,12 @@ def _ledger_for(url, embedded, run_dir, fp, name, eps, delta, accountant):
 
             run_dir = Path(tempfile.mkdtemp(prefix="privtune-demo-"))
         url = f"sqlite:///{(Path(run_dir) / 'ledger.db').resolve()}"
-    led = Ledger(url)
+        # the demo ledger sits in the run directory, its key never does
+        from privtune.ledger._key import demo_key_path
+
+        led = Ledger(url, key_file=demo_key_path(Path(run_dir) / "ledger.db"))
+    else:
+        led = Ledger(url)
     registered = False
     try:
         led.status(fp)
@@ -1090,28 +1133,56 @@ def _final_curves(h: dict) -> dict:
     return as_plain(out)
 
 
+class _CommittedEntry:
+    """Stands for the ledger entry of a resumed run that was committed before its files were written."""
+
+    state = "committed"
+    resumed = True
+
+    def __init__(self, entry_id: str):
+        self.entry_id = entry_id
+
+
 def _write_run(run_dir: Path, model, cert, metrics, history, cfg, log) -> None:
-    if model is not None:
-        model.save_pretrained(run_dir / "model")
-    cert.save(run_dir / "certificate.json")
-    (run_dir / "metrics.json").write_text(json.dumps(as_plain(metrics), indent=2, sort_keys=True), encoding="utf-8")
-    (run_dir / "history.json").write_text(json.dumps(as_plain(history), indent=2), encoding="utf-8")
-    try:
-        from privtune.config import save_effective_config
-
-        save_effective_config({k: v for k, v in cfg.items() if v is not None}, run_dir, command="tune")
-    except Exception as exc:  # config is informative; never lose a finished run over it
-        log(f"warning: config.yaml not written ({type(exc).__name__}: {exc})")
-    try:
-        from privtune.report import write_report
-
-        write_report(run_dir)
-    except Exception as exc:
-        log(f"warning: report.html not written ({type(exc).__name__}: {exc})")
-    if model is not None:
+    """Stage the released files in a private directory, move them into RUN_DIR (certificate last), then
+    write the derived report and model card (:func:`privtune._release.release_files`)."""
+    def write_config(d: Path) -> None:
         try:
-            from privtune.report import write_model_card
+            from privtune.config import save_effective_config
 
-            write_model_card(run_dir)
+            save_effective_config({k: v for k, v in cfg.items() if v is not None}, d, command="tune")
+        except Exception as exc:  # config is informative; never lose a finished run over it
+            log(f"warning: config.yaml not written ({type(exc).__name__}: {exc})")
+
+    def derived(d: Path) -> None:
+        try:
+            from privtune.report import write_report
+
+            write_report(d)
         except Exception as exc:
-            log(f"warning: model card not written ({type(exc).__name__}: {exc})")
+            log(f"warning: report.html not written ({type(exc).__name__}: {exc})")
+        if model is not None:
+            try:
+                from privtune.report import write_model_card
+
+                write_model_card(d)
+            except Exception as exc:
+                log(f"warning: model card not written ({type(exc).__name__}: {exc})")
+
+    writers = [("model", lambda d: model.save_pretrained(d / "model"))] if model is not None else []
+    writers += [
+        ("metrics.json", lambda d: (d / "metrics.json").write_text(
+            json.dumps(as_plain(metrics), indent=2, sort_keys=True), encoding="utf-8")),
+        ("history.json", lambda d: (d / "history.json").write_text(
+            json.dumps(as_plain(history), indent=2), encoding="utf-8")),
+        ("config.yaml", write_config),
+        ("certificate.json", lambda d: cert.save(d / "certificate.json")),
+    ]
+    try:
+        _release.release_files(run_dir, writers, derived=derived)
+    except OSError as exc:  # a full disk, a permission changed during the run, ...
+        raise PrivtuneError(
+            f"Writing the run's files into {str(run_dir)!r} failed ({exc.strerror or exc}). The ledger reservation "
+            "stays charged (it is never refunded); fix the cause, then run the same command with --resume: it "
+            "writes the files again without a new charge."
+        ) from None

@@ -43,8 +43,8 @@ def _base_model(run: RunData) -> tuple[str, str]:
 def _dataset(run: RunData) -> tuple[str, str]:
     name = run.metrics.get("dataset_name") or run.metadata.get("dataset_name")
     data = run.config.get("data")
-    fp = run.metrics.get("dataset_fingerprint")
-    fp_txt = f" (fingerprint `{fp}`)" if fp else ""
+    dataset_id = run.metrics.get("dataset_id")  # the ledger's random id: never a hash of the data
+    fp_txt = f" (ledger dataset id `{dataset_id}`)" if dataset_id else ""
     if name:
         return str(name), f"`{name}`{fp_txt}"
     if data:
@@ -84,6 +84,10 @@ def _public_items(run: RunData, base_words: str) -> list[str]:
         where = f" (`{ev}`)" if ev else ""
         items.append(f"the validation split{where} that the user declared public; trials were scored on it at no "
                      "privacy cost")
+    labels = run.config.get("labels")
+    shown = f" ({', '.join(map(str, labels))})" if isinstance(labels, list) and labels else ""
+    items.append(f"the label set{shown}: the classes and their number (the classifier head's shape), declared by "
+                 "the user, a public split or the base model; never read from the private training data")
     if run.trials or run.strategy_name:
         items.append("the hyperparameter search space (ranges and grids), fixed before any private data was read")
     items.append("the number of training examples, used to set the sampling rate q = batch size / n (standard "
