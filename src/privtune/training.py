@@ -120,6 +120,9 @@ class TrainResult:
     history: dict
     output_dir: Path | None
     events: list
+    #: NOT PRIVATE figures kept out of the release (``RUN_DIR/not_private/``): the noise-free batch loss,
+    #: clipping diagnostics, the exact examples per second
+    not_private: dict = field(default_factory=dict)
 
 
 # ============================================================================================ helpers
@@ -1178,17 +1181,24 @@ def train(
         "selection": "none (fixed hyperparameters)", "dataset_fingerprint": fp,
         "ledger_url": _mask(getattr(led, "url", None)), "ledger_remaining_epsilon": remaining,
         "trainable_parameters": mode_info.num_trainable, "total_parameters": mode_info.num_total,
-        "examples_per_second": result.examples_per_second, "train_seconds": result.seconds,
+        # wall time and steps are data-independent; the exact example count is not (Σ_t |S_t|): NOT PRIVATE
+        "train_seconds": result.seconds, "steps_per_second": loop.step / result.seconds if result.seconds else None,
+        "examples_per_second": result.examples_per_second,
         "steps": loop.step, "device": str(loop.device),
     }
     history = {"final_run": result.history, "trials": [], "strategy": {"name": "fixed"}}
     if result.clipping_diagnostics is not None:
         history["clipping_diagnostics"] = result.clipping_diagnostics
+    from privtune.report.release import mark_seeded, split_release, write_not_private
+
+    mark_seeded(cert, metrics, seed)
+    metrics, history, not_private = split_release(metrics, history)
     if out is not None:
         clf.save_pretrained(out / "model")
         cert.save(out / "certificate.json")
         _write_json(out / "metrics.json", metrics)
         _write_json(out / "history.json", history)
+        write_not_private(out, not_private)
         _save_config(out, config if config is not None else _effective_config(
             data, eval_data, model, clf, mode, epsilon, noise_multiplier, delta, hyper, ledger, out, text_column,
             label_column, clipping_diagnostics, phase1_epochs, progress, device_arg))
@@ -1199,7 +1209,7 @@ def train(
             ckpt_path.parent.rmdir()
         log(f"done: ε={cert.epsilon:.4g} δ={delta:g} accuracy={metrics['accuracy']}")
     return TrainResult(model=clf, certificate=cert, metrics=metrics, history=history, output_dir=out,
-                       events=actual)
+                       events=actual, not_private=not_private)
 
 
 def _cached_for_last_layer(clf, train_set, eval_set, prog, log):

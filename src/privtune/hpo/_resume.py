@@ -219,6 +219,8 @@ class _Journal:
         self.trials_expected: int | None = None
         self.show_epsilon = True
         self.replayed = 0
+        #: repeat-and-select random search: per-trial progress would publish the hidden number of trials
+        self.hide_trials = False
         self.config_written = False
         self.reservation = None
 
@@ -333,7 +335,9 @@ class _JournalBackend:
                 j.replayed += 1
                 events = [event_from_dict(d) for d in e["events"]]
                 j.spent += events
-                j.prog.log(f"{name}: completed before the interruption; replayed from the run state, not recomputed")
+                if not j.hide_trials:
+                    j.prog.log(f"{name}: completed before the interruption; replayed from the run state, not "
+                               "recomputed")
                 return TrialRun(state=_state_from_json(e.get("state"), label), events=events,
                                 history=e.get("history") or {})
         kw["seed"] = derive_seed(j.seed, "run", index)
@@ -355,7 +359,7 @@ class _JournalBackend:
                               "history": as_plain(res.history or {}), "state": _state_to_json(res.state)})
         else:
             j.report_epsilon()
-        if not model and j.prog.phase is not None:
+        if not model and j.prog.phase is not None and not j.hide_trials:
             j.prog.advance(1)
         return res
 

@@ -40,9 +40,16 @@ def _base_model(run: RunData) -> tuple[str, str]:
     return Path(str(model)).name if os.sep in str(model) else str(model), f"`{model}`"
 
 
+def _is_demo(run: RunData) -> bool:
+    """`privtune tune` without --data: the embedded demo (its split is declared public by privtune)."""
+    return not run.config.get("data") and bool(run.metrics.get("strategy") or run.strategy_name)
+
+
 def _dataset(run: RunData) -> tuple[str, str]:
     name = run.metrics.get("dataset_name") or run.metadata.get("dataset_name")
     data = run.config.get("data")
+    if data:  # the file name at most: a path on the trainer's machine does not belong in a published card
+        data = Path(str(data)).name
     fp = run.metrics.get("dataset_fingerprint")
     fp_txt = f" (fingerprint `{fp}`)" if fp else ""
     if name:
@@ -80,10 +87,15 @@ def _public_items(run: RunData, base_words: str) -> list[str]:
     items = [f"the pretrained weights of {base_words}, assumed not to contain the private training data"]
     sel = str(run.metrics.get("selection") or run.metadata.get("selection") or "")
     if "public" in sel.lower():
-        ev = run.config.get("public_eval_data") or run.config.get("eval_data")
-        where = f" (`{ev}`)" if ev else ""
-        items.append(f"the validation split{where} that the user declared public; trials were scored on it at no "
-                     "privacy cost")
+        if _is_demo(run):
+            items.append("the 500 phrases of the embedded demo's public validation split, declared public by the demo "
+                         "(privtune's data manifest), not by the user; trials were scored on it at no privacy cost. "
+                         "They are containment-disjoint from the private phrases")
+        else:
+            ev = run.config.get("public_eval_data") or run.config.get("eval_data")
+            where = f" (`{Path(str(ev)).name}`)" if ev else ""
+            items.append(f"the validation split{where} that the user declared public; trials were scored on it at "
+                         "no privacy cost")
     if run.trials or run.strategy_name:
         items.append("the hyperparameter search space (ranges and grids), fixed before any private data was read")
     items.append("the number of training examples, used to set the sampling rate q = batch size / n (standard "
@@ -100,9 +112,14 @@ def render_model_card(run: RunData) -> str:
     eps, delta = run.epsilon, run.delta
     n_trials = len(run.trials)
     strategy = run.strategy_name
+    selected_only = str(run.strategy.get("published") or "").startswith("selected trial only")
     lines = [_front_matter(run, base, dataset)]
     title = f"{run.run_dir.name}: differentially private fine-tune of {base}"
     lines.append(f"# {title}\n")
+    if run.seeded:
+        from privtune.report.release import seeded_notice
+
+        lines.append(f"> **{seeded_notice(True)}**\n")
     lines.append("## Privacy guarantee\n")
     if eps is None or delta is None:
         lines.append("**No privacy certificate was found for this model: it has no stated guarantee.**\n")
@@ -113,7 +130,9 @@ def render_model_card(run: RunData) -> str:
             "cost was **not** charged (the grid oracle). The model as a whole therefore has **no** end-to-end "
             "differential-privacy guarantee. Do not release it as a private model.\n")
     else:
-        what = (f"the whole process that produced it: hyperparameter tuning ({n_trials} trials"
+        trials_words = ("a random number of trials, repeat-and-select; only the selected trial is published"
+                        if selected_only else f"{n_trials} trials")
+        what = (f"the whole process that produced it: hyperparameter tuning ({trials_words}"
                 f"{', strategy ' + strategy if strategy else ''}) **and** the final training run"
                 if n_trials or strategy else "the training run that produced it")
         lines.append(
@@ -140,6 +159,10 @@ def render_model_card(run: RunData) -> str:
     if isinstance(run.history.get("clipping_diagnostics"), dict):
         np_items.append("clipping diagnostics (gradient-norm statistics) were computed without noise; they are "
                         "NOT PRIVATE and are not part of this release")
+    if (run.run_dir / "not_private").is_dir():
+        np_items.append("figures computed from the private data without noise (the per-step batch loss, clipping "
+                        "diagnostics, the exact number of examples processed) stay with the trainer in "
+                        "`not_private/`; they are NOT PRIVATE and not part of this release")
     if np_items:
         lines.append("### Computed without privacy (NOT PRIVATE, kept out of the release)\n")
         lines += [f"- {i}" for i in np_items]
