@@ -52,3 +52,17 @@ def test_model_card_custom_base_model_and_data(tmp_path):
     fm, body = _split(write_model_card(run).read_text())
     assert fm["base_model"] == "my-bert" and fm["datasets"] == ["reviews"]
     assert "the training run that produced it" in body and "search space" not in body
+
+
+def test_model_card_names_the_training_file_not_its_path(tmp_path):
+    run = make_run(tmp_path / "run", "train", reference=False, clipping=False)
+    (run / "config.yaml").write_text("data: /home/alice/secret/reviews.tsv\nepsilon: 1.0\n")
+    _, body = _split(write_model_card(run).read_text())
+    assert "reviews.tsv" in body and "/home/alice" not in body
+
+
+def test_model_card_of_the_demo_says_the_demo_declared_its_split_public(tmp_path):
+    run = make_run(tmp_path / "run", "hyperfree", reference=False, clipping=False)
+    (run / "config.yaml").write_text("epsilon: 1.0\nstrategy: hyperfree\n")  # no --data: the embedded demo
+    _, body = _split(write_model_card(run).read_text())
+    assert "declared public by the demo" in body and "the user declared public" not in body

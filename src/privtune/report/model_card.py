@@ -210,7 +210,8 @@ def write_model_card(run_dir: str | os.PathLike) -> Path:
     Raises:
         InvalidParameterError: ``run_dir`` is not a run directory.
     """
-    run = load_run(run_dir)
+    # the NOT PRIVATE part is read only to name what exists (never a value of it) in the card
+    run = load_run(run_dir, include_non_private=True)
     model_dir = Path(run_dir) / "model"
     model_dir.mkdir(parents=True, exist_ok=True)
     path = model_dir / "README.md"
