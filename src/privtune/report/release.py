@@ -137,7 +137,7 @@ def mark_seeded(cert: Any, metrics: dict, seed: Any) -> None:
     if notice is None:
         return
     cert.notes.insert(0, notice)
-    cert.metadata["label"] = SEEDED_LABEL
-    cert.metadata["not_private"] = notice
-    metrics["label"] = SEEDED_LABEL
+    cert.metadata.setdefault("label", SEEDED_LABEL)  # a run already labelled NOT PRIVATE (grid oracle) keeps it
+    cert.metadata["seeded"] = notice
+    metrics.setdefault("label", SEEDED_LABEL)
     metrics["seeded"] = True

@@ -81,8 +81,8 @@ class RunData:
         """True for a run with an explicit seed (its noise is reproducible: NOT PRIVATE)."""
         from privtune.report.release import SEEDED_LABEL
 
-        return (self.metadata.get("label") == SEEDED_LABEL or self.metrics.get("label") == SEEDED_LABEL
-                or bool(self.metrics.get("seeded")))
+        return (self.metadata.get("label") == SEEDED_LABEL or bool(self.metadata.get("seeded"))
+                or self.metrics.get("label") == SEEDED_LABEL or bool(self.metrics.get("seeded")))
 
     @property
     def not_private(self) -> bool:
