@@ -1099,7 +1099,7 @@ def _final_curves(h: dict) -> dict:
     if h.get("train_loss"):
         out["train_loss"] = h["train_loss"]
         out["train_loss_step"] = h.get("train_loss_step")
-        out["train_loss_label"] = h.get("train_loss_label", "privatised")
+        out["train_loss_label"] = h.get("train_loss_label", "NOT PRIVATE (unlabelled loss)")  # never assumed private
     for k in ("R_l", "accepted", "acceptance_rate"):
         if k in h:
             out[k] = h[k]
