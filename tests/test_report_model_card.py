@@ -57,8 +57,11 @@ def test_model_card_custom_base_model_and_data(tmp_path):
 def test_model_card_names_the_training_file_not_its_path(tmp_path):
     run = make_run(tmp_path / "run", "train", reference=False, clipping=False)
     (run / "config.yaml").write_text("data: /home/alice/secret/reviews.tsv\nepsilon: 1.0\n")
-    _, body = _split(write_model_card(run).read_text())
-    assert "reviews.tsv" in body and "/home/alice" not in body
+    metrics = json.loads((run / "metrics.json").read_text())
+    metrics["reported_split"] = "/home/alice/secret/dev.tsv"
+    (run / "metrics.json").write_text(json.dumps(metrics))
+    text = write_model_card(run).read_text()
+    assert "reviews.tsv" in text and "dev.tsv" in text and "/home/alice" not in text
 
 
 def test_model_card_of_the_demo_says_the_demo_declared_its_split_public(tmp_path):

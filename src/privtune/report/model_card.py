@@ -40,6 +40,12 @@ def _base_model(run: RunData) -> tuple[str, str]:
     return Path(str(model)).name if os.sep in str(model) else str(model), f"`{model}`"
 
 
+def _file_name(value: Any) -> str:
+    """A path as its file name: paths on the trainer's machine do not belong in a published card."""
+    text = str(value)
+    return Path(text).name if os.sep in text else text
+
+
 def _is_demo(run: RunData) -> bool:
     """`privtune tune` without --data: the embedded demo (its split is declared public by privtune)."""
     return not run.config.get("data") and bool(run.metrics.get("strategy") or run.strategy_name)
@@ -75,7 +81,7 @@ def _front_matter(run: RunData, base: str, dataset: str) -> str:
     if isinstance(acc, (int, float)):
         result = {"task": {"type": "text-classification"},
                   "dataset": {"name": dataset, "type": dataset,
-                              "split": str(run.metrics.get("reported_split", "test"))},
+                              "split": _file_name(run.metrics.get("reported_split", "test"))},
                   "metrics": [{"type": "accuracy", "value": round(float(acc), 4),
                                "name": f"accuracy (ε = {run.epsilon:.3g}, δ = {run.delta:.0e})"
                                if run.epsilon is not None and run.delta is not None else "accuracy"}]}
@@ -185,7 +191,8 @@ def render_model_card(run: RunData) -> str:
     lines.append("## Training\n")
     rows = [("fine-tuning mode", run.metrics.get("mode")), ("tuning strategy", strategy),
             ("trial selection", run.metrics.get("selection") or run.metadata.get("selection")),
-            ("accuracy", f"{100 * run.metrics['accuracy']:.2f} % on {run.metrics.get('reported_split', 'the reported split')}"
+            ("accuracy", f"{100 * run.metrics['accuracy']:.2f} % on "
+                         f"{_file_name(run.metrics.get('reported_split', 'the reported split'))}"
              if isinstance(run.metrics.get("accuracy"), (int, float)) else None)]
     hp = run.metrics.get("hyperparameters")
     if isinstance(hp, dict):
