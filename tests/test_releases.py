@@ -105,6 +105,16 @@ def test_unseeded_train_has_no_seeded_banner(files, tmp_path):
     assert "NOT PRIVATE: seeded" not in (r.output_dir / "model" / "README.md").read_text()
 
 
+def test_seeded_train_cli_prints_the_banner(files, tmp_path, capsys):
+    from privtune.cli import main
+
+    rc = main(["train", "--data", files["train"], "--eval-data", files["dev"], "--model", str(files["model"]),
+               "--mode", "last-layer", "--epsilon", "2", "--delta", "1e-3", "--steps", "2", "--batch-size", "20",
+               "--seed", "7", "--ledger", f"sqlite:///{tmp_path / 'c.db'}", "--output", str(tmp_path / "c"),
+               "--quiet"])
+    assert rc == 0 and "NOT PRIVATE: seeded" in capsys.readouterr().out
+
+
 def test_seeded_tune_is_labelled_not_private(files, tmp_path):
     r = _tune(files, tmp_path, strategy="single-step", seed=5)
     cert = json.loads((r.run_dir / "certificate.json").read_text())
