@@ -510,8 +510,10 @@ def _open_journal(run_dir, header, entries, run_seed, run_id, cfg, unsaved, fing
             prog.log(f"warning: config.yaml not written ({type(exc).__name__}: {exc})")
     if header is not None:
         n = sum(1 for e in entries if e.get("kind") == "score")
+        # random search may run under repeat-and-select, whose number of trials must not be published
+        done = "the completed trials" if cfg.get("strategy") == "random-search" else f"{n} completed trial(s)"
         prog.log(f"resume: continuing ledger reservation {getattr(reservation, 'entry_id', '?')} "
-                 f"({'resumed' if getattr(reservation, 'resumed', False) else 'NEW'}); {n} completed trial(s) "
+                 f"({'resumed' if getattr(reservation, 'resumed', False) else 'NEW'}); {done} "
                  "will be replayed from the run state, the interrupted one recomputed with the same seeds")
         if not getattr(reservation, "resumed", True):  # pragma: no cover - _check_open_reservation ran first
             raise PrivtuneError("internal error: a resumed run opened a new ledger reservation (it stays charged); "
