@@ -8,8 +8,9 @@
   events of what it did.  Hyperparameter tuning (:mod:`privtune.hpo`) calls it for every trial.
 * :func:`train` is a complete run: validate every argument, load and check the data and the model,
   calibrate σ from (ε, δ) when asked, **reserve the planned events in the ledger before any
-  computation on the data**, fit with progress and checkpoints (exact resume), evaluate, commit the
-  actual events, and export ``RUN_DIR`` (model, certificate, metrics, history, config, log).
+  computation on the data**, fit with progress and checkpoints (exact resume), evaluate, release
+  ``RUN_DIR`` (model, certificate, metrics, history, config, log: staged, then moved into place)
+  and only then commit the actual events (:mod:`privtune._release`).
 
 During DP training the model runs in eval mode (dropout off, as in seed 002's fine-tuning recipe);
 this also makes resumed runs bit-for-bit identical to uninterrupted ones with a fixed seed.
@@ -33,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from privtune import _release
 from privtune._validation import (
     _suggest_delta,
     check_choice,
@@ -56,6 +58,9 @@ NOT_PRIVATE_LOSS = (
     "do not publish)"
 )
 CHECKPOINT_FILE = "checkpoint.pt"
+#: what train() releases into RUN_DIR (checked before the reservation: an entry of the wrong kind is an error)
+_RELEASED_FILES = ("certificate.json", "metrics.json", "history.json", "config.yaml", "report.html", "log.txt")
+_RELEASED_DIRS = ("model", "checkpoints")
 
 
 # ============================================================================================ results
@@ -804,9 +809,21 @@ def fit_nonprivate(model: nn.Module, train_set: Any, *, epochs: float = 1.0, bat
 # ============================================================================================ train
 
 
+def _check_ledger_arg(ledger: Any) -> None:
+    """A ledger argument is None, a URL/path or a Ledger: anything else is refused before any work."""
+    if ledger is None or isinstance(ledger, (str, os.PathLike)):
+        return
+    if not all(callable(getattr(ledger, name, None)) for name in ("reserve", "status", "init_dataset")):
+        raise InvalidParameterError(
+            f"`ledger` must be a Ledger, a ledger URL such as 'sqlite:////path/ledger.db', or None "
+            f"($PRIVTUNE_LEDGER or ~/.privtune/ledger.db). Got {ledger!r} ({type(ledger).__name__})."
+        )
+
+
 def _resolve_ledger(ledger: Any):
     from privtune.ledger import Ledger
 
+    _check_ledger_arg(ledger)
     if ledger is None or isinstance(ledger, (str, os.PathLike)):
         return Ledger(None if ledger is None else str(ledger))
     return ledger
@@ -905,7 +922,9 @@ def train(
         log.txt, checkpoint); None writes nothing.
     seed : seeds head init, sampler and noise (recorded in the certificate); None uses OS entropy.
     resume : continue an interrupted run in ``output_dir`` from its checkpoint, bit for bit (same
-        arguments required; the ledger reservation is continued, not charged twice).
+        arguments required; the ledger reservation is continued, not charged twice).  A run interrupted
+        while writing its files, even after its ledger commit, is finished from its final checkpoint
+        without a new charge.
     phase1_epochs : two-phase only: epochs of DP full fine-tuning before DP-BiTFiT (default 1).
     lora_rank, lora_alpha, lora_target_modules : mode="lora" only: rank r ≥ 1 (default 8), scaling α > 0
         (default 16; the update is α/r · B A) and the names of the modules that get adapters (a list, or
@@ -976,8 +995,11 @@ def train(
     from privtune.models import resolve_device
 
     device_arg, device = device, resolve_device(device)
+    _check_ledger_arg(ledger)
     out = Path(output_dir).expanduser() if output_dir is not None else None
     ckpt_path = out / "checkpoints" / CHECKPOINT_FILE if out is not None else None
+    if out is not None:
+        _release.check_output_path(out, _RELEASED_FILES, _RELEASED_DIRS)
     if resume:
         if out is None:
             raise InvalidParameterError("`resume=True` needs `output_dir` (the RUN_DIR of the interrupted run).")
@@ -986,14 +1008,15 @@ def train(
                 f"`resume`: no checkpoint at {str(ckpt_path)!r}. Got output_dir={str(out)!r}. Run without --resume "
                 "to start a new run, or pass the RUN_DIR of an interrupted one."
             )
-    elif out is not None and out.exists() and (out / "certificate.json").exists():
-        raise InvalidParameterError(
-            f"`output_dir` {str(out)!r} already holds a finished run. Pass a new directory."
-        )
     elif out is not None and ckpt_path.exists():
+        # checked first: an interrupted release may already have put certificate.json in place
         raise InvalidParameterError(
             f"`output_dir` {str(out)!r} holds an interrupted run. Pass resume=True (--resume) to continue it, "
             "or a new directory."
+        )
+    elif out is not None and out.exists() and (out / "certificate.json").exists():
+        raise InvalidParameterError(
+            f"`output_dir` {str(out)!r} already holds a finished run. Pass a new directory."
         )
 
     # ---------------------------------------------------------------- 2. data and model (validated, no budget)
@@ -1080,9 +1103,17 @@ def train(
     # ---------------------------------------------------------------- 4. run directory and resume state
     run_id = uuid.uuid4().hex
     state = None
+    created: list[Path] = []
+    fresh_files: list[Path] = []  # what this call writes before the reservation (removed if it is refused)
     if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "checkpoints").mkdir(exist_ok=True)
+        # every output path is checked and the directory proven writable before anything is charged
+        log_existed = (out / "log.txt").exists()
+        created = _release.prepare_output_dir(out, _RELEASED_FILES, _RELEASED_DIRS)
+        if not log_existed:
+            fresh_files.append(out / "log.txt")
+        if not (out / "checkpoints").exists():
+            created.append(out / "checkpoints")
+        _release.private_dir(out / "checkpoints")  # holds the noise generator's state: 0700, files 0600
         if resume:
             state = torch.load(ckpt_path, weights_only=False, map_location="cpu")  # any device resumes
             if state.get("fingerprint") != fp or state.get("hyperparameters") != hyper:
@@ -1093,23 +1124,53 @@ def train(
                     "data and hyperparameters."
                 )
             run_id = state["run_id"]
+        else:
+            # the run id and a step-0 state exist before the reservation: a run killed at any later point
+            # resumes under the same reservation instead of being charged again
+            _release.private_torch_save({"format": 1, "step": 0, "run_id": run_id, "fingerprint": fp,
+                                         "hyperparameters": hyper}, ckpt_path)
+            fresh_files.append(ckpt_path)
     log = _Log(out / "log.txt" if out is not None else None)
     log(f"{'resume' if resume else 'start'} privtune train: mode={mode} N={n} q={q:.5g} T={T} σ={sigma:.5g} "
         f"planned ε={planned_eps:.4g} δ={delta:g}")
 
     # ---------------------------------------------------------------- 5. ledger reservation, then training
-    led = _resolve_ledger(ledger)
     from privtune.errors import UnknownDatasetError
 
     registered_now = False
-    try:
-        led.status(fp)
-    except UnknownDatasetError:
-        led.init_dataset(fp, epsilon if epsilon is not None else planned_eps, delta,
-                         name=ledger_name)
-        registered_now = True
-        log(f"dataset {fp[:12]} registered in the ledger with total ε={epsilon or planned_eps:.4g}, δ={delta:g}")
+    committed_before = False  # resume of a run whose release was interrupted after its ledger commit
     cfg_for_ledger = {"hyperparameters": hyper, "output_dir": str(out) if out else None}
+    try:
+        led = _resolve_ledger(ledger)
+        try:
+            status = led.status(fp)
+        except UnknownDatasetError:
+            led.init_dataset(fp, epsilon if epsilon is not None else planned_eps, delta,
+                             name=ledger_name)
+            registered_now = True
+            log(f"dataset {fp[:12]} registered in the ledger with total ε={epsilon or planned_eps:.4g}, "
+                f"δ={delta:g}")
+            status = None
+        if resume and status is not None:
+            mine = [e for e in status.entries if e.resume_key == run_id]
+            committed_before = any(e.state == "committed" for e in mine) and not any(
+                e.state == "reserved" for e in mine)
+        if committed_before:
+            if int(state.get("step", 0)) != T:
+                raise InvalidParameterError(
+                    f"`resume`: the run in {str(out)!r} is committed in the ledger but its checkpoint is at step "
+                    f"{state.get('step', 0)} of {T}; it cannot be finished. Its budget is spent."
+                )
+            reservation = None
+            log("resume: the ledger already holds this run's commit; writing its files from the final "
+                "checkpoint, without a new charge")
+        else:
+            reservation = led.reserve(fp, planned, command="train", config=cfg_for_ledger, resume_key=run_id)
+    except PrivtuneError:
+        # refused before anything was charged: leave no half-made RUN_DIR behind
+        _release.discard_unreserved(created, fresh_files)
+        raise
+    _release.fault_point("after-reserve")
     prog = _make_progress(progress, out / "log.txt" if out is not None else None, planned_eps)
     if checkpoint_every is None:
         checkpoint_every = max(1, min(50, T // 10)) if out is not None else None
@@ -1117,12 +1178,14 @@ def train(
     def save_checkpoint(lp: _Loop) -> None:
         st = lp.state_dict()
         st.update({"run_id": run_id, "fingerprint": fp, "hyperparameters": hyper})
-        tmp = ckpt_path.with_suffix(".tmp")
-        torch.save(st, tmp)
-        os.replace(tmp, ckpt_path)
+        _release.private_torch_save(st, ckpt_path)
         log(f"checkpoint at step {lp.step}/{T}")
+        if 0 < lp.step < T:
+            _release.fault_point("mid-training")
 
-    with led.spend(fp, planned, command="train", config=cfg_for_ledger, resume_key=run_id) as reservation:
+    import contextlib
+
+    with contextlib.nullcontext(reservation):
         fit_data, fit_eval, phys = train_set, eval_set, max_phys
         if prog is not None:
             prog.__enter__()
@@ -1136,9 +1199,11 @@ def train(
                          sampling=sampling, max_physical_batch_size=phys, seed=seed, eval_set=fit_eval,
                          eval_every=eval_every, callback=None, progress=None, delta=delta, accountant=accountant,
                          clipping_diagnostics=clipping_diagnostics, assume_poisson=assume_poisson, device=device)
-            if state is not None:
+            if state is not None and "model" in state:
                 loop.load_state_dict(state)
                 log(f"resumed from step {loop.step}")
+            elif out is not None:
+                save_checkpoint(loop)  # the full step-0 state: the resumed run draws the same noise
             if prog is not None:
                 prog.start_phase(f"DP {mode} (batch loss NOT PRIVATE)", total=T, unit="steps")
                 if loop.step:
@@ -1151,7 +1216,9 @@ def train(
 
                 prog.__exit__(*_sys.exc_info())
         actual = loop.events()
-        reservation.commit(actual)
+        if out is not None and loop.step == T and int((state or {}).get("step", 0)) != T:
+            save_checkpoint(loop)  # the final state: an interrupted release is written again from it
+        _release.fault_point("after-last-step")
     result = _result(loop)
     from privtune.accounting import Certificate
 
@@ -1194,15 +1261,31 @@ def train(
     mark_seeded(cert, metrics, seed)
     metrics, history, not_private = split_release(metrics, history)
     if out is not None:
-        clf.save_pretrained(out / "model")
-        cert.save(out / "certificate.json")
-        _write_json(out / "metrics.json", metrics)
-        _write_json(out / "history.json", history)
-        write_not_private(out, not_private)
-        _save_config(out, config if config is not None else _effective_config(
+        run_config = config if config is not None else _effective_config(
             data, eval_data, model, clf, mode, epsilon, noise_multiplier, delta, hyper, ledger, out, text_column,
-            label_column, clipping_diagnostics, phase1_epochs, progress, device_arg))
-        _optional_report(out, log)
+            label_column, clipping_diagnostics, phase1_epochs, progress, device_arg)
+        try:
+            _release.release_files(out, [
+                ("model", lambda d: clf.save_pretrained(d / "model")),
+                ("metrics.json", lambda d: _write_json(d / "metrics.json", metrics)),
+                ("history.json", lambda d: _write_json(d / "history.json", history)),
+                ("config.yaml", lambda d: _save_config(d, run_config)),
+                # NOT PRIVATE figures, kept beside the release but not part of it (0700 / 0600)
+                ("not_private", lambda d: write_not_private(d, not_private)),
+                ("certificate.json", lambda d: cert.save(d / "certificate.json")),
+            ], derived=lambda d: _optional_report(d, log))
+        except OSError as exc:  # a full disk, a permission changed during the run, ...
+            raise PrivtuneError(
+                f"Writing the run's files into {str(out)!r} failed ({exc.strerror or exc}). The ledger reservation "
+                "stays charged (it is never refunded); fix the cause, then run the same command with --resume "
+                "(resume=True): it writes the files from the final checkpoint without a new charge."
+            ) from None
+    # the ledger commit comes only once the release is in place: a crash before it leaves the reservation
+    # charged (never refunded) and `--resume` writes the files again from the final checkpoint
+    if reservation is not None:
+        reservation.commit(actual)
+    _release.fault_point("after-commit")
+    if out is not None:
         if ckpt_path.exists():
             ckpt_path.unlink()
         if ckpt_path.parent.is_dir() and not any(ckpt_path.parent.iterdir()):

@@ -34,8 +34,14 @@ def init(command: str, force: bool, path: Path | None) -> None:
         raise InvalidParameterError(
             f"`path` {str(path)!r} already exists; refusing to overwrite it. Pass --force or choose another PATH."
         )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    except OSError as exc:  # a read-only directory, a file where a directory should be, a full disk
+        raise InvalidParameterError(
+            f"`path` {str(path)!r} cannot be written ({exc.strerror or exc}). Choose a writable location, or pass "
+            "PATH - to print the template."
+        ) from None
     click.echo(f"wrote {path}  (use it with: privtune {command} --config {path})")
 
 

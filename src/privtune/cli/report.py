@@ -24,3 +24,15 @@ def report(run_dir: Path, model_card: bool, include_non_private: bool) -> None:
         from privtune.report import write_model_card
 
         click.echo(f"wrote {write_model_card(run_dir)}")
+    cert = run_dir / "certificate.json"
+    if cert.exists():
+        # the report states the problem inside; the exit status must say it too (scripts check it)
+        from privtune.accounting import verify_certificate
+        from privtune.errors import CertificateError, PrivtuneError
+
+        try:
+            verify_certificate(cert)
+        except (PrivtuneError, OSError) as exc:
+            raise CertificateError(
+                f"{cert} cannot be verified, so the report has no trustworthy privacy guarantee: {exc}"
+            ) from None

@@ -56,7 +56,9 @@ def _resolve(command: str, config: str | None, values: dict) -> dict:
 @click.option("--optimizer", type=click.Choice(("sgd", "adam", "adamw", "lamb")), help="Optimizer (default adam).")
 @click.option("--ledger", type=str, help="Budget ledger URL (default $PRIVTUNE_LEDGER or ~/.privtune/ledger.db).")
 @click.option("--config", type=str, help="YAML configuration file (flags override it).")
-@click.option("--resume", is_flag=True, default=None, help="Continue an interrupted run in --output exactly.")
+@click.option("--resume", is_flag=True, default=None,
+              help="Continue an interrupted run in --output exactly (also one interrupted while writing its files): "
+                   "no new charge. See docs/cli.md, 'After a crash'.")
 @click.option("--output", type=str, help="Run directory RUN_DIR.  [required]")
 @click.option("--clipping", type=click.Choice(("flat", "automatic")), help="flat (Abadi) or automatic (AUTO-S).")
 @click.option("--per-layer-clipping", is_flag=True, default=None,

@@ -59,7 +59,8 @@ def _resolve(config: str | None, values: dict) -> dict:
 @click.option("--delta", type=float, help="δ. [default: 1e-5]")
 @click.option("--selection", type=click.Choice(SELECTIONS), help="How trials are scored (default: public "
               "validation when given, else charged noisy training accuracy).")
-@click.option("--trials", type=int, help="Number of trials (strategy default when unset).")
+@click.option("--trials", type=int, help="Number of trials (strategy default when unset; linear-scaling: an even "
+              "number, two sweeps of trials/2 runs).")
 @click.option("--epochs", type=float, help="Epochs of mini-batch runs (hyperfree, bitfit/lora modes).")
 @click.option("--steps", type=int, help="Steps of mini-batch runs, instead of --epochs.")
 @click.option("--batch-size", type=int, help="Expected batch size; unset = recommended (seed 003).")

@@ -130,8 +130,10 @@ def _read_state(path: Path) -> tuple[dict, list]:
 
 
 def _write_state_lines(path: Path, objs: list, create: bool = False) -> None:
+    from privtune._release import private_open
+
     flags = os.O_WRONLY | (os.O_CREAT | os.O_EXCL if create else os.O_APPEND)
-    fd = os.open(path, flags, 0o600)
+    fd = private_open(path, flags)  # 0600 whatever the umask: it holds the run's noise seeds
     with os.fdopen(fd, "a" if not create else "w", encoding="utf-8") as f:
         f.write("".join(json.dumps(o) + "\n" for o in objs))
         f.flush()
@@ -489,15 +491,24 @@ def _resume_state(resume: bool, run_dir: Path | None, output_dir: Any, strategy:
     return header, entries
 
 
-def _open_journal(run_dir, header, entries, run_seed, run_id, cfg, unsaved, fingerprint, prog, delta, accountant,
-                  base_events, reservation) -> _Journal:
-    """After the reservation: create the private state file (first run) or load it (resume)."""
+def _write_state_header(run_dir: Path | None, run_id: str, run_seed: int, fingerprint: str, cfg: dict) -> Path | None:
+    """Create the private state file of a new run, before its ledger reservation: a run killed at any point
+    after the reservation can then be resumed under it (and a refused reservation removes the file)."""
     path = _state_path(run_dir)
-    if header is None and path is not None:
+    if path is not None:
         _write_state_lines(path, [{"version": _STATE_VERSION, "run_id": run_id, "seed": int(run_seed),
                                    "fingerprint": fingerprint, "config": _compared(cfg),
                                    "note": "PRIVATE: noise seeds of an unfinished privtune tune run; deleted when "
                                            "the run finishes. Do not share."}], create=True)
+    return path
+
+
+def _open_journal(run_dir, header, entries, run_seed, run_id, cfg, unsaved, fingerprint, prog, delta, accountant,
+                  base_events, reservation) -> _Journal:
+    """After the reservation: create the private state file (first run, unless it exists) or load it (resume)."""
+    path = _state_path(run_dir)
+    if header is None and path is not None and not path.exists():
+        _write_state_header(run_dir, run_id, run_seed, fingerprint, cfg)
     journal = _Journal(run_seed, path, entries, prog, delta, accountant, base_events)
     journal.reservation = reservation
     if path is not None:
@@ -515,7 +526,8 @@ def _open_journal(run_dir, header, entries, run_seed, run_id, cfg, unsaved, fing
         prog.log(f"resume: continuing ledger reservation {getattr(reservation, 'entry_id', '?')} "
                  f"({'resumed' if getattr(reservation, 'resumed', False) else 'NEW'}); {done} "
                  "will be replayed from the run state, the interrupted one recomputed with the same seeds")
-        if not getattr(reservation, "resumed", True):  # pragma: no cover - _check_open_reservation ran first
+        # a new reservation is right only when the interrupted run never got one (nothing completed under it)
+        if not getattr(reservation, "resumed", True) and entries:  # pragma: no cover - checked before reserving
             raise PrivtuneError("internal error: a resumed run opened a new ledger reservation (it stays charged); "
                                 "stopping before any data is read.")
     return journal
@@ -531,16 +543,22 @@ def _label_curves(final_run: dict, public: bool) -> None:
                                   "reported split is never looked at before the model is final")
 
 
-def _check_open_reservation(led, fp: str, run_id: str, run_dir: Path) -> None:
+def _check_open_reservation(led, fp: str, run_id: str, run_dir: Path, completed: list = ()) -> Any:
     """On resume, before reserving: the interrupted run's reservation must still be open in this ledger
-    (otherwise the replayed trials would sit under no reservation, or the finished run be charged twice)."""
+    (otherwise the replayed trials would sit under no reservation, or the finished run be charged twice).
+
+    Returns None when it is open (the run continues it) or was never made (killed between writing its
+    state file and reserving, with no completed call: the resumed run reserves now), or the committed
+    ledger entry of a run that was interrupted after its commit but before its files were all in place
+    (its release is written again, without a new charge)."""
     entries = [e for e in led.status(fp).entries if e.resume_key == run_id]
     if any(e.state == "reserved" for e in entries):
-        return
-    if any(e.state == "committed" for e in entries):
-        raise InvalidParameterError(
-            f"`resume`: the run in {str(run_dir)!r} was already committed in the ledger (it finished; its files may "
-            "not have been written). There is nothing to resume; its budget is spent.")
+        return None
+    if not entries and not completed:
+        return None
+    committed = [e for e in entries if e.state == "committed"]
+    if committed:
+        return committed[-1]
     raise InvalidParameterError(
         f"`resume`: the ledger has no open reservation for the run in {str(run_dir)!r} (it was released, or this is "
         "another ledger). Resume with the ledger of the interrupted run, or start a new run in a new directory.")

@@ -13,11 +13,16 @@ The flow (each step happens before the next touches more data):
 4. trials (scored on the public validation split, or by a charged noisy score), final run;
 5. one certificate listing every event of every trial and of the final run, the model
    (``save_pretrained``), ``metrics.json`` (accuracy on the **reported** split, which no
-   selector ever saw), ``history.json``, and the HTML report.
+   selector ever saw), ``history.json``, and the HTML report, written into a private staging
+   directory and moved into RUN_DIR (certificate last);
+6. **commit** the events in the ledger, only once the release is in place, then delete the
+   private state file (a crash before the commit stays charged; ``--resume`` finishes the run
+   without a new charge: :mod:`privtune._release`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
 import os
@@ -28,6 +33,7 @@ from typing import Any
 
 import torch
 
+from privtune import _release
 from privtune._validation import check_choice, check_int, check_real
 from privtune.errors import DataError, InvalidParameterError, PrivtuneError
 from privtune.hpo import common
@@ -44,9 +50,13 @@ from privtune.hpo._resume import (  # noqa: F401  (STATE_FILE is part of this mo
     _resume_hint,
     _resume_state,
     _state_path,
+    _write_state_header,
     derive_seed,
 )
 
+#: what tune() releases into RUN_DIR (checked before the reservation: an entry of the wrong kind is an error)
+_RELEASED_FILES = ("certificate.json", "metrics.json", "history.json", "config.yaml", "report.html", "log.txt")
+_RELEASED_DIRS = ("model",)
 STRATEGIES = ("linear-scaling", "hyperfree", "single-step", "random-search", "grid-oracle")
 MODES = ("auto", "last-layer", "bitfit", "lora", "full")
 AUTO_MODES = ("last-layer", "bitfit", "lora")
@@ -356,13 +366,18 @@ def tune(
 
     # run directory and progress
     run_dir = None
+    created_dirs, log_existed = [], True
     if write_files:
         run_dir = Path(output_dir) if output_dir is not None else Path("runs") / _dt.datetime.now().strftime(
             "%Y%m%d-%H%M%S")
-        if run_dir.exists() and any(run_dir.iterdir()) and (run_dir / "certificate.json").exists():
+        _release.check_output_path(run_dir, _RELEASED_FILES, _RELEASED_DIRS)
+        if (run_dir / "certificate.json").exists() and not _state_path(run_dir).exists():
+            # with the state file, an interrupted release (certificate in place, ledger not yet committed)
             raise InvalidParameterError(
                 f"`output` {str(run_dir)!r} already holds a finished run (certificate.json). Pass a new directory.")
-        run_dir.mkdir(parents=True, exist_ok=True)
+        log_existed = (run_dir / "log.txt").exists()
+        # every output path is checked and the directory proven writable before anything is charged
+        created_dirs = _release.prepare_output_dir(run_dir, _RELEASED_FILES, _RELEASED_DIRS)
     # ---------------------------------------------------------------- seeds and resume state (no budget yet)
     run_cfg, unsaved = _effective_config(_args, run_dir)
     state_header, state_entries = _resume_state(resume, run_dir, output_dir, strategy, run_cfg, train_fp)
@@ -435,17 +450,38 @@ def tune(
                 "touched")
             cm = _null_reservation()
         else:
-            led, fp, ledger_url, registered = _ledger_for(ledger, embedded, run_dir, train_fp, train_name, eps_total,
-                                                          delta, accountant)
-            if registered:
-                log(f"ledger: new dataset {fp[:12]}… registered with total ε = {eps_total:g}, δ = {delta:g} "
-                    f"({ledger_url})")
-            reserved = _cover_candidates(led, fp, mode_plans, eps_total, delta, accountant)
-            if state_header is not None:
-                _check_open_reservation(led, fp, run_id, run_dir)
-            cm = led.spend(fp, reserved, command="tune", delta=delta, resume_key=run_id,
-                           config={"strategy": strategy, "mode": mode, "epsilon": eps_total, "delta": delta,
-                                   "output": str(run_dir) if run_dir is not None else None})
+            fresh_state = False
+            try:
+                led, fp, ledger_url, registered = _ledger_for(ledger, embedded, run_dir, train_fp, train_name,
+                                                              eps_total, delta, accountant)
+                if registered:
+                    log(f"ledger: new dataset {fp[:12]}… registered with total ε = {eps_total:g}, δ = {delta:g} "
+                        f"({ledger_url})")
+                reserved = _cover_candidates(led, fp, mode_plans, eps_total, delta, accountant)
+                committed = None
+                if state_header is not None:
+                    committed = _check_open_reservation(led, fp, run_id, run_dir, state_entries)
+                elif run_dir is not None:
+                    _write_state_header(run_dir, run_id, run_seed, fp, run_cfg)
+                    fresh_state = True
+                if committed is not None:  # interrupted after its commit: write the release, charge nothing
+                    log(f"resume: ledger entry {committed.entry_id} is already committed; the run is finished "
+                        "from its state without a new charge")
+                    cm = contextlib.nullcontext(_CommittedEntry(committed.entry_id))
+                else:
+                    # the ledger commit comes only after the release is in place (below), never on leaving
+                    # this block
+                    cm = contextlib.nullcontext(led.reserve(
+                        fp, reserved, command="tune", delta=delta, resume_key=run_id,
+                        config={"strategy": strategy, "mode": mode, "epsilon": eps_total, "delta": delta,
+                                "output": str(run_dir) if run_dir is not None else None}))
+            except PrivtuneError:
+                # refused before anything was charged: leave no half-made RUN_DIR behind
+                if run_dir is not None:
+                    _release.discard_unreserved(created_dirs, ([] if log_existed else [run_dir / "log.txt"])
+                                                + ([_state_path(run_dir)] if fresh_state else []))
+                raise
+            _release.fault_point("after-reserve")
         with cm as reservation:
             if strategy != "grid-oracle":  # seeds, completed trials and replay (see _Journal)
                 journal = _open_journal(run_dir, state_header, state_entries, run_seed, run_id, run_cfg, unsaved, fp,
@@ -468,8 +504,7 @@ def tune(
                 events = pre + [e for t in pilot_records for e in t.events] + list(outcome.certificate_events)
             else:
                 events = pre + [e for t in trial_list for e in t.events] + list(outcome.final_events)
-            if strategy != "grid-oracle":
-                reservation.commit(events)
+            _release.fault_point("after-last-step")
 
         # ------------------------------------------------------------ report
         from privtune.accounting import Certificate
@@ -535,7 +570,7 @@ def tune(
         # under repeat-and-select the wall time grows with the hidden number of trials: not published
         metrics["wall_time_s"] = None if outcome.certificate_events is not None else round(time.time() - t_start, 1)
         _label_curves(history["final_run"], public_set is not None)
-        from privtune.report.release import mark_seeded, split_release, write_not_private
+        from privtune.report.release import mark_seeded, split_release
 
         mark_seeded(cert, metrics, seed)
         metrics, history, not_private = split_release(metrics, history)
@@ -545,10 +580,15 @@ def tune(
             if unsaved:
                 log(f"note: config.yaml cannot hold {', '.join(unsaved)} (in-memory objects, not paths); rerunning "
                     "from it needs them passed again")
-            _write_run(run_dir, final_model, cert, metrics, history, run_cfg, log)
-            write_not_private(run_dir, not_private)
+            _write_run(run_dir, final_model, cert, metrics, history, run_cfg, log, not_private=not_private)
+        # committed only once the release is in place: a crash before leaves the reservation charged (never
+        # refunded) and `--resume` writes the release again from the state file
+        if strategy != "grid-oracle" and reservation.state == "reserved":
+            reservation.commit(events)
+        _release.fault_point("after-commit")
+        if run_dir is not None:
             # the state file holds the noise seeds: with them anyone could subtract the noise from the
-            # released model, so it goes as soon as the run's files are written
+            # released model, so it goes as soon as the run's files are written and committed
             sp = _state_path(run_dir)
             if sp.exists():
                 sp.unlink()
@@ -562,11 +602,7 @@ def tune(
         if journal is not None:  # reserved: the reservation stays charged; say how to continue without a new one
             import sys
 
-            if getattr(journal.reservation, "state", None) == "committed":
-                hint = ("interrupted after the run's privacy cost was committed to the ledger: the budget is spent "
-                        f"and some files in {run_dir} may be missing; nothing can be resumed.")
-            else:
-                hint = _resume_hint(run_dir if journal.path is not None else None, journal.config_written)
+            hint = _resume_hint(run_dir if journal.path is not None else None, journal.config_written)
             prog.runlog.write(hint)
             print(hint, file=sys.stderr)
         raise
@@ -715,7 +751,14 @@ def _plan(strategy, mode, eps_total, delta, n, options, sel_sigma, prefix, accou
         cfg = _config(linear_scaling.LinearScalingConfig, options)
         _apply_clip_overrides(cfg, clip, clipping)
         if trials is not None:
-            cfg.runs_per_sweep = max(1, int(trials) // 2)
+            # two sweeps of the same size: an odd count cannot be split, and used to be rounded down silently
+            t = check_int(trials, "trials", low=2)
+            if t % 2:
+                raise InvalidParameterError(
+                    f"`trials` must be even for strategy='linear-scaling': it runs two sweeps of trials/2 runs each "
+                    f"(the paper: 2 × 3). Got {t}. Pass {t - 1} or {t + 1}."
+                )
+            cfg.runs_per_sweep = t // 2
         if mode == "last-layer":
             p = linear_scaling.plan(cfg, eps_total, delta, score_event=score_event, accountant=accountant,
                                     prefix_events=prefix)
@@ -1106,28 +1149,60 @@ def _final_curves(h: dict) -> dict:
     return as_plain(out)
 
 
-def _write_run(run_dir: Path, model, cert, metrics, history, cfg, log) -> None:
-    if model is not None:
-        model.save_pretrained(run_dir / "model")
-    cert.save(run_dir / "certificate.json")
-    (run_dir / "metrics.json").write_text(json.dumps(as_plain(metrics), indent=2, sort_keys=True), encoding="utf-8")
-    (run_dir / "history.json").write_text(json.dumps(as_plain(history), indent=2), encoding="utf-8")
-    try:
-        from privtune.config import save_effective_config
+class _CommittedEntry:
+    """Stands for the ledger entry of a resumed run that was committed before its files were written."""
 
-        save_effective_config({k: v for k, v in cfg.items() if v is not None}, run_dir, command="tune")
-    except Exception as exc:  # config is informative; never lose a finished run over it
-        log(f"warning: config.yaml not written ({type(exc).__name__}: {exc})")
-    try:
-        from privtune.report import write_report
+    state = "committed"
+    resumed = True
 
-        write_report(run_dir)
-    except Exception as exc:
-        log(f"warning: report.html not written ({type(exc).__name__}: {exc})")
-    if model is not None:
+    def __init__(self, entry_id: str):
+        self.entry_id = entry_id
+
+
+def _write_run(run_dir: Path, model, cert, metrics, history, cfg, log, not_private=None) -> None:
+    """Stage the released files in a private directory, move them into RUN_DIR (certificate last), then
+    write the derived report and model card (:func:`privtune._release.release_files`).  ``not_private``
+    (NOT PRIVATE figures, not part of the release) goes to RUN_DIR/not_private/."""
+    def write_config(d: Path) -> None:
         try:
-            from privtune.report import write_model_card
+            from privtune.config import save_effective_config
 
-            write_model_card(run_dir)
+            save_effective_config({k: v for k, v in cfg.items() if v is not None}, d, command="tune")
+        except Exception as exc:  # config is informative; never lose a finished run over it
+            log(f"warning: config.yaml not written ({type(exc).__name__}: {exc})")
+
+    def derived(d: Path) -> None:
+        try:
+            from privtune.report import write_report
+
+            write_report(d)
         except Exception as exc:
-            log(f"warning: model card not written ({type(exc).__name__}: {exc})")
+            log(f"warning: report.html not written ({type(exc).__name__}: {exc})")
+        if model is not None:
+            try:
+                from privtune.report import write_model_card
+
+                write_model_card(d)
+            except Exception as exc:
+                log(f"warning: model card not written ({type(exc).__name__}: {exc})")
+
+    from privtune.report.release import write_not_private
+
+    writers = [("model", lambda d: model.save_pretrained(d / "model"))] if model is not None else []
+    writers += [
+        ("metrics.json", lambda d: (d / "metrics.json").write_text(
+            json.dumps(as_plain(metrics), indent=2, sort_keys=True), encoding="utf-8")),
+        ("history.json", lambda d: (d / "history.json").write_text(
+            json.dumps(as_plain(history), indent=2), encoding="utf-8")),
+        ("config.yaml", write_config),
+        ("not_private", lambda d: write_not_private(d, not_private or {})),
+        ("certificate.json", lambda d: cert.save(d / "certificate.json")),
+    ]
+    try:
+        _release.release_files(run_dir, writers, derived=derived)
+    except OSError as exc:  # a full disk, a permission changed during the run, ...
+        raise PrivtuneError(
+            f"Writing the run's files into {str(run_dir)!r} failed ({exc.strerror or exc}). The ledger reservation "
+            "stays charged (it is never refunded); fix the cause, then run the same command with --resume: it "
+            "writes the files again without a new charge."
+        ) from None

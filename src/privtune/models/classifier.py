@@ -537,7 +537,15 @@ def load_classifier(
         if meta is not None and meta.get("head_file"):
             from safetensors.torch import load_file
 
-            head.load_state_dict(load_file(str(d / meta["head_file"])))
+            head_path = d / meta["head_file"]
+            try:
+                head.load_state_dict(load_file(str(head_path)))
+            except Exception as exc:  # missing, truncated or not a safetensors file, wrong shapes
+                raise ModelError(
+                    f"The classification head {str(head_path)!r} of the model in {str(d)!r} is missing or "
+                    f"unreadable ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'no details'}). "
+                    "Copy the whole RUN_DIR/model directory again, or retrain."
+                ) from None
     if kind == "text" and max_length is None:
         max_length = DEFAULT_MAX_LENGTH
     model = Classifier(
