@@ -162,14 +162,19 @@ def _run_dir_with_loss(tmp_path, label):
 
 
 def test_default_report_plots_no_noise_free_loss(tmp_path, monkeypatch):
+    from privtune.accounting import Certificate, DPSGDEvent
     from privtune.report import html as H
     from privtune.report import plots as P
 
-    rd = _run_dir_with_loss(tmp_path, "NOT PRIVATE: mean loss of each sampled batch, computed without noise")
-    # a legacy run dir that still has the loss in its released history.json is not plotted either
-    h = json.loads((rd / "history.json").read_text())
-    h["final_run"]["train_loss"] = [0.5] * 20
-    (rd / "history.json").write_text(json.dumps(h))
+    # a run directory whose history.json still holds DP-SGD's batch loss (as every run before this fix wrote it)
+    rd = tmp_path / "legacy"
+    rd.mkdir()
+    Certificate.from_events([DPSGDEvent(2.0, 0.1, 20)], 1e-5).save(rd / "certificate.json")
+    steps = list(range(1, 21))
+    (rd / "metrics.json").write_text(json.dumps({"accuracy": 0.7, "epsilon": 1.0, "delta": 1e-5}))
+    (rd / "history.json").write_text(json.dumps({"trials": [], "final_run": {
+        "step": steps, "eval": [{"step": 20, "accuracy": 0.7}], "train_loss": [0.7 - 0.01 * s for s in steps],
+        "train_loss_label": "NOT PRIVATE: mean loss of each sampled batch, computed without noise"}}))
     drawn = []
     real = P.plot_learning_curves
 
@@ -179,8 +184,8 @@ def test_default_report_plots_no_noise_free_loss(tmp_path, monkeypatch):
 
     monkeypatch.setattr(P, "plot_learning_curves", spy)
     out = H.write_report(rd)
-    assert drawn == [None]  # the plotting code never saw a noise-free loss
-    assert "NOT PRIVATE" not in out.read_text() and not (rd / "not_private" / "report.html").exists()
+    assert drawn == [None]  # the plotting code never saw the noise-free loss
+    assert "computed without noise (do not publish)" not in out.read_text()
 
 
 def test_opt_in_report_badges_the_non_private_loss_inside_the_picture(tmp_path):
