@@ -272,7 +272,7 @@ def run_bitfit(eps_list, subset: int, public_size: int = 500, seeds=(0,)):
                 print(f"bitfit N={subset} eps={eps} seed={seed} hyperfree dev={r.metrics['accuracy']:.4f} "
                       f"(certificate ε={r.certificate.epsilon:.4f}, {time.time() - t0:.0f} s)", flush=True)
                 t0 = time.time()
-                f = privtune.train(tr, eval_data=dev, mode="bitfit", epsilon=eps, delta=1e-5, epochs=2,
+                f = privtune.train(tr, labels=[0, 1], eval_data=dev, mode="bitfit", epsilon=eps, delta=1e-5, epochs=2,
                                    batch_size=min(256, subset // 4), learning_rate=1e-2, optimizer="adam", clip=1.0,
                                    ledger=f"sqlite:///{tmp}/l2.db", output_dir=Path(tmp) / "train", seed=seed,
                                    progress=False)

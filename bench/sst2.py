@@ -85,8 +85,8 @@ def main(argv=None) -> int:
     from privtune.models import load_classifier
     from privtune.training import evaluate, fit, fit_nonprivate
 
-    train_all = load_text_dataset(args.data_dir / "train.tsv")
-    dev = load_text_dataset(args.data_dir / "dev.tsv")
+    train_all = load_text_dataset(args.data_dir / "train.tsv", labels=[0, 1])
+    dev = load_text_dataset(args.data_dir / "dev.tsv", labels=[0, 1])
     g = torch.Generator().manual_seed(args.seed)
     train = train_all.subset(torch.randperm(len(train_all), generator=g)[: args.train_size].tolist())
     if args.dev_size and args.dev_size < len(dev):  # seeded random subset (the file is not shuffled)

@@ -65,7 +65,7 @@ def test_each_strategy_end_to_end(files, tmp_path, strategy, n_trials):
     acc = (reloaded.predict_logits(dev).argmax(1) == torch.tensor(dev.labels)).float().mean().item()
     assert acc == pytest.approx(m["accuracy"], abs=1e-6)
     # the ledger was charged with exactly the certificate's events
-    st = Ledger(f"sqlite:///{tmp_path / 'l.db'}").status(m["dataset_fingerprint"])
+    st = Ledger(f"sqlite:///{tmp_path / 'l.db'}").status(m["dataset_id"])
     assert st.spent_epsilon == pytest.approx(cert["epsilon"], rel=1e-3)
 
 
@@ -104,7 +104,7 @@ def test_reported_split_is_never_seen_during_selection(files, tmp_path, monkeypa
 
 def test_charged_selection_and_mode_auto(files, tmp_path):
     # hyperfree can train every candidate mode, so --mode auto pilots all three (single-step: none, see below)
-    r = _tune(files, tmp_path, strategy="hyperfree", mode="auto", public_eval_data=None,
+    r = _tune(files, tmp_path, strategy="hyperfree", mode="auto", public_eval_data=None, labels=[0, 1],
               selection="train-accuracy", epsilon=4.0)
     cert = _check_certificate(r, 4.0)
     assert r.metrics["mode"] in ("last-layer", "bitfit", "lora")
@@ -132,7 +132,7 @@ def test_bad_inputs_fail_before_any_budget_is_spent(files, tmp_path):
     with pytest.raises(DataError, match="overlaps"):
         _tune(files, tmp_path, public_eval_data=files["train"], ledger=led)
     single = write_toy_tsv(tmp_path / "single.tsv", type(make_toy_text_dataset(4))(texts=["a b c", "d e f"], labels=[1, 1]))
-    with pytest.raises(DataError, match="single class"):
+    with pytest.raises(InvalidParameterError, match="label set is not declared"):  # never inferred from the rows
         privtune.tune(single, model=files["model"], ledger=led, output_dir=tmp_path / "s", quiet=True)
     with pytest.raises(ModelError):
         _tune(files, tmp_path, model=str(tmp_path), ledger=led, output_dir=tmp_path / "m")

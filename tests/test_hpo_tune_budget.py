@@ -28,7 +28,7 @@ def files(tmp_path_factory):
 def _tune(files, tmp_path, data=None, **kw):
     args = dict(eval_data=files["dev"], public_eval_data=files["public"], model=files["model"], mode="last-layer",
                 epsilon=2.0, delta=1e-3, ledger=f"sqlite:///{tmp_path / 'l.db'}", output_dir=tmp_path / "run",
-                seed=0, quiet=True)
+                seed=0, quiet=True, labels=[0, 1])
     args.update(kw)
     return privtune.tune(files["train"] if data is None else data, **args)
 
@@ -86,7 +86,7 @@ def test_mode_auto_with_a_forced_pilot_winner_is_covered_and_committed(files, tm
     events = [event_from_dict(e) for e in cert["events"]]
     assert cert["epsilon"] <= 3.0 + 1e-9
     assert compute_epsilon(events, cert["delta"], accountant=cert["accountant"]) == pytest.approx(cert["epsilon"])
-    fp = r.metrics["dataset_fingerprint"]
+    fp = r.metrics["dataset_id"]
     entries = _entries(url, fp)
     assert len(entries) == 1 and entries[0].state == "committed"  # not left reserved
     assert _commits_within_reservation(url, fp)
@@ -120,25 +120,25 @@ def test_relative_data_path_from_its_own_folder(files, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     url = f"sqlite:///{tmp_path / 'rel.db'}"
     r = _tune(files, tmp_path, data="train.tsv", strategy="single-step", ledger=url)
-    fp = dataset_fingerprint(tmp_path / "train.tsv")
-    assert r.metrics["dataset_fingerprint"] == fp and r.metrics["ledger_registered_new_dataset"] is True
-    (ds,) = Ledger(url).datasets()
-    assert ds["fingerprint"] == fp and ds["name"] == f"train.tsv#{fp[:8]}"  # privtune train's naming
-    assert Ledger(url).status(f"train.tsv#{fp[:8]}").spent_epsilon == pytest.approx(r.certificate.epsilon, rel=1e-3)
+    dataset_id = r.metrics["dataset_id"]
+    assert dataset_id.startswith("ds-") and r.metrics["ledger_registered_new_dataset"] is True
+    (ds,) = Ledger(url).datasets()  # the same dataset as `privtune train` would charge: the file's content
+    assert ds["dataset_id"] == dataset_id and ds["fingerprint"] == Ledger(url).fingerprint(tmp_path / "train.tsv")
+    assert Ledger(url).status(dataset_id).spent_epsilon == pytest.approx(r.certificate.epsilon, rel=1e-3)
 
 
 def test_private_validation_charges_the_whole_file(files, tmp_path):
     url = f"sqlite:///{tmp_path / 'pv.db'}"
     Ledger(url).init_dataset(files["train"], epsilon=20.0, delta=1e-3)
-    fp = dataset_fingerprint(files["train"])
+    dataset_id = Ledger(url).status(files["train"]).dataset_id
     plain = _tune(files, tmp_path, strategy="random-search", ledger=url, output_dir=tmp_path / "a",
                   strategy_options={"trials": 3})
     private = _tune(files, tmp_path, strategy="random-search", ledger=url, output_dir=tmp_path / "b",
                     public_eval_data=None, selection="private-validation", strategy_options={"trials": 3})
     assert private.certificate.metadata["selection"] == "private_validation_noisy"
-    assert plain.metrics["dataset_fingerprint"] == private.metrics["dataset_fingerprint"] == fp
+    assert plain.metrics["dataset_id"] == private.metrics["dataset_id"] == dataset_id
     assert len(Ledger(url).datasets()) == 1  # the 90 % left after the split did not get a fresh budget
-    entries = _entries(url, fp)
+    entries = _entries(url, dataset_id)
     assert [e.state for e in entries] == ["committed", "committed"]
 
 
@@ -284,7 +284,7 @@ def test_in_run_calibration_stays_within_a_reservation_measured_at_another_delta
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
         r = _tune(files, tmp_path, strategy="linear-scaling", ledger=url)  # final σ calibrated after the fit
-    fp = r.metrics["dataset_fingerprint"]
+    fp = r.metrics["dataset_id"]
     assert [e.state for e in _entries(url, fp)] == ["committed"] and _commits_within_reservation(url, fp)
     assert r.certificate.epsilon <= 2.0 + 1e-9
 

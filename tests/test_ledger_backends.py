@@ -409,7 +409,8 @@ def test_moved_dataset_keeps_its_budget(url, tmp_path):
     b.parent.mkdir()
     a.rename(b)
     st = ledger.status(b)
-    assert st.fingerprint == dataset_fingerprint(b) and len(st.entries) == 1
+    # the ledger stores the keyed fingerprint, never the content SHA-256
+    assert st.fingerprint == ledger.fingerprint(b) != dataset_fingerprint(b) and len(st.entries) == 1
 
 
 def test_missing_server_skips_locally_but_fails_in_ci(monkeypatch):
@@ -420,3 +421,159 @@ def test_missing_server_skips_locally_but_fails_in_ci(monkeypatch):
     monkeypatch.delenv("CI")
     with pytest.raises(pytest.skip.Exception, match="no server"):
         _unavailable("no server")
+
+
+# --------------------------------------------------------------------------- keyed chain, migration, close
+
+
+def _public_rehash(conn, ds_id: int, fp: str) -> None:
+    """Re-hash a dataset's chain with schema 1's public hash function (what a forger without the key can do)."""
+    import hashlib
+    import json
+
+    rows = conn.execute(sa.text("SELECT * FROM privtune_records WHERE dataset_id = :d ORDER BY seq"), {"d": ds_id}).all()
+    prev = hashlib.sha256(("privtune-ledger/v1/genesis/" + fp).encode()).hexdigest()
+    for r in rows:
+        m = dict(r._mapping)
+        body = {k: m[k] for k in ("seq", "action", "entry_id", "payload", "command", "config_hash", "privtune_version",
+                                  "username", "host", "created_at")}
+        body.update(fingerprint=fp, epsilon_after=float(m["epsilon_after"]), prev_hash=prev)
+        h = hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+        conn.execute(sa.text("UPDATE privtune_records SET prev_hash = :p, hash = :h WHERE id = :i"),
+                     {"p": prev, "h": h, "i": m["id"]})
+        prev = h
+    conn.execute(sa.text("UPDATE privtune_datasets SET head_hash = :h WHERE id = :d"), {"h": prev, "d": ds_id})
+
+
+def test_keyed_chain_detects_tail_deletion_with_moved_head_and_rehashing(url):
+    """Review cases d04 (delete the last two records and move the head back: two SQL statements) and
+    d09 (edit a payload and re-hash the chain with the public hash function): both need the key now."""
+    ledger = Ledger(url)
+    for tag in ("d04", "d09", "clean"):
+        ledger.init_dataset(tag.encode(), 50.0, 1e-5, name=tag, accountant="rdp")
+        for sigma in (2.0, 3.0, 4.0):
+            with ledger.spend(tag, [GaussianEvent(sigma)], command=f"run {sigma}"):
+                pass
+    assert ledger.verify().ok
+    before = ledger.status("d04").used_epsilon
+    eng = _raw_engine(url)
+    with eng.begin() as c:
+        ids = {r.name: (r.id, r.fingerprint) for r in c.execute(sa.text("SELECT id, name, fingerprint FROM privtune_datasets"))}
+        d, _ = ids["d04"]
+        c.execute(sa.text("DELETE FROM privtune_records WHERE dataset_id = :d AND seq >= 5"), {"d": d})
+        c.execute(sa.text("UPDATE privtune_datasets SET head_seq = 4, head_hash = (SELECT hash FROM privtune_records "
+                          "WHERE dataset_id = :d AND seq = 4) WHERE id = :d"), {"d": d})
+        d, fp = ids["d09"]
+        c.execute(sa.text("UPDATE privtune_records SET payload = REPLACE(payload, '3.0', '30.0') "
+                          "WHERE dataset_id = :d AND action = 'commit'"), {"d": d})
+        _public_rehash(c, d, fp)
+    eng.dispose()
+    fresh = Ledger(url)
+    report = fresh.verify()
+    assert not report.ok
+    text = "\n".join(report.problems)
+    assert "(d04)" in text and "latest record(s) were deleted, or the head was edited" in text
+    assert "(d09)" in text and "was edited" in text
+    assert "(clean)" not in text and fresh.verify("clean").ok
+    # ordinary reads check the keyed head too (O(1)): the erased spend is not silently forgotten
+    with pytest.raises(LedgerError, match="does not match the dataset's keyed head"):
+        fresh.status("d04")
+    assert before > 0
+
+
+def _load_schema1(url: str) -> None:
+    """Write the schema-1 ledger of tests/data/ledger_schema1.json (made by privtune before ledgers were keyed)."""
+    import json
+
+    data = json.loads((Path(__file__).parent / "data" / "ledger_schema1.json").read_text())
+    md = sa.MetaData()
+    meta = sa.Table("privtune_meta", md, sa.Column("key", sa.String(64), primary_key=True),
+                    sa.Column("value", sa.Text, nullable=False))
+    ds = sa.Table("privtune_datasets", md, sa.Column("id", sa.Integer, primary_key=True),
+                  sa.Column("fingerprint", sa.String(64), nullable=False, unique=True),
+                  sa.Column("name", sa.String(200), unique=True), sa.Column("total_epsilon", sa.Float, nullable=False),
+                  sa.Column("delta", sa.Float, nullable=False), sa.Column("accountant", sa.String(16), nullable=False),
+                  sa.Column("created_at", sa.String(40), nullable=False),
+                  sa.Column("head_seq", sa.Integer, nullable=False), sa.Column("head_hash", sa.String(64), nullable=False))
+    rec = sa.Table("privtune_records", md, sa.Column("id", sa.Integer, primary_key=True),
+                   sa.Column("dataset_id", sa.Integer, sa.ForeignKey("privtune_datasets.id"), nullable=False, index=True),
+                   sa.Column("seq", sa.Integer, nullable=False), sa.Column("action", sa.String(16), nullable=False),
+                   sa.Column("entry_id", sa.String(32), index=True), sa.Column("payload", sa.Text, nullable=False),
+                   sa.Column("epsilon_after", sa.Float, nullable=False), sa.Column("command", sa.Text, nullable=False),
+                   sa.Column("config_hash", sa.String(64)), sa.Column("privtune_version", sa.String(32), nullable=False),
+                   sa.Column("username", sa.String(128), nullable=False), sa.Column("host", sa.String(256), nullable=False),
+                   sa.Column("created_at", sa.String(40), nullable=False),
+                   sa.Column("prev_hash", sa.String(64), nullable=False), sa.Column("hash", sa.String(64), nullable=False),
+                   sa.UniqueConstraint("dataset_id", "seq"))
+    eng = _raw_engine(url)
+    with eng.begin() as c:
+        md.create_all(c)
+        c.execute(meta.insert(), data["privtune_meta"])
+        c.execute(ds.insert(), data["privtune_datasets"])
+        c.execute(rec.insert(), data["privtune_records"])
+        if c.dialect.name == "postgresql":  # rows inserted with their ids: move the serial sequences past them
+            for table in ("privtune_datasets", "privtune_records"):
+                c.execute(sa.text(f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), (SELECT MAX(id) FROM {table}))"))
+    eng.dispose()
+
+
+def test_schema1_ledger_is_verified_rekeyed_and_keeps_its_budgets(url):
+    _load_schema1(url)
+    one, two = b"legacy dataset one\n", b"legacy dataset two\n"
+    ledger = Ledger(url)
+    st = ledger.status(one)  # first open: key created, old chains verified, re-keyed, schema bumped
+    # budgets carry over exactly (values printed by the schema-1 code that wrote the fixture)
+    assert (st.total_epsilon, st.name, st.accountant) == (6.0, "legacy-one", "rdp")
+    assert st.spent_epsilon == pytest.approx(1.3862750468052074, rel=1e-9)
+    assert st.reserved_epsilon == pytest.approx(0.7119640833666103, rel=1e-9)
+    assert [e.state for e in st.entries] == ["committed", "reserved"]
+    assert ledger.status(two).remaining_epsilon == pytest.approx(1.2513695968336638, rel=1e-9)
+    assert ledger.verify().ok
+    eng = _raw_engine(url)
+    with eng.connect() as c:
+        version = c.execute(sa.text("SELECT value FROM privtune_meta WHERE key = 'schema_version'")).scalar()
+        stored = [r[0] for r in c.execute(sa.text("SELECT fingerprint FROM privtune_datasets"))]
+        payloads = " ".join(r[0] for r in c.execute(sa.text("SELECT payload FROM privtune_records")))
+    eng.dispose()
+    assert version == "2"
+    for raw in (dataset_fingerprint(one), dataset_fingerprint(two)):  # no raw SHA-256 is left in the ledger
+        assert raw not in stored and raw not in payloads
+    # the interrupted run resumes its reservation; new spends extend the re-keyed chain
+    res = ledger.reserve(one, [GaussianEvent(4.0, 2)], command="privtune train --resume", resume_key="runs/a")
+    assert res.resumed
+    res.commit()
+    with ledger.spend("legacy-one", [GaussianEvent(5.0)], command="new run"):
+        pass
+    assert Ledger(url).verify().ok and Ledger(url).status(st.dataset_id).name == "legacy-one"
+
+
+def test_tampered_schema1_ledger_is_not_migrated(url):
+    _load_schema1(url)
+    eng = _raw_engine(url)
+    with eng.begin() as c:  # review case d01 on the old format: a spend made to look cheaper
+        c.execute(sa.text("UPDATE privtune_records SET payload = REPLACE(payload, '3.0', '30.0') WHERE seq = 2"))
+    eng.dispose()
+    with pytest.raises(LedgerError, match="fails verification, so privtune will not upgrade it"):
+        Ledger(url).status(b"legacy dataset one\n")
+    eng = _raw_engine(url)
+    with eng.connect() as c:  # left as it was
+        assert c.execute(sa.text("SELECT value FROM privtune_meta WHERE key = 'schema_version'")).scalar() == "1"
+    eng.dispose()
+
+
+def test_close_orphaned_reservation_charges_it_in_full(url):
+    ledger = Ledger(url)
+    ledger.init_dataset(b"d", 10.0, 1e-5, name="d", accountant="rdp")
+    orphan = ledger.reserve("d", [GaussianEvent(2.0, 3)], command="privtune train (killed)", resume_key="run1")
+    used = ledger.status("d").used_epsilon
+    entry = ledger.close_reservation(orphan.entry_id[:8], reason="killed before the first checkpoint")
+    st = ledger.status("d")
+    assert entry.state == "committed" and entry.events == orphan.planned_events  # charged in full, not refunded
+    assert st.spent_epsilon == pytest.approx(used) and st.reserved_epsilon == pytest.approx(0.0, abs=1e-12)
+    with pytest.raises(LedgerError, match="already committed"):
+        ledger.close_reservation(orphan.entry_id, reason="again")
+    with pytest.raises(LedgerError, match="No entry"):
+        ledger.close_reservation("0123456789abcdef", reason="typo")
+    with pytest.raises(LedgerError, match="already committed"):  # the crashed run cannot be resumed any more
+        ledger.reserve("d", [GaussianEvent(2.0, 3)], command="resume", resume_key="run1")
+    assert ledger.verify().ok

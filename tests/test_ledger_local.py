@@ -190,6 +190,7 @@ def test_read_only_directory_is_a_clear_error():
     try:
         Ledger(base / "existing.db").init_dataset(b"d", 5.0, 1e-5)
         os.chmod(base / "existing.db", 0o644)
+        os.chmod(base / "existing.db.key", 0o644)  # the other user holds the key: only the directory is read-only
         os.chmod(base, 0o555)
 
         def check() -> int:

@@ -31,7 +31,7 @@ def files(tmp_path_factory):
 @pytest.fixture(scope="module")
 def finished_run(files, tmp_path_factory):
     out = tmp_path_factory.mktemp("fin") / "run"
-    train(str(files["train"]), eval_data=str(files["eval"]), model=str(files["model"]), mode="last-layer",
+    train(str(files["train"]), eval_data=str(files["eval"]), model=str(files["model"]), mode="last-layer", labels=["0", "1"],
           epsilon=2.0, delta=1e-3, steps=2, batch_size=20, seed=0, progress=False,
           ledger=f"sqlite:///{out.parent / 'l.db'}", output_dir=out)
     return out
@@ -39,7 +39,7 @@ def finished_run(files, tmp_path_factory):
 
 def _train_argv(files, out, db, *extra):
     return ["train", "--data", str(files["train"]), "--eval-data", str(files["eval"]), "--model", str(files["model"]),
-            "--mode", "last-layer", "--epsilon", "2", "--delta", "1e-3", "--steps", "2", "--batch-size", "20",
+            "--mode", "last-layer", "--labels", "0,1", "--epsilon", "2", "--delta", "1e-3", "--steps", "2", "--batch-size", "20",
             "--ledger", f"sqlite:///{db}", "--output", str(out), "--quiet", *extra]
 
 
@@ -81,7 +81,7 @@ def test_a_file_named_model_in_the_output_dir_is_refused_before_the_ledger(files
         argv = _train_argv(files, out, db)
     else:
         argv = ["tune", "--data", str(files["train"]), "--eval-data", str(files["eval"]), "--model",
-                str(files["model"]), "--mode", "last-layer", "--strategy", "hyperfree", "--epsilon", "2", "--delta",
+                str(files["model"]), "--mode", "last-layer", "--labels", "0,1", "--strategy", "hyperfree", "--epsilon", "2", "--delta",
                 "1e-3", "--ledger", f"sqlite:///{db}", "--output", str(out), "--quiet"]
     assert main(argv) == 2
     _one_error_line(capsys, "model", "Nothing was charged")
@@ -164,7 +164,7 @@ def test_config_init_into_a_read_only_directory(tmp_path, capsys):  # pragma: no
 
 def test_ledger_42_from_python_is_one_clear_error(files, tmp_path):
     with pytest.raises(InvalidParameterError, match="`ledger` must be a Ledger"):
-        train(str(files["train"]), model=str(files["model"]), mode="last-layer", epsilon=1.0, delta=1e-3, steps=2,
+        train(str(files["train"]), model=str(files["model"]), mode="last-layer", labels=["0", "1"], epsilon=1.0, delta=1e-3, steps=2,
               batch_size=20, ledger=42, output_dir=tmp_path / "y08", progress=False)
     assert not (tmp_path / "y08").exists()
 
@@ -175,7 +175,7 @@ def test_ledger_42_from_python_is_one_clear_error(files, tmp_path):
 @pytest.mark.parametrize("command", ["train", "tune"])
 def test_a_run_refused_by_the_ledger_leaves_no_run_dir(files, tmp_path, command):
     db = f"sqlite:///{tmp_path / 'l.db'}"
-    common = dict(eval_data=str(files["eval"]), model=str(files["model"]), mode="last-layer", epsilon=2.0,
+    common = dict(eval_data=str(files["eval"]), model=str(files["model"]), mode="last-layer", labels=["0", "1"], epsilon=2.0,
                   delta=1e-3, seed=0, ledger=db)
     if command == "train":
         def run(out):
@@ -234,7 +234,7 @@ def test_report_exits_non_zero_on_a_corrupt_certificate(finished_run, tmp_path, 
 def test_linear_scaling_refuses_an_odd_number_of_trials(files, tmp_path, capsys):
     """`--trials 3` used to run 2 trials silently: two sweeps of trials // 2 runs each."""
     argv = ["tune", "--data", str(files["train"]), "--eval-data", str(files["eval"]), "--model", str(files["model"]),
-            "--mode", "last-layer", "--strategy", "linear-scaling", "--trials", "3", "--epsilon", "2", "--delta",
+            "--mode", "last-layer", "--labels", "0,1", "--strategy", "linear-scaling", "--trials", "3", "--epsilon", "2", "--delta",
             "1e-3", "--ledger", f"sqlite:///{tmp_path / 'l.db'}", "--output", str(tmp_path / "run"), "--quiet"]
     assert main(argv) == 2
     _one_error_line(capsys, "even", "Pass 2 or 4")
@@ -243,7 +243,7 @@ def test_linear_scaling_refuses_an_odd_number_of_trials(files, tmp_path, capsys)
 
 def test_linear_scaling_trials_4_runs_4_trials(files, tmp_path):
     r = privtune.tune(str(files["train"]), eval_data=str(files["eval"]), model=str(files["model"]),
-                      mode="last-layer", strategy="linear-scaling", trials=4, epsilon=2.0, delta=1e-3, seed=0,
+                      mode="last-layer", labels=["0", "1"], strategy="linear-scaling", trials=4, epsilon=2.0, delta=1e-3, seed=0,
                       quiet=True, ledger=f"sqlite:///{tmp_path / 'l.db'}", output_dir=tmp_path / "run")
     assert len(r.trials) == 4
     assert json.loads((tmp_path / "run" / "metrics.json").read_text())["trials"] == 4

@@ -23,7 +23,7 @@ import privtune
 from privtune._release import FAULT_ENV, STAGING_DIR, InjectedFault
 from privtune.errors import InvalidParameterError
 from privtune.hpo.tune import STATE_FILE
-from privtune.ledger import Ledger
+from privtune.ledger import Ledger, dataset_fingerprint
 from privtune.models.testing import make_toy_text_files
 from privtune.training import train
 
@@ -56,8 +56,8 @@ def files(tmp_path_factory):
 
 
 def _train_args(files, tmp_path) -> dict:
-    return dict(eval_data=str(files["eval"]), model=str(files["model"]), mode="last-layer", epsilon=2.0,
-                delta=1e-3, steps=3, batch_size=20, seed=0, progress=False,
+    return dict(eval_data=str(files["eval"]), model=str(files["model"]), mode="last-layer", labels=["0", "1"],
+                epsilon=2.0, delta=1e-3, steps=3, batch_size=20, seed=0, progress=False,
                 ledger=f"sqlite:///{tmp_path / 'l.db'}", output_dir=str(tmp_path / "run"))
 
 
@@ -66,8 +66,9 @@ def reference(files, tmp_path_factory):
     """An uninterrupted run: what every interrupted-then-resumed run must end up releasing and charging."""
     tmp = tmp_path_factory.mktemp("ref")
     r = train(str(files["train"]), **_train_args(files, tmp))
-    used = Ledger(f"sqlite:///{tmp / 'l.db'}").status(r.metrics["dataset_fingerprint"]).used_epsilon
-    return r, used
+    used = Ledger(f"sqlite:///{tmp / 'l.db'}").status(r.metrics["dataset_id"]).used_epsilon
+    # each ledger gives the dataset its own random id: the runs under test find it by the file's content
+    return r, used, dataset_fingerprint(files["train"])
 
 
 def _charged(url, fp):
@@ -76,8 +77,8 @@ def _charged(url, fp):
 
 
 def _check_finished(res, reference, url, run):
-    ref, ref_used = reference
-    charged, used = _charged(url, ref.metrics["dataset_fingerprint"])
+    ref, ref_used, fp = reference
+    charged, used = _charged(url, fp)
     assert len(charged) == 1 and charged[0].state == "committed"  # charged exactly once
     assert used == pytest.approx(ref_used, rel=1e-9) and used > 0
     for name in ("model/config.json", "model/privtune_head.safetensors", "certificate.json", "metrics.json",
@@ -91,8 +92,8 @@ def _check_finished(res, reference, url, run):
 
 
 def _check_interrupted(reference, url, stage):
-    ref, ref_used = reference
-    charged, used = _charged(url, ref.metrics["dataset_fingerprint"])
+    ref, ref_used, fp = reference
+    charged, used = _charged(url, fp)
     assert len(charged) == 1 and used == pytest.approx(ref_used, rel=1e-9)  # charged: data may have been read
     assert charged[0].state == ("committed" if stage == "after-commit" else "reserved")
 
@@ -144,7 +145,7 @@ def test_cli_resume_is_the_one_command(files, tmp_path, monkeypatch, reference, 
 
     a = _train_args(files, tmp_path)
     argv = ["train", "--data", str(files["train"]), "--eval-data", a["eval_data"], "--model", a["model"],
-            "--mode", "last-layer", "--epsilon", "2", "--delta", "1e-3", "--steps", "3", "--batch-size", "20",
+            "--mode", "last-layer", "--labels", "0,1", "--epsilon", "2", "--delta", "1e-3", "--steps", "3", "--batch-size", "20",
             "--seed", "0", "--ledger", a["ledger"], "--output", a["output_dir"], "--quiet"]
     monkeypatch.setenv(FAULT_ENV, "publish-model")
     with pytest.raises(InjectedFault):
@@ -152,7 +153,7 @@ def test_cli_resume_is_the_one_command(files, tmp_path, monkeypatch, reference, 
     monkeypatch.delenv(FAULT_ENV)
     assert main(argv) == 2 and "--resume" in capsys.readouterr().err
     assert main(argv + ["--resume"]) == 0
-    charged, used = _charged(a["ledger"], reference[0].metrics["dataset_fingerprint"])
+    charged, used = _charged(a["ledger"], dataset_fingerprint(files["train"]))
     assert len(charged) == 1 and used == pytest.approx(reference[1], rel=1e-9)
 
 
@@ -177,7 +178,7 @@ TUNE_STAGES = ["after-reserve", "after-last-step", "write-model", "write-certifi
 
 def _tune_args(files, tmp_path) -> dict:
     return dict(eval_data=str(files["eval"]), model=str(files["model"]), mode="last-layer", strategy="hyperfree",
-                epsilon=2.0, delta=1e-3, seed=0, quiet=True, ledger=f"sqlite:///{tmp_path / 'l.db'}",
+                labels=["0", "1"], epsilon=2.0, delta=1e-3, seed=0, quiet=True, ledger=f"sqlite:///{tmp_path / 'l.db'}",
                 output_dir=str(tmp_path / "run"))
 
 
@@ -185,13 +186,14 @@ def _tune_args(files, tmp_path) -> dict:
 def tune_reference(files, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("tref")
     r = privtune.tune(str(files["train"]), **_tune_args(files, tmp))
-    used = Ledger(f"sqlite:///{tmp / 'l.db'}").status(r.metrics["dataset_fingerprint"]).used_epsilon
-    return r, used
+    used = Ledger(f"sqlite:///{tmp / 'l.db'}").status(r.metrics["dataset_id"]).used_epsilon
+    # each ledger gives the dataset its own random id: the runs under test find it by the file's content
+    return r, used, dataset_fingerprint(files["train"])
 
 
 def _check_tune_finished(res, tune_reference, url, run):
-    ref, ref_used = tune_reference
-    charged, used = _charged(url, ref.metrics["dataset_fingerprint"])
+    ref, ref_used, fp = tune_reference
+    charged, used = _charged(url, fp)
     assert len(charged) == 1 and charged[0].state == "committed"
     assert used == pytest.approx(ref_used, rel=1e-9) and used > 0
     for name in ("model/config.json", "certificate.json", "metrics.json", "history.json", "config.yaml"):
@@ -272,7 +274,7 @@ def test_full_disk_while_writing_is_one_error_and_resume_finishes(files, tmp_pat
 
     a = _train_args(files, tmp_path)
     argv = ["train", "--data", str(files["train"]), "--eval-data", a["eval_data"], "--model", a["model"],
-            "--mode", "last-layer", "--epsilon", "2", "--delta", "1e-3", "--steps", "3", "--batch-size", "20",
+            "--mode", "last-layer", "--labels", "0,1", "--epsilon", "2", "--delta", "1e-3", "--steps", "3", "--batch-size", "20",
             "--seed", "0", "--ledger", a["ledger"], "--output", a["output_dir"], "--quiet"]
     monkeypatch.setattr(training, "_write_json", full_disk)
     assert main(argv) == 2

@@ -132,7 +132,7 @@ def make_run(run_dir: Path, strategy: str = "linear-scaling", *, reference: bool
     eps = _save_certificate(run_dir, trial_events + final_ev, metadata)
     metrics = {"accuracy": 0.832, "epsilon": eps, "delta": DELTA, "mode": "last-layer",
                "hyperparameters": {"learning_rate": 0.05, "steps": steps_f, "noise_multiplier": sigma_f, "clip": 1.0},
-               "reported_split": "test", "dataset_fingerprint": "sha256:" + "ab" * 32,
+               "reported_split": "test", "dataset_id": "ds-0123456789abcdef",
                "ledger_url": "sqlite:///ledger.db", "ledger_remaining_epsilon": 7.0}
     if not is_train:
         metrics.update({"strategy": strategy, "selection": "accuracy on a validation split declared public"})

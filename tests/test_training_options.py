@@ -24,7 +24,7 @@ def files(tmp_path_factory):
 def _run(files, tmp_path, **kw):
     args = dict(eval_data=files["eval"], model=files["model"], mode="last-layer", epsilon=2.0, delta=1e-3,
                 steps=3, batch_size=20, learning_rate=1e-2, ledger=f"sqlite:///{tmp_path / 'l.db'}",
-                output_dir=tmp_path / "run", seed=0, progress=False, device="cpu")
+                output_dir=tmp_path / "run", seed=0, progress=False, device="cpu", labels=[0, 1])
     data = kw.pop("data", files["train"])
     args.update(kw)
     return train(data, **args)
@@ -95,25 +95,25 @@ def test_click_usage_errors_are_one_line(capsys, argv, words):
 # ------------------------------------------------------------------------------ 3. label contiguity
 
 
-def test_non_contiguous_integer_labels_are_refused(files, tmp_path, capsys):
+def test_labels_outside_the_declared_set_are_refused_without_their_value(files, tmp_path, capsys):
     p = tmp_path / "gap.tsv"
     p.write_text("label\tsentence\n" + "".join(f"{7 if i % 2 else 0}\ttext {i}\n" for i in range(20)),
                  encoding="utf-8")
-    with pytest.raises(DataError, match=r"\{0, 7\}.*0\.\.K-1.*num_labels=8"):
+    with pytest.raises(DataError, match=r"row 2 .*not among the declared classes .*0\.\.1 \(10 row\(s\)") as e:
         _run(files, tmp_path, data=p)
+    assert "7" not in str(e.value).replace(str(p), "") and "text 1" not in str(e.value)
     assert Ledger(f"sqlite:///{tmp_path / 'l.db'}").datasets() == []
-    rc, _, err = _cli(capsys, "train", "--data", p, "--mode", "bitfit", "--epsilon", "1", "--output",
-                      tmp_path / "x", "--model", files["model"], "--device", "cpu")
-    assert rc == 2 and err.count("\n") == 1 and "{0, 7}" in err
-    one_based = tmp_path / "one_based.tsv"
-    one_based.write_text("label\tsentence\n1\ta\n2\tb\n1\tc\n", encoding="utf-8")
-    with pytest.raises(DataError, match=r"\{1, 2\}.*skips class\(es\) \{0\}"):
-        _run(files, tmp_path, data=one_based)
-    # explicit class count: absent classes are then a deliberate choice
+    rc, _, err = _cli(capsys, "train", "--data", p, "--labels", "0,1", "--mode", "bitfit", "--epsilon", "1",
+                      "--output", tmp_path / "x", "--model", files["model"], "--device", "cpu")
+    assert rc == 2 and err.count("\n") == 1 and "declared classes" in err
+    # a declared class count: absent classes are then a deliberate choice, not inferred from the rows
     from privtune.data import TextDataset, load_text_dataset
 
-    assert load_text_dataset(p, num_labels=8).num_labels == 8
-    with pytest.raises(DataError, match="num_labels=3"):
+    assert load_text_dataset(p, labels=list(range(8))).num_labels == 8
+    # public files loaded without a declaration still refuse integer labels with gaps (no values shown)
+    with pytest.raises(DataError, match=r"skip at least one class index"):
+        load_text_dataset(p)
+    with pytest.raises(DataError, match="num_labels=K"):
         TextDataset(texts=["a", "b"], labels=[0, 2])
     assert TextDataset(texts=["a", "b"], labels=[0, 2], num_labels=3).num_labels == 3
 
@@ -155,7 +155,7 @@ def test_shuffle_is_accounted_without_amplification_unless_assumed(files, tmp_pa
         assumed.certificate.epsilon)
     # the effective config keeps the assumption, and the CLI flag / YAML key reach the same run
     assert "assume_poisson: true" in (tmp_path / "assumed" / "config.yaml").read_text()
-    rc, out, err = _cli(capsys, "train", "--data", files["train"], "--model", files["model"], "--mode", "last-layer",
+    rc, out, err = _cli(capsys, "train", "--data", files["train"], "--labels", "0,1", "--model", files["model"], "--mode", "last-layer",
                         "--noise-multiplier", "1", "--delta", "1e-3", "--steps", "6", "--batch-size", "20",
                         "--sampling", "shuffle", "--assume-poisson", "--ledger", f"sqlite:///{tmp_path / 'l3.db'}",
                         "--output", tmp_path / "cli", "--seed", "0", "--quiet", "--device", "cpu")
@@ -169,12 +169,12 @@ def test_assume_poisson_needs_shuffling(files, tmp_path, capsys):
     with pytest.raises(InvalidParameterError, match="assume_poisson"):
         _run(files, tmp_path, assume_poisson="yes", sampling="shuffle")
     assert Ledger(f"sqlite:///{tmp_path / 'l.db'}").datasets() == []
-    rc, _, err = _cli(capsys, "train", "--data", files["train"], "--mode", "bitfit", "--epsilon", "1",
+    rc, _, err = _cli(capsys, "train", "--data", files["train"], "--labels", "0,1", "--mode", "bitfit", "--epsilon", "1",
                       "--output", tmp_path / "x", "--assume-poisson")
     assert rc == 2 and err.count("\n") == 1 and "shuffle" in err
     cfg = tmp_path / "run.yaml"
     cfg.write_text("assume_poisson: 3\n", encoding="utf-8")
-    rc, _, err = _cli(capsys, "train", "--config", cfg, "--data", files["train"], "--mode", "bitfit",
+    rc, _, err = _cli(capsys, "train", "--config", cfg, "--data", files["train"], "--labels", "0,1", "--mode", "bitfit",
                       "--epsilon", "1", "--output", tmp_path / "y")
     assert rc == 2 and "assume_poisson" in err
     from privtune.data import load_dataset
@@ -198,7 +198,7 @@ def test_assume_poisson_needs_shuffling(files, tmp_path, capsys):
 def test_lora_flags_reach_the_adapters(files, tmp_path, capsys):
     pytest.importorskip("peft")
     out = tmp_path / "lora"
-    rc, _, err = _cli(capsys, "train", "--data", files["train"], "--model", files["model"], "--mode", "lora",
+    rc, _, err = _cli(capsys, "train", "--data", files["train"], "--labels", "0,1", "--model", files["model"], "--mode", "lora",
                       "--epsilon", "2", "--delta", "1e-3", "--steps", "2", "--batch-size", "20",
                       "--lora-rank", "3", "--lora-alpha", "6", "--lora-target-modules", "query, key",
                       "--ledger", f"sqlite:///{tmp_path / 'l.db'}", "--output", out, "--seed", "0", "--quiet",
@@ -232,7 +232,7 @@ def test_lora_flags_reach_the_adapters(files, tmp_path, capsys):
 )
 def test_bad_lora_options_fail_before_any_budget(files, tmp_path, capsys, flags, words):
     pytest.importorskip("peft")
-    rc, _, err = _cli(capsys, "train", "--data", files["train"], "--model", files["model"], "--mode", "lora",
+    rc, _, err = _cli(capsys, "train", "--data", files["train"], "--labels", "0,1", "--model", files["model"], "--mode", "lora",
                       "--epsilon", "1", "--delta", "1e-3", "--ledger", f"sqlite:///{tmp_path / 'l.db'}",
                       "--output", tmp_path / "x", "--quiet", "--device", "cpu", *flags)
     assert rc == 2 and err.count("\n") == 1, err
@@ -292,7 +292,7 @@ def test_cuda_requested_without_cuda(files, tmp_path, capsys):
     with pytest.raises(InvalidParameterError, match="CUDA is not available"):
         fit(m, make_toy_text_dataset(8), noise_multiplier=1.0, sample_rate=0.5, steps=1, learning_rate=0.1,
             device="cuda:0")
-    rc, _, err = _cli(capsys, "train", "--data", files["train"], "--mode", "bitfit", "--epsilon", "1",
+    rc, _, err = _cli(capsys, "train", "--data", files["train"], "--labels", "0,1", "--mode", "bitfit", "--epsilon", "1",
                       "--output", tmp_path / "x", "--device", "cuda")
     assert rc == 2 and err.count("\n") == 1 and "CUDA is not available" in err
     rc, _, err = _cli(capsys, "predict", "--model", tmp_path, "--data", files["eval"], "--device", "cuda")

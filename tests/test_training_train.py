@@ -23,7 +23,7 @@ def files(tmp_path_factory):
 def _run(files, tmp_path, **kw):
     args = dict(eval_data=files["eval"], model=files["model"], mode="bitfit", epsilon=2.0, delta=1e-3,
                 steps=4, batch_size=20, learning_rate=1e-2, ledger=f"sqlite:///{tmp_path / 'l.db'}",
-                output_dir=tmp_path / "run", seed=0, progress=False)
+                output_dir=tmp_path / "run", seed=0, progress=False, labels=[0, 1])
     args.update(kw)
     return train(files["train"], **args)
 
@@ -48,7 +48,7 @@ def test_train_writes_run_dir_and_charges_ledger(files, tmp_path):
     private = json.loads((out / "not_private" / "history.json").read_text())
     assert len(private["final_run"]["train_loss"]) == 4 and "NOT PRIVATE" in private["final_run"]["train_loss_label"]
     led = Ledger(f"sqlite:///{tmp_path / 'l.db'}")
-    st = led.status(metrics["dataset_fingerprint"])
+    st = led.status(metrics["dataset_id"])
     assert st.spent_epsilon == pytest.approx(cert["epsilon"], rel=1e-6)
     from privtune.accounting import verify_certificate
 
@@ -87,13 +87,13 @@ def test_bad_input_fails_before_any_budget_is_spent(files, tmp_path, kw, exc, ma
     assert not (tmp_path / "run" / "certificate.json").exists()
 
 
-def test_single_class_data_is_rejected(files, tmp_path):
+def test_single_class_data_trains_with_a_declared_label_set(files, tmp_path):
+    # which classes the private rows contain must not decide whether the run happens (a membership oracle)
     p = tmp_path / "one.tsv"
-    p.write_text("label\tsentence\n1\tgood\n1\tgreat\n", encoding="utf-8")
-    with pytest.raises(DataError, match="single class"):
-        train(p, model=files["model"], mode="bitfit", epsilon=1.0, delta=1e-3, ledger=f"sqlite:///{tmp_path/'l.db'}",
-              progress=False)
-    assert _ledger_datasets(tmp_path) == []
+    p.write_text("label\tsentence\n1\tgood\n1\tgreat\n1\tnice film\n", encoding="utf-8")
+    r = train(p, model=files["model"], mode="last-layer", noise_multiplier=1.0, delta=1e-3, steps=1, batch_size=2,
+              ledger=f"sqlite:///{tmp_path/'l.db'}", progress=False, labels=[0, 1])
+    assert r.model.num_labels == 2
 
 
 def test_budget_exceeded_in_ledger(files, tmp_path):
@@ -131,7 +131,7 @@ def test_resume_is_bit_for_bit(files, tmp_path, monkeypatch):
     assert res.not_private["history"]["final_run"]["train_loss"] == ref.not_private["history"]["final_run"]["train_loss"]
     assert res.certificate.epsilon == pytest.approx(ref.certificate.epsilon)
     # the ledger charged the run once
-    st = Ledger(f"sqlite:///{tmp_path / 'l.db'}").status(res.metrics["dataset_fingerprint"])
+    st = Ledger(f"sqlite:///{tmp_path / 'l.db'}").status(res.metrics["dataset_id"])
     assert st.spent_epsilon == pytest.approx(res.certificate.epsilon, rel=1e-6)
 
 
@@ -155,8 +155,8 @@ def test_cli_train_and_predict(files, tmp_path, capsys):
     from privtune.cli import main
 
     out = tmp_path / "clirun"
-    rc = main(["train", "--data", str(files["train"]), "--eval-data", str(files["eval"]), "--model",
-               str(files["model"]), "--mode", "last-layer", "--epsilon", "3", "--delta", "1e-3", "--steps", "3",
+    rc = main(["train", "--data", str(files["train"]), "--labels", "0,1", "--eval-data", str(files["eval"]),
+               "--model", str(files["model"]), "--mode", "last-layer", "--epsilon", "3", "--delta", "1e-3", "--steps", "3",
                "--batch-size", "40", "--ledger", f"sqlite:///{tmp_path / 'cli.db'}", "--output", str(out),
                "--seed", "0", "--quiet"])
     assert rc == 0
@@ -174,7 +174,7 @@ def test_cli_config_file_and_errors(files, tmp_path, capsys):
     from privtune.cli import main
 
     cfg = tmp_path / "run.yaml"
-    cfg.write_text(f"data: {files['train']}\nmodel: {files['model']}\nmode: bitfit\nepsilon: 2.0\ndelta: 1.0e-3\n"
+    cfg.write_text(f"data: {files['train']}\nlabels: [0, 1]\nmodel: {files['model']}\nmode: bitfit\nepsilon: 2.0\ndelta: 1.0e-3\n"
                    f"steps: 2\nbatch_size: 20\nledger: sqlite:///{tmp_path / 'c.db'}\n", encoding="utf-8")
     rc = main(["train", "--config", str(cfg), "--output", str(tmp_path / "cfgrun"), "--quiet", "--mode", "last-layer"])
     assert rc == 0
@@ -185,7 +185,7 @@ def test_cli_config_file_and_errors(files, tmp_path, capsys):
     assert rc == 2 and "epsilon" in err and err.count("\n") == 1
     rc = main(["train", "--data", str(files["train"]), "--mode", "bitfit", "--output", "x"])
     assert rc == 2 and "--epsilon" in capsys.readouterr().err
-    rc = main(["train", "--data", str(tmp_path / "missing.tsv"), "--mode", "bitfit", "--epsilon", "1",
+    rc = main(["train", "--data", str(tmp_path / "missing.tsv"), "--labels", "0,1", "--mode", "bitfit", "--epsilon", "1",
                "--output", str(tmp_path / "y")])
     assert rc == 2 and "does not exist" in capsys.readouterr().err
     rc = main(["predict", "--model", str(tmp_path), "--data", str(files["eval"])])
@@ -221,10 +221,13 @@ def test_train_on_an_image_folder(tmp_path):
         (tmp_path / "imgs" / cls).mkdir(parents=True)
         for i in range(6):
             Image.new("RGB", (8, 8), tuple(max(0, c - 20 * i) for c in color)).save(tmp_path / "imgs" / cls / f"{i}.png")
+    for cls, color in (("cat", (240, 30, 30)), ("dog", (30, 30, 240))):  # held-out images (other shades)
+        (tmp_path / "imgs_eval" / cls).mkdir(parents=True)
+        Image.new("RGB", (8, 8), color).save(tmp_path / "imgs_eval" / cls / "0.png")
     vit = make_tiny_image_model(tmp_path / "vit")
-    r = train(tmp_path / "imgs", eval_data=tmp_path / "imgs", model=vit, mode="bitfit", noise_multiplier=1.0,
+    r = train(tmp_path / "imgs", eval_data=tmp_path / "imgs_eval", model=vit, mode="bitfit", noise_multiplier=1.0,
               delta=1e-3, steps=2, batch_size=6, ledger=f"sqlite:///{tmp_path / 'l.db'}",
-              output_dir=tmp_path / "run", seed=0, progress=False)
+              output_dir=tmp_path / "run", seed=0, progress=False, labels=["cat", "dog"])
     assert r.metrics["accuracy"] is not None and (tmp_path / "run" / "model" / "preprocessor_config.json").is_file()
     from privtune.cli import main
 

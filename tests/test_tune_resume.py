@@ -81,7 +81,7 @@ def test_interrupted_tune_resumes_exactly(files, tmp_path, monkeypatch, capfd, s
     state = out / STATE_FILE
     assert state.is_file() and stat.S_IMODE(state.stat().st_mode) == 0o600
     assert not (out / "certificate.json").exists()
-    fp = ref.metrics["dataset_fingerprint"]
+    fp = files["train"]  # the data file: its dataset id differs per ledger (ref.db, l.db)
     (entry,) = _entries(url, fp)
     assert entry.state == "reserved"  # charged: the interrupted run may have read data
     # a new run may not silently start over the interrupted one
@@ -118,7 +118,7 @@ def test_resume_model_modes_mode_auto_hyperfree(files, tmp_path, monkeypatch):
     fit.reset()
     res = privtune.tune(files["train"], ledger=url, output_dir=out, resume=True, **args)
     assert fit.calls == 1 and res.metrics["resumed"] == {"replayed_trials": 2}
-    (entry,) = _entries(url, res.metrics["dataset_fingerprint"])
+    (entry,) = _entries(url, res.metrics["dataset_id"])
     assert entry.state == "committed" and entry.resumed == 1 and not (out / STATE_FILE).exists()
     # the uninterrupted run with the same master seed releases exactly the same thing
     ref = privtune.tune(files["train"], ledger=f"sqlite:///{tmp_path / 'ref.db'}", output_dir=tmp_path / "ref",
@@ -190,7 +190,7 @@ def test_cli_ctrl_c_then_resume_with_the_saved_config(files, tmp_path, monkeypat
     text = capsys.readouterr().out
     assert "resumed: 3 completed trial(s) replayed" in text and trial.calls == 4
     assert main(["account", "--certificate", str(out / "certificate.json")]) == 0
-    fp = json.loads((out / "metrics.json").read_text())["dataset_fingerprint"]
+    fp = json.loads((out / "metrics.json").read_text())["dataset_id"]
     (entry,) = _entries(f"sqlite:///{db}", fp)
     assert entry.state == "committed"
 

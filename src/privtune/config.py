@@ -63,7 +63,7 @@ class Option:
 
     ``kind`` is one of ``"path"``, ``"str"``, ``"float"``, ``"int"``, ``"number"`` (int or
     float), ``"bool"``, ``"choice"``, ``"mapping"``, ``"str_list"`` (a list of names, or one
-    comma-separated string).  ``low``/``high`` bound numbers
+    comma-separated string), ``"label_list"`` (like ``str_list``, integers allowed: class labels).  ``low``/``high`` bound numbers
     (``low`` exclusive, ``high`` inclusive unless ``high_exclusive``).  ``example`` is the
     value shown in the template; ``active`` makes the template set it instead of showing
     it commented out.
@@ -89,6 +89,9 @@ def _common(mode_choices: tuple[str, ...], mode_example: str, data_active: bool)
                "dev.tsv"),
         Option("text_column", "str", "Name of the text column (auto-detected when unset).", "sentence"),
         Option("label_column", "str", "Name of the label column (auto-detected when unset).", "label"),
+        Option("labels", "label_list", "The label set, PUBLIC input, in class-index order (class i is the i-th "
+               "label): names, or the integer classes 0..K-1. Unset = the public split's or the model's labels; "
+               "never read from the private data.", ["neg", "pos"]),
         Option("model", "path", "Pretrained model directory (Hugging Face format); unset = bundled all-MiniLM-L6-v2.",
                "path/to/pretrained-model"),
         Option("mode", "choice", "What is trained: " + ", ".join(mode_choices) + ".", mode_example,
@@ -310,6 +313,14 @@ def validate_value(opt: Option, value: Any, source: str = "config") -> Any:
             return [v.strip() for v in items]
         raise _type_error(opt, value, source, "a non-empty list of names (or one comma-separated string)",
                           "Example: `" + opt.key + ": [" + ", ".join(map(str, opt.example)) + "]`.")
+    if kind == "label_list":
+        items = value.split(",") if isinstance(value, str) else value
+        if (isinstance(items, (list, tuple)) and items
+                and all((isinstance(v, str) and v.strip()) or (isinstance(v, int) and not isinstance(v, bool))
+                        for v in items)):
+            return [v.strip() if isinstance(v, str) else str(v) for v in items]
+        raise _type_error(opt, value, source, "a non-empty list of class labels (or one comma-separated string)",
+                          "Example: `" + opt.key + ": [neg, pos]` or `" + opt.key + ": [0, 1]`.")
     if kind == "mapping":
         if isinstance(value, Mapping) and all(isinstance(k, str) for k in value):
             return dict(value)

@@ -895,6 +895,7 @@ def train(
     lora_alpha: float | None = None,
     assume_poisson: bool = False,
     device: Any = None,
+    labels: Sequence[str | int] | str | None = None,
 ) -> TrainResult:
     """Fine-tune a classifier privately with fixed hyperparameters: one complete, accounted run.
 
@@ -936,14 +937,22 @@ def train(
         accounts shuffling without amplification.
     device : "cpu", "cuda", "cuda:N", "mps" or None (default: CUDA when available, else CPU).  The model
         and every batch go there; the saved model, checkpoints and certificate do not depend on it.
+    labels : list or comma-separated str, optional
+        The label set, PUBLIC input, in class-index order: ``["neg", "pos"]`` (class 0 is ``neg``) or
+        the integer classes ``[0, 1]``.  Default: the model's own label set (a privtune model, or a
+        Hugging Face config that names its classes); otherwise an error: it is never inferred from the
+        private data.  A row whose label is not in the set is an error (row number, not its content);
+        ``eval_data`` must use the same labels.
 
     Returns
     -------
     TrainResult
     """
     from privtune.data import load_dataset
+    from privtune.data.datasets import check_disjoint, declared_label_set
     from privtune.finetune import MODES, apply_mode
     from privtune.models import load_classifier
+    from privtune.models.classifier import check_model_label_set
 
     # ---------------------------------------------------------------- 1. arguments (no data yet)
     mode = check_choice(mode, "mode", MODES)
@@ -1020,32 +1029,29 @@ def train(
         )
 
     # ---------------------------------------------------------------- 2. data and model (validated, no budget)
-    train_set = load_dataset(data, text_column, label_column)
+    # the label set is public input (released as the head's shape and names): never read from private rows,
+    # and no check depends on which classes the rows happen to contain
+    num_labels, label_names, label_source = declared_label_set(labels, model=model)
+    train_set = load_dataset(data, text_column, label_column, num_labels=num_labels, label_names=label_names)
     if not train_set.has_labels:
         raise DataError("The training data has no labels. Pass a file with a label column.")
     n = len(train_set)
-    present = set(train_set.labels)
-    if len(present) < 2:
-        raise DataError(
-            f"The training data has a single class ({sorted(present)}); a classifier needs at least two. "
-            "Check the label column."
-        )
     eval_set = None
     if eval_data is not None:
-        eval_set = load_dataset(eval_data, text_column, label_column, label_names=train_set.label_names,
-                                num_labels=train_set.num_labels if train_set.label_names is None else None)
+        eval_set = load_dataset(eval_data, text_column, label_column, num_labels=num_labels,
+                                label_names=label_names)
         if not eval_set.has_labels:
             raise DataError("`eval_data` has no labels; evaluation needs a label column.")
+        check_disjoint(train_set, eval_set, "eval_data")  # accuracy on training rows is not held-out (nor private)
     if delta is None:
         delta = min(1e-5, _suggest_delta(n))
     delta = check_delta(delta, dataset_size=n)
     if isinstance(model, nn.Module):
         clf = model
-        if clf.num_labels < train_set.num_labels:
-            raise ModelError(f"`model` has {clf.num_labels} classes but the data has {train_set.num_labels}.")
     else:
-        clf = load_classifier(model, num_labels=train_set.num_labels, pooling=pooling,
-                              label_names=train_set.label_names, max_length=max_length, seed=seed)
+        clf = load_classifier(model, num_labels=num_labels, pooling=pooling,
+                              label_names=label_names, max_length=max_length, seed=seed)
+    check_model_label_set(clf, num_labels, label_names, label_source)
     if getattr(clf, "kind", "text") != train_set.kind:
         raise DataError(f"The model takes {clf.kind} inputs but the training data is {train_set.kind}.")
     mode_info = apply_mode(clf, mode, lora_rank=lora_rank, lora_alpha=lora_alpha,
@@ -1145,11 +1151,11 @@ def train(
         try:
             status = led.status(fp)
         except UnknownDatasetError:
-            led.init_dataset(fp, epsilon if epsilon is not None else planned_eps, delta,
-                             name=ledger_name)
+            registered = led.init_dataset(fp, epsilon if epsilon is not None else planned_eps, delta,
+                                          name=ledger_name)
             registered_now = True
-            log(f"dataset {fp[:12]} registered in the ledger with total ε={epsilon or planned_eps:.4g}, "
-                f"δ={delta:g}")
+            log(f"dataset {registered.dataset_id} registered in the ledger with total ε="
+                f"{epsilon or planned_eps:.4g}, δ={delta:g}")
             status = None
         if resume and status is not None:
             mine = [e for e in status.entries if e.resume_key == run_id]
@@ -1224,8 +1230,14 @@ def train(
 
     import privtune
 
+    try:  # a resumed, already committed run has no reservation object: ask the ledger
+        dataset_id = getattr(reservation, "dataset_id", None) or led.status(fp).dataset_id
+    except PrivtuneError:
+        dataset_id = None
     metadata = {
-        "command": "train", "mode": mode, "hyperparameters": hyper, "dataset_fingerprint": fp,
+        # the ledger's random dataset id, never a hash of the data (which would let anyone holding the
+        # data minus one row test candidate rows)
+        "command": "train", "mode": mode, "hyperparameters": hyper, "dataset_id": dataset_id,
         "seeds": {"sampler": loop.sampler_seed, "noise": loop.noise_seed, "explicit_seed": seed,
                   "noise_seed_source": ("explicit seed (experiments): the noise generator is seeded with seed + 1, "
                                         "the sampler with seed" if seed is not None else
@@ -1245,7 +1257,7 @@ def train(
         "eval_loss": result.eval["loss"] if result.eval else None,
         "epsilon": cert.epsilon, "delta": delta, "mode": mode, "strategy": None,
         "hyperparameters": hyper, "reported_split": _split_name(eval_data) if eval_set is not None else None,
-        "selection": "none (fixed hyperparameters)", "dataset_fingerprint": fp,
+        "selection": "none (fixed hyperparameters)", "dataset_id": dataset_id,
         "ledger_url": _mask(getattr(led, "url", None)), "ledger_remaining_epsilon": remaining,
         "trainable_parameters": mode_info.num_trainable, "total_parameters": mode_info.num_total,
         # wall time and steps are data-independent; the exact example count is not (Σ_t |S_t|): NOT PRIVATE
@@ -1356,6 +1368,8 @@ def _effective_config(data, eval_data, model, clf, mode, epsilon, noise_multipli
         "data": path_or_none(data) or "<in-memory dataset>",
         "eval_data": path_or_none(eval_data),
         "text_column": text_column, "label_column": label_column,
+        "labels": (list(clf.label_names) if getattr(clf, "label_names", None) is not None
+                   else [str(i) for i in range(clf.num_labels)]) if hasattr(clf, "num_labels") else None,
         "model": path_or_none(model) if not isinstance(model, nn.Module) else getattr(clf, "source", None),
         "mode": mode, "delta": delta, "accountant": hyper["accountant"],
         "steps": hyper["steps"], "batch_size": hyper["batch_size"],

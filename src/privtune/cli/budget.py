@@ -1,7 +1,7 @@
 """``privtune budget``: the per-dataset privacy budget ledger from the command line.
 
 Sub-commands: ``init``, ``show``, ``history``, ``verify``, ``spend`` (record an external run),
-``raise`` (raise a total, explicitly and on the record).  Every one takes ``--ledger URL``
+``raise`` (raise a total, explicitly and on the record), ``close`` (charge an orphaned reservation).  Every one takes ``--ledger URL``
 (default ``$PRIVTUNE_LEDGER`` or ``~/.privtune/ledger.db``).
 """
 
@@ -14,7 +14,8 @@ import click
 
 _LEDGER_HELP = "Ledger URL: sqlite:////abs/path.db, a file path, or postgresql://user@host/db. " \
                "Default: $PRIVTUNE_LEDGER or ~/.privtune/ledger.db."
-_DATASET_HELP = "Dataset file/folder (its content is fingerprinted), its fingerprint, or its registered name."
+_DATASET_HELP = ("Dataset file/folder (its content is fingerprinted with the ledger's key), its dataset id "
+                 "(ds-…, as run directories show it), its fingerprint, or its registered name.")
 
 ledger_option = click.option("--ledger", "ledger_url", default=None, metavar="URL", help=_LEDGER_HELP)
 dataset_option = click.option("--dataset", "dataset", required=True, metavar="PATH_OR_NAME", help=_DATASET_HELP)
@@ -53,7 +54,7 @@ def _console():
 def _status_table(st) -> object:
     from rich.table import Table
 
-    t = Table(title=f"Privacy budget of {st.name or 'dataset'} ({st.fingerprint[:16]}…)", show_header=False)
+    t = Table(title=f"Privacy budget of {st.name or 'dataset'} ({st.dataset_id})", show_header=False)
     t.add_column("", style="bold")
     t.add_column("")
     t.add_row("ledger", st.ledger_url)
@@ -77,9 +78,30 @@ def budget() -> None:
     """
 
 
+def _count_examples(dataset: str) -> int | None:
+    """Rows of a .tsv/.csv/.jsonl dataset file, read as ``train`` reads it; None for anything else
+    (a folder, another format, a fingerprint), whose size budget init cannot know."""
+    import os
+    from pathlib import Path
+
+    from privtune.errors import PrivtuneError
+
+    path = Path(os.path.expanduser(dataset))
+    fmt = {".tsv": "tsv", ".csv": "csv", ".jsonl": "jsonl"}.get(path.suffix.lower())
+    if fmt is None or not path.is_file():
+        return None
+    try:
+        from privtune.data.datasets import _read_table
+
+        return len(_read_table(path, fmt)[1]) or None
+    except PrivtuneError:  # not a table privtune reads: any file may be a dataset, its size is unknown
+        return None
+
+
 @budget.command("init")
 @click.option("--dataset", "dataset", required=True, metavar="PATH",
-              help="Dataset file or folder (its content is fingerprinted) or its fingerprint.")
+              help="Dataset file or folder (its content is fingerprinted with the ledger's key), or the SHA-256 "
+                   "that privtune.ledger.dataset_fingerprint returns for it.")
 @click.option("--epsilon", type=float, required=True, help="Total ε for everything ever run on this dataset.")
 @click.option("--delta", type=float, required=True, help="Total δ (e.g. 1e-5, well below 1/n).")
 @click.option("--name", default=None, help="Unique human name to refer to the dataset later.")
@@ -88,11 +110,19 @@ def budget() -> None:
 @ledger_option
 def init(dataset: str, epsilon: float, delta: float, name: str | None, accountant: str,
          ledger_url: str | None) -> None:
-    """Give a dataset its total privacy budget (set once)."""
+    """Give a dataset its total privacy budget (set once).
+
+    For a .tsv/.csv/.jsonl file, δ must be below 1/n (n: its number of examples), as for train.
+    The dataset gets a random id (ds-…): what run directories publish instead of any hash of the data.
+    """
+    from privtune._validation import check_delta
+
+    n = _count_examples(dataset)
+    check_delta(delta, "--delta", dataset_size=n)
     ledger = _open(ledger_url)
     st = ledger.init_dataset(dataset, epsilon, delta, name=name, accountant=accountant, command=_command_line())
     click.echo(
-        f"dataset {st.fingerprint}{f' ({st.name})' if st.name else ''}: total ε={st.total_epsilon:g}, "
+        f"dataset {st.dataset_id}{f' ({st.name})' if st.name else ''}: total ε={st.total_epsilon:g}, "
         f"δ={st.delta:g}, accountant={st.accountant}, remaining ε={st.remaining_epsilon:.6g}  [{ledger.url}]"
     )
 
@@ -113,10 +143,10 @@ def show(dataset: str | None, as_json: bool, ledger_url: str | None) -> None:
         from rich.table import Table
 
         t = Table(title=f"Datasets in {ledger.url}")
-        for col in ("fingerprint", "name", "total ε", "δ", "accountant", "created"):
+        for col in ("dataset id", "name", "total ε", "δ", "accountant", "created"):
             t.add_column(col)
         for r in rows:
-            t.add_row(r["fingerprint"][:16] + "…", r["name"] or "", f"{r['total_epsilon']:g}", f"{r['delta']:g}",
+            t.add_row(r["dataset_id"] or "", r["name"] or "", f"{r['total_epsilon']:g}", f"{r['delta']:g}",
                       r["accountant"], r["created_at"][:19])
         _console().print(t)
         return
@@ -141,7 +171,7 @@ def history(dataset: str, as_json: bool, ledger_url: str | None) -> None:
     from rich.table import Table
 
     st = ledger.status(dataset)
-    t = Table(title=f"History of {st.name or 'dataset'} ({st.fingerprint[:16]}…): total ε={st.total_epsilon:g}, "
+    t = Table(title=f"History of {st.name or 'dataset'} ({st.dataset_id}): total ε={st.total_epsilon:g}, "
                     f"δ={st.delta:g}, remaining ε={st.remaining_epsilon:.4g}")
     t.add_column("#", justify="right")
     t.add_column("time (UTC)")
@@ -162,14 +192,18 @@ def history(dataset: str, as_json: bool, ledger_url: str | None) -> None:
 @ledger_option
 @click.pass_context
 def verify(ctx: click.Context, dataset: str | None, as_json: bool, ledger_url: str | None) -> None:
-    """Check the hash chains: exit 0 if intact, 1 if any record was edited or deleted."""
+    """Check the keyed hash chains: exit 0 if intact, 1 if any record was edited or deleted.
+
+    Needs the ledger's key. Cannot detect edits by someone holding the key, a dataset deleted with all
+    its records, or the database and key rolled back to an older copy (see docs/ledger.md).
+    """
     ledger = _open(ledger_url)
     report = ledger.verify(dataset)
     if as_json:
         click.echo(json.dumps({"ledger": ledger.url, **report.to_dict()}, indent=2))
     else:
         for d in report.datasets:
-            click.echo(f"{d['fingerprint'][:16]}…  {d['name'] or '':20s} {d['records']:6d} records  "
+            click.echo(f"{d['dataset_id'] or '?':19s}  {d['name'] or '':20s} {d['records']:6d} records  "
                        f"head {d['head_hash'][:16]}…")
         for p in report.problems:
             click.echo(f"TAMPERED: {p}", err=True)
@@ -230,8 +264,30 @@ def raise_(dataset: str, epsilon: float, reason: str, ledger_url: str | None) ->
     """Raise a dataset's total ε: an explicit decision, recorded in the hash chain."""
     ledger = _open(ledger_url)
     st = ledger.raise_budget(dataset, epsilon, reason=reason, command=_command_line())
-    click.echo(f"dataset {st.fingerprint[:16]}…: total ε raised to {st.total_epsilon:g}; "
+    click.echo(f"dataset {st.dataset_id}: total ε raised to {st.total_epsilon:g}; "
                f"remaining ε={st.remaining_epsilon:.6g}")
+
+
+@budget.command("close")
+@click.option("--entry", "entry", required=True, metavar="ENTRY_ID",
+              help="The open entry's id, or at least its first 8 hex digits (budget show --json, budget history).")
+@click.option("--reason", required=True, help="Why it is closed, e.g. 'train killed before its first checkpoint'.")
+@click.option("--dataset", "dataset", default=None, metavar="PATH_OR_NAME",
+              help="Look for the entry in this dataset only. " + _DATASET_HELP)
+@ledger_option
+def close(entry: str, reason: str, dataset: str | None, ledger_url: str | None) -> None:
+    """Close an orphaned reservation after a crash by CHARGING it in full (never a refund).
+
+    A run that died before it could commit leaves its entry `reserved`; it stays charged either way.
+    Closing it commits its planned events, so the books show a finished spend and the run can no longer
+    be resumed. Only close an entry whose process is gone.
+    """
+    ledger = _open(ledger_url)
+    e = ledger.close_reservation(entry, reason=reason, dataset=dataset, command=_command_line())
+    from privtune.accounting.events import describe_event
+
+    click.echo(f"closed entry {e.entry_id[:8]} by charging its planned events in full "
+               f"({'; '.join(describe_event(x) for x in e.events)}); dataset ε now {e.epsilon_after:.6g}")
 
 
 __all__ = ["budget"]

@@ -3,7 +3,8 @@ and :meth:`privtune.models.Classifier.predict_logits`.
 
 ::
 
-    privtune train --data FILE [--eval-data FILE] [--model PATH] --mode {full,bitfit,last-layer,lora,two-phase}
+    privtune train --data FILE [--labels neg,pos] [--eval-data FILE] [--model PATH]
+                   --mode {full,bitfit,last-layer,lora,two-phase}
                    (--epsilon E --delta D | --noise-multiplier S) [--epochs N | --steps N] [--batch-size B]
                    [--learning-rate LR] [--clip C] [--optimizer {sgd,adam,adamw,lamb}] [--ledger URL]
                    [--config FILE] [--resume] --output RUN_DIR
@@ -77,6 +78,9 @@ def _resolve(command: str, config: str | None, values: dict) -> dict:
 @click.option("--max-physical-batch-size", type=int, help="Micro-batch size in memory (default 32).")
 @click.option("--text-column", type=str, help="Text column name (auto-detected).")
 @click.option("--label-column", type=str, help="Label column name (auto-detected).")
+@click.option("--labels", type=str,
+              help="The label set (public), comma-separated in class-index order, e.g. neg,pos or 0,1 for integer "
+                   "classes. Default: the model's own labels; never read from the private data.")
 @click.option("--seed", type=int, help="Seed for head init, sampling and noise (experiments; recorded).")
 @click.option("--phase1-epochs", type=float, help="two-phase: epochs of DP full fine-tuning first (default 1).")
 @click.option("--pooling", type=click.Choice(("auto", "mean", "cls", "model")),
@@ -116,7 +120,7 @@ def train(**kwargs) -> None:
     for key in ("clip", "clipping", "per_layer_clipping", "optimizer", "sampling", "accountant",
                 "max_physical_batch_size",
                 "phase1_epochs", "pooling", "max_length", "assume_poisson", "lora_rank", "lora_alpha",
-                "lora_target_modules", "device"):
+                "lora_target_modules", "device", "labels"):
         if opts.get(key) is not None:
             args[key] = opts[key]
     result = run_train(**args)
@@ -149,7 +153,9 @@ def predict(model_dir: str, data: str, as_json: bool, text_column: str | None, l
             batch_size: int, device: str | None) -> None:
     """Predict with a fine-tuned model; print accuracy when the data has labels.
 
-    The data may be unlabelled: a single text column (TSV/CSV/JSONL) is enough.
+    The data may be unlabelled: a single text column (TSV/CSV/JSONL) is enough.  Labels, when present,
+    must be in the model's label set (names as names, integer classes as integers); anything else is
+    refused, never remapped.
     """
     from pathlib import Path
 
@@ -164,7 +170,7 @@ def predict(model_dir: str, data: str, as_json: bool, text_column: str | None, l
         d = d / "model"
     model = Classifier.from_pretrained(d).to(dev)
     ds = load_dataset(data, text_column, label_column, label_names=model.label_names,
-                      num_labels=model.num_labels if model.label_names is None else None, require_labels=False)
+                      num_labels=model.num_labels, require_labels=False)
     if ds.kind != model.kind:
         from privtune.errors import DataError
 

@@ -3,7 +3,7 @@ and :func:`privtune.hpo.recommend`.
 
 ::
 
-    privtune tune [--data FILE] [--eval-data FILE] [--model PATH] [--mode M|auto] [--strategy S] [--epsilon E]
+    privtune tune [--data FILE] [--labels neg,pos] [--eval-data FILE] [--model PATH] [--mode M|auto] [--strategy S] [--epsilon E]
                   [--delta D] [--ledger URL] [--config FILE] [--output RUN_DIR] [--resume] [--quiet]
     privtune recommend --epsilon E --delta D --dataset-size N --epochs K [--json]
 
@@ -50,6 +50,10 @@ def _resolve(config: str | None, values: dict) -> dict:
 @click.option("--eval-data", type=str, help="Reported split: accuracy is computed on it, never used for selection.")
 @click.option("--public-eval-data", type=str,
               help="Validation split you declare PUBLIC: scores trials at no privacy cost.")
+@click.option("--labels", type=str,
+              help="The label set (public), comma-separated in class-index order, e.g. neg,pos or 0,1 for integer "
+                   "classes. Default: the labels of --public-eval-data, else the model's; never read from the "
+                   "private data.")
 @click.option("--model", type=str, help="Backbone directory (Hugging Face format). Default: bundled all-MiniLM-L6-v2.")
 @click.option("--mode", type=click.Choice(MODES), help="What is trained; auto compares last-layer/bitfit/lora "
               "with charged pilots. [default: auto]")
@@ -109,7 +113,7 @@ def tune(**kwargs) -> None:
     label = " (NOT PRIVATE: chosen by an uncharged selection)" if m.get("not_private") else ""
     click.echo(f"hyperparameters{label}: {json.dumps(m['hyperparameters'], default=str)}")
     if m.get("ledger_registered_new_dataset"):
-        click.echo(f"ledger: new dataset {m['dataset_fingerprint'][:12]}… registered with total ε = "
+        click.echo(f"ledger: new dataset {m.get('dataset_id')} registered with total ε = "
                    f"{m['total_epsilon']:g}, δ = {m['delta']:g}")
     if m.get("ledger_remaining_epsilon") is not None:
         click.echo(f"ledger {m.get('ledger_url')}: remaining ε = {m['ledger_remaining_epsilon']:.4g}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import math
@@ -160,31 +161,133 @@ def _as_int_label(value: Any) -> int | None:
     return None
 
 
+# spellings of "no label" in text tables (compared case-insensitively); JSON null and float NaN are missing too
+MISSING_LABEL_SPELLINGS = frozenset({"", "nan", "null", "none"})
+
+LABELS_HOWTO = (
+    "Declare the label set: `--labels neg,pos` (CLI), labels=['neg', 'pos'] (Python) or `labels: [neg, pos]` "
+    "(config file), in class-index order (the i-th label is class i); for integer labels give the class "
+    "indices, e.g. `--labels 0,1`."
+)
+
+
+def _label_kind(value: Any) -> tuple[str, Any]:
+    """Classify one raw label: ``("missing", None)``, ``("int", k)``, ``("fraction", None)`` (a number that is
+    not a whole number, or ±inf) or ``("name", stripped string)``.  TSV/CSV cells (strings) and JSON values
+    (numbers, strings, null) are classified the same way, so every format accepts and refuses the same labels."""
+    if value is None:
+        return "missing", None
+    if isinstance(value, bool):
+        return "int", int(value)
+    if isinstance(value, numbers.Integral):
+        return "int", int(value)
+    if isinstance(value, numbers.Real):
+        f = float(value)
+        if math.isnan(f):
+            return "missing", None
+        return ("int", int(f)) if math.isfinite(f) and f.is_integer() else ("fraction", None)
+    s = str(value).strip()
+    if s.lower() in MISSING_LABEL_SPELLINGS:
+        return "missing", None
+    try:
+        return "int", int(s)
+    except ValueError:
+        pass
+    try:
+        f = float(s)
+    except ValueError:
+        return "name", s
+    if math.isnan(f):
+        return "missing", None
+    return ("int", int(f)) if math.isfinite(f) and f.is_integer() else ("fraction", None)
+
+
+def check_label_set(labels: Any, what: str = "labels") -> tuple[int, list[str] | None]:
+    """Validate a declared label set; return ``(num_labels, label_names)``.
+
+    ``labels`` is a list (or one comma-separated string) of class labels in class-index order: the
+    i-th label is class i.  Either every label is a class name (``["neg", "pos"]``: ``label_names`` is
+    that list) or every label is an integer and the list is exactly ``0, 1, ..., K-1`` in that order
+    (``label_names`` is ``None``: the class index is the label itself).  At least two distinct labels;
+    no empty, NaN-like (``nan``, ``null``, ``None``) or fractional (``0.5``) labels.
+
+    The label set is public input: it is written into the released model (head shape and names), so
+    privtune never infers it from private rows.
+
+    Raises
+    ------
+    InvalidParameterError
+        Fewer than two labels, duplicates, a mix of integers and names, a fractional or NaN-like label,
+        integers that are not 0..K-1 in order.
+    """
+    from privtune.errors import InvalidParameterError
+
+    if isinstance(labels, str):
+        items: list[Any] = labels.split(",")
+    elif isinstance(labels, (list, tuple)):
+        items = list(labels)
+    else:
+        raise InvalidParameterError(
+            f"`{what}` must be a list of class labels or one comma-separated string. Got {type(labels).__name__} "
+            f"{labels!r}. {LABELS_HOWTO}"
+        )
+    kinds = [_label_kind(v) for v in items]
+    shown = [v.strip() if isinstance(v, str) else v for v in items]
+    if len(items) < 2:
+        raise InvalidParameterError(f"`{what}` must name at least two classes. Got {shown!r}. {LABELS_HOWTO}")
+    bad = [shown[i] for i, (k, _) in enumerate(kinds) if k in ("missing", "fraction")]
+    if bad:
+        raise InvalidParameterError(
+            f"`{what}` holds {bad[0]!r}, which is empty, NaN-like or a number that is not a whole number; class "
+            f"labels are names or the integer class indices 0..K-1. Got {shown!r}. {LABELS_HOWTO}"
+        )
+    values = [v for _, v in kinds]
+    if len(set(map(str, values))) != len(values):
+        raise InvalidParameterError(f"`{what}` lists a class twice. Got {shown!r}. Give each class once.")
+    n_int = sum(k == "int" for k, _ in kinds)
+    if 0 < n_int < len(kinds):
+        raise InvalidParameterError(
+            f"`{what}` mixes integers and names ({shown!r}). Use names throughout (e.g. neg,pos) or the integer "
+            "class indices 0..K-1 throughout."
+        )
+    if n_int:
+        if values != list(range(len(values))):
+            raise InvalidParameterError(
+                f"`{what}`: integer labels must be the class indices 0..K-1 in that order (class i is label i). "
+                f"Got {shown!r}. Pass e.g. `--labels {','.join(map(str, range(len(values))))}`, renumbering the "
+                "labels in your files to match, or use class names."
+            )
+        return len(values), None
+    return len(values), [str(v) for v in values]
+
+
+def describe_label_set(num_labels: int, label_names: Sequence[str] | None) -> str:
+    """``[neg, pos]`` or ``the integers 0..K-1`` (for messages)."""
+    if label_names is not None:
+        return "[" + ", ".join(map(str, label_names)) + "]"
+    return f"the integer class indices 0..{num_labels - 1}"
+
+
 def _check_contiguous(labels: Sequence[int], where: str, column: str | None = None) -> None:
     """Integer labels whose class count is inferred (num_labels not given) must be exactly 0..K-1.
 
     Labels such as {0, 7} would otherwise create an 8-class head with six classes that never occur,
     and 1-based labels {1, 2} a 3-class head; both are almost always a mistake.  A single class is
-    left to the caller (training reports "needs at least two classes")."""
+    left to the caller.  The message names no label value (the data may be private)."""
     try:
         present = sorted({int(x) for x in labels})
     except (TypeError, ValueError):
         raise DataError(
-            f"{where}: `labels` must be integer class indices 0..K-1. Got {list(labels)[:5]!r}. Map class names "
-            "to indices (or load the file with load_text_dataset, which does it)."
+            f"{where}: `labels` must be integer class indices 0..K-1. Map class names to indices (or load the "
+            "file with load_text_dataset, which does it)."
         ) from None
     if len(present) < 2 or present == list(range(present[-1] + 1)):
         return
-    missing = sorted(set(range(present[-1] + 1)) - set(present))
-    shown = ", ".join(map(str, present[:10])) + (", ..." if len(present) > 10 else "")
-    gaps = ", ".join(map(str, missing[:10])) + (", ..." if len(missing) > 10 else "")
     col = f" in column {column!r}" if column else ""
     raise DataError(
-        f"{where}: the integer labels{col} are {{{shown}}}, which skips class(es) {{{gaps}}}; integer labels must "
-        f"be the class indices 0..K-1 with every class present, or class names (e.g. neg/pos). Renumber them "
-        f"0..{len(present) - 1} or use names. If some classes are genuinely absent, give the number of classes "
-        f"explicitly: load_text_dataset(..., num_labels={present[-1] + 1}) or TextDataset(..., "
-        f"num_labels={present[-1] + 1}), and pass that dataset."
+        f"{where}: the integer labels{col} skip at least one class index between 0 and the largest label; "
+        "integer labels must be the class indices 0..K-1. Renumber them, or declare the number of classes "
+        "explicitly: load_text_dataset(..., labels=[0, 1, ..., K-1]) or TextDataset(..., num_labels=K)."
     )
 
 
@@ -192,59 +295,81 @@ def _encode_labels(
     raw: Sequence[Any], where: str, column: str, num_labels: int | None, label_names: Sequence[str] | None,
     contiguous: bool = True,
 ) -> tuple[list[int], int, list[str] | None]:
-    """Turn raw label values into class indices; DataError on missing/out-of-range/mixed labels, and (with
-    ``contiguous``, for training data whose class count is inferred) on integer labels that skip a class."""
-    for i, v in enumerate(raw):
-        if v is None or (isinstance(v, str) and not v.strip()) or (isinstance(v, float) and math.isnan(v)):
+    """Turn raw label values into class indices.
+
+    With a declared label set (``label_names``, or ``num_labels`` alone for integer classes 0..K-1)
+    every label must be in it: names are matched exactly, never remapped by sorted order or by
+    position.  Without one (public files only: training never infers its label set) integer labels
+    give K = max + 1 (with ``contiguous``: every index present) and names are sorted.  Missing
+    (empty/nan/null/None), fractional and mixed integer/name labels are refused in every format.
+    Messages give row numbers and counts, never a row's label value (the file may be private)."""
+    kinds = [_label_kind(v) for v in raw]
+    col = f"column {column!r}"
+    for i, (k, _) in enumerate(kinds):
+        if k == "missing":
             raise DataError(
-                f"{where}: row {i + 1} has an empty value in label column {column!r}. "
-                "Fill in the label or remove the row."
+                f"{where}: row {i + 1} has an empty value in label {col} (empty, nan, null or None count as "
+                "missing). Fill in the label or remove the row."
             )
+        if k == "fraction":
+            raise DataError(
+                f"{where}: row {i + 1} has a label in {col} that is a number but not a whole number; labels are "
+                "class names or the integer class indices 0..K-1. Fix the label."
+            )
+    first_int = next((i for i, (k, _) in enumerate(kinds) if k == "int"), None)
+    first_name = next((i for i, (k, _) in enumerate(kinds) if k == "name"), None)
+    if first_int is not None and first_name is not None:
+        raise DataError(
+            f"{where}: {col} mixes integer labels (e.g. row {first_int + 1}) and class names (e.g. row "
+            f"{first_name + 1}). Use class names throughout or the integer class indices 0..K-1 throughout."
+        )
+    values = [v for _, v in kinds]
+    is_int = first_name is None
     if label_names is not None:
-        index = {str(n): k for k, n in enumerate(label_names)}
-        ints = [_as_int_label(v) for v in raw]
-        out = []
-        for i, v in enumerate(raw):
-            if str(v).strip() in index:
-                out.append(index[str(v).strip()])
-            elif ints[i] is not None and 0 <= ints[i] < len(label_names):
-                out.append(ints[i])
-            else:
-                raise DataError(
-                    f"{where}: row {i + 1} has label {v!r} in column {column!r}, which is not one of the "
-                    f"model's classes {list(label_names)}. Use the same label set as the training data."
-                )
-        return out, len(label_names), list(label_names)
-    ints = [_as_int_label(v) for v in raw]
-    if all(x is not None for x in ints):
-        labels = [int(x) for x in ints]  # type: ignore[arg-type]
-        bad = [(i, x) for i, x in enumerate(labels) if x < 0 or (num_labels is not None and x >= num_labels)]
-        if bad:
-            i, x = bad[0]
-            allowed = f"[0, {num_labels})" if num_labels is not None else "[0, ∞)"
+        names = [str(n) for n in label_names]
+        index = {n: k for k, n in enumerate(names)}
+        if is_int and not any(_label_kind(n)[0] == "int" for n in names):
             raise DataError(
-                f"{where}: label {x} in row {i + 1} (column {column!r}) is out of range; labels must be "
-                f"integers in {allowed} ({len(bad)} row(s) affected). Renumber the classes 0..K-1"
-                + (f" or pass num_labels > {max(b[1] for b in bad)}." if num_labels is not None else ".")
+                f"{where}: {col} holds integer class indices, but the declared labels are the names "
+                f"{describe_label_set(len(names), names)}. Write the labels as those names (integers are never "
+                "mapped onto names)."
             )
-        if num_labels is None and contiguous:
-            _check_contiguous(labels, where, column)
-        k = num_labels if num_labels is not None else max(labels) + 1
-        return labels, k, None
-    if any(x is not None for x in ints) and any(isinstance(v, (numbers.Real,)) for v in raw):
-        i = next(i for i, x in enumerate(ints) if x is None)
-        raise DataError(
-            f"{where}: label {raw[i]!r} in row {i + 1} (column {column!r}) is not a whole number while other "
-            "labels are numeric. Use integer class indices 0..K-1 or class names throughout."
-        )
-    names = sorted({str(v).strip() for v in raw})
-    if num_labels is not None and len(names) > num_labels:
-        raise DataError(
-            f"{where}: column {column!r} has {len(names)} distinct labels {names[:10]} but num_labels={num_labels}. "
-            "Pass a larger num_labels or fix the labels."
-        )
+        bad = [i for i, v in enumerate(values) if str(v) not in index]
+        if bad:
+            raise DataError(
+                f"{where}: row {bad[0] + 1} has a label in {col} that is not one of the declared labels "
+                f"{describe_label_set(len(names), names)} ({len(bad)} row(s) affected). Use only these labels, "
+                "or declare the full label set (e.g. --labels)."
+            )
+        return [index[str(v)] for v in values], len(names), names
+    if num_labels is not None:
+        if not is_int:
+            raise DataError(
+                f"{where}: {col} holds class names, but the declared classes are "
+                f"{describe_label_set(num_labels, None)} (names are never mapped onto integers). Write the labels "
+                "as those integers, or use a model / label set declared with names (e.g. --labels neg,pos)."
+            )
+        bad = [i for i, v in enumerate(values) if not 0 <= v < num_labels]
+        if bad:
+            raise DataError(
+                f"{where}: row {bad[0] + 1} has a label in {col} that is out of range: not among the declared classes "
+                f"{describe_label_set(num_labels, None)} ({len(bad)} row(s) affected). Renumber the classes "
+                "0..K-1, or declare the full label set (e.g. --labels 0,1,2)."
+            )
+        return values, num_labels, None
+    if is_int:
+        bad = [i for i, v in enumerate(values) if v < 0]
+        if bad:
+            raise DataError(
+                f"{where}: row {bad[0] + 1} has a label in {col} that is out of range (negative; {len(bad)} row(s) "
+                "affected); integer labels are the class indices 0..K-1. Renumber the classes."
+            )
+        if contiguous:
+            _check_contiguous(values, where, column)
+        return values, max(values) + 1, None
+    names = sorted({str(v) for v in values})
     index = {n: k for k, n in enumerate(names)}
-    return [index[str(v).strip()] for v in raw], num_labels or len(names), names
+    return [index[str(v)] for v in values], len(names), names
 
 
 def _pick_column(columns: list[str], given: str | None, candidates: tuple[str, ...], what: str, where: str,
@@ -344,6 +469,7 @@ def load_text_dataset(
     num_labels: int | None = None,
     label_names: Sequence[str] | None = None,
     require_labels: bool = True,
+    labels: Sequence[str | int] | str | None = None,
 ) -> TextDataset:
     """Load labelled text from a ``.tsv``/``.csv``/``.jsonl`` file or a Hugging Face ``datasets.Dataset``.
 
@@ -355,20 +481,29 @@ def load_text_dataset(
     text_column, label_column : str, optional
         Column names.  Auto-detected when omitted: text from ``sentence``, ``text``, ``review``, ...;
         label from ``label``, ``labels``, ``target``, ``class``, ...  (case-insensitive).
+    labels : list or comma-separated str, optional
+        The declared label set in class-index order (see :func:`check_label_set`): ``["neg", "pos"]``
+        makes ``neg`` class 0 and ``pos`` class 1; ``[0, 1]`` declares integer classes.  Every row's
+        label must be in it.  Give this for private data: without a declared set the label set is
+        inferred from the rows (integers: max + 1 classes; names: sorted), which is fine for public
+        files only.
     num_labels : int, optional
-        Number of classes; integer labels must lie in ``[0, num_labels)``.  Default: max label + 1.
+        Integer classes ``0..num_labels-1`` (the same as ``labels=range(num_labels)``).
     label_names : list of str, optional
-        The class names of an existing model; string labels are mapped onto them.
+        The class names of an existing model, in class-index order; every label must be one of them.
     require_labels : bool, default True
         If False, a missing label column gives an unlabelled dataset (for prediction).
 
     Raises
     ------
     DataError
-        Unreadable or empty file, missing columns, empty text, labels out of range.
+        Unreadable or empty file, missing columns, empty text; a label that is missing (empty, nan,
+        null, None), fractional (0.5), outside the declared set, or a column mixing integers and
+        names.  Messages give row numbers, never a row's text or label.
     """
     if data is None:
         raise DataError("`data` is None. Pass a .tsv/.csv/.jsonl file or a datasets.Dataset.")
+    num_labels, label_names = _declared(labels, num_labels, label_names)
     if not isinstance(data, (str, os.PathLike)):
         return _from_hf_dataset(data, text_column, label_column, num_labels, label_names, require_labels)
     path = Path(data).expanduser()
@@ -454,22 +589,30 @@ def _from_hf_dataset(ds, text_column, label_column, num_labels, label_names, req
         raise DataError(f"{where} is empty. Pass a dataset with examples.")
     features = ds.features
     lcol_guess = _pick_column(columns, label_column, LABEL_COLUMN_CANDIDATES, "label", where, "label_column")
-    if lcol_guess is not None and label_names is None:
-        feat = features.get(lcol_guess)
-        if isinstance(feat, hf_datasets.ClassLabel):
-            label_names = list(feat.names)
-            num_labels = feat.num_classes
     rows = ds.to_list()
+    feat = features.get(lcol_guess) if lcol_guess is not None else None
+    if isinstance(feat, hf_datasets.ClassLabel):
+        # a ClassLabel column stores class indices of the schema's names: compare names, never positions
+        class_names = list(feat.names)
+        for r in rows:
+            v = r.get(lcol_guess)
+            r[lcol_guess] = class_names[v] if isinstance(v, int) and 0 <= v < len(class_names) else None
+        if label_names is None and num_labels is None:  # the schema (not the rows) declares the label set
+            num_labels, label_names = check_label_set(class_names, "the ClassLabel names of the label column")
     out = _build_text(rows, columns, where, text_column, label_column or lcol_guess, num_labels, label_names,
                       require_labels, source=None)
     return out
 
 
-def load_image_folder(path: str | os.PathLike, *, label_names: Sequence[str] | None = None) -> ImageDataset:
-    """Load ``ROOT/<class name>/<image file>`` as an :class:`ImageDataset` (classes sorted by name).
+def load_image_folder(path: str | os.PathLike, *, label_names: Sequence[str] | None = None,
+                      labels: Sequence[str | int] | str | None = None,
+                      num_labels: int | None = None) -> ImageDataset:
+    """Load ``ROOT/<class name>/<image file>`` as an :class:`ImageDataset`.
 
-    Every image is opened once with PIL to check that it is readable.  ``label_names`` (the
-    classes of an existing model) fixes the class order instead of sorting.
+    Every image is opened once with PIL to check that it is readable.  ``labels`` (the declared
+    label set, see :func:`check_label_set`) or ``label_names`` (the classes of an existing model)
+    fix the classes and their order: every class folder must be one of them.  Without either, the
+    classes are the sorted folder names (fine for public data only).
 
     Raises
     ------
@@ -485,13 +628,24 @@ def load_image_folder(path: str | os.PathLike, *, label_names: Sequence[str] | N
     classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
     if not classes:
         raise DataError(f"{where!r} has no class sub-folders. Put images in ROOT/<class name>/<file>.")
-    names = list(label_names) if label_names is not None else classes
+    num_labels, label_names = _declared(labels, num_labels, label_names)
+    declared = label_names is not None or num_labels is not None
+    if label_names is not None:
+        names = list(label_names)
+    elif num_labels is not None:
+        names = [str(i) for i in range(num_labels)]
+    else:
+        names = classes
     unknown = [c for c in classes if c not in names]
-    if unknown:
-        raise DataError(f"{where!r}: class folders {unknown} are not among the model's classes {names}.")
+    if unknown:  # folder names are the private rows' labels: count them, do not list them
+        raise DataError(
+            f"{where!r}: {len(unknown)} class folder(s) are not among the declared labels "
+            f"{describe_label_set(len(names), label_names if declared else names)}. Use only these classes, or "
+            "declare the full label set (e.g. --labels)."
+        )
     from PIL import Image
 
-    images, labels = [], []
+    images, labels_out = [], []
     for c in classes:
         for f in sorted((root / c).iterdir()):
             if f.suffix.lower() not in IMAGE_EXTENSIONS or not f.is_file():
@@ -502,29 +656,139 @@ def load_image_folder(path: str | os.PathLike, *, label_names: Sequence[str] | N
             except Exception as exc:
                 raise DataError(f"Cannot read image {str(f)!r}: {exc}. Remove or replace the file.") from None
             images.append(str(f))
-            labels.append(names.index(c))
+            labels_out.append(names.index(c))
     if not images:
         raise DataError(
             f"{where!r} contains no images with extensions {list(IMAGE_EXTENSIONS)} in its class folders."
         )
-    return ImageDataset(images=images, labels=labels, num_labels=len(names), label_names=names,
-                        source=str(root.resolve()))
+    return ImageDataset(images=images, labels=labels_out, num_labels=len(names),
+                        label_names=None if declared and label_names is None else names, source=str(root.resolve()))
 
 
 def load_dataset(data: Any, text_column: str | None = None, label_column: str | None = None, *,
                  label_names: Sequence[str] | None = None, num_labels: int | None = None,
-                 require_labels: bool = True) -> TextDataset | ImageDataset:
-    """Load any supported dataset: an existing TextDataset/ImageDataset is returned unchanged, a
-    directory is an image folder, a file is a text table, a ``datasets.Dataset`` is converted."""
+                 require_labels: bool = True,
+                 labels: Sequence[str | int] | str | None = None) -> TextDataset | ImageDataset:
+    """Load any supported dataset: a directory is an image folder, a file is a text table, a
+    ``datasets.Dataset`` is converted.  An existing TextDataset/ImageDataset is returned unchanged,
+    or, with a declared label set (``labels``, ``label_names`` or ``num_labels``), checked against it
+    and re-indexed in the declared order (:func:`with_label_set`)."""
+    num_labels, label_names = _declared(labels, num_labels, label_names)
     if isinstance(data, (TextDataset, ImageDataset)):
-        return data
+        if label_names is None and num_labels is None:
+            return data
+        return with_label_set(data, num_labels if label_names is None else len(label_names), label_names)
     if isinstance(data, (str, os.PathLike)) and Path(data).expanduser().is_dir():
-        return load_image_folder(data, label_names=label_names)
+        return load_image_folder(data, label_names=label_names, num_labels=num_labels)
     return load_text_dataset(data, text_column, label_column, num_labels=num_labels, label_names=label_names,
                              require_labels=require_labels)
 
 
+def _declared(labels: Any, num_labels: int | None, label_names: Sequence[str] | None
+              ) -> tuple[int | None, list[str] | None]:
+    """Merge the ways of declaring a label set into ``(num_labels, label_names)`` (both None: undeclared)."""
+    if labels is None:
+        return num_labels, (list(label_names) if label_names is not None else None)
+    if label_names is not None or num_labels is not None:
+        from privtune.errors import InvalidParameterError
+
+        raise InvalidParameterError("Pass the label set once: `labels`, or `label_names` / `num_labels`, not both.")
+    return check_label_set(labels)
+
+
+def with_label_set(ds: TextDataset | ImageDataset, num_labels: int, label_names: Sequence[str] | None,
+                   what: str = "data") -> TextDataset | ImageDataset:
+    """``ds`` with its labels re-indexed into a declared label set (``label_names`` in class order, or
+    integer classes ``0..num_labels-1`` when ``label_names`` is None).
+
+    Names are matched by name, integers by value; names are never mapped onto integers or the other way
+    round.  DataError (with a row number, never the row's label) when a label is not in the set."""
+    if ds.labels is None:
+        return dataclasses.replace(ds, num_labels=num_labels,
+                                   label_names=list(label_names) if label_names is not None else None)
+    where = f"`{what}` ({ds.source or 'in-memory dataset'})"
+    if ds.label_names is not None:
+        raw = [ds.label_names[k] if 0 <= k < len(ds.label_names) else None for k in ds.labels]
+    else:
+        raw = list(ds.labels)
+    new, k, names = _encode_labels(raw, where, "label", num_labels if label_names is None else None,
+                                   label_names)
+    return dataclasses.replace(ds, labels=new, num_labels=k, label_names=names)
+
+
+def check_disjoint(train: Any, other: Any, what: str) -> None:
+    """Refuse a split that shares an example with the training data (text compared after stripping
+    whitespace; images by content).
+
+    This check reads the private data and can abort the run; it happens before anything is reserved
+    or written, and its message gives the number of shared examples, never their text.  The abort
+    itself is outside the (ε, δ) guarantee (docs/privacy-model.md)."""
+    if other is None:
+        return
+    if len(other) == 0:
+        raise DataError(f"`{what}` is empty. Pass a split with labelled examples or leave it out.")
+    if getattr(other, "labels", None) is None:
+        raise DataError(f"`{what}` has no labels; accuracy cannot be computed. Add a label column.")
+    overlap = _rows(train) & _rows(other)
+    if overlap:
+        raise DataError(
+            f"`{what}` overlaps the training data: {len(overlap)} example(s) appear in both. Selection and "
+            "reported accuracy must use held-out examples; remove the shared examples from one of the files."
+        )
+
+
+def _rows(ds: Any) -> set:
+    if getattr(ds, "kind", None) == "text":
+        return {t.strip() for t in ds.texts}
+    return set(ds.canonical_rows())
+
+
+def declared_label_set(labels: Any = None, *, model: Any = None, public_data: Any = None,
+                       public_what: str = "public_eval_data") -> tuple[int, list[str] | None, str]:
+    """The run's label set from PUBLIC sources only: ``(num_labels, label_names, where it came from)``.
+
+    In this order: ``labels`` (``--labels``, ``labels=[...]``, config key ``labels``); the labels of a
+    split declared public (``public_data``, a loaded dataset); the model's own label set (a privtune
+    model directory, a loaded Classifier, or a Hugging Face config whose ``id2label`` names real classes,
+    not the ``LABEL_0`` defaults).  The private training data is never consulted: its label set would be
+    released in the model (head shape, names).
+
+    Raises
+    ------
+    InvalidParameterError
+        No source, or an invalid declaration (see :func:`check_label_set`).
+    """
+    from privtune.errors import InvalidParameterError
+
+    if labels is not None:
+        k, names = check_label_set(labels)
+        return k, names, "declared labels"
+    if public_data is not None and getattr(public_data, "labels", None) is not None:
+        k = int(public_data.num_labels)
+        names = list(public_data.label_names) if public_data.label_names is not None else None
+        if k < 2:
+            raise InvalidParameterError(
+                f"`{public_what}` has labels of a single class, so it cannot declare the label set. "
+                + LABELS_HOWTO)
+        return k, names, f"the labels of `{public_what}`"
+    from privtune.models.classifier import saved_label_set
+
+    found = saved_label_set(model)  # model None: the bundled backbone (whose config names no classes)
+    if found is not None:
+        return found[0], found[1], "the model's label set"
+    raise InvalidParameterError(
+        "The label set is not declared. privtune does not read it from the private training data, because "
+        "the class count and names are written into the released model. " + LABELS_HOWTO
+        + " (tune also takes it from --public-eval-data; both take it from a model whose config names its "
+        "classes.)"
+    )
+
+
+
 # --------------------------------------------------------------------------------------------- embedded
+
+# the demo's label set, declared (public): SST-2's 0 = negative, 1 = positive
+EMBEDDED_LABELS = (0, 1)
 
 EMBEDDED_FILES = {"train": "sst2_train.tsv", "public_validation": "sst2_public_validation.tsv", "test": "sst2_dev.tsv"}
 
@@ -547,4 +811,4 @@ def embedded_sst2() -> tuple[TextDataset, TextDataset, TextDataset]:
     Labels: 0 = negative, 1 = positive.  Built by ``scripts/make_embedded_data.py`` (seeded).
     """
     names = ("train", "public_validation", "test")
-    return tuple(load_text_dataset(embedded_path(s), num_labels=2) for s in names)  # type: ignore[return-value]
+    return tuple(load_text_dataset(embedded_path(s), labels=EMBEDDED_LABELS) for s in names)  # type: ignore[return-value]

@@ -486,8 +486,8 @@ def _resume_state(resume: bool, run_dir: Path | None, output_dir: Any, strategy:
     _check_resume_config(header, cfg, path)
     if header.get("fingerprint") != fingerprint:
         raise InvalidParameterError(
-            f"`resume`: the training data differs from the interrupted run in {str(run_dir)!r} (dataset fingerprint "
-            f"{str(header.get('fingerprint'))[:12]}… then, {fingerprint[:12]}… now). Resume with the same data.")
+            f"`resume`: the training data differs from the interrupted run in {str(run_dir)!r} (its content "
+            "fingerprint differs). Resume with the same data.")
     return header, entries
 
 

@@ -2,8 +2,8 @@
 
 The flow (each step happens before the next touches more data):
 
-1. validate every argument and the data (empty, single-class, overlapping splits, model
-   path) — errors here cost no budget;
+1. validate every argument and the data (the declared label set, labels outside it, empty data,
+   overlapping splits, model path) — errors here cost no budget;
 2. **plan**: the strategy fixes every trial event from data-independent choices and
    calibrates the final run inside the composition, so that the composed total meets the
    requested ε; an infeasible plan fails at once with the numbers and a fix;
@@ -120,32 +120,22 @@ class TuneResult:
 
 
 def _load(data: Any, what: str, text_column=None, label_column=None, num_labels=None, label_names=None):
-    from privtune.data import load_dataset
+    """Load a split; with a declared label set (``num_labels``/``label_names``) its labels must be in it."""
+    from privtune.data import ImageDataset, TextDataset, load_dataset
 
     if data is None:
         return None
+    if isinstance(data, (TextDataset, ImageDataset)):
+        return load_dataset(data, num_labels=num_labels, label_names=label_names)
     if hasattr(data, "__len__") and hasattr(data, "kind"):
         return data
     if isinstance(data, (str, os.PathLike)):
         p = Path(data).expanduser()
         if not p.exists():
             raise DataError(f"`{what}` file {str(p)!r} does not exist. Check the path.")
-        kw = {}
-        if num_labels is not None:
-            kw["num_labels"] = num_labels
-        if label_names is not None:
-            kw["label_names"] = label_names
-        try:
-            return load_dataset(str(p), text_column=text_column, label_column=label_column, **kw)
-        except TypeError:
-            return load_dataset(str(p), text_column=text_column, label_column=label_column)
+        return load_dataset(str(p), text_column=text_column, label_column=label_column, num_labels=num_labels,
+                            label_names=label_names)
     raise InvalidParameterError(f"`{what}` must be a path or a privtune dataset. Got {type(data).__name__}.")
-
-
-def _rows(ds) -> set:
-    if getattr(ds, "kind", None) == "text":
-        return {t.strip() for t in ds.texts}
-    return {r for r in ds.canonical_rows()}
 
 
 def _check_train(ds) -> None:
@@ -154,29 +144,14 @@ def _check_train(ds) -> None:
     labels = getattr(ds, "labels", None)
     if labels is None:
         raise DataError("The training data has no labels. Add a label column (e.g. `label`).")
-    labs = labels.tolist() if isinstance(labels, torch.Tensor) else list(labels)
-    if len(set(labs)) < 2:
-        raise DataError(
-            f"The training data has a single class ({labs[0]!r}) in all {len(labs)} rows; a classifier needs "
-            "examples of at least two classes."
-        )
+    # no check of which classes the rows contain: the label set is declared (public), and a refusal that
+    # depends on the rows' classes would tell whoever sees it something about the private data
 
 
 def _check_disjoint(train, other, what: str) -> None:
-    if other is None:
-        return
-    if len(other) == 0:
-        raise DataError(f"`{what}` is empty. Pass a split with labelled examples or leave it out.")
-    if getattr(other, "labels", None) is None:
-        raise DataError(f"`{what}` has no labels; accuracy cannot be computed. Add a label column.")
-    overlap = _rows(train) & _rows(other)
-    if overlap:
-        ex = next(iter(overlap))
-        ex = ex if isinstance(ex, str) else "<binary row>"
-        raise DataError(
-            f"`{what}` overlaps the training data: {len(overlap)} example(s) appear in both (e.g. {ex[:60]!r}). "
-            "Selection and reported accuracy must use held-out examples; remove them from one of the files."
-        )
+    from privtune.data.datasets import check_disjoint
+
+    check_disjoint(train, other, what)
 
 
 def _labels_tensor(ds) -> torch.Tensor:
@@ -222,6 +197,7 @@ def tune(
     write_files: bool = True,
     feature_cache_dir: Any = None,
     resume: bool = False,
+    labels: Any = None,
     **unknown: Any,
 ) -> TuneResult:
     """Tune hyperparameters privately and train, under one total (ε, δ).
@@ -259,12 +235,18 @@ def tune(
     trials, epochs, steps, batch_size, clip, clipping, optimizer : strategy overrides.
     strategy_options : extra keyword arguments of the strategy's config dataclass.
     nonprivate_reference : also compute the NOT PRIVATE grid-oracle reference (never released).
+    labels : the label set, PUBLIC input, in class-index order (``["neg", "pos"]``, or ``[0, 1]`` for
+        integer classes).  Default: the labels of ``public_eval_data``, else the model's own label set
+        (a privtune model or a config that names its classes), else an error; never inferred from the
+        private data.  The embedded demo declares 0/1.  Every split's labels must be in the set.
     resume : continue the interrupted run in ``output_dir`` (same options): its ledger reservation
         is continued (no new charge), completed trials are replayed from the private state file
         ``RUN_DIR/.tune_state.jsonl`` (not recomputed) and the interrupted one is recomputed with the
         same seeds.  Not available for ``grid-oracle`` (it reserves nothing).
     """
     _args = dict(locals())  # every argument as given: RUN_DIR/config.yaml and the resume check
+    if isinstance(labels, (str, list, tuple)):  # [0, 1], "0,1" and --labels 0,1 are one setting (config, resume)
+        _args["labels"] = [str(x).strip() for x in (labels.split(",") if isinstance(labels, str) else labels)]
     t_start = time.time()
     if unknown:  # refuse, never drop: a misspelt option would otherwise run with the default silently
         import difflib
@@ -316,6 +298,8 @@ def tune(
 
     # ---------------------------------------------------------------- data and model
     embedded = data is None
+    from privtune.data.datasets import EMBEDDED_LABELS, declared_label_set
+
     if embedded:
         from privtune.data import embedded_sst2
 
@@ -323,12 +307,15 @@ def tune(
         public_eval_data = pub if public_eval_data is None else public_eval_data
         eval_data = test if eval_data is None else eval_data
         train_source = "embedded SST-2 subset (train 3,000)"
+        if labels is None:
+            labels = list(EMBEDDED_LABELS)  # declared by the demo (public), not read from its rows
     else:
-        train = _load(data, "data", text_column, label_column)
         train_source = str(data) if isinstance(data, (str, os.PathLike)) else "in-memory dataset"
+    # the label set is public input: declared, or a public split's, or the model's; never the private rows'
+    public_probe = _load(public_eval_data, "public_eval_data", text_column, label_column) if labels is None else None
+    num_labels, names, label_source = declared_label_set(labels, model=model, public_data=public_probe)
+    train = _load(train if embedded else data, "data", text_column, label_column, num_labels, names)
     _check_train(train)
-    num_labels = int(getattr(train, "num_labels", None) or (max(_labels_tensor(train).tolist()) + 1))
-    names = getattr(train, "label_names", None)
     eval_set = _load(eval_data, "eval_data", text_column, label_column, num_labels, names)
     public_set = _load(public_eval_data, "public_eval_data", text_column, label_column, num_labels, names)
     _check_disjoint(train, public_set, "public_eval_data")
@@ -395,6 +382,9 @@ def tune(
         from privtune.models import load_classifier
 
         clf = load_classifier(model, num_labels=num_labels, label_names=names, seed=derive_seed(run_seed, "model"))
+        from privtune.models.classifier import check_model_label_set
+
+        check_model_label_set(clf, num_labels, names, label_source)
         log(f"privtune tune: strategy={strategy}, mode={mode}, total ε={eps_total:g}, δ={delta:g}, "
             f"data={train_source} (n={n_train}), selection={common.describe_selection(sel_name_effective)}")
 
@@ -455,8 +445,8 @@ def tune(
                 led, fp, ledger_url, registered = _ledger_for(ledger, embedded, run_dir, train_fp, train_name,
                                                               eps_total, delta, accountant)
                 if registered:
-                    log(f"ledger: new dataset {fp[:12]}… registered with total ε = {eps_total:g}, δ = {delta:g} "
-                        f"({ledger_url})")
+                    log(f"ledger: new dataset {led.status(fp).dataset_id} registered with total ε = "
+                        f"{eps_total:g}, δ = {delta:g} ({ledger_url})")
                 reserved = _cover_candidates(led, fp, mode_plans, eps_total, delta, accountant)
                 committed = None
                 if state_header is not None:
@@ -509,6 +499,11 @@ def tune(
         # ------------------------------------------------------------ report
         from privtune.accounting import Certificate
 
+        # published: the ledger's random dataset id, never a hash of the data (grid-oracle: no ledger, none)
+        dataset_id = None
+        if strategy != "grid-oracle":  # a resumed, already committed run holds no reservation: ask the ledger
+            dataset_id = getattr(reservation, "dataset_id", None) or led.status(fp).dataset_id
+
         if pilot_records and sel_name_effective == "none":
             sel_name_effective = sel_name  # the mode-auto pilots were scored with it
         metadata = {
@@ -520,7 +515,7 @@ def tune(
             "reported_split": _split_name(eval_data, embedded),
             "reported_split_used_for_selection": False,
             "total_epsilon_requested": eps_total, "seed": seed, "trials": _published_trial_count(trial_list, outcome),
-            "dataset_fingerprint": fp, "plan": as_plain(plan.notes),
+            "dataset_id": dataset_id, "plan": as_plain(plan.notes),
             "notes": [*(outcome.strategy_data.get("notes", []) or [])],
         }
         metadata.update(_trial_section(trial_list, outcome, strategy))
@@ -550,7 +545,7 @@ def tune(
             "mode": used_mode, "hyperparameters": as_plain(outcome.final_hyperparameters),
             "reported_split": _split_name(eval_data, embedded), "selection": sel_name_effective,
             "selection_description": common.describe_selection(sel_name_effective),
-            "dataset_fingerprint": fp, "ledger_url": ledger_url, "ledger_remaining_epsilon": remaining,
+            "dataset_id": dataset_id, "ledger_url": ledger_url, "ledger_remaining_epsilon": remaining,
             "total_epsilon": eps_total, "n_train": n_train, "trials": _published_trial_count(trial_list, outcome),
             "ledger_registered_new_dataset": registered,
             "wall_time_s": None,
@@ -1065,12 +1060,11 @@ class _null_reservation:
 
 
 def _dataset_identity(train) -> tuple[str, str | None]:
-    """(fingerprint, ledger name) of the whole training set, exactly as ``privtune train`` names it.
+    """(content SHA-256, ledger name) of the whole training set, exactly as ``privtune train`` identifies it.
 
-    The file's content is fingerprinted (in-memory data: its canonical rows); the name is
-    ``"<file name>#<fingerprint[:8]>"``, which is never an existing path, so ``--data train.tsv``
-    run from the folder holding ``train.tsv`` registers fine (a bare ``train.tsv`` is refused by
-    the ledger as ambiguous with the path)."""
+    The file's content is fingerprinted (in-memory data: its canonical rows); the digest stays in
+    this process and the private state file, the ledger keys it.  No name: the ledger assigns the
+    dataset a random id, which is what the run directory publishes."""
     from privtune.ledger import dataset_identity
 
     return dataset_identity(train)
@@ -1086,7 +1080,12 @@ def _ledger_for(url, embedded, run_dir, fp, name, eps, delta, accountant):
 
             run_dir = Path(tempfile.mkdtemp(prefix="privtune-demo-"))
         url = f"sqlite:///{(Path(run_dir) / 'ledger.db').resolve()}"
-    led = Ledger(url)
+        # the demo ledger sits in the run directory, its key never does
+        from privtune.ledger._key import demo_key_path
+
+        led = Ledger(url, key_file=demo_key_path(Path(run_dir) / "ledger.db"))
+    else:
+        led = Ledger(url)
     registered = False
     try:
         led.status(fp)

@@ -6,8 +6,9 @@
     from privtune.accounting.events import DPSGDEvent
 
     ledger = Ledger()                                   # $PRIVTUNE_LEDGER or ~/.privtune/ledger.db
-    fp = dataset_fingerprint("train.jsonl")             # content hash; renaming keeps the budget
-    ledger.init_dataset(fp, epsilon=8.0, delta=1e-5, name="support-tickets")
+    fp = dataset_fingerprint("train.jsonl")             # content SHA-256: private, never publish it
+    st = ledger.init_dataset(fp, epsilon=8.0, delta=1e-5, name="support-tickets")
+    st.dataset_id                                       # random id ("ds-…"): what run directories show
     with ledger.spend(fp, [DPSGDEvent(1.1, 0.01, 1000)], command="my_script.py") as reservation:
         ...                                             # read data and train here
     print(ledger.status(fp).remaining_epsilon)

@@ -30,7 +30,9 @@ from sqlalchemy.engine.url import URL
 from privtune.errors import InvalidParameterError, LedgerError
 
 APPLICATION = "privtune-ledger"
-SCHEMA_VERSION = 1
+# 1: unkeyed SHA-256 chain and raw content fingerprints; 2: keyed (see _key.py) and a random public id
+SCHEMA_VERSION = 2
+LEGACY_SCHEMA_VERSION = 1
 _PG_SCHEMA_LOCK = 0x70726976  # advisory lock keys ("priv", "init")
 _PG_INIT_LOCK = 0x696E6974
 
@@ -49,6 +51,8 @@ datasets_table = sa.Table(
     sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
     sa.Column("fingerprint", sa.String(64), nullable=False, unique=True),
     sa.Column("name", sa.String(200), nullable=True, unique=True),
+    # random id assigned at registration: what run directories publish instead of any hash of the data
+    sa.Column("public_id", sa.String(32), nullable=True, unique=True),
     # caches of the replayed hash chain (verify checks them); the chain is the truth
     sa.Column("total_epsilon", sa.Float, nullable=False),
     sa.Column("delta", sa.Float, nullable=False),
@@ -174,11 +178,60 @@ def mask_url(url: str | URL) -> str:
     return re.sub(r"(://[^:/@]+:)[^@]*@", r"\1***@", str(url))
 
 
+# A locked SQLite ledger (another process writing, or a program holding a lock) is waited for up to
+# LOCK_WAIT_S seconds in total; after LOCK_NOTICE_S of waiting a line on stderr says so, and for what.
+LOCK_NOTICE_S = 2.0
+LOCK_WAIT_S = 120.0
+
+
+def _is_locked(exc: BaseException) -> bool:
+    return "database is locked" in str(exc).lower() or "database is busy" in str(exc).lower()
+
+
+def _lock_notice(sqlite_path: Path | None, purpose: str) -> None:
+    import sys
+
+    print(
+        f"privtune: the SQLite ledger {str(sqlite_path)!r} is locked by another process (another privtune command "
+        f"recording a spend, or a program holding the file open); waiting up to {LOCK_WAIT_S - LOCK_NOTICE_S:.3g} s "
+        f"more to {purpose}.",
+        file=sys.stderr, flush=True,
+    )
+
+
+def _wait_for_lock(dbapi_conn, statement: str, sqlite_path: Path | None, purpose: str) -> None:
+    """Run ``statement`` (which takes a lock); if the file stays locked for LOCK_NOTICE_S, say so on
+    stderr and keep waiting up to LOCK_WAIT_S in total (then the 'database is locked' error)."""
+    import sqlite3
+
+    cur = dbapi_conn.cursor()
+    try:
+        cur.execute(f"PRAGMA busy_timeout = {int(LOCK_NOTICE_S * 1000)}")
+        try:
+            cur.execute(statement)
+            return
+        except sqlite3.OperationalError as exc:
+            if not _is_locked(exc):
+                raise
+        _lock_notice(sqlite_path, purpose)
+        cur.execute(f"PRAGMA busy_timeout = {int(max(0.0, LOCK_WAIT_S - LOCK_NOTICE_S) * 1000)}")
+        cur.execute(statement)
+    except sqlite3.OperationalError as exc:  # wrapped as SQLAlchemy would, for translate_errors
+        raise sa.exc.OperationalError(statement, None, exc) from None
+    except sqlite3.DatabaseError as exc:
+        raise sa.exc.DatabaseError(statement, None, exc) from None
+    finally:
+        try:
+            cur.execute(f"PRAGMA busy_timeout = {int(LOCK_WAIT_S * 1000)}")
+        finally:
+            cur.close()
+
+
 def create_engine(u: URL, sqlite_path: Path | None) -> Engine:
     """An engine with the transaction behaviour the ledger relies on."""
     backend = u.get_backend_name()
     if backend == "sqlite":
-        kwargs: dict = {"connect_args": {"timeout": 120.0}}
+        kwargs: dict = {"connect_args": {"timeout": LOCK_WAIT_S}}
         if sqlite_path is None:
             kwargs["poolclass"] = sa.pool.StaticPool
             kwargs["connect_args"]["check_same_thread"] = False
@@ -193,10 +246,18 @@ def create_engine(u: URL, sqlite_path: Path | None) -> Engine:
 
         @event.listens_for(engine, "begin")
         def _begin(conn):
+            dbapi_conn = conn.connection.dbapi_connection
             if conn.get_execution_options().get("privtune_write"):
-                conn.exec_driver_sql("BEGIN IMMEDIATE")
+                # BEGIN IMMEDIATE takes the write lock now, so a busy file is waited for here
+                _wait_for_lock(dbapi_conn, "BEGIN IMMEDIATE", sqlite_path, "record a change in it")
             else:
                 conn.exec_driver_sql("BEGIN")
+                # take the read lock now, so that a busy file is waited for (and announced) here
+                try:
+                    _wait_for_lock(dbapi_conn, "SELECT count(*) FROM sqlite_master", sqlite_path, "read it")
+                except BaseException:
+                    dbapi_conn.execute("ROLLBACK")
+                    raise
 
         return engine
     try:
@@ -247,8 +308,8 @@ def translate_errors(u: URL, sqlite_path: Path | None) -> Iterator[None]:
             ) from None
         if "database is locked" in low:
             raise LedgerError(
-                f"The {where} stayed locked by another process for too long ({msg}). Retry; if it persists, "
-                "look for a hung privtune process."
+                f"The {where} stayed locked by another process for {LOCK_WAIT_S:g} s ({msg}). Retry; if it "
+                "persists, look for a hung privtune process or a program holding the file open (e.g. sqlite3)."
             ) from None
         if isinstance(exc, (sa.exc.OperationalError, sa.exc.InterfaceError)) and sqlite_path is None:
             raise LedgerError(
@@ -278,8 +339,9 @@ def check_sqlite_location(path: Path, default_location: bool) -> None:
     parent = path.parent
     if not parent.exists():
         if default_location:
-            try:
-                parent.mkdir(parents=True, exist_ok=True)
+            try:  # it will hold the ledger and its secret key: private to the user, whatever the umask
+                parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                os.chmod(parent, 0o700)
             except OSError as exc:
                 raise LedgerError(
                     f"Cannot create the ledger directory {str(parent)!r}: {exc.strerror or exc}. Set "
@@ -332,8 +394,18 @@ def pg_advisory_lock(conn: Connection, key: int) -> None:
         conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": key})
 
 
+def read_meta(conn: Connection) -> dict[str, str]:
+    """The ledger's meta table as a dict."""
+    return dict(conn.execute(sa.select(meta_table.c.key, meta_table.c.value)).all())
+
+
+def schema_state(conn: Connection, where: str) -> str:
+    """'ok', 'legacy' (schema 1: migrate it), 'empty' (create it), or LedgerError for a
+    foreign/damaged/newer database."""
+    return _schema_state(conn, where)
+
+
 def _schema_state(conn: Connection, where: str) -> str:
-    """'ok', 'empty' (create it) or raise LedgerError for a foreign/damaged/newer database."""
     names = set(sa.inspect(conn).get_table_names())
     if "privtune_meta" in names:
         rows = dict(conn.execute(sa.select(meta_table.c.key, meta_table.c.value)).all())
@@ -352,7 +424,7 @@ def _schema_state(conn: Connection, where: str) -> str:
                 f"The {where} has schema version {version}, newer than this privtune understands "
                 f"({SCHEMA_VERSION}). Upgrade privtune: pip install -U privtune."
             )
-        if version != SCHEMA_VERSION:
+        if version not in (SCHEMA_VERSION, LEGACY_SCHEMA_VERSION):
             raise LedgerError(f"The {where} has an unknown schema version {rows.get('schema_version')!r}.")
         missing = _TABLES - names
         if missing:
@@ -360,7 +432,7 @@ def _schema_state(conn: Connection, where: str) -> str:
                 f"The {where} is damaged: tables {sorted(missing)} are missing. privtune will not recreate "
                 "them over a ledger that held privacy history; restore the database from a backup."
             )
-        return "ok"
+        return "ok" if version == SCHEMA_VERSION else "legacy"
     ours = names & _TABLES
     if ours:
         raise LedgerError(
@@ -375,20 +447,33 @@ def _schema_state(conn: Connection, where: str) -> str:
     return "empty"
 
 
-def ensure_schema(engine: Engine, where: str) -> None:
-    """Check the database is a privtune ledger of a known version, creating the schema if empty."""
+def current_schema(engine: Engine, where: str) -> str:
+    """'ok', 'legacy' or 'empty' (see :func:`schema_state`), in a read transaction."""
     with read_connection(engine) as conn:
-        if _schema_state(conn, where) == "ok":
-            return
+        return _schema_state(conn, where)
+
+
+def create_schema(engine: Engine, where: str, key_check: str) -> None:
+    """Create the schema of an empty database (nothing when another process created it meanwhile)."""
     with write_connection(engine) as conn:
         pg_advisory_lock(conn, _PG_SCHEMA_LOCK)
-        if _schema_state(conn, where) == "ok":  # created concurrently
+        if _schema_state(conn, where) != "empty":  # created concurrently
             return
         metadata.create_all(conn)
         conn.execute(
             meta_table.insert(),
-            [{"key": "application", "value": APPLICATION}, {"key": "schema_version", "value": str(SCHEMA_VERSION)}],
+            [{"key": "application", "value": APPLICATION}, {"key": "schema_version", "value": str(SCHEMA_VERSION)},
+             {"key": "key_check", "value": key_check}],
         )
+
+
+def add_public_id_column(conn: Connection) -> None:
+    """Schema 1 -> 2 DDL (inside the migration's write transaction; both SQLite and PostgreSQL)."""
+    conn.execute(sa.text("ALTER TABLE privtune_datasets ADD COLUMN public_id VARCHAR(32)"))
+    conn.execute(sa.text("CREATE UNIQUE INDEX ix_privtune_datasets_public_id ON privtune_datasets (public_id)"))
+
+
+PG_SCHEMA_LOCK = _PG_SCHEMA_LOCK
 
 
 PG_INIT_LOCK = _PG_INIT_LOCK

@@ -1,7 +1,11 @@
 """Content fingerprints: a dataset is identified by what it contains, not where it lives.
 
 :func:`dataset_fingerprint` returns the SHA-256 (64 lowercase hex digits) of a dataset's
-canonical bytes, so renaming or moving a file keeps its privacy budget:
+canonical bytes, so renaming or moving a file keeps its privacy budget.  That digest is a
+deterministic function of the private data: anyone holding the data minus one row can test
+candidate rows against it, so it is **never published**.  The ledger stores only
+``HMAC-SHA256(ledger key, digest)`` (:meth:`privtune.ledger.Ledger.fingerprint`), and run
+directories carry the ledger's random ``dataset_id``.  What is hashed:
 
 * a **file**: its bytes, read in 1 MiB chunks (the file name and location are not hashed);
   ``dataset_fingerprint(path) == dataset_fingerprint(path.read_bytes())``;
@@ -122,18 +126,18 @@ __all__ = ["dataset_fingerprint", "dataset_identity", "is_fingerprint"]
 
 
 def dataset_identity(data) -> tuple[str, str | None]:
-    """(fingerprint, ledger name) of a loaded privtune dataset, as ``train`` and ``tune`` charge it.
+    """(content SHA-256, ledger name) of a loaded privtune dataset, as ``train`` and ``tune`` charge it.
 
-    The fingerprint is that of the file the dataset was read from (so renaming or moving the file
-    does not reset its budget) or, for in-memory data, of its canonical rows.  The name is
-    ``"<file name>#<fingerprint[:8]>"``: readable, and never an existing path, so ``--data
-    train.tsv`` run from the folder holding it is not refused as ambiguous.  ``None`` for in-memory
-    data.  Fingerprint the *whole* training set, before any split, or each part would get a budget
-    of its own.
+    The SHA-256 is that of the file the dataset was read from (so renaming or moving the file does
+    not reset its budget) or, for in-memory data, of its canonical rows.  It is private: pass it to
+    the ledger, which stores only its keyed fingerprint, and never publish it (nor a prefix of it).
+    The name is always ``None``: the ledger gives a dataset it registers a random ``dataset_id``,
+    which is what a run directory may publish.  Fingerprint the *whole* training set, before any
+    split, or each part would get a budget of its own.
     """
     src = getattr(data, "source", None)
     if src is not None and Path(src).exists():
         fp = dataset_fingerprint(src)
     else:
         fp = dataset_fingerprint(data.canonical_rows())
-    return fp, (f"{Path(src).name}#{fp[:8]}" if src else None)
+    return fp, None

@@ -2,8 +2,9 @@
 
 Model
 -----
-A **dataset** is its content fingerprint (:func:`~privtune.ledger.dataset_fingerprint`) plus
-an optional unique human name.  It has a total budget (ε, δ) and an accountant, set once by
+A **dataset** is its keyed content fingerprint (HMAC-SHA256 with the ledger's secret key of
+:func:`~privtune.ledger.dataset_fingerprint`, see ``_key.py``), a random public ``dataset_id``
+(what run directories publish) and an optional unique human name.  It has a total budget (ε, δ) and an accountant, set once by
 :meth:`Ledger.init_dataset`; :meth:`Ledger.raise_budget` is the only way to change the total,
 and it is recorded like everything else.
 
@@ -11,8 +12,10 @@ Each dataset has an append-only **hash chain of records**: ``init``, ``raise``, 
 ``resume``, ``commit``, ``release``.  A spend is an **entry** (the records sharing one
 ``entry_id``): its accounting events, who/what spent it (command, config hash, privtune
 version, user, host, time) and a state ``reserved`` -> ``committed`` (or ``released``, only
-when no example was touched).  Every record stores the hash of the previous one, so
-:meth:`Ledger.verify` detects an edited, inserted or deleted record.
+when no example was touched).  Every record stores an HMAC (keyed with the ledger's secret) of
+its content and of the previous record's MAC, and the dataset row a keyed MAC of the last
+record, so :meth:`Ledger.verify` detects an edited, inserted or deleted record, at the end too,
+unless the editor holds the key.
 
 Remaining ε = total ε − ε(composition of the events of all committed and reserved entries),
 computed at the dataset's δ by the accounting core (:func:`privtune.accounting.compute_epsilon`);
@@ -32,12 +35,15 @@ import hashlib
 import json
 import math
 import os
+import re
+import secrets
 import socket
 import uuid
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
@@ -57,13 +63,16 @@ from privtune.errors import (
     UnknownDatasetError,
 )
 from privtune.ledger import _backend as backend
+from privtune.ledger import _key
 from privtune.ledger._compose import composed_epsilon, group_events
 from privtune.ledger.fingerprint import dataset_fingerprint, is_fingerprint
 
 ACCOUNTANTS = ("pld", "rdp")
 STATES = ("reserved", "committed", "released")
 _RTOL = 1e-9  # float noise allowed when comparing a composed ε with the total
-_GENESIS = "privtune-ledger/v1/genesis/"
+_GENESIS = "privtune-ledger/v1/genesis/"  # schema 1 (unkeyed chains), read only to migrate them
+_PUBLIC_ID = re.compile(r"ds-[0-9a-f]{16}")
+_ENTRY_ID = re.compile(r"[0-9a-f]{8,32}")
 _ACTION_STATE = {
     "init": "init",
     "raise": "raised",
@@ -152,9 +161,12 @@ class Record:
 
     def summary(self) -> str:
         """Events summary, or what an administrative record did."""
-        if self.events:
-            return "; ".join(describe_event(e) for e in self.events)
         p = self.payload
+        if self.events:
+            text = "; ".join(describe_event(e) for e in self.events)
+            if self.action == "commit" and p.get("closed_orphan"):
+                text += f" (orphaned reservation closed, charged in full: {p.get('reason', '')})"
+            return text
         if self.action == "init":
             return f"total ε={p['total_epsilon']:g}, δ={p['delta']:g}, accountant={p['accountant']}"
         if self.action == "raise":
@@ -204,6 +216,7 @@ class BudgetStatus:
     remaining_epsilon: float
     entries: tuple = ()
     ledger_url: str = ""
+    dataset_id: str | None = None
 
     @property
     def used_epsilon(self) -> float:
@@ -213,6 +226,7 @@ class BudgetStatus:
     def to_dict(self) -> dict[str, Any]:
         return {
             "dataset": self.fingerprint,
+            "dataset_id": self.dataset_id,
             "fingerprint": self.fingerprint,
             "name": self.name,
             "total_epsilon": self.total_epsilon,
@@ -294,6 +308,7 @@ class _DatasetState:
     name: str | None = None
     entries: dict = field(default_factory=dict)  # entry_id -> _EntryState, creation order
     records: list = field(default_factory=list)
+    last_hash: str = ""  # MAC of the chain's last record (the next record's prev_hash)
 
     def charged_events(self, exclude: str | None = None) -> list:
         out: list = []
@@ -322,12 +337,12 @@ def _replay(ds_row: Any, rows: list, problems: list | None = None) -> _DatasetSt
     collected there (for verify); otherwise the first one raises LedgerError."""
 
     def bad(msg: str) -> None:
-        full = f"dataset {ds_row.fingerprint[:12]}…: {msg}"
+        full = f"{_tag(ds_row)}: {msg}"
         if problems is None:
             raise LedgerError(f"The ledger is inconsistent ({full}). Run `privtune budget verify`.")
         problems.append(full)
 
-    st = _DatasetState(row=ds_row, records=rows)
+    st = _DatasetState(row=ds_row, records=rows, last_hash=rows[-1].hash if rows else "")
     for r in rows:
         try:
             p = json.loads(r.payload)
@@ -384,11 +399,27 @@ def _replay(ds_row: Any, rows: list, problems: list | None = None) -> _DatasetSt
 # --------------------------------------------------------------------------- hashing
 
 
-def _genesis(fingerprint: str) -> str:
+def _tag(row: Any) -> str:
+    """How messages name a dataset: its public id (never a hash of its content) and its name."""
+    public_id = getattr(row, "public_id", None) if "public_id" in row._mapping else None
+    return f"dataset {public_id or '#' + str(row.id)}" + (f" ({row.name})" if row.name else "")
+
+
+def _v1_genesis(fingerprint: str) -> str:
+    """Schema 1's unkeyed first link (only read, to verify a chain before migrating it)."""
     return hashlib.sha256((_GENESIS + fingerprint).encode()).hexdigest()
 
 
-def _record_hash(fingerprint: str, r: Mapping[str, Any]) -> str:
+def _v1_record_hash(fingerprint: str, r: Mapping[str, Any]) -> str:
+    """Schema 1's unkeyed record hash (only read, to verify a chain before migrating it)."""
+    return hashlib.sha256(_record_body(fingerprint, r).encode()).hexdigest()
+
+
+def _record_mac(key: bytes, fingerprint: str, r: Mapping[str, Any]) -> str:
+    return _key.record_mac(key, _record_body(fingerprint, r))
+
+
+def _record_body(fingerprint: str, r: Mapping[str, Any]) -> str:
     body = {
         "fingerprint": fingerprint,
         "seq": r["seq"],
@@ -404,8 +435,7 @@ def _record_hash(fingerprint: str, r: Mapping[str, Any]) -> str:
         "created_at": r["created_at"],
         "prev_hash": r["prev_hash"],
     }
-    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-    return hashlib.sha256(text.encode()).hexdigest()
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
 
 def _canonical_json(obj: Any) -> str:
@@ -502,26 +532,35 @@ def _who(command: Any, config: Any) -> dict[str, Any]:
 
 
 def _identify(dataset: Any) -> tuple[str, str]:
-    """('fingerprint', hex) or ('name', name) for a dataset argument."""
+    """How a dataset argument names a dataset: ('content', SHA-256 of its content) for data or a
+    path, ('hex', 64 hex digits: the ledger's keyed fingerprint or a content SHA-256 from
+    :func:`dataset_fingerprint`), ('public_id', 'ds-…') or ('name', name)."""
     if isinstance(dataset, (bytes, bytearray, memoryview)):
-        return "fingerprint", dataset_fingerprint(dataset)
+        return "content", dataset_fingerprint(dataset)
     if isinstance(dataset, os.PathLike):
-        return "fingerprint", dataset_fingerprint(dataset)
+        return "content", dataset_fingerprint(dataset)
     if isinstance(dataset, str):
         s = dataset.strip()
         if not s:
             raise InvalidParameterError(
-                "`dataset` must be a dataset path, a fingerprint or a registered name. Got ''."
+                "`dataset` must be a dataset path, a fingerprint, a dataset id or a registered name. Got ''."
             )
         if is_fingerprint(s):
-            return "fingerprint", s.lower()
+            return "hex", s.lower()
         if os.path.exists(os.path.expanduser(s)):
-            return "fingerprint", dataset_fingerprint(s)
+            return "content", dataset_fingerprint(s)
+        if _PUBLIC_ID.fullmatch(s):
+            return "public_id", s
         return "name", s
     raise InvalidParameterError(
         f"`dataset` must be a dataset path, a fingerprint (64 hex digits) or a registered name. "
         f"Got {type(dataset).__name__}: {dataset!r}."
     )
+
+
+def _new_public_id() -> str:
+    """A random dataset id ('ds-' and 16 hex digits): independent of the data, safe to publish."""
+    return "ds-" + secrets.token_hex(8)
 
 
 def _fmt(eps: float) -> str:
@@ -551,7 +590,8 @@ class Reservation:
     """
 
     def __init__(self, ledger: Ledger, fingerprint: str, entry_id: str, planned_events: tuple, *,
-                 resumed: bool, epsilon_after: float, remaining_epsilon: float) -> None:
+                 resumed: bool, epsilon_after: float, remaining_epsilon: float,
+                 dataset_id: str | None = None) -> None:
         self.ledger = ledger
         self.fingerprint = fingerprint
         self.entry_id = entry_id
@@ -559,6 +599,7 @@ class Reservation:
         self.resumed = resumed
         self.epsilon_after = epsilon_after
         self.remaining_epsilon = remaining_epsilon
+        self.dataset_id = dataset_id  # the dataset's random public id (what run directories may publish)
         self.state = "reserved"
 
     def commit(self, actual_events: Any = None, *, command: str | None = None, force: bool = False) -> Entry:
@@ -604,18 +645,39 @@ class Ledger:
         URL raises InvalidParameterError, so that ``--ledger sqlite:///`` cannot silently keep no
         books.
 
+    key_file : path or None
+        The ledger's secret key file (default: ``$PRIVTUNE_LEDGER_KEY_FILE``, else ``<ledger
+        file>.key`` beside an SQLite file, else ``$PRIVTUNE_HOME/ledger-keys/…`` for PostgreSQL).
+        Created (mode 0600) with a new ledger; required for an existing one.  See docs/ledger.md.
+
     The database is opened (and its schema created when empty) on first use.  A file that is
-    not a privtune ledger, or is corrupted, raises LedgerError; it is never reset.
+    not a privtune ledger, or is corrupted, raises LedgerError; it is never reset.  A schema-1
+    ledger (written before ledgers were keyed) is verified and upgraded on first use.
     """
 
-    def __init__(self, url: str | os.PathLike | None = None, *, allow_in_memory: bool = False) -> None:
+    def __init__(self, url: str | os.PathLike | None = None, *, allow_in_memory: bool = False,
+                 key_file: str | os.PathLike | None = None) -> None:
         self._sa_url, self._sqlite_path, self._default_location = backend.resolve_url(
             url, allow_in_memory=bool(allow_in_memory))
         self._engine: sa.Engine | None = None
         self._pid: int | None = None
         self._replays: dict[int, tuple] = {}  # dataset id -> ((head_seq, head_hash), replayed state)
+        self._key_path = (Path(os.fspath(key_file)).expanduser() if key_file is not None else
+                          _key.key_path(self._sqlite_path, self._server_address(), self._sa_url.database))
+        self._key: bytes | None = None
+        if self._key_path is None:  # in-memory ledger: its key lives as long as the process
+            self._key = secrets.token_bytes(32)
 
     # ---- plumbing
+
+    def _server_address(self) -> str:
+        """'sqlite' or 'host:port/database' of a PostgreSQL ledger (no user, no password)."""
+        u = self._sa_url
+        if u.get_backend_name() == "sqlite":
+            return "sqlite"
+        host = u.host or u.query.get("host") or "localhost"
+        port = u.port or u.query.get("port") or 5432
+        return f"{host}:{port}/{u.database or ''}"
 
     @property
     def url(self) -> str:
@@ -646,12 +708,148 @@ class Ledger:
             with self._errors():
                 engine = backend.create_engine(self._sa_url, self._sqlite_path)
                 try:
-                    backend.ensure_schema(engine, self._where())
+                    self._open_schema(engine)
                 except BaseException:
                     engine.dispose()
                     raise
             self._engine, self._pid = engine, os.getpid()
         return self._engine
+
+    def _open_schema(self, engine: sa.Engine) -> None:
+        """Create the schema (and the key) of an empty database, migrate a schema-1 ledger, and
+        check that the key file belongs to this ledger."""
+        where = self._where()
+        state = backend.current_schema(engine, where)
+        if state in ("empty", "legacy") and self._key is None:
+            self._key = _key.read_key(self._key_path) or _key.create_key(self._key_path)
+        if state == "empty":
+            backend.create_schema(engine, where, _key.key_check(self._key))
+        elif state == "legacy":
+            self._migrate_legacy(engine)
+        if self._key is None:
+            self._key = _key.read_key(self._key_path)
+            if self._key is None:
+                raise _key.missing_key_error(self._key_path, where)
+        with backend.read_connection(engine) as conn:
+            stored = backend.read_meta(conn).get("key_check")
+        if stored != _key.key_check(self._key):
+            raise _key.wrong_key_error(self._key_path, where)
+
+    def _migrate_legacy(self, engine: sa.Engine) -> None:
+        """Upgrade a schema-1 ledger (unkeyed SHA-256 chains, raw content fingerprints) in one transaction.
+
+        Every chain is verified with the old, unkeyed hashes first: re-MACing a tampered chain would
+        launder the tampering, so a ledger that fails verification is refused (and left untouched).
+        Then each dataset's fingerprint becomes the keyed one (computed from the stored SHA-256, so
+        no data is needed), it gets a random public id, and its chain is re-MACed with the key,
+        record by record, in order; budgets, entries and history carry over unchanged."""
+        t, r = backend.datasets_table, backend.records_table
+        key = self._key
+        where = self._where()
+        with backend.write_connection(engine) as conn:
+            backend.pg_advisory_lock(conn, backend.PG_SCHEMA_LOCK)
+            if backend.schema_state(conn, where) != "legacy":  # migrated concurrently
+                return
+            cols = [c for c in t.c if c.name != "public_id"]  # the schema-1 table has no such column
+            rows = conn.execute(sa.select(*cols).order_by(t.c.id)).all()
+            problems: list[str] = []
+            chains = {}
+            for row in rows:
+                recs = conn.execute(sa.select(r).where(r.c.dataset_id == row.id).order_by(r.c.seq)).all()
+                self._check_chain(row, recs, problems, _v1_genesis(row.fingerprint),
+                                  lambda m, fp=row.fingerprint: _v1_record_hash(fp, m),
+                                  lambda seq, h: h, "dataset #" + str(row.id))
+                chains[row.id] = recs
+            ids = {row.id for row in rows}
+            for ds_id, n in conn.execute(sa.select(r.c.dataset_id, sa.func.count()).group_by(r.c.dataset_id)).all():
+                if ds_id not in ids:
+                    problems.append(f"{n} record(s) belong to dataset id {ds_id}, which was deleted")
+            if problems:
+                raise LedgerError(
+                    f"The {where} uses the old, unkeyed ledger format and fails verification, so privtune will not "
+                    f"upgrade it (re-keying a tampered chain would hide the tampering): {'; '.join(problems[:5])}. "
+                    "Restore the ledger from a backup, or keep using it with the privtune version that wrote it."
+                )
+            backend.add_public_id_column(conn)
+            for row in rows:
+                fp = _key.keyed_fingerprint(key, row.fingerprint)
+                prev = _key.genesis_mac(key, fp)
+                last_seq = -1
+                for rec in chains[row.id]:
+                    m = dict(rec._mapping)
+                    if rec.action == "init":  # the stored payload named the raw SHA-256: replace it
+                        p = json.loads(rec.payload)
+                        p["fingerprint"] = fp
+                        m["payload"] = _canonical_json(p)
+                    m["prev_hash"] = prev
+                    m["hash"] = _record_mac(key, fp, m)
+                    conn.execute(r.update().where(r.c.id == rec.id).values(
+                        payload=m["payload"], prev_hash=m["prev_hash"], hash=m["hash"]))
+                    prev, last_seq = m["hash"], rec.seq
+                conn.execute(t.update().where(t.c.id == row.id).values(
+                    fingerprint=fp, public_id=_new_public_id(), head_seq=last_seq,
+                    head_hash=_key.head_mac(key, fp, last_seq, prev)))
+            m = backend.meta_table
+            conn.execute(m.update().where(m.c.key == "schema_version").values(value=str(backend.SCHEMA_VERSION)))
+            conn.execute(m.insert(), [
+                {"key": "key_check", "value": _key.key_check(key)},
+                {"key": "migrated_from_schema_1_at", "value": datetime.now(timezone.utc).isoformat()},
+            ])
+        self._replays.clear()
+
+    @staticmethod
+    def _check_chain(row: Any, rows: list, problems: list, genesis: str, record_hash: Any, head: Any,
+                     tag: str) -> None:
+        """Links, record hashes and the head of one chain; problems appended to ``problems``."""
+        prev = genesis
+        n_before = len(problems)
+        for i, rec in enumerate(rows):
+            if rec.seq != i:
+                problems.append(f"{tag}: record {i} is missing (next is {rec.seq}); a record was deleted")
+                break
+            if rec.prev_hash != prev:
+                problems.append(f"{tag}: record {rec.seq} does not link to the previous record (deleted or replaced)")
+            if record_hash(rec._mapping) != rec.hash:
+                problems.append(f"{tag}: record {rec.seq} ({rec.action}) was edited: its hash does not match")
+            prev = rec.hash
+        if rows and len(problems) == n_before:
+            if row.head_seq != rows[-1].seq or row.head_hash != head(rows[-1].seq, rows[-1].hash):
+                problems.append(
+                    f"{tag}: the chain ends at record {rows[-1].seq} but the dataset's head (record {row.head_seq}) "
+                    "does not match it: the latest record(s) were deleted, or the head was edited"
+                )
+        elif not rows:
+            problems.append(f"{tag}: has no records at all (deleted)")
+
+    # ---- keyed identities
+
+    def _require_key(self) -> bytes:
+        self._get_engine()
+        assert self._key is not None
+        return self._key
+
+    def fingerprint(self, data: Any) -> str:
+        """This ledger's keyed fingerprint of a dataset (64 hex digits).
+
+        ``data``: a file or folder path, bytes, an iterable of chunks (as :func:`dataset_fingerprint`
+        takes them), or a content SHA-256 returned by :func:`dataset_fingerprint`.  It is
+        HMAC-SHA256 with the ledger's secret key: it identifies the content for this ledger only and,
+        without the key, reveals nothing about it.  Run directories publish the dataset's random
+        ``dataset_id`` instead."""
+        if isinstance(data, str) and is_fingerprint(data.strip()):
+            return _key.keyed_fingerprint(self._require_key(), data.strip().lower())
+        return _key.keyed_fingerprint(self._require_key(), dataset_fingerprint(data))
+
+    def _lookup(self, dataset: Any) -> tuple[str, Any, list]:
+        """(kind, shown value, [(column, value), ...] to try in order) for a dataset argument."""
+        kind, value = _identify(dataset)
+        t = backend.datasets_table
+        if kind == "content":
+            return kind, value, [(t.c.fingerprint, _key.keyed_fingerprint(self._require_key(), value))]
+        if kind == "hex":  # the keyed fingerprint itself, or a content SHA-256 from dataset_fingerprint()
+            return kind, value, [(t.c.fingerprint, value),
+                                 (t.c.fingerprint, _key.keyed_fingerprint(self._require_key(), value))]
+        return kind, value, [(t.c.public_id if kind == "public_id" else t.c.name, value)]
 
     @contextlib.contextmanager
     def _write(self) -> Iterator[sa.Connection]:
@@ -680,15 +878,19 @@ class Ledger:
     # ---- dataset rows
 
     def _find(self, conn: sa.Connection, dataset: Any, *, lock: bool) -> Any:
-        kind, value = _identify(dataset)
+        kind, value, tries = self._lookup(dataset)
         t = backend.datasets_table
-        q = sa.select(t).where(t.c.fingerprint == value if kind == "fingerprint" else t.c.name == value)
-        if lock:
-            q = q.with_for_update()
-        row = conn.execute(q).first()
+        row = None
+        for column, candidate in tries:
+            q = sa.select(t).where(column == candidate)
+            if lock:
+                q = q.with_for_update()
+            row = conn.execute(q).first()
+            if row is not None:
+                break
         if row is None:
-            shown = value if kind == "name" else f"{value[:12]}… (fingerprint)"
-            hint = str(dataset) if kind == "fingerprint" and isinstance(dataset, (str, os.PathLike)) else "PATH"
+            shown = value if kind in ("name", "public_id") else "(given by its content)"
+            hint = str(dataset) if kind in ("content", "hex") and isinstance(dataset, (str, os.PathLike)) else "PATH"
             raise UnknownDatasetError(
                 f"`dataset` {shown!r} has no privacy budget in the {self._where()}. Give it one first: "
                 f"`privtune budget init --dataset {hint} --epsilon EPS --delta DELTA` "
@@ -706,8 +908,16 @@ class Ledger:
         r = backend.records_table
         rows = conn.execute(sa.select(r).where(r.c.dataset_id == row.id).order_by(r.c.seq)).all()
         st = _replay(row, rows)
-        if rows and (rows[-1].seq, rows[-1].hash) == key:
-            self._replays[row.id] = (key, dataclasses.replace(st))
+        # O(1) check of the keyed head: records deleted at the end (with the head moved back) are refused
+        # here too, not only by verify
+        if not rows or rows[-1].seq != row.head_seq or row.head_hash != _key.head_mac(
+                self._key, row.fingerprint, rows[-1].seq, rows[-1].hash):
+            raise LedgerError(
+                f"The ledger is inconsistent ({_tag(row)}: its last record does not match the dataset's keyed head; "
+                "records were deleted at the end, or the ledger was edited without its key). Run `privtune budget "
+                "verify`."
+            )
+        self._replays[row.id] = (key, dataclasses.replace(st))
         return st
 
     def _append(self, conn: sa.Connection, st: _DatasetState, action: str, entry_id: str | None,
@@ -720,11 +930,12 @@ class Ledger:
             "payload": _canonical_json(payload),
             "epsilon_after": float(epsilon_after),
             **who,
-            "prev_hash": row.head_hash,
+            "prev_hash": st.last_hash,
         }
-        rec["hash"] = _record_hash(row.fingerprint, rec)
+        rec["hash"] = _record_mac(self._key, row.fingerprint, rec)
         conn.execute(backend.records_table.insert().values(dataset_id=row.id, **rec))
-        upd = {"head_seq": rec["seq"], "head_hash": rec["hash"]}
+        upd = {"head_seq": rec["seq"], "head_hash": _key.head_mac(self._key, row.fingerprint, rec["seq"], rec["hash"])}
+        st.last_hash = rec["hash"]
         if total_epsilon is not None:
             upd["total_epsilon"] = total_epsilon
         t = backend.datasets_table
@@ -749,6 +960,7 @@ class Ledger:
             remaining_epsilon=st.total_epsilon - used,
             entries=tuple(e.to_entry() for e in st.entries.values()),
             ledger_url=self.url,
+            dataset_id=st.row.public_id,
         )
 
     # ---- public API
@@ -759,7 +971,9 @@ class Ledger:
 
         Parameters
         ----------
-        dataset : path of the dataset file/folder, its bytes, or its fingerprint.
+        dataset : path of the dataset file/folder, its bytes, or its content SHA-256
+            (:func:`dataset_fingerprint`).  The ledger stores only the keyed fingerprint
+            (:meth:`fingerprint`) and assigns the dataset a random ``dataset_id``.
         epsilon : total ε (> 0) for everything ever run on this dataset.
         delta : total δ in (0, 1); every spend is composed at this δ.
         name : optional unique human name to refer to the dataset later.
@@ -771,23 +985,27 @@ class Ledger:
         epsilon = check_epsilon(epsilon)
         delta = check_delta(delta)
         accountant = check_choice(accountant, "accountant", ACCOUNTANTS)
-        kind, fp = _identify(dataset)
-        if kind == "name":
+        kind, value, tries = self._lookup(dataset)
+        if kind in ("name", "public_id"):
             raise InvalidParameterError(
-                f"`dataset` {fp!r} is neither an existing file/folder nor a fingerprint. Pass the dataset's "
+                f"`dataset` {value!r} is neither an existing file/folder nor a fingerprint. Pass the dataset's "
                 "path (its content is fingerprinted) and give the human name with name=/--name."
             )
+        fp = tries[-1][1]  # the keyed fingerprint of the content (a 64-hex argument: read as a content SHA-256)
         if name is not None:
             name = _check_text(name, "name", max_len=200)
-            if is_fingerprint(name) or os.path.exists(os.path.expanduser(name)):
+            if is_fingerprint(name) or _PUBLIC_ID.fullmatch(name) or os.path.exists(os.path.expanduser(name)):
                 raise InvalidParameterError(
-                    f"`name` must not be a fingerprint or an existing path (it would be ambiguous). Got {name!r}."
+                    f"`name` must not be a fingerprint, a dataset id (ds-…) or an existing path (it would be "
+                    f"ambiguous). Got {name!r}."
                 )
         who = _who(command or "privtune budget init (Python API)", None)
         with self._write() as conn:
             backend.pg_advisory_lock(conn, backend.PG_INIT_LOCK)
             t = backend.datasets_table
-            existing = conn.execute(sa.select(t).where(t.c.fingerprint == fp)).first()
+            existing = None
+            for column, candidate in tries:
+                existing = existing or conn.execute(sa.select(t).where(column == candidate)).first()
             if existing is not None:
                 st = self._load(conn, existing)
                 same = (st.total_epsilon == epsilon and st.delta == delta and st.accountant == accountant
@@ -795,7 +1013,7 @@ class Ledger:
                 if same:
                     return self._status_from(st)
                 raise LedgerError(
-                    f"Dataset {fp[:12]}… ({existing.name or 'no name'}) already has a budget: total ε="
+                    f"{_tag(existing).capitalize()} already has a budget: total ε="
                     f"{_fmt(st.total_epsilon)}, δ={st.delta:g}, accountant={st.accountant}. A budget is set once; "
                     "raising the total is an explicit, recorded action: `privtune budget raise --dataset ... "
                     "--epsilon NEW --reason WHY` (Ledger.raise_budget)."
@@ -803,15 +1021,15 @@ class Ledger:
             if name is not None:
                 clash = conn.execute(sa.select(t.c.fingerprint).where(t.c.name == name)).first()
                 if clash is not None:
-                    raise LedgerError(
-                        f"`name` {name!r} already belongs to dataset {clash.fingerprint[:12]}…. Choose another name."
-                    )
+                    raise LedgerError(f"`name` {name!r} already belongs to another dataset. Choose another name.")
+            genesis = _key.genesis_mac(self._key, fp)
             res = conn.execute(t.insert().values(
-                fingerprint=fp, name=name, total_epsilon=epsilon, delta=delta, accountant=accountant,
-                created_at=who["created_at"], head_seq=-1, head_hash=_genesis(fp),
+                fingerprint=fp, name=name, public_id=_new_public_id(), total_epsilon=epsilon, delta=delta,
+                accountant=accountant, created_at=who["created_at"], head_seq=-1, head_hash=genesis,
             ))
             row = conn.execute(sa.select(t).where(t.c.id == res.inserted_primary_key[0])).one()
-            st = _DatasetState(row=row, total_epsilon=epsilon, delta=delta, accountant=accountant, name=name)
+            st = _DatasetState(row=row, total_epsilon=epsilon, delta=delta, accountant=accountant, name=name,
+                               last_hash=genesis)
             payload = {"fingerprint": fp, "name": name, "total_epsilon": epsilon, "delta": delta,
                        "accountant": accountant}
             self._append(conn, st, "init", None, payload, 0.0, who)
@@ -879,11 +1097,13 @@ class Ledger:
         return out
 
     def datasets(self) -> list[dict[str, Any]]:
-        """All datasets in the ledger: fingerprint, name, total_epsilon, delta, accountant, created_at."""
+        """All datasets in the ledger: dataset_id, fingerprint (keyed), name, total_epsilon, delta,
+        accountant, created_at."""
         t = backend.datasets_table
         with self._read() as conn:
             rows = conn.execute(sa.select(t).order_by(t.c.id)).all()
-        return [{"fingerprint": r.fingerprint, "name": r.name, "total_epsilon": r.total_epsilon,
+        return [{"dataset_id": r.public_id, "fingerprint": r.fingerprint, "name": r.name,
+                 "total_epsilon": r.total_epsilon,
                  "delta": r.delta, "accountant": r.accountant, "created_at": r.created_at} for r in rows]
 
     def spent_events(self, dataset: Any) -> list:
@@ -908,7 +1128,7 @@ class Ledger:
         alone = composed_epsilon((), st.delta, st.accountant, new=planned)
         label = f"{st.row.name!r} " if st.row.name else ""
         return BudgetExceededError(
-            f"{what} does not fit the privacy budget of dataset {label}({st.row.fingerprint[:12]}…): remaining "
+            f"{what} does not fit the privacy budget of dataset {label}({st.row.public_id}): remaining "
             f"ε = {_fmt(st.total_epsilon - used)} of total ε = {_fmt(st.total_epsilon)} (δ = {st.delta:g}); "
             f"it asks for ε = {_fmt(alone)} on its own ({'; '.join(describe_event(e) for e in planned)}), and "
             f"composed with the {sum(1 for e in st.entries.values() if e.state != 'released')} earlier "
@@ -948,7 +1168,8 @@ class Ledger:
                     used = composed_epsilon(st.charged_events(), st.delta, st.accountant)
                     self._append(conn, st, "resume", e.entry_id, {"resume_key": resume_key}, used, who)
                     return Reservation(self, row.fingerprint, e.entry_id, e.planned, resumed=True,
-                                       epsilon_after=used, remaining_epsilon=st.total_epsilon - used)
+                                       epsilon_after=used, remaining_epsilon=st.total_epsilon - used,
+                                       dataset_id=row.public_id)
             eps_after = composed_epsilon(st.charged_events(), st.delta, st.accountant, new=planned)
             if eps_after > st.total_epsilon * (1 + _RTOL):
                 raise self._exceeded(st, planned, eps_after, "The planned run")
@@ -957,7 +1178,8 @@ class Ledger:
                        "delta": delta, "note": note}
             self._append(conn, st, "reserve", entry_id, payload, eps_after, who)
         return Reservation(self, row.fingerprint, entry_id, planned, resumed=False,
-                           epsilon_after=eps_after, remaining_epsilon=st.total_epsilon - eps_after)
+                           epsilon_after=eps_after, remaining_epsilon=st.total_epsilon - eps_after,
+                           dataset_id=row.public_id)
 
     @contextlib.contextmanager
     def spend(self, dataset: Any, planned_events: Any, *, command: str, config: Any = None,
@@ -1087,12 +1309,13 @@ class Ledger:
     def verify(self, dataset: Any = None) -> VerifyReport:
         """Check every dataset's hash chain (or one dataset's) and its cached totals.
 
-        Detects an edited record (its hash no longer matches), a deleted or inserted record
-        (a gap in the sequence or a broken link), a deleted latest record (the dataset's head
-        does not match) and an edited budget (the cached total differs from the replayed chain).
-        Limits: someone with write access who rewrites a whole chain consistently, or deletes a
-        dataset with all its records, is not detectable from inside the database; keep the
-        printed head hashes elsewhere to anchor them.
+        Every record carries an HMAC (keyed with the ledger's secret key) of its content and of the
+        previous record's MAC, and the dataset row carries a keyed MAC of the last record.  Without
+        the key, therefore, verify detects: an edited record, a deleted, inserted or re-ordered
+        record (anywhere, including at the end even if the head was moved back), a re-hashed chain,
+        and an edited total, δ, accountant or name.  It cannot detect: edits by someone holding the
+        key; a dataset deleted together with all its records; the whole database and key rolled
+        back to an earlier copy (keep the printed head MACs elsewhere to anchor them).
         """
         problems: list[str] = []
         infos: list[dict] = []
@@ -1114,30 +1337,14 @@ class Ledger:
         return VerifyReport(ok=not problems, problems=tuple(problems), datasets=tuple(infos))
 
     def _verify_one(self, conn: sa.Connection, row: Any, problems: list) -> dict:
-        fp = row.fingerprint
-        tag = f"dataset {fp[:12]}…" + (f" ({row.name})" if row.name else "")
+        fp, key = row.fingerprint, self._key
+        tag = _tag(row)
         r = backend.records_table
         rows = conn.execute(sa.select(r).where(r.c.dataset_id == row.id).order_by(r.c.seq)).all()
-        prev = _genesis(fp)
-        n_before = len(problems)
-        for i, rec in enumerate(rows):
-            if rec.seq != i:
-                problems.append(f"{tag}: record {i} is missing (next is {rec.seq}); a record was deleted")
-                break
-            m = rec._mapping
-            if rec.prev_hash != prev:
-                problems.append(f"{tag}: record {rec.seq} does not link to the previous record (deleted or replaced)")
-            if _record_hash(fp, m) != rec.hash:
-                problems.append(f"{tag}: record {rec.seq} ({rec.action}) was edited: its hash does not match")
-            prev = rec.hash
-        if rows and len(problems) == n_before:
-            if row.head_seq != rows[-1].seq or row.head_hash != rows[-1].hash:
-                problems.append(
-                    f"{tag}: the chain ends at record {rows[-1].seq} but the dataset's head is record {row.head_seq}; "
-                    "the latest record(s) were deleted"
-                )
-        elif not rows:
-            problems.append(f"{tag}: has no records at all (deleted)")
+        self._check_chain(row, rows, problems, _key.genesis_mac(key, fp), lambda m: _record_mac(key, fp, m),
+                          lambda seq, h: _key.head_mac(key, fp, seq, h), tag)
+        if not row.public_id or not _PUBLIC_ID.fullmatch(row.public_id):
+            problems.append(f"{tag}: its dataset id {row.public_id!r} was edited")
         sub: list[str] = []
         try:
             st = _replay(row, rows, sub)
@@ -1154,7 +1361,61 @@ class Ledger:
                     f"accountant={row.accountant}, name={row.name!r} but its chain says ε={st.total_epsilon:g}, "
                     f"δ={st.delta:g}, accountant={st.accountant}, name={st.name!r}; the row was edited"
                 )
-        return {"fingerprint": fp, "name": row.name, "records": len(rows), "head_hash": row.head_hash}
+        return {"dataset_id": row.public_id, "fingerprint": fp, "name": row.name, "records": len(rows),
+                "head_hash": row.head_hash}
+
+    def close_reservation(self, entry_id: str, *, reason: str, dataset: Any = None,
+                          command: str | None = None) -> Entry:
+        """Close an orphaned ``reserved`` entry (a run that crashed and will not be resumed) by
+        **charging** it: its planned events are committed in full.  Never a refund: the crashed run
+        may have read data.  ``entry_id``: the entry's id or a unique prefix of at least 8 hex digits
+        (``privtune budget show --json`` lists them); ``dataset`` narrows the search.  Only close an
+        entry whose process is gone: a live run's own commit would then be refused.
+
+        Raises LedgerError for an unknown, ambiguous, committed or released entry."""
+        reason = _check_text(reason, "reason")
+        if not isinstance(entry_id, str) or not _ENTRY_ID.fullmatch(entry_id.strip().lower()):
+            raise InvalidParameterError(
+                f"`entry` must be an entry id (or a prefix of at least 8 of its hex digits), as listed by "
+                f"`privtune budget show --dataset D --json`. Got {entry_id!r}."
+            )
+        prefix = entry_id.strip().lower()
+        r, t = backend.records_table, backend.datasets_table
+        with self._write() as conn:
+            q = sa.select(r.c.dataset_id, r.c.entry_id).where(r.c.entry_id.like(prefix + "%")).distinct()
+            if dataset is not None:
+                q = q.where(r.c.dataset_id == self._find(conn, dataset, lock=False).id)
+            found = conn.execute(q).all()
+            if not found:
+                raise LedgerError(
+                    f"No entry {prefix!r} in the {self._where()}"
+                    f"{' for that dataset' if dataset is not None else ''}. List the entries with "
+                    "`privtune budget show --dataset D --json` (entry_id, state)."
+                )
+            if len(found) > 1:
+                raise LedgerError(
+                    f"Entry prefix {prefix!r} matches {len(found)} entries; give more digits of the entry id."
+                )
+            ds_id, full_id = found[0]
+            row = conn.execute(sa.select(t).where(t.c.id == ds_id).with_for_update()).one()
+            st = self._load(conn, row)
+            e = st.entries.get(full_id)
+            if e is None:  # pragma: no cover - a record names it, so the replay has it
+                raise LedgerError(f"Entry {full_id} is not in the replayed chain. Run `privtune budget verify`.")
+            if e.state != "reserved":
+                raise LedgerError(
+                    f"Entry {full_id} is already {e.state} ({e.last.created_at}); only an open (reserved) entry can "
+                    f"be closed{', and it is charged as committed' if e.state == 'committed' else ''}. Nothing "
+                    "was changed."
+                )
+            who = _who(command or "privtune budget close (Python API)", None)
+            who["config_hash"] = e.first.config_hash
+            # the planned events are already charged: closing changes no ε, it only closes the entry
+            eps_after = composed_epsilon(st.charged_events(), st.delta, st.accountant)
+            payload = {"events": [event_to_dict(x) for x in e.planned], "closed_orphan": True, "reason": reason}
+            self._append(conn, st, "commit", full_id, payload, eps_after, who)
+            fingerprint = row.fingerprint
+        return self._entry(fingerprint, full_id)
 
 
 class _RowView:

@@ -395,6 +395,62 @@ def _is_image_config(config: Any) -> bool:
     return hasattr(config, "num_channels") and hasattr(config, "image_size") and not hasattr(config, "vocab_size")
 
 
+def saved_label_set(model: Any) -> tuple[int, list[str] | None] | None:
+    """The label set a model declares itself, or None: ``(num_labels, label_names)``.
+
+    ``model`` is a loaded :class:`Classifier` (its head and names), a privtune model directory or RUN_DIR
+    (``privtune_classifier.json``), a Hugging Face directory whose ``config.json`` ``id2label`` names real
+    classes (``LABEL_0``/``LABEL_1`` defaults name none), or None (the bundled backbone).  Integer names
+    ``0..K-1`` give ``label_names=None`` (integer classes).  An unreadable directory gives None:
+    :func:`load_classifier` reports it."""
+    from privtune.data.datasets import check_label_set
+
+    if isinstance(model, nn.Module):
+        k = getattr(model, "num_labels", None)
+        if not isinstance(k, int):
+            return None
+        names = getattr(model, "label_names", None)
+        return k, list(names) if names is not None else None
+    try:
+        d = default_model_path() if model is None else Path(model).expanduser()
+        if (d / "model" / CLASSIFIER_CONFIG).is_file() and not (d / CLASSIFIER_CONFIG).is_file():
+            d = d / "model"
+        if (d / CLASSIFIER_CONFIG).is_file():
+            meta = json.loads((d / CLASSIFIER_CONFIG).read_text(encoding="utf-8"))
+            names = meta.get("label_names")
+            return int(meta["num_labels"]), list(names) if names is not None else None
+        config = json.loads((d / "config.json").read_text(encoding="utf-8"))
+        id2label = {int(k): str(v) for k, v in (config.get("id2label") or {}).items()}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if len(id2label) < 2 or sorted(id2label) != list(range(len(id2label))):
+        return None
+    names = [id2label[i] for i in range(len(id2label))]
+    if all(n == f"LABEL_{i}" for i, n in enumerate(names)):
+        return None  # transformers' placeholder names: the config declares no classes
+    return check_label_set(names, f"the id2label names in {str(d / 'config.json')!r}")
+
+
+def check_model_label_set(model: nn.Module, num_labels: int, label_names: Sequence[str] | None,
+                          source: str = "declared labels") -> None:
+    """Refuse a model whose classes differ from the run's declared label set; a model without class
+    names (integer classes) of the right size takes the declared names."""
+    from privtune.data.datasets import describe_label_set
+
+    k = getattr(model, "num_labels", None)
+    names = getattr(model, "label_names", None)
+    if k is None:
+        return
+    if k != num_labels or (names is not None and list(names) != list(label_names or [])):
+        raise ModelError(
+            f"`model` has the classes {describe_label_set(k, names)} but the run's label set ({source}) is "
+            f"{describe_label_set(num_labels, label_names)}. Declare the model's labels (e.g. --labels), or start "
+            "from a backbone without a trained head."
+        )
+    if names is None and label_names is not None and hasattr(model, "label_names"):
+        model.label_names = list(label_names)
+
+
 def load_classifier(
     path: str | os.PathLike | None = None,
     num_labels: int = 2,

@@ -197,7 +197,7 @@ def _budget_section(run: RunData, b: _Builder, bp: P.BudgetPoints | None) -> str
             out.append("<h3>Sampling assumptions</h3>" + lis)
         else:
             out.append("<h3>Sampling assumptions</h3><ul>" + lis + "</ul>")
-    ledger_rows = [("dataset fingerprint", m.get("dataset_fingerprint")), ("ledger", m.get("ledger_url")),
+    ledger_rows = [("ledger dataset id", m.get("dataset_id")), ("ledger", m.get("ledger_url")),
                    ("ε remaining for this dataset", m.get("ledger_remaining_epsilon"))]
     if run.not_private:
         out.append("<h3>Ledger</h3><p class='note'>NOT PRIVATE reference: nothing was charged to the ledger and no "

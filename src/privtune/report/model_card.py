@@ -56,8 +56,8 @@ def _dataset(run: RunData) -> tuple[str, str]:
     data = run.config.get("data")
     if data:  # the file name at most: a path on the trainer's machine does not belong in a published card
         data = Path(str(data)).name
-    fp = run.metrics.get("dataset_fingerprint")
-    fp_txt = f" (fingerprint `{fp}`)" if fp else ""
+    dataset_id = run.metrics.get("dataset_id")  # the ledger's random id: never a hash of the data
+    fp_txt = f" (ledger dataset id `{dataset_id}`)" if dataset_id else ""
     if name:
         return str(name), f"`{name}`{fp_txt}"
     if data:
@@ -102,6 +102,11 @@ def _public_items(run: RunData, base_words: str) -> list[str]:
             where = f" (`{Path(str(ev)).name}`)" if ev else ""
             items.append(f"the validation split{where} that the user declared public; trials were scored on it at "
                          "no privacy cost")
+    labels = run.config.get("labels")
+    shown = f" ({', '.join(map(str, labels))})" if isinstance(labels, list) and labels else ""
+    who = "the demo (its data manifest)" if _is_demo(run) else "the user, a public split or the base model"
+    items.append(f"the label set{shown}: the classes and their number (the classifier head's shape), declared by "
+                 f"{who}; never read from the private training data")
     if run.trials or run.strategy_name:
         items.append("the hyperparameter search space (ranges and grids), fixed before any private data was read")
     items.append("the number of training examples, used to set the sampling rate q = batch size / n (standard "
