@@ -32,7 +32,7 @@ def _tune(files, tmp_path, **kw):
 def _train(files, tmp_path, **kw):
     args = dict(eval_data=files["dev"], model=files["model"], mode="bitfit", epsilon=2.0, delta=1e-3, steps=4,
                 batch_size=20, learning_rate=1e-2, ledger=f"sqlite:///{tmp_path / 'l.db'}",
-                output_dir=tmp_path / "run", progress=False)
+                output_dir=tmp_path / "run", progress=False, labels=[0, 1])
     args.update(kw)
     return train(files["train"], **args)
 
@@ -108,7 +108,7 @@ def test_unseeded_train_has_no_seeded_banner(files, tmp_path):
 def test_seeded_train_cli_prints_the_banner(files, tmp_path, capsys):
     from privtune.cli import main
 
-    rc = main(["train", "--data", files["train"], "--eval-data", files["dev"], "--model", str(files["model"]),
+    rc = main(["train", "--data", files["train"], "--labels", "0,1", "--eval-data", files["dev"], "--model", str(files["model"]),
                "--mode", "last-layer", "--epsilon", "2", "--delta", "1e-3", "--steps", "2", "--batch-size", "20",
                "--seed", "7", "--ledger", f"sqlite:///{tmp_path / 'c.db'}", "--output", str(tmp_path / "c"),
                "--quiet"])
