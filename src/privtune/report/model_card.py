@@ -95,7 +95,7 @@ def _public_items(run: RunData, base_words: str) -> list[str]:
     if "public" in sel.lower():
         if _is_demo(run):
             items.append("the 500 phrases of the embedded demo's public validation split, declared public by the demo "
-                         "(privtune's data manifest), not by the user; trials were scored on it at no privacy cost. "
+                         "(see privtune's data/embedded/README.md), not by the user; trials were scored on it at no privacy cost. "
                          "They are containment-disjoint from the private phrases")
         else:
             ev = run.config.get("public_eval_data") or run.config.get("eval_data")
@@ -104,7 +104,7 @@ def _public_items(run: RunData, base_words: str) -> list[str]:
                          "no privacy cost")
     labels = run.config.get("labels")
     shown = f" ({', '.join(map(str, labels))})" if isinstance(labels, list) and labels else ""
-    who = "the demo (its data manifest)" if _is_demo(run) else "the user, a public split or the base model"
+    who = "the demo (0 = negative, 1 = positive)" if _is_demo(run) else "the user, a public split or the base model"
     items.append(f"the label set{shown}: the classes and their number (the classifier head's shape), declared by "
                  f"{who}; never read from the private training data")
     if run.trials or run.strategy_name:
