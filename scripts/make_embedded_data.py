@@ -4,13 +4,26 @@ Source: the GLUE SST-2 files in ../shared/data/sst2 (train.tsv: 67,349 labelled 
 sentences).  Output (TSV, header ``label<TAB>sentence``):
 
 * ``sst2_train.tsv``: 3,000 training-set phrases (the demo's private training data);
-* ``sst2_public_validation.tsv``: 500 further training-set phrases, disjoint from the above by text,
-  declared public for hyperparameter selection in the demo;
+* ``sst2_public_validation.tsv``: 500 further training-set phrases, declared public for
+  hyperparameter selection in the demo;
 * ``sst2_dev.tsv``: all 872 dev sentences (the reported split).
 
-Phrases are drawn uniformly at random (seed 0) among distinct training phrases with at least
-``--min-words`` words (default 3; SST-2's training set contains many one- and two-word sub-phrases
-that carry little signal), and never a phrase that also occurs in dev.  Usage::
+SST-2's training "phrases" are nested sub-phrases of the same review sentences ("its own
+pretentious self-examination" and "by its own pretentious self-examination" are two rows), so
+disjointness by exact text is not enough: a private phrase inside a public one is published by it.
+The split is therefore **containment-disjoint at word level**: after normalising case and
+whitespace (lower-case, words split on whitespace), no private phrase is a contiguous word
+sequence of a public phrase or of a dev sentence, and no public phrase or dev sentence is one of a
+private phrase.  Construction (seed 0):
+
+1. the pool: distinct training phrases with at least ``--min-words`` words (default 3; SST-2's
+   training set contains many one- and two-word sub-phrases that carry little signal) that are
+   not contained in, and do not contain, a dev sentence;
+2. the 500 public phrases are drawn uniformly at random from the pool;
+3. every pool phrase that contains a public phrase or is contained in one is removed, and the
+   3,000 private phrases are drawn uniformly at random from what is left.
+
+The script checks the result (``containment_violations``) before writing.  Usage::
 
     python scripts/make_embedded_data.py [--source ../shared/data/sst2] [--seed 0]
 """
@@ -43,6 +56,38 @@ def write(path: Path, rows: list[tuple[int, str]]) -> None:
             f.write(f"{lab}\t{s}\n")
 
 
+def words(text: str) -> tuple[str, ...]:
+    """The phrase as compared: lower-case words, any run of whitespace a separator."""
+    return tuple(text.lower().split())
+
+
+def spans(w: tuple[str, ...]) -> set[tuple[str, ...]]:
+    """Every contiguous word sequence (length ≥ 1) of ``w``."""
+    return {w[i:j] for i in range(len(w)) for j in range(i + 1, len(w) + 1)}
+
+
+def containment_violations(inner: list[str], outer: list[str]) -> list[tuple[str, str]]:
+    """Pairs (a, b), a from ``inner`` and b from ``outer``, where one is a word sub-sequence of the other.
+
+    Used by the tests on the shipped files, so it is exact (no sampling)."""
+    outer_words = [words(b) for b in outer]
+    outer_spans: dict[tuple[str, ...], str] = {}
+    for b, w in zip(outer, outer_words):
+        for sp in spans(w):
+            outer_spans.setdefault(sp, b)
+    outer_full = {w: b for b, w in zip(outer, outer_words)}
+    bad = []
+    for a in inner:
+        wa = words(a)
+        if wa in outer_spans:  # a inside some b
+            bad.append((a, outer_spans[wa]))
+            continue
+        hit = next((outer_full[sp] for sp in spans(wa) if sp in outer_full), None)  # some b inside a
+        if hit is not None:
+            bad.append((a, hit))
+    return bad
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--source", type=Path, default=ROOT.parent / "shared" / "data" / "sst2")
@@ -54,19 +99,32 @@ def main() -> None:
 
     train = read(args.source / "train.tsv")
     dev = read(args.source / "dev.tsv")
-    dev_texts = {s.strip() for _, s in dev}
-    seen: set[str] = set()
+    dev_spans: set[tuple[str, ...]] = set()
+    dev_words = set()
+    for _, s in dev:
+        dev_words.add(words(s))
+        dev_spans |= spans(words(s))
+    seen: set[tuple[str, ...]] = set()
     pool = []
     for lab, s in train:
-        t = s.strip()
-        if len(t.split()) < args.min_words or t in seen or t in dev_texts:
+        t = " ".join(s.split())
+        w = words(t)
+        if len(w) < args.min_words or w in seen or w in dev_spans or any(sp in dev_words for sp in spans(w)):
             continue
-        seen.add(t)
+        seen.add(w)
         pool.append((lab, t))
     rng = random.Random(args.seed)
-    picked = rng.sample(pool, args.train + args.validation)
-    tr, va = picked[: args.train], picked[args.train :]
-    assert not ({t for _, t in tr} & {t for _, t in va})
+    va = rng.sample(pool, args.validation)
+    public_spans: set[tuple[str, ...]] = set()
+    public_words = {words(t) for _, t in va}
+    for w in public_words:
+        public_spans |= spans(w)
+    rest = [(lab, t) for lab, t in pool
+            if words(t) not in public_spans and not any(sp in public_words for sp in spans(words(t)))]
+    tr = rng.sample(rest, args.train)
+    for outer in ([t for _, t in va], [s for _, s in dev]):
+        bad = containment_violations([t for _, t in tr], outer)
+        assert not bad, bad[:3]
     OUT.mkdir(parents=True, exist_ok=True)
     write(OUT / "sst2_train.tsv", tr)
     write(OUT / "sst2_public_validation.tsv", va)
@@ -75,9 +133,12 @@ def main() -> None:
         "source": "GLUE SST-2 (Socher et al. 2013; Wang et al. 2019), ../shared/data/sst2",
         "seed": args.seed,
         "min_words": args.min_words,
+        "disjointness": ("containment at word level (lower-case, whitespace-split): no private phrase is a "
+                         "contiguous word sequence of a public phrase or dev sentence, or contains one"),
+        "pool": {"distinct_phrases": len(pool), "after_removing_public_overlaps": len(rest)},
         "files": {
             "sst2_train.tsv": {"rows": len(tr), "from": "train.tsv", "positive": sum(l for l, _ in tr)},
-            "sst2_public_validation.tsv": {"rows": len(va), "from": "train.tsv (disjoint from sst2_train.tsv)",
+            "sst2_public_validation.tsv": {"rows": len(va), "from": "train.tsv (containment-disjoint from sst2_train.tsv)",
                                             "positive": sum(l for l, _ in va)},
             "sst2_dev.tsv": {"rows": len(dev), "from": "dev.tsv (all rows; reported split)",
                              "positive": sum(l for l, _ in dev)},

@@ -162,21 +162,24 @@ def test_repeat_and_select_trial_count_is_not_truncated():
 
 
 @pytest.mark.parametrize("accounting", ["repeat-and-select", "composition"])
-def test_random_search_certificate_lists_every_trial_and_the_final_run(files, tmp_path, accounting):
+def test_random_search_certificate_lists_what_is_published_and_the_final_run(files, tmp_path, accounting):
     r = _tune(files, tmp_path, strategy="random-search", strategy_options={"trials": 3, "accounting": accounting})
     cert = json.loads((r.run_dir / "certificate.json").read_text())
     verify_certificate(r.run_dir / "certificate.json")
-    k = r.history["strategy"]["realised_trials"]
     records = cert["metadata"]["trial_records"]
-    assert len(records) == k + 1 and records[-1]["phase"] == "final run"
+    assert records[-1]["phase"] == "final run"
     assert all("hyperparameters" in t and "score" in t and t["events"] for t in records[:-1])
-    assert records[-1]["hyperparameters"]["selected_trial"] == r.history["strategy"]["best_index"]
     labels = [e["label"] for e in cert["events"]]
-    if accounting == "repeat-and-select":
+    if accounting == "repeat-and-select":  # the bound covers the selected trial only: nothing else is published
+        assert len(records) == 2 and "realised_trials" not in r.history["strategy"]
+        assert "selected_trial" not in records[-1]["hyperparameters"]
         assert len(cert["events"]) == 1 and "repeat-and-select" in labels[0]
         assert "repeat-and-select" in cert["metadata"]["trials_accounting"]
         assert all("NOT composed again" in t["accounted"] for t in records[:-1])
     else:
+        k = r.history["strategy"]["realised_trials"]
+        assert len(records) == k + 1
+        assert records[-1]["hyperparameters"]["selected_trial"] == r.history["strategy"]["best_index"]
         assert sum("random-search trial" in lab for lab in labels) == k  # one event per trial
         assert all(t["accounted"] == "its events are listed in `events`" for t in records[:-1])
 

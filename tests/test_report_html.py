@@ -156,22 +156,28 @@ def _images(html: str) -> list[bytes]:
 
 @pytest.fixture(scope="module")
 def ls_run(tmp_path_factory):
-    """A linear-scaling run with every optional part, and its report (written once per module)."""
+    """A linear-scaling run with every optional part, and its reports (written once per module): the shareable
+    one in RUN_DIR, and the one that includes the NOT PRIVATE parts in RUN_DIR/not_private (returned)."""
     run = make_run(tmp_path_factory.mktemp("ls") / "run")
-    return run, write_report(run)
+    write_report(run)
+    return run, write_report(run, include_non_private=True)
 
 
 def test_linear_scaling_report_is_complete_and_self_contained(ls_run):
     run, out = ls_run
-    assert out == run / "report.html"
+    assert out == run / "not_private" / "report.html"
     html = out.read_text()
     # self-contained: no network, images inlined as PNG
     assert "http://" not in html and "https://" not in html and "<script" not in html
     imgs = _images(html)
     assert len(imgs) == 5 and all(i.startswith(b"\x89PNG") for i in imgs)
     for name in ("budget.png", "strategy.png", "learning_curves.png", "accuracy_vs_reference.png", "clipping.png"):
-        assert (run / name).read_bytes().startswith(b"\x89PNG")
-    assert not (run / "trials.png").exists()
+        assert (run / "not_private" / name).read_bytes().startswith(b"\x89PNG")
+    assert not (run / "not_private" / "trials.png").exists()
+    # the shareable report of the same run leaves every NOT PRIVATE part out
+    shared = (run / "report.html").read_text()
+    assert len(_images(shared)) == 3 and "Clipping diagnostics" not in shared and "non-private reference" not in shared
+    assert not (run / "clipping.png").exists() and not (run / "accuracy_vs_reference.png").exists()
     assert "Parts of this report are missing" not in html and "could not be drawn" not in html
     # budget: totals, accountant, ledger, certificate verified and the re-verification command
     cert = json.loads((run / "certificate.json").read_text())

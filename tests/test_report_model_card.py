@@ -52,3 +52,20 @@ def test_model_card_custom_base_model_and_data(tmp_path):
     fm, body = _split(write_model_card(run).read_text())
     assert fm["base_model"] == "my-bert" and fm["datasets"] == ["reviews"]
     assert "the training run that produced it" in body and "search space" not in body
+
+
+def test_model_card_names_the_training_file_not_its_path(tmp_path):
+    run = make_run(tmp_path / "run", "train", reference=False, clipping=False)
+    (run / "config.yaml").write_text("data: /home/alice/secret/reviews.tsv\nepsilon: 1.0\n")
+    metrics = json.loads((run / "metrics.json").read_text())
+    metrics["reported_split"] = "/home/alice/secret/dev.tsv"
+    (run / "metrics.json").write_text(json.dumps(metrics))
+    text = write_model_card(run).read_text()
+    assert "reviews.tsv" in text and "dev.tsv" in text and "/home/alice" not in text
+
+
+def test_model_card_of_the_demo_says_the_demo_declared_its_split_public(tmp_path):
+    run = make_run(tmp_path / "run", "hyperfree", reference=False, clipping=False)
+    (run / "config.yaml").write_text("epsilon: 1.0\nstrategy: hyperfree\n")  # no --data: the embedded demo
+    _, body = _split(write_model_card(run).read_text())
+    assert "declared public by the demo" in body and "the user declared public" not in body

@@ -43,7 +43,10 @@ def test_train_writes_run_dir_and_charges_ledger(files, tmp_path):
     assert metrics["mode"] == "bitfit" and 0 <= metrics["accuracy"] <= 1
     assert metrics["hyperparameters"]["batch_size"] == 20 and metrics["reported_split"] == "dev.tsv"
     hist = json.loads((out / "history.json").read_text())
-    assert len(hist["final_run"]["train_loss"]) == 4 and "NOT PRIVATE" in hist["final_run"]["train_loss_label"]
+    # the noise-free batch loss is NOT PRIVATE: kept out of the released history.json
+    assert "train_loss" not in hist["final_run"] and "NOT PRIVATE" in hist["final_run"]["train_loss_note"]
+    private = json.loads((out / "not_private" / "history.json").read_text())
+    assert len(private["final_run"]["train_loss"]) == 4 and "NOT PRIVATE" in private["final_run"]["train_loss_label"]
     led = Ledger(f"sqlite:///{tmp_path / 'l.db'}")
     st = led.status(metrics["dataset_id"])
     assert st.spent_epsilon == pytest.approx(cert["epsilon"], rel=1e-6)
@@ -125,7 +128,7 @@ def test_resume_is_bit_for_bit(files, tmp_path, monkeypatch):
     assert a.keys() == b.keys()
     for k in a:
         assert torch.equal(a[k], b[k]), k
-    assert res.history["final_run"]["train_loss"] == ref.history["final_run"]["train_loss"]
+    assert res.not_private["history"]["final_run"]["train_loss"] == ref.not_private["history"]["final_run"]["train_loss"]
     assert res.certificate.epsilon == pytest.approx(ref.certificate.epsilon)
     # the ledger charged the run once
     st = Ledger(f"sqlite:///{tmp_path / 'l.db'}").status(res.metrics["dataset_id"])

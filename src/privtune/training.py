@@ -125,6 +125,9 @@ class TrainResult:
     history: dict
     output_dir: Path | None
     events: list
+    #: NOT PRIVATE figures kept out of the release (``RUN_DIR/not_private/``): the noise-free batch loss,
+    #: clipping diagnostics, the exact examples per second
+    not_private: dict = field(default_factory=dict)
 
 
 # ============================================================================================ helpers
@@ -1267,12 +1270,18 @@ def train(
         "selection": "none (fixed hyperparameters)", "dataset_id": dataset_id,
         "ledger_url": _mask(getattr(led, "url", None)), "ledger_remaining_epsilon": remaining,
         "trainable_parameters": mode_info.num_trainable, "total_parameters": mode_info.num_total,
-        "examples_per_second": result.examples_per_second, "train_seconds": result.seconds,
+        # wall time and steps are data-independent; the exact example count is not (Σ_t |S_t|): NOT PRIVATE
+        "train_seconds": result.seconds, "steps_per_second": loop.step / result.seconds if result.seconds else None,
+        "examples_per_second": result.examples_per_second,
         "steps": loop.step, "device": str(loop.device),
     }
     history = {"final_run": result.history, "trials": [], "strategy": {"name": "fixed"}}
     if result.clipping_diagnostics is not None:
         history["clipping_diagnostics"] = result.clipping_diagnostics
+    from privtune.report.release import mark_seeded, split_release, write_not_private
+
+    mark_seeded(cert, metrics, seed)
+    metrics, history, not_private = split_release(metrics, history)
     if out is not None:
         run_config = config if config is not None else _effective_config(
             data, eval_data, model, clf, mode, epsilon, noise_multiplier, delta, hyper, ledger, out, text_column,
@@ -1283,6 +1292,8 @@ def train(
                 ("metrics.json", lambda d: _write_json(d / "metrics.json", metrics)),
                 ("history.json", lambda d: _write_json(d / "history.json", history)),
                 ("config.yaml", lambda d: _save_config(d, run_config)),
+                # NOT PRIVATE figures, kept beside the release but not part of it (0700 / 0600)
+                ("not_private", lambda d: write_not_private(d, not_private)),
                 ("certificate.json", lambda d: cert.save(d / "certificate.json")),
             ], derived=lambda d: _optional_report(d, log))
         except OSError as exc:  # a full disk, a permission changed during the run, ...
@@ -1303,7 +1314,7 @@ def train(
             ckpt_path.parent.rmdir()
         log(f"done: ε={cert.epsilon:.4g} δ={delta:g} accuracy={metrics['accuracy']}")
     return TrainResult(model=clf, certificate=cert, metrics=metrics, history=history, output_dir=out,
-                       events=actual)
+                       events=actual, not_private=not_private)
 
 
 def _cached_for_last_layer(clf, train_set, eval_set, prog, log):

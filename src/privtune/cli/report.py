@@ -11,11 +11,14 @@ import click
 @click.argument("run_dir", type=click.Path(path_type=Path))
 @click.option("--model-card/--no-model-card", default=True, show_default=True,
               help="Also rewrite RUN_DIR/model/README.md when RUN_DIR/model/ exists.")
-def report(run_dir: Path, model_card: bool) -> None:
+@click.option("--include-non-private", is_flag=True, default=False,
+              help="Also draw what was computed without noise (batch loss, clipping diagnostics), badged NOT "
+                   "PRIVATE, into RUN_DIR/not_private/report.html (not part of the release).")
+def report(run_dir: Path, model_card: bool, include_non_private: bool) -> None:
     """Regenerate RUN_DIR/report.html (self-contained; open it in any browser) and its PNG plots."""
     from privtune.report import write_report
 
-    out = write_report(run_dir)
+    out = write_report(run_dir, include_non_private=include_non_private)
     click.echo(f"wrote {out}")
     if model_card and (run_dir / "model").is_dir():
         from privtune.report import write_model_card

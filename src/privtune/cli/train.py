@@ -134,6 +134,10 @@ def train(**kwargs) -> None:
         click.echo(f"ledger: remaining ε for this dataset = {m['ledger_remaining_epsilon']:.4g}")
     for note in result.certificate.metadata.get("notes", []):
         click.echo(f"note: {note}")
+    if m.get("seeded"):
+        from privtune.report.release import seeded_notice
+
+        click.echo(seeded_notice(True))
     click.echo(f"wrote {result.output_dir}")
 
 

@@ -100,8 +100,13 @@ def tune(**kwargs) -> None:
                    f"{m['trials']} grid runs compose to ε = {m['epsilon']:.4g}, δ = {m['delta']:g}, above the "
                    f"requested ε = {m['total_epsilon']:g}; the ledger was not touched")
     else:
-        click.echo(f"certificate: ε = {m['epsilon']:.4f}, δ = {m['delta']:g} (tuning included; "
-                   f"{m['trials']} trial(s) + final run)")
+        trials = (f"{m['trials']} trial(s)" if m.get("trials") is not None else
+                  "a random number of trials, of which only the selected one is published (repeat-and-select)")
+        click.echo(f"certificate: ε = {m['epsilon']:.4f}, δ = {m['delta']:g} (tuning included; {trials} + final run)")
+    if m.get("seeded"):
+        from privtune.report.release import seeded_notice
+
+        click.echo(seeded_notice(True))
     if acc is not None:
         label = " (NOT PRIVATE)" if m.get("not_private") else ""
         click.echo(f"accuracy on {m.get('reported_split')}: {acc:.4f}{label}")

@@ -221,6 +221,8 @@ class _Journal:
         self.trials_expected: int | None = None
         self.show_epsilon = True
         self.replayed = 0
+        #: repeat-and-select random search: per-trial progress would publish the hidden number of trials
+        self.hide_trials = False
         self.config_written = False
         self.reservation = None
 
@@ -335,7 +337,9 @@ class _JournalBackend:
                 j.replayed += 1
                 events = [event_from_dict(d) for d in e["events"]]
                 j.spent += events
-                j.prog.log(f"{name}: completed before the interruption; replayed from the run state, not recomputed")
+                if not j.hide_trials:
+                    j.prog.log(f"{name}: completed before the interruption; replayed from the run state, not "
+                               "recomputed")
                 return TrialRun(state=_state_from_json(e.get("state"), label), events=events,
                                 history=e.get("history") or {})
         kw["seed"] = derive_seed(j.seed, "run", index)
@@ -357,7 +361,7 @@ class _JournalBackend:
                               "history": as_plain(res.history or {}), "state": _state_to_json(res.state)})
         else:
             j.report_epsilon()
-        if not model and j.prog.phase is not None:
+        if not model and j.prog.phase is not None and not j.hide_trials:
             j.prog.advance(1)
         return res
 
@@ -517,8 +521,10 @@ def _open_journal(run_dir, header, entries, run_seed, run_id, cfg, unsaved, fing
             prog.log(f"warning: config.yaml not written ({type(exc).__name__}: {exc})")
     if header is not None:
         n = sum(1 for e in entries if e.get("kind") == "score")
+        # random search may run under repeat-and-select, whose number of trials must not be published
+        done = "the completed trials" if cfg.get("strategy") == "random-search" else f"{n} completed trial(s)"
         prog.log(f"resume: continuing ledger reservation {getattr(reservation, 'entry_id', '?')} "
-                 f"({'resumed' if getattr(reservation, 'resumed', False) else 'NEW'}); {n} completed trial(s) "
+                 f"({'resumed' if getattr(reservation, 'resumed', False) else 'NEW'}); {done} "
                  "will be replayed from the run state, the interrupted one recomputed with the same seeds")
         # a new reservation is right only when the interrupted run never got one (nothing completed under it)
         if not getattr(reservation, "resumed", True) and entries:  # pragma: no cover - checked before reserving

@@ -15,7 +15,11 @@ tighter (the issue's rule):
   10).  Compute is bounded honestly instead: a mean above :data:`MAX_MEAN_TRIALS` is refused
   at plan time, and the plan states the probability that K exceeds 10× its mean.
 
-The choice, the per-trial σ and the realised K are recorded in the strategy data.
+Under repeat-and-select the theorem covers releasing the **selected trial only**, so that is all
+:func:`run` returns: the selected trial's hyperparameters, events and score (its score is part of
+the repeated run's output, hence covered), never the realised K nor another trial's score or
+hyperparameters (:data:`PUBLISHED_UNDER_PS` says so in the report).  Progress messages say nothing
+per trial either.  With composition every trial is composed, so every trial is published.
 """
 
 from __future__ import annotations
@@ -32,6 +36,10 @@ from privtune.hpo.common import BudgetPlan, StrategyOutcome, TrialRecord, choose
 from privtune.hpo.linear_scaling import SearchSpace
 
 NAME = "random-search"
+#: what a repeat-and-select run publishes (strategy data, certificate, report)
+PUBLISHED_UNDER_PS = ("selected trial only: Papernot & Steinke's repeat-and-select bound covers releasing the best "
+                      "trial, so the number of trials run (random), the other trials' scores and their hyperparameters "
+                      "are not published")
 #: largest expected number of trials accepted for repeat-and-select (K itself is not capped)
 MAX_MEAN_TRIALS = 100
 
@@ -217,17 +225,26 @@ def run(backend, selector, config: RandomSearchConfig, p: BudgetPlan, *, seed: i
                                   "r": lr * T, "noise_multiplier": sigma}, events=list(fit.events) + score_events,
                                   score=score, score_source=selector.source))
         states[i] = fit
-        if progress:
+        if progress and not use_ps:  # under repeat-and-select even the count of trials stays inside the process
             progress(f"random search trial {i + 1}/{k}: η={lr:.3g} T={T} score={score:.4f}")
     best = choose_best(trials)
     fit = states[best.index]
-    data = {"name": NAME, "scores": [t.score for t in trials], "accounting": p.details["accounting"],
-            "trial_mu": mu, "realised_trials": k, "best_index": best.index}
-    out = StrategyOutcome(state=fit.state, final_events=[], final_hyperparameters=dict(best.hyperparameters,
-                          optimizer="sgd", momentum=config.momentum, clip=config.clip, batch="full",
-                          selected_trial=best.index), trials=trials, strategy_data=data,
-                          final_history=fit.history, selection_source=selector.source)
+    final_hp = dict(best.hyperparameters, optimizer="sgd", momentum=config.momentum, clip=config.clip, batch="full")
     if use_ps:
-        out.strategy_data["certificate_events"] = "repeat-and-select event replaces per-trial composition"
+        if progress:
+            progress("random search (repeat-and-select): the selected trial is released; " + PUBLISHED_UNDER_PS)
+        selected = TrialRecord(index=0, phase="selected trial (repeat-and-select)",
+                               hyperparameters=dict(best.hyperparameters), events=list(best.events),
+                               score=best.score, score_source=best.score_source)
+        data = {"name": NAME, "accounting": p.details["accounting"], "trial_mu": mu, "published": PUBLISHED_UNDER_PS,
+                "certificate_events": "repeat-and-select event replaces per-trial composition",
+                "notes": [PUBLISHED_UNDER_PS]}
+        out = StrategyOutcome(state=fit.state, final_events=[], final_hyperparameters=final_hp, trials=[selected],
+                              strategy_data=data, final_history=fit.history, selection_source=selector.source)
         out.certificate_events = [e for e in p.trial_events if isinstance(e, RepeatAndSelectEvent)]
-    return out
+        return out
+    data = {"name": NAME, "scores": [t.score for t in trials], "accounting": p.details["accounting"],
+            "trial_mu": mu, "realised_trials": k, "best_index": best.index, "published": "every trial (composition)"}
+    return StrategyOutcome(state=fit.state, final_events=[], final_hyperparameters=dict(final_hp,
+                           selected_trial=best.index), trials=trials, strategy_data=data,
+                           final_history=fit.history, selection_source=selector.source)

@@ -514,7 +514,7 @@ def tune(
                                 else "private training data (charged)" if sel_name_effective != "none" else "none"),
             "reported_split": _split_name(eval_data, embedded),
             "reported_split_used_for_selection": False,
-            "total_epsilon_requested": eps_total, "seed": seed, "trials": len(trial_list),
+            "total_epsilon_requested": eps_total, "seed": seed, "trials": _published_trial_count(trial_list, outcome),
             "dataset_id": dataset_id, "plan": as_plain(plan.notes),
             "notes": [*(outcome.strategy_data.get("notes", []) or [])],
         }
@@ -546,7 +546,7 @@ def tune(
             "reported_split": _split_name(eval_data, embedded), "selection": sel_name_effective,
             "selection_description": common.describe_selection(sel_name_effective),
             "dataset_id": dataset_id, "ledger_url": ledger_url, "ledger_remaining_epsilon": remaining,
-            "total_epsilon": eps_total, "n_train": n_train, "trials": len(trial_list),
+            "total_epsilon": eps_total, "n_train": n_train, "trials": _published_trial_count(trial_list, outcome),
             "ledger_registered_new_dataset": registered,
             "wall_time_s": None,
         }
@@ -562,15 +562,20 @@ def tune(
             "strategy": as_plain(outcome.strategy_data),
             "plan": as_plain(plan.to_dict()),
         }
-        metrics["wall_time_s"] = round(time.time() - t_start, 1)
+        # under repeat-and-select the wall time grows with the hidden number of trials: not published
+        metrics["wall_time_s"] = None if outcome.certificate_events is not None else round(time.time() - t_start, 1)
         _label_curves(history["final_run"], public_set is not None)
-        if journal is not None and journal.replayed:
+        from privtune.report.release import mark_seeded, split_release
+
+        mark_seeded(cert, metrics, seed)
+        metrics, history, not_private = split_release(metrics, history)
+        if journal is not None and journal.replayed and not journal.hide_trials:
             metrics["resumed"] = {"replayed_trials": journal.replayed}
         if run_dir is not None:
             if unsaved:
                 log(f"note: config.yaml cannot hold {', '.join(unsaved)} (in-memory objects, not paths); rerunning "
                     "from it needs them passed again")
-            _write_run(run_dir, final_model, cert, metrics, history, run_cfg, log)
+            _write_run(run_dir, final_model, cert, metrics, history, run_cfg, log, not_private=not_private)
         # committed only once the release is in place: a crash before leaves the reservation charged (never
         # refunded) and `--resume` writes the release again from the state file
         if strategy != "grid-oracle" and reservation.state == "reserved":
@@ -606,6 +611,11 @@ def tune(
         prog.close()
 
 
+def _published_trial_count(trial_list, outcome) -> int | None:
+    """Trials published; None under repeat-and-select, whose number of trials is random and not published."""
+    return None if outcome.certificate_events is not None else len(trial_list)
+
+
 def _trial_section(trial_list, outcome, strategy) -> dict:
     """The certificate's per-trial section: one record per trial (hyperparameters, score, events) and
     one for the final run, each saying how it is accounted in the certificate's ``events``."""
@@ -626,16 +636,19 @@ def _trial_section(trial_list, outcome, strategy) -> dict:
         final["accounted"] = "NOT PRIVATE reference: no model is released"
     elif outcome.final_events:
         final["accounted"] = "its events are listed in `events`"
+    elif ps:
+        final["accounted"] = ("the released model is the selected trial's: no separate run, no further event "
+                              "(covered by the repeat-and-select event)")
     else:
         sel = outcome.final_hyperparameters.get("selected_trial")
-        final["accounted"] = (f"the released model is trial {sel}'s: no separate run, no further event"
-                              + (" (covered by the repeat-and-select event)" if ps else ""))
+        final["accounted"] = f"the released model is trial {sel}'s: no separate run, no further event"
     out = {"trial_records": records + [final]}
     if ps:
         out["trials_accounting"] = ("repeat-and-select (Papernot & Steinke 2022): `events` holds ONE "
-                                    "RepeatAndSelectEvent for all trials and the selection of the best; each trial is "
-                                    "listed in `trial_records` with its hyperparameters, score and events, which are "
-                                    "not composed again (that would double count)")
+                                    "RepeatAndSelectEvent for all trials and the selection of the best; only the "
+                                    "selected trial is listed in `trial_records` (the bound covers releasing it "
+                                    "alone), its events for information, not composed again (that would double "
+                                    "count). The number of trials run and the other trials are not published.")
     else:
         out["trials_accounting"] = "composition: every trial's events (and charged scores) are listed in `events`"
     return out
@@ -927,6 +940,8 @@ def _execute(strategy, mode, plan, clf, train, selector_data, sel_eff, sel_name,
         if strategy == "linear-scaling":
             out = linear_scaling.run(backend, selector, cfg, plan, seed=seed_s, progress=say)
         elif strategy == "random-search":
+            if kw.get("journal") is not None and plan.details.get("accounting") == "repeat-and-select":
+                kw["journal"].hide_trials = True  # not even the count of trials goes to log.txt
             out = random_search.run(backend, selector, cfg, plan, seed=seed_s, progress=say)
         elif strategy == "single-step":
             out = single_step.run(backend, cfg, plan, seed=seed_s, progress=say)
@@ -1126,7 +1141,7 @@ def _final_curves(h: dict) -> dict:
     if h.get("train_loss"):
         out["train_loss"] = h["train_loss"]
         out["train_loss_step"] = h.get("train_loss_step")
-        out["train_loss_label"] = h.get("train_loss_label", "privatised")
+        out["train_loss_label"] = h.get("train_loss_label", "NOT PRIVATE (unlabelled loss)")  # never assumed private
     for k in ("R_l", "accepted", "acceptance_rate"):
         if k in h:
             out[k] = h[k]
@@ -1143,9 +1158,10 @@ class _CommittedEntry:
         self.entry_id = entry_id
 
 
-def _write_run(run_dir: Path, model, cert, metrics, history, cfg, log) -> None:
+def _write_run(run_dir: Path, model, cert, metrics, history, cfg, log, not_private=None) -> None:
     """Stage the released files in a private directory, move them into RUN_DIR (certificate last), then
-    write the derived report and model card (:func:`privtune._release.release_files`)."""
+    write the derived report and model card (:func:`privtune._release.release_files`).  ``not_private``
+    (NOT PRIVATE figures, not part of the release) goes to RUN_DIR/not_private/."""
     def write_config(d: Path) -> None:
         try:
             from privtune.config import save_effective_config
@@ -1169,6 +1185,8 @@ def _write_run(run_dir: Path, model, cert, metrics, history, cfg, log) -> None:
             except Exception as exc:
                 log(f"warning: model card not written ({type(exc).__name__}: {exc})")
 
+    from privtune.report.release import write_not_private
+
     writers = [("model", lambda d: model.save_pretrained(d / "model"))] if model is not None else []
     writers += [
         ("metrics.json", lambda d: (d / "metrics.json").write_text(
@@ -1176,6 +1194,7 @@ def _write_run(run_dir: Path, model, cert, metrics, history, cfg, log) -> None:
         ("history.json", lambda d: (d / "history.json").write_text(
             json.dumps(as_plain(history), indent=2), encoding="utf-8")),
         ("config.yaml", write_config),
+        ("not_private", lambda d: write_not_private(d, not_private or {})),
         ("certificate.json", lambda d: cert.save(d / "certificate.json")),
     ]
     try:

@@ -3,9 +3,13 @@
 Built from ``certificate.json``, ``metrics.json``, ``history.json`` and ``config.yaml``
 (:mod:`privtune.report.run`); plots from :mod:`privtune.report.plots`.  A section whose
 data is missing is left out; a section whose data cannot be drawn is replaced by a
-visible note, never silently dropped.  Everything computed from private data without
-noise (non-private reference, clipping diagnostics, the grid oracle's tuning) carries a
-NOT PRIVATE label.
+visible note, never silently dropped.
+
+The default report is shareable: it shows only privatised or public quantities (and the grid
+oracle's tuning, labelled NOT PRIVATE).  ``include_non_private=True`` (``privtune report
+--include-non-private``) also draws what was computed from private data without noise (the batch
+loss of DP-SGD, clipping diagnostics, a non-private reference), each badged NOT PRIVATE inside its
+picture, and writes that report to ``RUN_DIR/not_private/``, outside the release.
 """
 
 from __future__ import annotations
@@ -280,6 +284,9 @@ def _final_section(run: RunData, b: _Builder) -> str:
                    + (f"; the loss curve is the {_e(loss)}" if loss else "") + ".</p>")
     elif fr.get("eval_note"):
         out.append(f"<p class='note'>{_e(str(fr['eval_note'])[:1].upper() + str(fr['eval_note'])[1:])}.</p>")
+    if fr.get("train_loss_note") and not run.include_non_private:
+        out.append("<p class='note'>The per-step batch loss of DP-SGD is computed without noise, so this shareable "
+                   "report does not show it.</p>")
     if ref:
         out.append(f"<h3>Against a non-private reference {_np_badge()}</h3>")
         out.append("<p class='note'>The reference is trained on the same private data <b>without</b> differential "
@@ -377,6 +384,9 @@ def _files_section(run: RunData) -> str:
     cfg = ""
     if (rd / "config.yaml").is_file():
         cfg = "<h3>Configuration</h3><pre>" + _e((rd / "config.yaml").read_text(encoding="utf-8")) + "</pre>"
+    if (rd / "not_private").is_dir():
+        items.append("<li><code>not_private/</code> — figures computed without noise, for you only; not part of "
+                     "the release (<code>privtune report --include-non-private</code> draws them)</li>")
     if not items and not cfg:
         return ""
     return f"<section id='files'><h2>Files</h2><ul>{''.join(items)}</ul>{cfg}</section>"
@@ -407,6 +417,14 @@ def render_report(run: RunData) -> tuple[str, dict[str, bytes]]:
         problems = "<div class='warn'><b>Parts of this report are missing:</b><ul>" + "".join(
             f"<li>{_e(n)}</li>" for n in b.notes) + "</ul></div>"
     np_banner = ""
+    if run.include_non_private:
+        np_banner += (f"<div class='bad'>{_np_badge()} <b>This report includes figures computed from the private "
+                      "data without noise.</b> It is for you only: do not publish it (the shareable report is "
+                      "RUN_DIR/report.html).</div>")
+    if run.seeded:
+        from privtune.report.release import seeded_notice
+
+        np_banner += f"<div class='bad'>{_np_badge()} <b>{_e(seeded_notice(True))}</b></div>"
     if run.not_private:
         np_banner = (f"<div class='bad'>{_np_badge()} <b>This run's hyperparameter tuning was not charged "
                      "(grid oracle).</b> It is a reference, not a private release.</div>")
@@ -428,8 +446,12 @@ network. Regenerate it with <code>privtune report {_e(run.run_dir)}</code>.</foo
     return doc, b.images
 
 
-def write_report(run_dir: str | os.PathLike) -> Path:
+def write_report(run_dir: str | os.PathLike, *, include_non_private: bool = False) -> Path:
     """Write ``RUN_DIR/report.html`` (self-contained) and one PNG per plot; return the HTML path.
+
+    The report shows only privatised or public quantities.  ``include_non_private=True`` also draws
+    the NOT PRIVATE figures of ``RUN_DIR/not_private/`` (badged in each picture) and writes the
+    report and its PNGs to ``RUN_DIR/not_private/`` instead, which is not part of the release.
 
     Reads ``certificate.json``, ``metrics.json``, ``history.json`` and ``config.yaml``
     from ``run_dir`` (any of them may be missing; what is missing is stated in the
@@ -439,9 +461,15 @@ def write_report(run_dir: str | os.PathLike) -> Path:
     Raises:
         InvalidParameterError: ``run_dir`` is not a run directory.
     """
-    run = load_run(run_dir)
+    run = load_run(run_dir, include_non_private=include_non_private)
     doc, images = render_report(run)
     rd = Path(run_dir)
+    if include_non_private:
+        from privtune.report.release import NOT_PRIVATE_DIR
+
+        rd = rd / NOT_PRIVATE_DIR
+        rd.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(rd, 0o700)
     for name in PNG_NAMES:  # no stale plot from an earlier report
         (rd / name).unlink(missing_ok=True)
     for name, png in images.items():

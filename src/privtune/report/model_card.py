@@ -40,9 +40,22 @@ def _base_model(run: RunData) -> tuple[str, str]:
     return Path(str(model)).name if os.sep in str(model) else str(model), f"`{model}`"
 
 
+def _file_name(value: Any) -> str:
+    """A path as its file name: paths on the trainer's machine do not belong in a published card."""
+    text = str(value)
+    return Path(text).name if os.sep in text else text
+
+
+def _is_demo(run: RunData) -> bool:
+    """`privtune tune` without --data: the embedded demo (its split is declared public by privtune)."""
+    return not run.config.get("data") and bool(run.metrics.get("strategy") or run.strategy_name)
+
+
 def _dataset(run: RunData) -> tuple[str, str]:
     name = run.metrics.get("dataset_name") or run.metadata.get("dataset_name")
     data = run.config.get("data")
+    if data:  # the file name at most: a path on the trainer's machine does not belong in a published card
+        data = Path(str(data)).name
     dataset_id = run.metrics.get("dataset_id")  # the ledger's random id: never a hash of the data
     fp_txt = f" (ledger dataset id `{dataset_id}`)" if dataset_id else ""
     if name:
@@ -68,7 +81,7 @@ def _front_matter(run: RunData, base: str, dataset: str) -> str:
     if isinstance(acc, (int, float)):
         result = {"task": {"type": "text-classification"},
                   "dataset": {"name": dataset, "type": dataset,
-                              "split": str(run.metrics.get("reported_split", "test"))},
+                              "split": _file_name(run.metrics.get("reported_split", "test"))},
                   "metrics": [{"type": "accuracy", "value": round(float(acc), 4),
                                "name": f"accuracy (ε = {run.epsilon:.3g}, δ = {run.delta:.0e})"
                                if run.epsilon is not None and run.delta is not None else "accuracy"}]}
@@ -80,14 +93,20 @@ def _public_items(run: RunData, base_words: str) -> list[str]:
     items = [f"the pretrained weights of {base_words}, assumed not to contain the private training data"]
     sel = str(run.metrics.get("selection") or run.metadata.get("selection") or "")
     if "public" in sel.lower():
-        ev = run.config.get("public_eval_data") or run.config.get("eval_data")
-        where = f" (`{ev}`)" if ev else ""
-        items.append(f"the validation split{where} that the user declared public; trials were scored on it at no "
-                     "privacy cost")
+        if _is_demo(run):
+            items.append("the 500 phrases of the embedded demo's public validation split, declared public by the demo "
+                         "(see privtune's data/embedded/README.md), not by the user; trials were scored on it at no privacy cost. "
+                         "They are containment-disjoint from the private phrases")
+        else:
+            ev = run.config.get("public_eval_data") or run.config.get("eval_data")
+            where = f" (`{Path(str(ev)).name}`)" if ev else ""
+            items.append(f"the validation split{where} that the user declared public; trials were scored on it at "
+                         "no privacy cost")
     labels = run.config.get("labels")
     shown = f" ({', '.join(map(str, labels))})" if isinstance(labels, list) and labels else ""
+    who = "the demo (0 = negative, 1 = positive)" if _is_demo(run) else "the user, a public split or the base model"
     items.append(f"the label set{shown}: the classes and their number (the classifier head's shape), declared by "
-                 "the user, a public split or the base model; never read from the private training data")
+                 f"{who}; never read from the private training data")
     if run.trials or run.strategy_name:
         items.append("the hyperparameter search space (ranges and grids), fixed before any private data was read")
     items.append("the number of training examples, used to set the sampling rate q = batch size / n (standard "
@@ -104,9 +123,14 @@ def render_model_card(run: RunData) -> str:
     eps, delta = run.epsilon, run.delta
     n_trials = len(run.trials)
     strategy = run.strategy_name
+    selected_only = str(run.strategy.get("published") or "").startswith("selected trial only")
     lines = [_front_matter(run, base, dataset)]
     title = f"{run.run_dir.name}: differentially private fine-tune of {base}"
     lines.append(f"# {title}\n")
+    if run.seeded:
+        from privtune.report.release import seeded_notice
+
+        lines.append(f"> **{seeded_notice(True)}**\n")
     lines.append("## Privacy guarantee\n")
     if eps is None or delta is None:
         lines.append("**No privacy certificate was found for this model: it has no stated guarantee.**\n")
@@ -117,7 +141,9 @@ def render_model_card(run: RunData) -> str:
             "cost was **not** charged (the grid oracle). The model as a whole therefore has **no** end-to-end "
             "differential-privacy guarantee. Do not release it as a private model.\n")
     else:
-        what = (f"the whole process that produced it: hyperparameter tuning ({n_trials} trials"
+        trials_words = ("a random number of trials, repeat-and-select; only the selected trial is published"
+                        if selected_only else f"{n_trials} trials")
+        what = (f"the whole process that produced it: hyperparameter tuning ({trials_words}"
                 f"{', strategy ' + strategy if strategy else ''}) **and** the final training run"
                 if n_trials or strategy else "the training run that produced it")
         lines.append(
@@ -144,6 +170,10 @@ def render_model_card(run: RunData) -> str:
     if isinstance(run.history.get("clipping_diagnostics"), dict):
         np_items.append("clipping diagnostics (gradient-norm statistics) were computed without noise; they are "
                         "NOT PRIVATE and are not part of this release")
+    if (run.run_dir / "not_private").is_dir():
+        np_items.append("figures computed from the private data without noise (the per-step batch loss, clipping "
+                        "diagnostics, the exact number of examples processed) stay with the trainer in "
+                        "`not_private/`; they are NOT PRIVATE and not part of this release")
     if np_items:
         lines.append("### Computed without privacy (NOT PRIVATE, kept out of the release)\n")
         lines += [f"- {i}" for i in np_items]
@@ -166,7 +196,8 @@ def render_model_card(run: RunData) -> str:
     lines.append("## Training\n")
     rows = [("fine-tuning mode", run.metrics.get("mode")), ("tuning strategy", strategy),
             ("trial selection", run.metrics.get("selection") or run.metadata.get("selection")),
-            ("accuracy", f"{100 * run.metrics['accuracy']:.2f} % on {run.metrics.get('reported_split', 'the reported split')}"
+            ("accuracy", f"{100 * run.metrics['accuracy']:.2f} % on "
+                         f"{_file_name(run.metrics.get('reported_split', 'the reported split'))}"
              if isinstance(run.metrics.get("accuracy"), (int, float)) else None)]
     hp = run.metrics.get("hyperparameters")
     if isinstance(hp, dict):
@@ -191,7 +222,8 @@ def write_model_card(run_dir: str | os.PathLike) -> Path:
     Raises:
         InvalidParameterError: ``run_dir`` is not a run directory.
     """
-    run = load_run(run_dir)
+    # the NOT PRIVATE part is read only to name what exists (never a value of it) in the card
+    run = load_run(run_dir, include_non_private=True)
     model_dir = Path(run_dir) / "model"
     model_dir.mkdir(parents=True, exist_ok=True)
     path = model_dir / "README.md"

@@ -88,6 +88,12 @@ def _stamp_not_private(fig: Figure) -> None:
              alpha=0.9)
 
 
+def _badge_not_private(fig: Figure, what: str) -> None:
+    """A red NOT PRIVATE banner across the top of the picture itself (it travels with the PNG)."""
+    fig.suptitle(f"{NOT_PRIVATE}: {what}", color="white", fontsize=10.5, fontweight="bold",
+                 bbox={"boxstyle": "round,pad=0.3", "facecolor": RED, "edgecolor": RED})
+
+
 def _compute_epsilon(events: Sequence, delta: float, accountant: str) -> float:
     import privtune.accounting as acct
 
@@ -419,15 +425,24 @@ def _short(text: str, n: int) -> str:
 # ===================================================================================== final run
 @_styled
 def plot_learning_curves(run: RunData) -> Figure | None:
-    """Final run: privatised training loss and evaluation accuracy against step."""
+    """Final run: the loss curve when it is privatised (hyperfree's charged L0), and accuracy on a public
+    split, against step.  A loss computed without noise (DP-SGD's batch loss) is drawn only for a run
+    loaded with ``include_non_private=True``, under a NOT PRIVATE banner inside the picture."""
+    from privtune.report.release import is_private_loss_label
+
     fr = run.final_run
     loss, steps = fr.get("train_loss"), fr.get("step")
     evals = [e for e in fr.get("eval", []) if isinstance(e, dict) and "accuracy" in e] if isinstance(
         fr.get("eval"), list) else []
-    has_loss = isinstance(loss, list) and len(loss) > 0
+    loss_private = is_private_loss_label(fr.get("train_loss_label"))
+    has_loss = isinstance(loss, list) and len(loss) > 0 and (loss_private or run.include_non_private)
     if not has_loss and not evals:
         return None
-    fig, axes = new_figure(9.6, 3.1, ncols=2)
+    if not has_loss:  # accuracy on the public split only
+        fig, ax2 = new_figure(7.2, 3.1)
+        _accuracy_panel(run, fr, ax2, evals)
+        return fig
+    fig, axes = new_figure(9.6, 3.4 if not loss_private else 3.1, ncols=2)
     ax = axes[0]
     if has_loss:
         at = fr.get("train_loss_step")  # released only at some steps (hyperfree: every K steps)
@@ -440,11 +455,21 @@ def plot_learning_curves(run: RunData) -> Figure | None:
             sm = [sum(ys[max(0, i - w + 1): i + 1]) / len(ys[max(0, i - w + 1): i + 1]) for i in range(len(ys))]
             ax.plot(xs, sm, color=BLUE, lw=2, label=f"moving average ({w} steps)")
         ax.legend(loc="upper right")
-    label = str(fr.get("train_loss_label") or "privatised training loss")
-    ax.set_title(label[:1].upper() + label[1:])
+    import textwrap
+
+    label = str(fr.get("train_loss_label") or "training loss")
+    label = label[:1].upper() + label[1:]
+    if not loss_private:
+        _badge_not_private(fig, "loss computed without noise (do not publish)")
+        label = "Batch loss (no noise)"
+    ax.set_title(textwrap.fill(label, 48))  # wrapped: a long title must not run off the picture
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
-    ax2 = axes[1]
+    _accuracy_panel(run, fr, axes[1], evals)
+    return fig
+
+
+def _accuracy_panel(run: RunData, fr: dict, ax2: Any, evals: list) -> None:
     if evals:
         ax2.plot([e.get("step", i) for i, e in enumerate(evals)], [100 * float(e["accuracy"]) for e in evals], "-o",
                  color=GREEN, lw=2, ms=4)
@@ -458,7 +483,6 @@ def plot_learning_curves(run: RunData) -> Figure | None:
         ax2.set_axis_off()
         why = "no public validation split given" if fr.get("eval_note") else "no evaluation split given"
         ax2.text(0.5, 0.5, why, ha="center", va="center", color=GREY)
-    return fig
 
 
 @_styled

@@ -217,12 +217,11 @@ class Progress:
         self.advance(0, epsilon=epsilon)
 
     def _status_line(self) -> str:
+        """The line written to log.txt: no loss and no example rate, which callers compute from private data
+        without noise (the batch loss, the sampled batch sizes); log.txt stays shareable.  The terminal
+        display shows both, for the person running the job."""
         parts = [f"{self.phase}: {self._done:g}" + (f"/{self._total:g}" if self._total is not None else "")
                  + f" {self._unit}"]
-        if self._examples:
-            parts.append(f"{self.examples_per_second:,.0f} examples/s")
-        if self.loss is not None:
-            parts.append(f"loss {self.loss:.4g}")
         if self.epsilon is not None:
             parts.append(_fmt_eps(self.epsilon, self.total_epsilon))
         return ", ".join(parts)

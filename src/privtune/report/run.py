@@ -3,6 +3,11 @@
 Every file is optional except that at least one of ``certificate.json``, ``metrics.json``
 and ``history.json`` must exist.  Parts that are missing or unreadable are recorded in
 :attr:`RunData.problems` and shown in the report, never silently dropped.
+
+By default only what the run releases is read: anything computed from private data without
+noise (the batch loss of DP-SGD, clipping diagnostics, a non-private reference) is left out, also
+when an older run directory still holds it in ``history.json`` / ``metrics.json``.  With
+``include_non_private=True`` the NOT PRIVATE part (``RUN_DIR/not_private/``) is read as well.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ class RunData:
     history: dict = field(default_factory=dict)
     config: dict = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+    #: True when the NOT PRIVATE part was loaded (the report then goes to RUN_DIR/not_private/)
+    include_non_private: bool = False
 
     # ----------------------------------------------------------------- convenience
     @property
@@ -70,6 +77,14 @@ class RunData:
         return f if isinstance(f, dict) else {}
 
     @property
+    def seeded(self) -> bool:
+        """True for a run with an explicit seed (its noise is reproducible: NOT PRIVATE)."""
+        from privtune.report.release import SEEDED_LABEL
+
+        return (self.metadata.get("label") == SEEDED_LABEL or bool(self.metadata.get("seeded"))
+                or self.metrics.get("label") == SEEDED_LABEL or bool(self.metrics.get("seeded")))
+
+    @property
     def not_private(self) -> bool:
         """True for runs whose tuning was not charged (grid oracle)."""
         name = (self.strategy_name or "").lower()
@@ -88,8 +103,11 @@ def _read_json(path: Path, problems: list[str]) -> dict:
     return data
 
 
-def load_run(run_dir: str | os.PathLike) -> RunData:
+def load_run(run_dir: str | os.PathLike, *, include_non_private: bool = False) -> RunData:
     """Read ``certificate.json``, ``metrics.json``, ``history.json`` and ``config.yaml``.
+
+    ``include_non_private`` also reads ``RUN_DIR/not_private/`` (NOT PRIVATE figures); without it
+    they are dropped, wherever they are found.
 
     Raises InvalidParameterError when ``run_dir`` is not a directory or holds none of the
     JSON files.
@@ -116,6 +134,22 @@ def load_run(run_dir: str | os.PathLike) -> RunData:
                 "certificate.json is missing: this run has no privacy certificate (it may have been interrupted; "
                 "rerun it with --resume)."
             )
+    from privtune.report.release import load_not_private, split_release
+
+    run.metrics, run.history, legacy = split_release(run.metrics, run.history)
+    if include_non_private:
+        run.include_non_private = True
+        extra = load_not_private(p)
+        for part in ("metrics", "history"):
+            merged = dict(legacy.get(part, {}))
+            merged.update({k: v for k, v in extra.get(part, {}).items() if k != "label"})
+            if part == "metrics":
+                run.metrics.update(merged)
+                continue
+            fr = merged.pop("final_run", None)
+            run.history.update(merged)
+            if isinstance(fr, dict):
+                run.history["final_run"] = {**run.final_run, **{k: v for k, v in fr.items() if v is not None}}
     cfg = p / "config.yaml"
     if cfg.is_file():
         import yaml
