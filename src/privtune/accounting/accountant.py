@@ -609,8 +609,9 @@ def compute_delta(
     PLD: the pessimistic PLD's δ(ε) (an upper bound); the discretisation is chosen by target
     precision (relative δ error ≈ 1e-3) unless given.  RDP: dp_accounting's
     ``RdpAccountant.get_delta``.  As in :func:`account`, a PLD too large to build falls back to
-    RDP (or the smaller of the two upper bounds when refinement had to stop early), and a noise
-    multiplier below :data:`MIN_ACCOUNTED_NOISE_MULTIPLIER` or an overflowing RDP bound gives δ = 1.
+    RDP (or the smaller of the two upper bounds when refinement had to stop early), and a
+    :class:`NonPrivateEvent`, a noise multiplier below :data:`MIN_ACCOUNTED_NOISE_MULTIPLIER` or an
+    overflowing RDP bound gives δ = 1.
     """
     epsilon = check_real(epsilon, "epsilon", low=0.0, low_inclusive=True,
                          fix="Pass a finite ε ≥ 0 at which to evaluate δ.")

@@ -38,13 +38,13 @@ DEFAULT_MAX_NOISE_MULTIPLIER = 1000.0
 MIN_NOISE_MULTIPLIER = 1e-2
 #: Default relative tolerance of :func:`calibrate` (see its docstring).
 DEFAULT_TOLERANCE = 1e-4
-#: Tolerance of σ calibrations: ε of the returned σ lies in [target·(1 − 2e-4), target] (or σ is
-#: within a factor 1 + 2e-4 of an evaluated σ that misses the target).
-_SIGMA_TOLERANCE = 2e-4
+#: Tolerance of σ calibrations: ε of the returned σ lies in [target·(1 − 1e-4), target] (or σ is
+#: within a factor 1 + 1e-4 of an evaluated σ that misses the target).
+_SIGMA_TOLERANCE = 1e-4
 #: Tolerance of the first, coarse PLD solve (only a starting point for the final one).
 _COARSE_TOLERANCE = 1e-2
-#: First relative step away from a guess when looking for the other side of the target.
-_FIRST_STEP = 1e-2
+#: Largest first step (in log p) away from a guess when looking for the other side of the target.
+_FIRST_MAX_STEP = math.log(2.0)
 _MAX_EVALUATIONS = 200
 
 
@@ -121,19 +121,14 @@ def calibrate(
 
     safe_end, unsafe_end = (low, high) if increasing else (high, low)
 
-    def toward(p: float, factor: float, safe: bool) -> float:
-        """p moved by ``factor`` (> 1) towards the safe or the unsafe end, clipped to the bracket."""
-        up = (safe and not increasing) or (not safe and increasing)
-        return min(p * factor, high) if up else max(p / factor, low)
-
-    ok, bad = _find_sides(epsilon_at, target, safe_end, unsafe_end, guess, low, high, toward, name, delta,
-                          accountant)
-    if bad is None:
-        return ok  # even the unsafe end meets the target (checked)
+    ok, bad = _find_sides(epsilon_at, target, safe_end, unsafe_end, guess, low, high, increasing, tol, name,
+                          delta, accountant)
+    # bad is None: already done (the unsafe end of the bracket meets the target, or ok is close enough)
     last_moved, repeats = None, 0
-    while epsilon_at(ok) < (1.0 - tol) * target and abs(math.log(ok / bad)) > math.log1p(tol):
-        # Illinois-style safeguard: after the same end moved twice in a row, bisect
-        new_ok, new_bad = _narrow(epsilon_at, target, ok, bad, tol, bisect=repeats >= 2)
+    while bad is not None and epsilon_at(ok) < (1.0 - tol) * target and abs(math.log(ok / bad)) > math.log1p(tol):
+        # safeguard: after the same end moved three times in a row, bisect
+        recent = tuple(values)[-2:] if len(values) >= 2 else (ok, bad)
+        new_ok, new_bad = _narrow(epsilon_at, recent, target, ok, bad, tol, bisect=repeats >= 3)
         moved = "ok" if new_ok != ok else "bad"
         repeats = repeats + 1 if moved == last_moved else 1
         last_moved, ok, bad = moved, new_ok, new_bad
@@ -158,14 +153,19 @@ def _check_bracket(bracket, name: str) -> tuple[float, float]:
     return low, high
 
 
-def _find_sides(epsilon_at, target, safe_end, unsafe_end, guess, low, high, toward, name, delta, accountant):
-    """(safe point, unsafe point or None): evaluated points on both sides of the target."""
+def _find_sides(epsilon_at, target, safe_end, unsafe_end, guess, low, high, increasing, tol, name, delta,
+                accountant):
+    """(safe point, unsafe point), or (safe point, None) when the search is already done: evaluated
+    points on both sides of the target."""
     def infeasible() -> InfeasibleBudgetError:
         return InfeasibleBudgetError(
             f"No {name} in [{low:g}, {high:g}] meets the target ε = {target:g} at δ = {delta:g} with the "
             f"{accountant} accountant: at the safe end ({name} = {safe_end:g}) the events cost "
             f"ε = {epsilon_at(safe_end):.4g}. Raise the target ε, spend less elsewhere, or widen the bracket."
         )
+
+    def close(p: float) -> bool:  # safe and within the tolerance of the target: nothing left to do
+        return (1.0 - tol) * target <= epsilon_at(p) <= target
 
     if guess is None:
         if epsilon_at(safe_end) > target:
@@ -174,31 +174,54 @@ def _find_sides(epsilon_at, target, safe_end, unsafe_end, guess, low, high, towa
             return unsafe_end, None
         return safe_end, unsafe_end
     p = min(max(float(guess), low), high)
+    if close(p):
+        return p, None
     start_safe = epsilon_at(p) <= target
-    factor = 1.0 + _FIRST_STEP
-    while True:  # walk away from the guess, with growing steps, until the target is crossed
-        q = toward(p, factor, safe=not start_safe)
+    # walk away from the guess towards the target: up in p when (safe and ε increases) or (unsafe and
+    # ε decreases).  The first step assumes ε ∝ p^±1, later ones follow the secant through the last two
+    # points; each is at least a factor 1 + tol and at most a factor that grows with every step (so a
+    # bad slope can neither stall the walk nor throw it far away)
+    up = start_safe == increasing
+    prev, max_step = None, _FIRST_MAX_STEP
+    while True:
+        step = _secant_step(epsilon_at, prev, p, target, tol, max_step)
+        q = min(p * math.exp(step), high) if up else max(p * math.exp(-step), low)
         if q == p:  # hit the end of the bracket
             if start_safe:
                 return p, None
             raise infeasible()
         if (epsilon_at(q) <= target) != start_safe:
             return (p, q) if start_safe else (q, p)
-        p, factor = q, factor ** 4
+        if close(q):
+            return q, None
+        prev, p, max_step = p, q, 4.0 * max_step
 
 
-def _narrow(epsilon_at, target: float, ok: float, bad: float, tol: float, *,
+def _secant_step(epsilon_at, prev: float | None, p: float, target: float, tol: float, max_step: float) -> float:
+    """|log step| from p that the secant through (prev, p) in (log p, log ε) predicts for ε = target·(1 − tol/2),
+    clipped to [log(1 + tol), max_step]; max_step when the secant is of no use."""
+    e_p = epsilon_at(p)
+    e_prev = e_p * math.e if prev is None else epsilon_at(prev)  # no previous point: unit slope
+    if not (0.0 < e_prev < math.inf and 0.0 < e_p < math.inf) or e_prev == e_p:
+        return max_step
+    slope = 1.0 if prev is None else (math.log(e_p) - math.log(e_prev)) / (math.log(p) - math.log(prev))
+    step = abs((math.log(target * (1.0 - tol / 2.0)) - math.log(e_p)) / slope)
+    return min(max(step, math.log1p(tol)), max_step)
+
+
+def _narrow(epsilon_at, recent: tuple[float, float], target: float, ok: float, bad: float, tol: float, *,
             bisect: bool = False) -> tuple[float, float]:
-    """One safeguarded secant step in (log p, log ε), aiming just inside the safe side; returns the
-    new (safe, unsafe) pair."""
+    """One safeguarded secant step in (log p, log ε) through the two most ``recent`` points, aiming just
+    inside the safe side and kept inside the bracket (ok, bad); returns the new (safe, unsafe) pair."""
     x_ok, x_bad = math.log(ok), math.log(bad)
-    e_ok, e_bad = epsilon_at(ok), epsilon_at(bad)
     x = 0.5 * (x_ok + x_bad)
-    if not bisect and 0.0 < e_ok < math.inf and 0.0 < e_bad < math.inf and e_ok != e_bad:
+    (p1, p2), (e1, e2) = recent, (epsilon_at(recent[0]), epsilon_at(recent[1]))
+    if not bisect and 0.0 < e1 < math.inf and 0.0 < e2 < math.inf and e1 != e2 and p1 != p2:
         aim = math.log(target * (1.0 - tol / 2.0))
-        x_sec = x_ok + (aim - math.log(e_ok)) * (x_bad - x_ok) / (math.log(e_bad) - math.log(e_ok))
+        x1, x2 = math.log(p1), math.log(p2)
+        x_sec = x2 + (aim - math.log(e2)) * (x2 - x1) / (math.log(e2) - math.log(e1))
         lo_x, hi_x = min(x_ok, x_bad), max(x_ok, x_bad)
-        margin = 0.02 * (hi_x - lo_x)
+        margin = min(0.02 * (hi_x - lo_x), 0.25 * math.log1p(tol))
         if math.isfinite(x_sec):
             x = min(max(x_sec, lo_x + margin), hi_x - margin)
     p = math.exp(x)
@@ -297,16 +320,29 @@ def calibrate_noise_multiplier(
     guess = min(max(guess, MIN_NOISE_MULTIPLIER), ceiling)
     solve = lambda **kw: calibrate(events, target, delta, bracket=(MIN_NOISE_MULTIPLIER, ceiling),  # noqa: E731
                                    accountant=accountant, increasing=False, name="noise_multiplier", **kw)
-    if accountant == "pld" and not acc.lower_events(spent).repeat_and_select:
-        try:  # a fast, loose first solve on a coarse pessimistic PLD: only a starting point
-            guess = solve(tolerance=_COARSE_TOLERANCE, guess=guess,
-                          value_discretization_interval=_coarse_interval(target))
-        except InfeasibleBudgetError:
-            guess = ceiling  # the coarse PLD is looser: let the final solve decide
     try:
+        if accountant == "pld" and not acc.lower_events(spent).repeat_and_select:
+            guess = _pld_guess(solve, events, target, delta, guess, ceiling)
         return solve(tolerance=_SIGMA_TOLERANCE, guess=guess)
     except InfeasibleBudgetError:
         raise _infeasible_ceiling(ceiling) from None
+
+
+def _pld_guess(solve, events, target: float, delta: float, guess: float, ceiling: float) -> float:
+    """A σ close to the answer, found cheaply: solved on a coarse pessimistic PLD (~1 %), then on the
+    one discretisation that ``compute_epsilon`` chooses there (one PLD per σ instead of several).
+    The final solve on ``compute_epsilon`` itself then usually only confirms it."""
+    try:
+        guess = solve(tolerance=_COARSE_TOLERANCE, guess=guess, value_discretization_interval=_coarse_interval(target))
+    except InfeasibleBudgetError:
+        return ceiling  # the coarse PLD is looser: let the final solve decide
+    interval = acc.account(events(guess), delta, "pld").value_discretization_interval
+    if interval is None:  # compute_epsilon fell back to RDP there: nothing to gain
+        return guess
+    try:
+        return solve(tolerance=_SIGMA_TOLERANCE, guess=guess, value_discretization_interval=interval)
+    except InfeasibleBudgetError:
+        return ceiling
 
 
 def _initial_guess(target: float, delta: float, q: float, T: int) -> float:
