@@ -127,3 +127,15 @@ def test_one_event_grouper_shared_by_accountant_and_ledger():
     grouped = account(group_events(events[:1] + events[2:4] + events[5:]), 1e-5)
     assert res.epsilon == pytest.approx(grouped.epsilon, rel=1e-12)
     assert any("[a]" in a for a in res.sampling_assumptions)
+
+
+def test_cli_verifies_a_non_private_certificate(tmp_path, capsys):
+    from privtune.cli import main
+
+    path = Certificate.from_events([NP], 1e-5).save(tmp_path / "certificate.json")
+    assert main(["account", "--certificate", str(path), "--json"]) == 0
+    data = _strict_loads(capsys.readouterr().out)
+    assert data["verified"] is True and data["epsilon"] == "inf" and data["private"] is False
+    assert main(["account", "--certificate", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "ε = inf" in out and "NOT PRIVATE" in out
