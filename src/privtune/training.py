@@ -767,8 +767,8 @@ def fit_nonprivate(model: nn.Module, train_set: Any, *, epochs: float = 1.0, bat
     """Ordinary (NOT PRIVATE) mini-batch training, the reference DP runs are compared against.
 
     Shuffled batches of ``batch_size``, mean loss, no clipping, no noise.  Its one event is a
-    ``NonPrivateEvent`` (ε = ∞) and it must never be released as private; benchmarks label it "non-private".  ``device`` as in
-    :func:`fit` (default: CUDA when available, else CPU).
+    ``NonPrivateEvent`` (ε = ∞) and it must never be released as private; benchmarks label it
+    "non-private".  ``device`` as in :func:`fit` (default: CUDA when available, else CPU).
     """
     from privtune.models import resolve_device
     from privtune.optim import make_optimizer
