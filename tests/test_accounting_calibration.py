@@ -164,3 +164,125 @@ def test_seed001_gradient_only_sigma_reference():
 def test_loss_noise_infeasible_when_gradient_alone_exceeds():
     with pytest.raises(InfeasibleBudgetError, match="gradient releases alone"):
         calibrate_loss_noise_multiplier(3.0, DELTA_001, 0.8699 * 0.99, Q, T, K, 3, accountant="rdp")
+
+
+# ---------------------------------------------------------------- the one generic calibrator
+def _dpsgd(q, T):
+    return lambda s: [DPSGDEvent(s, q, T)]
+
+
+def _meets_contract(make, p, target, tol, increasing, accountant="pld", delta=1e-5):
+    """ε(p) ≤ target, and p is optimal up to the tolerance (close in ε, or a slightly less safe p misses)."""
+    eps = compute_epsilon(make(p), delta, accountant)
+    assert eps <= target
+    less_safe = p * (1 + 2 * tol) if increasing else p / (1 + 2 * tol)
+    assert eps >= (1 - tol) * target or compute_epsilon(make(less_safe), delta, accountant) > target
+
+
+@pytest.mark.parametrize("accountant", ["pld", "rdp"])
+def test_calibrate_sigma_family_decreasing(accountant):
+    from privtune.accounting import calibrate
+
+    make = _dpsgd(0.02, 200)
+    s = calibrate(make, 1.5, 1e-5, bracket=(0.1, 100.0), accountant=accountant, tolerance=1e-3)
+    _meets_contract(make, s, 1.5, 1e-3, increasing=False, accountant=accountant)
+    s_guess = calibrate(make, 1.5, 1e-5, bracket=(0.1, 100.0), accountant=accountant, tolerance=1e-3, guess=5.0)
+    _meets_contract(make, s_guess, 1.5, 1e-3, increasing=False, accountant=accountant)
+    assert s_guess == pytest.approx(s, rel=3e-3)
+
+
+def test_calibrate_mu_family_increasing_matches_gdp_closed_form():
+    from privtune.accounting import calibrate
+    from privtune.accounting.gdp import mu_from_epsilon
+
+    make = lambda mu: [GaussianEvent(1.0 / mu, 3)]  # noqa: E731  (√3·μ)-GDP
+    mu = calibrate(make, 2.0, 1e-5, bracket=(1e-3, 10.0), increasing=True, tolerance=1e-4)
+    _meets_contract(make, mu, 2.0, 1e-4, increasing=True)
+    exact = mu_from_epsilon(2.0, 1e-5) / math.sqrt(3)
+    assert mu <= exact * (1 + 1e-9)  # the pessimistic PLD never lets μ exceed the exact answer
+    assert mu == pytest.approx(exact, rel=2e-3)
+
+
+def test_calibrate_both_directions_agree():
+    from privtune.accounting import calibrate
+
+    make = _dpsgd(0.05, 100)
+    s = calibrate(make, 1.0, 1e-5, bracket=(0.2, 50.0), tolerance=1e-4)
+    inv = calibrate(lambda m: make(1.0 / m), 1.0, 1e-5, bracket=(1 / 50.0, 1 / 0.2), increasing=True, tolerance=1e-4)
+    assert 1.0 / inv == pytest.approx(s, rel=5e-4)
+    assert compute_epsilon(make(1.0 / inv), 1e-5) <= 1.0
+
+
+def test_calibrate_repeat_and_select_family_rdp():
+    from privtune.accounting import calibrate
+
+    def make(mu):
+        return [RepeatAndSelectEvent(events=(GaussianEvent(1.0 / mu, 1),), mean=5.0, shape=1.0)]
+    mu = calibrate(make, 1.0, 1e-5, bracket=(1e-3, 5.0), accountant="rdp", increasing=True, tolerance=1e-6)
+    _meets_contract(make, mu, 1.0, 1e-6, increasing=True, accountant="rdp")
+
+
+def test_calibrate_bracket_errors_and_ends():
+    from privtune.accounting import calibrate
+
+    make = _dpsgd(0.01, 1000)
+    with pytest.raises(InfeasibleBudgetError, match=r"No noise_multiplier in \[0\.1, 0\.5\] meets the target ε = 0\.5.*"
+                                                    r"Raise the target ε"):
+        calibrate(make, 0.5, 1e-5, bracket=(0.1, 0.5), name="noise_multiplier")
+    with pytest.raises(InfeasibleBudgetError, match="No noise_multiplier"):  # also when started from a guess
+        calibrate(make, 0.5, 1e-5, bracket=(0.1, 0.5), guess=0.3, name="noise_multiplier")
+    # the whole bracket meets the target: its least safe end is returned (checked)
+    assert calibrate(make, 50.0, 1e-5, bracket=(2.0, 10.0)) == 2.0
+    assert calibrate(lambda m: make(1 / m), 50.0, 1e-5, bracket=(0.1, 0.5), increasing=True) == 0.5
+    for bad in ((1.0,), (2.0, 1.0), (0.0, 1.0), (1.0, math.inf), "ab"):
+        with pytest.raises(InvalidParameterError, match="`bracket`"):
+            calibrate(make, 1.0, 1e-5, bracket=bad)
+    with pytest.raises(InvalidParameterError, match="`tolerance`"):
+        calibrate(make, 1.0, 1e-5, bracket=(0.1, 10.0), tolerance=0.0)
+    with pytest.raises(InvalidParameterError, match="`make_events`"):
+        calibrate([DPSGDEvent(1.0, 0.01, 10)], 1.0, 1e-5, bracket=(0.1, 10.0))
+
+
+# σ values of today's calibrators, recorded once by running the code before they became factories
+# over `calibrate` (main at 8a8e0d4's accounting; script in the commit message).  The factories must give
+# the same σ within the tolerance of a σ calibration (ε within 2e-4 of the target).
+def test_factories_reproduce_the_old_calibrators():
+    from privtune.hpo.common import calibrate_final
+    from privtune.hpo.hyperfree import calibrate_joint
+
+    old = {
+        (1.0, 0.01, 5000, "pld"): 2.7539215343635104,
+        (1.0, 0.01, 5000, "rdp"): 2.9732781126840053,
+        (2.0, 1.0, 100, "pld"): 19.939900035734315,
+    }
+    for (eps, q, steps, accountant), sigma in old.items():
+        assert calibrate_noise_multiplier(eps, 1e-5, q, steps, accountant) == pytest.approx(sigma, rel=5e-4)
+    assert calibrate_noise_multiplier(2.0, 1e-5, 0.1, 30, sampling="shuffle") == pytest.approx(7.722729878391584,
+                                                                                               rel=5e-4)
+    spent = [DPSGDEvent(2.0, 0.01, 500), GaussianEvent(20.0, 4)]
+    assert calibrate_noise_multiplier(2.0, 1e-5, 0.02, 300, spent_events=spent) == pytest.approx(1.069457639180588,
+                                                                                                 rel=5e-4)
+    assert calibrate_loss_noise_multiplier(3.0, DELTA_001, 0.8786, Q, T, K, 3) == pytest.approx(2.3089498875526435,
+                                                                                               rel=5e-4)
+    s, s_g, s_l, _ = calibrate_joint(3.0, 1e-5, 0.02, 150)
+    assert (s, s_g) == pytest.approx((0.7964967977696874, 0.8044617657473843), rel=5e-4)
+    assert s_l == pytest.approx(4.811585155462541, rel=2e-3)  # σ_l = √(P/(σ_eff⁻² − σ_g⁻²)) amplifies σ_eff's
+    assert calibrate_final(1.0, 1e-5, [GaussianEvent(15.0, 3)], sample_rate=1.0, steps=10,
+                           sampling="full_batch") == pytest.approx(13.074099202877505, rel=5e-4)
+
+
+def test_random_search_per_trial_mu_factories_reproduce_the_old_searches():
+    from privtune.hpo import random_search as rs
+
+    def comp(mu):
+        return [GaussianEvent(1.0 / mu, 1) for _ in range(5)] + [GaussianEvent(10.0, 1) for _ in range(5)]
+    # old: 0.2 % steps down from μ₀ = 0.3 gave 0.20061345; the factory finds the boundary to 1e-4, so it
+    # may only be larger by less than one old step, and still meets the total
+    mu = rs._shrink_to_fit(comp, 0.3, 2.0, 1e-5, "pld")
+    assert 0.20061345315310408 <= mu <= 0.20061345315310408 / 0.998
+    assert compute_epsilon(comp(mu), 1e-5) <= 2.0
+    assert rs._ps_mu(5, 0.0, 10.0, 1.0, 1e-5) == pytest.approx(0.1170332108825168, rel=1e-6)
+    assert rs._ps_mu(5, 0.0, None, 2.0, 1e-5) == pytest.approx(0.3011062090873615, rel=1e-6)
+    assert rs._ps_mu(5, 0.0, 10.0, 0.01, 1e-5) is None  # infeasible stays None
+    with pytest.raises(InfeasibleBudgetError, match="no per-trial μ ≤ 0.3 meets ε = 0.05"):
+        rs._shrink_to_fit(comp, 0.3, 0.05, 1e-5, "pld")

@@ -110,7 +110,7 @@ def test_calibration_when_the_pld_would_be_too_large():
 
 
 def test_grouping_tiny_full_batch_gaussians_does_not_divide_by_zero():
-    segs = acc.group_segments([acc.Segment(1e-300, 1.0, 2), acc.Segment(2.0, 1.0, 3)])
+    segs = acc.merge_segments([acc.Segment(1e-300, 1.0, 2), acc.Segment(2.0, 1.0, 3)])
     assert segs == [acc.Segment(0.0, 1.0, 1)]
     assert compute_epsilon([GaussianEvent(1e-300, 2), GaussianEvent(2.0, 3)], 1e-5) == math.inf
 

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
-from privtune.accounting.events import DPSGDEvent
+from privtune.accounting import Certificate, compute_epsilon
+from privtune.accounting.events import DPSGDEvent, NonPrivateEvent
 from privtune.errors import InvalidParameterError
 from privtune.finetune import FeatureSet, apply_mode, cache_features
 from privtune.models import load_classifier
 from privtune.models.testing import make_tiny_text_model, make_toy_text_dataset
-from privtune.training import FitResult, fit
+from privtune.training import FitResult, fit, fit_nonprivate
 
 
 @pytest.fixture(scope="module")
@@ -93,8 +96,22 @@ def test_last_layer_learns_without_noise(model_path):
     fs = cache_features(m, make_toy_text_dataset(128, seed=0))
     fe = cache_features(m, make_toy_text_dataset(64, seed=1))
     r = fit(m, fs, noise_multiplier=0.0, sample_rate=0.25, steps=100, learning_rate=0.1, seed=0, eval_set=fe)
-    assert not r.private and r.events == [] and "NOT PRIVATE" in r.label
+    assert not r.private and "NOT PRIVATE" in r.label
     assert r.eval["accuracy"] > 0.65
+    # a step without noise is not free: its event composes to ε = ∞ (it used to be [], i.e. ε = 0)
+    assert len(r.events) == 1 and isinstance(r.events[0], NonPrivateEvent)
+    assert compute_epsilon(r.events, 1e-5) == math.inf
+    cert = Certificate.from_events(r.events, 1e-5)
+    assert cert.epsilon == math.inf and not cert.private
+
+
+def test_fit_nonprivate_events_compose_to_infinity(model_path):
+    m = load_classifier(model_path, seed=0)
+    apply_mode(m, "last-layer")
+    fs = cache_features(m, make_toy_text_dataset(32, seed=0))
+    r = fit_nonprivate(m, fs, epochs=1.0, batch_size=16, learning_rate=0.1, seed=0)
+    assert not r.private and [type(e) for e in r.events] == [NonPrivateEvent]
+    assert compute_epsilon(r.events, 1e-5, "rdp") == math.inf
 
 
 def test_two_phase_switches_to_bitfit(model_path, data):

@@ -46,7 +46,7 @@ from privtune._validation import (
     check_sample_rate,
     check_steps,
 )
-from privtune.accounting.events import DPSGDEvent, event_to_dict
+from privtune.accounting.events import DPSGDEvent, NonPrivateEvent, event_to_dict
 from privtune.errors import DataError, InvalidParameterError, ModelError, PrivtuneError
 
 OPTIMIZERS = ("sgd", "adam", "adamw", "lamb")
@@ -95,7 +95,8 @@ class FitResult:
     steps : optimizer steps taken.  noise_multiplier, sample_rate, sampling: the DP parameters.
     seeds : ``{"sampler": int|None, "noise": int|None}`` (None: drawn from the OS, not recorded).
     eval : final evaluation on ``eval_set`` (``{"accuracy", "loss"}``) or None.
-    private : False when σ = 0 (then ``events`` is empty and ``label`` says NOT PRIVATE).
+    private : False when σ = 0 (then ``events`` is one ``NonPrivateEvent``, ε = ∞, and ``label`` says
+        NOT PRIVATE).
     seconds, examples_per_second : wall time and sampled examples processed per second.
     """
 
@@ -389,9 +390,9 @@ class _Loop:
 
     # -- events
     def events(self, planned: bool = False) -> list:
-        """Privacy events of the steps taken (planned: of all steps); [] when σ = 0 (NOT PRIVATE)."""
+        """Privacy events of the steps taken (planned: of all steps); one NonPrivateEvent (ε = ∞) when σ = 0."""
         if self.sigma == 0:
-            return []
+            return [NonPrivateEvent(reason="noise_multiplier=0: gradients were clipped but no noise was added")]
         out = []
         for ph, done in zip(self.phases, self.steps_in_phase):
             t = ph.steps if planned else done
@@ -768,9 +769,9 @@ def fit_nonprivate(model: nn.Module, train_set: Any, *, epochs: float = 1.0, bat
                    eval_set: Any = None, device: Any = None) -> FitResult:
     """Ordinary (NOT PRIVATE) mini-batch training, the reference DP runs are compared against.
 
-    Shuffled batches of ``batch_size``, mean loss, no clipping, no noise.  The result has no events
-    and must never be released as private; benchmarks label it "non-private".  ``device`` as in
-    :func:`fit` (default: CUDA when available, else CPU).
+    Shuffled batches of ``batch_size``, mean loss, no clipping, no noise.  Its one event is a
+    ``NonPrivateEvent`` (ε = ∞) and it must never be released as private; benchmarks label it
+    "non-private".  ``device`` as in :func:`fit` (default: CUDA when available, else CPU).
     """
     from privtune.models import resolve_device
     from privtune.optim import make_optimizer
@@ -806,7 +807,8 @@ def fit_nonprivate(model: nn.Module, train_set: Any, *, epochs: float = 1.0, bat
     final = evaluate(model, eval_set) if eval_set is not None else None
     if final:
         history["eval"].append({"step": steps, **final})
-    return FitResult(model=model, events=[], history=history, steps=steps, noise_multiplier=0.0,
+    events = [NonPrivateEvent(reason="fit_nonprivate: ordinary training, no clipping and no noise")]
+    return FitResult(model=model, events=events, history=history, steps=steps, noise_multiplier=0.0,
                      sample_rate=batch_size / n, sampling="shuffle", seeds={"sampler": seed, "noise": None},
                      eval=final, seconds=secs, examples_per_second=seen / secs if secs else 0.0,
                      private=False, label="NOT PRIVATE (non-private training)")

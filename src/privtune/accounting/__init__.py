@@ -18,6 +18,7 @@ from privtune.accounting.accountant import (
 )
 from privtune.accounting.calibration import (
     DEFAULT_MAX_NOISE_MULTIPLIER,
+    calibrate,
     calibrate_loss_noise_multiplier,
     calibrate_noise_multiplier,
     joint_release_events,
@@ -28,10 +29,12 @@ from privtune.accounting.events import (
     DPSGDEvent,
     Event,
     GaussianEvent,
+    NonPrivateEvent,
     RepeatAndSelectEvent,
     describe_event,
     event_from_dict,
     event_to_dict,
+    group_events,
 )
 from privtune.accounting import gdp
 from privtune.accounting.gdp import joint_noise_multiplier
@@ -45,6 +48,7 @@ __all__ = [
     "compute_epsilon",
     "compute_delta",
     "to_dp_event",
+    "calibrate",
     "calibrate_noise_multiplier",
     "calibrate_loss_noise_multiplier",
     "joint_release_events",
@@ -56,6 +60,8 @@ __all__ = [
     "Event",
     "GaussianEvent",
     "RepeatAndSelectEvent",
+    "NonPrivateEvent",
+    "group_events",
     "describe_event",
     "event_from_dict",
     "event_to_dict",

@@ -2,13 +2,15 @@
 
 All privacy mathematics is done by Google's ``dp_accounting``; this module only
 
-1. *lowers* privtune events (:mod:`privtune.accounting.events`) to segments
-   (Poisson-subsampled Gaussian (σ, q) × count, or Gaussian (σ) × count) and repeat-and-select
-   events, recording every modelling choice (no amplification for shuffling, an explicit
-   Poisson assumption, ...) as a note;
-2. *groups* identical segments (their counts add) and merges all non-subsampled Gaussian
-   releases into one Gaussian with σ_eff = (Σ countᵢ/σᵢ²)^(-1/2), which is exact (a composition of
-   Gaussian mechanisms is a Gaussian mechanism, i.e. μ-GDP with μ² = Σ μᵢ²);
+1. *groups* identical events with :func:`~privtune.accounting.events.group_events` (the one event
+   grouper, also used by the ledger) and *lowers* them to segments (Poisson-subsampled Gaussian
+   (σ, q) × count, or Gaussian (σ) × count) and repeat-and-select events, recording every
+   modelling choice (no amplification for shuffling, an explicit Poisson assumption, ...) as a note;
+   a :class:`~privtune.accounting.events.NonPrivateEvent` makes the whole composition ε = ∞;
+2. *merges* the lowered segments (:func:`merge_segments`): all non-subsampled Gaussian releases
+   become one Gaussian with σ_eff = (Σ countᵢ/σᵢ²)^(-1/2), which is exact (a composition of
+   Gaussian mechanisms is a Gaussian mechanism, i.e. μ-GDP with μ² = Σ μᵢ²), and equal subsampled
+   segments that different event kinds lowered to (Poisson and assumed-Poisson shuffles) add counts;
 3. evaluates the composition with either
 
    * ``"pld"`` (default): privacy loss distributions,
@@ -53,8 +55,10 @@ from privtune.accounting.events import (
     DPSGDEvent,
     Event,
     GaussianEvent,
+    NonPrivateEvent,
     RepeatAndSelectEvent,
     describe_event,
+    group_events,
 )
 from privtune.errors import InvalidParameterError
 
@@ -127,23 +131,28 @@ class _Lowered:
     repeat_and_select: list[RepeatAndSelectEvent]
     notes: list[str]
     assumptions: list[str]
+    non_private: list[NonPrivateEvent] = field(default_factory=list)
+
+
+_EVENT_CLASSES = (GaussianEvent, DPSGDEvent, RepeatAndSelectEvent, NonPrivateEvent)
 
 
 def as_event_list(events) -> list[Event]:
     """Accept one event or an iterable of events; validate the types."""
-    if isinstance(events, (GaussianEvent, DPSGDEvent, RepeatAndSelectEvent)):
+    if isinstance(events, _EVENT_CLASSES):
         return [events]
     if isinstance(events, (str, bytes)) or not isinstance(events, Iterable):
         raise InvalidParameterError(
             f"`events` must be a privtune event or a list of events (GaussianEvent, DPSGDEvent, "
-            f"RepeatAndSelectEvent). Got {events!r}."
+            f"RepeatAndSelectEvent, NonPrivateEvent). Got {events!r}."
         )
     out = list(events)
     for e in out:
-        if not isinstance(e, (GaussianEvent, DPSGDEvent, RepeatAndSelectEvent)):
+        if not isinstance(e, _EVENT_CLASSES):
             raise InvalidParameterError(
                 f"`events` must contain only privtune events (GaussianEvent, DPSGDEvent, "
-                f"RepeatAndSelectEvent). Got {e!r}. Build events with privtune.accounting.DPSGDEvent(...)."
+                f"RepeatAndSelectEvent, NonPrivateEvent). Got {e!r}. Build events with "
+                "privtune.accounting.DPSGDEvent(...)."
             )
     return out
 
@@ -204,14 +213,21 @@ def _lower_primitive(e, notes: list[str], assumptions: list[str]) -> Segment:
     return Segment(e.noise_multiplier / _SHUFFLE_SENSITIVITY, 1.0, e.epochs)
 
 
+def _non_private_note(e: NonPrivateEvent) -> str:
+    return (f"{describe_event(e)}: a release without noise or without a sensitivity bound has no "
+            "differential-privacy guarantee, so the whole composition has ε = ∞ (δ = 1). Nothing computed "
+            "by it may be released as private.")
+
+
 def lower_events(events) -> _Lowered:
-    """Lower privtune events to grouped :class:`Segment` s plus repeat-and-select events."""
+    """Group the events (:func:`group_events`), lower them to merged :class:`Segment` s plus
+    repeat-and-select events; notes and sampling assumptions describe the events as given."""
     evs = as_event_list(events)
     notes: list[str] = []
     assumptions: list[str] = []
-    raw: list[Segment] = []
     rs: list[RepeatAndSelectEvent] = []
-    for e in evs:
+    non_private: list[NonPrivateEvent] = []
+    for e in evs:  # the text names each event as the caller gave it (labels included)
         if isinstance(e, RepeatAndSelectEvent):
             rs.append(e)
             sub_notes: list[str] = []
@@ -222,16 +238,24 @@ def lower_events(events) -> _Lowered:
             assumptions.extend(
                 f"{a} (inside repeat-and-select, mean {e.mean:g}, shape {e.shape:g})" for a in sub_ass
             )
+        elif isinstance(e, NonPrivateEvent):
+            non_private.append(e)
+            notes.append(_non_private_note(e))
+            assumptions.append(f"{describe_event(e)}: no guarantee (ε = ∞)")
         else:
-            raw.append(_lower_primitive(e, notes, assumptions))
-    return _Lowered(group_segments(raw), rs, notes, assumptions)
+            _lower_primitive(e, notes, assumptions)
+    raw = [_lower_primitive(g, [], []) for g in group_events(evs) if isinstance(g, (GaussianEvent, DPSGDEvent))]
+    return _Lowered(merge_segments(raw), rs, notes, assumptions, non_private)
 
 
-def group_segments(segments: Sequence[Segment]) -> list[Segment]:
-    """Group identical (σ, q) segments (counts add) and merge all q = 1 Gaussians into one.
+def merge_segments(segments: Sequence[Segment]) -> list[Segment]:
+    """Merge lowered segments exactly: all q = 1 Gaussians into one, equal (σ, q) segments add counts.
 
-    Both steps are exact: self-composition is what the count means, and T₁ Gaussians with σ₁
-    composed with T₂ with σ₂ is one Gaussian with σ_eff = (T₁/σ₁² + T₂/σ₂²)^(-1/2).
+    Not a second event grouper (that is :func:`group_events`, applied before lowering): it merges
+    what lowering made equal, e.g. shuffled epochs (Gaussians of σ/√5) with full-batch releases, and
+    Poisson runs with assumed-Poisson shuffled runs of the same (σ, q).  Both steps are exact:
+    self-composition is what the count means, and T₁ Gaussians with σ₁ composed with T₂ with σ₂ is
+    one Gaussian with σ_eff = (T₁/σ₁² + T₂/σ₂²)^(-1/2).
     """
     counts: dict[tuple[float, float], int] = {}
     inv_var = 0.0
@@ -261,7 +285,8 @@ def segment_to_dp_event(s: Segment) -> dpe.DpEvent:
 def to_dp_event(events) -> dpe.DpEvent:
     """The ``dp_accounting`` event equivalent to a list of privtune events (after lowering)."""
     low = lower_events(events)
-    parts = [segment_to_dp_event(s) for s in low.segments]
+    parts: list[dpe.DpEvent] = [dpe.NonPrivateDpEvent() for _ in low.non_private[:1]]
+    parts += [segment_to_dp_event(s) for s in low.segments]
     for r in low.repeat_and_select:
         inner = lower_events(list(r.events)).segments
         inner_ev = dpe.ComposedDpEvent([segment_to_dp_event(s) for s in inner])
@@ -492,7 +517,8 @@ def account(
 
     Args:
         events: one event or a list of events (:class:`GaussianEvent`, :class:`DPSGDEvent`,
-            :class:`RepeatAndSelectEvent`); they are composed (adaptively allowed).
+            :class:`RepeatAndSelectEvent`, :class:`NonPrivateEvent`); they are composed
+            (adaptively allowed).
         delta: target δ in (0, 1); below 1/n when ``dataset_size`` n is given.
         accountant: ``"pld"`` (default, tight) or ``"rdp"``.
         value_discretization_interval: PLD only; ``None`` (default) chooses it by target
@@ -503,8 +529,9 @@ def account(
     Returns:
         :class:`AccountingResult` with ε (add/remove one example), δ, the accountant used and notes.
         Never an exception for a tiny σ or a huge T: if the PLD would be too large to build, RDP
-        is used (``accountant == "rdp"``, a note says why); if σ < :data:`MIN_ACCOUNTED_NOISE_MULTIPLIER`
-        or the RDP bound overflows, ``epsilon`` is ``inf`` (no guarantee) and a note says why.
+        is used (``accountant == "rdp"``, a note says why); if the events hold a :class:`NonPrivateEvent`,
+        if σ < :data:`MIN_ACCOUNTED_NOISE_MULTIPLIER` or if the RDP bound overflows, ``epsilon`` is
+        ``inf`` (no guarantee) and a note says why.
     """
     delta = check_delta(delta, dataset_size=dataset_size)
     low = lower_events(events)
@@ -515,7 +542,9 @@ def account(
     if value_discretization_interval is not None:
         fixed = check_real(value_discretization_interval, "value_discretization_interval", low=0.0, high=1.0)
     smallest = _smallest_sigma(low)
-    if smallest < MIN_ACCOUNTED_NOISE_MULTIPLIER:
+    if low.non_private:
+        eps = math.inf  # the notes say which release was not private
+    elif smallest < MIN_ACCOUNTED_NOISE_MULTIPLIER:
         notes.append(_floor_note(smallest))
         eps = math.inf
     elif used == "rdp":
@@ -580,8 +609,9 @@ def compute_delta(
     PLD: the pessimistic PLD's δ(ε) (an upper bound); the discretisation is chosen by target
     precision (relative δ error ≈ 1e-3) unless given.  RDP: dp_accounting's
     ``RdpAccountant.get_delta``.  As in :func:`account`, a PLD too large to build falls back to
-    RDP (or the smaller of the two upper bounds when refinement had to stop early), and a noise
-    multiplier below :data:`MIN_ACCOUNTED_NOISE_MULTIPLIER` or an overflowing RDP bound gives δ = 1.
+    RDP (or the smaller of the two upper bounds when refinement had to stop early), and a
+    :class:`NonPrivateEvent`, a noise multiplier below :data:`MIN_ACCOUNTED_NOISE_MULTIPLIER` or an
+    overflowing RDP bound gives δ = 1.
     """
     epsilon = check_real(epsilon, "epsilon", low=0.0, low_inclusive=True,
                          fix="Pass a finite ε ≥ 0 at which to evaluate δ.")
@@ -590,7 +620,7 @@ def compute_delta(
     fixed = None
     if value_discretization_interval is not None:
         fixed = check_real(value_discretization_interval, "value_discretization_interval", low=0.0, high=1.0)
-    if _smallest_sigma(low) < MIN_ACCOUNTED_NOISE_MULTIPLIER:
+    if low.non_private or _smallest_sigma(low) < MIN_ACCOUNTED_NOISE_MULTIPLIER:
         return 1.0  # no guarantee claimed (see MIN_ACCOUNTED_NOISE_MULTIPLIER)
     if used == "rdp":
         return _rdp_delta(events, epsilon)
@@ -619,7 +649,7 @@ __all__ = [
     "compute_epsilon",
     "compute_delta",
     "lower_events",
-    "group_segments",
+    "merge_segments",
     "to_dp_event",
     "segment_to_dp_event",
     "choose_pld_interval",

@@ -1,43 +1,233 @@
-"""Noise calibration: the smallest σ that meets a target (ε, δ), verified before it is returned.
+"""Calibration: the parameter whose events meet a target (ε, δ), verified before it is returned.
 
-How the PLD calibration is fast *and* tight (dp_accounting's own ``calibrate_dp_mechanism``
-with PLD spends ~5 s here because every bracket/Brent step rebuilds a fine PLD):
+There is one calibrator, :func:`calibrate` (dp_accounting's ``calibrate_dp_mechanism`` shape): it
+takes a function from a parameter (σ, μ, ...) to the list of events a mechanism would spend, a
+bracket, the target (ε, δ), the accountant, the direction in which ε moves with the parameter and a
+tolerance, and returns the parameter on the *safe side*: ε ≤ target, evaluated with the public
+:func:`privtune.accounting.compute_epsilon` on exactly the events returned by the function (so the
+whole composition, spent events included, is what is checked).  Every other calibrator in privtune
+is a small factory over it: :func:`calibrate_noise_multiplier` (DP-SGD σ inside a composition),
+:func:`calibrate_loss_noise_multiplier` (HyFreeDP loss noise), ``hpo.common.calibrate_final`` /
+``calibrate_in_plan`` and ``hpo.hyperfree.calibrate_joint`` (through
+:func:`calibrate_noise_multiplier`), random search's per-trial μ.  The closed forms of
+:mod:`privtune.accounting.gdp` (full-batch σ = √T/μ(ε, δ), exact, no search needed) are kept as
+closed forms.
 
-1. **Coarse solve.** Bracket and Brent root-find of log ε(log σ) on a coarse pessimistic PLD
-   (value discretisation 1e-2, a few ms per evaluation).  A pessimistic PLD is an upper
-   bound on ε at any discretisation, so the coarse root is already a *valid* (conservative)
-   σ; it is only not tight.
-2. **Fine solve.** Pick the discretisation that :func:`privtune.accounting.compute_epsilon`
-   itself would use at that σ (chosen by target precision, ~0.1 % of ε), then a few
-   safeguarded secant steps on that fine PLD, started from the coarse root with the coarse
-   slope, aiming just below the target.
-3. **Verification.** The final σ is evaluated with the *public* ``compute_epsilon`` (same
-   accountant, same automatic pessimistic discretisation, same composition with
-   ``spent_events``); if it exceeds the target (it should not), σ is moved up and re-verified.
-
-Every PLD built on the way is cached (per σ, q, discretisation), so the verification and
-repeated calibrations re-use work.
+How the PLD calibration of σ is fast *and* tight (dp_accounting's own ``calibrate_dp_mechanism``
+with PLD spends ~5 s here because every step rebuilds a fine PLD): :func:`calibrate` is run twice.
+First on a coarse pessimistic PLD (a fixed value discretisation of ≈ ε/300; a few ms per
+evaluation; a pessimistic PLD is an upper bound at any discretisation, so that solve is only
+loose, never unsafe), to ~1 %.  Then on ``compute_epsilon`` itself (its automatic, ~0.1 %-precise
+discretisation), started from the coarse answer, to the final tolerance.  Every PLD built on the
+way is cached (per σ, q, discretisation), so the verification re-uses work.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-
-from scipy import optimize
+from collections.abc import Callable, Sequence
 
 from privtune._validation import check_choice, check_delta, check_epsilon, check_real, check_sample_rate, check_steps
 from privtune.accounting import accountant as acc
-from privtune.accounting.events import DPSGDEvent, GaussianEvent, SAMPLING_SCHEMES
+from privtune.accounting.events import DPSGDEvent, Event, GaussianEvent, SAMPLING_SCHEMES
 from privtune.errors import InfeasibleBudgetError, InvalidParameterError
 
 #: Default ceiling on σ (noise std / clipping norm); a target that needs more is infeasible.
 DEFAULT_MAX_NOISE_MULTIPLIER = 1000.0
 #: Lower end of the σ search.
 MIN_NOISE_MULTIPLIER = 1e-2
-#: Relative gap to the target that the fine solve aims for (ε_fine ∈ [target·(1-gap), target]).
-_FINE_GAP = 2e-4
-_COARSE_INTERVAL = 1e-2
+#: Default relative tolerance of :func:`calibrate` (see its docstring).
+DEFAULT_TOLERANCE = 1e-4
+#: Tolerance of σ calibrations: ε of the returned σ lies in [target·(1 − 1e-4), target] (or σ is
+#: within a factor 1 + 1e-4 of an evaluated σ that misses the target).
+_SIGMA_TOLERANCE = 1e-4
+#: Tolerance of the first, coarse PLD solve (only a starting point for the final one).
+_COARSE_TOLERANCE = 1e-2
+#: Largest first step (in log p) away from a guess when looking for the other side of the target.
+_FIRST_MAX_STEP = math.log(2.0)
+_MAX_EVALUATIONS = 200
+
+
+def calibrate(
+    make_events: Callable[[float], Sequence[Event]],
+    target_epsilon: float,
+    delta: float,
+    *,
+    bracket: tuple[float, float],
+    accountant: str = "pld",
+    increasing: bool = False,
+    tolerance: float = DEFAULT_TOLERANCE,
+    guess: float | None = None,
+    value_discretization_interval: float | None = None,
+    name: str = "parameter",
+) -> float:
+    """The best parameter in ``bracket`` whose events meet (``target_epsilon``, ``delta``), checked.
+
+    ``make_events(p)`` returns the complete list of events to account for parameter ``p`` (events
+    already spent included); ε(p) is ``compute_epsilon(make_events(p), delta, accountant)``.
+
+    Args:
+        make_events: parameter -> list of privtune events.
+        target_epsilon: the ε that the composition must not exceed (> 0).
+        delta: δ in (0, 1) at which ε is evaluated.
+        bracket: ``(low, high)`` with 0 < low < high, in the parameter's own units (σ is a
+            multiplier of the sensitivity, μ is the GDP parameter, ...).
+        accountant: ``"pld"`` (default) or ``"rdp"``.
+        increasing: the monotonicity direction, which fixes the safe side.  ``False`` (σ: more
+            noise, smaller ε): the safe side is *above* the boundary and the smallest safe
+            parameter is returned.  ``True`` (μ, a number of steps: larger means more privacy loss):
+            the safe side is *below* and the largest safe parameter is returned.
+        tolerance: relative, > 0 and < 1.  The search stops at a safe p (ε(p) ≤ target, always)
+            once either ε(p) ≥ (1 − tolerance)·target, or a parameter within a factor
+            (1 + tolerance) of p on the unsafe side was evaluated and misses the target.
+        guess: optional starting point (a good one saves evaluations); else the search starts
+            at the safe end of the bracket.
+        value_discretization_interval: PLD only: a fixed discretisation passed to
+            :func:`~privtune.accounting.account` (pessimistic, so ε is still an upper bound).
+            ``None`` (default): the automatic one, i.e. exactly the public ``compute_epsilon``.
+        name: the parameter's name, for error messages.
+
+    Returns:
+        The parameter p, with ε(p) ≤ ``target_epsilon`` checked before returning.  When even the
+        unsafe end of the bracket meets the target, that end is returned.
+
+    Raises:
+        InvalidParameterError: a bad argument.
+        InfeasibleBudgetError: even the safe end of the bracket misses the target.
+    """
+    target = check_epsilon(target_epsilon, "target_epsilon")
+    delta = check_delta(delta)
+    accountant = check_choice(accountant, "accountant", acc.ACCOUNTANTS)
+    if not callable(make_events):
+        raise InvalidParameterError(
+            f"`make_events` must be a function from the {name} to a list of events. Got {make_events!r}."
+        )
+    low, high = _check_bracket(bracket, name)
+    tol = check_real(tolerance, "tolerance", low=0.0, high=1.0, high_inclusive=False,
+                     fix="Pass a relative tolerance such as 1e-4.")
+    vdi = value_discretization_interval
+    values: dict[float, float] = {}
+
+    def epsilon_at(p: float) -> float:
+        if p not in values:
+            if len(values) >= _MAX_EVALUATIONS:  # pragma: no cover - ε not monotone in the parameter
+                raise InfeasibleBudgetError(
+                    f"calibration of the {name} did not converge in {_MAX_EVALUATIONS} evaluations "
+                    f"(target ε = {target:g}); is ε monotone in the {name}? Please report this with your arguments."
+                )
+            values[p] = float(acc.account(list(make_events(p)), delta, accountant,
+                                          value_discretization_interval=vdi).epsilon)
+        return values[p]
+
+    safe_end, unsafe_end = (low, high) if increasing else (high, low)
+
+    ok, bad = _find_sides(epsilon_at, target, safe_end, unsafe_end, guess, low, high, increasing, tol, name,
+                          delta, accountant)
+    # bad is None: already done (the unsafe end of the bracket meets the target, or ok is close enough)
+    last_moved, repeats = None, 0
+    while bad is not None and epsilon_at(ok) < (1.0 - tol) * target and abs(math.log(ok / bad)) > math.log1p(tol):
+        # safeguard: after the same end moved three times in a row, bisect
+        recent = tuple(values)[-2:] if len(values) >= 2 else (ok, bad)
+        new_ok, new_bad = _narrow(epsilon_at, recent, target, ok, bad, tol, bisect=repeats >= 3)
+        moved = "ok" if new_ok != ok else "bad"
+        repeats = repeats + 1 if moved == last_moved else 1
+        last_moved, ok, bad = moved, new_ok, new_bad
+        if ok == bad:
+            break
+    if not epsilon_at(ok) <= target:  # pragma: no cover - a safe point is only ever an evaluated one
+        raise InfeasibleBudgetError(f"calibration could not verify ε ≤ {target:g}; please report this.")
+    return ok
+
+
+def _check_bracket(bracket, name: str) -> tuple[float, float]:
+    try:
+        low, high = (float(b) for b in bracket)
+    except (TypeError, ValueError):
+        raise InvalidParameterError(
+            f"`bracket` must be a pair (low, high) of numbers bounding the {name}. Got {bracket!r}."
+        ) from None
+    if not (0.0 < low < high < math.inf):
+        raise InvalidParameterError(
+            f"`bracket` must satisfy 0 < low < high < inf. Got ({low!r}, {high!r}) for the {name}."
+        )
+    return low, high
+
+
+def _find_sides(epsilon_at, target, safe_end, unsafe_end, guess, low, high, increasing, tol, name, delta,
+                accountant):
+    """(safe point, unsafe point), or (safe point, None) when the search is already done: evaluated
+    points on both sides of the target."""
+    def infeasible() -> InfeasibleBudgetError:
+        return InfeasibleBudgetError(
+            f"No {name} in [{low:g}, {high:g}] meets the target ε = {target:g} at δ = {delta:g} with the "
+            f"{accountant} accountant: at the safe end ({name} = {safe_end:g}) the events cost "
+            f"ε = {epsilon_at(safe_end):.4g}. Raise the target ε, spend less elsewhere, or widen the bracket."
+        )
+
+    def close(p: float) -> bool:  # safe and within the tolerance of the target: nothing left to do
+        return (1.0 - tol) * target <= epsilon_at(p) <= target
+
+    if guess is None:
+        if epsilon_at(safe_end) > target:
+            raise infeasible()
+        if epsilon_at(unsafe_end) <= target:
+            return unsafe_end, None
+        return safe_end, unsafe_end
+    p = min(max(float(guess), low), high)
+    if close(p):
+        return p, None
+    start_safe = epsilon_at(p) <= target
+    # walk away from the guess towards the target: up in p when (safe and ε increases) or (unsafe and
+    # ε decreases).  The first step assumes ε ∝ p^±1, later ones follow the secant through the last two
+    # points; each is at least a factor 1 + tol and at most a factor that grows with every step (so a
+    # bad slope can neither stall the walk nor throw it far away)
+    up = start_safe == increasing
+    prev, max_step = None, _FIRST_MAX_STEP
+    while True:
+        step = _secant_step(epsilon_at, prev, p, target, tol, max_step)
+        q = min(p * math.exp(step), high) if up else max(p * math.exp(-step), low)
+        if q == p:  # hit the end of the bracket
+            if start_safe:
+                return p, None
+            raise infeasible()
+        if (epsilon_at(q) <= target) != start_safe:
+            return (p, q) if start_safe else (q, p)
+        if close(q):
+            return q, None
+        prev, p, max_step = p, q, 4.0 * max_step
+
+
+def _secant_step(epsilon_at, prev: float | None, p: float, target: float, tol: float, max_step: float) -> float:
+    """|log step| from p that the secant through (prev, p) in (log p, log ε) predicts for ε = target·(1 − tol/2),
+    clipped to [log(1 + tol), max_step]; max_step when the secant is of no use."""
+    e_p = epsilon_at(p)
+    e_prev = e_p * math.e if prev is None else epsilon_at(prev)  # no previous point: unit slope
+    if not (0.0 < e_prev < math.inf and 0.0 < e_p < math.inf) or e_prev == e_p:
+        return max_step
+    slope = 1.0 if prev is None else (math.log(e_p) - math.log(e_prev)) / (math.log(p) - math.log(prev))
+    step = abs((math.log(target * (1.0 - tol / 2.0)) - math.log(e_p)) / slope)
+    return min(max(step, math.log1p(tol)), max_step)
+
+
+def _narrow(epsilon_at, recent: tuple[float, float], target: float, ok: float, bad: float, tol: float, *,
+            bisect: bool = False) -> tuple[float, float]:
+    """One safeguarded secant step in (log p, log ε) through the two most ``recent`` points, aiming just
+    inside the safe side and kept inside the bracket (ok, bad); returns the new (safe, unsafe) pair."""
+    x_ok, x_bad = math.log(ok), math.log(bad)
+    x = 0.5 * (x_ok + x_bad)
+    (p1, p2), (e1, e2) = recent, (epsilon_at(recent[0]), epsilon_at(recent[1]))
+    if not bisect and 0.0 < e1 < math.inf and 0.0 < e2 < math.inf and e1 != e2 and p1 != p2:
+        aim = math.log(target * (1.0 - tol / 2.0))
+        x1, x2 = math.log(p1), math.log(p2)
+        x_sec = x2 + (aim - math.log(e2)) * (x2 - x1) / (math.log(e2) - math.log(e1))
+        lo_x, hi_x = min(x_ok, x_bad), max(x_ok, x_bad)
+        margin = min(0.02 * (hi_x - lo_x), 0.25 * math.log1p(tol))
+        if math.isfinite(x_sec):
+            x = min(max(x_sec, lo_x + margin), hi_x - margin)
+    p = math.exp(x)
+    if p in (ok, bad):  # no representable point in between
+        return ok, ok
+    return (p, bad) if epsilon_at(p) <= target else (ok, p)
 
 
 def make_final_event(noise_multiplier: float, sample_rate: float, steps: int, sampling: str,
@@ -46,40 +236,6 @@ def make_final_event(noise_multiplier: float, sample_rate: float, steps: int, sa
         return DPSGDEvent(noise_multiplier, 1.0, steps, sampling="full_batch", label=label)
     return DPSGDEvent(noise_multiplier, sample_rate, steps, sampling=sampling,
                       assume_poisson=assume_poisson, label=label)
-
-
-def _solve_increasing_gap(f: Callable[[float], float], lo: float, hi: float, *, xtol: float) -> float:
-    """Root of f on [lo, hi] in log σ (f decreasing in σ): returns a point with f ≤ 0 (the hi side)."""
-    g = lambda x: f(math.exp(x))  # noqa: E731
-    a, b = math.log(lo), math.log(hi)
-    x = optimize.brentq(g, a, b, xtol=xtol, maxiter=100)
-    # brentq's x may sit on either side; step to the safe side.
-    for _ in range(60):
-        if g(x) <= 0:
-            return math.exp(x)
-        x += xtol
-    return hi
-
-
-def _bracket(f: Callable[[float], float], guess: float, ceiling: float) -> tuple[float, float]:
-    """[lo, hi] with f(lo) > 0 ≥ f(hi), f decreasing; InfeasibleBudgetError above ceiling."""
-    hi = min(max(guess, MIN_NOISE_MULTIPLIER), ceiling)
-    if f(hi) > 0:
-        lo = hi
-        while True:
-            if hi >= ceiling:
-                raise _infeasible_ceiling(ceiling)
-            lo, hi = hi, min(hi * 2.0, ceiling)
-            if f(hi) <= 0:
-                return lo, hi
-    lo = hi
-    while True:
-        lo_new = lo / 2.0
-        if lo_new < MIN_NOISE_MULTIPLIER:
-            return MIN_NOISE_MULTIPLIER, lo  # f ≤ 0 already at the floor side handled by caller
-        if f(lo_new) > 0:
-            return lo_new, lo
-        lo = lo_new
 
 
 def _infeasible_ceiling(ceiling: float) -> InfeasibleBudgetError:
@@ -144,7 +300,6 @@ def calibrate_noise_multiplier(
             f"`sample_rate` must be 1.0 when sampling='full_batch'. Got {sample_rate!r}."
         )
     spent = acc.as_event_list(spent_events)
-    make = lambda s: make_final_event(s, q, T, sampling, assume_poisson)  # noqa: E731
 
     # spent alone must leave room
     if spent:
@@ -156,32 +311,38 @@ def calibrate_noise_multiplier(
                 "on tuning."
             )
 
-    def verified(sigma: float) -> float:
-        return acc.compute_epsilon(spent + [make(sigma)], delta, accountant)
+    def events(sigma: float) -> list:
+        return spent + [make_final_event(sigma, q, T, sampling, assume_poisson)]
 
-    guess = _initial_guess(target, delta, q if sampling != "shuffle" or assume_poisson else 1.0,
-                           T if sampling != "shuffle" or assume_poisson else make(1.0).epochs)
+    amplified = sampling != "shuffle" or assume_poisson
+    guess = _initial_guess(target, delta, q if amplified else 1.0,
+                           T if amplified else make_final_event(1.0, q, T, sampling).epochs)
     guess = min(max(guess, MIN_NOISE_MULTIPLIER), ceiling)
-    low_spent = acc.lower_events(spent)
-
-    def generic() -> float:
-        sigma = _calibrate_generic(verified, target, ceiling, guess)
-        for _ in range(20):  # verification pass (same public function)
-            if verified(sigma) <= target:
-                return sigma
-            sigma *= 1.0 + 2e-5
-        raise InfeasibleBudgetError(  # pragma: no cover - would be a bug
-            f"calibration could not verify ε ≤ {target:g}; please report this with your arguments."
-        )
-
-    if accountant == "rdp" or low_spent.repeat_and_select:
-        return generic()
+    solve = lambda **kw: calibrate(events, target, delta, bracket=(MIN_NOISE_MULTIPLIER, ceiling),  # noqa: E731
+                                   accountant=accountant, increasing=False, name="noise_multiplier", **kw)
     try:
-        return _calibrate_pld(spent, make, target, delta, ceiling, guess, verified)
-    except acc.PLDTooLargeError:
-        # a PLD on the way would be too large to build (tiny σ or huge T): solve on
-        # compute_epsilon itself, which falls back to RDP there and says so
-        return generic()
+        if accountant == "pld" and not acc.lower_events(spent).repeat_and_select:
+            guess = _pld_guess(solve, events, target, delta, guess, ceiling)
+        return solve(tolerance=_SIGMA_TOLERANCE, guess=guess)
+    except InfeasibleBudgetError:
+        raise _infeasible_ceiling(ceiling) from None
+
+
+def _pld_guess(solve, events, target: float, delta: float, guess: float, ceiling: float) -> float:
+    """A σ close to the answer, found cheaply: solved on a coarse pessimistic PLD (~1 %), then on the
+    one discretisation that ``compute_epsilon`` chooses there (one PLD per σ instead of several).
+    The final solve on ``compute_epsilon`` itself then usually only confirms it."""
+    try:
+        guess = solve(tolerance=_COARSE_TOLERANCE, guess=guess, value_discretization_interval=_coarse_interval(target))
+    except InfeasibleBudgetError:
+        return ceiling  # the coarse PLD is looser: let the final solve decide
+    interval = acc.account(events(guess), delta, "pld").value_discretization_interval
+    if interval is None:  # compute_epsilon fell back to RDP there: nothing to gain
+        return guess
+    try:
+        return solve(tolerance=_SIGMA_TOLERANCE, guess=guess, value_discretization_interval=interval)
+    except InfeasibleBudgetError:
+        return ceiling
 
 
 def _initial_guess(target: float, delta: float, q: float, T: int) -> float:
@@ -200,22 +361,6 @@ def _initial_guess(target: float, delta: float, q: float, T: int) -> float:
     return 1.0 / math.sqrt(x) if x > 0 else 1.0
 
 
-def _calibrate_generic(eps_of: Callable[[float], float], target: float, ceiling: float,
-                       guess: float = 1.0) -> float:
-    """Smallest σ ≤ ceiling with eps_of(σ) ≤ target: safeguarded secant (few evaluations),
-    Brent's method on a bracket as the fallback."""
-    f = lambda s: eps_of(s) - target  # noqa: E731
-    if f(ceiling) > 0:
-        raise _infeasible_ceiling(ceiling)
-    s = _secant_down(eps_of, target, guess, ceiling, gap=2e-4)
-    if eps_of(s) <= target:
-        return s
-    lo, hi = _bracket(f, guess, ceiling)  # pragma: no cover - secant failed to converge
-    if f(lo) <= 0:
-        return lo
-    return _solve_increasing_gap(f, lo, hi, xtol=5e-5)
-
-
 def _coarse_interval(target: float) -> float:
     """Coarsest PLD level with interval ≤ ε/300 (≈5 % ε error: enough for a starting point),
     but not finer than 1e-4."""
@@ -223,95 +368,6 @@ def _coarse_interval(target: float) -> float:
         if h <= max(target / 300.0, 1e-4):
             return h
     return acc.PLD_LEVELS[-1]
-
-
-def _calibrate_pld(spent, make, target: float, delta: float, ceiling: float, guess: float,
-                   verified: Callable[[float], float]) -> float:
-    spent_segments = acc.lower_events(spent).segments
-
-    def segs_of(sigma: float):
-        return acc.group_segments(spent_segments + acc.lower_events([make(sigma)]).segments)
-
-    def eps_at(sigma: float, h: float) -> float:
-        return acc.pld_epsilon_at(segs_of(sigma), delta, h)
-
-    # 1. coarse: a valid (upper-bound) but loose PLD, solved to ~1 %
-    hc = _coarse_interval(target)
-    if eps_at(ceiling, max(hc, 1e-3)) > target:
-        # maybe infeasible: decide with the accountant itself (the public compute_epsilon)
-        if verified(ceiling) > target:
-            raise _infeasible_ceiling(ceiling)
-        sigma = ceiling
-    else:
-        sigma = _secant_down(lambda s: eps_at(s, hc), target, guess, ceiling, gap=1e-2)
-
-    # 2. fine: secant at the discretisation compute_epsilon chooses near the answer;
-    # 3. verify with compute_epsilon itself; if its chosen discretisation moved, solve again there.
-    for _ in range(4):
-        h, _ = acc.choose_pld_interval(segs_of(sigma), delta)
-        sigma = _secant_down(lambda s: eps_at(s, h), target, sigma, ceiling, gap=_FINE_GAP)
-        if verified(sigma) <= target:
-            return sigma
-    for _ in range(50):  # pragma: no cover - defensive: walk up until verified
-        sigma *= 1.0 + 1e-4
-        if sigma > ceiling:
-            raise _infeasible_ceiling(ceiling)
-        if verified(sigma) <= target:
-            return sigma
-    raise InfeasibleBudgetError(  # pragma: no cover - would be a bug
-        f"calibration could not verify ε ≤ {target:g}; please report this with your arguments."
-    )
-
-
-def _secant_down(eps_fn: Callable[[float], float], target: float, s0: float, ceiling: float,
-                 gap: float = _FINE_GAP) -> float:
-    """Smallest-ish σ with eps_fn(σ) ≤ target, starting from s0 (usually feasible).
-
-    Safeguarded secant in (log σ, log ε); keeps a feasible point (ε ≤ target) and an
-    infeasible one; stops when the feasible point is within _FINE_GAP of the target.
-    """
-    aim = math.log(target * (1.0 - gap / 2))
-    good = bad = None  # (log σ, log ε)
-    x = math.log(s0)
-    e = eps_fn(s0)
-    pts = []
-    for _ in range(30):
-        le = math.log(e) if e > 0 else -50.0
-        pts.append((x, le))
-        if e <= target:
-            if good is None or x < good[0]:
-                good = (x, le)
-            if e >= target * (1.0 - gap):
-                return math.exp(x)
-        elif bad is None or x > bad[0]:
-            bad = (x, le)
-        # next point: secant through the last two, else a slope guess of -1.5
-        if len(pts) >= 2 and pts[-1][0] != pts[-2][0]:
-            slope = (pts[-1][1] - pts[-2][1]) / (pts[-1][0] - pts[-2][0])
-        else:
-            slope = -1.5
-        if not (slope < 0) or not math.isfinite(slope):
-            slope = -1.5
-        x_new = x + (aim - le) / slope
-        if good is not None and bad is not None:
-            lo_x, hi_x = bad[0], good[0]
-            if not (lo_x < x_new < hi_x):
-                x_new = 0.5 * (lo_x + hi_x)
-            if hi_x - lo_x < 1e-7:
-                return math.exp(good[0])
-        elif good is None:  # still infeasible: go up at least a bit
-            if x >= math.log(ceiling) - 1e-12:
-                return ceiling
-            x_new = max(x_new, x + 1e-4)
-        else:  # only feasible points: go down, not too far
-            x_new = min(x_new, x - 1e-6)
-            x_new = max(x_new, x - 0.5)
-        x_new = min(x_new, math.log(ceiling))
-        x = x_new
-        e = eps_fn(math.exp(x))
-    if good is not None:
-        return math.exp(good[0])
-    return math.exp(x)
 
 
 def calibrate_loss_noise_multiplier(
@@ -356,13 +412,13 @@ def calibrate_loss_noise_multiplier(
             f"target_epsilon = {target:g}; no loss noise fits. Increase grad_noise_multiplier "
             "(e.g. 1.01× the gradient-only σ) or the target."
         )
-    eps_of = lambda sl: acc.compute_epsilon(events(sl), delta, accountant)  # noqa: E731
-    sl = _calibrate_generic(eps_of, target, max_noise_multiplier, guess=min(4.0 * sg, max_noise_multiplier))
-    for _ in range(20):
-        if eps_of(sl) <= target:
-            return sl
-        sl *= 1 + 2e-4
-    raise InfeasibleBudgetError(f"could not verify ε ≤ {target:g} for the loss noise.")  # pragma: no cover
+    ceiling = check_real(max_noise_multiplier, "max_noise_multiplier", low=MIN_NOISE_MULTIPLIER)
+    try:
+        return calibrate(events, target, delta, bracket=(MIN_NOISE_MULTIPLIER, ceiling), accountant=accountant,
+                         increasing=False, tolerance=_SIGMA_TOLERANCE, guess=min(4.0 * sg, ceiling),
+                         name="loss_noise_multiplier")
+    except InfeasibleBudgetError:
+        raise _infeasible_ceiling(ceiling) from None
 
 
 def joint_release_events(grad_noise_multiplier: float, loss_noise_multiplier: float, sample_rate: float,
@@ -383,6 +439,7 @@ def joint_release_events(grad_noise_multiplier: float, loss_noise_multiplier: fl
 
 
 __all__ = [
+    "calibrate",
     "calibrate_noise_multiplier",
     "calibrate_loss_noise_multiplier",
     "joint_release_events",

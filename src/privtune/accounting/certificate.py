@@ -7,6 +7,11 @@ events with the stated accountant and fails when it differs from the stated ε b
 :data:`VERIFY_RTOL` (relative) + :data:`VERIFY_ATOL` (absolute); recomputation with the same
 library versions is deterministic and matches to the last digit, so the tolerance only
 absorbs floating-point differences across platforms/versions.
+
+A certificate whose events include a :class:`~privtune.accounting.events.NonPrivateEvent` states
+ε = ∞ (no guarantee).  JSON has no infinity, so that ε is written as the string ``"inf"``
+(:data:`INFINITE_EPSILON`), never as the non-standard ``Infinity`` that strict JSON readers refuse;
+it is read back only together with such an event.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from typing import Any
 
 from privtune._validation import check_choice, check_delta
 from privtune.accounting import accountant as acc
-from privtune.accounting.events import event_from_dict, event_to_dict
+from privtune.accounting.events import NonPrivateEvent, event_from_dict, event_to_dict
 from privtune.errors import CertificateError, PrivtuneError
 
 NEIGHBOURING = "add/remove one example"
@@ -30,6 +35,12 @@ FORMAT_VERSION = 1
 VERIFY_RTOL = 1e-6
 #: Absolute tolerance of :func:`verify_certificate` on ε.
 VERIFY_ATOL = 1e-9
+#: How an infinite ε (a certificate of NOT PRIVATE events) is written in JSON.
+INFINITE_EPSILON = "inf"
+
+
+def _non_private(events) -> bool:
+    return any(isinstance(e, NonPrivateEvent) for e in events)
 
 
 def _version(dist: str) -> str | None:
@@ -83,7 +94,7 @@ class Certificate:
         if not events:
             raise CertificateError("A certificate needs at least one event; got an empty list.")
         res = acc.account(events, delta, accountant, dataset_size=dataset_size)
-        if not math.isfinite(res.epsilon):
+        if not math.isfinite(res.epsilon) and not _non_private(events):
             raise CertificateError(
                 f"These events have no finite ε at δ = {res.delta:g}, so no certificate can be issued: "
                 f"{' '.join(res.notes[-1:])}"
@@ -109,7 +120,7 @@ class Certificate:
     def to_dict(self) -> dict[str, Any]:
         return {
             "format_version": FORMAT_VERSION,
-            "epsilon": self.epsilon,
+            "epsilon": self.epsilon if math.isfinite(self.epsilon) else INFINITE_EPSILON,
             "delta": self.delta,
             "accountant": self.accountant,
             "neighbouring": self.neighbouring,
@@ -141,14 +152,19 @@ class Certificate:
             raise CertificateError(f"Certificate has unknown keys {sorted(extra)}; refusing to ignore them.")
         if not isinstance(data["events"], list) or not data["events"]:
             raise CertificateError("Certificate `events` must be a non-empty list of event objects.")
+        events = [event_from_dict(e) for e in data["events"]]
         try:
-            eps = float(data["epsilon"])
+            not_private = data["epsilon"] == INFINITE_EPSILON and _non_private(events)
+            eps = math.inf if not_private else float(data["epsilon"])  # "inf": NOT PRIVATE events only
             delta = check_delta(data["delta"])
             accountant = check_choice(data["accountant"], "accountant", acc.ACCOUNTANTS)
         except (TypeError, ValueError) as exc:
             raise CertificateError(f"Malformed certificate: {exc}") from None
-        if not math.isfinite(eps) or eps < 0:
-            raise CertificateError(f"Certificate `epsilon` must be a finite number ≥ 0. Got {data['epsilon']!r}.")
+        if math.isnan(eps) or eps < 0 or (math.isinf(eps) and not not_private):
+            raise CertificateError(
+                f"Certificate `epsilon` must be a finite number ≥ 0 (or {INFINITE_EPSILON!r} for a certificate "
+                f"of NOT PRIVATE events). Got {data['epsilon']!r}."
+            )
         neigh = data.get("neighbouring", NEIGHBOURING)
         if neigh != NEIGHBOURING:
             raise CertificateError(
@@ -157,7 +173,7 @@ class Certificate:
             )
         vdi = data.get("value_discretization_interval")
         return cls(
-            events=[event_from_dict(e) for e in data["events"]],
+            events=events,
             epsilon=eps,
             delta=delta,
             accountant=accountant,
@@ -171,6 +187,11 @@ class Certificate:
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, ensure_ascii=False)
+
+    @property
+    def private(self) -> bool:
+        """False when the events include a :class:`NonPrivateEvent` (then ε = ∞: no guarantee)."""
+        return not _non_private(self.events)
 
     def save(self, path) -> Path:
         """Write the certificate as JSON to ``path`` (parent folders are created)."""
@@ -211,7 +232,11 @@ def verify_certificate(path_or_certificate, *, rtol: float = VERIFY_RTOL, atol: 
         raise
     except PrivtuneError as exc:
         raise CertificateError(f"Certificate events cannot be accounted: {exc}") from None
-    if abs(eps - cert.epsilon) > rtol * max(abs(eps), abs(cert.epsilon)) + atol:
+    if math.isinf(eps) or math.isinf(cert.epsilon):
+        mismatch = eps != cert.epsilon  # ∞ matches only ∞ (inf − inf would be nan and compare False)
+    else:
+        mismatch = abs(eps - cert.epsilon) > rtol * max(abs(eps), abs(cert.epsilon)) + atol
+    if mismatch:
         raise CertificateError(
             f"Certificate ε mismatch: it states ε = {cert.epsilon!r} but its events give ε = {eps!r} "
             f"at δ = {cert.delta:g} with the {cert.accountant} accountant (tolerance {rtol:g}·ε + {atol:g}). "
@@ -221,4 +246,4 @@ def verify_certificate(path_or_certificate, *, rtol: float = VERIFY_RTOL, atol: 
 
 
 __all__ = ["Certificate", "verify_certificate", "recompute_epsilon", "library_versions", "NEIGHBOURING",
-           "VERIFY_RTOL", "VERIFY_ATOL"]
+           "VERIFY_RTOL", "VERIFY_ATOL", "INFINITE_EPSILON"]

@@ -13,6 +13,8 @@ Conventions, shared by every event:
   gradient sums).  A release with noise N(0, σ²C²) of a sum whose per-example
   contributions have norm ≤ C is one :class:`GaussianEvent` with that σ.
 * ``sample_rate`` (q) is the Poisson sampling probability of each example per step.
+* A release without a finite guarantee (no noise, or no clipping) is a :class:`NonPrivateEvent`:
+  it composes to ε = ∞ in every accountant, so it can never hide inside a composition.
 
 Rules for evolving events (as in dp_accounting): an event's meaning never changes, new
 fields are optional, and ``from_dict`` rejects unknown kinds and fields instead of
@@ -134,9 +136,73 @@ class RepeatAndSelectEvent:
         object.__setattr__(self, "shape", check_real(self.shape, "shape", low=0.0, low_inclusive=True))
 
 
+@dataclass(frozen=True)
+class NonPrivateEvent:
+    """A release with no differential-privacy guarantee: ε = ∞ (δ = 1) in every accountant.
+
+    Emitted by every path that releases something computed from private data without noise or
+    without a sensitivity bound, e.g. ``fit(noise_multiplier=0)`` and ``fit_nonprivate``.  It
+    is dp_accounting's ``NonPrivateDpEvent``: any composition containing it has ε = ∞, so a
+    non-private step can never look free (an empty event list composes to ε = 0).  ``reason``
+    says what was released without protection; it appears in notes and certificates.  It
+    serialises as ``{"kind": "non_private", "reason": ..., "label": ...}`` (no infinite
+    number is written, so the JSON stays standard).  The budget ledger refuses to charge it.
+    """
+
+    kind: ClassVar[str] = "non_private"
+    reason: str = ""
+    label: str = ""
+
+    def __post_init__(self) -> None:
+        for name in ("reason", "label"):
+            if not isinstance(getattr(self, name), str):
+                raise InvalidParameterError(
+                    f"`{name}` of a NonPrivateEvent must be a string. Got {type(getattr(self, name)).__name__}."
+                )
+
+
 PRIMITIVE_EVENT_TYPES = (GaussianEvent, DPSGDEvent)
-EVENT_TYPES = {cls.kind: cls for cls in (GaussianEvent, DPSGDEvent, RepeatAndSelectEvent)}
-Event = GaussianEvent | DPSGDEvent | RepeatAndSelectEvent
+EVENT_TYPES = {cls.kind: cls for cls in (GaussianEvent, DPSGDEvent, RepeatAndSelectEvent, NonPrivateEvent)}
+Event = GaussianEvent | DPSGDEvent | RepeatAndSelectEvent | NonPrivateEvent
+
+#: DP-SGD sampling schemes whose runs compose additively (T₁ + T₂ steps of the same (σ, q) are one run of
+#: T₁ + T₂ steps).  Shuffled runs are not: each is charged ⌈T·q⌉ whole epochs, and merging two half-epoch
+#: runs would count one epoch where there are two.
+_ADDITIVE_SAMPLING = ("poisson", "full_batch")
+
+
+def group_events(events) -> list:
+    """Merge events whose composition is *exactly* additive; keep first-occurrence order.
+
+    The one event grouper (dp_accounting's ``DpEventBuilder`` role), used by the accountant before
+    lowering and by the ledger before composing or comparing plans:
+
+    * ``GaussianEvent(σ, a)`` and ``GaussianEvent(σ, b)`` -> ``GaussianEvent(σ, a + b)``;
+    * ``DPSGDEvent(σ, q, T1, s)`` and ``DPSGDEvent(σ, q, T2, s)`` -> ``DPSGDEvent(σ, q, T1 + T2, s)`` for
+      ``s`` in ``"poisson"``, ``"full_batch"`` (never for shuffled batches, see ``_ADDITIVE_SAMPLING``);
+    * any number of :class:`NonPrivateEvent` s -> the first one (∞ composed with ∞ is ∞).
+
+    Repeat-and-select events are kept as they are.  Labels never affect privacy and are dropped
+    from merged events.  Grouping never changes ε: each merge is self-composition, which is what
+    a count means.
+    """
+    merged: dict[tuple, Any] = {}  # insertion-ordered: first occurrence decides the position
+    for i, e in enumerate(events):
+        if isinstance(e, GaussianEvent):
+            key: tuple = ("gaussian", e.noise_multiplier)
+            prev = merged.get(key)
+            merged[key] = GaussianEvent(e.noise_multiplier, e.count + (prev.count if prev else 0))
+        elif isinstance(e, DPSGDEvent) and e.sampling in _ADDITIVE_SAMPLING and not e.assume_poisson:
+            key = ("dpsgd", e.noise_multiplier, e.sample_rate, e.sampling)
+            prev = merged.get(key)
+            merged[key] = DPSGDEvent(
+                e.noise_multiplier, e.sample_rate, e.steps + (prev.steps if prev else 0), sampling=e.sampling
+            )
+        elif isinstance(e, NonPrivateEvent):
+            merged.setdefault(("non_private",), e)
+        else:
+            merged[("other", i)] = e
+    return list(merged.values())
 
 
 def event_to_dict(event: Event) -> dict[str, Any]:
@@ -182,6 +248,8 @@ def event_from_dict(data: dict[str, Any]) -> Event:
 def describe_event(event: Event) -> str:
     """A short human-readable summary, e.g. ``'DP-SGD σ=1.1 q=0.01 T=500 (poisson)'``."""
     prefix = f"[{event.label}] " if event.label else ""
+    if isinstance(event, NonPrivateEvent):
+        return f"{prefix}NOT PRIVATE (ε = ∞){': ' + event.reason if event.reason else ''}"
     if isinstance(event, GaussianEvent):
         return f"{prefix}Gaussian σ={event.noise_multiplier:.4g} ×{event.count}"
     if isinstance(event, DPSGDEvent):
@@ -198,7 +266,9 @@ __all__ = [
     "GaussianEvent",
     "DPSGDEvent",
     "RepeatAndSelectEvent",
+    "NonPrivateEvent",
     "Event",
+    "group_events",
     "SAMPLING_SCHEMES",
     "event_to_dict",
     "event_from_dict",

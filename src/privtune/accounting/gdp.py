@@ -70,7 +70,13 @@ def mu_from_epsilon(epsilon: float, delta: float) -> float:
 
 
 def noise_multiplier_full_batch(epsilon: float, delta: float, steps: int) -> float:
-    """Exact σ for full-batch DP-GD: σ = √T / μ(ε, δ)."""
+    """Exact σ for full-batch DP-GD: σ = √T / μ(ε, δ).
+
+    A closed form, not a factory over :func:`privtune.accounting.calibration.calibrate`.  T full-batch
+    Gaussian steps are exactly (√T/σ)-GDP, and μ(ε, δ) is the exact inverse of the GDP trade-off
+    (dp_accounting's ``get_sigma_gaussian``), so a search could only add rounding and cost.  The PLD
+    calibration of the same run (``calibrate_noise_multiplier(..., sample_rate=1.0)``) agrees to within
+    its pessimistic discretisation (tests/test_accounting_calibration.py::test_full_batch_matches_exact_gdp)."""
     return math.sqrt(check_steps(steps)) / mu_from_epsilon(epsilon, delta)
 
 

@@ -144,9 +144,10 @@ def account(noise_multiplier, epsilon, delta, sample_rate, steps, dataset_size, 
     if certificate is not None:
         cert = A.verify_certificate(certificate)
         if as_json:
-            click.echo(json.dumps({"verified": True, "epsilon": _json_number(cert.epsilon), "delta": cert.delta,
-                                   "accountant": cert.accountant, "events": len(cert.events),
-                                   "path": certificate}))
+            # ε as certificate.json writes it: a number, or "inf" for NOT PRIVATE events (never null)
+            click.echo(json.dumps({"verified": True, "epsilon": cert.to_dict()["epsilon"], "private": cert.private,
+                                   "delta": cert.delta, "accountant": cert.accountant, "events": len(cert.events),
+                                   "path": certificate}, allow_nan=False))
         else:
             rows = [[A.describe_event(e)] for e in cert.events]
             _print_table(f"certificate {certificate}: VERIFIED", ["event"], rows,

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from privtune._validation import check_int, check_real
+from privtune.accounting.calibration import calibrate
 from privtune.accounting.events import GaussianEvent, RepeatAndSelectEvent
 from privtune.errors import InfeasibleBudgetError
 from privtune.hpo.common import BudgetPlan, StrategyOutcome, TrialRecord, choose_best, epsilon_of, mu_from_epsilon
@@ -70,32 +71,24 @@ class RandomSearchConfig:
 
 
 def _shrink_to_fit(make_events, mu0: float, total: float, delta: float, accountant: str) -> float:
-    """Largest μ ≤ mu0 (in 0.2 % steps) whose events meet the total ε under ``accountant``."""
-    mu = mu0
-    for _ in range(400):
-        if epsilon_of(make_events(mu), delta, accountant) <= total:
-            return mu
-        mu *= 0.998
-    raise InfeasibleBudgetError(f"random search: no per-trial μ ≤ {mu0:.4g} meets ε = {total:g}.")
+    """Largest μ ≤ mu0 (down to 0.45·mu0) whose events meet the total ε under ``accountant``."""
+    try:
+        return calibrate(make_events, total, delta, bracket=(mu0 * 0.998 ** 400, mu0), accountant=accountant,
+                         increasing=True, tolerance=1e-4, guess=mu0, name="per-trial μ")
+    except InfeasibleBudgetError:
+        raise InfeasibleBudgetError(f"random search: no per-trial μ ≤ {mu0:.4g} meets ε = {total:g}.") from None
 
 
 def _ps_mu(k: float, shape: float, score_sigma: float | None, total: float, delta: float) -> float | None:
-    """Per-trial μ for repeat-and-select by bisection on the RDP ε (None if infeasible)."""
-    def eps(mu: float) -> float:
+    """Largest per-trial μ for repeat-and-select whose RDP ε meets the total (None if infeasible)."""
+    def events(mu: float) -> list:
         inner = [GaussianEvent(1.0 / mu, 1)] + ([GaussianEvent(score_sigma, 1)] if score_sigma else [])
-        return epsilon_of([RepeatAndSelectEvent(events=tuple(inner), mean=k, shape=shape)], delta, "rdp")
-    lo, hi = 1e-4, mu_from_epsilon(total, delta)
-    if eps(lo) > total:
+        return [RepeatAndSelectEvent(events=tuple(inner), mean=k, shape=shape)]
+    try:
+        return calibrate(events, total, delta, bracket=(1e-4, mu_from_epsilon(total, delta)), accountant="rdp",
+                         increasing=True, tolerance=1e-9, name="per-trial μ")
+    except InfeasibleBudgetError:
         return None
-    if eps(hi) <= total:
-        return hi
-    for _ in range(40):
-        mid = math.sqrt(lo * hi)
-        if eps(mid) <= total:
-            lo = mid
-        else:
-            hi = mid
-    return lo
 
 
 def plan(config: RandomSearchConfig, total_epsilon: float, delta: float, *, score_sigma: float | None = None,

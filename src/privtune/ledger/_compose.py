@@ -1,16 +1,10 @@
 """Composition of a dataset's spends through the accounting core (never by adding ε's).
 
 The ledger may hold thousands of entries; most are repeats of a few configurations.  Before
-calling the accountant, events whose composition is *exactly* additive are merged:
-
-* ``GaussianEvent(σ, a)`` and ``GaussianEvent(σ, b)`` -> ``GaussianEvent(σ, a + b)``;
-* ``DPSGDEvent(σ, q, T1, "poisson")`` and ``DPSGDEvent(σ, q, T2, "poisson")`` ->
-  ``DPSGDEvent(σ, q, T1 + T2, "poisson")`` (the same for ``"full_batch"``).
-
-Shuffled DP-SGD is *not* merged: it is accounted per run as ``ceil(T·q)`` full releases, and
-merging two half-epoch runs would count one release where there are two.  Repeat-and-select
-events are kept as they are.  Labels never affect privacy and are dropped when merging.
-Results are cached on ``(accountant, δ, events)`` because events are frozen (hashable).
+calling the accountant, events whose composition is *exactly* additive are merged by
+:func:`privtune.accounting.events.group_events`, the one event grouper (the accountant uses
+the same function before lowering).  Results are cached on ``(accountant, δ, events)`` because
+events are frozen (hashable).
 """
 
 from __future__ import annotations
@@ -18,29 +12,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 
-from privtune.accounting.events import DPSGDEvent, GaussianEvent
-
-_ADDITIVE_SAMPLING = ("poisson", "full_batch")
-
-
-def group_events(events: Sequence) -> list:
-    """Merge events whose composition is exactly additive; keep first-occurrence order."""
-    merged: dict[tuple, object] = {}  # insertion-ordered: first occurrence decides the position
-    for i, e in enumerate(events):
-        if isinstance(e, GaussianEvent):
-            key: tuple = ("gaussian", e.noise_multiplier)
-            prev = merged.get(key)
-            merged[key] = GaussianEvent(e.noise_multiplier, e.count + (prev.count if prev else 0))
-        elif isinstance(e, DPSGDEvent) and e.sampling in _ADDITIVE_SAMPLING and not e.assume_poisson:
-            key = ("dpsgd", e.noise_multiplier, e.sample_rate, e.sampling)
-            prev = merged.get(key)
-            merged[key] = DPSGDEvent(
-                e.noise_multiplier, e.sample_rate, e.steps + (prev.steps if prev else 0), sampling=e.sampling
-            )
-        else:
-            key = ("other", i)
-            merged[key] = e
-    return list(merged.values())
+from privtune.accounting.events import group_events
 
 
 @functools.lru_cache(maxsize=512)

@@ -51,6 +51,7 @@ import sqlalchemy as sa
 from privtune._validation import check_choice, check_delta, check_epsilon
 from privtune.accounting.events import (
     EVENT_TYPES,
+    NonPrivateEvent,
     describe_event,
     event_from_dict,
     event_to_dict,
@@ -474,6 +475,14 @@ def _check_events(events: Any, name: str) -> tuple:
         if not isinstance(e, types):
             raise InvalidParameterError(
                 f"`{name}` must hold privtune events from privtune.accounting.events. Got {e!r}."
+            )
+        if isinstance(e, NonPrivateEvent):
+            raise BudgetExceededError(
+                f"`{name}` holds a NonPrivateEvent ({describe_event(e)}): a release without a privacy "
+                "guarantee has ε = ∞ and would exhaust this dataset's finite budget forever, so the ledger "
+                "refuses to charge it; nothing was recorded. Keep non-private runs (noise_multiplier=0, "
+                "fit_nonprivate) out of the ledger and out of anything released, or run with noise "
+                "(noise_multiplier > 0 or a target epsilon)."
             )
         out.append(e)
     if not out:
