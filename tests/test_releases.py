@@ -62,7 +62,7 @@ def test_repeat_and_select_publishes_only_the_selected_trial(files, tmp_path, mo
     secrets = [repr(t.hyperparameters["learning_rate"]) for t in others]
     secrets += [f"{t.hyperparameters['learning_rate']:.3g}" for t in others
                 if f"{t.hyperparameters['learning_rate']:.3g}" != f"{seen['best'].hyperparameters['learning_rate']:.3g}"]
-    words = ["realised_trials", "best_index", "selected_trial", "random search trial"]
+    words = ["realised_trials", "best_index", "selected_trial", "random search trial", "random-search trial"]
     for path, data in _every_file(r.run_dir).items():
         text = data.decode("utf-8", errors="replace")
         for s in secrets + words:

@@ -24,6 +24,7 @@ per trial either.  With composition every trial is composed, so every trial is p
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -41,6 +42,8 @@ NAME = "random-search"
 PUBLISHED_UNDER_PS = ("selected trial only: Papernot & Steinke's repeat-and-select bound covers releasing the best "
                       "trial, so the number of trials run (random), the other trials' scores and their hyperparameters "
                       "are not published")
+#: label of the selected trial's events under repeat-and-select (never its position among the K trials)
+SELECTED_TRIAL_LABEL = "selected trial (repeat-and-select)"
 #: largest expected number of trials accepted for repeat-and-select (K itself is not capped)
 MAX_MEAN_TRIALS = 100
 
@@ -226,8 +229,10 @@ def run(backend, selector, config: RandomSearchConfig, p: BudgetPlan, *, seed: i
     if use_ps:
         if progress:
             progress("random search (repeat-and-select): the selected trial is released; " + PUBLISHED_UNDER_PS)
+        # relabelled: the run's own labels name its position ("random-search trial 2"), a lower bound on K
+        selected_events = [dataclasses.replace(e, label=SELECTED_TRIAL_LABEL) for e in best.events]
         selected = TrialRecord(index=0, phase="selected trial (repeat-and-select)",
-                               hyperparameters=dict(best.hyperparameters), events=list(best.events),
+                               hyperparameters=dict(best.hyperparameters), events=selected_events,
                                score=best.score, score_source=best.score_source)
         data = {"name": NAME, "accounting": p.details["accounting"], "trial_mu": mu, "published": PUBLISHED_UNDER_PS,
                 "certificate_events": "repeat-and-select event replaces per-trial composition",
