@@ -232,3 +232,35 @@ def test_resumed_repeat_and_select_does_not_publish_how_many_trials_had_complete
     log = (r.run_dir / "log.txt").read_text()
     assert not re.search(r"\d+ completed trial", log) and "trial 2" not in log and "3 runs" not in log
     assert not (r.run_dir / ".tune_state.jsonl").exists()
+
+
+# ------------------------------------------------------------------------- "what a run releases" table
+def _release_table() -> str:
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "privacy-model.md").read_text()
+    return page.split("## What a run releases", 1)[1].split("\n## ", 1)[0]
+
+
+@pytest.mark.parametrize("command", ["train", "tune-repeat-and-select", "tune-hyperfree"])
+def test_release_table_names_every_file_and_field_a_run_writes(files, tmp_path, command):
+    if command == "train":
+        out = _train(files, tmp_path, seed=None).output_dir
+    elif command == "tune-repeat-and-select":
+        out = _tune(files, tmp_path, strategy="random-search",
+                    strategy_options={"trials": 2, "accounting": "repeat-and-select"}).run_dir
+    else:
+        out = _tune(files, tmp_path, strategy="hyperfree", labels=[0, 1], steps=2, batch_size=20).run_dir
+    table = _release_table()
+    tokens = re.findall(r"`\.?([A-Za-z_][\w.\-]*)`", table)  # `metrics.json`, `metadata.seeds`, `.lr`, ...
+    named = set(tokens) | {part for t in tokens for part in t.split(".")}
+    for p in out.iterdir():  # every file or directory at the top of RUN_DIR
+        assert (p.name in named or p.name.rstrip("/") + "/" in table
+                or (p.suffix == ".png" and "*.png" in table)), p.name
+    cert = json.loads((out / "certificate.json").read_text())
+    fields = {f"certificate.json {k}": k for k in cert} | {f"metadata.{k}": k for k in cert["metadata"]}
+    fields |= {f"metrics.json {k}": k for k in json.loads((out / "metrics.json").read_text())}
+    hist = json.loads((out / "history.json").read_text())
+    fields |= {f"history.json {k}": k for k in hist} | {f"final_run.{k}": k for k in hist["final_run"]}
+    missing = [where for where, key in fields.items() if key not in named]
+    assert not missing, f"docs/privacy-model.md 'What a run releases' does not name: {missing}"
