@@ -98,6 +98,17 @@ def test_seeded_train_is_labelled_not_private_in_certificate_card_and_report(fil
     assert json.loads((r.output_dir / "metrics.json").read_text())["label"] == "NOT PRIVATE: seeded"
 
 
+def test_seeded_model_card_states_no_guarantee_anywhere(files, tmp_path):
+    # the banner alone is not enough: the title, the front matter (shown by model hubs) and the guarantee
+    # paragraph must not state (ε, δ) as a property of a model whose noise the seed reproduces
+    r = _train(files, tmp_path, seed=3)
+    card = (r.output_dir / "model" / "README.md").read_text()
+    front, body = card.split("\n---\n", 1)
+    assert "ε =" not in front and "NOT PRIVATE: seeded" in front
+    assert "differentially private fine-tune" not in body and "-differentially private**" not in body
+    assert "does **not** hold" in body.split("\n## Privacy guarantee", 1)[1]
+
+
 def test_unseeded_train_has_no_seeded_banner(files, tmp_path):
     r = _train(files, tmp_path, seed=None)
     cert = json.loads((r.output_dir / "certificate.json").read_text())

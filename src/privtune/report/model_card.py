@@ -74,6 +74,8 @@ def _front_matter(run: RunData, base: str, dataset: str) -> str:
         tags.append(f"privtune-{mode}")
     if run.not_private:
         tags.append("not-private-reference")
+    if run.seeded:
+        tags.append("not-private-seeded")
     fm: dict[str, Any] = {"library_name": "transformers", "pipeline_tag": "text-classification", "tags": tags,
                           "base_model": base, "datasets": [dataset]}
     acc = run.metrics.get("accuracy")
@@ -83,7 +85,8 @@ def _front_matter(run: RunData, base: str, dataset: str) -> str:
                   "dataset": {"name": dataset, "type": dataset,
                               "split": _file_name(run.metrics.get("reported_split", "test"))},
                   "metrics": [{"type": "accuracy", "value": round(float(acc), 4),
-                               "name": f"accuracy (ε = {run.epsilon:.3g}, δ = {run.delta:.0e})"
+                               "name": "accuracy (NOT PRIVATE: seeded)" if run.seeded
+                               else f"accuracy (ε = {run.epsilon:.3g}, δ = {run.delta:.0e})"
                                if run.epsilon is not None and run.delta is not None else "accuracy"}]}
         fm["model-index"] = [{"name": run.run_dir.name, "results": [result]}]
     return "---\n" + yaml.safe_dump(fm, sort_keys=False, allow_unicode=True) + "---\n"
@@ -125,7 +128,9 @@ def render_model_card(run: RunData) -> str:
     strategy = run.strategy_name
     selected_only = str(run.strategy.get("published") or "").startswith("selected trial only")
     lines = [_front_matter(run, base, dataset)]
-    title = f"{run.run_dir.name}: differentially private fine-tune of {base}"
+    # a seeded run's noise is reproducible: nothing in its card may read as a DP claim
+    title = (f"{run.run_dir.name}: NOT PRIVATE (seeded) fine-tune of {base}" if run.seeded
+             else f"{run.run_dir.name}: differentially private fine-tune of {base}")
     lines.append(f"# {title}\n")
     if run.seeded:
         from privtune.report.release import seeded_notice
@@ -140,6 +145,12 @@ def render_model_card(run: RunData) -> str:
             "differentially private, but its hyperparameters were chosen by a grid search on private data whose "
             "cost was **not** charged (the grid oracle). The model as a whole therefore has **no** end-to-end "
             "differential-privacy guarantee. Do not release it as a private model.\n")
+    elif run.seeded:
+        lines.append(
+            f"**NOT PRIVATE: seeded.** The events in the certificate account to (ε = {eps:.4g}, δ = {delta:.1e}) "
+            "with respect to adding or removing one training example, but this run used an explicit seed that "
+            "reproduces all of its noise, so that guarantee does **not** hold for this model. Do not release it as "
+            "a private model.\n")
     else:
         trials_words = ("a random number of trials, repeat-and-select; only the selected trial is published"
                         if selected_only else f"{n_trials} trials")
