@@ -107,6 +107,8 @@ def test_seeded_model_card_states_no_guarantee_anywhere(files, tmp_path):
     assert "ε =" not in front and "NOT PRIVATE: seeded" in front
     assert "differentially private fine-tune" not in body and "-differentially private**" not in body
     assert "does **not** hold" in body.split("\n## Privacy guarantee", 1)[1]
+    report = (r.output_dir / "report.html").read_text()
+    assert "-differentially private</b>" not in report and "does <b>not</b> hold" in report
 
 
 def test_unseeded_train_has_no_seeded_banner(files, tmp_path):

@@ -154,11 +154,18 @@ def _budget_section(run: RunData, b: _Builder, bp: P.BudgetPoints | None) -> str
     out = ["<section id='budget'><h2>Privacy budget</h2>"]
     if run.epsilon is not None and run.delta is not None:
         what = "tuning and the final run together" if run.trials else "the whole run"
-        out.append(
-            f"<p>This run is <b>(ε = {run.epsilon:.4g}, δ = {run.delta:.1e})-differentially private</b> for "
-            f"{_e(what)}, with respect to adding or removing one training example, as composed by the "
-            f"<b>{_e(run.accountant.upper())}</b> accountant over every event listed in the certificate.</p>"
-        )
+        if run.seeded:  # the seed reproduces the noise: the accounted (ε, δ) is not a property of this run
+            out.append(
+                f"<p class='bad'>{_np_badge()} <b>NOT PRIVATE: seeded.</b> The certificate's events account to "
+                f"(ε = {run.epsilon:.4g}, δ = {run.delta:.1e}) for {_e(what)}, but the explicit seed reproduces "
+                "all of the run's noise, so that guarantee does <b>not</b> hold for this run.</p>"
+            )
+        else:
+            out.append(
+                f"<p>This run is <b>(ε = {run.epsilon:.4g}, δ = {run.delta:.1e})-differentially private</b> for "
+                f"{_e(what)}, with respect to adding or removing one training example, as composed by the "
+                f"<b>{_e(run.accountant.upper())}</b> accountant over every event listed in the certificate.</p>"
+            )
     if run.not_private:
         out.append(f"<p class='bad'>{_np_badge()} The grid oracle's tuning is not charged: the ε above covers the "
                    "final run only, so this model has <b>no</b> end-to-end guarantee. Use it as a reference, "
