@@ -210,6 +210,8 @@ def test_opt_in_report_badges_the_non_private_loss_inside_the_picture(tmp_path):
     out = H.write_report(rd, include_non_private=True)
     assert out == rd / "not_private" / "report.html"
     assert (rd / "not_private" / "learning_curves.png").is_file() and not (rd / "learning_curves.png").exists()
+    for f in (rd / "not_private").iterdir():  # NOT PRIVATE figures are private files, whatever the umask
+        assert stat.S_IMODE(f.stat().st_mode) == 0o600, f
     run = load_run(rd, include_non_private=True)
     fig = P.plot_learning_curves(run)
     texts = [t.get_text() for t in fig.texts] + [ax.get_title() for ax in fig.axes]

@@ -483,4 +483,7 @@ def write_report(run_dir: str | os.PathLike, *, include_non_private: bool = Fals
         (rd / name).write_bytes(png)
     out = rd / "report.html"
     out.write_text(doc, encoding="utf-8")
+    if include_non_private:  # NOT PRIVATE figures: 0600 like the rest of not_private/, whatever the umask
+        for path in [out, *(rd / name for name in images)]:
+            os.chmod(path, 0o600)
     return out
