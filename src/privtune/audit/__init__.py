@@ -11,6 +11,9 @@ about the claim being tight or correct.  See docs/auditing.md.
 
 from __future__ import annotations
 
+import sys
+import types
+
 from privtune.audit.bounds import epsilon_lower_bound, max_epsilon_lower_bound, p_value
 from privtune.audit.result import AuditResult, best_guesses
 from privtune.audit.whitebox import audit_dp_step
@@ -23,6 +26,18 @@ def __getattr__(name: str):
         return audit
     raise AttributeError(f"module 'privtune.audit' has no attribute {name!r}")
 
+
+class _CallableModule(types.ModuleType):
+    """``privtune.audit`` is both this package and the function :func:`privtune.audit.audit`: once the package
+    is imported it shadows the lazily exported function on ``privtune``, so calling it runs the audit."""
+
+    def __call__(self, *args, **kwargs):
+        from privtune.audit.blackbox import audit
+
+        return audit(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
 
 __all__ = ["epsilon_lower_bound", "max_epsilon_lower_bound", "p_value", "AuditResult", "best_guesses",
            "audit_dp_step", "audit"]
