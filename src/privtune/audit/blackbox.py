@@ -36,7 +36,10 @@ from privtune._validation import _suggest_delta, check_choice, check_delta, chec
 from privtune.audit.result import AuditResult, best_guesses
 from privtune.errors import DataError, InvalidParameterError, UnknownDatasetError
 
-__all__ = ["audit", "AuditReport", "make_text_canaries"]
+__all__ = ["audit", "AuditReport", "make_text_canaries", "AUDITED_MODES"]
+
+# two-phase switches the trainable set mid-run (two events); audit each phase's mode on its own
+AUDITED_MODES = ("full", "bitfit", "last-layer", "lora")
 
 
 @dataclass
@@ -114,6 +117,7 @@ def audit(
     text_column: str | None = None,
     label_column: str | None = None,
     max_physical_batch_size: int = 32,
+    max_length: int | None = None,
     device: Any = None,
 ) -> AuditReport:
     """One-run privacy audit of a ``privtune train`` configuration (Steinke, Nasr & Jagielski 2023).
@@ -122,7 +126,8 @@ def audit(
         data: the training data, as for :func:`privtune.train` (text data).
         model, mode, epsilon, noise_multiplier, delta, epochs, steps, batch_size, learning_rate, clip,
             clipping, optimizer, sampling ("poisson" or "full_batch"), accountant, text_column,
-            label_column, max_physical_batch_size, device: the configuration, as for :func:`privtune.train`.
+            label_column, max_physical_batch_size, max_length, device: the configuration, as for
+            :func:`privtune.train` (mode: "full", "bitfit", "last-layer" or "lora").
         num_canaries: m canaries per audit (each included with probability 1/2).
         whitebox: run the white-box audit of the DP step at this configuration's (σ, q, T, C) (no user data).
         blackbox: run the black-box audit: one real training run on ``data`` plus the included canaries.
@@ -150,6 +155,7 @@ def audit(
         )
     if epsilon is not None:
         epsilon = check_epsilon(epsilon)
+    mode = check_choice(mode, "mode", AUDITED_MODES)
     sampling = check_choice(sampling, "sampling", ("poisson", "full_batch"))
     m = check_int(num_canaries, "num_canaries", low=10, fix="Use at least 10 canaries (1000 is a good default).")
     confidence = check_real(confidence, "confidence", low=0.0, high=1.0, fix="Pass e.g. confidence=0.95.")
@@ -204,7 +210,8 @@ def audit(
                                     clipping=clipping, optimizer=optimizer, sampling=sampling,
                                     accountant=accountant, public_data=public_data, ledger=ledger,
                                     confidence=confidence, seed=seed, progress=progress,
-                                    max_physical_batch_size=max_physical_batch_size, device=device)
+                                    max_physical_batch_size=max_physical_batch_size, max_length=max_length,
+                                    device=device)
     if output_dir is not None:
         report.save(output_dir)
     return report
@@ -212,7 +219,7 @@ def audit(
 
 def _blackbox(user, union, can_texts, can_labels, included, planned, claimed, delta, sigma, T, B, *, model, mode,
               learning_rate, clip, clipping, optimizer, sampling, accountant, public_data, ledger, confidence,
-              seed, progress, max_physical_batch_size, device) -> AuditResult:
+              seed, progress, max_physical_batch_size, max_length, device) -> AuditResult:
     from privtune.data import TextDataset
     from privtune.ledger import Ledger, dataset_identity
     from privtune.training import _forward, _resolve_ledger, train
@@ -226,7 +233,7 @@ def _blackbox(user, union, can_texts, can_labels, included, planned, claimed, de
     kwargs = dict(model=model, mode=mode, noise_multiplier=sigma, delta=delta, steps=T, batch_size=B,
                   learning_rate=learning_rate, clip=clip, clipping=clipping, optimizer=optimizer, sampling=sampling,
                   accountant=accountant, output_dir=None, seed=seed, progress=progress,
-                  max_physical_batch_size=max_physical_batch_size, device=device)
+                  max_physical_batch_size=max_physical_batch_size, max_length=max_length, device=device)
     with tempfile.TemporaryDirectory(prefix="privtune-audit-") as tmp:
         # the union is a new dataset: its own throw-away ledger; the user's budget is charged below
         scratch = Ledger(Path(tmp) / "audit-ledger.db")
