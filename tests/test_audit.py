@@ -82,10 +82,10 @@ def test_best_guesses_perfect_separation_uses_all_guesses():
 # ------------------------------------------------------------------ white-box audit of the DP step
 
 # claimed ε = 1 at δ = 1e-5; full batch (q = 1, T = 10) and Poisson (q = 0.5); 1000 Dirac canaries,
-# micro-batches of 64 (≈ 8 per logical batch).
+# micro-batches of 64 (≈ 8 per full batch) and 32 (≈ 8 per Poisson batch of ≈ 250 canaries).
 FULL = dict(epsilon=1.0, delta=1e-5, sample_rate=1.0, steps=10, num_canaries=1000, seed=0,
             max_physical_batch_size=64)
-POISSON = dict(FULL, sample_rate=0.5, seed=1)
+POISSON = dict(FULL, sample_rate=0.5, seed=1, max_physical_batch_size=32)
 
 
 @pytest.mark.parametrize("cfg", [FULL, POISSON, dict(FULL, canary="random", background_examples=200, seed=2),
@@ -164,7 +164,7 @@ def test_result_files(tmp_path):
     paths = res.save(tmp_path / "audit")
     assert paths["png"].stat().st_size > 1000
     page = paths["html"].read_text()
-    assert "<h2>Audit</h2>" in page and "audit.png" in page and "evidence, not proof" in page
+    assert "<h2>Audit</h2>" in page and "data:image/png;base64," in page and "evidence, not proof" in page
     import json
 
     d = json.loads(paths["json"].read_text())

@@ -129,13 +129,17 @@ class AuditResult:
         return d
 
     def save(self, directory: str | Path) -> dict[str, Path]:
-        """Write ``audit.json``, ``audit.png`` (score histograms) and ``audit.html`` into ``directory``."""
+        """Write ``audit.json``, ``audit.png`` (score histograms) and a self-contained ``audit.html`` into
+        ``directory``."""
         out = Path(directory).expanduser()
         out.mkdir(parents=True, exist_ok=True)
         paths = {"json": out / "audit.json", "png": out / "audit.png", "html": out / "audit.html"}
         paths["json"].write_text(json.dumps(self.to_dict(), indent=2, default=float), encoding="utf-8")
         self.plot(paths["png"])
-        paths["html"].write_text(self.html(image="audit.png"), encoding="utf-8")
+        import base64
+
+        png = base64.b64encode(paths["png"].read_bytes()).decode("ascii")
+        paths["html"].write_text(self.html(image=f"data:image/png;base64,{png}"), encoding="utf-8")
         return paths
 
     def plot(self, path: str | Path) -> None:
@@ -161,7 +165,8 @@ class AuditResult:
         plt.close(fig)
 
     def html(self, image: str | None = "audit.png") -> str:
-        """A self-contained "Audit" section (HTML fragment inside a minimal page)."""
+        """An "Audit" section in a minimal page; ``image`` is the histogram's URL (``save`` inlines it as a
+        data URI, so the page is self-contained)."""
         import html as _html
 
         rows = "".join(
