@@ -58,7 +58,8 @@ def best_guesses(scores: Sequence[float], included: Sequence[bool], *, delta: fl
         v = int(inc[order[:k_in]].sum()) + int((~inc[order[m - k_out:]]).sum())
         bound = epsilon_lower_bound(m, r, v, delta=delta, confidence=per_test)
         tried[r] = {"num_guesses": r, "correct_guesses": v, "epsilon_lower_bound": bound}
-    best = max(tried.values(), key=lambda c: (c["epsilon_lower_bound"], -c["num_guesses"]))
+    # ties (e.g. every bound 0) go to the most guesses: the most informative row to show
+    best = max(tried.values(), key=lambda c: (c["epsilon_lower_bound"], c["num_guesses"]))
     return {**best, "candidates": list(tried.values()), "confidence_per_candidate": per_test}
 
 
