@@ -9,7 +9,7 @@ import pytest
 import privtune
 from privtune.audit import audit
 from privtune.cli import main
-from privtune.errors import UnknownDatasetError
+from privtune.errors import PrivtuneError, UnknownDatasetError
 from privtune.ledger import Ledger
 from privtune.models.testing import make_toy_text_files
 
@@ -73,3 +73,14 @@ def test_cli_reports_a_usage_error_in_one_line(files, capsys):
     assert rc == 2
     err = capsys.readouterr().err
     assert err.startswith("error:") and "exactly one of `epsilon`" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(epochs=1.0, steps=3), "either `epochs` or `steps`"),
+    (dict(epsilon=None, noise_multiplier=0.0), "noise_multiplier"),
+    (dict(mode="two-phase"), "mode"),
+    (dict(whitebox=False, blackbox=False), "Nothing to audit"),
+])
+def test_audit_rejects_bad_arguments_before_training(files, kw, match):
+    with pytest.raises(PrivtuneError, match=match):
+        audit(files["train"], model=files["model"], public_data=True, **{**ARGS, **kw})

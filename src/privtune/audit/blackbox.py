@@ -32,7 +32,16 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from privtune._validation import _suggest_delta, check_choice, check_delta, check_epsilon, check_int, check_real
+from privtune._validation import (
+    _suggest_delta,
+    check_accounted_noise_multiplier,
+    check_choice,
+    check_delta,
+    check_epsilon,
+    check_int,
+    check_real,
+    check_steps,
+)
 from privtune.audit.result import AuditResult, best_guesses
 from privtune.errors import DataError, InvalidParameterError, UnknownDatasetError
 
@@ -155,6 +164,14 @@ def audit(
         )
     if epsilon is not None:
         epsilon = check_epsilon(epsilon)
+    else:
+        noise_multiplier = check_accounted_noise_multiplier(noise_multiplier)
+    if epochs is not None and steps is not None:
+        raise InvalidParameterError(f"Pass either `epochs` or `steps`, not both. Got epochs={epochs!r}, steps={steps!r}.")
+    if epochs is not None:
+        epochs = check_real(epochs, "epochs", low=0.0, fix="Pass a positive number of passes over the data.")
+    if steps is not None:
+        steps = check_steps(steps)
     mode = check_choice(mode, "mode", AUDITED_MODES)
     sampling = check_choice(sampling, "sampling", ("poisson", "full_batch"))
     m = check_int(num_canaries, "num_canaries", low=10, fix="Use at least 10 canaries (1000 is a good default).")
