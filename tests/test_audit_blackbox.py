@@ -84,3 +84,20 @@ def test_cli_reports_a_usage_error_in_one_line(files, capsys):
 def test_audit_rejects_bad_arguments_before_training(files, kw, match):
     with pytest.raises(PrivtuneError, match=match):
         audit(files["train"], model=files["model"], public_data=True, **{**ARGS, **kw})
+
+
+def test_training_on_user_data_gets_no_recorded_seed_unless_given(files, monkeypatch):
+    import privtune.training as training
+
+    seen = []
+    real_train = training.train
+
+    def spy(data, **kw):
+        seen.append(kw["seed"])
+        return real_train(data, **kw)
+
+    monkeypatch.setattr(training, "train", spy)
+    rep = audit(files["train"], model=files["model"], public_data=True, **{**ARGS, "seed": None})
+    assert seen == [None]  # the noise of a run on private data is seeded from the OS, never stored
+    assert rep.blackbox.config["seed"] == "OS entropy (not recorded)"
+    assert isinstance(rep.whitebox.config["seed"], int)  # the probe touches no user data

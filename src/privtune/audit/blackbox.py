@@ -145,7 +145,8 @@ def audit(
         ledger: Ledger, URL or None (default ledger), as for :func:`privtune.train`.
         output_dir: write ``whitebox/`` and ``blackbox/`` (audit.json, audit.png, audit.html) there.
         confidence: 1 − β of the lower bounds (default 0.95).
-        seed: seeds canaries, membership and training (experiments); None draws from the OS.
+        seed: seeds canaries, membership, the white-box probe and the training run (experiments); None draws
+            from the OS, and the training run's seeds are then never recorded (as in ``train``).
 
     Returns:
         :class:`AuditReport`.
@@ -180,9 +181,12 @@ def audit(
         raise InvalidParameterError(f"`public_data` must be True or False. Got {public_data!r}.")
     if data is None:
         raise InvalidParameterError("`data` is required: the training data of the configuration to audit.")
-    if seed is None:
-        seed = secrets.randbits(62)
-    seed = check_int(seed, "seed", low=0, high=2**62)
+    if seed is not None:
+        seed = check_int(seed, "seed", low=0, high=2**62)
+    # canaries, membership and the white-box probe touch no user data: their seed may be recorded.  The
+    # training run on the user's data gets only an explicit seed (experiments), as in train(): a recorded
+    # noise seed would make the canary scores a deterministic function of the private data.
+    audit_seed = seed if seed is not None else secrets.randbits(62)
 
     user = load_dataset(data, text_column, label_column)
     if getattr(user, "kind", None) != "text":
@@ -195,7 +199,7 @@ def audit(
     delta = check_delta(delta, dataset_size=n_user)
 
     # the canaries and their membership (synthetic: no user data)
-    gen = random.Random(seed)
+    gen = random.Random(audit_seed)
     can_texts, can_labels = make_text_canaries(m, user.num_labels, seed=gen.randrange(2**62))
     included = [gen.random() < 0.5 for _ in range(m)]
     ins = [i for i in range(m) if included[i]]
@@ -219,7 +223,7 @@ def audit(
         report.whitebox = audit_dp_step(
             noise_multiplier=sigma, delta=delta, sample_rate=q, steps=T, clip=clip, clipping=clipping,
             num_canaries=m, max_physical_batch_size=max_physical_batch_size, confidence=confidence,
-            accountant=accountant, seed=seed)
+            accountant=accountant, seed=audit_seed)
         report.whitebox.config["mode"] = mode
     if blackbox:
         report.blackbox = _blackbox(user, union, can_texts, can_labels, included, planned, claimed, delta, sigma, T, B,
@@ -246,7 +250,7 @@ def _blackbox(user, union, can_texts, can_labels, included, planned, claimed, de
     config = {"mode": mode, "noise_multiplier": sigma, "sample_rate": planned[0].sample_rate, "steps": T,
               "batch_size": B, "clip": clip, "clipping": clipping, "optimizer": optimizer, "sampling": sampling,
               "learning_rate": learning_rate, "accountant": accountant, "canary": "random letter-words, random label",
-              "seed": seed}
+              "seed": seed if seed is not None else "OS entropy (not recorded)"}
     kwargs = dict(model=model, mode=mode, noise_multiplier=sigma, delta=delta, steps=T, batch_size=B,
                   learning_rate=learning_rate, clip=clip, clipping=clipping, optimizer=optimizer, sampling=sampling,
                   accountant=accountant, output_dir=None, seed=seed, progress=progress,
