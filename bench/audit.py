@@ -115,7 +115,8 @@ def main(argv=None) -> int:
     say("|---|---|---|---|---|---|---|---|")
     for r in rows:
         wb, bb = r["whitebox"], r["blackbox"]
-        bbs = "not run" if bb is None else f"{bb['epsilon_lower_bound']:.2f} ({bb['correct_guesses']}/{bb['num_guesses']})"
+        bbs = ("not run" if bb is None
+               else f"{bb['epsilon_lower_bound']:.2f} ({bb['correct_guesses']}/{bb['num_guesses']})")
         say(f"| {r['mode']} | {r['claimed_epsilon']:.3g} | {r['noise_multiplier']:.3g} | {r['steps']} | "
             f"{wb['epsilon_lower_bound']:.2f} ({wb['correct_guesses']}/{wb['num_guesses']}) | {bbs} | {r['m']} | "
             f"{r['seconds']:.0f} s |")

@@ -46,7 +46,8 @@ def test_p_value_pure_dp_is_the_binomial_tail():
 
 
 def test_delta_term_by_hand():
-    # r = 1, v = 1: f(1) = p, f(0) = 1; α = max_i (f(1 − i) − f(1))/i = 1 − p (i = 1); p-value = p + 2mδ(1 − p)
+    # r = 1, v = 1: f(1) = p, f(0) = 1; α = max_i (f(1 − i) − f(1))/i = 1 − p (at i = 1);
+    # p-value = p + 2mδ(1 − p)
     m, delta, eps = 4, 0.01, 1.0
     p = 1 / (1 + math.exp(-eps))
     assert p_value(m, 1, 1, eps, delta) == pytest.approx(p + 2 * m * delta * (1 - p), abs=1e-12)

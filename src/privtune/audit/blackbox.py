@@ -168,7 +168,8 @@ def audit(
     else:
         noise_multiplier = check_accounted_noise_multiplier(noise_multiplier)
     if epochs is not None and steps is not None:
-        raise InvalidParameterError(f"Pass either `epochs` or `steps`, not both. Got epochs={epochs!r}, steps={steps!r}.")
+        raise InvalidParameterError(
+            f"Pass either `epochs` or `steps`, not both. Got epochs={epochs!r}, steps={steps!r}.")
     if epochs is not None:
         epochs = check_real(epochs, "epochs", low=0.0, fix="Pass a positive number of passes over the data.")
     if steps is not None:
