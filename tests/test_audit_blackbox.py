@@ -101,3 +101,23 @@ def test_training_on_user_data_gets_no_recorded_seed_unless_given(files, monkeyp
     assert seen == [None]  # the noise of a run on private data is seeded from the OS, never stored
     assert rep.blackbox.config["seed"] == "OS entropy (not recorded)"
     assert isinstance(rep.whitebox.config["seed"], int)  # the probe touches no user data
+
+
+def test_cli_exits_1_when_the_bound_exceeds_the_claim(files, monkeypatch, capsys):
+    from privtune.engine import PrivateGradient
+
+    orig = PrivateGradient.release
+
+    def release_without_noise(self):
+        saved, self.noise_multiplier = self.noise_multiplier, 0.0
+        try:
+            return orig(self)
+        finally:
+            self.noise_multiplier = saved
+
+    monkeypatch.setattr(PrivateGradient, "release", release_without_noise)
+    rc = main(["audit", "--data", str(files["train"]), "--epsilon", "1", "--delta", "1e-3", "--steps", "5",
+               "--batch-size", "60", "--sampling", "full_batch", "--canaries", "500", "--no-blackbox", "--seed", "0",
+               "--quiet"])
+    out = capsys.readouterr().out
+    assert rc == 1 and "VIOLATION" in out
