@@ -145,6 +145,20 @@ class AuditResult:
 
     def plot(self, path: str | Path) -> None:
         """Histograms of the scores of included and excluded canaries (matplotlib, PNG)."""
+        import matplotlib.pyplot as plt
+
+        fig = self.figure()
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "AuditResult":
+        """The inverse of :meth:`to_dict` (derived keys such as ``verdict`` are recomputed, not read)."""
+        names = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+    def figure(self):
+        """The score histograms as a matplotlib figure (the caller closes it)."""
         import matplotlib
 
         matplotlib.use("Agg")
@@ -162,8 +176,7 @@ class AuditResult:
                      f"vs claimed {self.claimed_epsilon:.3g}", fontsize=9)
         ax.legend(fontsize=8)
         fig.tight_layout()
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
+        return fig
 
     def html(self, image: str | None = "audit.png") -> str:
         """An "Audit" section in a minimal page; ``image`` is the histogram's URL (``save`` inlines it as a
