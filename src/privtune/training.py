@@ -1288,22 +1288,15 @@ def train(
         run_config = config if config is not None else _effective_config(
             data, eval_data, model, clf, mode, epsilon, noise_multiplier, delta, hyper, ledger, out, text_column,
             label_column, clipping_diagnostics, phase1_epochs, progress, device_arg)
-        try:
-            _release.release_files(out, [
-                ("model", lambda d: clf.save_pretrained(d / "model")),
-                ("metrics.json", lambda d: _write_json(d / "metrics.json", metrics)),
-                ("history.json", lambda d: _write_json(d / "history.json", history)),
-                ("config.yaml", lambda d: _save_config(d, run_config)),
-                # NOT PRIVATE figures, kept beside the release but not part of it (0700 / 0600)
-                ("not_private", lambda d: write_not_private(d, not_private)),
-                ("certificate.json", lambda d: cert.save(d / "certificate.json")),
-            ], derived=lambda d: _optional_report(d, log))
-        except OSError as exc:  # a full disk, a permission changed during the run, ...
-            raise PrivtuneError(
-                f"Writing the run's files into {str(out)!r} failed ({exc.strerror or exc}). The ledger reservation "
-                "stays charged (it is never refunded); fix the cause, then run the same command with --resume "
-                "(resume=True): it writes the files from the final checkpoint without a new charge."
-            ) from None
+        _release.release_files(out, [
+            ("model", lambda d: clf.save_pretrained(d / "model")),
+            ("metrics.json", lambda d: _write_json(d / "metrics.json", metrics)),
+            ("history.json", lambda d: _write_json(d / "history.json", history)),
+            ("config.yaml", lambda d: _save_config(d, run_config)),
+            # NOT PRIVATE figures, kept beside the release but not part of it (0700 / 0600)
+            ("not_private", lambda d: write_not_private(d, not_private)),
+            ("certificate.json", lambda d: cert.save(d / "certificate.json")),
+        ], derived=lambda d: _optional_report(d, log))
     # the ledger commit comes only once the release is in place: a crash before it leaves the reservation
     # charged (never refunded) and `--resume` writes the files again from the final checkpoint
     if reservation is not None:

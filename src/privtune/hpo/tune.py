@@ -1197,11 +1197,4 @@ def _write_run(run_dir: Path, model, cert, metrics, history, cfg, log, not_priva
         ("not_private", lambda d: write_not_private(d, not_private or {})),
         ("certificate.json", lambda d: cert.save(d / "certificate.json")),
     ]
-    try:
-        _release.release_files(run_dir, writers, derived=derived)
-    except OSError as exc:  # a full disk, a permission changed during the run, ...
-        raise PrivtuneError(
-            f"Writing the run's files into {str(run_dir)!r} failed ({exc.strerror or exc}). The ledger reservation "
-            "stays charged (it is never refunded); fix the cause, then run the same command with --resume: it "
-            "writes the files again without a new charge."
-        ) from None
+    _release.release_files(run_dir, writers, derived=derived)
