@@ -92,7 +92,7 @@ def main(argv=None) -> int:
     for mode in args.modes:
         for eps in args.epsilons:
             t0 = time.perf_counter()
-            rep = audit(train, mode=mode, epsilon=eps, delta=args.delta, epochs=args.epochs,
+            rep = audit(train, mode=mode, labels=[0, 1], epsilon=eps, delta=args.delta, epochs=args.epochs,
                         batch_size=args.batch_size, learning_rate=LEARNING_RATES[mode], clip=1.0,
                         num_canaries=args.canaries, blackbox=not args.no_blackbox, public_data=True,
                         seed=args.seed, progress=False, max_length=args.max_length)

@@ -19,7 +19,7 @@ def files(tmp_path_factory):
     return make_toy_text_files(tmp_path_factory.mktemp("audit"), {"train": ("train.tsv", 60, 0)})
 
 
-ARGS = dict(mode="bitfit", epsilon=2.0, delta=1e-3, steps=3, batch_size=20, learning_rate=1e-2,
+ARGS = dict(mode="bitfit", labels=[0, 1], epsilon=2.0, delta=1e-3, steps=3, batch_size=20, learning_rate=1e-2,
             num_canaries=20, seed=0, progress=False)
 
 
@@ -56,7 +56,7 @@ def test_privtune_audit_is_callable_from_the_top_level(files, tmp_path):
 
 
 def test_cli_prints_the_audit(files, tmp_path, capsys):
-    rc = main(["audit", "--data", str(files["train"]), "--model", str(files["model"]), "--mode", "last-layer",
+    rc = main(["audit", "--data", str(files["train"]), "--labels", "0,1", "--model", str(files["model"]), "--mode", "last-layer",
                "--epsilon", "2", "--delta", "1e-3", "--steps", "3", "--batch-size", "20", "--canaries", "20",
                "--public-data", "--seed", "0", "--quiet", "--output", str(tmp_path / "out")])
     out = capsys.readouterr().out
@@ -69,7 +69,7 @@ def test_cli_prints_the_audit(files, tmp_path, capsys):
 
 
 def test_cli_reports_a_usage_error_in_one_line(files, capsys):
-    rc = main(["audit", "--data", str(files["train"]), "--canaries", "20", "--quiet"])
+    rc = main(["audit", "--data", str(files["train"]), "--labels", "0,1", "--canaries", "20", "--quiet"])
     assert rc == 2
     err = capsys.readouterr().err
     assert err.startswith("error:") and "exactly one of `epsilon`" in err and len(err.strip().splitlines()) == 1
@@ -116,7 +116,7 @@ def test_cli_exits_1_when_the_bound_exceeds_the_claim(files, monkeypatch, capsys
             self.noise_multiplier = saved
 
     monkeypatch.setattr(PrivateGradient, "release", release_without_noise)
-    rc = main(["audit", "--data", str(files["train"]), "--epsilon", "1", "--delta", "1e-3", "--steps", "5",
+    rc = main(["audit", "--data", str(files["train"]), "--labels", "0,1", "--epsilon", "1", "--delta", "1e-3", "--steps", "5",
                "--batch-size", "60", "--sampling", "full_batch", "--canaries", "500", "--no-blackbox", "--seed", "0",
                "--quiet"])
     out = capsys.readouterr().out

@@ -125,6 +125,7 @@ def audit(
     progress: bool = False,
     text_column: str | None = None,
     label_column: str | None = None,
+    labels: Any = None,
     max_physical_batch_size: int = 32,
     max_length: int | None = None,
     device: Any = None,
@@ -135,8 +136,9 @@ def audit(
         data: the training data, as for :func:`privtune.train` (text data).
         model, mode, epsilon, noise_multiplier, delta, epochs, steps, batch_size, learning_rate, clip,
             clipping, optimizer, sampling ("poisson" or "full_batch"), accountant, text_column,
-            label_column, max_physical_batch_size, max_length, device: the configuration, as for
-            :func:`privtune.train` (mode: "full", "bitfit", "last-layer" or "lora").
+            label_column, labels, max_physical_batch_size, max_length, device: the configuration, as for
+            :func:`privtune.train` (mode: "full", "bitfit", "last-layer" or "lora"; ``labels`` is the public
+            label set, declared or the model's own, never read from ``data``).
         num_canaries: m canaries per audit (each included with probability 1/2).
         whitebox: run the white-box audit of the DP step at this configuration's (σ, q, T, C) (no user data).
         blackbox: run the black-box audit: one real training run on ``data`` plus the included canaries.
@@ -155,6 +157,7 @@ def audit(
     from privtune.accounting.events import DPSGDEvent
     from privtune.audit.whitebox import audit_dp_step
     from privtune.data import TextDataset, load_dataset
+    from privtune.data.datasets import declared_label_set
 
     if not (whitebox or blackbox):
         raise InvalidParameterError("Nothing to audit: `whitebox` and `blackbox` are both False. Enable one.")
@@ -189,7 +192,9 @@ def audit(
     # noise seed would make the canary scores a deterministic function of the private data.
     audit_seed = seed if seed is not None else secrets.randbits(62)
 
-    user = load_dataset(data, text_column, label_column)
+    # the label set is public input, as in train(): declared, or the model's own (never the private rows)
+    num_labels, label_names, _ = declared_label_set(labels, model=model)
+    user = load_dataset(data, text_column, label_column, num_labels=num_labels, label_names=label_names)
     if getattr(user, "kind", None) != "text":
         raise DataError("The black-box audit inserts text canaries: pass text training data (.tsv/.csv/.jsonl).")
     if not user.has_labels:
@@ -252,7 +257,9 @@ def _blackbox(user, union, can_texts, can_labels, included, planned, claimed, de
               "batch_size": B, "clip": clip, "clipping": clipping, "optimizer": optimizer, "sampling": sampling,
               "learning_rate": learning_rate, "accountant": accountant, "canary": "random letter-words, random label",
               "seed": seed if seed is not None else "OS entropy (not recorded)"}
-    kwargs = dict(model=model, mode=mode, noise_multiplier=sigma, delta=delta, steps=T, batch_size=B,
+    # the union's label set is the declared one (the canaries' labels are drawn from it)
+    declared = list(union.label_names) if union.label_names is not None else list(range(union.num_labels))
+    kwargs = dict(model=model, mode=mode, labels=declared, noise_multiplier=sigma, delta=delta, steps=T, batch_size=B,
                   learning_rate=learning_rate, clip=clip, clipping=clipping, optimizer=optimizer, sampling=sampling,
                   accountant=accountant, output_dir=None, seed=seed, progress=progress,
                   max_physical_batch_size=max_physical_batch_size, max_length=max_length, device=device)

@@ -4,7 +4,7 @@
 
     privtune audit --data FILE --mode {full,bitfit,last-layer,lora} (--epsilon E [--delta D] | --noise-multiplier S)
                    [--epochs N | --steps N] [--batch-size B] [--canaries M] [--no-blackbox] [--public-data]
-                   [--ledger URL] [--output DIR]
+                   [--labels neg,pos] [--ledger URL] [--output DIR]
 
 Prints, per audit (white-box and black-box): the claimed ε, the empirical lower bound at 95 %
 confidence, m, the number of guesses and of correct guesses, and a verdict.  Exit status 0 when every
@@ -46,6 +46,9 @@ MODES = ("full", "bitfit", "last-layer", "lora")
 @click.option("--seed", type=int, help="Seed for canaries, membership and training (experiments).")
 @click.option("--text-column", type=str, help="Text column name (auto-detected).")
 @click.option("--label-column", type=str, help="Label column name (auto-detected).")
+@click.option("--labels", type=str,
+              help="The label set (public), comma-separated in class-index order, e.g. neg,pos or 0,1 for integer "
+                   "classes. Default: the model's own labels; never read from the private data.")
 @click.option("--max-physical-batch-size", type=int, default=32, help="Micro-batch size in memory.")
 @click.option("--device", type=str, help="cpu, cuda, cuda:N or mps (default: cuda when available, else cpu).")
 @click.option("--quiet", is_flag=True, default=False, help="No progress display.")
