@@ -7,7 +7,7 @@ import torch
 
 from privtune.accounting.events import DPSGDEvent
 from privtune.errors import InvalidParameterError
-from privtune.finetune import FeatureSet, apply_mode, cache_features
+from privtune.finetune import apply_mode, cache_features
 from privtune.models import load_classifier
 from privtune.models.testing import make_tiny_text_model, make_toy_text_dataset
 from privtune.training import FitResult, fit

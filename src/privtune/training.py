@@ -18,7 +18,6 @@ this also makes resumed runs bit-for-bit identical to uninterrupted ones with a 
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as _dt
 import json
 import math
@@ -46,7 +45,7 @@ from privtune._validation import (
     check_sample_rate,
     check_steps,
 )
-from privtune.accounting.events import DPSGDEvent, event_to_dict
+from privtune.accounting.events import DPSGDEvent
 from privtune.errors import DataError, InvalidParameterError, ModelError, PrivtuneError
 
 OPTIMIZERS = ("sgd", "adam", "adamw", "lamb")

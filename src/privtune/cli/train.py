@@ -14,8 +14,6 @@ and :meth:`privtune.models.Classifier.predict_logits`.
 from __future__ import annotations
 
 import json
-import os
-import sys
 
 import click
 
