@@ -50,10 +50,9 @@ from privtune.accounting.events import SAMPLING_SCHEMES as SAMPLINGS
 from privtune.accounting.events import DPSGDEvent
 from privtune.engine.private_gradient import CLIPPINGS
 from privtune.errors import DataError, InvalidParameterError, ModelError, PrivtuneError
-from privtune.finetune.modes import MODES
+from privtune.finetune.modes import DEFAULT_LEARNING_RATES, MODES
 from privtune.optim import OPTIMIZERS
 
-DEFAULT_LEARNING_RATES = {"full": 5e-4, "bitfit": 5e-3, "lora": 2e-3, "last-layer": 5e-2, "two-phase": 5e-3}
 NOT_PRIVATE_LOSS = (
     "NOT PRIVATE: mean loss of each sampled batch, computed without noise (monitoring only; "
     "do not publish)"

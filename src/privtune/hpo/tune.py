@@ -42,7 +42,7 @@ from privtune.hpo.common import BudgetPlan, Selector, StrategyOutcome, as_plain
 from privtune.accounting.accountant import ACCOUNTANTS
 from privtune.engine.private_gradient import CLIPPINGS
 from privtune.engine.sampling import make_generator
-from privtune.training import DEFAULT_LEARNING_RATES
+from privtune.finetune.modes import DEFAULT_LEARNING_RATES
 from privtune.hpo._resume import (  # noqa: F401  (STATE_FILE is part of this module's interface)
     STATE_FILE,
     _check_open_reservation,
