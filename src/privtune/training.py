@@ -968,7 +968,8 @@ def train(
     if (epsilon is None) == (noise_multiplier is None):
         raise InvalidParameterError(
             "Pass exactly one of `epsilon` (with `delta`) or `noise_multiplier`. Got "
-            f"epsilon={epsilon!r}, noise_multiplier={noise_multiplier!r}. E.g. epsilon=1.0, delta=1e-5."
+            f"epsilon={epsilon!r}, noise_multiplier={noise_multiplier!r}. E.g. epsilon=1.0, delta=1e-5 (CLI: --epsilon 1 "
+            "--delta 1e-5, or --noise-multiplier S)."
         )
     if epsilon is not None:
         epsilon = check_epsilon(epsilon)
@@ -978,7 +979,8 @@ def train(
         delta = check_real(delta, "delta", low=0.0, high=1.0, fix="Pass e.g. 1e-5; δ should be well below 1/n.")
     if epochs is not None and steps is not None:
         raise InvalidParameterError(
-            f"Pass either `epochs` or `steps`, not both. Got epochs={epochs!r}, steps={steps!r}."
+            f"Pass either `epochs` or `steps`, not both. Got epochs={epochs!r}, steps={steps!r}. Remove one of them "
+            "(CLI: --epochs or --steps)."
         )
     if epochs is not None:
         epochs = check_real(epochs, "epochs", low=0.0, fix="Pass a positive number of passes over the data.")
