@@ -12,7 +12,7 @@ import pytest
 
 import privtune
 from privtune.accounting.accountant import ACCOUNTANTS
-from privtune.accounting.events import SAMPLING_SCHEMES
+from privtune.accounting.events import SAMPLING_SCHEMES, DPSGDEvent
 from privtune.cli import budget as cli_budget
 from privtune.cli import config as cli_config
 from privtune.cli import main
@@ -25,6 +25,7 @@ from privtune.hpo.common import SELECTIONS
 from privtune.hpo.recommend import PREFERENCES, recommend
 from privtune.hpo.tune import MODES as TUNE_MODES
 from privtune.hpo.tune import STRATEGIES, tune
+from privtune.ledger import Ledger
 from privtune.models.classifier import POOLING_CHOICES
 from privtune.optim import OPTIMIZERS
 from privtune.report.html import STRATEGY_TEXT
@@ -149,6 +150,10 @@ def test_cli_help_shows_the_signature_defaults(capsys):
     text = " ".join(capsys.readouterr().out.split())
     for key in ("optimizer", "clipping", "sampling", "accountant", "clip", "max_physical_batch_size"):
         assert f"(default {train_defaults[key]})" in text, key
+    budget_init = {p.name: p.default for p in cli_budget.budget.commands["init"].params}
+    assert budget_init["accountant"] == _signature_defaults(Ledger.init_dataset)["accountant"]
+    budget_spend = {p.name: p.default for p in cli_budget.budget.commands["spend"].params}
+    assert budget_spend["sampling"] == _signature_defaults(DPSGDEvent)["sampling"]
     recommend_defaults = _signature_defaults(recommend)
     assert {p.name: p.default for p in cli_tune.recommend.params if p.name in ("min_steps", "plateau_tol", "prefer")} \
         == {k: recommend_defaults[k] for k in ("min_steps", "plateau_tol", "prefer")}
