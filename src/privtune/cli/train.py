@@ -22,6 +22,7 @@ import click
 # importing them costs the torch import, which `privtune train` pays anyway.
 from privtune.accounting.accountant import ACCOUNTANTS
 from privtune.accounting.events import SAMPLING_SCHEMES
+from privtune.config import explicit_cli_values, resolve_options
 from privtune.engine.private_gradient import CLIPPINGS
 from privtune.finetune.modes import MODES
 from privtune.models.classifier import POOLING_CHOICES
@@ -29,25 +30,6 @@ from privtune.optim import OPTIMIZERS
 from privtune.training import train as run_train
 
 _TRAIN_DEFAULTS = {name: p.default for name, p in inspect.signature(run_train).parameters.items()}
-
-
-def _explicit(ctx: click.Context) -> dict:
-    try:
-        from privtune.config import explicit_cli_values
-    except ImportError:  # pragma: no cover - config module absent
-        return {k: v for k, v in ctx.params.items()
-                if ctx.get_parameter_source(k) == click.core.ParameterSource.COMMANDLINE}
-    return explicit_cli_values(ctx)
-
-
-def _resolve(command: str, config: str | None, values: dict) -> dict:
-    try:
-        from privtune.config import resolve_options
-    except ImportError:  # pragma: no cover
-        if config is not None:
-            raise click.UsageError("--config needs privtune.config, which is not installed.")
-        return dict(values)
-    return resolve_options(command, config, values)
 
 
 @click.command("train", context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
@@ -110,7 +92,7 @@ def train(**kwargs) -> None:
     (save_pretrained), certificate.json, metrics.json, history.json, config.yaml and log.txt.
     """
     ctx = click.get_current_context()
-    opts = _resolve("train", kwargs.get("config"), _explicit(ctx))
+    opts = resolve_options("train", kwargs.get("config"), explicit_cli_values(ctx))
     for key, flag in (("data", "--data"), ("mode", "--mode"), ("output", "--output")):
         if opts.get(key) in (None, ""):
             raise click.UsageError(f"Missing option '{flag}' (give it as a flag or in --config).")

@@ -21,6 +21,7 @@ import click
 
 # The choices and defaults shown here are read from the modules that own them (one declaration each): a
 # default lives only in tune()'s signature, which applies it when neither a flag nor the file sets the option.
+from privtune.config import explicit_cli_values, resolve_options
 from privtune.hpo.common import SELECTIONS
 from privtune.hpo.recommend import PREFERENCES
 from privtune.hpo.recommend import recommend as run_recommend
@@ -34,25 +35,6 @@ _RECOMMEND_DEFAULTS = {name: p.default for name, p in inspect.signature(run_reco
 def _number(x: float) -> str:
     """``x`` as a user types it: 1e-5, not Python's 1e-05."""
     return format(x, "g").replace("e-0", "e-").replace("e+0", "e+")
-
-
-def _explicit(ctx: click.Context) -> dict:
-    try:
-        from privtune.config import explicit_cli_values
-    except ImportError:  # pragma: no cover
-        return {k: v for k, v in ctx.params.items()
-                if ctx.get_parameter_source(k) == click.core.ParameterSource.COMMANDLINE and k != "config"}
-    return explicit_cli_values(ctx)
-
-
-def _resolve(config: str | None, values: dict) -> dict:
-    try:
-        from privtune.config import resolve_options
-    except ImportError:  # pragma: no cover
-        if config is not None:
-            raise click.UsageError("--config needs privtune.config, which is not installed.")
-        return dict(values)
-    return resolve_options("tune", config, values)
 
 
 @click.command("tune", context_settings={"help_option_names": ["-h", "--help"]})
@@ -90,7 +72,7 @@ def _resolve(config: str | None, values: dict) -> dict:
 def tune(**kwargs) -> None:
     """Tune hyperparameters privately and train the final model: one (ε, δ) for everything."""
     ctx = click.get_current_context()
-    opts = _resolve(kwargs.get("config"), _explicit(ctx))
+    opts = resolve_options("tune", kwargs.get("config"), explicit_cli_values(ctx))
     mapping = {"output": "output_dir"}
     call = {mapping.get(k, k): v for k, v in opts.items() if v is not None}
     result = run_tune(call.pop("data", None), **call)
