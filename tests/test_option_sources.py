@@ -154,6 +154,10 @@ def test_cli_help_shows_the_signature_defaults(capsys):
     assert budget_init["accountant"] == _signature_defaults(Ledger.init_dataset)["accountant"]
     budget_spend = {p.name: p.default for p in cli_budget.budget.commands["spend"].params}
     assert budget_spend["sampling"] == _signature_defaults(DPSGDEvent)["sampling"]
+    assert main(["account", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"{' | '.join(SAMPLING_SCHEMES)} " in text and f"{' or '.join(ACCOUNTANTS)} " in text
+    assert f"[default: {_signature_defaults(DPSGDEvent)['sampling']}]" in text
     recommend_defaults = _signature_defaults(recommend)
     assert {p.name: p.default for p in cli_tune.recommend.params if p.name in ("min_steps", "plateau_tol", "prefer")} \
         == {k: recommend_defaults[k] for k in ("min_steps", "plateau_tol", "prefer")}
