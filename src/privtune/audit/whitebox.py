@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from privtune._validation import check_choice, check_delta, check_int, check_real, check_sample_rate, check_steps
+from privtune._validation import check_choice, check_int, check_real, check_sample_rate, check_steps
 from privtune.audit.result import AuditResult, best_guesses
 from privtune.errors import InvalidParameterError
 

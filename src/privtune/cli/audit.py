@@ -15,7 +15,13 @@ from __future__ import annotations
 
 import click
 
-MODES = ("full", "bitfit", "last-layer", "lora")
+from privtune.accounting.accountant import ACCOUNTANTS
+from privtune.engine.private_gradient import CLIPPINGS
+from privtune.finetune.modes import MODES as TRAIN_MODES
+from privtune.optim import OPTIMIZERS
+
+# an audit trains one configuration: two-phase (two events) is audited phase by phase
+MODES = tuple(m for m in TRAIN_MODES if m != "two-phase")
 
 
 @click.command("audit", context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
@@ -30,10 +36,10 @@ MODES = ("full", "bitfit", "last-layer", "lora")
 @click.option("--batch-size", type=int, help="Expected Poisson batch size B (default min(N, 256)).")
 @click.option("--learning-rate", type=float, help="Learning rate (default by mode).")
 @click.option("--clip", type=float, default=1.0, help="Per-example clipping norm C.")
-@click.option("--clipping", type=click.Choice(("flat", "automatic")), default="flat", help="Clipping style.")
-@click.option("--optimizer", type=click.Choice(("sgd", "adam", "adamw", "lamb")), default="adam", help="Optimizer.")
+@click.option("--clipping", type=click.Choice(CLIPPINGS), default="flat", help="Clipping style.")
+@click.option("--optimizer", type=click.Choice(OPTIMIZERS), default="adam", help="Optimizer.")
 @click.option("--sampling", type=click.Choice(("poisson", "full_batch")), default="poisson", help="Batch sampling.")
-@click.option("--accountant", type=click.Choice(("pld", "rdp")), default="pld", help="Privacy accountant.")
+@click.option("--accountant", type=click.Choice(ACCOUNTANTS), default="pld", help="Privacy accountant.")
 @click.option("--canaries", "num_canaries", type=int, default=1000, help="Number m of canaries per audit.")
 @click.option("--whitebox/--no-whitebox", default=True, help="White-box audit of the DP step (uses no data).")
 @click.option("--blackbox/--no-blackbox", default=True,
