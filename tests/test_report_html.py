@@ -325,3 +325,26 @@ def test_hyperfree_report_states_the_clipping_it_used(tmp_path, clipping, expect
     (run / "metrics.json").write_text(json.dumps(metrics))
     html = write_report(run).read_text()
     assert "Clipping here: " + expected in html
+
+
+def test_report_has_an_audit_section_when_the_run_was_audited(ls_run, tmp_path):
+    """`privtune audit --output RUN_DIR/audit` results appear in report.html as an "Audit" section with the
+    score histograms of included and excluded canaries."""
+    from privtune.audit.result import AuditResult
+
+    run = tmp_path / "run"
+    shutil.copytree(ls_run[0], run)
+    assert "id='audit'" not in write_report(run).read_text(encoding="utf-8")  # no audit, no section
+    rng = np.random.default_rng(0)
+    included = [bool(b) for b in rng.integers(0, 2, 200)]
+    scores = [float(s) for s in rng.normal(size=200) + 3.0 * np.asarray(included)]
+    res = AuditResult(kind="white-box", claimed_epsilon=1.0, delta=1e-5, epsilon_lower_bound=2.5, confidence=0.95,
+                      num_canaries=200, num_guesses=40, correct_guesses=40, scores=scores, included=included,
+                      privacy="uses no data")
+    res.save(run / "audit" / "whitebox")
+    html = write_report(run).read_text(encoding="utf-8")
+    section = html[html.index("<section id='audit'>"):]
+    section = section[:section.index("</section>")]
+    assert "white-box" in section and "2.5" in section and "VIOLATION" in section
+    assert len(_images(section)) == 1  # the histogram, inlined
+    assert AuditResult.from_dict(json.loads((run / "audit" / "whitebox" / "audit.json").read_text())) == res

@@ -10,7 +10,7 @@ import torch
 from privtune.accounting import Certificate, compute_epsilon
 from privtune.accounting.events import DPSGDEvent, NonPrivateEvent
 from privtune.errors import InvalidParameterError
-from privtune.finetune import FeatureSet, apply_mode, cache_features
+from privtune.finetune import apply_mode, cache_features
 from privtune.models import load_classifier
 from privtune.models.testing import make_tiny_text_model, make_toy_text_dataset
 from privtune.training import FitResult, fit, fit_nonprivate

@@ -32,6 +32,7 @@ _EXPORTS = {
     "train": "privtune.training",
     "tune": "privtune.hpo",
     "recommend": "privtune.hpo",
+    "audit": "privtune.audit",
 }
 
 

@@ -27,7 +27,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from privtune.errors import InvalidParameterError
+from privtune.errors import InvalidParameterError, PrivtuneError
 
 #: environment switch read only by the tests: ``STAGE`` raises at that stage, ``STAGE@kill`` sends the
 #: process SIGKILL there (no ``finally``, no ``except``, no ``atexit``)
@@ -193,7 +193,23 @@ def release_files(out: Path, writers: Sequence[tuple[str, Callable[[Path], None]
     last (its presence marks a finished run).  ``derived(out)`` then writes what is regenerated from
     those files (report, model card; ``privtune report`` rewrites them).  Every step is idempotent: a
     resumed run calls this again after any interruption.
+
+    Raises PrivtuneError (one line: what failed, that the reservation stays charged, and that
+    ``--resume`` finishes the run) when a file cannot be written (a full disk, a permission changed
+    during the run).
     """
+    try:
+        _release_files(out, writers, derived)
+    except OSError as exc:
+        raise PrivtuneError(
+            f"Writing the run's files into {str(out)!r} failed ({exc.strerror or exc}). The ledger reservation "
+            "stays charged (it is never refunded); fix the cause, then run the same command with --resume "
+            "(resume=True): it writes the files again from the run's final state without a new charge."
+        ) from None
+
+
+def _release_files(out: Path, writers: Sequence[tuple[str, Callable[[Path], None]]],
+                   derived: Callable[[Path], None] | None) -> None:
     root = out / STAGING_DIR
     if root.exists():
         shutil.rmtree(root)  # left by an interrupted release: written again from the run's state

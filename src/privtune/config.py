@@ -43,18 +43,20 @@ from typing import Any, Mapping
 
 import yaml
 
+# Every choice set is declared once, in the module that owns it; the schema below reads it from there
+# (tests/test_option_sources.py fails on a second declaration).
+from privtune.accounting.accountant import ACCOUNTANTS
+from privtune.accounting.events import SAMPLING_SCHEMES as SAMPLING
+from privtune.engine.private_gradient import CLIPPINGS as CLIPPING
 from privtune.errors import InvalidParameterError
+from privtune.finetune.modes import MODES as TRAIN_MODES
+from privtune.hpo.common import SELECTIONS as TUNE_SELECTIONS
+from privtune.hpo.tune import MODES as TUNE_MODES
+from privtune.hpo.tune import STRATEGIES
+from privtune.optim import OPTIMIZERS
 
+#: the commands a configuration file configures
 COMMANDS = ("train", "tune")
-
-TRAIN_MODES = ("full", "bitfit", "last-layer", "lora", "two-phase")
-TUNE_MODES = ("auto", "last-layer", "bitfit", "lora", "full")  # what privtune.tune accepts (no two-phase)
-TUNE_SELECTIONS = ("public-validation", "private-validation", "train-accuracy", "train-loss")
-STRATEGIES = ("linear-scaling", "hyperfree", "single-step", "random-search", "grid-oracle")
-OPTIMIZERS = ("sgd", "adam", "adamw", "lamb")
-CLIPPING = ("flat", "automatic")
-SAMPLING = ("poisson", "shuffle", "full_batch")
-ACCOUNTANTS = ("pld", "rdp")
 
 
 @dataclass(frozen=True)
@@ -100,7 +102,7 @@ def _common(mode_choices: tuple[str, ...], mode_example: str, data_active: bool)
                active=True),
         Option("delta", "float", "Privacy parameter δ, well below 1/(number of training examples).", 1e-5,
                low=0.0, high=1.0, high_exclusive=True, active=True),
-        Option("accountant", "choice", "Privacy accountant: pld (tight, default) or rdp.", "pld",
+        Option("accountant", "choice", "Privacy accountant: " + ", ".join(ACCOUNTANTS) + " (pld: tight, the default).", "pld",
                choices=ACCOUNTANTS),
     ]
 
@@ -120,10 +122,12 @@ _TRAIN: list[Option] = [
            "Largest micro-batch held in memory; accumulation does not change the result.", 32, low=0.0),
     Option("learning_rate", "float", "Learning rate η.", 1e-3, low=0.0),
     Option("clip", "float", "Clipping norm C (per-example gradient L2 norm bound).", 1.0, low=0.0),
-    Option("clipping", "choice", "flat (Abadi: min(1, C/||g||)) or automatic (AUTO-S).", "flat", choices=CLIPPING),
+    Option("clipping", "choice", "Clipping rule: " + ", ".join(CLIPPING) + " (flat: Abadi, min(1, C/||g||); "
+           "automatic: AUTO-S).", "flat", choices=CLIPPING),
     Option("per_layer_clipping", "bool", "Clip each layer to C/sqrt(K) (K layers) instead of the whole gradient "
            "to C; the sensitivity, σ and ε are unchanged.", False),
-    Option("optimizer", "choice", "Optimizer applied to the privatised gradient.", "adam", choices=OPTIMIZERS),
+    Option("optimizer", "choice", "Optimizer applied to the privatised gradient: " + ", ".join(OPTIMIZERS) + ".", "adam",
+           choices=OPTIMIZERS),
     Option("sampling", "choice",
            "poisson (amplification accounted), shuffle (accounted without amplification) or full_batch.",
            "poisson", choices=SAMPLING),
@@ -175,7 +179,8 @@ _TUNE: list[Option] = [
     Option("clipping", "choice", "flat or automatic (AUTO-S); for hyperfree (default: AUTO-S on features, flat "
            "on a model) and linear-scaling with bitfit/lora/full; other strategies refuse it.", "flat",
            choices=CLIPPING),
-    Option("optimizer", "choice", "Optimizer applied to the privatised gradient.", "adam", choices=OPTIMIZERS),
+    Option("optimizer", "choice", "Optimizer applied to the privatised gradient: " + ", ".join(OPTIMIZERS) + ".", "adam",
+           choices=OPTIMIZERS),
     Option("strategy_options", "mapping", "Extra parameters of the strategy's config (docs/strategies.md); the keys "
            "depend on the strategy, e.g. hyperfree: interval, lr0, gamma_noise; linear-scaling: runs_per_sweep, "
            "lr_bounds, sweep_epsilons; random-search: trials, accounting; single-step: optimizer.",

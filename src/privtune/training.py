@@ -18,7 +18,6 @@ this also makes resumed runs bit-for-bit identical to uninterrupted ones with a 
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as _dt
 import json
 import math
@@ -46,13 +45,14 @@ from privtune._validation import (
     check_sample_rate,
     check_steps,
 )
-from privtune.accounting.events import DPSGDEvent, NonPrivateEvent, event_to_dict
+from privtune.accounting.accountant import ACCOUNTANTS
+from privtune.accounting.events import SAMPLING_SCHEMES as SAMPLINGS
+from privtune.accounting.events import DPSGDEvent, NonPrivateEvent
+from privtune.engine.private_gradient import CLIPPINGS
 from privtune.errors import DataError, InvalidParameterError, ModelError, PrivtuneError
+from privtune.finetune.modes import DEFAULT_LEARNING_RATES, MODES
+from privtune.optim import OPTIMIZERS
 
-OPTIMIZERS = ("sgd", "adam", "adamw", "lamb")
-CLIPPINGS = ("flat", "automatic")
-SAMPLINGS = ("poisson", "shuffle", "full_batch")
-DEFAULT_LEARNING_RATES = {"full": 5e-4, "bitfit": 5e-3, "lora": 2e-3, "last-layer": 5e-2, "two-phase": 5e-3}
 NOT_PRIVATE_LOSS = (
     "NOT PRIVATE: mean loss of each sampled batch, computed without noise (monitoring only; "
     "do not publish)"
@@ -958,7 +958,7 @@ def train(
     """
     from privtune.data import load_dataset
     from privtune.data.datasets import check_disjoint, declared_label_set
-    from privtune.finetune import MODES, apply_mode
+    from privtune.finetune import apply_mode
     from privtune.models import load_classifier
     from privtune.models.classifier import check_model_label_set
 
@@ -970,7 +970,8 @@ def train(
     if (epsilon is None) == (noise_multiplier is None):
         raise InvalidParameterError(
             "Pass exactly one of `epsilon` (with `delta`) or `noise_multiplier`. Got "
-            f"epsilon={epsilon!r}, noise_multiplier={noise_multiplier!r}. E.g. epsilon=1.0, delta=1e-5."
+            f"epsilon={epsilon!r}, noise_multiplier={noise_multiplier!r}. E.g. epsilon=1.0, delta=1e-5 (CLI: --epsilon 1 "
+            "--delta 1e-5, or --noise-multiplier S)."
         )
     if epsilon is not None:
         epsilon = check_epsilon(epsilon)
@@ -980,7 +981,8 @@ def train(
         delta = check_real(delta, "delta", low=0.0, high=1.0, fix="Pass e.g. 1e-5; δ should be well below 1/n.")
     if epochs is not None and steps is not None:
         raise InvalidParameterError(
-            f"Pass either `epochs` or `steps`, not both. Got epochs={epochs!r}, steps={steps!r}."
+            f"Pass either `epochs` or `steps`, not both. Got epochs={epochs!r}, steps={steps!r}. Remove one of them "
+            "(CLI: --epochs or --steps)."
         )
     if epochs is not None:
         epochs = check_real(epochs, "epochs", low=0.0, fix="Pass a positive number of passes over the data.")
@@ -992,7 +994,7 @@ def train(
         learning_rate, "learning_rate", low=0.0, fix="Pass a positive step size such as 1e-3.")
     clip = check_real(clip, "clip", low=0.0, fix="Pass the per-example clipping norm C, e.g. clip=1.0.")
     max_phys = check_int(max_physical_batch_size, "max_physical_batch_size", low=1)
-    accountant = check_choice(accountant, "accountant", ("pld", "rdp"))
+    accountant = check_choice(accountant, "accountant", ACCOUNTANTS)
     momentum = check_real(momentum, "momentum", low=0.0, high=1.0, low_inclusive=True,
                           fix="Momentum μ must be in [0, 1), e.g. 0.9.")
     if momentum >= 1.0:
@@ -1288,22 +1290,15 @@ def train(
         run_config = config if config is not None else _effective_config(
             data, eval_data, model, clf, mode, epsilon, noise_multiplier, delta, hyper, ledger, out, text_column,
             label_column, clipping_diagnostics, phase1_epochs, progress, device_arg)
-        try:
-            _release.release_files(out, [
-                ("model", lambda d: clf.save_pretrained(d / "model")),
-                ("metrics.json", lambda d: _write_json(d / "metrics.json", metrics)),
-                ("history.json", lambda d: _write_json(d / "history.json", history)),
-                ("config.yaml", lambda d: _save_config(d, run_config)),
-                # NOT PRIVATE figures, kept beside the release but not part of it (0700 / 0600)
-                ("not_private", lambda d: write_not_private(d, not_private)),
-                ("certificate.json", lambda d: cert.save(d / "certificate.json")),
-            ], derived=lambda d: _optional_report(d, log))
-        except OSError as exc:  # a full disk, a permission changed during the run, ...
-            raise PrivtuneError(
-                f"Writing the run's files into {str(out)!r} failed ({exc.strerror or exc}). The ledger reservation "
-                "stays charged (it is never refunded); fix the cause, then run the same command with --resume "
-                "(resume=True): it writes the files from the final checkpoint without a new charge."
-            ) from None
+        _release.release_files(out, [
+            ("model", lambda d: clf.save_pretrained(d / "model")),
+            ("metrics.json", lambda d: _write_json(d / "metrics.json", metrics)),
+            ("history.json", lambda d: _write_json(d / "history.json", history)),
+            ("config.yaml", lambda d: _save_config(d, run_config)),
+            # NOT PRIVATE figures, kept beside the release but not part of it (0700 / 0600)
+            ("not_private", lambda d: write_not_private(d, not_private)),
+            ("certificate.json", lambda d: cert.save(d / "certificate.json")),
+        ], derived=lambda d: _optional_report(d, log))
     # the ledger commit comes only once the release is in place: a crash before it leaves the reservation
     # charged (never refunded) and `--resume` writes the files again from the final checkpoint
     if reservation is not None:

@@ -1,7 +1,7 @@
 """The ``privtune`` command line: a thin edge over the Python API.
 
 Each sub-command lives in its own module (``privtune.cli.account``, ``.budget``,
-``.train``, ``.tune``, ``.report``, ``.config``) and is imported only when it is run,
+``.train``, ``.tune``, ``.report``, ``.config``, ``.audit``) and is imported only when it is run,
 so ``privtune account`` does not pay for importing torch.
 
 Errors caused by the user (:class:`privtune.errors.PrivtuneError`) and click's own usage
@@ -28,6 +28,7 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
     "recommend": ("privtune.cli.tune", "recommend", "Recommend batch size, σ and clipping for a budget (Rehn et al.)."),
     "report": ("privtune.cli.report", "report", "Regenerate RUN_DIR/report.html from a finished run."),
     "config": ("privtune.cli.config", "config", "Write or check YAML configuration files."),
+    "audit": ("privtune.cli.audit", "audit", "Measure an empirical ε lower bound of a configuration in one run."),
 }
 
 

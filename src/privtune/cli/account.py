@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 
@@ -18,6 +19,14 @@ from privtune._validation import (
     check_steps,
 )
 from privtune.errors import InvalidParameterError
+
+# choices and defaults come from the modules that own them (one declaration each; no torch import)
+from privtune.accounting.accountant import ACCOUNTANTS
+from privtune.accounting.accountant import account as _account
+from privtune.accounting.events import SAMPLING_SCHEMES, DPSGDEvent
+
+_DEFAULT_ACCOUNTANT = inspect.signature(_account).parameters["accountant"].default
+_DEFAULT_SAMPLING = inspect.signature(DPSGDEvent).parameters["sampling"].default
 
 
 def _given(**kw) -> list[str]:
@@ -108,9 +117,10 @@ def _print_table(title: str, columns: list[str], rows: list[list[str]], notes: l
 @click.option("--batch-size", "-b", type=float, default=None, help="Expected batch size B (q = B/n).")
 @click.option("--epochs", type=float, default=None, help="Epochs E (T = ceil(E·n/B)).")
 @click.option("--sampling", type=str, default=None,
-              help="poisson | shuffle (no amplification) | full_batch.  [default: poisson]")
+              help=f"{' | '.join(SAMPLING_SCHEMES)} (shuffle: no amplification).  [default: {_DEFAULT_SAMPLING}]")
 @click.option("--accountant", type=str, default=None,
-              help="Accountant of the headline/JSON result: pld or rdp (the table shows both).  [default: pld]")
+              help=f"Accountant of the headline/JSON result: {' or '.join(ACCOUNTANTS)} (the table shows all).  "
+                   f"[default: {_DEFAULT_ACCOUNTANT}]")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
 @click.option("--certificate", "certificate", type=str, default=None,
               help="Verify a certificate.json (recompute ε from its events).")
@@ -138,8 +148,8 @@ def account(noise_multiplier, epsilon, delta, sample_rate, steps, dataset_size, 
                 f"events, δ and accountant: pass only --certificate FILE (and --json), or drop --certificate "
                 f"to compute ε for {', '.join(others)}."
             )
-    accountant = check_choice("pld" if accountant is None else accountant, "--accountant", A.ACCOUNTANTS)
-    sampling = check_choice("poisson" if sampling is None else sampling, "--sampling", A.SAMPLING_SCHEMES)
+    accountant = check_choice(_DEFAULT_ACCOUNTANT if accountant is None else accountant, "--accountant", ACCOUNTANTS)
+    sampling = check_choice(_DEFAULT_SAMPLING if sampling is None else sampling, "--sampling", SAMPLING_SCHEMES)
 
     if certificate is not None:
         cert = A.verify_certificate(certificate)

@@ -7,10 +7,19 @@ Sub-commands: ``init``, ``show``, ``history``, ``verify``, ``spend`` (record an 
 
 from __future__ import annotations
 
+import inspect
 import json
 import shlex
 
 import click
+
+# choices and defaults come from the modules that own them (one declaration each)
+from privtune.accounting.accountant import ACCOUNTANTS
+from privtune.accounting.events import SAMPLING_SCHEMES, DPSGDEvent
+from privtune.ledger import Ledger
+
+_INIT_ACCOUNTANT = inspect.signature(Ledger.init_dataset).parameters["accountant"].default
+_EVENT_SAMPLING = inspect.signature(DPSGDEvent).parameters["sampling"].default
 
 _LEDGER_HELP = "Ledger URL: sqlite:////abs/path.db, a file path, or postgresql://user@host/db. " \
                "Default: $PRIVTUNE_LEDGER or ~/.privtune/ledger.db."
@@ -35,7 +44,6 @@ def _command_line() -> str:
 
 def _open(url: str | None):
     from privtune.errors import InvalidParameterError
-    from privtune.ledger import Ledger
 
     try:
         return Ledger(url)
@@ -105,7 +113,7 @@ def _count_examples(dataset: str) -> int | None:
 @click.option("--epsilon", type=float, required=True, help="Total ε for everything ever run on this dataset.")
 @click.option("--delta", type=float, required=True, help="Total δ (e.g. 1e-5, well below 1/n).")
 @click.option("--name", default=None, help="Unique human name to refer to the dataset later.")
-@click.option("--accountant", type=click.Choice(["pld", "rdp"]), default="pld", show_default=True,
+@click.option("--accountant", type=click.Choice(ACCOUNTANTS), default=_INIT_ACCOUNTANT, show_default=True,
               help="Accountant used to compose this dataset's spends (fixed once set).")
 @ledger_option
 def init(dataset: str, epsilon: float, delta: float, name: str | None, accountant: str,
@@ -218,7 +226,7 @@ def verify(ctx: click.Context, dataset: str | None, as_json: bool, ledger_url: s
 @click.option("--noise-multiplier", type=float, required=True, help="σ: noise std divided by the clipping norm.")
 @click.option("--sample-rate", type=float, required=True, help="q: Poisson sampling probability per step (1 = full batch).")
 @click.option("--steps", type=int, required=True, help="T: number of noisy steps.")
-@click.option("--sampling", type=click.Choice(["poisson", "shuffle", "full_batch"]), default="poisson",
+@click.option("--sampling", type=click.Choice(SAMPLING_SCHEMES), default=_EVENT_SAMPLING,
               show_default=True, help="How batches were drawn.")
 @click.option("--delta", type=float, default=None, help="The run's own δ (must not exceed the dataset's δ).")
 @click.option("--note", default=None, help="What the run was (stored in the ledger).")
@@ -234,7 +242,7 @@ def spend(dataset: str, noise_multiplier: float, sample_rate: float, steps: int,
         check_sample_rate,
         check_steps,
     )
-    from privtune.accounting.events import DPSGDEvent, describe_event
+    from privtune.accounting.events import describe_event
     from privtune.errors import InvalidParameterError
 
     # validate here so that errors name the flags (--noise-multiplier), not the Python arguments

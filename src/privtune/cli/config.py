@@ -6,6 +6,8 @@ from pathlib import Path
 
 import click
 
+from privtune.config import COMMANDS, check_config_file, template
+
 
 @click.group("config")
 def config() -> None:
@@ -13,7 +15,7 @@ def config() -> None:
 
 
 @config.command("init")
-@click.option("--command", "command", type=click.Choice(["train", "tune"]), default="tune", show_default=True,
+@click.option("--command", "command", type=click.Choice(COMMANDS), default="tune", show_default=True,
               help="Which command the template is for.")
 @click.option("--force", is_flag=True, help="Overwrite PATH if it exists.")
 @click.argument("path", required=False, type=click.Path(dir_okay=False, path_type=Path))
@@ -22,7 +24,6 @@ def init(command: str, force: bool, path: Path | None) -> None:
 
     Use PATH - to print it instead.
     """
-    from privtune.config import template
     from privtune.errors import InvalidParameterError
 
     text = template(command)
@@ -46,13 +47,11 @@ def init(command: str, force: bool, path: Path | None) -> None:
 
 
 @config.command("check")
-@click.option("--command", "command", type=click.Choice(["train", "tune"]), default=None,
+@click.option("--command", "command", type=click.Choice(COMMANDS), default=None,
               help="Check against this command only (default: whichever the file fits).")
 @click.argument("file", type=click.Path(path_type=Path))
 def check(command: str | None, file: Path) -> None:
     """Validate FILE: unknown keys (with the closest valid key), wrong types, bad values."""
-    from privtune.config import check_config_file
-
     results = check_config_file(file, command)
     for cmd, opts in results.items():
         keys = ", ".join(opts) if opts else "(no keys set: all defaults)"

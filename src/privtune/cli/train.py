@@ -13,32 +13,23 @@ and :meth:`privtune.models.Classifier.predict_logits`.
 
 from __future__ import annotations
 
+import inspect
 import json
-import os
-import sys
 
 import click
 
-MODES = ("full", "bitfit", "last-layer", "lora", "two-phase")
+# The choices and defaults shown here are read from the modules that own them (one declaration each);
+# importing them costs the torch import, which `privtune train` pays anyway.
+from privtune.accounting.accountant import ACCOUNTANTS
+from privtune.accounting.events import SAMPLING_SCHEMES
+from privtune.config import explicit_cli_values, resolve_options
+from privtune.engine.private_gradient import CLIPPINGS
+from privtune.finetune.modes import MODES
+from privtune.models.classifier import POOLING_CHOICES
+from privtune.optim import OPTIMIZERS
+from privtune.training import train as run_train
 
-
-def _explicit(ctx: click.Context) -> dict:
-    try:
-        from privtune.config import explicit_cli_values
-    except ImportError:  # pragma: no cover - config module absent
-        return {k: v for k, v in ctx.params.items()
-                if ctx.get_parameter_source(k) == click.core.ParameterSource.COMMANDLINE}
-    return explicit_cli_values(ctx)
-
-
-def _resolve(command: str, config: str | None, values: dict) -> dict:
-    try:
-        from privtune.config import resolve_options
-    except ImportError:  # pragma: no cover
-        if config is not None:
-            raise click.UsageError("--config needs privtune.config, which is not installed.")
-        return dict(values)
-    return resolve_options(command, config, values)
+_TRAIN_DEFAULTS = {name: p.default for name, p in inspect.signature(run_train).parameters.items()}
 
 
 @click.command("train", context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
@@ -53,18 +44,20 @@ def _resolve(command: str, config: str | None, values: dict) -> dict:
 @click.option("--steps", type=int, help="Optimizer steps (instead of --epochs).")
 @click.option("--batch-size", type=int, help="Expected Poisson batch size B (default min(N, 256)).")
 @click.option("--learning-rate", type=float, help="Learning rate (default by mode).")
-@click.option("--clip", type=float, help="Per-example clipping norm C (default 1.0).")
-@click.option("--optimizer", type=click.Choice(("sgd", "adam", "adamw", "lamb")), help="Optimizer (default adam).")
+@click.option("--clip", type=float, help=f"Per-example clipping norm C (default {_TRAIN_DEFAULTS['clip']}).")
+@click.option("--optimizer", type=click.Choice(OPTIMIZERS), help=f"Optimizer (default {_TRAIN_DEFAULTS['optimizer']}).")
 @click.option("--ledger", type=str, help="Budget ledger URL (default $PRIVTUNE_LEDGER or ~/.privtune/ledger.db).")
 @click.option("--config", type=str, help="YAML configuration file (flags override it).")
 @click.option("--resume", is_flag=True, default=None,
               help="Continue an interrupted run in --output exactly (also one interrupted while writing its files): "
                    "no new charge. See docs/cli.md, 'After a crash'.")
 @click.option("--output", type=str, help="Run directory RUN_DIR.  [required]")
-@click.option("--clipping", type=click.Choice(("flat", "automatic")), help="flat (Abadi) or automatic (AUTO-S).")
+@click.option("--clipping", type=click.Choice(CLIPPINGS),
+              help=f"flat (Abadi) or automatic (AUTO-S) (default {_TRAIN_DEFAULTS['clipping']}).")
 @click.option("--per-layer-clipping", is_flag=True, default=None,
               help="Clip each layer to C/sqrt(K) instead of the whole gradient to C (same σ and ε).")
-@click.option("--sampling", type=click.Choice(("poisson", "shuffle", "full_batch")), help="Batch sampling (default poisson).")
+@click.option("--sampling", type=click.Choice(SAMPLING_SCHEMES),
+              help=f"Batch sampling (default {_TRAIN_DEFAULTS['sampling']}).")
 @click.option("--assume-poisson", is_flag=True, default=None,
               help="With --sampling shuffle only: account the shuffled batches AS IF Poisson sampled (an assumption, "
                    "not a proof; recorded in the certificate). Default: shuffling gets no amplification.")
@@ -74,8 +67,10 @@ def _resolve(command: str, config: str | None, values: dict) -> dict:
               help="--mode lora: comma-separated module names that get adapters, e.g. query,value "
                    "(default per architecture).")
 @click.option("--device", type=str, help="cpu, cuda, cuda:N or mps (default: cuda when available, else cpu).")
-@click.option("--accountant", type=click.Choice(("pld", "rdp")), help="Privacy accountant (default pld).")
-@click.option("--max-physical-batch-size", type=int, help="Micro-batch size in memory (default 32).")
+@click.option("--accountant", type=click.Choice(ACCOUNTANTS),
+              help=f"Privacy accountant (default {_TRAIN_DEFAULTS['accountant']}).")
+@click.option("--max-physical-batch-size", type=int,
+              help=f"Micro-batch size in memory (default {_TRAIN_DEFAULTS['max_physical_batch_size']}).")
 @click.option("--text-column", type=str, help="Text column name (auto-detected).")
 @click.option("--label-column", type=str, help="Label column name (auto-detected).")
 @click.option("--labels", type=str,
@@ -83,8 +78,9 @@ def _resolve(command: str, config: str | None, values: dict) -> dict:
                    "classes. Default: the model's own labels; never read from the private data.")
 @click.option("--seed", type=int, help="Seed for head init, sampling and noise (experiments; recorded).")
 @click.option("--phase1-epochs", type=float, help="two-phase: epochs of DP full fine-tuning first (default 1).")
-@click.option("--pooling", type=click.Choice(("auto", "mean", "cls", "model")),
-              help="Head pooling (default auto: mean for sentence-transformers checkpoints, else the model's head).")
+@click.option("--pooling", type=click.Choice(POOLING_CHOICES),
+              help=f"Head pooling (default {_TRAIN_DEFAULTS['pooling']}: mean for sentence-transformers checkpoints, "
+                   "else the model's head).")
 @click.option("--max-length", type=int, help="Token truncation length (default 128).")
 @click.option("--clipping-diagnostics", is_flag=True, default=None,
               help="Record clipping diagnostics (NOT PRIVATE: reads private data without noise).")
@@ -96,18 +92,11 @@ def train(**kwargs) -> None:
     (save_pretrained), certificate.json, metrics.json, history.json, config.yaml and log.txt.
     """
     ctx = click.get_current_context()
-    opts = _resolve("train", kwargs.get("config"), _explicit(ctx))
+    opts = resolve_options("train", kwargs.get("config"), explicit_cli_values(ctx))
     for key, flag in (("data", "--data"), ("mode", "--mode"), ("output", "--output")):
         if opts.get(key) in (None, ""):
             raise click.UsageError(f"Missing option '{flag}' (give it as a flag or in --config).")
-    if opts.get("epsilon") is None and opts.get("noise_multiplier") is None:
-        raise click.UsageError("Give --epsilon E --delta D, or --noise-multiplier S.")
-    if opts.get("epsilon") is not None and opts.get("noise_multiplier") is not None:
-        raise click.UsageError("Give either --epsilon or --noise-multiplier, not both.")
-    if opts.get("epochs") is not None and opts.get("steps") is not None:
-        raise click.UsageError("Give either --epochs or --steps, not both.")
-    from privtune.training import train as run_train
-
+    # everything else (epsilon XOR noise_multiplier, epochs XOR steps, ranges) is checked once, by train()
     args = dict(
         data=opts["data"], eval_data=opts.get("eval_data"), model=opts.get("model"), mode=opts["mode"],
         epsilon=opts.get("epsilon"), delta=opts.get("delta"), noise_multiplier=opts.get("noise_multiplier"),

@@ -13,36 +13,28 @@ privtune, the bundled MiniLM, total ε = 1, δ = 1e-5, its ledger inside the run
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 
 import click
 
-MODES = ("auto", "last-layer", "bitfit", "lora", "full")
-STRATEGIES = ("linear-scaling", "hyperfree", "single-step", "random-search", "grid-oracle")
-SELECTIONS = ("public-validation", "private-validation", "train-accuracy", "train-loss")
+# The choices and defaults shown here are read from the modules that own them (one declaration each): a
+# default lives only in tune()'s signature, which applies it when neither a flag nor the file sets the option.
+from privtune.config import explicit_cli_values, resolve_options
+from privtune.hpo.common import SELECTIONS
+from privtune.hpo.recommend import PREFERENCES
+from privtune.hpo.recommend import recommend as run_recommend
+from privtune.hpo.tune import MODES, STRATEGIES
+from privtune.hpo.tune import tune as run_tune
 
-# defaults applied after the YAML file and the flags are merged (flags win over the file)
-_DEFAULTS = {"mode": "auto", "strategy": "hyperfree", "epsilon": 1.0, "delta": 1e-5}
-
-
-def _explicit(ctx: click.Context) -> dict:
-    try:
-        from privtune.config import explicit_cli_values
-    except ImportError:  # pragma: no cover
-        return {k: v for k, v in ctx.params.items()
-                if ctx.get_parameter_source(k) == click.core.ParameterSource.COMMANDLINE and k != "config"}
-    return explicit_cli_values(ctx)
+_TUNE_DEFAULTS = {name: p.default for name, p in inspect.signature(run_tune).parameters.items()}
+_RECOMMEND_DEFAULTS = {name: p.default for name, p in inspect.signature(run_recommend).parameters.items()}
 
 
-def _resolve(config: str | None, values: dict) -> dict:
-    try:
-        from privtune.config import resolve_options
-    except ImportError:  # pragma: no cover
-        if config is not None:
-            raise click.UsageError("--config needs privtune.config, which is not installed.")
-        return dict(values)
-    return resolve_options("tune", config, values)
+def _number(x: float) -> str:
+    """``x`` as a user types it: 1e-5, not Python's 1e-05."""
+    return format(x, "g").replace("e-0", "e-").replace("e+0", "e+")
 
 
 @click.command("tune", context_settings={"help_option_names": ["-h", "--help"]})
@@ -56,11 +48,11 @@ def _resolve(config: str | None, values: dict) -> dict:
                    "private data.")
 @click.option("--model", type=str, help="Backbone directory (Hugging Face format). Default: bundled all-MiniLM-L6-v2.")
 @click.option("--mode", type=click.Choice(MODES), help="What is trained; auto compares last-layer/bitfit/lora "
-              "with charged pilots. [default: auto]")
+              f"with charged pilots. [default: {_TUNE_DEFAULTS['mode']}]")
 @click.option("--strategy", type=click.Choice(STRATEGIES), help="Tuning strategy (grid-oracle is NOT PRIVATE, "
-              "reference only). [default: hyperfree]")
-@click.option("--epsilon", type=float, help="TOTAL ε for tuning plus training. [default: 1.0]")
-@click.option("--delta", type=float, help="δ. [default: 1e-5]")
+              f"reference only). [default: {_TUNE_DEFAULTS['strategy']}]")
+@click.option("--epsilon", type=float, help=f"TOTAL ε for tuning plus training. [default: {_TUNE_DEFAULTS['epsilon']}]")
+@click.option("--delta", type=float, help=f"δ. [default: {_number(_TUNE_DEFAULTS['delta'])}]")
 @click.option("--selection", type=click.Choice(SELECTIONS), help="How trials are scored (default: public "
               "validation when given, else charged noisy training accuracy).")
 @click.option("--trials", type=int, help="Number of trials (strategy default when unset; linear-scaling: an even "
@@ -80,11 +72,7 @@ def _resolve(config: str | None, values: dict) -> dict:
 def tune(**kwargs) -> None:
     """Tune hyperparameters privately and train the final model: one (ε, δ) for everything."""
     ctx = click.get_current_context()
-    opts = _resolve(kwargs.get("config"), _explicit(ctx))
-    for k, v in _DEFAULTS.items():
-        opts.setdefault(k, v)
-    from privtune.hpo import tune as run_tune
-
+    opts = resolve_options("tune", kwargs.get("config"), explicit_cli_values(ctx))
     mapping = {"output": "output_dir"}
     call = {mapping.get(k, k): v for k, v in opts.items() if v is not None}
     result = run_tune(call.pop("data", None), **call)
@@ -125,17 +113,17 @@ def tune(**kwargs) -> None:
 @click.option("--delta", type=float, required=True, help="δ.")
 @click.option("--dataset-size", type=int, required=True, help="Number of training examples N.")
 @click.option("--epochs", type=float, required=True, help="Passes over the data E (T = ⌈E·N/B⌉).")
-@click.option("--min-steps", type=int, default=20, show_default=True, help="Minimum number of optimizer steps.")
-@click.option("--plateau-tol", type=float, default=0.10, show_default=True,
+@click.option("--min-steps", type=int, default=_RECOMMEND_DEFAULTS["min_steps"], show_default=True,
+              help="Minimum number of optimizer steps.")
+@click.option("--plateau-tol", type=float, default=_RECOMMEND_DEFAULTS["plateau_tol"], show_default=True,
               help="Relative tolerance on σ√T defining the plateau.")
-@click.option("--prefer", type=click.Choice(("smallest", "cap")), default="smallest", show_default=True,
+@click.option("--prefer", type=click.Choice(PREFERENCES), default=_RECOMMEND_DEFAULTS["prefer"], show_default=True,
               help="smallest B on the plateau (paper) or the largest B with T ≥ min-steps.")
 @click.option("--candidates", type=str, help="Comma-separated batch sizes (default: powers of two and N).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def recommend(epsilon, delta, dataset_size, epochs, min_steps, plateau_tol, prefer, candidates, as_json) -> None:
     """Recommend batch size, σ, q, T and clipping guidance for a budget (seed 003)."""
     from privtune.errors import InvalidParameterError
-    from privtune.hpo import recommend as rec_fn
 
     cands = None
     if candidates:
@@ -145,8 +133,8 @@ def recommend(epsilon, delta, dataset_size, epochs, min_steps, plateau_tol, pref
             raise InvalidParameterError(
                 f"`candidates` must be comma-separated integers. Got {candidates!r}. Pass e.g. 256,512,1024."
             ) from None
-    r = rec_fn(epsilon, delta, dataset_size, epochs, candidates=cands, min_steps=min_steps,
-               plateau_tol=plateau_tol, prefer=prefer)
+    r = run_recommend(epsilon, delta, dataset_size, epochs, candidates=cands, min_steps=min_steps,
+                      plateau_tol=plateau_tol, prefer=prefer)
     if as_json:
         click.echo(json.dumps(r.to_dict(), indent=2))
     else:

@@ -15,10 +15,11 @@ from privtune.engine.diagnostics import (
     per_example_gradients,
     retained_weight,
 )
-from privtune.engine.private_gradient import PrivateGradient, ReleaseInfo
+from privtune.engine.private_gradient import CLIPPINGS, PrivateGradient, ReleaseInfo
 from privtune.engine.sampling import PoissonSampler, ShuffleSampler
 
 __all__ = [
+    "CLIPPINGS",
     "PrivateGradient",
     "ReleaseInfo",
     "PoissonSampler",

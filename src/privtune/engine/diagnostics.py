@@ -12,6 +12,7 @@ from typing import Sequence
 import torch
 
 from privtune._validation import check_int, check_real
+from privtune.engine.private_gradient import CLIPPINGS
 from privtune.errors import InvalidParameterError
 
 __all__ = [
@@ -35,9 +36,6 @@ def _as_1d(x, name) -> torch.Tensor:
     return t
 
 
-_CLIPPINGS = ("flat", "automatic")
-
-
 def _factor_rule(clipping: str, gamma: float) -> str:
     if clipping == "flat":
         return "min(1, threshold/||g||) (flat, Abadi)"
@@ -56,8 +54,8 @@ def _retained(n: torch.Tensor, C: float, clipping: str, gamma: float, layer_norm
     Flat or automatic clipping of the whole gradient: the factor is c_i itself.  Per-layer clipping
     (``layer_norms`` of shape (n, K)): layer k of example i is scaled by c_ik computed against C/√K, and
     the example keeps sqrt(Σ_k c_ik² ‖g_ik‖²) / ‖g_i‖ of its norm."""
-    if clipping not in _CLIPPINGS:
-        raise InvalidParameterError(f"`clipping` must be one of {_CLIPPINGS}. Got {clipping!r}.")
+    if clipping not in CLIPPINGS:
+        raise InvalidParameterError(f"`clipping` must be one of {CLIPPINGS}. Got {clipping!r}.")
     gamma = check_real(gamma, "gamma", low=0.0)
     if layer_norms is None:
         f = _clip_factors(n, C, clipping, gamma)

@@ -44,7 +44,8 @@ from privtune.engine._layers import (
 
 __all__ = ["PrivateGradient", "ReleaseInfo"]
 
-_CLIPPING = ("flat", "automatic")
+#: the clipping rules (flat: Abadi min(1, C/||g||); automatic: AUTO-S); the one declaration of this choice set
+CLIPPINGS = ("flat", "automatic")
 
 
 @dataclass(frozen=True)
@@ -153,7 +154,7 @@ class PrivateGradient:
                                            fix="σ is the noise std divided by C; calibrate it with privtune.calibrate_noise_multiplier.")
         self.expected_batch_size = check_real(expected_batch_size, "expected_batch_size", low=0.0,
                                               fix="Pass q·N, the expected (not realised) logical batch size, e.g. 256.")
-        self.clipping = check_choice(clipping, "clipping", _CLIPPING)
+        self.clipping = check_choice(clipping, "clipping", CLIPPINGS)
         self.gamma = check_real(gamma, "gamma", low=0.0, fix="AUTO-S uses gamma=0.01.")
         if not isinstance(per_layer, bool):
             raise InvalidParameterError(f"`per_layer` must be True or False. Got {per_layer!r}.")

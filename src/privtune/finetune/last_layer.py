@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterable
 import torch
 
 from privtune._validation import check_int
+from privtune.engine.private_gradient import CLIPPINGS
 from privtune.errors import DataError, InvalidParameterError
 
 
@@ -181,7 +182,7 @@ class LinearHeadGradient:
         self.max_grad_norm = check_real(max_grad_norm, "max_grad_norm", low=0.0)
         self.noise_multiplier = check_real(noise_multiplier, "noise_multiplier", low=0.0, low_inclusive=True)
         self.expected_batch_size = check_real(expected_batch_size, "expected_batch_size", low=0.0)
-        self.clipping = check_choice(clipping, "clipping", ("flat", "automatic"))
+        self.clipping = check_choice(clipping, "clipping", CLIPPINGS)
         self.gamma = check_real(gamma, "gamma", low=0.0)
         self.seed = seed
         self._generator = torch.Generator(device="cpu")

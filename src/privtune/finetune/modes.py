@@ -12,7 +12,10 @@ from torch import nn
 from privtune._validation import check_choice, check_int, check_real
 from privtune.errors import InvalidParameterError, ModelError
 
+#: what can be trained (the one declaration of this choice set; train(), tune(), the CLI and config read it)
 MODES = ("full", "bitfit", "last-layer", "lora", "two-phase")
+#: train()'s learning rate for each mode when none is given
+DEFAULT_LEARNING_RATES = {"full": 5e-4, "bitfit": 5e-3, "lora": 2e-3, "last-layer": 5e-2, "two-phase": 5e-3}
 
 
 def _bias_module_types() -> tuple[type, ...]:

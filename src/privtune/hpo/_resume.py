@@ -33,8 +33,8 @@ _NOT_COMPARED = ("quiet", "feature_cache_dir", "output")
 #: tune() arguments that are not configuration (never written to config.yaml)
 _NOT_CONFIG = ("write_files", "unknown", "resume")
 _PATH_ARGS = ("data", "eval_data", "public_eval_data", "model", "feature_cache_dir", "output_dir")
-_SELECTION_FLAG = {"public_validation": "public-validation", "private_validation_noisy": "private-validation",
-                   "train_noisy": "train-accuracy", "train_loss_noisy": "train-loss"}
+#: selection source -> the user-facing name written into config.yaml
+_SELECTION_FLAG = {source: flag for flag, source in common.SELECTION_SOURCE_OF.items()}
 
 
 def derive_seed(master: int, *parts: Any) -> int:
@@ -84,9 +84,7 @@ def _effective_config(args: dict, run_dir: Path | None) -> tuple[dict, list]:
             else:
                 v = os.fspath(v)
         elif k == "selection":
-            from privtune.hpo.tune import SELECTIONS  # here: tune.py imports this module
-
-            v = _SELECTION_FLAG.get(SELECTIONS.get(str(v), ""), v)
+            v = _SELECTION_FLAG.get(str(v), v)  # a source given as selection= is written as its flag
         elif k == "strategy_options":
             v = as_plain(dict(v))
         out[key] = v

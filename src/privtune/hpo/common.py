@@ -30,6 +30,15 @@ from privtune.engine.sampling import make_generator
 
 #: Where a trial's score comes from.  Written into the certificate metadata.
 SELECTION_SOURCES = ("public_validation", "private_validation_noisy", "train_noisy", "train_loss_noisy", "none")
+#: ``tune(selection=...)`` / ``--selection``: each user-facing name and the selection source it scores with
+SELECTION_SOURCE_OF = {
+    "public-validation": "public_validation",
+    "private-validation": "private_validation_noisy",
+    "train-accuracy": "train_noisy",
+    "train-loss": "train_loss_noisy",
+}
+#: the selections a user can choose (the one declaration of this choice set; tune(), the CLI and config read it)
+SELECTIONS = tuple(SELECTION_SOURCE_OF)
 
 _SOURCE_TEXT = {
     "public_validation": "accuracy on a validation split the user declared PUBLIC (not charged)",

@@ -34,6 +34,7 @@ import torch
 
 from privtune._validation import check_int, check_real
 from privtune.accounting.events import DPSGDEvent
+from privtune.engine.private_gradient import CLIPPINGS
 from privtune.errors import InfeasibleBudgetError
 from privtune.hpo._heads import LinearHead, clipped_gradient_sum, per_example_losses
 from privtune.hpo.common import BudgetPlan, epsilon_of
@@ -172,7 +173,7 @@ class HyperfreeConfig:
 
         check_choice(self.optimizer, "optimizer", OPTIMIZERS)
         if self.clipping is not None:
-            check_choice(self.clipping, "clipping", ("automatic", "flat"))
+            check_choice(self.clipping, "clipping", CLIPPINGS)
         check_real(self.weight_decay, "weight_decay", low=0.0, low_inclusive=True)
 
 

@@ -16,6 +16,9 @@ from dataclasses import asdict, dataclass, field
 
 from privtune._validation import check_choice, check_delta, check_epsilon, check_int, check_real
 
+#: recommend(prefer=...): "smallest" (the paper's rule) or "cap" (largest batch with T >= min_steps)
+PREFERENCES = ("smallest", "cap")
+
 #: Table 1 of seed 003 (practical implications), printed with every recommendation.
 CLIPPING_GUIDANCE = [
     ("Lower ε (tighter privacy)", "Increase C, decrease B."),
@@ -113,7 +116,7 @@ def recommend(epsilon: float, delta: float, dataset_size: int, epochs: float, *,
     ep = check_real(epochs, "epochs", low=0.0, fix="Pass the number of passes over the data, e.g. 3.")
     ms = check_int(min_steps, "min_steps", low=1)
     tol = check_real(plateau_tol, "plateau_tol", low=0.0, low_inclusive=True)
-    check_choice(prefer, "prefer", ("smallest", "cap"))
+    check_choice(prefer, "prefer", PREFERENCES)
     cands = sorted({check_int(b, "candidates", low=1) for b in (candidates or default_candidates(n))})
     cands = sorted({min(b, n) for b in cands})
     rows = []

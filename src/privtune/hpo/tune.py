@@ -39,7 +39,10 @@ from privtune.errors import DataError, InvalidParameterError, PrivtuneError
 from privtune.hpo import common
 from privtune.accounting.events import event_to_dict
 from privtune.hpo.common import BudgetPlan, Selector, StrategyOutcome, as_plain
+from privtune.accounting.accountant import ACCOUNTANTS
+from privtune.engine.private_gradient import CLIPPINGS
 from privtune.engine.sampling import make_generator
+from privtune.finetune.modes import DEFAULT_LEARNING_RATES
 from privtune.hpo._resume import (  # noqa: F401  (STATE_FILE is part of this module's interface)
     STATE_FILE,
     _check_open_reservation,
@@ -57,28 +60,29 @@ from privtune.hpo._resume import (  # noqa: F401  (STATE_FILE is part of this mo
 #: what tune() releases into RUN_DIR (checked before the reservation: an entry of the wrong kind is an error)
 _RELEASED_FILES = ("certificate.json", "metrics.json", "history.json", "config.yaml", "report.html", "log.txt")
 _RELEASED_DIRS = ("model",)
+#: the tuning strategies (the one declaration of this choice set; the CLI and config read it)
 STRATEGIES = ("linear-scaling", "hyperfree", "single-step", "random-search", "grid-oracle")
-MODES = ("auto", "last-layer", "bitfit", "lora", "full")
+#: the fine-tuning modes tune() can train (privtune.finetune.MODES without two-phase)
+_TUNABLE_MODES = ("last-layer", "bitfit", "lora", "full")
+#: tune(mode=...): a tunable mode, or "auto" (the one declaration of this choice set)
+MODES = ("auto", *_TUNABLE_MODES)
 AUTO_MODES = ("last-layer", "bitfit", "lora")
 #: what each strategy can train; ``--mode auto`` pilots only these (none when only one is left),
 #: and any other mode is refused before anything is reserved
 STRATEGY_MODES = {
-    "linear-scaling": ("last-layer", "bitfit", "lora", "full"),
-    "hyperfree": ("last-layer", "bitfit", "lora", "full"),
+    "linear-scaling": _TUNABLE_MODES,
+    "hyperfree": _TUNABLE_MODES,
     "single-step": ("last-layer",),
     "random-search": ("last-layer",),
     "grid-oracle": ("last-layer",),
 }
-SELECTIONS = {
-    "public-validation": "public_validation", "public_validation": "public_validation",
-    "private-validation": "private_validation_noisy", "private_validation_noisy": "private_validation_noisy",
-    "train-accuracy": "train_noisy", "train_noisy": "train_noisy",
-    "train-loss": "train_loss_noisy", "train_loss_noisy": "train_loss_noisy",
-}
-#: pilot run used by --mode auto to compare modes (per-run ε = min(0.1, 0.1·ε_total))
-_PILOT = {"last-layer": {"learning_rate": 1.0, "optimizer": "adam"},
-          "bitfit": {"learning_rate": 5e-3, "optimizer": "adam"},
-          "lora": {"learning_rate": 2e-3, "optimizer": "adam"}}
+#: ``selection=`` accepts the user-facing name or the selection source itself (e.g. "train_noisy")
+_SELECTION_SOURCE = {**common.SELECTION_SOURCE_OF, **{s: s for s in common.SELECTION_SOURCE_OF.values()}}
+#: learning rate of the Adam pilot run used by --mode auto to compare modes (per-run ε = min(0.1, 0.1·ε_total)):
+#: train()'s default for bitfit and lora; 1.0 for the last layer, whose pilot is only _PILOT_STEPS steps on cached
+#: features (train()'s 5e-2 is meant for a full run)
+_PILOT_LEARNING_RATES = {"last-layer": 1.0, "bitfit": DEFAULT_LEARNING_RATES["bitfit"],
+                         "lora": DEFAULT_LEARNING_RATES["lora"]}
 _PILOT_STEPS = 10
 
 
@@ -269,7 +273,7 @@ def tune(
         )
     eps_total = common.check_epsilon(epsilon)
     delta = check_real(delta, "delta", low=0.0, high=1.0, fix="Pass e.g. 1e-5; δ should be well below 1/n.")
-    check_choice(accountant, "accountant", ("pld", "rdp"))
+    check_choice(accountant, "accountant", ACCOUNTANTS)
     if clip is not None:
         clip = check_real(clip, "clip", low=0.0, fix="Pass the per-example clipping norm C, e.g. clip=1.0.")
         if strategy == "hyperfree" and clip != 1.0:
@@ -277,7 +281,7 @@ def tune(
                 f"`clip`={clip!r} does not apply to strategy='hyperfree': it clips at C = 1 (sensitivity 1) and its "
                 "learning-rate rule absorbs the scale. Remove `clip`, or choose another strategy.")
     if clipping is not None:
-        check_choice(clipping, "clipping", ("flat", "automatic"))
+        check_choice(clipping, "clipping", CLIPPINGS)
         if strategy not in ("hyperfree", "linear-scaling") or (strategy == "linear-scaling" and mode == "last-layer"):
             raise InvalidParameterError(
                 f"`clipping` does not apply to strategy={strategy!r} with mode={mode!r}: its full-batch recipe on cached "
@@ -287,10 +291,9 @@ def tune(
         seed = check_int(seed, "seed", low=0)
     sel_name = None
     if selection is not None:
-        sel_name = SELECTIONS.get(str(selection))
+        sel_name = _SELECTION_SOURCE.get(str(selection))
         if sel_name is None:
-            check_choice(selection, "selection", ("public-validation", "private-validation", "train-accuracy",
-                                                  "train-loss"))
+            check_choice(selection, "selection", common.SELECTIONS)
     options = dict(strategy_options or {})
     if epochs is not None and steps is not None:
         raise InvalidParameterError(
@@ -1014,8 +1017,8 @@ def _run_pilots(modes, clf, train, features, make_selector, source, pilot_eps, d
             sigma = common.calibrate_final(pilot_eps, delta, [], sample_rate=q, steps=T, what="a mode pilot",
                                            accountant=kw.get("accountant", "pld"))
             run = be.run({}, noise_multiplier=sigma, sample_rate=q, steps=T,
-                         learning_rate=_PILOT[m]["learning_rate"], optimizer="adam", seed=seed, label=label)
-            hp = {"mode": m, "optimizer": "adam", "learning_rate": _PILOT[m]["learning_rate"], "steps": T,
+                         learning_rate=_PILOT_LEARNING_RATES[m], optimizer="adam", seed=seed, label=label)
+            hp = {"mode": m, "optimizer": "adam", "learning_rate": _PILOT_LEARNING_RATES[m], "steps": T,
                   "sample_rate": q, "noise_multiplier": sigma}
         score, evs = sel.score(be.logits(run.state, sel.data), label=label + " score")
         records.append(TrialRecord(index=i, phase="mode-auto pilot", hyperparameters=hp,
@@ -1197,11 +1200,4 @@ def _write_run(run_dir: Path, model, cert, metrics, history, cfg, log, not_priva
         ("not_private", lambda d: write_not_private(d, not_private or {})),
         ("certificate.json", lambda d: cert.save(d / "certificate.json")),
     ]
-    try:
-        _release.release_files(run_dir, writers, derived=derived)
-    except OSError as exc:  # a full disk, a permission changed during the run, ...
-        raise PrivtuneError(
-            f"Writing the run's files into {str(run_dir)!r} failed ({exc.strerror or exc}). The ledger reservation "
-            "stays charged (it is never refunded); fix the cause, then run the same command with --resume: it "
-            "writes the files again without a new charge."
-        ) from None
+    _release.release_files(run_dir, writers, derived=derived)

@@ -49,6 +49,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from privtune._validation import check_choice, check_delta, check_epsilon
+from privtune.accounting.accountant import ACCOUNTANTS
 from privtune.accounting.events import (
     EVENT_TYPES,
     NonPrivateEvent,
@@ -68,7 +69,6 @@ from privtune.ledger import _key
 from privtune.ledger._compose import composed_epsilon, group_events
 from privtune.ledger.fingerprint import dataset_fingerprint, is_fingerprint
 
-ACCOUNTANTS = ("pld", "rdp")
 STATES = ("reserved", "committed", "released")
 _RTOL = 1e-9  # float noise allowed when comparing a composed ε with the total
 _GENESIS = "privtune-ledger/v1/genesis/"  # schema 1 (unkeyed chains), read only to migrate them

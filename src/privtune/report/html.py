@@ -304,6 +304,42 @@ def _final_section(run: RunData, b: _Builder) -> str:
     return "".join(out)
 
 
+#: where ``privtune audit --output RUN_DIR/audit`` leaves its results; the report shows them when present
+AUDIT_DIR = "audit"
+
+
+def _audit_section(run: RunData, b: _Builder) -> str:
+    """The "Audit" section: each audit found under RUN_DIR/audit/{whitebox,blackbox}/audit.json."""
+    from privtune.audit.result import AuditResult
+
+    found = []
+    for kind in ("whitebox", "blackbox"):
+        f = run.run_dir / AUDIT_DIR / kind / "audit.json"
+        if not f.is_file():
+            continue
+        try:
+            found.append((kind, AuditResult.from_dict(json.loads(f.read_text(encoding="utf-8")))))
+        except (OSError, ValueError, TypeError) as exc:
+            b.notes.append(f"{f.relative_to(run.run_dir)} could not be read: {type(exc).__name__}: {exc}")
+    if not found:
+        return ""
+    out = ["<section id='audit'><h2>Audit</h2>",
+           "<p class='note'>One-run privacy audit (Steinke, Nasr &amp; Jagielski 2023) written by "
+           "<code>privtune audit --output RUN_DIR/audit</code>. A lower bound is evidence, not proof: a bound "
+           "above the claimed ε shows a bug; a bound below it does not show that the claim is right.</p>"]
+    for kind, res in found:
+        out.append(f"<h3>{_e(res.kind)}</h3>")
+        out.append(_kv_table([("claimed ε", f"{res.claimed_epsilon:.4g} (δ = {res.delta:.3g})"),
+                              (f"empirical lower bound ({res.confidence:.0%})", f"{res.epsilon_lower_bound:.4g}"),
+                              ("canaries m", res.num_canaries), ("guesses r", res.num_guesses),
+                              ("correct guesses v", res.correct_guesses), ("verdict", res.verdict),
+                              ("privacy of the audit", res.privacy)]))
+        out.append(b.figure(f"audit_{kind}.png", res.figure,
+                            f"{res.kind} audit: scores of included and excluded canaries"))
+    out.append("</section>")
+    return "".join(out)
+
+
 def _clipping_section(run: RunData, b: _Builder) -> str:
     diag = run.history.get("clipping_diagnostics")
     if not isinstance(diag, dict):
@@ -413,6 +449,7 @@ def render_report(run: RunData) -> tuple[str, dict[str, bytes]]:
         _strategy_section(run, b, bp),
         _final_section(run, b),
         _clipping_section(run, b),
+        _audit_section(run, b),
         _certificate_section(run),
         _files_section(run),
     ]

@@ -1,0 +1,76 @@
+"""``privtune audit``: a thin click edge over :func:`privtune.audit.audit`.
+
+::
+
+    privtune audit --data FILE --mode {full,bitfit,last-layer,lora} (--epsilon E [--delta D] | --noise-multiplier S)
+                   [--epochs N | --steps N] [--batch-size B] [--canaries M] [--no-blackbox] [--public-data]
+                   [--labels neg,pos] [--ledger URL] [--output DIR]
+
+Prints, per audit (white-box and black-box): the claimed ε, the empirical lower bound at 95 %
+confidence, m, the number of guesses and of correct guesses, and a verdict.  Exit status 0 when every
+lower bound is ≤ the claimed ε, 1 when one exceeds it (the claim is contradicted), 2 on a usage error.
+"""
+
+from __future__ import annotations
+
+import click
+
+from privtune.accounting.accountant import ACCOUNTANTS
+from privtune.engine.private_gradient import CLIPPINGS
+from privtune.finetune.modes import MODES as TRAIN_MODES
+from privtune.optim import OPTIMIZERS
+
+# an audit trains one configuration: two-phase (two events) is audited phase by phase
+MODES = tuple(m for m in TRAIN_MODES if m != "two-phase")
+
+
+@click.command("audit", context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
+@click.option("--data", type=str, required=True, help="Training data: .tsv/.csv/.jsonl (text + label columns).")
+@click.option("--model", type=str, help="Backbone directory. Default: bundled all-MiniLM-L6-v2.")
+@click.option("--mode", type=click.Choice(MODES), default="bitfit", help="What is trained.")
+@click.option("--epsilon", type=float, help="Claimed ε of the configuration (with --delta).")
+@click.option("--delta", type=float, help="δ (default: min(1e-5, <1/(10·N))).")
+@click.option("--noise-multiplier", type=float, help="σ instead of --epsilon.")
+@click.option("--epochs", type=float, help="Passes over the data (default 3).")
+@click.option("--steps", type=int, help="Optimizer steps (instead of --epochs).")
+@click.option("--batch-size", type=int, help="Expected Poisson batch size B (default min(N, 256)).")
+@click.option("--learning-rate", type=float, help="Learning rate (default by mode).")
+@click.option("--clip", type=float, default=1.0, help="Per-example clipping norm C.")
+@click.option("--clipping", type=click.Choice(CLIPPINGS), default="flat", help="Clipping style.")
+@click.option("--optimizer", type=click.Choice(OPTIMIZERS), default="adam", help="Optimizer.")
+@click.option("--sampling", type=click.Choice(("poisson", "full_batch")), default="poisson", help="Batch sampling.")
+@click.option("--accountant", type=click.Choice(ACCOUNTANTS), default="pld", help="Privacy accountant.")
+@click.option("--canaries", "num_canaries", type=int, default=1000, help="Number m of canaries per audit.")
+@click.option("--whitebox/--no-whitebox", default=True, help="White-box audit of the DP step (uses no data).")
+@click.option("--blackbox/--no-blackbox", default=True,
+              help="Black-box audit: one real training run on --data plus canaries (charged to the ledger).")
+@click.option("--public-data", is_flag=True, default=False,
+              help="Declare --data public: the black-box run is not charged to the ledger.")
+@click.option("--ledger", type=str, help="Budget ledger URL (default $PRIVTUNE_LEDGER or ~/.privtune/ledger.db).")
+@click.option("--output", type=str, help="Write whitebox/ and blackbox/ (audit.json, audit.png, audit.html) here.")
+@click.option("--confidence", type=float, default=0.95, help="Confidence 1 − β of the lower bounds.")
+@click.option("--seed", type=int, help="Seed for canaries, membership and training (experiments).")
+@click.option("--text-column", type=str, help="Text column name (auto-detected).")
+@click.option("--label-column", type=str, help="Label column name (auto-detected).")
+@click.option("--labels", type=str,
+              help="The label set (public), comma-separated in class-index order, e.g. neg,pos or 0,1 for integer "
+                   "classes. Default: the model's own labels; never read from the private data.")
+@click.option("--max-physical-batch-size", type=int, default=32, help="Micro-batch size in memory.")
+@click.option("--device", type=str, help="cpu, cuda, cuda:N or mps (default: cuda when available, else cpu).")
+@click.option("--quiet", is_flag=True, default=False, help="No progress display.")
+def audit(**opts) -> int:
+    """Measure an empirical lower bound on ε of a training configuration in one run (Steinke et al. 2023).
+
+    The black-box audit trains once on your data (plus synthetic canaries) and is charged to the
+    dataset's budget in the ledger like `privtune train` (unless --public-data); no model is released.
+    A lower bound is evidence, not proof: above the claimed ε it shows a bug; below it, it proves nothing.
+    """
+    from privtune.audit.blackbox import audit as run_audit
+
+    quiet = opts.pop("quiet")
+    output = opts.pop("output")
+    report = run_audit(opts.pop("data"), output_dir=output, progress=not quiet, **opts)
+    click.echo(report.summary())
+    if output:
+        click.echo(f"\nwritten: {report.output_dir}/{{whitebox,blackbox}}/audit.{{json,png,html}}")
+    return 1 if report.violation else 0

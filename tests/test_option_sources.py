@@ -1,0 +1,163 @@
+"""One source of truth for options: each choice set is declared once, in the module that owns it, and the
+config schema, the CLI's click choices, its help text and its defaults are read from there."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+from pathlib import Path
+
+import click
+import pytest
+
+import privtune
+from privtune.accounting.accountant import ACCOUNTANTS
+from privtune.accounting.events import SAMPLING_SCHEMES, DPSGDEvent
+from privtune.cli import budget as cli_budget
+from privtune.cli import config as cli_config
+from privtune.cli import main
+from privtune.cli import train as cli_train
+from privtune.cli import tune as cli_tune
+from privtune.config import COMMANDS, SCHEMAS
+from privtune.engine.private_gradient import CLIPPINGS
+from privtune.finetune.modes import MODES as TRAIN_MODES
+from privtune.hpo.common import SELECTIONS
+from privtune.hpo.recommend import PREFERENCES, recommend
+from privtune.hpo.tune import MODES as TUNE_MODES
+from privtune.hpo.tune import STRATEGIES, tune
+from privtune.ledger import Ledger
+from privtune.models.classifier import POOLING_CHOICES
+from privtune.optim import OPTIMIZERS
+from privtune.report.html import STRATEGY_TEXT
+from privtune.training import train
+
+SRC = Path(privtune.__file__).parent
+
+#: each choice set -> the one source file allowed to spell it out
+OWNERS = {
+    "optimizers": (OPTIMIZERS, "optim/__init__.py"),
+    "accountants": (ACCOUNTANTS, "accounting/accountant.py"),
+    "sampling": (SAMPLING_SCHEMES, "accounting/events.py"),
+    "clippings": (CLIPPINGS, "engine/private_gradient.py"),
+    "train modes": (TRAIN_MODES, "finetune/modes.py"),
+    "tune modes": (TUNE_MODES, "hpo/tune.py"),
+    "strategies": (STRATEGIES, "hpo/tune.py"),
+    "selections": (SELECTIONS, "hpo/common.py"),
+    "pooling": (POOLING_CHOICES, "models/classifier.py"),
+    "recommend preferences": (PREFERENCES, "hpo/recommend.py"),
+    "config commands": (COMMANDS, "config.py"),
+}
+#: tables with one entry per choice, kept outside the owning module (each must still cover every choice)
+PER_CHOICE_TABLES = {"strategies": {"report/html.py": STRATEGY_TEXT}}
+
+
+def _string_collections(tree: ast.AST):
+    """Every tuple/list/set literal, and the keys and the values of every dict literal, made of two or more
+    string constants: the shapes a choice set is spelt in."""
+    for node in ast.walk(tree):
+        groups = []
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            groups.append(node.elts)
+        elif isinstance(node, ast.Dict):
+            groups += [[k for k in node.keys if k is not None], node.values]
+        for elts in groups:
+            if len(elts) >= 2 and all(isinstance(e, ast.Constant) and isinstance(e.value, str) for e in elts):
+                yield node.lineno, frozenset(e.value for e in elts)
+
+
+def _spellings() -> dict[frozenset, list[str]]:
+    found: dict[frozenset, list[str]] = {}
+    for path in sorted(SRC.rglob("*.py")):
+        rel = path.relative_to(SRC).as_posix()
+        for lineno, values in _string_collections(ast.parse(path.read_text(encoding="utf-8"))):
+            found.setdefault(values, []).append(f"{rel}:{lineno}")
+    return found
+
+
+@pytest.mark.parametrize("name", sorted(OWNERS))
+def test_each_choice_set_is_spelt_out_in_its_owning_module_only(name):
+    choices, owner = OWNERS[name]
+    tables = PER_CHOICE_TABLES.get(name, {})
+    for table in tables.values():
+        assert tuple(table) == tuple(choices)
+    places = _spellings().get(frozenset(choices), [])
+    elsewhere = [p for p in places if p.split(":")[0] not in (owner, *tables)]
+    assert not elsewhere, (f"the {name} {choices} are re-declared at {elsewhere}; import them from "
+                           f"privtune/{owner} instead")
+
+
+def _choice_params(command: click.Command) -> dict[str, tuple]:
+    return {p.name: tuple(p.type.choices) for p in command.params if isinstance(p.type, click.Choice)}
+
+
+@pytest.mark.parametrize("command, expected", [
+    (cli_train.train, {"mode": TRAIN_MODES, "optimizer": OPTIMIZERS, "clipping": CLIPPINGS,
+                       "sampling": SAMPLING_SCHEMES, "accountant": ACCOUNTANTS, "pooling": POOLING_CHOICES}),
+    (cli_tune.tune, {"mode": TUNE_MODES, "strategy": STRATEGIES, "selection": SELECTIONS}),
+    (cli_tune.recommend, {"prefer": PREFERENCES}),
+    (cli_budget.budget.commands["init"], {"accountant": ACCOUNTANTS}),
+    (cli_budget.budget.commands["spend"], {"sampling": SAMPLING_SCHEMES}),
+    (cli_config.config.commands["init"], {"command": COMMANDS}),
+    (cli_config.config.commands["check"], {"command": COMMANDS}),
+], ids=["train", "tune", "recommend", "budget-init", "budget-spend", "config-init", "config-check"])
+def test_click_choices_are_the_owning_tuples(command, expected):
+    assert _choice_params(command) == expected
+
+
+def test_config_choices_are_the_owning_tuples_and_their_help_names_every_choice():
+    expected = {
+        "train": {"mode": TRAIN_MODES, "optimizer": OPTIMIZERS, "clipping": CLIPPINGS, "sampling": SAMPLING_SCHEMES,
+                  "accountant": ACCOUNTANTS},
+        "tune": {"mode": TUNE_MODES, "strategy": STRATEGIES, "selection": SELECTIONS, "optimizer": OPTIMIZERS,
+                 "clipping": CLIPPINGS, "accountant": ACCOUNTANTS},
+    }
+    for command, schema in SCHEMAS.items():
+        choices = {key: tuple(o.choices) for key, o in schema.items() if o.kind == "choice"}
+        assert choices == expected[command], command
+        for key, values in choices.items():
+            missing = [v for v in values if v not in schema[key].help]
+            assert not missing, f"the {command} template's help of `{key}` does not name {missing}"
+
+
+def _signature_defaults(fn) -> dict:
+    return {name: p.default for name, p in inspect.signature(fn).parameters.items()}
+
+
+def test_tune_cli_leaves_the_defaults_to_tune(monkeypatch, tmp_path):
+    """The CLI passes only what the user set (flags or file); tune()'s signature supplies every default."""
+    calls = []
+
+    class Stop(Exception):
+        pass
+
+    def fake_tune(data=None, **kwargs):
+        calls.append(kwargs)
+        raise Stop
+
+    monkeypatch.setattr(cli_tune, "run_tune", fake_tune, raising=False)
+    with pytest.raises(Stop):
+        main(["tune", "--data", str(tmp_path / "train.tsv"), "--trials", "4"])
+    assert calls == [{"trials": 4}]
+
+
+def test_cli_help_shows_the_signature_defaults(capsys):
+    tune_defaults, train_defaults = _signature_defaults(tune), _signature_defaults(train)
+    assert main(["tune", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    for key in ("mode", "strategy", "epsilon"):
+        assert f"[default: {tune_defaults[key]}]" in text, key
+    assert main(["train", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    for key in ("optimizer", "clipping", "sampling", "accountant", "clip", "max_physical_batch_size"):
+        assert f"(default {train_defaults[key]})" in text, key
+    budget_init = {p.name: p.default for p in cli_budget.budget.commands["init"].params}
+    assert budget_init["accountant"] == _signature_defaults(Ledger.init_dataset)["accountant"]
+    budget_spend = {p.name: p.default for p in cli_budget.budget.commands["spend"].params}
+    assert budget_spend["sampling"] == _signature_defaults(DPSGDEvent)["sampling"]
+    assert main(["account", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"{' | '.join(SAMPLING_SCHEMES)} " in text and f"{' or '.join(ACCOUNTANTS)} " in text
+    assert f"[default: {_signature_defaults(DPSGDEvent)['sampling']}]" in text
+    recommend_defaults = _signature_defaults(recommend)
+    assert {p.name: p.default for p in cli_tune.recommend.params if p.name in ("min_steps", "plateau_tol", "prefer")} \
+        == {k: recommend_defaults[k] for k in ("min_steps", "plateau_tol", "prefer")}
