@@ -79,6 +79,8 @@ def test_repeat_and_select_publishes_only_the_selected_trial(files, tmp_path, mo
     report = (r.run_dir / "report.html").read_text()
     assert "selected trial only" in report  # the report says what is (not) published
     assert not (r.run_dir / ".tune_state.jsonl").exists()
+    # durations grow with the hidden number of trials: log.txt states none
+    assert not re.search(r"\bin \d+(\.\d+)? s\b", (r.run_dir / "log.txt").read_text()), "a duration in log.txt"
 
 
 def test_composition_random_search_still_publishes_every_trial(files, tmp_path):

@@ -432,6 +432,10 @@ def tune(
                                 f"{exc} Pass an explicit mode (e.g. mode='last-layer') to skip it.") from None
         plan_mode = candidates[0]
         plan = mode_plans[plan_mode]
+        # under repeat-and-select the number of trials is random and not published; durations grow with it
+        hide_timing = any(p.details.get("accounting") == "repeat-and-select" for p in mode_plans.values())
+        if hide_timing:
+            prog.log_timing = False
         log(plan.describe())
         for m in candidates[1:]:
             log(f"  if the pilots choose {m}: planned ε = {mode_plans[m].planned_epsilon():.4g}")
@@ -590,7 +594,7 @@ def tune(
             sp = _state_path(run_dir)
             if sp.exists():
                 sp.unlink()
-        log(f"done in {time.time() - t_start:.0f} s: "
+        log(("done: " if hide_timing else f"done in {time.time() - t_start:.0f} s: ")
             + (f"ε = {cert.epsilon:.4f} (≤ {eps_total:g}), δ = {delta:g}" if strategy != "grid-oracle" else
                f"NOT PRIVATE reference (composition of the grid runs: ε = {cert.epsilon:.4g}, δ = {delta:g})")
             + (f", accuracy {acc:.4f}" if acc is not None else "") + (f" → {run_dir}" if run_dir else ""))

@@ -121,6 +121,9 @@ class Progress:
         console: Any = None,
     ) -> None:
         self.quiet = bool(quiet)
+        #: write phase durations to the log; off when the durations grow with something the run keeps
+        #: secret (the random number of trials under repeat-and-select)
+        self.log_timing = True
         self.total_epsilon = total_epsilon
         self.log_interval = float(log_interval)
         self.runlog = RunLog(log_path)
@@ -230,7 +233,8 @@ class Progress:
         """Finish the current phase and write its summary to the log."""
         if self.phase is None:
             return
-        self.runlog.write("done " + self._status_line() + f" in {time.monotonic() - self._t0:.1f} s")
+        took = f" in {time.monotonic() - self._t0:.1f} s" if self.log_timing else ""
+        self.runlog.write("done " + self._status_line() + took)
         if self._rich is not None and self._task is not None:
             task = self._rich.tasks[-1]
             if task.total is None:  # an open-ended phase: show the bar full, without a made-up count
