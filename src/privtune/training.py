@@ -334,6 +334,12 @@ class _Loop:
         else:
             self.sampler_seed = self.noise_seed = None
         self.stream = _BatchStream(sampling, self.n, sample_rate, self.sampler_seed)
+        self.sampler_is_full_batch = self.stream.sampler is None  # every step is torch.arange(n)
+        # ‖x_i‖² of cached features, once per run (the closed-form head step needs them every step)
+        self.feature_sq_norms = None
+        if _is_features(data):
+            cached = getattr(data, "row_sq_norms", None)  # a FeatureSet caches them across trials
+            self.feature_sq_norms = cached() if cached is not None else data.features.pow(2).sum(1)
         self.step = 0
         self.phase = 0
         self.steps_in_phase = [0] * len(phases)
@@ -479,9 +485,13 @@ class _Loop:
         loss_sum, count = 0.0, 0
         for s in range(0, idx.numel(), self.max_phys):
             chunk = idx[s : s + self.max_phys]
-            y = self.labels[chunk].to(self.device)
+            full = self.sampler_is_full_batch
+            y = (self.labels[s : s + self.max_phys] if full else self.labels[chunk]).to(self.device)
             if hasattr(self.pg, "accumulate"):  # closed-form linear head on cached features
-                losses, norms = self.pg.accumulate(self.data.features[chunk].to(self.device), y)
+                # a full batch reads a view of the features (no gather copy: head trials are many and short)
+                X = self.data.features[s : s + self.max_phys] if full else self.data.features[chunk]
+                sq = self.feature_sq_norms[s : s + self.max_phys] if full else self.feature_sq_norms[chunk]
+                losses, norms = self.pg.accumulate(X.to(self.device), y, sq_norms=sq.to(self.device))
             else:
                 logits = _forward(self.model, self.module, self.data, chunk)
                 losses = F.cross_entropy(logits, y, reduction="none")

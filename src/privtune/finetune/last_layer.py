@@ -59,6 +59,13 @@ class FeatureSet:
     def num_features(self) -> int:
         return int(self.features.shape[1])
 
+    def row_sq_norms(self) -> torch.Tensor:
+        """‖x_i‖² of every row, (N,), computed once and cached (the features are never modified in place)."""
+        cached = self.__dict__.get("_row_sq_norms")
+        if cached is None or cached.shape[0] != self.features.shape[0]:
+            cached = self.__dict__["_row_sq_norms"] = self.features.pow(2).sum(1)
+        return cached
+
     def subset(self, indices: Iterable[int] | torch.Tensor) -> "FeatureSet":
         idx = torch.as_tensor(list(indices) if not isinstance(indices, torch.Tensor) else indices, dtype=torch.long)
         return FeatureSet(self.features[idx], None if self.labels is None else self.labels[idx],
@@ -219,10 +226,13 @@ class LinearHeadGradient:
         yield
 
     @torch.no_grad()
-    def accumulate(self, features: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def accumulate(self, features: torch.Tensor, labels: torch.Tensor,
+                   sq_norms: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Add the clipped per-example gradients of a micro-batch; returns (losses, norms), both (B,).
 
-        Both returned vectors are computed from private data without noise (NOT PRIVATE)."""
+        ``sq_norms`` (B,), optional: the rows' ‖x_i‖², when the caller has them cached (the training loop
+        computes them once per feature set).  Both returned vectors are computed from private data without
+        noise (NOT PRIVATE)."""
         W, b = self.head.weight, self.head.bias
         logits = features @ W.T
         if b is not None:
@@ -233,7 +243,10 @@ class LinearHeadGradient:
         resid[torch.arange(labels.numel(), device=labels.device), labels] -= 1.0  # P − E
         train_w = W.requires_grad
         train_b = b is not None and b.requires_grad
-        xsq = (features * features).sum(1) if train_w else torch.zeros_like(losses)
+        if not train_w:
+            xsq = torch.zeros_like(losses)
+        else:
+            xsq = sq_norms.to(features.dtype) if sq_norms is not None else (features * features).sum(1)
         norms = resid.norm(dim=1) * torch.sqrt(xsq + (1.0 if train_b else 0.0))
         factors = clip_factors(norms, self.max_grad_norm, self.clipping, self.gamma)
         scaled = resid * factors[:, None]
