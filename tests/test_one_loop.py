@@ -157,3 +157,20 @@ def test_tune_trains_on_cuda(files, tmp_path, monkeypatch):
                "--delta", "1e-3", "--epochs", "1", "--batch-size", "40", "--ledger",
                f"sqlite:///{tmp_path / 'g.db'}", "--output", str(out2), "--seed", "0", "--quiet", "--device", "cuda"])
     assert rc == 0 and (out2 / "certificate.json").is_file() and devices == ["cuda"]
+
+
+def test_hyperfree_trains_a_model_in_the_loops_eval_mode(tmp_path):
+    # one train/eval-mode policy (privtune.training's docstring): dropout off in every step and probe
+    from privtune.finetune import apply_mode
+    from privtune.hpo import hyperfree as hf
+    from privtune.models import load_classifier
+    from privtune.models.testing import make_tiny_text_model, make_toy_text_dataset
+
+    m = load_classifier(make_tiny_text_model(tmp_path / "m", sentence_transformers=True), seed=0)
+    apply_mode(m, "bitfit", zero_init_head=True)
+    modes = []
+    m.register_forward_pre_hook(lambda mod, args: modes.append(mod.training))
+    m.train()  # whatever the caller left it in
+    hf.train_model_hyperfree(m, make_toy_text_dataset(24, seed=0), steps=2, sample_rate=0.5, sigma_g=1.0,
+                             sigma_l=5.0, config=hf.HyperfreeConfig(), lr0=1e-3, seed=0)
+    assert modes and not any(modes)

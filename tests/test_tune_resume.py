@@ -12,7 +12,6 @@ import torch
 
 import privtune
 import privtune.hpo.backends as backends
-import privtune.training as training
 from privtune.cli import main
 from privtune.errors import InvalidParameterError
 from privtune.hpo.tune import STATE_FILE

@@ -481,7 +481,6 @@ class _Loop:
         idx = self.stream.next()
         if self.lengths is not None and idx.numel() > self.max_phys:
             idx = idx[torch.argsort(self.lengths[idx], stable=True)]
-        ph = self.phases[self.phase]
         loss_sum, count = 0.0, 0
         for s in range(0, idx.numel(), self.max_phys):
             chunk = idx[s : s + self.max_phys]
