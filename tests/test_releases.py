@@ -228,22 +228,23 @@ def test_opt_in_report_badges_the_non_private_loss_inside_the_picture(tmp_path):
 
 
 def test_resumed_repeat_and_select_does_not_publish_how_many_trials_had_completed(files, tmp_path, monkeypatch):
-    import privtune.hpo._heads as heads
+    import privtune.hpo.backends as backends
 
     monkeypatch.setattr(rs, "_draw_k", lambda rng, mean, shape: 3)
-    real_train_head, calls = heads.train_head, []
+    real_fit, calls = backends.fit, []  # every trial (heads on features too) trains through the one loop's fit
 
     def interrupt_third(*a, **k):  # Ctrl-C during the third trial: two trials completed before it
         calls.append(1)
         if len(calls) == 3:
             raise KeyboardInterrupt
-        return real_train_head(*a, **k)
+        return real_fit(*a, **k)
 
-    monkeypatch.setattr(heads, "train_head", interrupt_third)
+    monkeypatch.setattr(backends, "fit", interrupt_third)
     args = dict(strategy="random-search", seed=11, strategy_options={"trials": 3, "accounting": "repeat-and-select"})
     with pytest.raises(KeyboardInterrupt):
         _tune(files, tmp_path, **args)
-    monkeypatch.setattr(heads, "train_head", real_train_head)
+    assert len(calls) == 3
+    monkeypatch.setattr(backends, "fit", real_fit)
     r = _tune(files, tmp_path, resume=True, **args)
     assert "resumed" not in r.metrics and r.metrics["trials"] is None
     log = (r.run_dir / "log.txt").read_text()

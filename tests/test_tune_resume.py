@@ -11,8 +11,7 @@ import pytest
 import torch
 
 import privtune
-import privtune.hpo._heads as heads
-import privtune.training as training
+import privtune.hpo.backends as backends
 from privtune.cli import main
 from privtune.errors import InvalidParameterError
 from privtune.hpo.tune import STATE_FILE
@@ -65,7 +64,7 @@ def _same_model(a, b):
     ("random-search", {"accounting": "composition", "trials": 4}, 4),     # the best trial is released
 ])
 def test_interrupted_tune_resumes_exactly(files, tmp_path, monkeypatch, capfd, strategy, options, n_runs):
-    trial = _Interrupt(monkeypatch, heads, "train_head")
+    trial = _Interrupt(monkeypatch, backends, "fit")
     args = _args(files, tmp_path, strategy=strategy, strategy_options=options)
     ref = privtune.tune(files["train"], ledger=f"sqlite:///{tmp_path / 'ref.db'}", output_dir=tmp_path / "ref",
                         **args)
@@ -107,10 +106,10 @@ def test_interrupted_tune_resumes_exactly(files, tmp_path, monkeypatch, capfd, s
 def test_resume_model_modes_mode_auto_hyperfree(files, tmp_path, monkeypatch):
     """The default strategy with --mode auto: Ctrl-C in the bitfit pilot (the 2nd charged pilot); the resumed
     run replays the completed pilots, recomputes the rest with the same seeds and releases the same model."""
-    fit = _Interrupt(monkeypatch, training, "fit")
+    fit = _Interrupt(monkeypatch, backends, "fit")  # every pilot runs through fit (heads on features too)
     args = _args(files, tmp_path, mode="auto", strategy="hyperfree", epochs=1, batch_size=40, seed=None)
     url, out = f"sqlite:///{tmp_path / 'l.db'}", tmp_path / "run"
-    fit.reset(at=2)  # pilots: last-layer (features), bitfit (fit #1), lora (fit #2)
+    fit.reset(at=3)  # pilots: last-layer (fit #1), bitfit (fit #2), lora (fit #3)
     with pytest.raises(KeyboardInterrupt):
         privtune.tune(files["train"], ledger=url, output_dir=out, **args)
     seed = json.loads((out / STATE_FILE).read_text().splitlines()[0])["seed"]  # drawn from the OS
@@ -131,7 +130,7 @@ def test_resume_model_modes_mode_auto_hyperfree(files, tmp_path, monkeypatch):
 
 
 def test_resume_refusals(files, tmp_path, monkeypatch):
-    trial = _Interrupt(monkeypatch, heads, "train_head")
+    trial = _Interrupt(monkeypatch, backends, "fit")
     url, out = f"sqlite:///{tmp_path / 'l.db'}", tmp_path / "run"
     args = _args(files, tmp_path, strategy="linear-scaling")
     with pytest.raises(InvalidParameterError, match="no interrupted run"):
@@ -176,7 +175,7 @@ def test_resume_refusals(files, tmp_path, monkeypatch):
 
 
 def test_cli_ctrl_c_then_resume_with_the_saved_config(files, tmp_path, monkeypatch, capsys):
-    trial = _Interrupt(monkeypatch, heads, "train_head")
+    trial = _Interrupt(monkeypatch, backends, "fit")
     out, db = tmp_path / "cli", tmp_path / "c.db"
     argv = ["tune", "--data", files["train"], "--eval-data", files["dev"], "--public-eval-data", files["public"],
             "--model", files["model"], "--mode", "last-layer", "--strategy", "linear-scaling", "--epsilon", "2",

@@ -195,6 +195,8 @@ _TUNE: list[Option] = [
            low_inclusive=True),
     Option("feature_cache_dir", "path", "Directory caching backbone features between runs (features of your "
            "private data: keep it as private as the data).", "feature-cache"),
+    Option("device", "str", "Where every trial, pilot and the final run train: cpu, cuda, cuda:N or mps; unset = "
+           "cuda when available, else cpu.", "cpu"),
     Option("quiet", "bool", "No progress display (RUN_DIR/log.txt is still written).", False),
 ]  # `--resume` is a flag only: `privtune tune --resume --config RUN_DIR/config.yaml` continues an interrupted run
 

@@ -12,8 +12,14 @@
   ``RUN_DIR`` (model, certificate, metrics, history, config, log: staged, then moved into place)
   and only then commit the actual events (:mod:`privtune._release`).
 
-During DP training the model runs in eval mode (dropout off, as in seed 002's fine-tuning recipe);
-this also makes resumed runs bit-for-bit identical to uninterrupted ones with a fixed seed.
+**One loop.** Every DP training run of privtune goes through :class:`_Loop` (via :func:`fit`): ``train``,
+every ``tune`` trial and final run (heads on cached features, BiTFiT, LoRA, full) and hyperfree's
+learning-rate probe, which is a :class:`LoopHook` on this loop, not a loop of its own.
+
+**Train/eval-mode policy (stated once, here).** During DP training the model runs in eval mode
+(dropout off, as in seed 002's fine-tuning recipe), in every mode and every strategy; the extra
+forward passes of a hook (hyperfree's loss probes) run in the same mode with the engine paused.
+This also makes resumed runs bit-for-bit identical to uninterrupted ones with a fixed seed.
 """
 
 from __future__ import annotations
@@ -194,10 +200,10 @@ def evaluate(model: nn.Module, data: Any, *, batch_size: int = 128) -> dict:
     return {"accuracy": acc, "loss": loss, "n": int(labels.numel())}
 
 
-def _make_optimizer(name: str, params: list, lr: float, momentum: float, weight_decay: float):
+def _make_optimizer(name: str, params: list, lr: float, momentum: float, weight_decay: float, eps: float = 1e-8):
     from privtune.optim import make_optimizer
 
-    return make_optimizer(name, params, learning_rate=lr, momentum=momentum, weight_decay=weight_decay)
+    return make_optimizer(name, params, learning_rate=lr, momentum=momentum, weight_decay=weight_decay, eps=eps)
 
 
 def _make_sampler(sampling: str, n: int, q: float, seed: int | None):
@@ -264,6 +270,31 @@ class _BatchStream:
 # ============================================================================================ the loop
 
 
+class LoopHook:
+    """Extension point of the one DP training loop (:class:`_Loop`, run by :func:`fit`).
+
+    A hook sees every logical batch of the run; what it computes from private data and publishes must
+    be charged by its caller's plan (e.g. hyperfree's noised loss releases, accounted jointly with the
+    gradient of the same Poisson batch).  All methods are optional; the default does nothing.
+
+    * ``before_step(loop, batch)``: the privatised gradient of ``batch`` (int64 indices into the
+      training set) is in ``param.grad``; the optimizer step has not happened yet.
+    * ``after_step(loop, batch)``: after the optimizer step on the same ``batch``.  May change the
+      trainable parameters in place and the step size (:meth:`_Loop.set_learning_rate`); may evaluate
+      :meth:`_Loop.per_example_losses` on ``batch`` (engine paused, eval mode, no gradient).
+    * ``on_end(loop)``: once after the last step (post-processing such as a free momentum step).
+    """
+
+    def before_step(self, loop: "_Loop", batch: torch.Tensor) -> None:
+        """Called after the release of ``batch``'s noisy gradient, before the optimizer step."""
+
+    def after_step(self, loop: "_Loop", batch: torch.Tensor) -> None:
+        """Called after the optimizer step on ``batch``."""
+
+    def on_end(self, loop: "_Loop") -> None:
+        """Called once after the last step."""
+
+
 @dataclass
 class _Phase:
     steps: int
@@ -278,8 +309,10 @@ class _Loop:
     def __init__(self, model, data, *, noise_multiplier, sample_rate, phases: list[_Phase], clip, clipping,
                  optimizer, per_layer_clipping=False, momentum, weight_decay, sampling, max_physical_batch_size, seed, eval_set,
                  eval_every, callback, progress, delta, accountant, clipping_diagnostics, fast_head=True,
-                 assume_poisson=False, device=None):
+                 assume_poisson=False, device=None, hooks=(), gamma=0.01, eps=1e-8):
         self.model, self.data = model, data
+        self.hooks = list(hooks)
+        self.gamma, self.eps = gamma, eps
         self.assume_poisson = bool(assume_poisson)
         self.fast_head = fast_head
         self.sigma, self.q, self.phases = noise_multiplier, sample_rate, phases
@@ -305,6 +338,12 @@ class _Loop:
         else:
             self.sampler_seed = self.noise_seed = None
         self.stream = _BatchStream(sampling, self.n, sample_rate, self.sampler_seed)
+        self.sampler_is_full_batch = self.stream.sampler is None  # every step is torch.arange(n)
+        # ‖x_i‖² of cached features, once per run (the closed-form head step needs them every step)
+        self.feature_sq_norms = None
+        if _is_features(data):
+            cached = getattr(data, "row_sq_norms", None)  # a FeatureSet caches them across trials
+            self.feature_sq_norms = cached() if cached is not None else data.features.pow(2).sum(1)
         self.step = 0
         self.phase = 0
         self.steps_in_phase = [0] * len(phases)
@@ -342,12 +381,44 @@ class _Loop:
             step_cls, extra = LinearHeadGradient, {}
         self.pg = step_cls(
             self.module, max_grad_norm=self.clip, noise_multiplier=self.sigma,
-            expected_batch_size=self.q * self.n, clipping=self.clipping, seed=self.noise_seed, **extra,
+            expected_batch_size=self.q * self.n, clipping=self.clipping, gamma=self.gamma, seed=self.noise_seed,
+            **extra,
         )
         if noise_state is not None:
             self.pg.load_state_dict(noise_state)
-        self.opt = _make_optimizer(self.optimizer_name, params, ph.learning_rate, self.momentum, self.weight_decay)
+        self.opt = _make_optimizer(self.optimizer_name, params, ph.learning_rate, self.momentum, self.weight_decay,
+                                   self.eps)
+        self.params = params
         self.phase = k
+
+    # -- for hooks
+    @property
+    def learning_rate(self) -> float:
+        """The optimizer's current step size η."""
+        return float(self.opt.param_groups[0]["lr"])
+
+    def set_learning_rate(self, lr: float) -> None:
+        """Set the step size η of every parameter group (from the next optimizer step on)."""
+        for group in self.opt.param_groups:
+            group["lr"] = float(lr)
+
+    def paused(self):
+        """Context in which forward passes do not reach the DP step (no per-example gradients, no charge)."""
+        return self.pg.paused()
+
+    @torch.no_grad()
+    def per_example_losses(self, idx: torch.Tensor) -> torch.Tensor:
+        """Cross-entropy (float64 on the CPU, shape (len(idx),)) of the training examples ``idx`` at the
+        current parameters; engine paused, model in eval mode like every training step.  Computed from
+        private data WITHOUT noise: a hook must privatise anything it derives from them."""
+        out = []
+        with self.paused():
+            for s in range(0, idx.numel(), self.max_phys):
+                chunk = idx[s : s + self.max_phys]
+                logits = _forward(self.model, self.module, self.data, chunk)
+                y = self.labels[chunk].to(logits.device)
+                out.append(F.cross_entropy(logits.float(), y, reduction="none").double().cpu())
+        return torch.cat(out) if out else torch.zeros(0, dtype=torch.float64)
 
     # -- state
     def state_dict(self) -> dict:
@@ -414,13 +485,16 @@ class _Loop:
         idx = self.stream.next()
         if self.lengths is not None and idx.numel() > self.max_phys:
             idx = idx[torch.argsort(self.lengths[idx], stable=True)]
-        ph = self.phases[self.phase]
         loss_sum, count = 0.0, 0
         for s in range(0, idx.numel(), self.max_phys):
             chunk = idx[s : s + self.max_phys]
-            y = self.labels[chunk].to(self.device)
+            full = self.sampler_is_full_batch
+            y = (self.labels[s : s + self.max_phys] if full else self.labels[chunk]).to(self.device)
             if hasattr(self.pg, "accumulate"):  # closed-form linear head on cached features
-                losses, norms = self.pg.accumulate(self.data.features[chunk].to(self.device), y)
+                # a full batch reads a view of the features (no gather copy: head trials are many and short)
+                X = self.data.features[s : s + self.max_phys] if full else self.data.features[chunk]
+                sq = self.feature_sq_norms[s : s + self.max_phys] if full else self.feature_sq_norms[chunk]
+                losses, norms = self.pg.accumulate(X.to(self.device), y, sq_norms=sq.to(self.device))
             else:
                 logits = _forward(self.model, self.module, self.data, chunk)
                 losses = F.cross_entropy(logits, y, reduction="none")
@@ -434,8 +508,12 @@ class _Loop:
                 if layer is not None and chunk.numel():
                     self.diag.setdefault("layer_norms", []).append(layer.detach().double().cpu())
         self.pg.release()
+        for hook in self.hooks:
+            hook.before_step(self, idx)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
+        for hook in self.hooks:
+            hook.after_step(self, idx)
         self.step += 1
         self.steps_in_phase[self.phase] += 1
         self.examples += count
@@ -444,9 +522,10 @@ class _Loop:
         loss = loss_sum / count if count else float("nan")
         self.history["step"].append(self.step)
         self.history["train_loss"].append(loss)
-        self.history["lr"].append(ph.learning_rate)
+        lr = self.learning_rate  # a hook may have moved it (hyperfree)
+        self.history["lr"].append(lr)
         self.history["phase"].append(self.phase)
-        return StepInfo(self.step, self.total_steps, self.phase, loss, count, ph.learning_rate, dt)
+        return StepInfo(self.step, self.total_steps, self.phase, loss, count, lr, dt)
 
     def run(self, checkpoint: Callable[["_Loop"], None] | None = None, checkpoint_every: int | None = None) -> None:
         self.model.eval()
@@ -469,6 +548,8 @@ class _Loop:
                 checkpoint(self)
             if stop is True:
                 break
+        for hook in self.hooks:
+            hook.on_end(self)
         if self.pg is not None:
             self.pg.close()
 
@@ -522,9 +603,7 @@ class _Loop:
                         parts.append(resid)
                     G = torch.cat(parts, 1)
                 else:
-                    pause = self.pg.paused() if hasattr(self.pg, "paused") else None
-                    ctx = pause if pause is not None else torch.enable_grad()
-                    with ctx:
+                    with self.pg.paused():
                         logits = _forward(self.model, self.module, self.data, sample)
                         losses = F.cross_entropy(logits, self.labels[sample].to(logits.device), reduction="none")
                         G = per_example_gradients(losses, params)
@@ -585,6 +664,9 @@ def fit(
     fast_head: bool = True,
     assume_poisson: bool = False,
     device: Any = None,
+    hooks: Sequence[LoopHook] = (),
+    gamma: float = 0.01,
+    eps: float = 1e-8,
 ) -> FitResult:
     """Train ``model`` privately for ``steps`` DP steps; no ledger, no files.
 
@@ -654,6 +736,13 @@ def fit(
         ``torch.cuda.is_available()``, else ``"cpu"``; or ``"cpu"``, ``"cuda"``, ``"cuda:N"``, ``"mps"``.
         The model is moved there in place.  Sampling and noise generators stay on the CPU (so a seed
         gives the same batches and noise on every device); the noise is moved to the parameters' device.
+    hooks : sequence of LoopHook, optional
+        Called around every optimizer step (:class:`LoopHook`); what a hook releases must be charged by
+        the caller (``fit``'s events cover only the gradient releases).
+    gamma : float, default 0.01
+        AUTO-S stability constant γ of ``clipping="automatic"``: factor C/(‖g‖ + γ).
+    eps : float, default 1e-8
+        Denominator constant of Adam/AdamW/LAMB.
 
     Returns
     -------
@@ -702,7 +791,7 @@ def fit(
                  sampling=sampling, max_physical_batch_size=max_phys, seed=seed, eval_set=eval_set,
                  eval_every=eval_every, callback=callback, progress=progress, delta=delta, accountant=accountant,
                  clipping_diagnostics=clipping_diagnostics, fast_head=fast_head, assume_poisson=assume_poisson,
-                 device=device)
+                 device=device, hooks=hooks, gamma=check_real(gamma, "gamma", low=0.0), eps=eps)
     if own_progress is not None:
         with own_progress:
             own_progress.start_phase("DP training (batch loss NOT PRIVATE)", total=loop.total_steps, unit="steps")

@@ -31,6 +31,7 @@ from torch import nn
 from privtune._validation import check_choice, check_int, check_real, check_sample_rate, check_steps
 from privtune.audit.result import AuditResult, best_guesses
 from privtune.errors import InvalidParameterError
+from privtune.engine.sampling import poisson_mask
 
 __all__ = ["audit_dp_step", "CANARY_GRADIENT_SCALE"]
 
@@ -129,7 +130,7 @@ def audit_dp_step(
     else:
         U = torch.randn(m, d, generator=gen, dtype=torch.float64)
         U = U / U.norm(dim=1, keepdim=True)
-    included = torch.rand(m, generator=gen) < 0.5
+    included = poisson_mask(m, 0.5, gen)  # each canary in with probability 1/2 exactly
     canary_ids = torch.nonzero(included).flatten()
     # training set: background rows first, then the included canaries
     X_bg = torch.randn(n_bg, d, generator=gen, dtype=torch.float64) / math.sqrt(d)

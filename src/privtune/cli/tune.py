@@ -4,7 +4,7 @@ and :func:`privtune.hpo.recommend`.
 ::
 
     privtune tune [--data FILE] [--labels neg,pos] [--eval-data FILE] [--model PATH] [--mode M|auto] [--strategy S] [--epsilon E]
-                  [--delta D] [--ledger URL] [--config FILE] [--output RUN_DIR] [--resume] [--quiet]
+                  [--delta D] [--ledger URL] [--config FILE] [--output RUN_DIR] [--device D] [--resume] [--quiet]
     privtune recommend --epsilon E --delta D --dataset-size N --epochs K [--json]
 
 With no arguments ``privtune tune`` runs the embedded demo: the SST-2 subset shipped with
@@ -68,6 +68,8 @@ def _number(x: float) -> str:
 @click.option("--resume", is_flag=True, default=None,
               help="Continue the interrupted run in --output exactly (same options, e.g. --config RUN_DIR/config.yaml): "
                    "its ledger reservation is continued and completed trials are replayed, not recomputed.")
+@click.option("--device", type=str, help="Where every trial and the final run train: cpu, cuda, cuda:N or mps "
+              "(default: cuda when available, else cpu).")
 @click.option("--quiet", is_flag=True, default=None, help="No progress display (log.txt is still written).")
 def tune(**kwargs) -> None:
     """Tune hyperparameters privately and train the final model: one (ε, δ) for everything."""

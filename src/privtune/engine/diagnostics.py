@@ -14,6 +14,7 @@ import torch
 from privtune._validation import check_int, check_real
 from privtune.engine.private_gradient import CLIPPINGS
 from privtune.errors import InvalidParameterError
+from privtune.engine.private_gradient import clip_factors
 
 __all__ = [
     "NOT_PRIVATE",
@@ -43,9 +44,7 @@ def _factor_rule(clipping: str, gamma: float) -> str:
 
 
 def _clip_factors(norms: torch.Tensor, threshold: float, clipping: str, gamma: float) -> torch.Tensor:
-    if clipping == "flat":
-        return (threshold / norms.clamp_min(1e-300)).clamp(max=1.0)
-    return threshold / (norms + gamma)
+    return clip_factors(norms, threshold, clipping, gamma)  # the engine's one rule
 
 
 def _retained(n: torch.Tensor, C: float, clipping: str, gamma: float, layer_norms) -> tuple[torch.Tensor, dict]:

@@ -100,6 +100,28 @@ def _batchnorm_error(name: str) -> UnsupportedModuleError:
     )
 
 
+def clip_factors(norms: torch.Tensor, C: float, clipping: str, gamma: float) -> torch.Tensor:
+    """Per-example scale factors bounding each clipped term's norm by C: the one clip-factor rule of privtune.
+
+    ``clipping="flat"`` (Abadi): ``min(1, C/‖g_i‖)``; ``"automatic"`` (AUTO-S, Bu et al.): ``C/(‖g_i‖ + γ)``.
+    Both give sensitivity ≤ C.  ``norms`` (B,) are per-example gradient norms in the units of C.
+    """
+    if clipping == "flat":  # a zero norm gets factor 1 (C/tiny clamps to 1, also when it overflows to inf)
+        return (C / norms.clamp_min(torch.finfo(norms.dtype).tiny)).clamp(max=1.0)
+    return C / (norms + gamma)
+
+
+def privatise_sum(clipped_sum: torch.Tensor, std: float, expected_batch_size: float,
+                  generator: torch.Generator) -> torch.Tensor:
+    """``(clipped_sum + N(0, std² I)) / expected_batch_size``: the one place privtune adds Gaussian noise to a
+    gradient.  The noise is drawn on the CPU ``generator`` in ``clipped_sum``'s dtype (the same stream on every
+    device), then moved to its device; ``clipped_sum`` is updated in place and returned."""
+    if std > 0:
+        z = torch.empty(clipped_sum.shape, dtype=clipped_sum.dtype).normal_(generator=generator)
+        clipped_sum.add_(z.to(clipped_sum.device), alpha=std)
+    return clipped_sum.mul_(1.0 / expected_batch_size)
+
+
 class PrivateGradient:
     """Clipped, noised gradient of a sum of per-example losses (the DP-SGD step, Abadi et al. 2016).
 
@@ -504,10 +526,8 @@ class PrivateGradient:
         return norms.detach().to(out_dtype)
 
     def _clip_factors(self, norms: torch.Tensor, C: float) -> torch.Tensor:
-        """Per-example scale factors bounding each clipped term's norm by C (flat or AUTO-S)."""
-        if self.clipping == "flat":
-            return (C / norms.clamp_min(1e-12)).clamp(max=1.0)
-        return C / (norms + self.gamma)
+        """Per-example scale factors bounding each clipped term's norm by C (:func:`clip_factors`)."""
+        return clip_factors(norms, C, self.clipping, self.gamma)
 
     def release(self) -> ReleaseInfo:
         """Privatise the accumulated clipped sum and write it to ``param.grad``; start a new logical batch.
@@ -517,17 +537,13 @@ class PrivateGradient:
         Overwrites any existing ``param.grad``.
         """
         std = self.noise_multiplier * self.max_grad_norm
-        inv = 1.0 / self.expected_batch_size
         for p in self._params:
             s = self._sum.get(p)
             if s is None or s.dtype != p.dtype or s.shape != p.shape:
                 s = torch.zeros_like(p) if s is None else s.to(p.dtype).reshape(p.shape).clone()
             elif not s.is_contiguous():
                 s = s.contiguous()
-            if std > 0:
-                z = torch.empty(p.shape, dtype=p.dtype).normal_(generator=self._generator)
-                s.add_(z.to(p.device), alpha=std)
-            p.grad = s.mul_(inv).detach()
+            p.grad = privatise_sum(s, std, self.expected_batch_size, self._generator).detach()
         self._releases += 1
         info = ReleaseInfo(
             step=self._releases,

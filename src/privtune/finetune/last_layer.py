@@ -15,16 +15,17 @@ leaves the process except through the DP head training.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
 from privtune._validation import check_int
-from privtune.engine.private_gradient import CLIPPINGS
+from privtune.engine.private_gradient import CLIPPINGS, ReleaseInfo, clip_factors, privatise_sum
 from privtune.errors import DataError, InvalidParameterError
 
 
@@ -57,6 +58,13 @@ class FeatureSet:
     @property
     def num_features(self) -> int:
         return int(self.features.shape[1])
+
+    def row_sq_norms(self) -> torch.Tensor:
+        """‖x_i‖² of every row, (N,), computed once and cached (the features are never modified in place)."""
+        cached = self.__dict__.get("_row_sq_norms")
+        if cached is None or cached.shape[0] != self.features.shape[0]:
+            cached = self.__dict__["_row_sq_norms"] = self.features.pow(2).sum(1)
+        return cached
 
     def subset(self, indices: Iterable[int] | torch.Tensor) -> "FeatureSet":
         idx = torch.as_tensor(list(indices) if not isinstance(indices, torch.Tensor) else indices, dtype=torch.long)
@@ -160,6 +168,13 @@ class LinearHeadGradient:
     """The DP step of :class:`privtune.engine.PrivateGradient`, specialised to one ``nn.Linear`` head
     on cached features, with per-example gradients in closed form.
 
+    Same protocol as PrivateGradient (the DP step of the one training loop, :class:`privtune.training._Loop`):
+    accumulate clipped per-example terms per micro-batch (:meth:`accumulate` here, ``backward`` there),
+    :meth:`release` noise once per logical batch (returns a :class:`~privtune.engine.ReleaseInfo`),
+    :meth:`state_dict` / :meth:`load_state_dict`, :meth:`paused`, :meth:`close`.  The clip factors are
+    :func:`privtune.engine.private_gradient.clip_factors` and the noise is added by
+    :func:`privtune.engine.private_gradient.privatise_sum`, the same functions PrivateGradient uses.
+
     For ``logits = x Wᵀ + b`` and softmax cross-entropy, example i has ``∂ℓ/∂W = (p_i − e_{y_i}) x_iᵀ`` and
     ``∂ℓ/∂b = p_i − e_{y_i}``, so ``‖g_i‖ = ‖p_i − e_{y_i}‖ · sqrt(‖x_i‖² + 1)`` (without the 1 when the head
     has no bias) and the clipped sum is one matrix product ``(c ⊙ (P − E))ᵀ X``.  Everything else is
@@ -197,13 +212,27 @@ class LinearHeadGradient:
         self._sum_w: torch.Tensor | None = None
         self._sum_b: torch.Tensor | None = None
         self._count = 0
+        self._clipped = 0
         self._microbatches = 0
 
+    @property
+    def pending_examples(self) -> int:
+        """Examples accumulated since the last release (NOT PRIVATE)."""
+        return self._count
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """For symmetry with PrivateGradient: forward passes never reach this step (nothing to pause)."""
+        yield
+
     @torch.no_grad()
-    def accumulate(self, features: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def accumulate(self, features: torch.Tensor, labels: torch.Tensor,
+                   sq_norms: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Add the clipped per-example gradients of a micro-batch; returns (losses, norms), both (B,).
 
-        Both returned vectors are computed from private data without noise (NOT PRIVATE)."""
+        ``sq_norms`` (B,), optional: the rows' ‖x_i‖², when the caller has them cached (the training loop
+        computes them once per feature set).  Both returned vectors are computed from private data without
+        noise (NOT PRIVATE)."""
         W, b = self.head.weight, self.head.bias
         logits = features @ W.T
         if b is not None:
@@ -214,13 +243,12 @@ class LinearHeadGradient:
         resid[torch.arange(labels.numel(), device=labels.device), labels] -= 1.0  # P − E
         train_w = W.requires_grad
         train_b = b is not None and b.requires_grad
-        xsq = (features * features).sum(1) if train_w else torch.zeros_like(losses)
-        norms = resid.norm(dim=1) * torch.sqrt(xsq + (1.0 if train_b else 0.0))
-        C = self.max_grad_norm
-        if self.clipping == "flat":
-            factors = (C / norms.clamp_min(1e-12)).clamp(max=1.0)
+        if not train_w:
+            xsq = torch.zeros_like(losses)
         else:
-            factors = C / (norms + self.gamma)
+            xsq = sq_norms.to(features.dtype) if sq_norms is not None else (features * features).sum(1)
+        norms = resid.norm(dim=1) * torch.sqrt(xsq + (1.0 if train_b else 0.0))
+        factors = clip_factors(norms, self.max_grad_norm, self.clipping, self.gamma)
         scaled = resid * factors[:, None]
         if train_w:
             sw = scaled.T @ features
@@ -229,23 +257,25 @@ class LinearHeadGradient:
             sb = scaled.sum(0)
             self._sum_b = sb if self._sum_b is None else self._sum_b + sb
         self._count += labels.numel()
+        self._clipped += int((norms > self.max_grad_norm).sum())
         self._microbatches += 1
         return losses, norms
 
     @torch.no_grad()
-    def release(self) -> None:
+    def release(self) -> ReleaseInfo:
         """Write (clipped sum + N(0, σ²C²)) / expected_batch_size to ``param.grad`` (once per logical batch)."""
         std = self.noise_multiplier * self.max_grad_norm
         for p in self._params:
             s = self._sum_w if p is self.head.weight else self._sum_b
-            if std > 0:  # drawn on the CPU generator (same stream on every device), then moved
-                z = torch.randn(p.shape, generator=self._generator, dtype=p.dtype).to(p.device)
-                s = z.mul_(std) if s is None else s + z.mul_(std)
-            elif s is None:
-                s = torch.zeros_like(p)
-            p.grad = (s / self.expected_batch_size).detach()
+            s = torch.zeros_like(p) if s is None else s.to(p.dtype)
+            p.grad = privatise_sum(s, std, self.expected_batch_size, self._generator).detach()
         self._releases += 1
+        info = ReleaseInfo(step=self._releases, batch_size=self._count,
+                           clipped_fraction=(self._clipped / self._count) if self._count else 0.0,
+                           microbatches=self._microbatches, noise_std=std / self.expected_batch_size,
+                           sensitivity=self.max_grad_norm, expected_batch_size=self.expected_batch_size)
         self._reset()
+        return info
 
     def state_dict(self) -> dict:
         return {"format": 1, "seed": self.seed, "generator_state": self._generator.get_state(),

@@ -1,5 +1,5 @@
-"""Where trials run: a linear head on cached features, or a model trained by
-:func:`privtune.training.fit`.
+"""Where trials run: a linear head on cached features, or a model; both trained by
+:func:`privtune.training.fit`, the one DP loop (on the backend's ``device``).
 
 A backend exposes ``n`` (private training examples), ``run(...)`` (one DP run returning a
 :class:`TrialRun` with its events) and ``predict(state, data)`` (labels for a selection
@@ -14,8 +14,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch import nn
 
+from privtune.accounting.events import DPSGDEvent, GaussianEvent
+from privtune.finetune.last_layer import FeatureSet
 from privtune.hpo import _heads
+from privtune.hpo.hyperfree import train_hyperfree, train_model_hyperfree
+from privtune.training import LoopHook, evaluate, fit
 
 
 @dataclass
@@ -27,24 +32,69 @@ class TrialRun:
     history: dict = field(default_factory=dict)
 
 
+class _PublicCurve(LoopHook):
+    """Accuracy of the current state on a PUBLIC split every ``every`` steps and at the end (free)."""
+
+    def __init__(self, accuracy, every: int, steps: int):
+        self.accuracy, self.every, self.steps, self.points = accuracy, int(every), int(steps), []
+
+    def after_step(self, loop, batch) -> None:
+        t = loop.step + 1  # the loop counts this step after its hooks
+        if t % self.every == 0 or t == self.steps:
+            with torch.no_grad(), loop.paused():
+                self.points.append({"step": t, "accuracy": float(self.accuracy())})
+
+
+class _FreeMomentumStep(LoopHook):
+    """One extra step along the SGD momentum buffer after training (post-processing, seed 000 A.3)."""
+
+    def on_end(self, loop) -> None:
+        with torch.no_grad():
+            for p in loop.params:
+                buf = loop.opt.state.get(p, {}).get("momentum_buffer")
+                if buf is not None:
+                    p.add_(buf, alpha=-loop.learning_rate)
+
+
 class FeatureBackend:
-    """Trials on cached features: zero-initialised linear heads (see :mod:`privtune.hpo._heads`).
+    """Trials on cached features: zero-initialised linear heads trained by :func:`privtune.training.fit`
+    (closed-form clipped head gradient, :class:`privtune.finetune.LinearHeadGradient`).
 
     ``X`` (N, d) float32 and ``y`` (N,) int64 are the *private* training features.  A public
     split may be given as ``curve_data=(X, y)`` to draw accuracy curves of the final run at
-    no privacy cost; never pass the reported split here.
+    no privacy cost; never pass the reported split here.  ``device``: where the heads train
+    (None = CUDA when available, else CPU); the returned heads live on the CPU.
     """
 
     kind = "features"
 
     def __init__(self, X: torch.Tensor, y: torch.Tensor, num_classes: int, *, curve_data=None,
-                 center: torch.Tensor | None = None):
+                 center: torch.Tensor | None = None, device: Any = None):
         self.center = None if center is None else center.float()
         self.X = self._c(X.float())
         self.y = y.long()
         self.num_classes = int(num_classes)
         self.curve_data = None if curve_data is None else (self._c(curve_data[0].float()), curve_data[1])
+        self.device = device
+        self.features = FeatureSet(self.X, self.y, self.num_classes)
         self.runs = 0
+
+    def _zero_head(self, bias: bool) -> nn.Linear:
+        lin = nn.Linear(self.X.shape[1], self.num_classes, bias=bias, dtype=self.X.dtype)
+        with torch.no_grad():
+            lin.weight.zero_()
+            if lin.bias is not None:
+                lin.bias.zero_()
+        return lin
+
+    @staticmethod
+    def _as_head(lin: nn.Linear) -> _heads.LinearHead:
+        return _heads.LinearHead(lin.weight.detach().cpu().clone(),
+                                 None if lin.bias is None else lin.bias.detach().cpu().clone())
+
+    def _curve(self, lin: nn.Linear, steps: int, every: int) -> _PublicCurve:
+        Xc, yc = self.curve_data
+        return _PublicCurve(lambda: _heads.accuracy(self._as_head(lin), Xc, yc), every, steps)
 
     def _c(self, X: torch.Tensor) -> torch.Tensor:
         """Centre features (x − m) when a centre is set; predictions use the same transform."""
@@ -59,33 +109,44 @@ class FeatureBackend:
             seed: int | None = None, label: str = "", eps_adam: float = 1e-8, record: bool = False,
             clipping: str = "flat", bias: bool = False) -> TrialRun:
         self.runs += 1
-        eval_fn, every = None, 0
+        lin = self._zero_head(bias)
+        hooks: list[LoopHook] = []
+        curve = None
         if record and self.curve_data is not None:
-            Xc, yc = self.curve_data
-            eval_fn = lambda h: _heads.accuracy(h, Xc, yc)  # noqa: E731
-            every = max(1, int(steps) // 20)
-        fit = _heads.train_head(self.X, self.y, self.num_classes, learning_rate=learning_rate, steps=steps,
-                                noise_multiplier=noise_multiplier, sample_rate=sample_rate, clip=clip,
-                                clipping=clipping, optimizer=optimizer, momentum=momentum, eps_adam=eps_adam,
-                                free_step=free_step, bias=bias, seed=seed, label=label, eval_fn=eval_fn,
-                                eval_every=every)
-        return TrialRun(state=fit.head, events=fit.events, history=fit.history)
+            curve = self._curve(lin, steps, max(1, int(steps) // 20))
+            hooks.append(curve)
+        if free_step and optimizer == "sgd" and momentum > 0:
+            hooks.append(_FreeMomentumStep())
+        fit(lin, self.features, noise_multiplier=noise_multiplier, sample_rate=sample_rate, steps=int(steps),
+            learning_rate=learning_rate, clip=clip, clipping=clipping, optimizer=optimizer,
+            momentum=momentum if optimizer == "sgd" else 0.0, eps=eps_adam, seed=seed, hooks=hooks,
+            device=self.device)
+        # the events of a head trial as planned by the strategies: a full batch is exactly √T/σ-GDP
+        if sample_rate >= 1.0:
+            events = [GaussianEvent(noise_multiplier=noise_multiplier, count=int(steps), label=label)]
+        else:
+            events = [DPSGDEvent(noise_multiplier=noise_multiplier, sample_rate=sample_rate, steps=int(steps),
+                                 sampling="poisson", label=label)]
+        history = {"step": list(range(1, int(steps) + 1)), "lr": [float(learning_rate)] * int(steps),
+                   "eval": curve.points if curve is not None else []}
+        return TrialRun(state=self._as_head(lin), events=events, history=history)
 
     def run_hyperfree(self, *, steps: int, sample_rate: float, sigma_g: float, sigma_l: float, config, lr0: float,
                       seed: int | None = None, progress=None):
-        """HyFreeDP on the head; with ``curve_data`` (a PUBLIC split) its accuracy is recorded at a few
-        points for the learning curves (free: post-processing of the released head on public data)."""
-        from privtune.hpo.hyperfree import train_head_hyperfree
-
+        """HyFreeDP on a zero head with a bias (:func:`privtune.hpo.hyperfree.train_hyperfree`); with
+        ``curve_data`` (a PUBLIC split) its accuracy is recorded at a few points for the learning curves
+        (free: post-processing of the released head on public data)."""
         self.runs += 1
-        eval_fn, every = None, 0
+        lin = self._zero_head(True)
+        evaluate_public, every = None, 0
         if self.curve_data is not None:
             Xc, yc = self.curve_data
-            eval_fn = lambda h: _heads.accuracy(h, Xc, yc)  # noqa: E731
+            evaluate_public = lambda: _heads.accuracy(self._as_head(lin), Xc, yc)  # noqa: E731
             every = _eval_every(steps)
-        return train_head_hyperfree(self.X, self.y, self.num_classes, steps=steps, sample_rate=sample_rate,
-                                    sigma_g=sigma_g, sigma_l=sigma_l, config=config, lr0=lr0, seed=seed,
-                                    progress=progress, eval_fn=eval_fn, eval_every=every)
+        hist = train_hyperfree(lin, self.features, steps=steps, sample_rate=sample_rate, sigma_g=sigma_g,
+                               sigma_l=sigma_l, config=config, lr0=lr0, seed=seed, progress=progress,
+                               evaluate=evaluate_public, eval_every=every, device=self.device)
+        return self._as_head(lin), hist
 
     def predict(self, state: _heads.LinearHead, data: torch.Tensor) -> torch.Tensor:
         return state.predict(self._c(data.float()))
@@ -123,7 +184,7 @@ class ModelBackend:
 
     def __init__(self, model: Any, train_set: Any, mode: str, *, optimizer: str = "adam", clipping: str = "flat",
                  max_physical_batch_size: int = 64, curve_data=None, lora_rank: int = 8,
-                 zero_init_head: bool = True):
+                 zero_init_head: bool = True, device: Any = None):
         """``zero_init_head``: start every run from a zero classification head (seed 002).  With the
         random head of a fresh Hugging Face classifier, AUTO-S (hyperfree) DP-BiTFiT of MiniLM stayed
         at chance on SST-2 even without noise, while from a zero head it learned (docs/strategies/hyperfree.md)."""
@@ -137,6 +198,7 @@ class ModelBackend:
         self.max_physical_batch_size = max_physical_batch_size
         self.curve_data = curve_data
         self.zero_init_head = bool(zero_init_head)
+        self.device = device  # where every run trains (None = CUDA when available, else CPU)
         self.mode_info = (apply_mode(self.base, mode, lora_rank=lora_rank, zero_init_head=self.zero_init_head)
                           if mode != "lora" else None)
         self._lora_rank = lora_rank
@@ -163,8 +225,6 @@ class ModelBackend:
         update per step: examples, the batch loss (computed WITHOUT noise: NOT PRIVATE) and no ε
         (the caller adds the ε spent so far).  With ``record=True`` and ``curve_data`` (a PUBLIC
         split) accuracy is evaluated at a few points for the learning curves."""
-        from privtune.training import fit
-
         self.runs += 1
         model = self._fresh()
         curve = self.curve_data if record else None
@@ -172,8 +232,7 @@ class ModelBackend:
                   learning_rate=learning_rate, clip=clip, clipping=clipping or self.clipping,
                   optimizer=optimizer or self.optimizer, eval_set=curve, seed=seed,
                   eval_every=_eval_every(steps) if curve is not None else None,
-                  max_physical_batch_size=self.max_physical_batch_size, progress=progress,
-                  device="cpu")  # tune's other model paths (hyperfree) run on the CPU; keep one device per run
+                  max_physical_batch_size=self.max_physical_batch_size, progress=progress, device=self.device)
         events = list(res.events)
         if label:
             events = [_relabel(e, label) for e in events]
@@ -183,20 +242,16 @@ class ModelBackend:
                       seed: int | None = None, progress=None):
         """HyFreeDP on a fresh copy of the model; with ``curve_data`` (a PUBLIC split) its accuracy is
         recorded at a few points for the learning curves (no privacy cost: public data)."""
-        from privtune.hpo.hyperfree import train_model_hyperfree
-
         self.runs += 1
         eval_fn, every = None, 0
         if self.curve_data is not None:
-            from privtune.training import evaluate
-
             curve = self.curve_data
             eval_fn = lambda m: evaluate(m, curve)["accuracy"]  # noqa: E731
             every = _eval_every(steps)
         return train_model_hyperfree(self._fresh(), self.train_set, steps=steps, sample_rate=sample_rate,
                                      sigma_g=sigma_g, sigma_l=sigma_l, config=config, lr0=lr0, seed=seed,
                                      max_physical_batch_size=self.max_physical_batch_size, progress=progress,
-                                     eval_fn=eval_fn, eval_every=every)
+                                     eval_fn=eval_fn, eval_every=every, device=self.device)
 
     def predict(self, state: Any, data: Any) -> torch.Tensor:
         return self.logits(state, data).argmax(dim=1)

@@ -36,9 +36,9 @@ from privtune._validation import check_int, check_real
 from privtune.accounting.events import DPSGDEvent
 from privtune.engine.private_gradient import CLIPPINGS
 from privtune.errors import InfeasibleBudgetError
-from privtune.hpo._heads import LinearHead, clipped_gradient_sum, per_example_losses
 from privtune.hpo.common import BudgetPlan, epsilon_of
-from privtune.engine.sampling import make_generator, poisson_indices
+from privtune.engine.sampling import make_generator
+from privtune.training import LoopHook, fit
 
 NAME = "hyperfree"
 #: base optimizers whose direction d the learning-rate rule scales (see :class:`HyperfreeConfig`)
@@ -238,7 +238,7 @@ def plan(config: HyperfreeConfig, total_epsilon: float, delta: float, *, sample_
 
 
 # --------------------------------------------------------------------------------------
-# HyFreeDP on a linear head over cached features
+# HyFreeDP as a hook on privtune's one DP loop (heads on features and models alike)
 # --------------------------------------------------------------------------------------
 
 
@@ -266,82 +266,106 @@ def _update_lr(L0: float, Lm: float, Lp: float, lr: float, t: int, config, hist:
     return upd.lr, R_l
 
 
-def _adam_direction(g: torch.Tensor, state: dict, key: str, t: int, betas=(0.9, 0.999), eps=1e-8,
-                    weight_decay: float = 0.0, w: torch.Tensor | None = None) -> torch.Tensor:
-    """AdamW direction d (a step is w ← w − η·d); updates the moments once."""
-    m = state.setdefault(key + ".m", torch.zeros_like(g))
-    v = state.setdefault(key + ".v", torch.zeros_like(g))
-    m.mul_(betas[0]).add_(g, alpha=1 - betas[0])
-    v.mul_(betas[1]).addcmul_(g, g, value=1 - betas[1])
-    mh = m / (1 - betas[0] ** t)
-    vh = v / (1 - betas[1] ** t)
-    d = mh / (vh.sqrt() + eps)
-    if weight_decay and w is not None:
-        d = d + weight_decay * w
-    return d
+class LearningRateProbe(LoopHook):
+    """GeN-DP's learning-rate update as a :class:`privtune.training.LoopHook`.
 
+    Every ``config.interval`` steps, after the optimizer step on a Poisson batch, the hook reads the
+    step direction d = (w_t − w_{t+1})/η, releases the three clamped, noised losses at w_t, w_t − η·d
+    and w_t + η·d on the SAME batch (σ_l, its own generator), moves η with the guarded update and
+    re-applies the step with the new η.  These releases are what the plan's joint events charge
+    (σ_eff of the update steps); the loop's own events cover only the gradients and are not used.
 
-def _direction(config, g: torch.Tensor, state: dict, key: str, t: int, w: torch.Tensor | None) -> torch.Tensor:
-    """The base optimizer's step direction d (a step is w ← w − η·d) for ``config.optimizer``."""
-    wd = float(config.weight_decay) if w is not None else 0.0
-    if config.optimizer == "adamw":
-        return _adam_direction(g, state, key, t, weight_decay=wd, w=w)
-    if config.optimizer == "adam":  # L2 in the gradient (torch.optim.Adam's weight_decay)
-        return _adam_direction(g + wd * w if wd else g, state, key, t)
-    return g + wd * w if wd else g.clone()  # sgd
-
-
-def train_head_hyperfree(X: torch.Tensor, y: torch.Tensor, num_classes: int, *, steps: int, sample_rate: float,
-                         sigma_g: float, sigma_l: float, config: HyperfreeConfig, lr0: float, seed: int | None = None,
-                         bias: bool = True, progress=None, eval_fn=None, eval_every: int = 0):
-    """HyFreeDP (Algorithm 1 of seed 001, guarded) on a zero-initialised linear head.
-
-    Returns (head, history) where history holds the η and R_l trajectories, the privatised
-    losses L0 (the only training-loss curve released) and the acceptance log.
-    ``progress`` (anything with :meth:`privtune.report.progress.Progress.advance`) gets one update
-    per step: the batch size and, at update steps, the privatised loss L0 (charged; never a loss
-    computed without noise).  ``eval_fn(head)`` (accuracy on a PUBLIC split, never private data)
-    is recorded in ``history["eval"]`` every ``eval_every`` steps and at the end.
+    ``evaluate`` (no argument; accuracy on a PUBLIC split, never private data) is called every
+    ``eval_every`` steps and at the end; ``progress`` gets one update per step with the privatised
+    loss L0 at update steps (never a loss computed without noise).
     """
-    n, d = X.shape
-    gen = make_generator(seed)  # OS-seeded unless a seed is given
-    head = LinearHead.zeros(d, num_classes, bias=bias, dtype=X.dtype)
-    B = sample_rate * n
-    lr, R_l = float(lr0), float(config.R_l0)
-    state: dict = {}
-    hist = {"step": [], "lr": [], "train_loss": [], "train_loss_step": [], "R_l": [], "accepted": [],
-            "reasons": [], "train_loss_label": "privatised loss L0 (charged, joint accounting)", "eval": []}
-    for t in range(int(steps)):
-        idx = poisson_indices(n, sample_rate, gen)  # P(included) ≤ q exactly (integer threshold)
-        Xb, yb = X[idx], y[idx]
-        if idx.numel():
-            gW, gb, _ = clipped_gradient_sum(head, Xb, yb, clip=1.0, clipping=config.clipping_for(True),
-                                              gamma=config.auto_gamma)
-        else:
-            gW, gb = torch.zeros_like(head.weight), torch.zeros_like(head.bias) if head.bias is not None else None
-        gW = (gW + sigma_g * torch.randn(gW.shape, generator=gen, dtype=gW.dtype)) / B
-        dW = _direction(config, gW, state, "W", t + 1, w=head.weight)
-        db = None
-        if gb is not None:
-            gb = (gb + sigma_g * torch.randn(gb.shape, generator=gen, dtype=gb.dtype)) / B
-            db = _direction(config, gb, state, "b", t + 1, w=None)  # no weight decay on the bias
-        if t % config.interval == 0:
-            def loss_at(sign: float) -> torch.Tensor:
-                h = LinearHead(head.weight + sign * lr * dW, None if head.bias is None else head.bias + sign * lr * db)
-                return per_example_losses(h, Xb, yb) if idx.numel() else torch.zeros(0)
-            L0 = privatize_loss(loss_at(0.0), R_l, sigma_l, B, gen)
-            Lm = privatize_loss(loss_at(-1.0), R_l, sigma_l, B, gen)
-            Lp = privatize_loss(loss_at(+1.0), R_l, sigma_l, B, gen)
-            lr, R_l = _update_lr(L0, Lm, Lp, lr, t, config, hist)
-        head.weight -= lr * dW
-        if head.bias is not None:
-            head.bias -= lr * db
+
+    def __init__(self, config: "HyperfreeConfig", *, lr0: float, sigma_l: float, expected_batch_size: float,
+                 steps: int, seed: int | None, evaluate=None, eval_every: int = 0, progress=None):
+        self.config, self.sigma_l, self.B, self.steps = config, float(sigma_l), float(expected_batch_size), int(steps)
+        self.gen = make_generator(seed, offset=99)  # loss-release noise; OS-seeded unless a seed is given
+        self.lr, self.R_l = float(lr0), float(config.R_l0)
+        self.evaluate, self.eval_every, self.progress = evaluate, int(eval_every), progress
+        self.t = 0
+        self._w0: list[torch.Tensor] | None = None
+        self.history = {"step": [], "lr": [], "train_loss": [], "train_loss_step": [], "R_l": [], "accepted": [],
+                        "reasons": [], "train_loss_label": "privatised loss L0 (charged, joint accounting)",
+                        "eval": []}
+
+    def before_step(self, loop, batch: torch.Tensor) -> None:
+        self._w0 = ([p.detach().clone() for p in loop.params] if self.t % self.config.interval == 0 else None)
+
+    def after_step(self, loop, batch: torch.Tensor) -> None:
+        t, hist = self.t, self.history
+        if self._w0 is not None:
+            lr, w0 = self.lr, self._w0
+            d = [(a - p.detach()) / lr for a, p in zip(w0, loop.params)]
+
+            def loss_at(sign: float) -> float:
+                with torch.no_grad():
+                    for p, a, dd in zip(loop.params, w0, d):
+                        p.copy_(a + sign * lr * dd)
+                return privatize_loss(loop.per_example_losses(batch), self.R_l, self.sigma_l, self.B, self.gen)
+
+            L0, Lm, Lp = loss_at(0.0), loss_at(-1.0), loss_at(+1.0)
+            self.lr, self.R_l = _update_lr(L0, Lm, Lp, lr, t, self.config, hist)
+            with torch.no_grad():  # the step with the (possibly new) η
+                for p, a, dd in zip(loop.params, w0, d):
+                    p.copy_(a - self.lr * dd)
+            loop.set_learning_rate(self.lr)
+            self._w0 = None
         hist["step"].append(t + 1)
-        hist["lr"].append(lr)
-        _report_step(progress, hist, t, int(idx.numel()), eval_fn, eval_every, int(steps), lambda: eval_fn(head))
-    n_upd = len(hist["accepted"])
-    hist["acceptance_rate"] = (sum(hist["accepted"]) / n_upd) if n_upd else 0.0
-    return head, hist
+        hist["lr"].append(self.lr)
+
+        def evaluate_public():
+            with torch.no_grad(), loop.paused():
+                return self.evaluate()
+
+        _report_step(self.progress, hist, t, int(batch.numel()), self.evaluate, self.eval_every, self.steps,
+                     evaluate_public)
+        self.t += 1
+
+    def on_end(self, loop) -> None:
+        n_upd = len(self.history["accepted"])
+        self.history["acceptance_rate"] = (sum(self.history["accepted"]) / n_upd) if n_upd else 0.0
+
+
+def train_hyperfree(model, train_set, *, steps: int, sample_rate: float, sigma_g: float, sigma_l: float,
+                    config: HyperfreeConfig, lr0: float, seed: int | None = None,
+                    max_physical_batch_size: int | None = None, progress=None, evaluate=None, eval_every: int = 0,
+                    device=None) -> dict:
+    """HyFreeDP (Algorithm 1 of seed 001, guarded) through :func:`privtune.training.fit`, the one DP loop.
+
+    ``model`` is a Classifier whose trainable parameters are set (bitfit, lora, full) with a text or
+    image ``train_set``, or a zero-initialised ``nn.Linear`` head with a
+    :class:`~privtune.finetune.FeatureSet`.  Gradient: clipping ``config.clipping_for(on_features)`` at
+    C = 1 (AUTO-S on features, flat on a model by default), noise σ_g, optimizer ``config.optimizer``
+    from :func:`privtune.optim.make_optimizer`; the learning rate moves by :class:`LearningRateProbe`.
+    Sampler seed ``seed``, gradient noise seed + 1, loss noise its own stream (offset 99).
+    Trains ``model`` in place on ``device`` and returns the history (η and R_l trajectories, the
+    privatised losses L0, the acceptance log, public-split accuracy from ``evaluate``).
+    """
+    on_features = getattr(train_set, "kind", None) == "features"
+    probe = LearningRateProbe(config, lr0=lr0, sigma_l=sigma_l, expected_batch_size=sample_rate * len(train_set),
+                              steps=steps, seed=seed, evaluate=evaluate, eval_every=eval_every, progress=progress)
+    fit(model, train_set, noise_multiplier=sigma_g, sample_rate=sample_rate, steps=int(steps), learning_rate=lr0,
+        clip=1.0, clipping=config.clipping_for(on_features), gamma=config.auto_gamma, optimizer=config.optimizer,
+        weight_decay=config.weight_decay, seed=seed, max_physical_batch_size=max_physical_batch_size,
+        hooks=[probe], device=device)
+    return probe.history
+
+
+def train_model_hyperfree(model, train_set, *, steps: int, sample_rate: float, sigma_g: float, sigma_l: float,
+                          config: HyperfreeConfig, lr0: float, seed: int | None = None,
+                          max_physical_batch_size: int = 32, progress=None, eval_fn=None, eval_every: int = 0,
+                          device=None):
+    """HyFreeDP on a :class:`privtune.models.Classifier` (see :func:`train_hyperfree`); returns
+    (model, history).  ``eval_fn(model)`` is accuracy on a PUBLIC split."""
+    hist = train_hyperfree(model, train_set, steps=steps, sample_rate=sample_rate, sigma_g=sigma_g, sigma_l=sigma_l,
+                           config=config, lr0=lr0, seed=seed, max_physical_batch_size=max_physical_batch_size,
+                           progress=progress, evaluate=None if eval_fn is None else (lambda: eval_fn(model)),
+                           eval_every=eval_every, device=device)
+    return model, hist
 
 
 def run(backend, config: HyperfreeConfig, p: BudgetPlan, *, mode: str = "last-layer", seed: int | None = None,
@@ -373,99 +397,3 @@ def run(backend, config: HyperfreeConfig, p: BudgetPlan, *, mode: str = "last-la
           "optimizer": config.optimizer, "interval": config.interval}
     return StrategyOutcome(state=state, final_events=list(p.final_events), final_hyperparameters=hp, trials=[],
                            strategy_data=data, final_history=hist, selection_source="none")
-
-
-# --------------------------------------------------------------------------------------
-# HyFreeDP on a model (BiTFiT / LoRA / full), on privtune's engine
-# --------------------------------------------------------------------------------------
-
-
-def train_model_hyperfree(model, train_set, *, steps: int, sample_rate: float, sigma_g: float, sigma_l: float,
-                          config: HyperfreeConfig, lr0: float, seed: int | None = None,
-                          max_physical_batch_size: int = 32, progress=None, eval_fn=None, eval_every: int = 0):
-    """HyFreeDP on a :class:`privtune.models.Classifier` whose trainable parameters are set.
-
-    One backward per step through :class:`privtune.engine.PrivateGradient` (clipping
-    ``config.clipping_for(False)``: flat at C = 1 by default, AUTO-S on request; noise σ_g);
-    the base optimizer (``config.optimizer``: AdamW by default, Adam or SGD) gives the direction d via a
-    single ``opt.step()`` (read back as
-    d = (w_t − w_{t+1})/η); every K steps the losses at w_t, w_t − η·d and w_t + η·d are
-    evaluated on the same batch in eval mode, privatised and fitted, and the step is re-applied
-    with the new η.  Returns (model, history).  ``progress``, ``eval_fn(model)`` and ``eval_every``
-    as in :func:`train_head_hyperfree` (the curve split must be PUBLIC; evaluation runs with the
-    engine's hooks paused and does not touch any generator of the run).
-    """
-    import torch.nn.functional as F
-
-    from privtune.engine import PoissonSampler, PrivateGradient
-
-    labels = torch.as_tensor(train_set.labels).long()
-    n = len(train_set)
-    B = sample_rate * n
-    params = [p for p in model.parameters() if p.requires_grad]
-    if config.optimizer == "adamw":
-        opt = torch.optim.AdamW(params, lr=lr0, betas=(0.9, 0.999), weight_decay=config.weight_decay)
-    elif config.optimizer == "adam":
-        opt = torch.optim.Adam(params, lr=lr0, betas=(0.9, 0.999), weight_decay=config.weight_decay)
-    else:
-        opt = torch.optim.SGD(params, lr=lr0, weight_decay=config.weight_decay)
-    pg = PrivateGradient(model, max_grad_norm=1.0, noise_multiplier=sigma_g, expected_batch_size=B,
-                         clipping=config.clipping_for(False), gamma=config.auto_gamma,
-                         seed=None if seed is None else seed + 1)  # never the sampler's stream
-    sampler = PoissonSampler(n, sample_rate, seed=seed)  # .sample(): one batch each, for any number of steps
-    gen = make_generator(seed, offset=99)  # loss-release noise; OS-seeded unless a seed is given
-    lr, R_l = float(lr0), float(config.R_l0)
-    hist = {"step": [], "lr": [], "train_loss": [], "train_loss_step": [], "R_l": [], "accepted": [],
-            "reasons": [], "train_loss_label": "privatised loss L0 (charged, joint accounting)", "eval": []}
-
-    def evaluate_public():
-        with torch.no_grad(), pg.paused():
-            return eval_fn(model)
-
-    def losses_at(idx) -> torch.Tensor:
-        out = []
-        with torch.no_grad(), pg.paused():
-            for s in range(0, len(idx), max_physical_batch_size):
-                part = idx[s:s + max_physical_batch_size]
-                out.append(F.cross_entropy(model(**model.encode(train_set, part)).float(), labels[part],
-                                           reduction="none"))
-        return torch.cat(out) if out else torch.zeros(0)
-
-    try:
-        for t in range(int(steps)):
-            idx = sampler.sample()
-            model.train()
-            for s in range(0, len(idx), max_physical_batch_size):
-                part = idx[s:s + max_physical_batch_size]
-                logits = model(**model.encode(train_set, part))
-                pg.backward(F.cross_entropy(logits.float(), labels[part], reduction="none"))
-            pg.release()
-            w0 = [p.detach().clone() for p in params]
-            for gpar in opt.param_groups:
-                gpar["lr"] = lr
-            opt.step()
-            d = [(a - p.detach()) / lr for a, p in zip(w0, params)]
-            if t % config.interval == 0:
-                model.eval()
-
-                def at(sign: float):
-                    with torch.no_grad():
-                        for p, a, dd in zip(params, w0, d):
-                            p.copy_(a + sign * lr * dd)
-                    return privatize_loss(losses_at(idx), R_l, sigma_l, B, gen)
-
-                L0, Lm, Lp = at(0.0), at(-1.0), at(+1.0)
-                lr, R_l = _update_lr(L0, Lm, Lp, lr, t, config, hist)
-                with torch.no_grad():  # apply the step with the (possibly new) η
-                    for p, a, dd in zip(params, w0, d):
-                        p.copy_(a - lr * dd)
-            hist["step"].append(t + 1)
-            hist["lr"].append(lr)
-            _report_step(progress, hist, t, int(len(idx)), eval_fn, eval_every, int(steps), evaluate_public)
-    finally:
-        pg.close()
-        for p in params:
-            p.grad = None
-    n_upd = len(hist["accepted"])
-    hist["acceptance_rate"] = (sum(hist["accepted"]) / n_upd) if n_upd else 0.0
-    return model, hist

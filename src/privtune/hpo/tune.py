@@ -43,6 +43,7 @@ from privtune.accounting.accountant import ACCOUNTANTS
 from privtune.engine.private_gradient import CLIPPINGS
 from privtune.engine.sampling import make_generator
 from privtune.finetune.modes import DEFAULT_LEARNING_RATES
+from privtune.models import resolve_device
 from privtune.hpo._resume import (  # noqa: F401  (STATE_FILE is part of this module's interface)
     STATE_FILE,
     _check_open_reservation,
@@ -202,6 +203,7 @@ def tune(
     feature_cache_dir: Any = None,
     resume: bool = False,
     labels: Any = None,
+    device: Any = None,
     **unknown: Any,
 ) -> TuneResult:
     """Tune hyperparameters privately and train, under one total (ε, δ).
@@ -247,6 +249,8 @@ def tune(
         is continued (no new charge), completed trials are replayed from the private state file
         ``RUN_DIR/.tune_state.jsonl`` (not recomputed) and the interrupted one is recomputed with the
         same seeds.  Not available for ``grid-oracle`` (it reserves nothing).
+    device : where every trial, pilot and the final run train: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or
+        ``"mps"``; ``None`` (default) = ``"cuda"`` when available, else ``"cpu"`` (as :func:`privtune.train`).
     """
     _args = dict(locals())  # every argument as given: RUN_DIR/config.yaml and the resume check
     if isinstance(labels, (str, list, tuple)):  # [0, 1], "0,1" and --labels 0,1 are one setting (config, resume)
@@ -264,6 +268,7 @@ def tune(
             + f" Valid options: {', '.join(valid)}."
         )
     strategy = check_choice(strategy, "strategy", STRATEGIES)
+    device = resolve_device(device)  # one clear error for a bad or absent device, before any data is read
     mode = check_choice(mode, "mode", MODES)
     supported_modes = STRATEGY_MODES[strategy]
     if mode != "auto" and mode not in supported_modes:
@@ -491,7 +496,7 @@ def tune(
                 public_set, pilot_modes, pilot_eps, delta, eps_total, accountant, options, run_seed, prog,
                 journal=journal, trials=trials,
                 epochs=epochs, steps=steps, batch_size=batch_size, clip=clip, clipping=clipping,
-                optimizer=optimizer, max_physical_batch_size=max_physical_batch_size,
+                optimizer=optimizer, max_physical_batch_size=max_physical_batch_size, device=device,
                 feature_cache_dir=feature_cache_dir, center_sigma=center_sigma, center_events=pilot_events[:1]
                 if center_sigma else [], mode_plans=mode_plans, pilot_events=pilot_events)
             trial_list = pilot_records + list(outcome.trials)
@@ -941,7 +946,8 @@ def _execute(strategy, mode, plan, clf, train, selector_data, sel_eff, sel_name,
         X, y = f["train"]
         curve = f.get("public")
         center = f.get("_center")
-        backend = _journaled(FeatureBackend(X, y, clf.num_labels, curve_data=curve, center=center), kw)
+        backend = _journaled(FeatureBackend(X, y, clf.num_labels, curve_data=curve, center=center,
+                                                  device=kw.get("device")), kw)
         selector = make_selector(sel_eff, "features")
         prog.start_phase(f"{strategy} on cached features", None, unit="runs")
         if strategy == "linear-scaling":
@@ -978,7 +984,7 @@ def _execute(strategy, mode, plan, clf, train, selector_data, sel_eff, sel_name,
     backend = _journaled(ModelBackend(clf, train, used_mode, optimizer=kw.get("optimizer") or "adam",
                                       clipping=kw.get("clipping") or "flat",
                                       max_physical_batch_size=kw.get("max_physical_batch_size") or 32,
-                                      curve_data=public_set), kw)
+                                      curve_data=public_set, device=kw.get("device")), kw)
     selector = make_selector(sel_eff, "model")
     prog.start_phase(f"{strategy} ({used_mode})", None, unit="runs")
     if strategy == "hyperfree":
@@ -1004,7 +1010,7 @@ def _run_pilots(modes, clf, train, features, make_selector, source, pilot_eps, d
         if m == "last-layer":
             f = features()
             X, y = f["train"]
-            be = _journaled(FeatureBackend(X, y, clf.num_labels, center=f.get("_center")), kw)
+            be = _journaled(FeatureBackend(X, y, clf.num_labels, center=f.get("_center"), device=kw.get("device")), kw)
             sel = make_selector(source, "features")
             sigma = common.calibrate_final(pilot_eps, delta, [], sample_rate=1.0, steps=1, sampling="full_batch",
                                            accountant=kw.get("accountant", "pld"), what="a mode pilot")
@@ -1012,7 +1018,8 @@ def _run_pilots(modes, clf, train, features, make_selector, source, pilot_eps, d
                          momentum=0.0, seed=seed, label=label)
             hp = {"mode": m, "optimizer": "sgd", "steps": 1, "batch": "full", "noise_multiplier": sigma}
         else:
-            be = _journaled(ModelBackend(clf, train, m, max_physical_batch_size=kw.get("max_physical_batch_size") or 32),
+            be = _journaled(ModelBackend(clf, train, m, max_physical_batch_size=kw.get("max_physical_batch_size") or 32,
+                                         device=kw.get("device")),
                             kw)
             sel = make_selector(source, "model")
             n = len(train)

@@ -1,0 +1,177 @@
+"""One DP loop (issue 14, item 1): `train`, every `tune` mode and strategy, and hyperfree's learning-rate
+probe all run through `privtune.training._Loop`; Gaussian noise reaches a gradient in exactly one place;
+one clip-factor rule; `device=` reaches tune's trials."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import pytest
+import torch
+
+import privtune
+import privtune.training as training
+from privtune.cli import main
+from privtune.errors import InvalidParameterError
+from privtune.models.testing import make_toy_text_files
+
+SRC = pathlib.Path(privtune.__file__).parent
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    return make_toy_text_files(tmp_path_factory.mktemp("loop"), {"train": ("train.tsv", 120, 0),
+                                                                 "public": ("public.tsv", 40, 1),
+                                                                 "dev": ("dev.tsv", 40, 2)})
+
+
+@pytest.fixture
+def loop_runs(monkeypatch):
+    """Counts runs of the one loop and the hooks each run carried."""
+    runs, devices = [], []
+    real = training._Loop.run
+
+    def run(self, *a, **k):
+        runs.append([type(h).__name__ for h in getattr(self, "hooks", [])])
+        devices.append(self.device)
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(training._Loop, "run", run)
+    run.devices = devices
+    return runs
+
+
+def _cli_tune(files, tmp_path, mode, strategy, *extra):
+    out = tmp_path / f"{mode}-{strategy}"
+    rc = main(["tune", "--data", files["train"], "--eval-data", files["dev"], "--public-eval-data", files["public"],
+               "--model", files["model"], "--mode", mode, "--strategy", strategy, "--epsilon", "2", "--delta", "1e-3",
+               "--ledger", f"sqlite:///{tmp_path / 'l.db'}", "--output", str(out), "--seed", "0", "--quiet",
+               *extra])
+    assert rc == 0
+    return out
+
+
+@pytest.mark.parametrize("mode,strategy,extra", [
+    ("bitfit", "hyperfree", ("--epochs", "1", "--batch-size", "40")),
+    ("bitfit", "linear-scaling", ("--epochs", "1", "--batch-size", "40", "--trials", "2")),
+    ("last-layer", "hyperfree", ()),
+    ("last-layer", "single-step", ()),
+])
+def test_tune_runs_every_mode_and_strategy_through_the_one_loop(files, tmp_path, loop_runs, mode, strategy, extra):
+    _cli_tune(files, tmp_path, mode, strategy, *extra)
+    assert loop_runs, f"tune --mode {mode} --strategy {strategy} trained outside privtune.training._Loop"
+    if strategy == "hyperfree":  # one run, its learning-rate probe a hook on the loop (not a loop of its own)
+        assert loop_runs == [["LearningRateProbe"]]
+
+
+def test_train_runs_through_the_one_loop(files, tmp_path, loop_runs):
+    rc = main(["train", "--data", files["train"], "--labels", "0,1", "--model", files["model"], "--mode", "bitfit",
+               "--epsilon", "2", "--delta", "1e-3", "--steps", "2", "--batch-size", "20", "--seed", "0",
+               "--ledger", f"sqlite:///{tmp_path / 't.db'}", "--output", str(tmp_path / "train"), "--quiet"])
+    assert rc == 0 and len(loop_runs) == 1
+
+
+def _calls(path: pathlib.Path, names: set[str]) -> list[str]:
+    """Qualified names of the functions in ``path`` that call any of ``names`` (as attribute or name)."""
+    tree = ast.parse(path.read_text())
+    found = []
+
+    def visit(node, where):
+        for child in ast.iter_child_nodes(node):
+            scope = where
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                scope = f"{where}.{child.name}" if where else child.name
+            if isinstance(child, ast.Call):
+                f = child.func
+                name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", None)
+                if name in names:
+                    found.append(scope)
+            visit(child, scope)
+
+    visit(tree, "")
+    return found
+
+
+def test_gaussian_noise_reaches_a_gradient_in_exactly_one_place():
+    rel = lambda p: p.relative_to(SRC).as_posix()  # noqa: E731
+    draws = {f"{rel(p)}:{fn}" for p in sorted(SRC.rglob("*.py")) for fn in _calls(p, {"randn", "normal_", "normal"})}
+    # every other Gaussian draw in privtune privatises something that is not a gradient
+    not_gradients = {
+        "hpo/hyperfree.py:privatize_loss",  # hyperfree's loss releases (charged jointly with the gradient)
+        "hpo/common.py:Selector.score",  # a charged selection score
+        "hpo/tune.py:_execute.features",  # the charged feature centre
+        "audit/whitebox.py:audit_dp_step",  # synthetic canary directions and background rows, not noise
+    }
+    gradient_noise = draws - not_gradients
+    assert gradient_noise == {"engine/private_gradient.py:privatise_sum"}, draws
+
+
+def test_one_clip_factor_rule():
+    # the AUTO-S factor C/(‖g‖ + γ) and the flat factor's clamp(max=1) are written once, in the engine
+    hits = []
+    for p in sorted(SRC.rglob("*.py")):
+        for i, line in enumerate(p.read_text().splitlines()):
+            code = line.split("#")[0]
+            if ".clamp(max=1.0)" in code or ("/ (norms +" in code):
+                hits.append(f"{p.relative_to(SRC).as_posix()}:{i + 1}")
+    assert len(hits) == 2 and all(h.startswith("engine/private_gradient.py:") for h in hits), hits
+
+
+def test_device_reaches_tune_trials(files, tmp_path, monkeypatch):
+    import privtune.hpo.backends as backends
+
+    seen = []
+    real = backends.fit
+
+    def spy(*a, **k):
+        seen.append(k.get("device"))
+        return real(*a, **k)
+
+    monkeypatch.setattr(backends, "fit", spy)
+    _cli_tune(files, tmp_path, "bitfit", "linear-scaling", "--epochs", "1", "--batch-size", "40", "--trials", "2",
+              "--device", "cpu")
+    assert seen and all(torch.device(d) == torch.device("cpu") for d in seen)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_tune_refuses_an_absent_device_before_reading_data(files, tmp_path):
+    with pytest.raises(InvalidParameterError, match="CUDA is not available"):
+        privtune.tune(files["train"], model=files["model"], mode="bitfit", device="cuda", quiet=True,
+                      ledger=f"sqlite:///{tmp_path / 'l.db'}", output_dir=tmp_path / "never")
+    assert not (tmp_path / "never").exists()  # refused before the run directory or any reservation
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (runs on the GPU machine when one is lent)")
+def test_tune_trains_on_cuda(files, tmp_path, monkeypatch):
+    devices = []
+    real = training._Loop.run
+
+    def run(self, *a, **k):
+        devices.append(self.device.type)
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(training._Loop, "run", run)
+    out2 = tmp_path / "cuda"
+    rc = main(["tune", "--data", files["train"], "--eval-data", files["dev"], "--public-eval-data", files["public"],
+               "--model", files["model"], "--mode", "bitfit", "--strategy", "hyperfree", "--epsilon", "2",
+               "--delta", "1e-3", "--epochs", "1", "--batch-size", "40", "--ledger",
+               f"sqlite:///{tmp_path / 'g.db'}", "--output", str(out2), "--seed", "0", "--quiet", "--device", "cuda"])
+    assert rc == 0 and (out2 / "certificate.json").is_file() and devices == ["cuda"]
+
+
+def test_hyperfree_trains_a_model_in_the_loops_eval_mode(tmp_path):
+    # one train/eval-mode policy (privtune.training's docstring): dropout off in every step and probe
+    from privtune.finetune import apply_mode
+    from privtune.hpo import hyperfree as hf
+    from privtune.models import load_classifier
+    from privtune.models.testing import make_tiny_text_model, make_toy_text_dataset
+
+    m = load_classifier(make_tiny_text_model(tmp_path / "m", sentence_transformers=True), seed=0)
+    apply_mode(m, "bitfit", zero_init_head=True)
+    modes = []
+    m.register_forward_pre_hook(lambda mod, args: modes.append(mod.training))
+    m.train()  # whatever the caller left it in
+    hf.train_model_hyperfree(m, make_toy_text_dataset(24, seed=0), steps=2, sample_rate=0.5, sigma_g=1.0,
+                             sigma_l=5.0, config=hf.HyperfreeConfig(), lr0=1e-3, seed=0)
+    assert modes and not any(modes)
