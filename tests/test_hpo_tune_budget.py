@@ -293,17 +293,18 @@ def test_clip_and_clipping_reach_the_strategy_or_are_refused():
     import importlib
 
     from privtune.hpo import hyperfree, linear_scaling
+    from privtune.hpo.common import PlanRequest
+    from privtune.hpo.registry import REGISTRY
 
     tune_mod = importlib.import_module("privtune.hpo.tune")  # the package re-exports the function `tune`
-    p = tune_mod._plan("linear-scaling", "last-layer", 1.0, 1e-5, 500, {}, None, [], "pld", trials=None,
-                       epochs=None, steps=None, batch_size=None, clip=0.5)
+    request = PlanRequest(total_epsilon=1.0, delta=1e-5, n_train=500)
+    ls, hf = REGISTRY["linear-scaling"], REGISTRY["hyperfree"]
+    p = ls.plan(ls.make_config({}, clip=0.5), "last-layer", request)
     assert isinstance(p.details["config"], linear_scaling.LinearScalingConfig) and p.details["config"].clip == 0.5
-    p = tune_mod._plan("hyperfree", "bitfit", 1.0, 1e-5, 500, {}, None, [], "pld", trials=None, epochs=None,
-                       steps=None, batch_size=None, clipping="automatic")
+    p = hf.plan(hf.make_config({}, clipping="automatic"), "bitfit", request)
     assert isinstance(p.details["config"], hyperfree.HyperfreeConfig) and p.details["config"].clipping == "automatic"
     with pytest.raises(InvalidParameterError, match="conflicts"):
-        tune_mod._plan("hyperfree", "bitfit", 1.0, 1e-5, 500, {"clipping": "flat"}, None, [], "pld", trials=None,
-                       epochs=None, steps=None, batch_size=None, clipping="automatic")
+        hf.make_config({"clipping": "flat"}, clipping="automatic")
     with pytest.raises(InvalidParameterError, match="`clip`"):
         tune_mod.tune(None, strategy="hyperfree", clip=2.0, write_files=False)
     with pytest.raises(InvalidParameterError, match="`clipping`"):

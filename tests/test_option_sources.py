@@ -41,7 +41,7 @@ OWNERS = {
     "clippings": (CLIPPINGS, "engine/private_gradient.py"),
     "train modes": (TRAIN_MODES, "finetune/modes.py"),
     "tune modes": (TUNE_MODES, "hpo/tune.py"),
-    "strategies": (STRATEGIES, "hpo/tune.py"),
+    "strategies": (STRATEGIES, "hpo/registry.py"),
     "selections": (SELECTIONS, "hpo/common.py"),
     "pooling": (POOLING_CHOICES, "models/classifier.py"),
     "recommend preferences": (PREFERENCES, "hpo/recommend.py"),

@@ -15,6 +15,7 @@ import privtune.hpo.backends as backends
 from privtune.cli import main
 from privtune.errors import InvalidParameterError
 from privtune.hpo.tune import STATE_FILE
+from privtune.hpo.registry import REGISTRY
 from privtune.ledger import Ledger
 from privtune.models.testing import make_toy_text_files
 
@@ -252,7 +253,8 @@ def test_config_template_examples_are_valid_for_tune(tmp_path):
     assert set(opts) == set(SCHEMAS["tune"]) - {"steps"}
     assert opts["mode"] in tune_mod.MODES and opts["strategy"] == "hyperfree"
     assert opts["selection"] in SELECTIONS
-    cfg = tune_mod._config(hyperfree.HyperfreeConfig, dict(opts["strategy_options"]))
+    cfg = REGISTRY["hyperfree"].make_config(dict(opts["strategy_options"]))
+    assert isinstance(cfg, hyperfree.HyperfreeConfig)
     cfg.validate()
     assert {f.name for f in dataclasses.fields(cfg)} >= set(opts["strategy_options"])
     # every tune() argument that can be saved has a configuration key (so config.yaml always loads back)

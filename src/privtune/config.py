@@ -52,7 +52,7 @@ from privtune.errors import InvalidParameterError
 from privtune.finetune.modes import MODES as TRAIN_MODES
 from privtune.hpo.common import SELECTIONS as TUNE_SELECTIONS
 from privtune.hpo.tune import MODES as TUNE_MODES
-from privtune.hpo.tune import STRATEGIES
+from privtune.hpo.registry import STRATEGIES
 from privtune.optim import OPTIMIZERS
 
 #: the commands a configuration file configures

@@ -25,7 +25,8 @@ from privtune.config import explicit_cli_values, resolve_options
 from privtune.hpo.common import SELECTIONS
 from privtune.hpo.recommend import PREFERENCES
 from privtune.hpo.recommend import recommend as run_recommend
-from privtune.hpo.tune import MODES, STRATEGIES
+from privtune.hpo.registry import STRATEGIES
+from privtune.hpo.tune import MODES
 from privtune.hpo.tune import tune as run_tune
 
 _TUNE_DEFAULTS = {name: p.default for name, p in inspect.signature(run_tune).parameters.items()}

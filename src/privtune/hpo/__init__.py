@@ -7,7 +7,8 @@ certificate.  :func:`recommend` gives a batch size, σ and clipping guidance for
 Strategies (one module each): :mod:`~privtune.hpo.linear_scaling` (seed 000),
 :mod:`~privtune.hpo.hyperfree` (seed 001), :mod:`~privtune.hpo.single_step` (seed 002),
 :mod:`~privtune.hpo.random_search` (honest baseline) and :mod:`~privtune.hpo.grid_oracle`
-(NOT PRIVATE reference only).
+(NOT PRIVATE reference only), each one :class:`~privtune.hpo.common.Strategy`
+class registered in :mod:`privtune.hpo.registry`.
 """
 
 from __future__ import annotations

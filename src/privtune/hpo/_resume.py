@@ -20,6 +20,7 @@ import torch
 from privtune.errors import InvalidParameterError, PrivtuneError
 from privtune.hpo import common
 from privtune.hpo.common import BudgetPlan, Selector, as_plain
+from privtune.hpo.registry import get as get_strategy
 
 # --------------------------------------------------------------------------------------
 # resumable runs: the run's seeds, the private state file, replay of completed trials
@@ -472,9 +473,9 @@ def _resume_state(resume: bool, run_dir: Path | None, output_dir: Any, strategy:
         return None, []
     if run_dir is None or output_dir is None:
         raise InvalidParameterError("`resume=True` needs `output_dir` (--output): the RUN_DIR of the interrupted run.")
-    if strategy == "grid-oracle":
+    if get_strategy(strategy).not_private:
         raise InvalidParameterError(
-            "`resume` is not available for strategy='grid-oracle': it is NOT PRIVATE, reserves no budget and releases "
+            f"`resume` is not available for strategy={strategy!r}: it is NOT PRIVATE, reserves no budget and releases "
             "nothing, so there is nothing to continue. Rerun it in a new directory.")
     if not path.is_file():
         raise InvalidParameterError(

@@ -446,3 +446,139 @@ __all__ = [
     "DPSGDEvent",
     "GaussianEvent",
 ]
+
+
+# --------------------------------------------------------------------------------------
+# the strategy interface (the registry of implementations is privtune.hpo.registry)
+# --------------------------------------------------------------------------------------
+
+#: the fine-tuning modes tune() can train (privtune.finetune.MODES without two-phase)
+TUNABLE_MODES = ("last-layer", "bitfit", "lora", "full")
+#: every tune() override a strategy may take; each strategy lists the ones it uses in ``overrides``
+OVERRIDE_NAMES = ("trials", "epochs", "steps", "batch_size", "optimizer")
+
+
+def data_kind(mode: str) -> str:
+    """``"features"`` (the last layer, trained on cached features) or ``"model"`` (bitfit/lora/full)."""
+    return "features" if mode == "last-layer" else "model"
+
+
+@dataclass
+class PlanRequest:
+    """Everything a strategy's :meth:`Strategy.plan` may use: data-independent choices and public sizes only.
+
+    total_epsilon, delta : the user's total budget.
+    n_train : number of training rows (public by declaration: the data size).
+    accountant : ``"pld"`` or ``"rdp"``.
+    prefix_events : events spent before the strategy (private centring, mode pilots), composed first.
+    score_sigma : σ of a charged trial score (noise std of the correct-count), or None for free scores.
+    epochs, steps, batch_size : schedule overrides of tune() (None = the strategy's default).
+    """
+
+    total_epsilon: float
+    delta: float
+    n_train: int
+    accountant: str = "pld"
+    prefix_events: list = field(default_factory=list)
+    score_sigma: float | None = None
+    epochs: float | None = None
+    steps: int | None = None
+    batch_size: int | None = None
+
+    def score_event(self) -> GaussianEvent | None:
+        return GaussianEvent(self.score_sigma, 1, label="trial score (charged)") if self.score_sigma else None
+
+
+class Strategy:
+    """A tuning strategy: one class per ``hpo/<name>.py``, registered in :mod:`privtune.hpo.registry`.
+
+    Class attributes (read by tune(), the config schema and the CLI instead of re-declaring them):
+
+    name : the ``--strategy`` value.
+    modes : the modes it trains (``--mode auto`` pilots only these).
+    Config : its config dataclass; its fields are the keys ``strategy_options`` accepts.
+    overrides : ``{"features" | "model": names}``: the tune() overrides it uses in each data kind;
+        any other override given is refused.
+    clipping_kinds : the data kinds where ``clipping=`` applies (empty: refused).
+    fixed_clip : the clipping norm it requires, or None when ``clip=`` may set it.
+    selects : whether it scores trials with a selector (False: no selection, nothing charged for it).
+    not_private : NOT PRIVATE reference: nothing reserved or released, no model.
+
+    :meth:`plan` fixes every event before any data is read; :meth:`run` spends at most those events.
+    """
+
+    name: str = ""
+    modes: tuple = ()
+    Config: type = type(None)
+    overrides: dict = {}
+    clipping_kinds: frozenset = frozenset()
+    fixed_clip: float | None = None
+    selects: bool = True
+    not_private: bool = False
+
+    def make_config(self, options: dict, *, trials=None, optimizer=None, clip=None, clipping=None):
+        """The strategy's config from ``strategy_options`` plus tune()'s overrides (unknown keys refused)."""
+        cfg = config_from_options(self.Config, options)
+        set_override(cfg, "clip", clip)
+        set_override(cfg, "clipping", clipping)
+        self.apply_overrides(cfg, trials=trials, optimizer=optimizer)
+        return cfg
+
+    def apply_overrides(self, cfg, *, trials=None, optimizer=None) -> None:
+        """Set tune()'s ``trials``/``optimizer`` into ``cfg`` (only those listed in ``overrides`` reach here)."""
+
+    def plan(self, cfg, mode: str, request: PlanRequest) -> BudgetPlan:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def run(self, backend, selector, cfg, plan: BudgetPlan, *, mode: str, seed: int | None = None,
+            progress=None) -> StrategyOutcome:  # pragma: no cover - interface
+        raise NotImplementedError
+
+
+def config_from_options(cls, options: dict):
+    """``cls(**options)``, refusing unknown keys with the valid ones (and a close match) in the message."""
+    import dataclasses
+    import difflib
+
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(options) - names)
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], sorted(names), n=1)
+        raise InvalidParameterError(
+            f"`strategy_options` has unknown key(s) {unknown} for {cls.__name__}. Valid keys: {sorted(names)}."
+            + (f" Did you mean {close[0]!r}?" if close else "")
+        )
+    try:
+        return cls(**options)
+    except (TypeError, ValueError) as exc:
+        raise InvalidParameterError(f"`strategy_options` for {cls.__name__}: {exc}") from None
+
+
+def set_override(cfg, name: str, value) -> None:
+    """tune(name=...) sets the strategy config's field; a different strategy_options value is a conflict."""
+    fields = type(cfg).__dataclass_fields__
+    if value is None or name not in fields:
+        return
+    current = getattr(cfg, name)
+    if current != fields[name].default and current != value:
+        raise InvalidParameterError(
+            f"`{name}`={value!r} conflicts with strategy_options {name}={current!r}; pass one of them.")
+    setattr(cfg, name, value)
+
+
+def minibatch_schedule(request: PlanRequest, epochs: float) -> tuple[float, int]:
+    """(sample rate q, steps T) of a mini-batch run: tune()'s batch_size/steps, else :func:`recommend`'s."""
+    from privtune._validation import check_int
+    from privtune.hpo.recommend import recommend, steps_for_epochs
+
+    n, steps = request.n_train, request.steps
+    if request.batch_size is not None:
+        b = check_int(request.batch_size, "batch_size", low=1)
+        q = min(1.0, b / n)
+        if steps is None:
+            steps = steps_for_epochs(n, b, float(epochs))
+        return q, int(steps)
+    cands = [b for b in (64, 128, 256, 512, 1024, 2048, 4096) if b < n] or [max(1, n // 4)]
+    rec = recommend(request.total_epsilon, request.delta, n, float(epochs), candidates=cands, min_steps=20,
+                    accountant=request.accountant)
+    return rec.sample_rate, int(steps if steps is not None else rec.steps)

@@ -16,7 +16,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from privtune.hpo.common import TrialRecord, calibrate_final, choose_best
+from privtune.hpo.common import (
+    BudgetPlan,
+    PlanRequest,
+    Strategy,
+    StrategyOutcome,
+    TrialRecord,
+    calibrate_final,
+    choose_best,
+)
 from privtune.hpo.linear_scaling import SearchSpace
 
 NAME = "grid-oracle"
@@ -80,3 +88,31 @@ def run(backend, selector, config: GridOracleConfig, epsilon: float, delta: floa
     best = choose_best(trials, tie=lambda r: r.hyperparameters["r"])
     return OracleResult(hyperparameters=dict(best.hyperparameters), score=float(best.score or math.nan),
                         state=states[best.index], trials=trials)
+
+
+class GridOracle(Strategy):
+    """NOT PRIVATE reference: every grid run at the full budget, the best chosen without charge; no model."""
+
+    name = NAME
+    modes = ("last-layer",)
+    Config = GridOracleConfig
+    overrides = {"features": frozenset()}
+    not_private = True
+
+    def plan(self, cfg, mode: str, request: PlanRequest) -> BudgetPlan:
+        # nothing is planned against the budget (NOT PRIVATE)
+        p = BudgetPlan(strategy=self.name, total_epsilon=request.total_epsilon, delta=request.delta,
+                       accountant=request.accountant, trial_events=list(request.prefix_events))
+        p.notes = [f"NOT PRIVATE: {len(cfg.grid())} grid runs, each alone at ε = {request.total_epsilon:g}; "
+                   "their composition is NOT within the budget and no model is released"]
+        p.details["config"] = cfg
+        return p
+
+    def run(self, backend, selector, cfg, plan: BudgetPlan, *, mode: str, seed=None, progress=None):
+        res = run(backend, selector, cfg, plan.total_epsilon, plan.delta, seed=seed, accountant=plan.accountant,
+                  progress=progress)
+        return StrategyOutcome(state=None, final_events=[], final_hyperparameters=res.hyperparameters,
+                               trials=res.trials, strategy_data={"name": self.name, "label": "NOT PRIVATE",
+                                                                 "best": res.to_dict()["hyperparameters"],
+                                                                 "best_score": res.score},
+                               selection_source=selector.source)

@@ -36,7 +36,7 @@ from privtune._validation import check_int, check_real
 from privtune.accounting.events import DPSGDEvent
 from privtune.engine.private_gradient import CLIPPINGS
 from privtune.errors import InfeasibleBudgetError
-from privtune.hpo.common import BudgetPlan, epsilon_of
+from privtune.hpo.common import TUNABLE_MODES, BudgetPlan, PlanRequest, Strategy, epsilon_of, minibatch_schedule
 from privtune.engine.sampling import make_generator
 from privtune.training import LoopHook, fit
 
@@ -397,3 +397,37 @@ def run(backend, config: HyperfreeConfig, p: BudgetPlan, *, mode: str = "last-la
           "optimizer": config.optimizer, "interval": config.interval}
     return StrategyOutcome(state=state, final_events=list(p.final_events), final_hyperparameters=hp, trials=[],
                            strategy_data=data, final_history=hist, selection_source="none")
+
+
+class Hyperfree(Strategy):
+    """Hyperparameter-free (seed 001): no trials; the learning rate is set from privatised losses."""
+
+    name = NAME
+    modes = TUNABLE_MODES
+    Config = HyperfreeConfig
+    overrides = {"features": frozenset({"epochs", "steps", "batch_size", "optimizer"}),
+                 "model": frozenset({"epochs", "steps", "batch_size", "optimizer"})}
+    clipping_kinds = frozenset({"features", "model"})
+    fixed_clip = 1.0
+    selects = False
+
+    def apply_overrides(self, cfg, *, trials=None, optimizer=None) -> None:
+        from privtune.hpo.common import set_override
+
+        set_override(cfg, "optimizer", optimizer)
+        cfg.validate()
+
+    def plan(self, cfg, mode: str, request: PlanRequest) -> BudgetPlan:
+        import dataclasses
+
+        r = request
+        if r.batch_size is None and cfg.batch_size is not None:
+            r = dataclasses.replace(r, batch_size=cfg.batch_size)
+        q, T = minibatch_schedule(r, r.epochs if r.epochs is not None else cfg.epochs)
+        p = plan(cfg, r.total_epsilon, r.delta, sample_rate=q, steps=T, accountant=r.accountant,
+                 prefix_events=r.prefix_events)
+        p.details["config"] = cfg
+        return p
+
+    def run(self, backend, selector, cfg, plan: BudgetPlan, *, mode: str, seed=None, progress=None):
+        return run(backend, cfg, plan, mode=mode, seed=seed, progress=progress)

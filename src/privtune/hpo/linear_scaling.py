@@ -31,13 +31,17 @@ from privtune._validation import check_choice, check_int, check_real
 from privtune.accounting.events import GaussianEvent
 from privtune.errors import InfeasibleBudgetError, InvalidParameterError
 from privtune.hpo.common import (
+    TUNABLE_MODES,
     BudgetPlan,
+    PlanRequest,
+    Strategy,
     StrategyOutcome,
     TrialRecord,
     calibrate_final,
     calibrate_in_plan,
     choose_best,
     epsilon_of,
+    minibatch_schedule,
     mu_from_epsilon,
 )
 
@@ -557,3 +561,42 @@ def run_minibatch(backend, selector, config: LinearScalingConfig, p: BudgetPlan,
                                                   "sample_rate": q, "noise_multiplier": sigma_f, "clip": config.clip},
                            trials=trials, strategy_data=data, final_history=final.history,
                            selection_source=selector.source)
+
+
+class LinearScaling(Strategy):
+    """Linear scaling (seed 000): two sweeps of cheap trials, a fitted line, one final run at the rest."""
+
+    name = NAME
+    modes = TUNABLE_MODES
+    Config = LinearScalingConfig
+    overrides = {"features": frozenset({"trials"}),
+                 "model": frozenset({"trials", "epochs", "steps", "batch_size", "optimizer"})}
+    clipping_kinds = frozenset({"model"})
+
+    def apply_overrides(self, cfg, *, trials=None, optimizer=None) -> None:
+        if trials is not None:
+            # two sweeps of the same size: an odd count cannot be split, and used to be rounded down silently
+            t = check_int(trials, "trials", low=2)
+            if t % 2:
+                raise InvalidParameterError(
+                    f"`trials` must be even for strategy='linear-scaling': it runs two sweeps of trials/2 runs each "
+                    f"(the paper: 2 × 3). Got {t}. Pass {t - 1} or {t + 1}."
+                )
+            cfg.runs_per_sweep = t // 2
+
+    def plan(self, cfg, mode: str, request: PlanRequest) -> BudgetPlan:
+        r = request
+        if mode == "last-layer":
+            p = plan(cfg, r.total_epsilon, r.delta, score_event=r.score_event(), accountant=r.accountant,
+                     prefix_events=r.prefix_events)
+        else:
+            q, T = minibatch_schedule(r, r.epochs if r.epochs is not None else 1.0)
+            p = plan_minibatch(cfg, r.total_epsilon, r.delta, sample_rate=q, steps=T, score_event=r.score_event(),
+                               accountant=r.accountant, prefix_events=r.prefix_events)
+        p.details["config"] = cfg
+        return p
+
+    def run(self, backend, selector, cfg, plan: BudgetPlan, *, mode: str, seed=None, progress=None):
+        if mode == "last-layer":
+            return run(backend, selector, cfg, plan, seed=seed, progress=progress)
+        return run_minibatch(backend, selector, cfg, plan, seed=seed, progress=progress)

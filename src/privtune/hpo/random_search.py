@@ -34,7 +34,16 @@ from privtune._validation import check_int, check_real
 from privtune.accounting.calibration import calibrate
 from privtune.accounting.events import GaussianEvent, RepeatAndSelectEvent
 from privtune.errors import InfeasibleBudgetError
-from privtune.hpo.common import BudgetPlan, StrategyOutcome, TrialRecord, choose_best, epsilon_of, mu_from_epsilon
+from privtune.hpo.common import (
+    BudgetPlan,
+    PlanRequest,
+    Strategy,
+    StrategyOutcome,
+    TrialRecord,
+    choose_best,
+    epsilon_of,
+    mu_from_epsilon,
+)
 from privtune.hpo.linear_scaling import SearchSpace
 
 NAME = "random-search"
@@ -246,3 +255,25 @@ def run(backend, selector, config: RandomSearchConfig, p: BudgetPlan, *, seed: i
     return StrategyOutcome(state=fit.state, final_events=[], final_hyperparameters=dict(final_hp,
                            selected_trial=best.index), trials=trials, strategy_data=data,
                            final_history=fit.history, selection_source=selector.source)
+
+
+class RandomSearch(Strategy):
+    """Random search: trials with random hyperparameters on cached features, the best one selected."""
+
+    name = NAME
+    modes = ("last-layer",)
+    Config = RandomSearchConfig
+    overrides = {"features": frozenset({"trials"})}
+
+    def apply_overrides(self, cfg, *, trials=None, optimizer=None) -> None:
+        if trials is not None:
+            cfg.trials = int(trials)
+
+    def plan(self, cfg, mode: str, request: PlanRequest) -> BudgetPlan:
+        p = plan(cfg, request.total_epsilon, request.delta, score_sigma=request.score_sigma,
+                 accountant=request.accountant, prefix_events=request.prefix_events)
+        p.details["config"] = cfg
+        return p
+
+    def run(self, backend, selector, cfg, plan: BudgetPlan, *, mode: str, seed=None, progress=None):
+        return run(backend, selector, cfg, plan, seed=seed, progress=progress)

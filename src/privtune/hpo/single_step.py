@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from privtune._validation import check_choice, check_real
 from privtune.accounting.events import GaussianEvent
-from privtune.hpo.common import BudgetPlan, calibrate_final, epsilon_of
+from privtune.hpo.common import BudgetPlan, PlanRequest, Strategy, calibrate_final, epsilon_of, set_override
 
 NAME = "single-step"
 
@@ -75,3 +75,25 @@ def run(backend, config: SingleStepConfig, p: BudgetPlan, *, seed: int | None = 
                            strategy_data={"name": NAME, "noise_multiplier": sigma,
                                           "note": "accuracy is invariant to η from a zero head (sign step)"},
                            final_history=fit.history, selection_source="none")
+
+
+class SingleStep(Strategy):
+    """Single step (seed 002): one full-batch DP step of a zero head on cached features; no trials."""
+
+    name = NAME
+    modes = ("last-layer",)
+    Config = SingleStepConfig
+    overrides = {"features": frozenset({"optimizer"})}
+    selects = False
+
+    def apply_overrides(self, cfg, *, trials=None, optimizer=None) -> None:
+        set_override(cfg, "optimizer", optimizer)
+
+    def plan(self, cfg, mode: str, request: PlanRequest) -> BudgetPlan:
+        p = plan(cfg, request.total_epsilon, request.delta, accountant=request.accountant,
+                 prefix_events=request.prefix_events)
+        p.details["config"] = cfg
+        return p
+
+    def run(self, backend, selector, cfg, plan: BudgetPlan, *, mode: str, seed=None, progress=None):
+        return run(backend, cfg, plan, seed=seed, progress=progress)

@@ -38,7 +38,8 @@ from privtune._validation import check_choice, check_int, check_real
 from privtune.errors import DataError, InvalidParameterError, PrivtuneError
 from privtune.hpo import common
 from privtune.accounting.events import event_to_dict
-from privtune.hpo.common import BudgetPlan, Selector, StrategyOutcome, as_plain
+from privtune.hpo.common import TUNABLE_MODES, BudgetPlan, PlanRequest, Selector, as_plain, data_kind
+from privtune.hpo.registry import STRATEGIES, get as get_strategy
 from privtune.accounting.accountant import ACCOUNTANTS
 from privtune.engine.private_gradient import CLIPPINGS
 from privtune.engine.sampling import make_generator
@@ -61,22 +62,10 @@ from privtune.hpo._resume import (  # noqa: F401  (STATE_FILE is part of this mo
 #: what tune() releases into RUN_DIR (checked before the reservation: an entry of the wrong kind is an error)
 _RELEASED_FILES = ("certificate.json", "metrics.json", "history.json", "config.yaml", "report.html", "log.txt")
 _RELEASED_DIRS = ("model",)
-#: the tuning strategies (the one declaration of this choice set; the CLI and config read it)
-STRATEGIES = ("linear-scaling", "hyperfree", "single-step", "random-search", "grid-oracle")
-#: the fine-tuning modes tune() can train (privtune.finetune.MODES without two-phase)
-_TUNABLE_MODES = ("last-layer", "bitfit", "lora", "full")
+#: STRATEGIES (re-exported): the tuning strategies, read from the registry (privtune.hpo.registry)
 #: tune(mode=...): a tunable mode, or "auto" (the one declaration of this choice set)
-MODES = ("auto", *_TUNABLE_MODES)
+MODES = ("auto", *TUNABLE_MODES)
 AUTO_MODES = ("last-layer", "bitfit", "lora")
-#: what each strategy can train; ``--mode auto`` pilots only these (none when only one is left),
-#: and any other mode is refused before anything is reserved
-STRATEGY_MODES = {
-    "linear-scaling": _TUNABLE_MODES,
-    "hyperfree": _TUNABLE_MODES,
-    "single-step": ("last-layer",),
-    "random-search": ("last-layer",),
-    "grid-oracle": ("last-layer",),
-}
 #: ``selection=`` accepts the user-facing name or the selection source itself (e.g. "train_noisy")
 _SELECTION_SOURCE = {**common.SELECTION_SOURCE_OF, **{s: s for s in common.SELECTION_SOURCE_OF.values()}}
 #: learning rate of the Adam pilot run used by --mode auto to compare modes (per-run ε = min(0.1, 0.1·ε_total)):
@@ -268,9 +257,12 @@ def tune(
             + f" Valid options: {', '.join(valid)}."
         )
     strategy = check_choice(strategy, "strategy", STRATEGIES)
+    strat = get_strategy(strategy)
     device = resolve_device(device)  # one clear error for a bad or absent device, before any data is read
     mode = check_choice(mode, "mode", MODES)
-    supported_modes = STRATEGY_MODES[strategy]
+    # what the strategy can train; ``--mode auto`` pilots only these (none when only one is left), and any
+    # other mode is refused before anything is reserved
+    supported_modes = strat.modes
     if mode != "auto" and mode not in supported_modes:
         raise InvalidParameterError(
             f"strategy={strategy!r} trains {' / '.join(supported_modes)} only; got mode={mode!r}. Use "
@@ -281,13 +273,14 @@ def tune(
     check_choice(accountant, "accountant", ACCOUNTANTS)
     if clip is not None:
         clip = check_real(clip, "clip", low=0.0, fix="Pass the per-example clipping norm C, e.g. clip=1.0.")
-        if strategy == "hyperfree" and clip != 1.0:
+        if strat.fixed_clip is not None and clip != strat.fixed_clip:
             raise InvalidParameterError(
-                f"`clip`={clip!r} does not apply to strategy='hyperfree': it clips at C = 1 (sensitivity 1) and its "
-                "learning-rate rule absorbs the scale. Remove `clip`, or choose another strategy.")
+                f"`clip`={clip!r} does not apply to strategy={strategy!r}: it clips at C = {strat.fixed_clip:g} "
+                "(sensitivity 1) and its learning-rate rule absorbs the scale. Remove `clip`, or choose another "
+                "strategy.")
     if clipping is not None:
         check_choice(clipping, "clipping", CLIPPINGS)
-        if strategy not in ("hyperfree", "linear-scaling") or (strategy == "linear-scaling" and mode == "last-layer"):
+        if not strat.clipping_kinds or (mode != "auto" and data_kind(mode) not in strat.clipping_kinds):
             raise InvalidParameterError(
                 f"`clipping` does not apply to strategy={strategy!r} with mode={mode!r}: its full-batch recipe on cached "
                 "features clips flat at `clip`. Remove `clipping`, or use strategy='hyperfree' (any mode) or "
@@ -354,10 +347,7 @@ def tune(
         private_val = train.subset(perm[:k])
         train = train.subset(perm[k:])
         n_train = len(train)
-    if strategy in ("hyperfree", "single-step"):
-        sel_name_effective = "none"
-    else:
-        sel_name_effective = sel_name
+    sel_name_effective = sel_name if strat.selects else "none"
 
     # run directory and progress
     run_dir = None
@@ -421,15 +411,16 @@ def tune(
             pilot_events = [GaussianEvent(center_sigma, 1, label="private feature mean (centering)")] + pilot_events
         # every candidate mode is planned now, before anything is reserved: a combination that cannot work
         # fails here, and the reservation covers whichever mode the pilots pick
-        _check_overrides(strategy, candidates, {"trials": trials, "epochs": epochs, "steps": steps,
-                                                "batch_size": batch_size, "optimizer": optimizer})
+        _check_overrides(strat, candidates, {"trials": trials, "epochs": epochs, "steps": steps,
+                                             "batch_size": batch_size, "optimizer": optimizer})
+        request = PlanRequest(total_epsilon=eps_total, delta=delta, n_train=n_train, accountant=accountant,
+                              prefix_events=pilot_events, score_sigma=sel_sigma if strat.selects else None,
+                              epochs=epochs, steps=steps, batch_size=batch_size)
         mode_plans = {}
         for m in candidates:
             try:
-                mode_plans[m] = _plan(strategy, m, eps_total, delta, n_train, options,
-                                      sel_sigma if sel_name_effective != "none" else None, pilot_events, accountant,
-                                      trials=trials, epochs=epochs, steps=steps, batch_size=batch_size,
-                                      optimizer=optimizer, clip=clip, clipping=clipping)
+                cfg_m = strat.make_config(options, trials=trials, optimizer=optimizer, clip=clip, clipping=clipping)
+                mode_plans[m] = strat.plan(cfg_m, m, request)
             except PrivtuneError as exc:
                 if not pilot_modes:
                     raise
@@ -446,9 +437,9 @@ def tune(
             log(f"  if the pilots choose {m}: planned ε = {mode_plans[m].planned_epsilon():.4g}")
 
         # ------------------------------------------------------------ reserve in the ledger
-        if strategy == "grid-oracle":  # NOT PRIVATE: spends and releases nothing, so the ledger is not touched
+        if strat.not_private:  # NOT PRIVATE: spends and releases nothing, so the ledger is not touched
             led, fp, ledger_url, registered = None, train_fp, None, False
-            log("grid-oracle is NOT PRIVATE: tuning is not charged, no model is released and the ledger is not "
+            log(f"{strategy} is NOT PRIVATE: tuning is not charged, no model is released and the ledger is not "
                 "touched")
             cm = _null_reservation()
         else:
@@ -485,14 +476,14 @@ def tune(
                 raise
             _release.fault_point("after-reserve")
         with cm as reservation:
-            if strategy != "grid-oracle":  # seeds, completed trials and replay (see _Journal)
+            if not strat.not_private:  # seeds, completed trials and replay (see _Journal)
                 journal = _open_journal(run_dir, state_header, state_entries, run_seed, run_id, run_cfg, unsaved, fp,
                                         prog, delta, accountant, pilot_events[:1] if center_sigma else [],
                                         reservation)
             # -------------------------------------------------------- features / selection data
             selector_data = public_set if sel_name == "public_validation" else (private_val or train)
             outcome, final_model, used_mode, pilot_records, selector, feats = _execute(
-                strategy, run_mode, plan, clf, train, selector_data, sel_name_effective, sel_name, sel_sigma, eval_set,
+                strat, run_mode, plan, clf, train, selector_data, sel_name_effective, sel_name, sel_sigma, eval_set,
                 public_set, pilot_modes, pilot_eps, delta, eps_total, accountant, options, run_seed, prog,
                 journal=journal, trials=trials,
                 epochs=epochs, steps=steps, batch_size=batch_size, clip=clip, clipping=clipping,
@@ -513,7 +504,7 @@ def tune(
 
         # published: the ledger's random dataset id, never a hash of the data (grid-oracle: no ledger, none)
         dataset_id = None
-        if strategy != "grid-oracle":  # a resumed, already committed run holds no reservation: ask the ledger
+        if not strat.not_private:  # a resumed, already committed run holds no reservation: ask the ledger
             dataset_id = getattr(reservation, "dataset_id", None) or led.status(fp).dataset_id
 
         if pilot_records and sel_name_effective == "none":
@@ -530,12 +521,12 @@ def tune(
             "dataset_id": dataset_id, "plan": as_plain(plan.notes),
             "notes": [*(outcome.strategy_data.get("notes", []) or [])],
         }
-        metadata.update(_trial_section(trial_list, outcome, strategy))
-        if strategy == "grid-oracle":
+        metadata.update(_trial_section(trial_list, outcome, strat.not_private))
+        if strat.not_private:
             metadata["label"] = "NOT PRIVATE"
             metadata["notes"].append("NOT PRIVATE: every grid run is (ε, δ)-DP alone; the selection is uncharged")
         cert = Certificate.from_events(events, delta, accountant, metadata=as_plain(metadata))
-        if strategy != "grid-oracle" and cert.epsilon > eps_total * (1 + 1e-6):
+        if not strat.not_private and cert.epsilon > eps_total * (1 + 1e-6):
             raise PrivtuneError(f"internal error: certificate ε = {cert.epsilon:.6g} exceeds the total "
                                 f"{eps_total:g}; nothing was released.")
         acc = None
@@ -545,7 +536,7 @@ def tune(
             acc = float((logits.argmax(1) == _labels_tensor(eval_set)).float().mean().item())
             prog.end_phase()
             log(f"accuracy on the reported split ({_split_name(eval_data, embedded)}): {acc:.4f}")
-        if strategy == "grid-oracle" and eval_set is not None:
+        if strat.not_private and eval_set is not None:
             acc = outcome.strategy_data.get("reported_accuracy")
         remaining = None
         try:
@@ -562,10 +553,10 @@ def tune(
             "ledger_registered_new_dataset": registered,
             "wall_time_s": None,
         }
-        if strategy == "grid-oracle":
+        if strat.not_private:
             metrics["not_private"] = True
             metrics["label"] = "NOT PRIVATE"
-        if nonprivate_reference and strategy != "grid-oracle" and feats is not None:
+        if nonprivate_reference and not strat.not_private and feats is not None:
             metrics["nonprivate_reference"] = _oracle_reference(feats, selector, eps_total, delta, accountant, seed,
                                                                 eval_set, prog)
         history = {
@@ -590,7 +581,7 @@ def tune(
             _write_run(run_dir, final_model, cert, metrics, history, run_cfg, log, not_private=not_private)
         # committed only once the release is in place: a crash before leaves the reservation charged (never
         # refunded) and `--resume` writes the release again from the state file
-        if strategy != "grid-oracle" and reservation.state == "reserved":
+        if not strat.not_private and reservation.state == "reserved":
             reservation.commit(events)
         _release.fault_point("after-commit")
         if run_dir is not None:
@@ -600,7 +591,7 @@ def tune(
             if sp.exists():
                 sp.unlink()
         log(("done: " if hide_timing else f"done in {time.time() - t_start:.0f} s: ")
-            + (f"ε = {cert.epsilon:.4f} (≤ {eps_total:g}), δ = {delta:g}" if strategy != "grid-oracle" else
+            + (f"ε = {cert.epsilon:.4f} (≤ {eps_total:g}), δ = {delta:g}" if not strat.not_private else
                f"NOT PRIVATE reference (composition of the grid runs: ε = {cert.epsilon:.4g}, δ = {delta:g})")
             + (f", accuracy {acc:.4f}" if acc is not None else "") + (f" → {run_dir}" if run_dir else ""))
         return TuneResult(model=final_model, certificate=cert, trials=history["trials"], metrics=metrics,
@@ -628,7 +619,7 @@ def _published_trial_count(trial_list, outcome) -> int | None:
     return None if outcome.certificate_events is not None else len(trial_list)
 
 
-def _trial_section(trial_list, outcome, strategy) -> dict:
+def _trial_section(trial_list, outcome, not_private: bool) -> dict:
     """The certificate's per-trial section: one record per trial (hyperparameters, score, events) and
     one for the final run, each saying how it is accounted in the certificate's ``events``."""
     ps = outcome.certificate_events is not None
@@ -644,7 +635,7 @@ def _trial_section(trial_list, outcome, strategy) -> dict:
         records.append(d)
     final = {"phase": "final run", "hyperparameters": as_plain(outcome.final_hyperparameters),
              "events": [as_plain(event_to_dict(e)) for e in outcome.final_events]}
-    if strategy == "grid-oracle":
+    if not_private:
         final["accounted"] = "NOT PRIVATE reference: no model is released"
     elif outcome.final_events:
         final["accounted"] = "its events are listed in `events`"
@@ -691,161 +682,18 @@ def _plan_pilots(modes, pilot_eps, delta, n, sel_sigma, accountant) -> list:
     return out
 
 
-def _minibatch_schedule(eps_total, delta, n, epochs, steps, batch_size, accountant) -> tuple[float, int]:
-    from privtune.hpo.recommend import recommend, steps_for_epochs
-
-    if batch_size is not None:
-        b = check_int(batch_size, "batch_size", low=1)
-        q = min(1.0, b / n)
-        if steps is None:
-            steps = steps_for_epochs(n, b, float(epochs if epochs is not None else 3.0))
-        return q, int(steps)
-    ep = float(epochs if epochs is not None else 3.0)
-    cands = [b for b in (64, 128, 256, 512, 1024, 2048, 4096) if b < n] or [max(1, n // 4)]
-    rec = recommend(eps_total, delta, n, ep, candidates=cands, min_steps=20, accountant=accountant)
-    return rec.sample_rate, int(steps if steps is not None else rec.steps)
-
-
-#: which tune() overrides each strategy uses: (strategy, "features" | "model") -> option names
-_OVERRIDES = {
-    ("linear-scaling", "features"): {"trials"},
-    ("linear-scaling", "model"): {"trials", "epochs", "steps", "batch_size", "optimizer"},
-    ("random-search", "features"): {"trials"},
-    ("single-step", "features"): {"optimizer"},
-    ("hyperfree", "features"): {"epochs", "steps", "batch_size", "optimizer"},
-    ("hyperfree", "model"): {"epochs", "steps", "batch_size", "optimizer"},
-    ("grid-oracle", "features"): set(),
-}
-
-
-def _check_overrides(strategy: str, modes, given: dict) -> None:
-    """Refuse an override that no candidate mode of ``strategy`` uses (never drop it silently)."""
-    used = set().union(*(_OVERRIDES[(strategy, "features" if m == "last-layer" else "model")] for m in modes))
-    for name in ("trials", "epochs", "steps", "batch_size", "optimizer"):
+def _check_overrides(strat, modes, given: dict) -> None:
+    """Refuse an override that no candidate mode of the strategy uses (never drop it silently)."""
+    used = set().union(*(strat.overrides.get(data_kind(m), frozenset()) for m in modes))
+    for name in common.OVERRIDE_NAMES:
         if given.get(name) is not None and name not in used:
             where = "mode " + "/".join(modes)
             raise InvalidParameterError(
-                f"`{name}` does not apply to strategy={strategy!r} in {where}"
+                f"`{name}` does not apply to strategy={strat.name!r} in {where}"
                 + (" (the full-batch recipe on cached features fixes it)" if name != "trials" else
                    " (it runs no trials)")
-                + f"; remove it{' or use mode=bitfit/lora/full' if strategy == 'linear-scaling' else ''}."
+                + f"; remove it{' or use mode=bitfit/lora/full' if name in strat.overrides.get('model', ()) else ''}."
             )
-
-
-def _strategy_override(cfg, name: str, value) -> None:
-    """tune(name=...) sets the strategy config's field; a different strategy_options value is a conflict."""
-    fields = type(cfg).__dataclass_fields__
-    if value is None or name not in fields:
-        return
-    current = getattr(cfg, name)
-    if current != fields[name].default and current != value:
-        raise InvalidParameterError(
-            f"`{name}`={value!r} conflicts with strategy_options {name}={current!r}; pass one of them.")
-    setattr(cfg, name, value)
-
-
-def _strategy_optimizer(cfg, optimizer) -> None:
-    _strategy_override(cfg, "optimizer", optimizer)
-
-
-def _plan(strategy, mode, eps_total, delta, n, options, sel_sigma, prefix, accountant, *, trials, epochs, steps,
-          batch_size, optimizer=None, clip=None, clipping=None) -> BudgetPlan:
-    from privtune.accounting.events import GaussianEvent
-    from privtune.hpo import hyperfree, linear_scaling, random_search, single_step
-
-    score_event = GaussianEvent(sel_sigma, 1, label="trial score (charged)") if sel_sigma else None
-    if strategy == "linear-scaling":
-        cfg = _config(linear_scaling.LinearScalingConfig, options)
-        _apply_clip_overrides(cfg, clip, clipping)
-        if trials is not None:
-            # two sweeps of the same size: an odd count cannot be split, and used to be rounded down silently
-            t = check_int(trials, "trials", low=2)
-            if t % 2:
-                raise InvalidParameterError(
-                    f"`trials` must be even for strategy='linear-scaling': it runs two sweeps of trials/2 runs each "
-                    f"(the paper: 2 × 3). Got {t}. Pass {t - 1} or {t + 1}."
-                )
-            cfg.runs_per_sweep = t // 2
-        if mode == "last-layer":
-            p = linear_scaling.plan(cfg, eps_total, delta, score_event=score_event, accountant=accountant,
-                                    prefix_events=prefix)
-        else:
-            q, T = _minibatch_schedule(eps_total, delta, n, epochs if epochs is not None else 1.0, steps,
-                                       batch_size, accountant)
-            p = linear_scaling.plan_minibatch(cfg, eps_total, delta, sample_rate=q, steps=T, score_event=score_event,
-                                              accountant=accountant, prefix_events=prefix)
-        p.details["config"] = cfg
-    elif strategy == "random-search":
-        if mode != "last-layer":
-            raise InvalidParameterError(
-                f"strategy='random-search' is implemented on cached features (mode='last-layer'); got mode={mode!r}. "
-                "Use strategy='linear-scaling' or 'hyperfree' for bitfit/lora/full.")
-        cfg = _config(random_search.RandomSearchConfig, options)
-        _apply_clip_overrides(cfg, clip, clipping)
-        if trials is not None:
-            cfg.trials = int(trials)
-        p = random_search.plan(cfg, eps_total, delta, score_sigma=sel_sigma, accountant=accountant,
-                               prefix_events=prefix)
-        p.details["config"] = cfg
-    elif strategy == "single-step":
-        if mode not in ("last-layer",):
-            raise InvalidParameterError(
-                f"strategy='single-step' trains the last layer only (seed 002); got mode={mode!r}. "
-                "Use mode='last-layer' (or 'auto')."
-            )
-        cfg = _config(single_step.SingleStepConfig, options)
-        _apply_clip_overrides(cfg, clip, clipping)
-        _strategy_optimizer(cfg, optimizer)
-        p = single_step.plan(cfg, eps_total, delta, accountant=accountant, prefix_events=prefix)
-        p.details["config"] = cfg
-    elif strategy == "hyperfree":
-        cfg = _config(hyperfree.HyperfreeConfig, options)
-        _apply_clip_overrides(cfg, clip, clipping)
-        _strategy_optimizer(cfg, optimizer)
-        cfg.validate()
-        if batch_size is None and cfg.batch_size is not None:
-            batch_size = cfg.batch_size
-        q, T = _minibatch_schedule(eps_total, delta, n, epochs if epochs is not None else cfg.epochs, steps,
-                                   batch_size, accountant)
-        p = hyperfree.plan(cfg, eps_total, delta, sample_rate=q, steps=T, accountant=accountant, prefix_events=prefix)
-        p.details["config"] = cfg
-    else:  # grid-oracle: nothing is planned against the budget (NOT PRIVATE)
-        from privtune.hpo import grid_oracle
-
-        cfg = _config(grid_oracle.GridOracleConfig, options)
-
-        _apply_clip_overrides(cfg, clip, clipping)
-        p = BudgetPlan(strategy="grid-oracle", total_epsilon=eps_total, delta=delta, accountant=accountant,
-                       trial_events=list(prefix))
-        p.notes = [f"NOT PRIVATE: {len(cfg.grid())} grid runs, each alone at ε = {eps_total:g}; "
-                   "their composition is NOT within the budget and no model is released"]
-        p.details["config"] = cfg
-    return p
-
-
-def _apply_clip_overrides(cfg, clip, clipping) -> None:
-    """tune(clip=..., clipping=...) into the strategy's config (validated in tune(); never dropped)."""
-    _strategy_override(cfg, "clip", clip)
-    _strategy_override(cfg, "clipping", clipping)
-
-
-def _config(cls, options: dict):
-    import dataclasses
-
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(options) - names)
-    if unknown:
-        import difflib
-
-        close = difflib.get_close_matches(unknown[0], sorted(names), n=1)
-        raise InvalidParameterError(
-            f"`strategy_options` has unknown key(s) {unknown} for {cls.__name__}. Valid keys: {sorted(names)}."
-            + (f" Did you mean {close[0]!r}?" if close else "")
-        )
-    try:
-        return cls(**options)
-    except (TypeError, ValueError) as exc:
-        raise InvalidParameterError(f"`strategy_options` for {cls.__name__}: {exc}") from None
 
 
 # --------------------------------------------------------------------------------------
@@ -853,11 +701,10 @@ def _config(cls, options: dict):
 # --------------------------------------------------------------------------------------
 
 
-def _execute(strategy, mode, plan, clf, train, selector_data, sel_eff, sel_name, sel_sigma, eval_set, public_set,
+def _execute(strat, mode, plan, clf, train, selector_data, sel_eff, sel_name, sel_sigma, eval_set, public_set,
              pilot_modes, pilot_eps, delta, eps_total, accountant, options, seed, prog, **kw):
     """Run pilots (mode auto), then the strategy.  The reported split is not passed in here
     except as ``eval_set`` for curves of the *final* run when it is the public split."""
-    from privtune.hpo import grid_oracle, hyperfree, linear_scaling, random_search, single_step
     from privtune.hpo.backends import FeatureBackend, ModelBackend, head_into_classifier
 
     del eval_set  # never used for selection; evaluated by tune() after the final model is fixed
@@ -949,28 +796,13 @@ def _execute(strategy, mode, plan, clf, train, selector_data, sel_eff, sel_name,
         backend = _journaled(FeatureBackend(X, y, clf.num_labels, curve_data=curve, center=center,
                                                   device=kw.get("device")), kw)
         selector = make_selector(sel_eff, "features")
-        prog.start_phase(f"{strategy} on cached features", None, unit="runs")
-        if strategy == "linear-scaling":
-            out = linear_scaling.run(backend, selector, cfg, plan, seed=seed_s, progress=say)
-        elif strategy == "random-search":
-            if kw.get("journal") is not None and plan.details.get("accounting") == "repeat-and-select":
-                kw["journal"].hide_trials = True  # not even the count of trials goes to log.txt
-            out = random_search.run(backend, selector, cfg, plan, seed=seed_s, progress=say)
-        elif strategy == "single-step":
-            out = single_step.run(backend, cfg, plan, seed=seed_s, progress=say)
-        elif strategy == "hyperfree":
-            out = hyperfree.run(backend, cfg, plan, mode="last-layer", seed=seed_s, progress=say)
-        else:
-            sel = make_selector(sel_name, "features")
-            res = grid_oracle.run(backend, sel, cfg, eps_total, delta, seed=seed_s, accountant=accountant,
-                                  progress=say)
-            out = StrategyOutcome(state=None, final_events=[], final_hyperparameters=res.hyperparameters,
-                                  trials=res.trials, strategy_data={"name": "grid-oracle", "label": "NOT PRIVATE",
-                                                                    "best": res.to_dict()["hyperparameters"],
-                                                                    "best_score": res.score},
-                                  selection_source=sel_name)
+        prog.start_phase(f"{strat.name} on cached features", None, unit="runs")
+        if kw.get("journal") is not None and plan.details.get("accounting") == "repeat-and-select":
+            kw["journal"].hide_trials = True  # not even the count of trials goes to log.txt
+        out = strat.run(backend, selector, cfg, plan, mode=used_mode, seed=seed_s, progress=say)
+        if strat.not_private:  # a reference only: no model
             prog.end_phase()
-            return out, None, used_mode, pilot_records, sel, feats
+            return out, None, used_mode, pilot_records, selector, feats
         prog.end_phase()
         from privtune.finetune import apply_mode
 
@@ -986,15 +818,10 @@ def _execute(strategy, mode, plan, clf, train, selector_data, sel_eff, sel_name,
                                       max_physical_batch_size=kw.get("max_physical_batch_size") or 32,
                                       curve_data=public_set, device=kw.get("device")), kw)
     selector = make_selector(sel_eff, "model")
-    prog.start_phase(f"{strategy} ({used_mode})", None, unit="runs")
-    if strategy == "hyperfree":
-        out = hyperfree.run(backend, cfg, plan, mode=used_mode, seed=seed_s, progress=say)
-    elif strategy == "linear-scaling":
-        out = linear_scaling.run_minibatch(backend, selector, cfg, plan, seed=seed_s, progress=say)
-    elif strategy == "random-search":
-        out = random_search.run(backend, selector, cfg, plan, seed=seed_s, progress=say)
-    else:
-        raise InvalidParameterError(f"strategy={strategy!r} is not available for mode={used_mode!r}.")
+    prog.start_phase(f"{strat.name} ({used_mode})", None, unit="runs")
+    if used_mode not in strat.modes:  # refused in tune() before anything is reserved; kept as a guard
+        raise InvalidParameterError(f"strategy={strat.name!r} is not available for mode={used_mode!r}.")
+    out = strat.run(backend, selector, cfg, plan, mode=used_mode, seed=seed_s, progress=say)
     prog.end_phase()
     return out, out.state, used_mode, pilot_records, selector, feats
 
