@@ -16,7 +16,7 @@ In ONE invocation, each in a fresh process on one CPU thread (torch.set_num_thre
              The time spent inside the hooks is reported separately.  The first DP step is a warm-up and
              is not counted.  Setup (loading, splitting, accounting, evaluation, writing) is not timed.
 
-    OMP_NUM_THREADS=1 python bench/tune_throughput.py                 # about 5 min on the 2-core machine
+    OMP_NUM_THREADS=1 python bench/tune_throughput.py                 # about 7 min (402 s) on the shared 2-core machine
     OMP_NUM_THREADS=1 python bench/tune_throughput.py --profile       # + cProfile of the tune path (top 10)
 
 Results: printed table, plus bench/results/tune_throughput.json (git-ignored).
