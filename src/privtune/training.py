@@ -24,8 +24,6 @@ This also makes resumed runs bit-for-bit identical to uninterrupted ones with a 
 
 from __future__ import annotations
 
-import datetime as _dt
-import json
 import math
 import os
 import secrets
@@ -39,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from privtune import _release
+from privtune import _release, pipeline
 from privtune._validation import (
     _suggest_delta,
     check_choice,
@@ -910,7 +908,7 @@ def _check_ledger_arg(ledger: Any) -> None:
     """A ledger argument is None, a URL/path or a Ledger: anything else is refused before any work."""
     if ledger is None or isinstance(ledger, (str, os.PathLike)):
         return
-    if not all(callable(getattr(ledger, name, None)) for name in ("reserve", "status", "init_dataset")):
+    if not all(callable(getattr(ledger, name, None)) for name in ("reserve", "status", "init_dataset", "ensure_dataset")):
         raise InvalidParameterError(
             f"`ledger` must be a Ledger, a ledger URL such as 'sqlite:////path/ledger.db', or None "
             f"($PRIVTUNE_LEDGER or ~/.privtune/ledger.db). Got {ledger!r} ({type(ledger).__name__})."
@@ -924,22 +922,6 @@ def _resolve_ledger(ledger: Any):
     if ledger is None or isinstance(ledger, (str, os.PathLike)):
         return Ledger(None if ledger is None else str(ledger))
     return ledger
-
-
-def _write_json(path: Path, obj: Any) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-
-
-class _Log:
-    def __init__(self, path: Path | None):
-        self.path = path
-
-    def __call__(self, msg: str) -> None:
-        if self.path is not None:
-            with open(self.path, "a", encoding="utf-8") as f:
-                f.write(f"{_dt.datetime.now().strftime('%Y-%m-%d %H:%M:%S')}  {msg}\n")
 
 
 def _make_progress(progress: bool, log_path: Path | None, total_epsilon: float | None):
@@ -1239,42 +1221,29 @@ def train(
             _release.private_torch_save({"format": 1, "step": 0, "run_id": run_id, "fingerprint": fp,
                                          "hyperparameters": hyper}, ckpt_path)
             fresh_files.append(ckpt_path)
-    log = _Log(out / "log.txt" if out is not None else None)
+    log = pipeline.run_log(out / "log.txt" if out is not None else None)
     log(f"{'resume' if resume else 'start'} privtune train: mode={mode} N={n} q={q:.5g} T={T} σ={sigma:.5g} "
         f"planned ε={planned_eps:.4g} δ={delta:g}")
 
     # ---------------------------------------------------------------- 5. ledger reservation, then training
-    from privtune.errors import UnknownDatasetError
-
-    registered_now = False
-    committed_before = False  # resume of a run whose release was interrupted after its ledger commit
     cfg_for_ledger = {"hyperparameters": hyper, "output_dir": str(out) if out else None}
     try:
         led = _resolve_ledger(ledger)
-        try:
-            status = led.status(fp)
-        except UnknownDatasetError:
-            registered = led.init_dataset(fp, epsilon if epsilon is not None else planned_eps, delta,
-                                          name=ledger_name)
-            registered_now = True
-            log(f"dataset {registered.dataset_id} registered in the ledger with total ε="
-                f"{epsilon or planned_eps:.4g}, δ={delta:g}")
-            status = None
-        if resume and status is not None:
-            mine = [e for e in status.entries if e.resume_key == run_id]
-            committed_before = any(e.state == "committed" for e in mine) and not any(
-                e.state == "reserved" for e in mine)
-        if committed_before:
+        reserved = pipeline.reserve(led, fp, planned, total_epsilon=epsilon if epsilon is not None else planned_eps,
+                                    delta=delta, name=ledger_name, command="train", config=cfg_for_ledger,
+                                    resume_key=run_id, resuming=bool(resume))
+        registered_now, reservation = reserved.registered, reserved.reservation
+        if registered_now:
+            log(f"dataset {reserved.status.dataset_id} registered in the ledger with total ε="
+                f"{reserved.status.total_epsilon:.4g}, δ={reserved.status.delta:g}")
+        if reservation is None:  # resume of a run whose release was interrupted after its ledger commit
             if int(state.get("step", 0)) != T:
                 raise InvalidParameterError(
                     f"`resume`: the run in {str(out)!r} is committed in the ledger but its checkpoint is at step "
                     f"{state.get('step', 0)} of {T}; it cannot be finished. Its budget is spent."
                 )
-            reservation = None
             log("resume: the ledger already holds this run's commit; writing its files from the final "
                 "checkpoint, without a new charge")
-        else:
-            reservation = led.reserve(fp, planned, command="train", config=cfg_for_ledger, resume_key=run_id)
     except PrivtuneError:
         # refused before anything was charged: leave no half-made RUN_DIR behind
         _release.discard_unreserved(created, fresh_files)
@@ -1380,9 +1349,9 @@ def train(
             data, eval_data, model, clf, mode, epsilon, noise_multiplier, delta, hyper, ledger, out, text_column,
             label_column, clipping_diagnostics, phase1_epochs, progress, device_arg)
         _release.release_files(out, [
-            ("model", lambda d: clf.save_pretrained(d / "model")),
-            ("metrics.json", lambda d: _write_json(d / "metrics.json", metrics)),
-            ("history.json", lambda d: _write_json(d / "history.json", history)),
+            ("model", lambda d: pipeline.write_model(d, clf, cert)),
+            ("metrics.json", lambda d: pipeline.write_json(d / "metrics.json", metrics)),
+            ("history.json", lambda d: pipeline.write_json(d / "history.json", history)),
             ("config.yaml", lambda d: _save_config(d, run_config)),
             # NOT PRIVATE figures, kept beside the release but not part of it (0700 / 0600)
             ("not_private", lambda d: write_not_private(d, not_private)),
@@ -1503,7 +1472,7 @@ def _save_config(out: Path, options: dict) -> None:
     save_effective_config(options, out, command="train")
 
 
-def _optional_report(out: Path, log: _Log) -> None:
+def _optional_report(out: Path, log: Callable[[str], None]) -> None:
     """Write report.html and the model card when the report module is installed."""
     try:
         from privtune.report import write_model_card, write_report
