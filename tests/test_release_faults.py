@@ -264,24 +264,24 @@ def test_full_disk_while_writing_is_one_error_and_resume_finishes(files, tmp_pat
     (not committed, never refunded), and --resume writes the files without a second charge."""
     import errno
 
-    import privtune.training as training
+    import privtune.pipeline as pipeline
     from privtune.cli import main
 
-    real = training._write_json
+    real = pipeline.write_json
 
-    def full_disk(path, obj):
+    def full_disk(path, obj, **kw):
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
     a = _train_args(files, tmp_path)
     argv = ["train", "--data", str(files["train"]), "--eval-data", a["eval_data"], "--model", a["model"],
             "--mode", "last-layer", "--labels", "0,1", "--epsilon", "2", "--delta", "1e-3", "--steps", "3", "--batch-size", "20",
             "--seed", "0", "--ledger", a["ledger"], "--output", a["output_dir"], "--quiet"]
-    monkeypatch.setattr(training, "_write_json", full_disk)
+    monkeypatch.setattr(pipeline, "write_json", full_disk)
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1 and "--resume" in err and "No space" in err
     _check_interrupted(reference, a["ledger"], "write-metrics.json")
     assert not (tmp_path / "run" / "certificate.json").exists()
-    monkeypatch.setattr(training, "_write_json", real)
+    monkeypatch.setattr(pipeline, "write_json", real)
     res = train(str(files["train"]), resume=True, **a)
     _check_finished(res, reference, a["ledger"], tmp_path / "run")

@@ -24,8 +24,6 @@ This also makes resumed runs bit-for-bit identical to uninterrupted ones with a 
 
 from __future__ import annotations
 
-import datetime as _dt
-import json
 import math
 import os
 import secrets
@@ -39,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from privtune import _release
+from privtune import _release, pipeline
 from privtune._validation import (
     _suggest_delta,
     check_choice,
@@ -910,7 +908,7 @@ def _check_ledger_arg(ledger: Any) -> None:
     """A ledger argument is None, a URL/path or a Ledger: anything else is refused before any work."""
     if ledger is None or isinstance(ledger, (str, os.PathLike)):
         return
-    if not all(callable(getattr(ledger, name, None)) for name in ("reserve", "status", "init_dataset")):
+    if not all(callable(getattr(ledger, name, None)) for name in ("reserve", "status", "init_dataset", "ensure_dataset")):
         raise InvalidParameterError(
             f"`ledger` must be a Ledger, a ledger URL such as 'sqlite:////path/ledger.db', or None "
             f"($PRIVTUNE_LEDGER or ~/.privtune/ledger.db). Got {ledger!r} ({type(ledger).__name__})."
@@ -924,22 +922,6 @@ def _resolve_ledger(ledger: Any):
     if ledger is None or isinstance(ledger, (str, os.PathLike)):
         return Ledger(None if ledger is None else str(ledger))
     return ledger
-
-
-def _write_json(path: Path, obj: Any) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-
-
-class _Log:
-    def __init__(self, path: Path | None):
-        self.path = path
-
-    def __call__(self, msg: str) -> None:
-        if self.path is not None:
-            with open(self.path, "a", encoding="utf-8") as f:
-                f.write(f"{_dt.datetime.now().strftime('%Y-%m-%d %H:%M:%S')}  {msg}\n")
 
 
 def _make_progress(progress: bool, log_path: Path | None, total_epsilon: float | None):
@@ -1045,50 +1027,17 @@ def train(
     -------
     TrainResult
     """
-    from privtune.data import load_dataset
-    from privtune.data.datasets import check_disjoint, declared_label_set
     from privtune.finetune import apply_mode
-    from privtune.models import load_classifier
-    from privtune.models.classifier import check_model_label_set
 
     # ---------------------------------------------------------------- 1. arguments (no data yet)
     mode = check_choice(mode, "mode", MODES)
     clipping = check_choice(clipping, "clipping", CLIPPINGS)
     optimizer = check_choice(optimizer, "optimizer", OPTIMIZERS)
     sampling = check_choice(sampling, "sampling", SAMPLINGS)
-    if (epsilon is None) == (noise_multiplier is None):
-        raise InvalidParameterError(
-            "Pass exactly one of `epsilon` (with `delta`) or `noise_multiplier`. Got "
-            f"epsilon={epsilon!r}, noise_multiplier={noise_multiplier!r}. E.g. epsilon=1.0, delta=1e-5 (CLI: --epsilon 1 "
-            "--delta 1e-5, or --noise-multiplier S)."
-        )
-    if epsilon is not None:
-        epsilon = check_epsilon(epsilon)
-    if noise_multiplier is not None:
-        noise_multiplier = check_noise_multiplier(noise_multiplier)
-    if delta is not None:
-        delta = check_real(delta, "delta", low=0.0, high=1.0, fix="Pass e.g. 1e-5; δ should be well below 1/n.")
-    if epochs is not None and steps is not None:
-        raise InvalidParameterError(
-            f"Pass either `epochs` or `steps`, not both. Got epochs={epochs!r}, steps={steps!r}. Remove one of them "
-            "(CLI: --epochs or --steps)."
-        )
-    if epochs is not None:
-        epochs = check_real(epochs, "epochs", low=0.0, fix="Pass a positive number of passes over the data.")
-    if steps is not None:
-        steps = check_steps(steps)
-    if batch_size is not None:
-        batch_size = check_int(batch_size, "batch_size", low=1, fix="Pass the expected batch size, e.g. 256.")
-    lr = DEFAULT_LEARNING_RATES[mode] if learning_rate is None else check_real(
-        learning_rate, "learning_rate", low=0.0, fix="Pass a positive step size such as 1e-3.")
-    clip = check_real(clip, "clip", low=0.0, fix="Pass the per-example clipping norm C, e.g. clip=1.0.")
-    max_phys = check_int(max_physical_batch_size, "max_physical_batch_size", low=1)
-    accountant = check_choice(accountant, "accountant", ACCOUNTANTS)
-    momentum = check_real(momentum, "momentum", low=0.0, high=1.0, low_inclusive=True,
-                          fix="Momentum μ must be in [0, 1), e.g. 0.9.")
-    if momentum >= 1.0:
-        raise InvalidParameterError(f"`momentum` must be in [0, 1). Got {momentum!r}.")
-    weight_decay = check_real(weight_decay, "weight_decay", low=0.0, low_inclusive=True)
+    epsilon, noise_multiplier, delta = _check_privacy_args(epsilon, noise_multiplier, delta)
+    epochs, steps, batch_size = _check_schedule_args(epochs, steps, batch_size)
+    lr, clip, max_phys, accountant, momentum, weight_decay = _check_optimizer_args(
+        mode, learning_rate, clip, max_physical_batch_size, accountant, momentum, weight_decay)
     if checkpoint_every is not None:
         checkpoint_every = check_int(checkpoint_every, "checkpoint_every", low=1)
     if eval_every is not None:
@@ -1104,6 +1053,77 @@ def train(
 
     device_arg, device = device, resolve_device(device)
     _check_ledger_arg(ledger)
+    out, ckpt_path = _check_run_dir_args(output_dir, resume)
+
+    # ---------------------------------------------------------------- 2. data and model (validated, no budget)
+    # the label set is public input (released as the head's shape and names): never read from private rows,
+    # and no check depends on which classes the rows happen to contain
+    train_set, eval_set, clf, delta = _load_train_inputs(
+        data, eval_data, model, labels, delta, text_column=text_column, label_column=label_column,
+        pooling=pooling, max_length=max_length, seed=seed)
+    n = len(train_set)
+    mode_info = apply_mode(clf, mode, lora_rank=lora_rank, lora_alpha=lora_alpha,
+                           lora_target_modules=lora_target_modules)
+    _dry_run_engine(clf, clip, clipping, per_layer_clipping)  # unsupported modules fail here, before the ledger reservation
+    clf.to(device)
+
+    # ---------------------------------------------------------------- 3. plan: q, T, σ, events
+    sched = _plan_schedule(n, mode=mode, epsilon=epsilon, noise_multiplier=noise_multiplier, delta=delta,
+                           epochs=epochs, steps=steps, batch_size=batch_size, learning_rate=lr,
+                           sampling=sampling, accountant=accountant, assume_poisson=assume_poisson,
+                           phase1_epochs=phase1_epochs, phase1_learning_rate=phase1_learning_rate)
+    B, q, T, sigma = sched.batch_size, sched.sample_rate, sched.steps, sched.noise_multiplier
+    phases, phase1_steps, planned, planned_eps = sched.phases, sched.phase1_steps, sched.planned, sched.planned_epsilon
+    hyper = {
+        "mode": mode, "epochs": epochs, "steps": T, "batch_size": B, "sample_rate": q, "sampling": sampling,
+        "learning_rate": lr, "clip": clip, "clipping": clipping, "per_layer_clipping": per_layer_clipping,
+        "optimizer": optimizer,
+        "noise_multiplier": sigma, "momentum": momentum, "weight_decay": weight_decay,
+        "phase1_steps": phase1_steps, "phase1_learning_rate": phases[0].learning_rate if phase1_steps else None,
+        "max_physical_batch_size": max_phys, "accountant": accountant, "seed": seed,
+        "assume_poisson": assume_poisson,
+    }
+    if mode == "lora":
+        hyper.update({"lora_rank": lora_rank, "lora_alpha": lora_alpha,
+                      "lora_target_modules": list(mode_info.lora_target_modules or [])})
+    from privtune.ledger import dataset_identity
+
+    fp, ledger_name = dataset_identity(train_set)
+
+    # ---------------------------------------------------------------- 4. run directory and resume state
+    run_id, state, created, fresh_files = _prepare_run_dir(out, ckpt_path, resume, fp, hyper)
+    log = pipeline.run_log(out / "log.txt" if out is not None else None)
+    log(f"{'resume' if resume else 'start'} privtune train: mode={mode} N={n} q={q:.5g} T={T} σ={sigma:.5g} "
+        f"planned ε={planned_eps:.4g} δ={delta:g}")
+
+    # ---------------------------------------------------------------- 5. ledger reservation, then training
+    led, reservation, registered_now = _reserve_for_train(
+        ledger, fp, planned, hyper, total_epsilon=epsilon if epsilon is not None else planned_eps, delta=delta,
+        ledger_name=ledger_name, out=out, run_id=run_id, resume=resume, state=state, log=log,
+        unreserved=(created, fresh_files))
+    _release.fault_point("after-reserve")
+    prog = _make_progress(progress, out / "log.txt" if out is not None else None, planned_eps)
+    loop, actual = _run_training(
+        clf, train_set, eval_set, hyper, phases, state=state, out=out, ckpt_path=ckpt_path, run_id=run_id,
+        fp=fp, prog=prog, log=log, delta=delta, eval_every=eval_every, device=device,
+        clipping_diagnostics=clipping_diagnostics, checkpoint_every=checkpoint_every)
+    cert, metrics, history, not_private = _certify(
+        loop, actual, hyper, reservation=reservation, led=led, fp=fp, run_id=run_id, delta=delta,
+        eval_data=eval_data, eval_set=eval_set, mode_info=mode_info,
+        registered_note=(f"dataset registered in the ledger by this run with total ε={epsilon or planned_eps:.4g}"
+                         if registered_now else None))
+    run_config = None if out is None else config if config is not None else _effective_config(
+        data, eval_data, model, clf, mode, epsilon, noise_multiplier, delta, hyper, ledger, out, text_column,
+        label_column, clipping_diagnostics, phase1_epochs, progress, device_arg)
+    _release_and_commit(out, ckpt_path, clf, cert, metrics, history, not_private, run_config, reservation,
+                        actual, log)
+    return TrainResult(model=clf, certificate=cert, metrics=metrics, history=history, output_dir=out,
+                       events=actual, not_private=not_private)
+
+
+def _check_run_dir_args(output_dir: Any, resume: bool) -> tuple[Path | None, Path | None]:
+    """RUN_DIR and its checkpoint path; refuses a resume without a checkpoint and a new run over an
+    interrupted or finished one (nothing is created)."""
     out = Path(output_dir).expanduser() if output_dir is not None else None
     ckpt_path = out / "checkpoints" / CHECKPOINT_FILE if out is not None else None
     if out is not None:
@@ -1126,10 +1146,19 @@ def train(
         raise InvalidParameterError(
             f"`output_dir` {str(out)!r} already holds a finished run. Pass a new directory."
         )
+    return out, ckpt_path
 
-    # ---------------------------------------------------------------- 2. data and model (validated, no budget)
-    # the label set is public input (released as the head's shape and names): never read from private rows,
-    # and no check depends on which classes the rows happen to contain
+
+def _load_train_inputs(data, eval_data, model, labels, delta, *, text_column, label_column, pooling,
+                       max_length, seed):
+    """Load and check the training and evaluation splits and the classifier (no budget spent).
+
+    Returns ``(train_set, eval_set, classifier, delta)``; δ defaults from the training set size."""
+    from privtune.data import load_dataset
+    from privtune.data.datasets import check_disjoint, declared_label_set
+    from privtune.models import load_classifier
+    from privtune.models.classifier import check_model_label_set
+
     num_labels, label_names, label_source = declared_label_set(labels, model=model)
     train_set = load_dataset(data, text_column, label_column, num_labels=num_labels, label_names=label_names)
     if not train_set.has_labels:
@@ -1153,12 +1182,28 @@ def train(
     check_model_label_set(clf, num_labels, label_names, label_source)
     if getattr(clf, "kind", "text") != train_set.kind:
         raise DataError(f"The model takes {clf.kind} inputs but the training data is {train_set.kind}.")
-    mode_info = apply_mode(clf, mode, lora_rank=lora_rank, lora_alpha=lora_alpha,
-                           lora_target_modules=lora_target_modules)
-    _dry_run_engine(clf, clip, clipping, per_layer_clipping)  # unsupported modules fail here, before the ledger reservation
-    clf.to(device)
+    return train_set, eval_set, clf, delta
 
-    # ---------------------------------------------------------------- 3. plan: q, T, σ, events
+
+@dataclass(frozen=True)
+class _Schedule:
+    """What a run will do, fixed before its reservation: expected batch size B, sample rate q,
+    T steps, noise multiplier σ, the phases and the events they charge (planned ε at the run's δ)."""
+
+    batch_size: int
+    sample_rate: float
+    steps: int
+    noise_multiplier: float
+    phases: list
+    phase1_steps: int | None
+    planned: list
+    planned_epsilon: float
+
+
+def _plan_schedule(n: int, *, mode, epsilon, noise_multiplier, delta, epochs, steps, batch_size, learning_rate,
+                   sampling, accountant, assume_poisson, phase1_epochs, phase1_learning_rate) -> _Schedule:
+    """q, T, σ and the planned events for ``n`` training rows (σ calibrated to ``epsilon`` at ``delta``)."""
+    lr = learning_rate
     B = batch_size if batch_size is not None else min(n, 256)
     if B > n:
         raise InvalidParameterError(
@@ -1192,24 +1237,16 @@ def train(
     for ph in phases:
         planned.append(DPSGDEvent(sigma, q, ph.steps, sampling=sampling, assume_poisson=assume_poisson,
                                   label=ph.label))
-    planned_eps = compute_epsilon(planned, delta, accountant=accountant)
-    hyper = {
-        "mode": mode, "epochs": epochs, "steps": T, "batch_size": B, "sample_rate": q, "sampling": sampling,
-        "learning_rate": lr, "clip": clip, "clipping": clipping, "per_layer_clipping": per_layer_clipping,
-        "optimizer": optimizer,
-        "noise_multiplier": sigma, "momentum": momentum, "weight_decay": weight_decay,
-        "phase1_steps": phase1_steps, "phase1_learning_rate": phases[0].learning_rate if phase1_steps else None,
-        "max_physical_batch_size": max_phys, "accountant": accountant, "seed": seed,
-        "assume_poisson": assume_poisson,
-    }
-    if mode == "lora":
-        hyper.update({"lora_rank": lora_rank, "lora_alpha": lora_alpha,
-                      "lora_target_modules": list(mode_info.lora_target_modules or [])})
-    from privtune.ledger import dataset_identity
+    return _Schedule(batch_size=B, sample_rate=q, steps=T, noise_multiplier=sigma, phases=phases,
+                     phase1_steps=phase1_steps, planned=planned,
+                     planned_epsilon=compute_epsilon(planned, delta, accountant=accountant))
 
-    fp, ledger_name = dataset_identity(train_set)
 
-    # ---------------------------------------------------------------- 4. run directory and resume state
+def _prepare_run_dir(out: Path | None, ckpt_path: Path | None, resume: bool, fp: str, hyper: dict):
+    """Create RUN_DIR (proven writable) and its private checkpoint directory before any charge; load
+    the checkpoint of a resumed run (same data and hyperparameters required) or save a step-0 state.
+
+    Returns ``(run_id, state, created, fresh_files)``: what to remove if the reservation is refused."""
     run_id = uuid.uuid4().hex
     state = None
     created: list[Path] = []
@@ -1239,48 +1276,18 @@ def train(
             _release.private_torch_save({"format": 1, "step": 0, "run_id": run_id, "fingerprint": fp,
                                          "hyperparameters": hyper}, ckpt_path)
             fresh_files.append(ckpt_path)
-    log = _Log(out / "log.txt" if out is not None else None)
-    log(f"{'resume' if resume else 'start'} privtune train: mode={mode} N={n} q={q:.5g} T={T} σ={sigma:.5g} "
-        f"planned ε={planned_eps:.4g} δ={delta:g}")
+    return run_id, state, created, fresh_files
 
-    # ---------------------------------------------------------------- 5. ledger reservation, then training
-    from privtune.errors import UnknownDatasetError
 
-    registered_now = False
-    committed_before = False  # resume of a run whose release was interrupted after its ledger commit
-    cfg_for_ledger = {"hyperparameters": hyper, "output_dir": str(out) if out else None}
-    try:
-        led = _resolve_ledger(ledger)
-        try:
-            status = led.status(fp)
-        except UnknownDatasetError:
-            registered = led.init_dataset(fp, epsilon if epsilon is not None else planned_eps, delta,
-                                          name=ledger_name)
-            registered_now = True
-            log(f"dataset {registered.dataset_id} registered in the ledger with total ε="
-                f"{epsilon or planned_eps:.4g}, δ={delta:g}")
-            status = None
-        if resume and status is not None:
-            mine = [e for e in status.entries if e.resume_key == run_id]
-            committed_before = any(e.state == "committed" for e in mine) and not any(
-                e.state == "reserved" for e in mine)
-        if committed_before:
-            if int(state.get("step", 0)) != T:
-                raise InvalidParameterError(
-                    f"`resume`: the run in {str(out)!r} is committed in the ledger but its checkpoint is at step "
-                    f"{state.get('step', 0)} of {T}; it cannot be finished. Its budget is spent."
-                )
-            reservation = None
-            log("resume: the ledger already holds this run's commit; writing its files from the final "
-                "checkpoint, without a new charge")
-        else:
-            reservation = led.reserve(fp, planned, command="train", config=cfg_for_ledger, resume_key=run_id)
-    except PrivtuneError:
-        # refused before anything was charged: leave no half-made RUN_DIR behind
-        _release.discard_unreserved(created, fresh_files)
-        raise
-    _release.fault_point("after-reserve")
-    prog = _make_progress(progress, out / "log.txt" if out is not None else None, planned_eps)
+def _run_training(clf, train_set, eval_set, hyper: dict, phases: list, *, state, out, ckpt_path, run_id, fp,
+                  prog, log, delta, eval_every, device, clipping_diagnostics, checkpoint_every):
+    """Train under the reservation (from the checkpoint ``state`` of a resumed run), saving checkpoints
+    into ``ckpt_path``; returns the loop and the events it actually ran."""
+    mode, T, sigma, q = hyper["mode"], hyper["steps"], hyper["noise_multiplier"], hyper["sample_rate"]
+    clip, clipping, per_layer_clipping = hyper["clip"], hyper["clipping"], hyper["per_layer_clipping"]
+    optimizer, momentum, weight_decay = hyper["optimizer"], hyper["momentum"], hyper["weight_decay"]
+    sampling, max_phys, seed = hyper["sampling"], hyper["max_physical_batch_size"], hyper["seed"]
+    accountant, assume_poisson = hyper["accountant"], hyper["assume_poisson"]
     if checkpoint_every is None:
         checkpoint_every = max(1, min(50, T // 10)) if out is not None else None
 
@@ -1292,42 +1299,48 @@ def train(
         if 0 < lp.step < T:
             _release.fault_point("mid-training")
 
-    import contextlib
-
-    with contextlib.nullcontext(reservation):
-        fit_data, fit_eval, phys = train_set, eval_set, max_phys
+    fit_data, fit_eval, phys = train_set, eval_set, max_phys
+    if prog is not None:
+        prog.__enter__()
+    try:
+        if mode == "last-layer":  # frozen backbone: compute its features once (after the reservation)
+            fit_data, fit_eval = _cached_for_last_layer(clf, train_set, eval_set, prog, log)
+            if fit_data is not train_set:
+                phys = 65536
+        loop = _Loop(clf, fit_data, noise_multiplier=sigma, sample_rate=q, phases=phases, clip=clip,
+                     clipping=clipping, per_layer_clipping=per_layer_clipping, optimizer=optimizer, momentum=momentum, weight_decay=weight_decay,
+                     sampling=sampling, max_physical_batch_size=phys, seed=seed, eval_set=fit_eval,
+                     eval_every=eval_every, callback=None, progress=None, delta=delta, accountant=accountant,
+                     clipping_diagnostics=clipping_diagnostics, assume_poisson=assume_poisson, device=device)
+        if state is not None and "model" in state:
+            loop.load_state_dict(state)
+            log(f"resumed from step {loop.step}")
+        elif out is not None:
+            save_checkpoint(loop)  # the full step-0 state: the resumed run draws the same noise
         if prog is not None:
-            prog.__enter__()
-        try:
-            if mode == "last-layer":  # frozen backbone: compute its features once (after the reservation)
-                fit_data, fit_eval = _cached_for_last_layer(clf, train_set, eval_set, prog, log)
-                if fit_data is not train_set:
-                    phys = 65536
-            loop = _Loop(clf, fit_data, noise_multiplier=sigma, sample_rate=q, phases=phases, clip=clip,
-                         clipping=clipping, per_layer_clipping=per_layer_clipping, optimizer=optimizer, momentum=momentum, weight_decay=weight_decay,
-                         sampling=sampling, max_physical_batch_size=phys, seed=seed, eval_set=fit_eval,
-                         eval_every=eval_every, callback=None, progress=None, delta=delta, accountant=accountant,
-                         clipping_diagnostics=clipping_diagnostics, assume_poisson=assume_poisson, device=device)
-            if state is not None and "model" in state:
-                loop.load_state_dict(state)
-                log(f"resumed from step {loop.step}")
-            elif out is not None:
-                save_checkpoint(loop)  # the full step-0 state: the resumed run draws the same noise
-            if prog is not None:
-                prog.start_phase(f"DP {mode} (batch loss NOT PRIVATE)", total=T, unit="steps")
-                if loop.step:
-                    prog.advance(loop.step)
-                loop.progress = prog
-            loop.run(save_checkpoint if out is not None else None, checkpoint_every)
-        finally:
-            if prog is not None:
-                import sys as _sys
+            prog.start_phase(f"DP {mode} (batch loss NOT PRIVATE)", total=T, unit="steps")
+            if loop.step:
+                prog.advance(loop.step)
+            loop.progress = prog
+        loop.run(save_checkpoint if out is not None else None, checkpoint_every)
+    finally:
+        if prog is not None:
+            import sys as _sys
 
-                prog.__exit__(*_sys.exc_info())
-        actual = loop.events()
-        if out is not None and loop.step == T and int((state or {}).get("step", 0)) != T:
-            save_checkpoint(loop)  # the final state: an interrupted release is written again from it
-        _release.fault_point("after-last-step")
+            prog.__exit__(*_sys.exc_info())
+    actual = loop.events()
+    if out is not None and loop.step == T and int((state or {}).get("step", 0)) != T:
+        save_checkpoint(loop)  # the final state: an interrupted release is written again from it
+    _release.fault_point("after-last-step")
+    return loop, actual
+
+
+def _certify(loop, actual, hyper: dict, *, reservation, led, fp, run_id, delta, eval_data, eval_set, mode_info,
+             registered_note):
+    """The run's certificate (over ``actual``), metrics and history, split into what is released and
+    the NOT PRIVATE figures (``split_release``)."""
+    mode, seed, sampling = hyper["mode"], hyper["seed"], hyper["sampling"]
+    accountant, assume_poisson = hyper["accountant"], hyper["assume_poisson"]
     result = _result(loop)
     from privtune.accounting import Certificate
 
@@ -1347,8 +1360,7 @@ def train(
                                         "OS entropy (secrets.randbits): the seeds are never stored or exposed")},
         "sampling": sampling, "assume_poisson": assume_poisson, "device": str(loop.device), "run_id": run_id, "privtune_version": privtune.__version__,
         "selection": "none (fixed hyperparameters)",
-        "notes": ([f"dataset registered in the ledger by this run with total ε={epsilon or planned_eps:.4g}"]
-                  if registered_now else []) + mode_info.notes,
+        "notes": ([registered_note] if registered_note else []) + mode_info.notes,
     }
     cert = Certificate.from_events(actual, delta, accountant=accountant, metadata=metadata)
     try:
@@ -1371,18 +1383,106 @@ def train(
     history = {"final_run": result.history, "trials": [], "strategy": {"name": "fixed"}}
     if result.clipping_diagnostics is not None:
         history["clipping_diagnostics"] = result.clipping_diagnostics
-    from privtune.report.release import mark_seeded, split_release, write_not_private
+    from privtune.report.release import mark_seeded, split_release
 
     mark_seeded(cert, metrics, seed)
     metrics, history, not_private = split_release(metrics, history)
+    return cert, metrics, history, not_private
+
+
+def _check_privacy_args(epsilon, noise_multiplier, delta) -> tuple:
+    """(ε, σ, δ) checked: exactly one of ε and σ; δ, when given, in (0, 1)."""
+    if (epsilon is None) == (noise_multiplier is None):
+        raise InvalidParameterError(
+            "Pass exactly one of `epsilon` (with `delta`) or `noise_multiplier`. Got "
+            f"epsilon={epsilon!r}, noise_multiplier={noise_multiplier!r}. E.g. epsilon=1.0, delta=1e-5 (CLI: --epsilon 1 "
+            "--delta 1e-5, or --noise-multiplier S)."
+        )
+    if epsilon is not None:
+        epsilon = check_epsilon(epsilon)
+    if noise_multiplier is not None:
+        noise_multiplier = check_noise_multiplier(noise_multiplier)
+    if delta is not None:
+        delta = check_real(delta, "delta", low=0.0, high=1.0, fix="Pass e.g. 1e-5; δ should be well below 1/n.")
+    return epsilon, noise_multiplier, delta
+
+
+def _check_schedule_args(epochs, steps, batch_size) -> tuple:
+    """(epochs, steps, expected batch size) checked: at most one of epochs and steps."""
+    if epochs is not None and steps is not None:
+        raise InvalidParameterError(
+            f"Pass either `epochs` or `steps`, not both. Got epochs={epochs!r}, steps={steps!r}. Remove one of them "
+            "(CLI: --epochs or --steps)."
+        )
+    if epochs is not None:
+        epochs = check_real(epochs, "epochs", low=0.0, fix="Pass a positive number of passes over the data.")
+    if steps is not None:
+        steps = check_steps(steps)
+    if batch_size is not None:
+        batch_size = check_int(batch_size, "batch_size", low=1, fix="Pass the expected batch size, e.g. 256.")
+    return epochs, steps, batch_size
+
+
+def _check_optimizer_args(mode, learning_rate, clip, max_physical_batch_size, accountant, momentum,
+                          weight_decay) -> tuple:
+    """(learning rate, clip C, physical batch, accountant, momentum μ, weight decay) checked; the
+    learning rate defaults by mode."""
+    lr = DEFAULT_LEARNING_RATES[mode] if learning_rate is None else check_real(
+        learning_rate, "learning_rate", low=0.0, fix="Pass a positive step size such as 1e-3.")
+    clip = check_real(clip, "clip", low=0.0, fix="Pass the per-example clipping norm C, e.g. clip=1.0.")
+    max_physical_batch_size = check_int(max_physical_batch_size, "max_physical_batch_size", low=1)
+    accountant = check_choice(accountant, "accountant", ACCOUNTANTS)
+    momentum = check_real(momentum, "momentum", low=0.0, high=1.0, low_inclusive=True,
+                          fix="Momentum μ must be in [0, 1), e.g. 0.9.")
+    if momentum >= 1.0:
+        raise InvalidParameterError(f"`momentum` must be in [0, 1). Got {momentum!r}.")
+    weight_decay = check_real(weight_decay, "weight_decay", low=0.0, low_inclusive=True)
+    return lr, clip, max_physical_batch_size, accountant, momentum, weight_decay
+
+
+def _reserve_for_train(ledger, fp, planned, hyper: dict, *, total_epsilon, delta, ledger_name, out, run_id,
+                       resume, state, log, unreserved):
+    """Reserve the planned events (:func:`privtune.pipeline.reserve`; a new dataset is registered with
+    ``total_epsilon``).  A refusal removes what this run created (``unreserved``: directories, files).
+
+    Returns ``(ledger, reservation, registered_now)``; the reservation is None for a resumed run
+    whose ledger commit already happened."""
+    cfg_for_ledger = {"hyperparameters": hyper, "output_dir": str(out) if out else None}
+    try:
+        led = _resolve_ledger(ledger)
+        reserved = pipeline.reserve(led, fp, planned, total_epsilon=total_epsilon,
+                                    delta=delta, name=ledger_name, command="train", config=cfg_for_ledger,
+                                    resume_key=run_id, resuming=bool(resume))
+        registered_now, reservation = reserved.registered, reserved.reservation
+        if registered_now:
+            log(f"dataset {reserved.status.dataset_id} registered in the ledger with total ε="
+                f"{reserved.status.total_epsilon:.4g}, δ={reserved.status.delta:g}")
+        if reservation is None:  # resume of a run whose release was interrupted after its ledger commit
+            if int(state.get("step", 0)) != hyper["steps"]:
+                raise InvalidParameterError(
+                    f"`resume`: the run in {str(out)!r} is committed in the ledger but its checkpoint is at step "
+                    f"{state.get('step', 0)} of {hyper['steps']}; it cannot be finished. Its budget is spent."
+                )
+            log("resume: the ledger already holds this run's commit; writing its files from the final "
+                "checkpoint, without a new charge")
+    except PrivtuneError:
+        # refused before anything was charged: leave no half-made RUN_DIR behind
+        _release.discard_unreserved(*unreserved)
+        raise
+    return led, reservation, registered_now
+
+
+def _release_and_commit(out, ckpt_path, clf, cert, metrics, history, not_private, run_config, reservation,
+                        actual, log) -> None:
+    """Write the release into RUN_DIR (certificate last, a copy inside model/), then commit the actual
+    events in the ledger, then delete the private checkpoint."""
+    from privtune.report.release import write_not_private
+
     if out is not None:
-        run_config = config if config is not None else _effective_config(
-            data, eval_data, model, clf, mode, epsilon, noise_multiplier, delta, hyper, ledger, out, text_column,
-            label_column, clipping_diagnostics, phase1_epochs, progress, device_arg)
         _release.release_files(out, [
-            ("model", lambda d: clf.save_pretrained(d / "model")),
-            ("metrics.json", lambda d: _write_json(d / "metrics.json", metrics)),
-            ("history.json", lambda d: _write_json(d / "history.json", history)),
+            ("model", lambda d: pipeline.write_model(d, clf, cert)),
+            ("metrics.json", lambda d: pipeline.write_json(d / "metrics.json", metrics)),
+            ("history.json", lambda d: pipeline.write_json(d / "history.json", history)),
             ("config.yaml", lambda d: _save_config(d, run_config)),
             # NOT PRIVATE figures, kept beside the release but not part of it (0700 / 0600)
             ("not_private", lambda d: write_not_private(d, not_private)),
@@ -1398,9 +1498,7 @@ def train(
             ckpt_path.unlink()
         if ckpt_path.parent.is_dir() and not any(ckpt_path.parent.iterdir()):
             ckpt_path.parent.rmdir()
-        log(f"done: ε={cert.epsilon:.4g} δ={delta:g} accuracy={metrics['accuracy']}")
-    return TrainResult(model=clf, certificate=cert, metrics=metrics, history=history, output_dir=out,
-                       events=actual, not_private=not_private)
+        log(f"done: ε={cert.epsilon:.4g} δ={cert.delta:g} accuracy={metrics['accuracy']}")
 
 
 def _cached_for_last_layer(clf, train_set, eval_set, prog, log):
@@ -1503,7 +1601,7 @@ def _save_config(out: Path, options: dict) -> None:
     save_effective_config(options, out, command="train")
 
 
-def _optional_report(out: Path, log: _Log) -> None:
+def _optional_report(out: Path, log: Callable[[str], None]) -> None:
     """Write report.html and the model card when the report module is installed."""
     try:
         from privtune.report import write_model_card, write_report

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
-import json
 import os
 import time
 from dataclasses import dataclass, field
@@ -33,7 +32,7 @@ from typing import Any
 
 import torch
 
-from privtune import _release
+from privtune import _release, pipeline
 from privtune._validation import check_choice, check_int, check_real
 from privtune.errors import DataError, InvalidParameterError, PrivtuneError
 from privtune.hpo import common
@@ -912,7 +911,6 @@ def _dataset_identity(train) -> tuple[str, str | None]:
 
 
 def _ledger_for(url, embedded, run_dir, fp, name, eps, delta, accountant):
-    from privtune.errors import UnknownDatasetError
     from privtune.ledger import Ledger
 
     if embedded and url is None:
@@ -927,12 +925,8 @@ def _ledger_for(url, embedded, run_dir, fp, name, eps, delta, accountant):
         led = Ledger(url, key_file=demo_key_path(Path(run_dir) / "ledger.db"))
     else:
         led = Ledger(url)
-    registered = False
-    try:
-        led.status(fp)
-    except UnknownDatasetError:
-        led.init_dataset(fp, epsilon=eps, delta=delta, name=name, accountant=accountant, command="tune")
-        registered = True
+    _, registered = pipeline.register_dataset(led, fp, total_epsilon=eps, delta=delta, name=name, command="tune",
+                                              accountant=accountant)
     display = url or os.environ.get("PRIVTUNE_LEDGER") or "~/.privtune/ledger.db"
     return led, fp, str(display), registered
 
@@ -1028,12 +1022,10 @@ def _write_run(run_dir: Path, model, cert, metrics, history, cfg, log, not_priva
 
     from privtune.report.release import write_not_private
 
-    writers = [("model", lambda d: model.save_pretrained(d / "model"))] if model is not None else []
+    writers = [("model", lambda d: pipeline.write_model(d, model, cert))] if model is not None else []
     writers += [
-        ("metrics.json", lambda d: (d / "metrics.json").write_text(
-            json.dumps(as_plain(metrics), indent=2, sort_keys=True), encoding="utf-8")),
-        ("history.json", lambda d: (d / "history.json").write_text(
-            json.dumps(as_plain(history), indent=2), encoding="utf-8")),
+        ("metrics.json", lambda d: pipeline.write_json(d / "metrics.json", as_plain(metrics), sort_keys=True)),
+        ("history.json", lambda d: pipeline.write_json(d / "history.json", as_plain(history))),
         ("config.yaml", write_config),
         ("not_private", lambda d: write_not_private(d, not_private or {})),
         ("certificate.json", lambda d: cert.save(d / "certificate.json")),

@@ -1,0 +1,124 @@
+"""Stages shared by the two budget-spending runs, ``privtune train`` and ``privtune tune``.
+
+Both follow the order set out in :mod:`privtune._release` (validate, prepare outputs, reserve, run,
+release, commit).  What they have in common lives here so that it exists once:
+
+* :func:`register_dataset` / :func:`reserve`: first contact with the ledger, built on
+  :meth:`privtune.ledger.Ledger.ensure_dataset` (a new dataset is registered with the run's total ε);
+* :func:`write_json`: the one atomic JSON writer of RUN_DIR;
+* :func:`run_log`: the one ``RUN_DIR/log.txt`` writer (:class:`privtune.report.progress.RunLog` lines);
+* :func:`write_model`: the released ``model/`` directory, which carries its own copy of the
+  certificate so that a model never travels without its guarantee.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+#: name of the certificate inside RUN_DIR and, as a copy, inside RUN_DIR/model/
+CERTIFICATE = "certificate.json"
+
+
+# ------------------------------------------------------------------------------ files of RUN_DIR
+
+
+def write_json(path: Path, obj: Any, *, sort_keys: bool = False) -> None:
+    """Write ``obj`` as indented JSON to ``path`` atomically (temporary file, then rename).
+
+    Values JSON cannot hold (paths, numpy scalars) are written as their ``str``.
+    """
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=sort_keys, default=str) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def run_log(path: Path | None) -> Callable[[str], None]:
+    """A function that appends one timestamped line to ``path`` (``RUN_DIR/log.txt``) per call.
+
+    The lines are :class:`privtune.report.progress.RunLog` lines, the format the progress display
+    writes to the same file.  The file is opened per line, so a run that dies holds no handle.
+    ``path=None`` (a run without RUN_DIR) gives a function that does nothing.
+    """
+    if path is None:
+        return lambda message: None
+    from privtune.report.progress import RunLog
+
+    def write(message: str) -> None:
+        with RunLog(path) as log:
+            log.write(message)
+
+    return write
+
+
+def write_model(run_dir: Path, model: Any, certificate: Any) -> None:
+    """Save ``model`` to ``run_dir/model`` with a copy of ``certificate`` inside it.
+
+    ``model/certificate.json`` equals ``run_dir/certificate.json``: whoever copies only the model
+    directory still holds the (ε, δ) guarantee and the events that prove it.
+    """
+    model.save_pretrained(run_dir / "model")
+    certificate.save(run_dir / "model" / CERTIFICATE)
+
+
+# ------------------------------------------------------------------------------ the ledger
+
+
+def register_dataset(ledger: Any, fingerprint: str, *, total_epsilon: float, delta: float, name: str | None,
+                     command: str, accountant: str = "pld") -> tuple[Any, bool]:
+    """The dataset's ledger status, registering it first (total ``total_epsilon``, ``delta``) if new.
+
+    Returns ``(status, registered_now)``.  Built on ``Ledger.ensure_dataset``: when another process
+    registers the same dataset at the same moment, its total stands and ``status`` says which.
+    """
+    from privtune.errors import UnknownDatasetError
+
+    try:
+        return ledger.status(fingerprint), False
+    except UnknownDatasetError:
+        pass
+    try:
+        status = ledger.ensure_dataset(fingerprint, total_epsilon, delta, name=name, accountant=accountant,
+                                       command=command)
+    except UnknownDatasetError:
+        # ensure_dataset turned the registration's own refusal (e.g. the name belongs to another
+        # dataset) into "unknown dataset"; registering again raises that clear error instead
+        ledger.init_dataset(fingerprint, total_epsilon, delta, name=name, accountant=accountant, command=command)
+        raise
+    return status, True
+
+
+@dataclass(frozen=True)
+class Reserved:
+    """Outcome of :func:`reserve`."""
+
+    #: the open reservation to commit after the release; None when the ledger already holds this
+    #: run's commit (a resumed run whose release was interrupted after the commit)
+    reservation: Any | None
+    #: the dataset's status before the reservation
+    status: Any
+    #: True when this call registered the dataset
+    registered: bool
+
+
+def reserve(ledger: Any, fingerprint: str, planned_events: Sequence[Any], *, total_epsilon: float, delta: float,
+            name: str | None, command: str, config: Any, resume_key: str | None, accountant: str = "pld",
+            resuming: bool = False) -> Reserved:
+    """Register the dataset if new (:func:`register_dataset`), then reserve ``planned_events``.
+
+    With ``resuming``, a run whose ``resume_key`` is committed in the ledger and has no open
+    reservation is not charged again (``Reserved.reservation`` is None).  ``delta`` is the dataset's
+    total δ when this call registers it; the reservation is measured at the dataset's δ.
+    """
+    status, registered = register_dataset(ledger, fingerprint, total_epsilon=total_epsilon, delta=delta,
+                                          name=name, command=command, accountant=accountant)
+    if resuming and not registered:
+        mine = [e for e in status.entries if e.resume_key == resume_key]
+        if any(e.state == "committed" for e in mine) and not any(e.state == "reserved" for e in mine):
+            return Reserved(reservation=None, status=status, registered=registered)
+    reservation = ledger.reserve(fingerprint, planned_events, command=command, config=config,
+                                 resume_key=resume_key)
+    return Reserved(reservation=reservation, status=status, registered=registered)
