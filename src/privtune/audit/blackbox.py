@@ -33,7 +33,6 @@ import torch
 import torch.nn.functional as F
 
 from privtune._validation import (
-    _suggest_delta,
     check_accounted_noise_multiplier,
     check_choice,
     check_delta,
@@ -41,6 +40,7 @@ from privtune._validation import (
     check_int,
     check_real,
     check_steps,
+    suggest_delta,
 )
 from privtune.audit.result import AuditResult, best_guesses
 from privtune.errors import DataError, InvalidParameterError, UnknownDatasetError
@@ -201,7 +201,7 @@ def audit(
         raise DataError("The training data has no labels. Pass a file with a label column.")
     n_user = len(user)
     if delta is None:
-        delta = min(1e-5, _suggest_delta(n_user))
+        delta = min(1e-5, suggest_delta(n_user))
     delta = check_delta(delta, dataset_size=n_user)
 
     # the canaries and their membership (synthetic: no user data)

@@ -394,7 +394,7 @@ def _pick_column(columns: list[str], given: str | None, candidates: tuple[str, .
 # --------------------------------------------------------------------------------------------- readers
 
 
-def _read_table(path: Path, fmt: str, single_column_ok: bool = False) -> tuple[list[str], list[dict[str, Any]]]:
+def read_table(path: Path, fmt: str, single_column_ok: bool = False) -> tuple[list[str], list[dict[str, Any]]]:
     """Header and rows of a text table.  A TSV/CSV with a single column is an error unless
     ``single_column_ok`` (unlabelled data for prediction: the one column is the text)."""
     where = str(path)
@@ -521,7 +521,7 @@ def load_text_dataset(
             f"Cannot tell the format of {where!r} from its extension {path.suffix!r}; "
             f"allowed: {sorted(TEXT_SUFFIXES)}. Rename the file or convert it."
         )
-    columns, rows = _read_table(path, fmt, single_column_ok=not require_labels)
+    columns, rows = read_table(path, fmt, single_column_ok=not require_labels)
     return _build_text(rows, columns, where, text_column, label_column, num_labels, label_names,
                        require_labels, source=str(path.resolve()))
 

@@ -302,7 +302,7 @@ class Classifier(nn.Module):
         was_training = self.training
         self.eval()
         try:
-            order = _length_order(dataset)
+            order = length_order(dataset)
             out = torch.empty(len(dataset), self.num_labels)
             for s in range(0, len(order), batch_size):
                 idx = order[s : s + batch_size]
@@ -384,7 +384,7 @@ class Classifier(nn.Module):
         return load_classifier(d)
 
 
-def _length_order(dataset: Any) -> list[int]:
+def length_order(dataset: Any) -> list[int]:
     """Row order that groups texts of similar length (less padding); identity for images."""
     if getattr(dataset, "kind", None) == "text":
         return sorted(range(len(dataset)), key=lambda i: len(dataset.texts[i]))
