@@ -8,6 +8,7 @@ given, and (when useful) how to fix it::
 
 from __future__ import annotations
 
+import difflib
 import math
 import numbers
 from typing import Any
@@ -70,8 +71,6 @@ def check_int(value: Any, name: str, *, low: int | None = None, high: int | None
 
 def check_choice(value: Any, name: str, choices: tuple[str, ...] | list[str]) -> str:
     """Return ``value`` if it is one of ``choices``; otherwise raise, suggesting the closest choice."""
-    import difflib
-
     if isinstance(value, str) and value in choices:
         return value
     close = difflib.get_close_matches(str(value), list(choices), n=1)

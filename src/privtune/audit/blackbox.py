@@ -42,8 +42,14 @@ from privtune._validation import (
     check_steps,
     suggest_delta,
 )
+from privtune.accounting import calibrate_noise_multiplier, compute_epsilon
+from privtune.accounting.events import DPSGDEvent
 from privtune.audit.result import AuditResult, best_guesses
+from privtune.audit.whitebox import audit_dp_step
+from privtune.data import TextDataset, load_dataset
+from privtune.data.datasets import declared_label_set
 from privtune.errors import DataError, InvalidParameterError, UnknownDatasetError
+from privtune.ledger import Ledger, dataset_identity
 
 __all__ = ["audit", "AuditReport", "make_text_canaries", "AUDITED_MODES"]
 
@@ -153,12 +159,6 @@ def audit(
     Returns:
         :class:`AuditReport`.
     """
-    from privtune.accounting import calibrate_noise_multiplier, compute_epsilon
-    from privtune.accounting.events import DPSGDEvent
-    from privtune.audit.whitebox import audit_dp_step
-    from privtune.data import TextDataset, load_dataset
-    from privtune.data.datasets import declared_label_set
-
     if not (whitebox or blackbox):
         raise InvalidParameterError("Nothing to audit: `whitebox` and `blackbox` are both False. Enable one.")
     if (epsilon is None) == (noise_multiplier is None):
@@ -247,8 +247,6 @@ def audit(
 def _blackbox(user, union, can_texts, can_labels, included, planned, claimed, delta, sigma, T, B, *, model, mode,
               learning_rate, clip, clipping, optimizer, sampling, accountant, public_data, ledger, confidence,
               seed, progress, max_physical_batch_size, max_length, device) -> AuditResult:
-    from privtune.data import TextDataset
-    from privtune.ledger import Ledger, dataset_identity
     from privtune.training import _forward, _resolve_ledger, train
 
     t0 = time.perf_counter()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import difflib
 import io
 import json
 import math
@@ -14,7 +15,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from privtune.errors import DataError
+from privtune.errors import DataError, InvalidParameterError
 
 TEXT_COLUMN_CANDIDATES = ("sentence", "text", "review", "content", "document", "sentence1", "question", "input")
 LABEL_COLUMN_CANDIDATES = ("label", "labels", "target", "class", "y", "category", "sentiment")
@@ -220,8 +221,6 @@ def check_label_set(labels: Any, what: str = "labels") -> tuple[int, list[str] |
         Fewer than two labels, duplicates, a mix of integers and names, a fractional or NaN-like label,
         integers that are not 0..K-1 in order.
     """
-    from privtune.errors import InvalidParameterError
-
     if isinstance(labels, str):
         items: list[Any] = labels.split(",")
     elif isinstance(labels, (list, tuple)):
@@ -376,8 +375,6 @@ def _pick_column(columns: list[str], given: str | None, candidates: tuple[str, .
                  flag: str, exclude: str | None = None) -> str | None:
     if given is not None:
         if given not in columns:
-            import difflib
-
             close = difflib.get_close_matches(given, columns, n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
             raise DataError(
@@ -690,8 +687,6 @@ def _declared(labels: Any, num_labels: int | None, label_names: Sequence[str] | 
     if labels is None:
         return num_labels, (list(label_names) if label_names is not None else None)
     if label_names is not None or num_labels is not None:
-        from privtune.errors import InvalidParameterError
-
         raise InvalidParameterError("Pass the label set once: `labels`, or `label_names` / `num_labels`, not both.")
     return check_label_set(labels)
 
@@ -758,8 +753,6 @@ def declared_label_set(labels: Any = None, *, model: Any = None, public_data: An
     InvalidParameterError
         No source, or an invalid declaration (see :func:`check_label_set`).
     """
-    from privtune.errors import InvalidParameterError
-
     if labels is not None:
         k, names = check_label_set(labels)
         return k, names, "declared labels"

@@ -17,16 +17,18 @@ A strategy works in three phases, and this module holds what they share:
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
 import torch
 
-from privtune._validation import check_delta, check_epsilon, check_real
+from privtune._validation import check_delta, check_epsilon, check_int, check_real
 from privtune.accounting.events import DPSGDEvent, Event, GaussianEvent, event_to_dict
-from privtune.errors import InfeasibleBudgetError, InvalidParameterError
 from privtune.engine.sampling import make_generator
+from privtune.errors import InfeasibleBudgetError, InvalidParameterError
 
 #: Where a trial's score comes from.  Written into the certificate metadata.
 SELECTION_SOURCES = ("public_validation", "private_validation_noisy", "train_noisy", "train_loss_noisy", "none")
@@ -537,9 +539,6 @@ class Strategy:
 
 def config_from_options(cls, options: dict):
     """``cls(**options)``, refusing unknown keys with the valid ones (and a close match) in the message."""
-    import dataclasses
-    import difflib
-
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(options) - names)
     if unknown:
@@ -568,7 +567,6 @@ def set_override(cfg, name: str, value) -> None:
 
 def minibatch_schedule(request: PlanRequest, epochs: float) -> tuple[float, int]:
     """(sample rate q, steps T) of a mini-batch run: tune()'s batch_size/steps, else :func:`recommend`'s."""
-    from privtune._validation import check_int
     from privtune.hpo.recommend import recommend, steps_for_epochs
 
     n, steps = request.n_train, request.steps

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from privtune._validation import check_int, check_real
+from privtune._validation import check_choice, check_int, check_real
 from privtune.accounting.calibration import calibrate
 from privtune.accounting.events import GaussianEvent, RepeatAndSelectEvent
 from privtune.errors import InfeasibleBudgetError
@@ -108,7 +108,6 @@ def plan(config: RandomSearchConfig, total_epsilon: float, delta: float, *, scor
     """Choose the tighter accounting and the per-trial μ, before any data is read."""
     k = check_int(config.trials, "trials", low=1)
     check_real(config.shape, "shape", low=0.0, low_inclusive=True)
-    from privtune._validation import check_choice
 
     check_choice(config.accounting, "accounting", ("auto", "composition", "repeat-and-select"))
     config.space()  # validates the search box before anything is planned

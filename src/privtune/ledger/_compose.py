@@ -12,13 +12,12 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 
+from privtune.accounting import compute_epsilon
 from privtune.accounting.events import group_events
 
 
 @functools.lru_cache(maxsize=512)
 def _cached_epsilon(events: tuple, delta: float, accountant: str) -> float:
-    from privtune.accounting import compute_epsilon
-
     return float(compute_epsilon(list(events), delta, accountant=accountant))
 
 

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from privtune._validation import check_choice, check_int
+from privtune.data.datasets import check_label_set, describe_label_set
 from privtune.errors import InvalidParameterError, ModelError
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -403,8 +404,6 @@ def saved_label_set(model: Any) -> tuple[int, list[str] | None] | None:
     classes (``LABEL_0``/``LABEL_1`` defaults name none), or None (the bundled backbone).  Integer names
     ``0..K-1`` give ``label_names=None`` (integer classes).  An unreadable directory gives None:
     :func:`load_classifier` reports it."""
-    from privtune.data.datasets import check_label_set
-
     if isinstance(model, nn.Module):
         k = getattr(model, "num_labels", None)
         if not isinstance(k, int):
@@ -435,8 +434,6 @@ def check_model_label_set(model: nn.Module, num_labels: int, label_names: Sequen
                           source: str = "declared labels") -> None:
     """Refuse a model whose classes differ from the run's declared label set; a model without class
     names (integer classes) of the right size takes the declared names."""
-    from privtune.data.datasets import describe_label_set
-
     k = getattr(model, "num_labels", None)
     names = getattr(model, "label_names", None)
     if k is None:

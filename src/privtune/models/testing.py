@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from privtune.data import TextDataset
+
 POSITIVE_WORDS = ["good", "great", "fine", "nice", "love", "superb", "fun", "best"]
 NEGATIVE_WORDS = ["bad", "awful", "poor", "boring", "hate", "worst", "dull", "sad"]
 NEUTRAL_WORDS = ["the", "a", "movie", "film", "plot", "actors", "was", "is", "very", "quite", "story", "and"]
@@ -90,8 +92,6 @@ def make_tiny_image_model(path: str | os.PathLike, *, image_size: int = 8, seed:
 
 def make_toy_text_dataset(n: int = 64, *, seed: int = 0, min_words: int = 3, max_words: int = 8):
     """A two-class TextDataset: positive words ⇒ label 1, negative words ⇒ label 0 (plus filler)."""
-    from privtune.data import TextDataset
-
     rng = random.Random(seed)
     texts, labels = [], []
     for i in range(n):

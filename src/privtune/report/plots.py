@@ -13,12 +13,16 @@ from __future__ import annotations
 import dataclasses
 import io
 import math
+import textwrap
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from privtune.accounting.events import DPSGDEvent, GaussianEvent
+from privtune.accounting.gdp import mu_from_epsilon
+from privtune.report.release import is_private_loss_label
 from privtune.report.run import RunData, load_events
 
 BLUE = "#3451b2"
@@ -124,8 +128,6 @@ class BudgetPoints:
 
 def _truncate(event: Any, units: int) -> Any:
     """The first ``units`` steps (DPSGDEvent) or releases (GaussianEvent) of ``event``."""
-    from privtune.accounting.events import DPSGDEvent, GaussianEvent
-
     if isinstance(event, DPSGDEvent):
         return dataclasses.replace(event, steps=units)
     if isinstance(event, GaussianEvent):
@@ -134,8 +136,6 @@ def _truncate(event: Any, units: int) -> Any:
 
 
 def _units(event: Any) -> int | None:
-    from privtune.accounting.events import DPSGDEvent, GaussianEvent
-
     if isinstance(event, DPSGDEvent):
         return event.steps
     if isinstance(event, GaussianEvent):
@@ -306,8 +306,6 @@ def plot_linear_scaling(run: RunData, bp: BudgetPoints | None = None) -> Figure 
             if isinstance(e, (int, float)) and abs(e - eps) <= 1e-3 * max(1.0, abs(e)):
                 return float(xp)
         try:
-            from privtune.accounting.gdp import mu_from_epsilon
-
             return float(mu_from_epsilon(eps, delta)) if delta is not None else None
         except (ImportError, ValueError):
             return None
@@ -428,8 +426,6 @@ def plot_learning_curves(run: RunData) -> Figure | None:
     """Final run: the loss curve when it is privatised (hyperfree's charged L0), and accuracy on a public
     split, against step.  A loss computed without noise (DP-SGD's batch loss) is drawn only for a run
     loaded with ``include_non_private=True``, under a NOT PRIVATE banner inside the picture."""
-    from privtune.report.release import is_private_loss_label
-
     fr = run.final_run
     loss, steps = fr.get("train_loss"), fr.get("step")
     evals = [e for e in fr.get("eval", []) if isinstance(e, dict) and "accuracy" in e] if isinstance(
@@ -455,7 +451,6 @@ def plot_learning_curves(run: RunData) -> Figure | None:
             sm = [sum(ys[max(0, i - w + 1): i + 1]) / len(ys[max(0, i - w + 1): i + 1]) for i in range(len(ys))]
             ax.plot(xs, sm, color=BLUE, lw=2, label=f"moving average ({w} steps)")
         ax.legend(loc="upper right")
-    import textwrap
 
     label = str(fr.get("train_loss_label") or "training loss")
     label = label[:1].upper() + label[1:]
