@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
+import privtune.accounting as acct
 from privtune._validation import check_choice, check_int, check_real
 from privtune.accounting.events import DPSGDEvent
 from privtune.engine.private_gradient import CLIPPINGS
@@ -197,8 +198,6 @@ def calibrate_joint(total_epsilon: float, delta: float, sample_rate: float, step
     T − n_upd plain steps at σ_g; σ_l = sqrt(P / (σ_eff⁻² − σ_g⁻²)).
     Returns (σ, σ_g, σ_l, events).
     """
-    import privtune.accounting as acct
-
     if gamma_noise <= 1.0:
         raise InfeasibleBudgetError(
             f"`gamma_noise` must be > 1 (got {gamma_noise!r}): with σ_g ≤ σ no budget is left for the loss releases."

@@ -12,6 +12,7 @@ from typing import Any, Iterator, Sequence
 import torch
 from torch import nn
 
+from privtune import __version__
 from privtune._validation import check_choice, check_int
 from privtune.data.datasets import check_label_set, describe_label_set
 from privtune.errors import InvalidParameterError, ModelError
@@ -355,11 +356,9 @@ class Classifier(nn.Module):
             save_file({k: v.detach().cpu().contiguous() for k, v in self.head.state_dict().items()},
                       str(out / HEAD_FILE))
             head_file = HEAD_FILE
-        import privtune
-
         meta = {
             "format_version": FORMAT_VERSION,
-            "privtune_version": privtune.__version__,
+            "privtune_version": __version__,
             "kind": self.kind,
             "pooling": self.pooling,
             "normalize": self.normalize,

@@ -20,6 +20,7 @@ from typing import Any, Sequence
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+import privtune.accounting as acct
 from privtune.accounting.events import DPSGDEvent, GaussianEvent
 from privtune.accounting.gdp import mu_from_epsilon
 from privtune.report.release import is_private_loss_label
@@ -99,8 +100,6 @@ def _badge_not_private(fig: Figure, what: str) -> None:
 
 
 def _compute_epsilon(events: Sequence, delta: float, accountant: str) -> float:
-    import privtune.accounting as acct
-
     if not events:
         return 0.0
     return float(acct.compute_epsilon(list(events), delta, accountant=accountant))
