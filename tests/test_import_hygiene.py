@@ -19,7 +19,8 @@ import privtune
 
 SRC = Path(privtune.__file__).resolve().parent
 
-# Files another engineer is restructuring right now (training.py, hpo/tune.py, hpo/_resume.py, _release.py):
+# Files another engineer is restructuring right now (training.py, hpo/tune.py, hpo/_resume.py, _release.py;
+# the ledger helpers are public in privtune.ledger now, the training helpers not yet):
 # their current offenders are listed here so the test still fails on any NEW one. Remove entries as they go.
 BEING_RESTRUCTURED = {
     ("privtune.training", "privtune.ledger._backend.mask_url"),

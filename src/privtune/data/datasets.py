@@ -117,6 +117,7 @@ class ImageDataset:
 
     def load_image(self, i: int):
         """The i-th image as an RGB ``PIL.Image`` (files are opened lazily)."""
+        # Lazy: Pillow only for image data: keeps privtune.data light for text.
         from PIL import Image
 
         img = self.images[i]
@@ -569,6 +570,7 @@ def _build_text(rows, columns, where, text_column, label_column, num_labels, lab
 
 def _from_hf_dataset(ds, text_column, label_column, num_labels, label_names, require_labels) -> TextDataset:
     try:
+        # Lazy: optional Hugging Face datasets, only for a Dataset object passed in.
         import datasets as hf_datasets
     except ImportError:  # pragma: no cover
         hf_datasets = None
@@ -640,6 +642,7 @@ def load_image_folder(path: str | os.PathLike, *, label_names: Sequence[str] | N
             f"{describe_label_set(len(names), label_names if declared else names)}. Use only these classes, or "
             "declare the full label set (e.g. --labels)."
         )
+    # Lazy: Pillow only for image data: keeps privtune.data light for text.
     from PIL import Image
 
     images, labels_out = [], []
@@ -764,6 +767,7 @@ def declared_label_set(labels: Any = None, *, model: Any = None, public_data: An
                 f"`{public_what}` has labels of a single class, so it cannot declare the label set. "
                 + LABELS_HOWTO)
         return k, names, f"the labels of `{public_what}`"
+    # Lazy: at call time: models.classifier imports this module and torch.
     from privtune.models.classifier import saved_label_set
 
     found = saved_label_set(model)  # model None: the bundled backbone (whose config names no classes)

@@ -513,6 +513,7 @@ class FallbackHandler(_MaterialisingHandler):
         return (tuple(det(a) for a in args), {k: det(v) for k, v in kwargs.items()})
 
     def per_example(self, records):
+        # Lazy: torch.func only on the rare fallback path.
         from torch.func import functional_call, grad, vmap
         from torch.utils._pytree import tree_flatten
 

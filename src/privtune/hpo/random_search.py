@@ -175,6 +175,7 @@ def plan(config: RandomSearchConfig, total_epsilon: float, delta: float, *, scor
 
 def _k_distribution(mean: float, shape: float):
     """(pmf over k ≥ 1 as a callable, γ) of dp_accounting's truncated negative binomial."""
+    # Lazy: dp_accounting internals only for the negative binomial K (see docstring).
     from dp_accounting.rdp.rdp_privacy_accountant import _gamma_truncated_negative_binomial
     from scipy import stats
 
@@ -193,6 +194,7 @@ def _tail_probability(mean: float, shape: float, k: int) -> float:
 
 def _draw_k(rng: np.random.Generator, mean: float, shape: float) -> int:
     """Draw K from the truncated negative binomial with the given mean (dp_accounting's γ)."""
+    # Lazy: dp_accounting internals only for the negative binomial K (see docstring).
     from dp_accounting.rdp.rdp_privacy_accountant import _gamma_truncated_negative_binomial
 
     gamma = _gamma_truncated_negative_binomial(shape, mean)

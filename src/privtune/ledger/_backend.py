@@ -259,6 +259,7 @@ def create_engine(u: URL, sqlite_path: Path | None) -> Engine:
 
         return engine
     try:
+        # Lazy: optional psycopg, only for a PostgreSQL ledger.
         import psycopg  # noqa: F401
     except ImportError:
         raise LedgerError(

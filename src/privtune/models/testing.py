@@ -37,6 +37,7 @@ def make_tiny_text_model(path: str | os.PathLike, *, arch: str = "bert", sentenc
     ``arch``: ``"bert"``, ``"roberta"`` or ``"gpt2"``.  ``sentence_transformers=True`` adds
     ``modules.json`` and ``1_Pooling/config.json`` (mean pooling + Normalize), like all-MiniLM-L6-v2.
     """
+    # Lazy: transformers only when a test model is written.
     from transformers import BertConfig, BertModel, BertTokenizer, GPT2Config, GPT2Model, RobertaConfig, RobertaModel
 
     out = Path(path)
@@ -78,6 +79,7 @@ def make_tiny_text_model(path: str | os.PathLike, *, arch: str = "bert", sentenc
 
 def make_tiny_image_model(path: str | os.PathLike, *, image_size: int = 8, seed: int = 0) -> Path:
     """Write a tiny random ViT (patch 4, hidden 32) with a ViTImageProcessor to ``path``."""
+    # Lazy: transformers only when a test model is written.
     from transformers import ViTConfig, ViTImageProcessor, ViTModel
 
     out = Path(path)

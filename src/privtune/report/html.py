@@ -364,6 +364,7 @@ def _verify(run: RunData) -> tuple[str, str]:
     if not path.is_file():
         return "failed", "no certificate.json in this run"
     try:
+        # Lazy: inside try: the report still renders if the accounting stack cannot load.
         import privtune.accounting as acct
 
         verify = acct.verify_certificate

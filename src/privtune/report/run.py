@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from privtune.accounting.events import event_from_dict
 from privtune.errors import InvalidParameterError
 from privtune.report.release import SEEDED_LABEL, load_not_private, split_release
@@ -151,8 +153,6 @@ def load_run(run_dir: str | os.PathLike, *, include_non_private: bool = False) -
                 run.history["final_run"] = {**run.final_run, **{k: v for k, v in fr.items() if v is not None}}
     cfg = p / "config.yaml"
     if cfg.is_file():
-        import yaml
-
         try:
             data = yaml.safe_load(cfg.read_text(encoding="utf-8"))
             run.config = data if isinstance(data, dict) else {}
