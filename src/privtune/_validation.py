@@ -8,6 +8,7 @@ given, and (when useful) how to fix it::
 
 from __future__ import annotations
 
+import difflib
 import math
 import numbers
 from typing import Any
@@ -70,8 +71,6 @@ def check_int(value: Any, name: str, *, low: int | None = None, high: int | None
 
 def check_choice(value: Any, name: str, choices: tuple[str, ...] | list[str]) -> str:
     """Return ``value`` if it is one of ``choices``; otherwise raise, suggesting the closest choice."""
-    import difflib
-
     if isinstance(value, str) and value in choices:
         return value
     close = difflib.get_close_matches(str(value), list(choices), n=1)
@@ -91,13 +90,17 @@ def check_delta(value: Any, name: str = "delta", *, dataset_size: int | None = N
         raise InvalidParameterError(
             f"`{name}` must be < 1/n = {1.0 / dataset_size:.3g} for a dataset of n = {dataset_size} examples. "
             f"Got {value!r}. A δ this large allows releasing an example in the clear; pass "
-            f"{name}={_suggest_delta(dataset_size):.0e} or smaller."
+            f"{name}={suggest_delta(dataset_size):.0e} or smaller."
         )
     return d
 
 
-def _suggest_delta(n: int) -> float:
+def suggest_delta(n: int) -> float:
     return 10 ** math.floor(math.log10(1.0 / (10 * n)))
+
+
+# Old private name: training.py (being restructured) still imports it.
+_suggest_delta = suggest_delta
 
 
 def check_sample_rate(value: Any, name: str = "sample_rate") -> float:

@@ -434,6 +434,7 @@ def explicit_cli_values(ctx: Any) -> dict[str, Any]:
 
         opts = resolve_options("train", config, explicit_cli_values(click.get_current_context()))
     """
+    # Lazy: click only for CLI callers: keeps the config module usable without the CLI.
     import click
 
     out = {}

@@ -29,7 +29,8 @@ from collections.abc import Callable, Sequence
 
 from privtune._validation import check_choice, check_delta, check_epsilon, check_real, check_sample_rate, check_steps
 from privtune.accounting import accountant as acc
-from privtune.accounting.events import DPSGDEvent, Event, GaussianEvent, SAMPLING_SCHEMES
+from privtune.accounting.events import SAMPLING_SCHEMES, DPSGDEvent, Event, GaussianEvent
+from privtune.accounting.gdp import joint_noise_multiplier, mu_from_epsilon
 from privtune.errors import InfeasibleBudgetError, InvalidParameterError
 
 #: Default ceiling on σ (noise std / clipping norm); a target that needs more is infeasible.
@@ -349,8 +350,6 @@ def _initial_guess(target: float, delta: float, q: float, T: int) -> float:
     """A starting σ: exact for q = 1 (GDP), the GDP-CLT value μ = q√(T(e^{1/σ²}−1)) otherwise.
 
     Only a starting point for the root finder (the CLT value under-reports ε)."""
-    from privtune.accounting.gdp import mu_from_epsilon
-
     try:
         mu = mu_from_epsilon(target, delta)
     except Exception:  # pragma: no cover - extreme inputs
@@ -424,8 +423,6 @@ def calibrate_loss_noise_multiplier(
 def joint_release_events(grad_noise_multiplier: float, loss_noise_multiplier: float, sample_rate: float,
                          steps: int, update_every: int, loss_releases: int = 3) -> list:
     """Events of a HyFreeDP-style run whose loss probes share the gradient's batch (seed 001 §4.5 (A))."""
-    from privtune.accounting.gdp import joint_noise_multiplier
-
     T = check_steps(steps)
     K = check_steps(update_every, "update_every")
     n_upd = math.ceil(T / K)

@@ -24,6 +24,7 @@ from importlib import metadata as importlib_metadata
 from pathlib import Path
 from typing import Any
 
+from privtune import __version__
 from privtune._validation import check_choice, check_delta
 from privtune.accounting import accountant as acc
 from privtune.accounting.events import NonPrivateEvent, event_from_dict, event_to_dict
@@ -54,8 +55,6 @@ def library_versions() -> dict[str, str | None]:
     """Versions of the libraries that determine the accounting result."""
     import numpy
     import scipy
-
-    from privtune import __version__
 
     return {
         "privtune": __version__,

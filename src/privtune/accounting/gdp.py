@@ -24,6 +24,7 @@ import dp_accounting
 from scipy.stats import norm
 
 from privtune._validation import check_delta, check_epsilon, check_int, check_real, check_steps
+from privtune.errors import InvalidParameterError
 
 
 def _check_mu(mu, name: str = "mu") -> float:
@@ -103,8 +104,6 @@ def linear_scaling_total_epsilon(trial_epsilons: Iterable[float], runs_per_trial
     else:
         ns = [check_int(n, "runs_per_trial", low=1) for n in runs_per_trial]
     if len(ns) != len(eps):
-        from privtune.errors import InvalidParameterError
-
         raise InvalidParameterError(
             f"`runs_per_trial` must have one entry per trial ε ({len(eps)}). Got {len(ns)}."
         )

@@ -33,7 +33,6 @@ import torch
 import torch.nn.functional as F
 
 from privtune._validation import (
-    _suggest_delta,
     check_accounted_noise_multiplier,
     check_choice,
     check_delta,
@@ -41,9 +40,16 @@ from privtune._validation import (
     check_int,
     check_real,
     check_steps,
+    suggest_delta,
 )
+from privtune.accounting import calibrate_noise_multiplier, compute_epsilon
+from privtune.accounting.events import DPSGDEvent
 from privtune.audit.result import AuditResult, best_guesses
+from privtune.audit.whitebox import audit_dp_step
+from privtune.data import TextDataset, load_dataset
+from privtune.data.datasets import declared_label_set
 from privtune.errors import DataError, InvalidParameterError, UnknownDatasetError
+from privtune.ledger import Ledger, dataset_identity
 
 __all__ = ["audit", "AuditReport", "make_text_canaries", "AUDITED_MODES"]
 
@@ -153,12 +159,6 @@ def audit(
     Returns:
         :class:`AuditReport`.
     """
-    from privtune.accounting import calibrate_noise_multiplier, compute_epsilon
-    from privtune.accounting.events import DPSGDEvent
-    from privtune.audit.whitebox import audit_dp_step
-    from privtune.data import TextDataset, load_dataset
-    from privtune.data.datasets import declared_label_set
-
     if not (whitebox or blackbox):
         raise InvalidParameterError("Nothing to audit: `whitebox` and `blackbox` are both False. Enable one.")
     if (epsilon is None) == (noise_multiplier is None):
@@ -201,7 +201,7 @@ def audit(
         raise DataError("The training data has no labels. Pass a file with a label column.")
     n_user = len(user)
     if delta is None:
-        delta = min(1e-5, _suggest_delta(n_user))
+        delta = min(1e-5, suggest_delta(n_user))
     delta = check_delta(delta, dataset_size=n_user)
 
     # the canaries and their membership (synthetic: no user data)
@@ -247,8 +247,7 @@ def audit(
 def _blackbox(user, union, can_texts, can_labels, included, planned, claimed, delta, sigma, T, B, *, model, mode,
               learning_rate, clip, clipping, optimizer, sampling, accountant, public_data, ledger, confidence,
               seed, progress, max_physical_batch_size, max_length, device) -> AuditResult:
-    from privtune.data import TextDataset
-    from privtune.ledger import Ledger, dataset_identity
+    # Imported at call time: tests replace training.train with a spy (and training.py is being split up).
     from privtune.training import _forward, _resolve_ledger, train
 
     t0 = time.perf_counter()

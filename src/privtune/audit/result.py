@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import html as _html
 import json
 import math
 from dataclasses import asdict, dataclass, field
@@ -137,7 +139,6 @@ class AuditResult:
         paths = {"json": out / "audit.json", "png": out / "audit.png", "html": out / "audit.html"}
         paths["json"].write_text(json.dumps(self.to_dict(), indent=2, default=float), encoding="utf-8")
         self.plot(paths["png"])
-        import base64
 
         png = base64.b64encode(paths["png"].read_bytes()).decode("ascii")
         paths["html"].write_text(self.html(image=f"data:image/png;base64,{png}"), encoding="utf-8")
@@ -145,6 +146,7 @@ class AuditResult:
 
     def plot(self, path: str | Path) -> None:
         """Histograms of the scores of included and excluded canaries (matplotlib, PNG)."""
+        # Lazy: matplotlib only when a plot is drawn: keeps privtune.audit light.
         import matplotlib.pyplot as plt
 
         fig = self.figure()
@@ -159,9 +161,11 @@ class AuditResult:
 
     def figure(self):
         """The score histograms as a matplotlib figure (the caller closes it)."""
+        # Lazy: matplotlib only when a plot is drawn: keeps privtune.audit light.
         import matplotlib
 
         matplotlib.use("Agg")
+        # Lazy: matplotlib only when a plot is drawn: keeps privtune.audit light.
         import matplotlib.pyplot as plt
 
         s = np.asarray(self.scores, dtype=float)
@@ -181,8 +185,6 @@ class AuditResult:
     def html(self, image: str | None = "audit.png") -> str:
         """An "Audit" section in a minimal page; ``image`` is the histogram's URL (``save`` inlines it as a
         data URI, so the page is self-contained)."""
-        import html as _html
-
         rows = "".join(
             f"<tr><th>{_html.escape(k)}</th><td>{_html.escape(str(v))}</td></tr>"
             for k, v in [("kind", self.kind), ("claimed ε", f"{self.claimed_epsilon:.4g} (δ = {self.delta:.3g})"),

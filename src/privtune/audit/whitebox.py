@@ -29,9 +29,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from privtune._validation import check_choice, check_int, check_real, check_sample_rate, check_steps
+from privtune.accounting import calibrate_noise_multiplier, compute_epsilon
+from privtune.accounting.events import DPSGDEvent
 from privtune.audit.result import AuditResult, best_guesses
-from privtune.errors import InvalidParameterError
+from privtune.engine import PoissonSampler, PrivateGradient
 from privtune.engine.sampling import poisson_mask
+from privtune.errors import InvalidParameterError
 
 __all__ = ["audit_dp_step", "CANARY_GRADIENT_SCALE"]
 
@@ -83,10 +86,6 @@ def audit_dp_step(
     Returns:
         :class:`AuditResult` with kind ``"white-box"``.
     """
-    from privtune.accounting import calibrate_noise_multiplier, compute_epsilon
-    from privtune.accounting.events import DPSGDEvent
-    from privtune.engine import PoissonSampler, PrivateGradient
-
     t0 = time.perf_counter()
     if (epsilon is None) == (noise_multiplier is None):
         raise InvalidParameterError(

@@ -99,9 +99,9 @@ def _count_examples(dataset: str) -> int | None:
     if fmt is None or not path.is_file():
         return None
     try:
-        from privtune.data.datasets import _read_table
+        from privtune.data.datasets import read_table
 
-        return len(_read_table(path, fmt)[1]) or None
+        return len(read_table(path, fmt)[1]) or None
     except PrivtuneError:  # not a table privtune reads: any file may be a dataset, its size is unknown
         return None
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import difflib
 import io
 import json
 import math
@@ -14,7 +15,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from privtune.errors import DataError
+from privtune.errors import DataError, InvalidParameterError
 
 TEXT_COLUMN_CANDIDATES = ("sentence", "text", "review", "content", "document", "sentence1", "question", "input")
 LABEL_COLUMN_CANDIDATES = ("label", "labels", "target", "class", "y", "category", "sentiment")
@@ -116,6 +117,7 @@ class ImageDataset:
 
     def load_image(self, i: int):
         """The i-th image as an RGB ``PIL.Image`` (files are opened lazily)."""
+        # Lazy: Pillow only for image data: keeps privtune.data light for text.
         from PIL import Image
 
         img = self.images[i]
@@ -220,8 +222,6 @@ def check_label_set(labels: Any, what: str = "labels") -> tuple[int, list[str] |
         Fewer than two labels, duplicates, a mix of integers and names, a fractional or NaN-like label,
         integers that are not 0..K-1 in order.
     """
-    from privtune.errors import InvalidParameterError
-
     if isinstance(labels, str):
         items: list[Any] = labels.split(",")
     elif isinstance(labels, (list, tuple)):
@@ -376,8 +376,6 @@ def _pick_column(columns: list[str], given: str | None, candidates: tuple[str, .
                  flag: str, exclude: str | None = None) -> str | None:
     if given is not None:
         if given not in columns:
-            import difflib
-
             close = difflib.get_close_matches(given, columns, n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
             raise DataError(
@@ -394,7 +392,7 @@ def _pick_column(columns: list[str], given: str | None, candidates: tuple[str, .
 # --------------------------------------------------------------------------------------------- readers
 
 
-def _read_table(path: Path, fmt: str, single_column_ok: bool = False) -> tuple[list[str], list[dict[str, Any]]]:
+def read_table(path: Path, fmt: str, single_column_ok: bool = False) -> tuple[list[str], list[dict[str, Any]]]:
     """Header and rows of a text table.  A TSV/CSV with a single column is an error unless
     ``single_column_ok`` (unlabelled data for prediction: the one column is the text)."""
     where = str(path)
@@ -521,7 +519,7 @@ def load_text_dataset(
             f"Cannot tell the format of {where!r} from its extension {path.suffix!r}; "
             f"allowed: {sorted(TEXT_SUFFIXES)}. Rename the file or convert it."
         )
-    columns, rows = _read_table(path, fmt, single_column_ok=not require_labels)
+    columns, rows = read_table(path, fmt, single_column_ok=not require_labels)
     return _build_text(rows, columns, where, text_column, label_column, num_labels, label_names,
                        require_labels, source=str(path.resolve()))
 
@@ -572,6 +570,7 @@ def _build_text(rows, columns, where, text_column, label_column, num_labels, lab
 
 def _from_hf_dataset(ds, text_column, label_column, num_labels, label_names, require_labels) -> TextDataset:
     try:
+        # Lazy: optional Hugging Face datasets, only for a Dataset object passed in.
         import datasets as hf_datasets
     except ImportError:  # pragma: no cover
         hf_datasets = None
@@ -643,6 +642,7 @@ def load_image_folder(path: str | os.PathLike, *, label_names: Sequence[str] | N
             f"{describe_label_set(len(names), label_names if declared else names)}. Use only these classes, or "
             "declare the full label set (e.g. --labels)."
         )
+    # Lazy: Pillow only for image data: keeps privtune.data light for text.
     from PIL import Image
 
     images, labels_out = [], []
@@ -690,8 +690,6 @@ def _declared(labels: Any, num_labels: int | None, label_names: Sequence[str] | 
     if labels is None:
         return num_labels, (list(label_names) if label_names is not None else None)
     if label_names is not None or num_labels is not None:
-        from privtune.errors import InvalidParameterError
-
         raise InvalidParameterError("Pass the label set once: `labels`, or `label_names` / `num_labels`, not both.")
     return check_label_set(labels)
 
@@ -758,8 +756,6 @@ def declared_label_set(labels: Any = None, *, model: Any = None, public_data: An
     InvalidParameterError
         No source, or an invalid declaration (see :func:`check_label_set`).
     """
-    from privtune.errors import InvalidParameterError
-
     if labels is not None:
         k, names = check_label_set(labels)
         return k, names, "declared labels"
@@ -771,6 +767,7 @@ def declared_label_set(labels: Any = None, *, model: Any = None, public_data: An
                 f"`{public_what}` has labels of a single class, so it cannot declare the label set. "
                 + LABELS_HOWTO)
         return k, names, f"the labels of `{public_what}`"
+    # Lazy: at call time: models.classifier imports this module and torch.
     from privtune.models.classifier import saved_label_set
 
     found = saved_label_set(model)  # model None: the bundled backbone (whose config names no classes)

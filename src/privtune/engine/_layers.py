@@ -34,7 +34,7 @@ so that the float32 rounding of the sum (≈ u₃₂ · c·U per example) stays 
 from __future__ import annotations
 
 import math
-
+import sys
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,7 +42,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-
 
 #: float64 unit roundoff.
 _U64 = 2.0 ** -53
@@ -88,8 +87,6 @@ class Record:
 
 def hf_conv1d_type():
     """HF ``Conv1D`` (GPT-2) if transformers is loaded; a model containing one has imported it already."""
-    import sys
-
     mod = sys.modules.get("transformers.pytorch_utils")
     return getattr(mod, "Conv1D", None) if mod is not None else None
 
@@ -516,6 +513,7 @@ class FallbackHandler(_MaterialisingHandler):
         return (tuple(det(a) for a in args), {k: det(v) for k, v in kwargs.items()})
 
     def per_example(self, records):
+        # Lazy: torch.func only on the rare fallback path.
         from torch.func import functional_call, grad, vmap
         from torch.utils._pytree import tree_flatten
 

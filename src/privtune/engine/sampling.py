@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import secrets
+from fractions import Fraction
 from typing import Iterator
 
 import torch
@@ -57,8 +58,6 @@ def poisson_threshold(sample_rate: float) -> int:
 
 def inclusion_probability(sample_rate: float):
     """The exact per-example inclusion probability of :func:`poisson_mask`, as a ``fractions.Fraction`` (≤ q)."""
-    from fractions import Fraction
-
     return Fraction(poisson_threshold(sample_rate), 2**POISSON_BITS)
 
 

@@ -18,15 +18,17 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
-from privtune._validation import check_int
+from privtune._validation import check_choice, check_int, check_real
 from privtune.engine.private_gradient import CLIPPINGS, ReleaseInfo, clip_factors, privatise_sum
 from privtune.errors import DataError, InvalidParameterError
+from privtune.models.classifier import length_order
 
 
 @dataclass
@@ -140,9 +142,7 @@ def cache_features(
     was_training = model.training
     model.eval()
     try:
-        from privtune.models.classifier import _length_order
-
-        order = _length_order(dataset)
+        order = length_order(dataset)
         feats = torch.empty(len(dataset), model.num_features, dtype=torch.float32)
         for s in range(0, len(order), batch_size):
             idx = order[s : s + batch_size]
@@ -187,10 +187,6 @@ class LinearHeadGradient:
     def __init__(self, head: torch.nn.Linear, *, max_grad_norm: float, noise_multiplier: float,
                  expected_batch_size: float, clipping: str = "flat", gamma: float = 0.01,
                  seed: int | None = None) -> None:
-        import secrets
-
-        from privtune._validation import check_choice, check_real
-
         if not isinstance(head, torch.nn.Linear):
             raise InvalidParameterError(f"`head` must be an nn.Linear. Got {type(head).__name__}.")
         self.head = head

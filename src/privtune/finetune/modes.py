@@ -24,6 +24,7 @@ def _bias_module_types() -> tuple[type, ...]:
         nn.ConvTranspose3d, nn.LayerNorm, nn.GroupNorm, nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d,
     ]
     try:
+        # Lazy: transformers only when a model is adapted: keeps import light.
         from transformers.pytorch_utils import Conv1D
 
         types.append(Conv1D)
@@ -108,6 +109,7 @@ def default_lora_target_modules(model: nn.Module) -> list[str]:
     if model_type in _LORA_TARGETS:
         preferred.append(list(_LORA_TARGETS[model_type]))
     try:
+        # Lazy: peft only for LoRA.
         from peft.utils import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as mapping
 
         if model_type in mapping:
@@ -261,6 +263,7 @@ def apply_mode(
         if getattr(model, "lora_config", None) is not None:
             raise ModelError("LoRA adapters were already added to this model; load a fresh model.")
         check_lora_targets(model.backbone, lora_targets)
+        # Lazy: peft only for LoRA.
         from peft import LoraConfig, inject_adapter_in_model
 
         cfg = LoraConfig(r=lora_rank, lora_alpha=lora_alpha, lora_dropout=0.0, target_modules=lora_targets,

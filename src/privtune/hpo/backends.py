@@ -10,6 +10,7 @@ code tunes a head on features (milliseconds per trial) or a BiTFiT/LoRA model.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +18,7 @@ import torch
 from torch import nn
 
 from privtune.accounting.events import DPSGDEvent, GaussianEvent
+from privtune.finetune import apply_mode
 from privtune.finetune.last_layer import FeatureSet
 from privtune.hpo import _heads
 from privtune.hpo.hyperfree import train_hyperfree, train_model_hyperfree
@@ -188,8 +190,6 @@ class ModelBackend:
         """``zero_init_head``: start every run from a zero classification head (seed 002).  With the
         random head of a fresh Hugging Face classifier, AUTO-S (hyperfree) DP-BiTFiT of MiniLM stayed
         at chance on SST-2 even without noise, while from a zero head it learned (docs/strategies/hyperfree.md)."""
-        from privtune.finetune import apply_mode
-
         self.base = model
         self.train_set = train_set
         self.mode = mode
@@ -211,8 +211,6 @@ class ModelBackend:
     def _fresh(self):
         m = copy.deepcopy(self.base)
         if self.mode == "lora":
-            from privtune.finetune import apply_mode
-
             apply_mode(m, "lora", lora_rank=self._lora_rank, zero_init_head=self.zero_init_head)
         return m
 
@@ -266,8 +264,6 @@ def _eval_every(steps: int, points: int = 5) -> int:
 
 
 def _relabel(event, label: str):
-    import dataclasses
-
     try:
         return dataclasses.replace(event, label=label)
     except Exception:  # pragma: no cover
@@ -280,7 +276,5 @@ def _as_history(h: Any) -> dict:
     if hasattr(h, "to_dict"):
         return h.to_dict()
     if hasattr(h, "__dataclass_fields__"):
-        import dataclasses
-
         return dataclasses.asdict(h)
     return {}

@@ -17,16 +17,20 @@ A strategy works in three phases, and this module holds what they share:
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
 import torch
 
-from privtune._validation import check_delta, check_epsilon, check_real
+import privtune.accounting as acct
+from privtune._validation import check_delta, check_epsilon, check_int, check_real
 from privtune.accounting.events import DPSGDEvent, Event, GaussianEvent, event_to_dict
-from privtune.errors import InfeasibleBudgetError, InvalidParameterError
 from privtune.engine.sampling import make_generator
+from privtune.errors import InfeasibleBudgetError, InvalidParameterError
+from privtune.hpo.recommend import recommend, steps_for_epochs
 
 #: Where a trial's score comes from.  Written into the certificate metadata.
 SELECTION_SOURCES = ("public_validation", "private_validation_noisy", "train_noisy", "train_loss_noisy", "none")
@@ -59,25 +63,17 @@ def describe_selection(source: str) -> str:
 # --------------------------------------------------------------------------------------
 
 
-def _acct():
-    import privtune.accounting as acct
-
-    return acct
-
-
 def epsilon_of(events: Sequence[Event], delta: float, accountant: str = "pld") -> float:
     """ε of the composition of ``events`` at ``delta`` (0 for no events)."""
     events = list(events)
     if not events:
         return 0.0
-    return float(_acct().compute_epsilon(events, delta, accountant=accountant))
+    return float(acct.compute_epsilon(events, delta, accountant=accountant))
 
 
 def mu_from_epsilon(epsilon: float, delta: float) -> float:
     """μ of the Gaussian mechanism (μ-GDP) that is exactly (ε, δ)-DP; 1/σ for one full-batch release."""
-    from privtune.accounting import gdp
-
-    return float(gdp.mu_from_epsilon(epsilon, delta))
+    return float(acct.gdp.mu_from_epsilon(epsilon, delta))
 
 
 def full_batch_event(mu: float, steps: int, label: str = "") -> GaussianEvent:
@@ -104,7 +100,6 @@ def calibrate_final(
     turns an infeasible budget into an :class:`InfeasibleBudgetError` that states the
     numbers (ε of the trials alone versus the total) and how to fix it.
     """
-    acct = _acct()
     spent = list(spent_events)
     kw = {}
     if max_noise_multiplier is None and (sampling == "full_batch" or sample_rate >= 1.0):
@@ -537,9 +532,6 @@ class Strategy:
 
 def config_from_options(cls, options: dict):
     """``cls(**options)``, refusing unknown keys with the valid ones (and a close match) in the message."""
-    import dataclasses
-    import difflib
-
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(options) - names)
     if unknown:
@@ -568,9 +560,6 @@ def set_override(cfg, name: str, value) -> None:
 
 def minibatch_schedule(request: PlanRequest, epochs: float) -> tuple[float, int]:
     """(sample rate q, steps T) of a mini-batch run: tune()'s batch_size/steps, else :func:`recommend`'s."""
-    from privtune._validation import check_int
-    from privtune.hpo.recommend import recommend, steps_for_epochs
-
     n, steps = request.n_train, request.steps
     if request.batch_size is not None:
         b = check_int(request.batch_size, "batch_size", low=1)

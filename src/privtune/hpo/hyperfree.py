@@ -28,16 +28,28 @@ Optimization with Differential Privacy", HyFreeDP), with the digest's guards.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
+
 import torch
 
-from privtune._validation import check_int, check_real
+import privtune.accounting as acct
+from privtune._validation import check_choice, check_int, check_real
 from privtune.accounting.events import DPSGDEvent
 from privtune.engine.private_gradient import CLIPPINGS
-from privtune.errors import InfeasibleBudgetError
-from privtune.hpo.common import TUNABLE_MODES, BudgetPlan, PlanRequest, Strategy, epsilon_of, minibatch_schedule
 from privtune.engine.sampling import make_generator
+from privtune.errors import InfeasibleBudgetError
+from privtune.hpo.common import (
+    TUNABLE_MODES,
+    BudgetPlan,
+    PlanRequest,
+    Strategy,
+    StrategyOutcome,
+    epsilon_of,
+    minibatch_schedule,
+    set_override,
+)
 from privtune.training import LoopHook, fit
 
 NAME = "hyperfree"
@@ -169,7 +181,6 @@ class HyperfreeConfig:
         check_int(self.probes, "probes", low=3, fix="GeN needs at least the 3 points {−η, 0, +η}.")
         check_real(self.gamma_noise, "gamma_noise", low=1.0,
                    fix="γ = σ_g/σ must exceed 1 to leave budget for the loss releases; e.g. 1.01.")
-        from privtune._validation import check_choice
 
         check_choice(self.optimizer, "optimizer", OPTIMIZERS)
         if self.clipping is not None:
@@ -187,8 +198,6 @@ def calibrate_joint(total_epsilon: float, delta: float, sample_rate: float, step
     T − n_upd plain steps at σ_g; σ_l = sqrt(P / (σ_eff⁻² − σ_g⁻²)).
     Returns (σ, σ_g, σ_l, events).
     """
-    import privtune.accounting as acct
-
     if gamma_noise <= 1.0:
         raise InfeasibleBudgetError(
             f"`gamma_noise` must be > 1 (got {gamma_noise!r}): with σ_g ≤ σ no budget is left for the loss releases."
@@ -371,8 +380,6 @@ def train_model_hyperfree(model, train_set, *, steps: int, sample_rate: float, s
 def run(backend, config: HyperfreeConfig, p: BudgetPlan, *, mode: str = "last-layer", seed: int | None = None,
         progress=None):
     """Execute a planned HyFreeDP run on ``backend`` (features or a model)."""
-    from privtune.hpo.common import StrategyOutcome
-
     lr0 = config.lr0 if config.lr0 is not None else DEFAULT_LR0.get(mode, 1e-4)
     d = p.details
     if progress:
@@ -412,14 +419,10 @@ class Hyperfree(Strategy):
     selects = False
 
     def apply_overrides(self, cfg, *, trials=None, optimizer=None) -> None:
-        from privtune.hpo.common import set_override
-
         set_override(cfg, "optimizer", optimizer)
         cfg.validate()
 
     def plan(self, cfg, mode: str, request: PlanRequest) -> BudgetPlan:
-        import dataclasses
-
         r = request
         if r.batch_size is None and cfg.batch_size is not None:
             r = dataclasses.replace(r, batch_size=cfg.batch_size)

@@ -28,7 +28,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from privtune._validation import check_choice, check_int, check_real
-from privtune.accounting.events import GaussianEvent
+from privtune.accounting import calibrate_noise_multiplier
+from privtune.accounting.events import DPSGDEvent, GaussianEvent
 from privtune.errors import InfeasibleBudgetError, InvalidParameterError
 from privtune.hpo.common import (
     TUNABLE_MODES,
@@ -468,9 +469,6 @@ def plan_minibatch(config: LinearScalingConfig, total_epsilon: float, delta: flo
     and the final run is exactly the planned ``DPSGDEvent(σ_f, q, T)``.  Options of the full-batch
     recipe (``steps_grid``, ``decomposition``, ``momentum``, ``free_step``) are refused, not ignored.
     """
-    from privtune.accounting import calibrate_noise_multiplier
-    from privtune.accounting.events import DPSGDEvent
-
     config.validate()
     lr_lo, lr_hi = config.minibatch_lr_bounds()
     n = check_int(config.runs_per_sweep, "runs_per_sweep", low=1)
@@ -508,7 +506,6 @@ def run_minibatch(backend, selector, config: LinearScalingConfig, p: BudgetPlan,
                   progress=None) -> StrategyOutcome:
     """Algorithm 2 with Poisson mini-batches on a model backend (T fixed in the sweeps)."""
     rng = np.random.default_rng(seed)
-    from privtune.accounting.events import DPSGDEvent
 
     q, T = p.details["sample_rate"], p.details["steps"]
     lr_lo, lr_hi = config.minibatch_lr_bounds()

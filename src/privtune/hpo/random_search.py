@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from privtune._validation import check_int, check_real
+from privtune._validation import check_choice, check_int, check_real
 from privtune.accounting.calibration import calibrate
 from privtune.accounting.events import GaussianEvent, RepeatAndSelectEvent
 from privtune.errors import InfeasibleBudgetError
@@ -108,7 +108,6 @@ def plan(config: RandomSearchConfig, total_epsilon: float, delta: float, *, scor
     """Choose the tighter accounting and the per-trial μ, before any data is read."""
     k = check_int(config.trials, "trials", low=1)
     check_real(config.shape, "shape", low=0.0, low_inclusive=True)
-    from privtune._validation import check_choice
 
     check_choice(config.accounting, "accounting", ("auto", "composition", "repeat-and-select"))
     config.space()  # validates the search box before anything is planned
@@ -176,6 +175,7 @@ def plan(config: RandomSearchConfig, total_epsilon: float, delta: float, *, scor
 
 def _k_distribution(mean: float, shape: float):
     """(pmf over k ≥ 1 as a callable, γ) of dp_accounting's truncated negative binomial."""
+    # Lazy: dp_accounting internals only for the negative binomial K (see docstring).
     from dp_accounting.rdp.rdp_privacy_accountant import _gamma_truncated_negative_binomial
     from scipy import stats
 
@@ -194,6 +194,7 @@ def _tail_probability(mean: float, shape: float, k: int) -> float:
 
 def _draw_k(rng: np.random.Generator, mean: float, shape: float) -> int:
     """Draw K from the truncated negative binomial with the given mean (dp_accounting's γ)."""
+    # Lazy: dp_accounting internals only for the negative binomial K (see docstring).
     from dp_accounting.rdp.rdp_privacy_accountant import _gamma_truncated_negative_binomial
 
     gamma = _gamma_truncated_negative_binomial(shape, mean)

@@ -15,6 +15,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from privtune._validation import check_choice, check_delta, check_epsilon, check_int, check_real
+from privtune.accounting import calibrate_noise_multiplier
 
 #: recommend(prefer=...): "smallest" (the paper's rule) or "cap" (largest batch with T >= min_steps)
 PREFERENCES = ("smallest", "cap")
@@ -108,8 +109,6 @@ def recommend(epsilon: float, delta: float, dataset_size: int, epochs: float, *,
     plateau_tol : relative tolerance on σ√T defining the plateau (0.10).
     prefer : ``"smallest"`` (the paper's rule) or ``"cap"`` (largest B with T ≥ min_steps).
     """
-    from privtune.accounting import calibrate_noise_multiplier
-
     eps = check_epsilon(epsilon)
     n = check_int(dataset_size, "dataset_size", low=2, fix="Pass the number of training examples.")
     dl = check_delta(delta, dataset_size=n)

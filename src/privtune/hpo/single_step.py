@@ -15,7 +15,15 @@ from dataclasses import dataclass
 
 from privtune._validation import check_choice, check_real
 from privtune.accounting.events import GaussianEvent
-from privtune.hpo.common import BudgetPlan, PlanRequest, Strategy, calibrate_final, epsilon_of, set_override
+from privtune.hpo.common import (
+    BudgetPlan,
+    PlanRequest,
+    Strategy,
+    StrategyOutcome,
+    calibrate_final,
+    epsilon_of,
+    set_override,
+)
 
 NAME = "single-step"
 
@@ -61,8 +69,6 @@ def plan(config: SingleStepConfig, total_epsilon: float, delta: float, *, accoun
 
 def run(backend, config: SingleStepConfig, p: BudgetPlan, *, seed: int | None = None, progress=None):
     """Execute the single step on a features backend."""
-    from privtune.hpo.common import StrategyOutcome
-
     sigma = p.details["noise_multiplier"]
     if progress:
         progress(f"single step: full batch, σ = {sigma:.4g}, DP-{config.optimizer}")

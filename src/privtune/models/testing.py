@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from privtune.data import TextDataset
+
 POSITIVE_WORDS = ["good", "great", "fine", "nice", "love", "superb", "fun", "best"]
 NEGATIVE_WORDS = ["bad", "awful", "poor", "boring", "hate", "worst", "dull", "sad"]
 NEUTRAL_WORDS = ["the", "a", "movie", "film", "plot", "actors", "was", "is", "very", "quite", "story", "and"]
@@ -35,6 +37,7 @@ def make_tiny_text_model(path: str | os.PathLike, *, arch: str = "bert", sentenc
     ``arch``: ``"bert"``, ``"roberta"`` or ``"gpt2"``.  ``sentence_transformers=True`` adds
     ``modules.json`` and ``1_Pooling/config.json`` (mean pooling + Normalize), like all-MiniLM-L6-v2.
     """
+    # Lazy: transformers only when a test model is written.
     from transformers import BertConfig, BertModel, BertTokenizer, GPT2Config, GPT2Model, RobertaConfig, RobertaModel
 
     out = Path(path)
@@ -76,6 +79,7 @@ def make_tiny_text_model(path: str | os.PathLike, *, arch: str = "bert", sentenc
 
 def make_tiny_image_model(path: str | os.PathLike, *, image_size: int = 8, seed: int = 0) -> Path:
     """Write a tiny random ViT (patch 4, hidden 32) with a ViTImageProcessor to ``path``."""
+    # Lazy: transformers only when a test model is written.
     from transformers import ViTConfig, ViTImageProcessor, ViTModel
 
     out = Path(path)
@@ -90,8 +94,6 @@ def make_tiny_image_model(path: str | os.PathLike, *, image_size: int = 8, seed:
 
 def make_toy_text_dataset(n: int = 64, *, seed: int = 0, min_words: int = 3, max_words: int = 8):
     """A two-class TextDataset: positive words ⇒ label 1, negative words ⇒ label 0 (plus filler)."""
-    from privtune.data import TextDataset
-
     rng = random.Random(seed)
     texts, labels = [], []
     for i in range(n):

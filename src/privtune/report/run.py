@@ -18,7 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from privtune.accounting.events import event_from_dict
 from privtune.errors import InvalidParameterError
+from privtune.report.release import SEEDED_LABEL, load_not_private, split_release
 
 RUN_FILES = ("certificate.json", "metrics.json", "history.json", "config.yaml")
 
@@ -79,8 +83,6 @@ class RunData:
     @property
     def seeded(self) -> bool:
         """True for a run with an explicit seed (its noise is reproducible: NOT PRIVATE)."""
-        from privtune.report.release import SEEDED_LABEL
-
         return (self.metadata.get("label") == SEEDED_LABEL or bool(self.metadata.get("seeded"))
                 or self.metrics.get("label") == SEEDED_LABEL or bool(self.metrics.get("seeded")))
 
@@ -134,7 +136,6 @@ def load_run(run_dir: str | os.PathLike, *, include_non_private: bool = False) -
                 "certificate.json is missing: this run has no privacy certificate (it may have been interrupted; "
                 "rerun it with --resume)."
             )
-    from privtune.report.release import load_not_private, split_release
 
     run.metrics, run.history, legacy = split_release(run.metrics, run.history)
     if include_non_private:
@@ -152,8 +153,6 @@ def load_run(run_dir: str | os.PathLike, *, include_non_private: bool = False) -
                 run.history["final_run"] = {**run.final_run, **{k: v for k, v in fr.items() if v is not None}}
     cfg = p / "config.yaml"
     if cfg.is_file():
-        import yaml
-
         try:
             data = yaml.safe_load(cfg.read_text(encoding="utf-8"))
             run.config = data if isinstance(data, dict) else {}
@@ -164,8 +163,6 @@ def load_run(run_dir: str | os.PathLike, *, include_non_private: bool = False) -
 
 def load_events(dicts: Any) -> list:
     """Event dicts -> privtune events (raises CertificateError on malformed ones)."""
-    from privtune.accounting.events import event_from_dict
-
     if not isinstance(dicts, list):
         return []
     return [event_from_dict(d) for d in dicts]
