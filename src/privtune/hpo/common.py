@@ -17,6 +17,7 @@ A strategy works in three phases, and this module holds what they share:
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import difflib
 import math
@@ -484,7 +485,7 @@ class PlanRequest:
         return GaussianEvent(self.score_sigma, 1, label="trial score (charged)") if self.score_sigma else None
 
 
-class Strategy:
+class Strategy(abc.ABC):
     """A tuning strategy: one class per ``hpo/<name>.py``, registered in :mod:`privtune.hpo.registry`.
 
     Class attributes (read by tune(), the config schema and the CLI instead of re-declaring them):
@@ -522,12 +523,14 @@ class Strategy:
     def apply_overrides(self, cfg, *, trials=None, optimizer=None) -> None:
         """Set tune()'s ``trials``/``optimizer`` into ``cfg`` (only those listed in ``overrides`` reach here)."""
 
-    def plan(self, cfg, mode: str, request: PlanRequest) -> BudgetPlan:  # pragma: no cover - interface
-        raise NotImplementedError
+    @abc.abstractmethod
+    def plan(self, cfg, mode: str, request: PlanRequest) -> BudgetPlan:
+        """The privacy events of the whole strategy, from public sizes only (before any data is read)."""
 
+    @abc.abstractmethod
     def run(self, backend, selector, cfg, plan: BudgetPlan, *, mode: str, seed: int | None = None,
-            progress=None) -> StrategyOutcome:  # pragma: no cover - interface
-        raise NotImplementedError
+            progress=None) -> StrategyOutcome:
+        """Run the planned trials and final run through ``backend`` (the one loop); return their events."""
 
 
 def config_from_options(cls, options: dict):
