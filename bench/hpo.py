@@ -46,7 +46,8 @@ RESULTS = ROOT / "results"
 SST2 = Path(os.environ.get("PRIVTUNE_SST2", ROOT.parent.parent / "shared" / "data" / "sst2"))
 
 
-def _read_tsv(path: Path, limit: int | None = None):
+def read_sst2_tsv(path: Path):
+    """(texts, integer labels) of a GLUE SST-2 TSV (``label<TAB>sentence`` after a header line)."""
     texts, labels = [], []
     with open(path, encoding="utf-8") as f:
         rows = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
@@ -65,8 +66,8 @@ def load_features(public_size: int, subset: int | None, seed: int = 0, progress:
 
     if not SST2.is_dir():
         sys.exit(f"SST-2 not found at {SST2}; set PRIVTUNE_SST2 to the folder with train.tsv and dev.tsv")
-    tt, tl = _read_tsv(SST2 / "train.tsv")
-    dt, dl = _read_tsv(SST2 / "dev.tsv")
+    tt, tl = read_sst2_tsv(SST2 / "train.tsv")
+    dt, dl = read_sst2_tsv(SST2 / "dev.tsv")
     model = load_classifier(None, num_labels=2)
     cache = RESULTS / "features"
     out = {}
@@ -233,7 +234,7 @@ def run_bitfit(eps_list, subset: int, public_size: int = 500, seeds=(0,)):
 
     if not SST2.is_dir():
         sys.exit(f"SST-2 not found at {SST2}; set PRIVTUNE_SST2 to the folder with train.tsv and dev.tsv")
-    texts, labels = _read_tsv(SST2 / "train.tsv")
+    texts, labels = read_sst2_tsv(SST2 / "train.tsv")
     idx = list(range(len(texts)))
     random.Random(0).shuffle(idx)  # one fixed split; the seeds below vary the runs (noise, sampling, search)
     seed = seeds[0]

@@ -25,7 +25,6 @@ Results: printed table, plus bench/results/tune_throughput.json (git-ignored).
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import random
@@ -42,19 +41,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
-SST2 = Path(os.environ.get("PRIVTUNE_SST2", HERE.parent.parent / "shared" / "data" / "sst2"))
+from hpo import SST2, read_sst2_tsv  # noqa: E402  (bench/ is on sys.path: this script's folder)
 TARGET = 0.9
-
-
-def _read_tsv(path: Path):
-    texts, labels = [], []
-    with open(path, encoding="utf-8") as f:
-        rows = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
-        next(rows)
-        for r in rows:
-            labels.append(int(r[0]))
-            texts.append(r[1])
-    return texts, labels
 
 
 def tune_child(subset: int, batch_size: int, steps: int, max_length: int, profile: bool, pad_to_max: bool) -> dict:
@@ -73,7 +61,7 @@ def tune_child(subset: int, batch_size: int, steps: int, max_length: int, profil
             return {k: v for k, v in enc.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
         classifier_module.Classifier.encode_texts = encode_texts_padded
 
-    texts, labels = _read_tsv(SST2 / "train.tsv")
+    texts, labels = read_sst2_tsv(SST2 / "train.tsv")
     idx = list(range(len(texts)))
     random.Random(0).shuffle(idx)
     idx = idx[:subset]
