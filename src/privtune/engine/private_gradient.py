@@ -188,22 +188,54 @@ class PrivateGradient:
         self._generator.manual_seed(seed if seed is not None else secrets.randbits(63))
 
         self.model = model
-        self._params: list[nn.Parameter] = []
-        self._param_names: dict[nn.Parameter, str] = {}
+        self._params, self._param_names = self._trainable_parameters(model)
+        self._batchnorms = [(n, m) for n, m in model.named_modules() if _is_batchnorm(m)]
+        self._check_batchnorm()
+        self.handlers, self.fallback_modules, self._owner_name = self._build_handlers(model)
+        if self.fallback_modules:
+            warnings.warn(
+                "PrivateGradient: no fast per-example rule for these modules; using the slower torch.func "
+                "per-example fallback (exact, B× parameter memory): " + ", ".join(self.fallback_modules),
+                UserWarning,
+                stacklevel=2,
+            )
+
+        self._hooks: list[Any] = []
+        self._batch: int | None = None
+        self._suspended = False
+        self._edges: list[Any] = []
+        self._hooks.append(model.register_forward_pre_hook(self._pre_forward, with_kwargs=True))
+        for h in self.handlers:
+            self._hooks.append(h.module.register_forward_hook(self._make_forward_hook(h), with_kwargs=True))
+        self._reset_accumulators()
+        self._releases = 0
+        self._last_layer_norms: torch.Tensor | None = None
+
+    # ------------------------------------------------------------------ construction
+    @staticmethod
+    def _trainable_parameters(model: nn.Module) -> tuple[list[nn.Parameter], dict[nn.Parameter, str]]:
+        """The parameters with requires_grad (each once, in model order) and their qualified names."""
+        params: list[nn.Parameter] = []
+        names: dict[nn.Parameter, str] = {}
         for name, p in model.named_parameters():
-            if p.requires_grad and p not in self._param_names:
-                self._params.append(p)
-                self._param_names[p] = name
-        if not self._params:
+            if p.requires_grad and p not in names:
+                params.append(p)
+                names[p] = name
+        if not params:
             raise InvalidParameterError(
                 "`model` must have at least one parameter with requires_grad=True. Got none. "
                 "Choose what to train first (e.g. privtune.finetune.apply_mode(model, 'bitfit'))."
             )
-        self._batchnorms = [(n, m) for n, m in model.named_modules() if _is_batchnorm(m)]
-        self._check_batchnorm()
+        return params, names
 
-        self.handlers: list[Handler] = []
-        self.fallback_modules: list[str] = []
+    def _build_handlers(self, model: nn.Module) -> tuple[list[Handler], list[str], dict[nn.Parameter, str]]:
+        """One handler per module that owns trainable parameters (``nn.MultiheadAttention`` as a whole).
+
+        Returns the handlers, the descriptions of the modules that use the per-example fallback, and each
+        trainable parameter's owning module name; tied trainable weights are refused.
+        """
+        handlers: list[Handler] = []
+        fallback_modules: list[str] = []
         owner: dict[nn.Parameter, str] = {}
         covered: set[int] = set()
         for mname, module in model.named_modules():
@@ -227,29 +259,10 @@ class PrivateGradient:
                 owner[p] = mname or "<model>"
             handler = self._make_handler(module, dict(own))
             if isinstance(handler, FallbackHandler):
-                self.fallback_modules.append(f"{mname or '<model>'} ({type(module).__name__})")
-            self.handlers.append(handler)
-        self._owner_name = owner
-        if self.fallback_modules:
-            warnings.warn(
-                "PrivateGradient: no fast per-example rule for these modules; using the slower torch.func "
-                "per-example fallback (exact, B× parameter memory): " + ", ".join(self.fallback_modules),
-                UserWarning,
-                stacklevel=2,
-            )
+                fallback_modules.append(f"{mname or '<model>'} ({type(module).__name__})")
+            handlers.append(handler)
+        return handlers, fallback_modules, owner
 
-        self._hooks: list[Any] = []
-        self._batch: int | None = None
-        self._suspended = False
-        self._edges: list[Any] = []
-        self._hooks.append(model.register_forward_pre_hook(self._pre_forward, with_kwargs=True))
-        for h in self.handlers:
-            self._hooks.append(h.module.register_forward_hook(self._make_forward_hook(h), with_kwargs=True))
-        self._reset_accumulators()
-        self._releases = 0
-        self._last_layer_norms: torch.Tensor | None = None
-
-    # ------------------------------------------------------------------ construction
     def _make_handler(self, module: nn.Module, own: dict[str, nn.Parameter]) -> Handler:
         roles = set(own)
         if isinstance(module, nn.Linear) and roles <= {"weight", "bias"}:
@@ -392,6 +405,46 @@ class PrivateGradient:
         Returns:
             Detached (B,) tensor of per-example gradient L2 norms (before clipping). **NOT PRIVATE.**
         """
+        self._check_losses(losses)
+        B = losses.shape[0]
+        if B == 0:
+            for h in self.handlers:
+                h.clear()
+            self._edges = []
+            return losses.detach()
+        self._check_losses_have_grad(losses, B)
+        self._backpropagate(losses)
+
+        gram_cache: dict = {}
+        for h in self.handlers:
+            h.gram_cache = gram_cache
+        if not any(g is not None for h in self.handlers for r in h.records for g in r.grads):
+            for h in self.handlers:
+                h.clear()
+            raise InvalidParameterError(
+                "`losses` must come from the most recent forward pass of `model` (one forward, then backward). "
+                "Got losses that reach none of the recorded trainable layers. Run backward right after the forward "
+                "pass that produced them, and evaluate inside `with pg.paused():` or torch.no_grad()."
+            )
+        try:
+            # norms are certified upper bounds accumulated in float64 (engine/_layers.py); they are returned
+            # in the parameters' precision as before
+            out_dtype = torch.float64 if self._params[0].dtype == torch.float64 else torch.float32
+            sq, active = self._squared_norms(B, losses.device)
+            norms = sq.clamp_min(0).sqrt()
+            clipped = self._accumulate_clipped(norms, active, out_dtype)
+        finally:
+            gram_cache.clear()
+            for h in self.handlers:
+                h.clear()
+        self._count += B
+        self._clipped += int(clipped.sum())
+        self._microbatches += 1
+        return norms.detach().to(out_dtype)
+
+    @staticmethod
+    def _check_losses(losses: torch.Tensor) -> None:
+        """Refuse anything but a 1-D tensor of per-example losses (before looking at its size)."""
         if not isinstance(losses, torch.Tensor):
             raise InvalidParameterError(
                 f"`losses` must be a torch.Tensor of shape (B,). Got {type(losses).__name__}. "
@@ -402,12 +455,9 @@ class PrivateGradient:
                 f"`losses` must be a 1-D per-example loss vector of shape (B,). Got shape {tuple(losses.shape)}. "
                 "Use reduction='none' (and average over tokens within each example if needed)."
             )
-        B = losses.shape[0]
-        if B == 0:
-            for h in self.handlers:
-                h.clear()
-            self._edges = []
-            return losses.detach()
+
+    def _check_losses_have_grad(self, losses: torch.Tensor, B: int) -> None:
+        """Refuse a non-empty loss vector that cannot be back-propagated to the forward just recorded."""
         if not losses.requires_grad:
             raise InvalidParameterError(
                 "`losses` must require grad (come from a forward pass of `model` with grad enabled). Got a tensor "
@@ -423,6 +473,13 @@ class PrivateGradient:
                 "`losses` must be finite. Got NaN or inf values. Check the learning rate and the inputs."
             )
 
+    def _backpropagate(self, losses: torch.Tensor) -> None:
+        """One autograd pass of Σ_i losses[i] to the recorded layer outputs (the hooks capture their gradients).
+
+        The parameters of modules that were never called are added as guard inputs: a gradient reaching them
+        means a weight used functionally elsewhere, whose per-example part cannot be attributed, so it is refused.
+        Their ``.grad`` is restored afterwards.
+        """
         fired = {id(h) for h in self.handlers if h.records}
         guard = [p for h in self.handlers if id(h) not in fired for p in h.params.values()]
         saved = {p: p.grad for p in guard}
@@ -444,86 +501,83 @@ class PrivateGradient:
                 "cannot be attributed. Fix: freeze them, or call the module that owns them."
             )
 
-        gram_cache: dict = {}
+    def _squared_norms(self, B: int, device: torch.device) -> tuple[torch.Tensor, list[Handler]]:
+        """Finish every handler the loss reached; return the (B,) float64 squared per-example gradient norms
+        (summed over those handlers, units of C²) and the list of those handlers."""
+        sq = torch.zeros(B, dtype=torch.float64, device=device)
+        active: list[Handler] = []
         for h in self.handlers:
-            h.gram_cache = gram_cache
-        if not any(g is not None for h in self.handlers for r in h.records for g in r.grads):
-            for h in self.handlers:
-                h.clear()
-            raise InvalidParameterError(
-                "`losses` must come from the most recent forward pass of `model` (one forward, then backward). "
-                "Got losses that reach none of the recorded trainable layers. Run backward right after the forward "
-                "pass that produced them, and evaluate inside `with pg.paused():` or torch.no_grad()."
-            )
+            recs = [r for r in h.records if any(g is not None for g in r.grads)]
+            for r in recs:
+                self._check_record_grads(h, r, B)
+            if not recs:
+                continue
+            h.records = recs
+            self._finish_handler(h)
+            sq = sq + h.sq.to(sq.dtype)
+            active.append(h)
+        return sq, active
+
+    def _check_record_grads(self, h: Handler, rec: Record, B: int) -> None:
+        """Refuse a record whose output gradients are incomplete or not one row per example."""
+        for g in rec.grads:
+            if g is None:  # an output of a fallback module that did not reach the loss
+                raise UnsupportedModuleError(
+                    f"module {self._owner_of(h)!r}: only some of its outputs reach the loss; the "
+                    "per-example fallback needs all of them. Fix: freeze this module."
+                )
+            if g.shape[0] != B:
+                raise InvalidParameterError(
+                    f"`losses` has {B} entries but module {self._owner_of(h)!r} saw a batch of "
+                    f"{g.shape[0]}. Pass exactly one loss per example of the forwarded batch."
+                )
+
+    def _finish_handler(self, h: Handler) -> None:
+        """Compute ``h``'s per-example squared norms with the forward hooks suspended (the fallback re-runs the
+        module's forward)."""
+        was_suspended, self._suspended = self._suspended, True
         try:
-            # norms are certified upper bounds accumulated in float64 (engine/_layers.py); they are returned
-            # in the parameters' precision as before
-            out_dtype = torch.float64 if self._params[0].dtype == torch.float64 else torch.float32
-            sq = torch.zeros(B, dtype=torch.float64, device=losses.device)
-            active: list[Handler] = []
-            for h in self.handlers:
-                recs = [r for r in h.records if any(g is not None for g in r.grads)]
-                for r in recs:
-                    for k, g in enumerate(r.grads):
-                        if g is None:  # an output of a fallback module that did not reach the loss
-                            raise UnsupportedModuleError(
-                                f"module {self._owner_of(h)!r}: only some of its outputs reach the loss; the "
-                                "per-example fallback needs all of them. Fix: freeze this module."
-                            )
-                        if g.shape[0] != B:
-                            raise InvalidParameterError(
-                                f"`losses` has {B} entries but module {self._owner_of(h)!r} saw a batch of "
-                                f"{g.shape[0]}. Pass exactly one loss per example of the forwarded batch."
-                            )
-                if not recs:
-                    continue
-                h.records = recs
-                was_suspended, self._suspended = self._suspended, True
-                try:
-                    h.finish()
-                except RuntimeError as exc:
-                    if isinstance(h, FallbackHandler) and "random" in str(exc).lower():
-                        raise UnsupportedModuleError(
-                            f"module {self._owner_of(h)!r} ({type(h.module).__name__}) uses randomness (e.g. active "
-                            "dropout) inside the per-example fallback, which recomputes its forward pass. "
-                            "Fix: set its dropout probability to 0, or call module.eval() on it."
-                        ) from exc
-                    raise
-                finally:
-                    self._suspended = was_suspended
-                sq = sq + h.sq.to(sq.dtype)
-                active.append(h)
-            norms = sq.clamp_min(0).sqrt()
-            C = self.max_grad_norm
-            if self.per_layer:  # one threshold C/√K per module: Σ_k (C/√K)² = C², sensitivity stays C
-                C_layer = C / math.sqrt(len(self.handlers))
-                layer_norms = [h.sq.to(sq.dtype).clamp_min(0).sqrt() for h in active]
-                layer_factors = [self._clip_factors(n, C_layer) for n in layer_norms]
-                clipped = torch.stack([n > C_layer for n in layer_norms]).any(0) if active else norms > C
-                table = torch.zeros(B, len(self.handlers), dtype=out_dtype, device=sq.device)
-                pos = {id(h): k for k, h in enumerate(self.handlers)}
-                for h, n in zip(active, layer_norms):
-                    table[:, pos[id(h)]] = n.to(out_dtype)
-                self._last_layer_norms = table.detach()
-            else:
-                factors = self._clip_factors(norms, C)
-                layer_factors = [factors] * len(active)
-                clipped = norms > C
-            for h, factors in zip(active, layer_factors):
-                for p, t in h.clipped_sum(h.records, factors).items():
-                    t = t.to(p.dtype)
-                    if p in self._sum:
-                        self._sum[p].add_(t)
-                    else:
-                        self._sum[p] = t
+            h.finish()
+        except RuntimeError as exc:
+            if isinstance(h, FallbackHandler) and "random" in str(exc).lower():
+                raise UnsupportedModuleError(
+                    f"module {self._owner_of(h)!r} ({type(h.module).__name__}) uses randomness (e.g. active "
+                    "dropout) inside the per-example fallback, which recomputes its forward pass. "
+                    "Fix: set its dropout probability to 0, or call module.eval() on it."
+                ) from exc
+            raise
         finally:
-            gram_cache.clear()
-            for h in self.handlers:
-                h.clear()
-        self._count += B
-        self._clipped += int(clipped.sum())
-        self._microbatches += 1
-        return norms.detach().to(out_dtype)
+            self._suspended = was_suspended
+
+    def _accumulate_clipped(self, norms: torch.Tensor, active: list[Handler], out_dtype: torch.dtype) -> torch.Tensor:
+        """Add Σ_i c_i g_i of the ``active`` handlers to the running sum; return the (B,) bool mask of examples
+        whose norm exceeded the threshold (C, or C/√K per module with ``per_layer``).
+
+        ``norms`` are the (B,) per-example gradient norms in the units of C.
+        """
+        C = self.max_grad_norm
+        if self.per_layer:  # one threshold C/√K per module: Σ_k (C/√K)² = C², sensitivity stays C
+            C_layer = C / math.sqrt(len(self.handlers))
+            layer_norms = [h.sq.to(norms.dtype).clamp_min(0).sqrt() for h in active]
+            layer_factors = [self._clip_factors(n, C_layer) for n in layer_norms]
+            clipped = torch.stack([n > C_layer for n in layer_norms]).any(0) if active else norms > C
+            table = torch.zeros(norms.shape[0], len(self.handlers), dtype=out_dtype, device=norms.device)
+            pos = {id(h): k for k, h in enumerate(self.handlers)}
+            for h, n in zip(active, layer_norms):
+                table[:, pos[id(h)]] = n.to(out_dtype)
+            self._last_layer_norms = table.detach()
+        else:
+            factors = self._clip_factors(norms, C)
+            layer_factors = [factors] * len(active)
+            clipped = norms > C
+        for h, factors in zip(active, layer_factors):
+            for p, t in h.clipped_sum(h.records, factors).items():
+                t = t.to(p.dtype)
+                if p in self._sum:
+                    self._sum[p].add_(t)
+                else:
+                    self._sum[p] = t
+        return clipped
 
     def _clip_factors(self, norms: torch.Tensor, C: float) -> torch.Tensor:
         """Per-example scale factors bounding each clipped term's norm by C (:func:`clip_factors`)."""
