@@ -633,40 +633,17 @@ def _phases_for(mode: str | None, steps: int, learning_rate: float, phase1_steps
 
 
 def fit(
-    model: nn.Module,
-    train_set: Any,
-    *,
-    noise_multiplier: float,
-    sample_rate: float,
-    steps: int,
-    learning_rate: float,
-    clip: float = 1.0,
-    clipping: str = "flat",
-    per_layer_clipping: bool = False,
-    optimizer: str = "adam",
-    eval_set: Any = None,
-    seed: int | None = None,
-    max_physical_batch_size: int | None = None,
-    callback: Callable[[StepInfo], bool | None] | None = None,
-    sampling: str = "poisson",
-    momentum: float = 0.0,
-    weight_decay: float = 0.0,
-    mode: str | None = None,
-    phase1_steps: int | None = None,
-    phase1_learning_rate: float | None = None,
-    eval_every: int | None = None,
-    progress: Any = None,
-    delta: float | None = None,
-    accountant: str = "pld",
-    clipping_diagnostics: bool = False,
-    fast_head: bool = True,
-    assume_poisson: bool = False,
-    device: Any = None,
-    hooks: Sequence[LoopHook] = (),
-    gamma: float = 0.01,
+    model: nn.Module, train_set: Any, *, noise_multiplier: float, sample_rate: float, steps: int, learning_rate: float,
+    clip: float = 1.0, clipping: str = "flat", per_layer_clipping: bool = False, optimizer: str = "adam",
+    eval_set: Any = None, seed: int | None = None, max_physical_batch_size: int | None = None,
+    callback: Callable[[StepInfo], bool | None] | None = None, sampling: str = "poisson", momentum: float = 0.0,
+    weight_decay: float = 0.0, mode: str | None = None, phase1_steps: int | None = None,
+    phase1_learning_rate: float | None = None, eval_every: int | None = None, progress: Any = None,
+    delta: float | None = None, accountant: str = "pld", clipping_diagnostics: bool = False, fast_head: bool = True,
+    assume_poisson: bool = False, device: Any = None, hooks: Sequence[LoopHook] = (), gamma: float = 0.01,
     eps: float = 1e-8,
 ) -> FitResult:
-    """Train ``model`` privately for ``steps`` DP steps; no ledger, no files.
+    """Train ``model`` privately for ``steps`` DP steps and return a :class:`FitResult`; no ledger, no files.
 
     Parameters
     ----------
@@ -741,10 +718,31 @@ def fit(
         AUTO-S stability constant γ of ``clipping="automatic"``: factor C/(‖g‖ + γ).
     eps : float, default 1e-8
         Denominator constant of Adam/AdamW/LAMB.
+    """
+    options = _checked_loop_options(
+        train_set, noise_multiplier=noise_multiplier, sample_rate=sample_rate, steps=steps, learning_rate=learning_rate,
+        clip=clip, clipping=clipping, optimizer=optimizer, sampling=sampling, assume_poisson=assume_poisson, gamma=gamma,
+        device=device, max_physical_batch_size=max_physical_batch_size, eval_every=eval_every, mode=mode,
+        phase1_steps=phase1_steps, phase1_learning_rate=phase1_learning_rate)
+    own_progress = _make_progress(True, None, None) if progress is True else None
+    loop = _Loop(model, train_set, **options, per_layer_clipping=per_layer_clipping, momentum=momentum,
+                 weight_decay=weight_decay, seed=seed, eval_set=eval_set, callback=callback, delta=delta, eps=eps,
+                 progress=own_progress if progress is True else None if progress is False else progress, hooks=hooks,
+                 accountant=accountant, clipping_diagnostics=clipping_diagnostics, fast_head=fast_head)
+    _run_loop(loop, own_progress)
+    return _result(loop)
 
-    Returns
-    -------
-    FitResult
+
+def _checked_loop_options(
+    train_set: Any, *, noise_multiplier: Any, sample_rate: Any, steps: Any, learning_rate: Any, clip: Any,
+    clipping: Any, optimizer: Any, sampling: Any, assume_poisson: Any, device: Any, max_physical_batch_size: Any,
+    eval_every: Any, mode: Any, phase1_steps: Any, phase1_learning_rate: Any, gamma: Any,
+) -> dict[str, Any]:
+    """Validate :func:`fit`'s privacy, schedule and clipping options (in this order, so the first bad one is the
+    one reported) and return them as :class:`_Loop` keyword arguments.
+
+    The sample rate q is returned as the rate the sampler really uses: ``round(q·N)/N`` for ``sampling="shuffle"``
+    and ``sampling="full_batch"`` for Poisson sampling with q = 1.
     """
     sigma = check_real(noise_multiplier, "noise_multiplier", low=0.0, low_inclusive=True,
                        fix="σ is the noise std divided by C; σ = 0 means no privacy.")
@@ -779,24 +777,20 @@ def fit(
     if eval_every is not None:
         eval_every = check_int(eval_every, "eval_every", low=1)
     phases = _phases_for(mode, steps, lr, phase1_steps, phase1_learning_rate)
-    own_progress = None
-    if progress is True:
-        own_progress = progress = _make_progress(True, None, None)
-    elif progress is False:
-        progress = None
-    loop = _Loop(model, train_set, noise_multiplier=sigma, sample_rate=q, phases=phases, clip=clip,
-                 clipping=clipping, per_layer_clipping=per_layer_clipping, optimizer=optimizer, momentum=momentum, weight_decay=weight_decay,
-                 sampling=sampling, max_physical_batch_size=max_phys, seed=seed, eval_set=eval_set,
-                 eval_every=eval_every, callback=callback, progress=progress, delta=delta, accountant=accountant,
-                 clipping_diagnostics=clipping_diagnostics, fast_head=fast_head, assume_poisson=assume_poisson,
-                 device=device, hooks=hooks, gamma=check_real(gamma, "gamma", low=0.0), eps=eps)
-    if own_progress is not None:
-        with own_progress:
-            own_progress.start_phase("DP training (batch loss NOT PRIVATE)", total=loop.total_steps, unit="steps")
-            loop.run()
-    else:
+    return dict(noise_multiplier=sigma, sample_rate=q, phases=phases, clip=clip, clipping=clipping,
+                optimizer=optimizer, sampling=sampling, max_physical_batch_size=max_phys, eval_every=eval_every,
+                assume_poisson=assume_poisson, device=device, gamma=check_real(gamma, "gamma", low=0.0))
+
+
+def _run_loop(loop: _Loop, own_progress: Any) -> None:
+    """Run ``loop``; inside ``own_progress`` (a progress display :func:`fit` made itself: opened and closed here,
+    one unit per step) unless that is None."""
+    if own_progress is None:
         loop.run()
-    return _result(loop)
+        return
+    with own_progress:
+        own_progress.start_phase("DP training (batch loss NOT PRIVATE)", total=loop.total_steps, unit="steps")
+        loop.run()
 
 
 def _check_lora_options(mode: str, rank: Any, alpha: Any, targets: Any) -> tuple[int, float, list[str] | None]:
