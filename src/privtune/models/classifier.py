@@ -493,29 +493,9 @@ def load_classifier(
     num_labels = check_int(num_labels, "num_labels", low=2, fix="A classifier needs at least two classes.")
     if max_length is not None:
         max_length = check_int(max_length, "max_length", low=2)
-    d = default_model_path() if path is None else Path(path).expanduser()
-    if not d.exists():
-        hub_like = isinstance(path, str) and "/" in path and not str(path).startswith((".", "/", "~"))
-        hint = (
-            " It looks like a Hugging Face Hub id; downloads are disabled here (HF_HUB_OFFLINE=1): download "
-            "the model to a folder elsewhere and pass that folder." if hub_like else " Check the path."
-        )
-        raise ModelError(f"`model` path {str(d)!r} does not exist.{hint}")
-    if d.is_dir() and not (d / "config.json").is_file() and (d / "model" / CLASSIFIER_CONFIG).is_file():
-        d = d / "model"  # a privtune RUN_DIR
-    if not d.is_dir() or not (d / "config.json").is_file():
-        raise ModelError(
-            f"`model` {str(d)!r} is not a Hugging Face model directory (no config.json). Pass a folder "
-            "saved with save_pretrained, a privtune RUN_DIR/model, or omit it for the bundled MiniLM."
-        )
-    meta = None
-    if (d / CLASSIFIER_CONFIG).is_file():
-        try:
-            meta = json.loads((d / CLASSIFIER_CONFIG).read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise ModelError(f"{str(d / CLASSIFIER_CONFIG)!r} is not valid JSON: {exc}.") from None
-        if int(meta.get("format_version", 0)) > FORMAT_VERSION:
-            raise ModelError(f"{str(d)!r} was written by a newer privtune; upgrade with `pip install -U privtune`.")
+    d = _model_directory(path)
+    meta = _read_classifier_meta(d)
+    if meta is not None:
         pooling = meta["pooling"]
         normalize = bool(meta.get("normalize", False))
         num_labels = int(meta["num_labels"])
@@ -537,77 +517,13 @@ def load_classifier(
         else:
             pooling = "model"
     normalize = bool(normalize) if normalize is not None else False
-    tokenizer = processor = None
     with _quiet_transformers():
-        try:
-            if kind == "text":
-                # Lazy: transformers only when a model is built.
-                from transformers import AutoTokenizer
-
-                tokenizer = AutoTokenizer.from_pretrained(str(d))
-                if tokenizer.pad_token is None:
-                    if tokenizer.eos_token is None:
-                        raise ModelError(f"The tokenizer in {str(d)!r} has neither a pad nor an eos token.")
-                    tokenizer.pad_token = tokenizer.eos_token
-            else:
-                # Lazy: transformers only when a model is built.
-                from transformers import AutoImageProcessor
-
-                processor = AutoImageProcessor.from_pretrained(str(d))
-        except ModelError:
-            raise
-        except Exception as exc:
-            what = "tokenizer" if kind == "text" else "image processor"
-            raise ModelError(f"Cannot load the {what} from {str(d)!r}: {exc}. Save it next to the model.") from None
+        tokenizer, processor = _load_preprocessor(d, kind)
         if seed is not None:
             torch.manual_seed(seed)
-        try:
-            if pooling == "model":
-                # Lazy: transformers only when a model is built.
-                from transformers import AutoModelForImageClassification, AutoModelForSequenceClassification
-
-                auto = AutoModelForSequenceClassification if kind == "text" else AutoModelForImageClassification
-                kwargs: dict[str, Any] = {"num_labels": num_labels}
-                if meta is None:
-                    kwargs["ignore_mismatched_sizes"] = True
-                backbone = auto.from_pretrained(str(d), **kwargs)
-                if kind == "text" and getattr(backbone.config, "pad_token_id", None) is None:
-                    backbone.config.pad_token_id = tokenizer.pad_token_id
-            else:
-                # Lazy: transformers only when a model is built.
-                from transformers import AutoModel
-
-                backbone = AutoModel.from_pretrained(str(d))
-        except Exception as exc:
-            raise ModelError(
-                f"{str(d)!r} (model_type={getattr(config, 'model_type', '?')!r}) cannot be loaded as a "
-                f"{kind} classifier backbone: {str(exc).splitlines()[0]}"
-            ) from None
+        backbone = _load_backbone(d, config, kind, pooling, num_labels, new_head=meta is None, tokenizer=tokenizer)
     backbone.float()
-    head = None
-    if pooling != "model":
-        if getattr(backbone, "pooler", None) is not None:
-            backbone.pooler = None  # unused by mean/CLS pooling; would be a trainable parameter without gradient
-        hidden = getattr(backbone.config, "hidden_size", None)
-        if hidden is None:
-            hs = getattr(backbone.config, "hidden_sizes", None)
-            hidden = hs[-1] if hs else None
-        if hidden is None:
-            raise ModelError(f"Cannot tell the hidden size of {type(backbone).__name__}; use pooling='model'.")
-        head = nn.Linear(int(hidden), num_labels)
-        if meta is not None and meta.get("head_file"):
-            # Lazy: safetensors only when loading.
-            from safetensors.torch import load_file
-
-            head_path = d / meta["head_file"]
-            try:
-                head.load_state_dict(load_file(str(head_path)))
-            except Exception as exc:  # missing, truncated or not a safetensors file, wrong shapes
-                raise ModelError(
-                    f"The classification head {str(head_path)!r} of the model in {str(d)!r} is missing or "
-                    f"unreadable ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'no details'}). "
-                    "Copy the whole RUN_DIR/model directory again, or retrain."
-                ) from None
+    head = None if pooling == "model" else _pooled_head(backbone, num_labels, d, meta)
     if kind == "text" and max_length is None:
         max_length = DEFAULT_MAX_LENGTH
     model = Classifier(
@@ -617,3 +533,122 @@ def load_classifier(
     )
     model.eval()
     return model
+
+
+def _model_directory(path: str | os.PathLike | None) -> Path:
+    """The Hugging Face model directory ``path`` names (``None``: the bundled backbone; a RUN_DIR: its
+    ``model/``); refuses a missing path, a hub id and a directory without ``config.json``."""
+    d = default_model_path() if path is None else Path(path).expanduser()
+    if not d.exists():
+        hub_like = isinstance(path, str) and "/" in path and not str(path).startswith((".", "/", "~"))
+        hint = (
+            " It looks like a Hugging Face Hub id; downloads are disabled here (HF_HUB_OFFLINE=1): download "
+            "the model to a folder elsewhere and pass that folder." if hub_like else " Check the path."
+        )
+        raise ModelError(f"`model` path {str(d)!r} does not exist.{hint}")
+    if d.is_dir() and not (d / "config.json").is_file() and (d / "model" / CLASSIFIER_CONFIG).is_file():
+        d = d / "model"  # a privtune RUN_DIR
+    if not d.is_dir() or not (d / "config.json").is_file():
+        raise ModelError(
+            f"`model` {str(d)!r} is not a Hugging Face model directory (no config.json). Pass a folder "
+            "saved with save_pretrained, a privtune RUN_DIR/model, or omit it for the bundled MiniLM."
+        )
+    return d
+
+
+def _read_classifier_meta(d: Path) -> dict | None:
+    """The privtune classifier metadata saved in ``d`` (pooling, classes, head file), or None for a plain
+    Hugging Face checkpoint; refuses invalid JSON and a format written by a newer privtune."""
+    if not (d / CLASSIFIER_CONFIG).is_file():
+        return None
+    try:
+        meta = json.loads((d / CLASSIFIER_CONFIG).read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ModelError(f"{str(d / CLASSIFIER_CONFIG)!r} is not valid JSON: {exc}.") from None
+    if int(meta.get("format_version", 0)) > FORMAT_VERSION:
+        raise ModelError(f"{str(d)!r} was written by a newer privtune; upgrade with `pip install -U privtune`.")
+    return meta
+
+
+def _load_preprocessor(d: Path, kind: str) -> tuple[Any, Any]:
+    """``(tokenizer, None)`` for a text model (pad token set, falling back to eos), ``(None, image processor)``
+    for an image model, both read from ``d``."""
+    tokenizer = processor = None
+    try:
+        if kind == "text":
+            # Lazy: transformers only when a model is built.
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(str(d))
+            if tokenizer.pad_token is None:
+                if tokenizer.eos_token is None:
+                    raise ModelError(f"The tokenizer in {str(d)!r} has neither a pad nor an eos token.")
+                tokenizer.pad_token = tokenizer.eos_token
+        else:
+            # Lazy: transformers only when a model is built.
+            from transformers import AutoImageProcessor
+
+            processor = AutoImageProcessor.from_pretrained(str(d))
+    except ModelError:
+        raise
+    except Exception as exc:
+        what = "tokenizer" if kind == "text" else "image processor"
+        raise ModelError(f"Cannot load the {what} from {str(d)!r}: {exc}. Save it next to the model.") from None
+    return tokenizer, processor
+
+
+def _load_backbone(d: Path, config: Any, kind: str, pooling: str, num_labels: int, *, new_head: bool,
+                   tokenizer: Any) -> nn.Module:
+    """The transformers model in ``d``: with its own classification head of ``num_labels`` classes for
+    ``pooling="model"`` (a ``new_head`` may replace a checkpoint head of another size), the base model otherwise."""
+    try:
+        if pooling == "model":
+            # Lazy: transformers only when a model is built.
+            from transformers import AutoModelForImageClassification, AutoModelForSequenceClassification
+
+            auto = AutoModelForSequenceClassification if kind == "text" else AutoModelForImageClassification
+            kwargs: dict[str, Any] = {"num_labels": num_labels}
+            if new_head:
+                kwargs["ignore_mismatched_sizes"] = True
+            backbone = auto.from_pretrained(str(d), **kwargs)
+            if kind == "text" and getattr(backbone.config, "pad_token_id", None) is None:
+                backbone.config.pad_token_id = tokenizer.pad_token_id
+        else:
+            # Lazy: transformers only when a model is built.
+            from transformers import AutoModel
+
+            backbone = AutoModel.from_pretrained(str(d))
+    except Exception as exc:
+        raise ModelError(
+            f"{str(d)!r} (model_type={getattr(config, 'model_type', '?')!r}) cannot be loaded as a "
+            f"{kind} classifier backbone: {str(exc).splitlines()[0]}"
+        ) from None
+    return backbone
+
+
+def _pooled_head(backbone: nn.Module, num_labels: int, d: Path, meta: dict | None) -> nn.Linear:
+    """The linear head (hidden size → ``num_labels``) over mean/CLS-pooled features: the saved one when the
+    metadata names a head file, else newly initialised.  Drops the backbone's unused pooler."""
+    if getattr(backbone, "pooler", None) is not None:
+        backbone.pooler = None  # unused by mean/CLS pooling; would be a trainable parameter without gradient
+    hidden = getattr(backbone.config, "hidden_size", None)
+    if hidden is None:
+        hs = getattr(backbone.config, "hidden_sizes", None)
+        hidden = hs[-1] if hs else None
+    if hidden is None:
+        raise ModelError(f"Cannot tell the hidden size of {type(backbone).__name__}; use pooling='model'.")
+    head = nn.Linear(int(hidden), num_labels)
+    if meta is not None and meta.get("head_file"):
+        # Lazy: safetensors only when loading.
+        from safetensors.torch import load_file
+
+        head_path = d / meta["head_file"]
+        try:
+            head.load_state_dict(load_file(str(head_path)))
+        except Exception as exc:  # missing, truncated or not a safetensors file, wrong shapes
+            raise ModelError(
+                f"The classification head {str(head_path)!r} of the model in {str(d)!r} is missing or "
+                f"unreadable ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'no details'}). "
+                "Copy the whole RUN_DIR/model directory again, or retrain."
+            ) from None
+    return head
