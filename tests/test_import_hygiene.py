@@ -26,9 +26,6 @@ BEING_RESTRUCTURED = {
     ("privtune.training", "privtune.ledger._backend.mask_url"),
     ("privtune.hpo.tune", "privtune.ledger._compose.composed_epsilon"),
     ("privtune.hpo.tune", "privtune.ledger._key.demo_key_path"),
-    # audit/blackbox.py reuses training.py's private helpers; they get public names when training.py is split.
-    ("privtune.audit.blackbox", "privtune.training._forward"),
-    ("privtune.audit.blackbox", "privtune.training._resolve_ledger"),
 }
 
 

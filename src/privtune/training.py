@@ -55,6 +55,8 @@ from privtune.accounting.events import DPSGDEvent, NonPrivateEvent
 from privtune.engine.private_gradient import CLIPPINGS
 from privtune.errors import DataError, InvalidParameterError, ModelError, PrivtuneError
 from privtune.finetune.modes import DEFAULT_LEARNING_RATES, MODES
+from privtune.ledger import check_ledger_argument as _check_ledger_arg  # train() still uses the old names
+from privtune.ledger import open_ledger as _resolve_ledger
 from privtune.optim import OPTIMIZERS
 
 NOT_PRIVATE_LOSS = (
@@ -896,26 +898,6 @@ def fit_nonprivate(model: nn.Module, train_set: Any, *, epochs: float = 1.0, bat
 
 
 # ============================================================================================ train
-
-
-def _check_ledger_arg(ledger: Any) -> None:
-    """A ledger argument is None, a URL/path or a Ledger: anything else is refused before any work."""
-    if ledger is None or isinstance(ledger, (str, os.PathLike)):
-        return
-    if not all(callable(getattr(ledger, name, None)) for name in ("reserve", "status", "init_dataset", "ensure_dataset")):
-        raise InvalidParameterError(
-            f"`ledger` must be a Ledger, a ledger URL such as 'sqlite:////path/ledger.db', or None "
-            f"($PRIVTUNE_LEDGER or ~/.privtune/ledger.db). Got {ledger!r} ({type(ledger).__name__})."
-        )
-
-
-def _resolve_ledger(ledger: Any):
-    from privtune.ledger import Ledger
-
-    _check_ledger_arg(ledger)
-    if ledger is None or isinstance(ledger, (str, os.PathLike)):
-        return Ledger(None if ledger is None else str(ledger))
-    return ledger
 
 
 def _make_progress(progress: bool, log_path: Path | None, total_epsilon: float | None):

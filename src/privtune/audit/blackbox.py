@@ -32,6 +32,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+# module, not function: tests replace training.train with a spy
+from privtune import training
 from privtune._validation import (
     check_accounted_noise_multiplier,
     check_choice,
@@ -49,7 +51,7 @@ from privtune.audit.whitebox import audit_dp_step
 from privtune.data import TextDataset, load_dataset
 from privtune.data.datasets import declared_label_set
 from privtune.errors import DataError, InvalidParameterError, UnknownDatasetError
-from privtune.ledger import Ledger, dataset_identity
+from privtune.ledger import Ledger, dataset_identity, open_ledger
 
 __all__ = ["audit", "AuditReport", "make_text_canaries", "AUDITED_MODES"]
 
@@ -159,6 +161,52 @@ def audit(
     Returns:
         :class:`AuditReport`.
     """
+    epsilon, noise_multiplier, epochs, steps = _check_budget_and_length(
+        whitebox, blackbox, epsilon, noise_multiplier, epochs, steps)
+    mode = check_choice(mode, "mode", AUDITED_MODES)
+    sampling = check_choice(sampling, "sampling", ("poisson", "full_batch"))
+    m = check_int(num_canaries, "num_canaries", low=10, fix="Use at least 10 canaries (1000 is a good default).")
+    confidence = check_real(confidence, "confidence", low=0.0, high=1.0, fix="Pass e.g. confidence=0.95.")
+    if not isinstance(public_data, bool):
+        raise InvalidParameterError(f"`public_data` must be True or False. Got {public_data!r}.")
+    if data is None:
+        raise InvalidParameterError("`data` is required: the training data of the configuration to audit.")
+    if seed is not None:
+        seed = check_int(seed, "seed", low=0, high=2**62)
+    # canaries, membership and the white-box probe touch no user data: their seed may be recorded.  The
+    # training run on the user's data gets only an explicit seed (experiments), as in train(): a recorded
+    # noise seed would make the canary scores a deterministic function of the private data.
+    audit_seed = seed if seed is not None else secrets.randbits(62)
+    user = _load_user_text(data, labels, model, text_column, label_column)
+    delta = check_delta(min(1e-5, suggest_delta(len(user))) if delta is None else delta, dataset_size=len(user))
+    can_texts, can_labels, included, union = _add_canaries(user, m, audit_seed)
+    B, T, sigma, planned, claimed = _plan_union_run(
+        len(union), batch_size=batch_size, steps=steps, epochs=epochs, sampling=sampling, epsilon=epsilon,
+        noise_multiplier=noise_multiplier, delta=delta, accountant=accountant)
+    report = AuditReport()
+    if whitebox:
+        report.whitebox = audit_dp_step(
+            noise_multiplier=sigma, delta=delta, sample_rate=planned[0].sample_rate, steps=T, clip=clip,
+            clipping=clipping, num_canaries=m, max_physical_batch_size=max_physical_batch_size,
+            confidence=confidence, accountant=accountant, seed=audit_seed)
+        report.whitebox.config["mode"] = mode
+    if blackbox:
+        report.blackbox = _blackbox(user, union, can_texts, can_labels, included, planned, claimed, delta, sigma, T, B,
+                                    model=model, mode=mode, learning_rate=learning_rate, clip=clip,
+                                    clipping=clipping, optimizer=optimizer, sampling=sampling,
+                                    accountant=accountant, public_data=public_data, ledger=ledger,
+                                    confidence=confidence, seed=seed, progress=progress,
+                                    max_physical_batch_size=max_physical_batch_size, max_length=max_length,
+                                    device=device)
+    if output_dir is not None:
+        report.save(output_dir)
+    return report
+
+
+def _check_budget_and_length(whitebox: Any, blackbox: Any, epsilon: Any, noise_multiplier: Any, epochs: Any,
+                             steps: Any) -> tuple[float | None, float | None, float | None, int | None]:
+    """Refuse an audit of nothing, and validate the privacy target (exactly one of ε or σ) and the run length
+    (at most one of epochs or steps); returns ``(epsilon, noise_multiplier, epochs, steps)``."""
     if not (whitebox or blackbox):
         raise InvalidParameterError("Nothing to audit: `whitebox` and `blackbox` are both False. Enable one.")
     if (epsilon is None) == (noise_multiplier is None):
@@ -177,34 +225,26 @@ def audit(
         epochs = check_real(epochs, "epochs", low=0.0, fix="Pass a positive number of passes over the data.")
     if steps is not None:
         steps = check_steps(steps)
-    mode = check_choice(mode, "mode", AUDITED_MODES)
-    sampling = check_choice(sampling, "sampling", ("poisson", "full_batch"))
-    m = check_int(num_canaries, "num_canaries", low=10, fix="Use at least 10 canaries (1000 is a good default).")
-    confidence = check_real(confidence, "confidence", low=0.0, high=1.0, fix="Pass e.g. confidence=0.95.")
-    if not isinstance(public_data, bool):
-        raise InvalidParameterError(f"`public_data` must be True or False. Got {public_data!r}.")
-    if data is None:
-        raise InvalidParameterError("`data` is required: the training data of the configuration to audit.")
-    if seed is not None:
-        seed = check_int(seed, "seed", low=0, high=2**62)
-    # canaries, membership and the white-box probe touch no user data: their seed may be recorded.  The
-    # training run on the user's data gets only an explicit seed (experiments), as in train(): a recorded
-    # noise seed would make the canary scores a deterministic function of the private data.
-    audit_seed = seed if seed is not None else secrets.randbits(62)
+    return epsilon, noise_multiplier, epochs, steps
 
-    # the label set is public input, as in train(): declared, or the model's own (never the private rows)
+
+def _load_user_text(data: Any, labels: Any, model: Any, text_column: str | None,
+                    label_column: str | None) -> TextDataset:
+    """The user's labelled text training data; the label set is public input, as in train(): declared, or the
+    model's own (never read from the private rows)."""
     num_labels, label_names, _ = declared_label_set(labels, model=model)
     user = load_dataset(data, text_column, label_column, num_labels=num_labels, label_names=label_names)
     if getattr(user, "kind", None) != "text":
         raise DataError("The black-box audit inserts text canaries: pass text training data (.tsv/.csv/.jsonl).")
     if not user.has_labels:
         raise DataError("The training data has no labels. Pass a file with a label column.")
-    n_user = len(user)
-    if delta is None:
-        delta = min(1e-5, suggest_delta(n_user))
-    delta = check_delta(delta, dataset_size=n_user)
+    return user
 
-    # the canaries and their membership (synthetic: no user data)
+
+def _add_canaries(user: TextDataset, m: int, audit_seed: int
+                  ) -> tuple[list[str], list[int], list[bool], TextDataset]:
+    """``m`` synthetic canaries (no user data), each included with probability 1/2 (seeded by ``audit_seed``);
+    returns their texts, labels, membership and the union of ``user`` and the included ones."""
     gen = random.Random(audit_seed)
     can_texts, can_labels = make_text_canaries(m, user.num_labels, seed=gen.randrange(2**62))
     included = [gen.random() < 0.5 for _ in range(m)]
@@ -212,9 +252,15 @@ def audit(
     union = TextDataset(texts=list(user.texts) + [can_texts[i] for i in ins],
                         labels=list(user.labels) + [can_labels[i] for i in ins],
                         num_labels=user.num_labels, label_names=user.label_names)
-    n = len(union)
+    return can_texts, can_labels, included, union
 
-    # the plan, as train() makes it for the union (σ calibrated from ε at this q and T)
+
+def _plan_union_run(n: int, *, batch_size: int | None, steps: int | None, epochs: float | None, sampling: str,
+                    epsilon: float | None, noise_multiplier: float | None, delta: float, accountant: str
+                    ) -> tuple[int, int, float, list, float]:
+    """The plan train() makes for the union of ``n`` examples: ``(B, T, σ, planned events, claimed ε)`` with the
+    expected batch size B (examples), T steps (default 3 epochs), σ calibrated from ε at q = B/n and T when ε is
+    given, and the ε those events compose to at ``delta``."""
     B = batch_size if batch_size is not None else min(n, 256)
     B = check_int(B, "batch_size", low=1, high=n, fix=f"Pass batch_size ≤ {n}.")
     q = 1.0 if sampling == "full_batch" else B / n
@@ -222,34 +268,12 @@ def audit(
     sigma = (calibrate_noise_multiplier(epsilon, delta, sample_rate=q, steps=T, accountant=accountant,
                                         sampling=sampling) if epsilon is not None else noise_multiplier)
     planned = [DPSGDEvent(sigma, q, T, sampling=sampling, label="audit")]
-    claimed = compute_epsilon(planned, delta, accountant=accountant)
-    report = AuditReport()
-
-    if whitebox:
-        report.whitebox = audit_dp_step(
-            noise_multiplier=sigma, delta=delta, sample_rate=q, steps=T, clip=clip, clipping=clipping,
-            num_canaries=m, max_physical_batch_size=max_physical_batch_size, confidence=confidence,
-            accountant=accountant, seed=audit_seed)
-        report.whitebox.config["mode"] = mode
-    if blackbox:
-        report.blackbox = _blackbox(user, union, can_texts, can_labels, included, planned, claimed, delta, sigma, T, B,
-                                    model=model, mode=mode, learning_rate=learning_rate, clip=clip,
-                                    clipping=clipping, optimizer=optimizer, sampling=sampling,
-                                    accountant=accountant, public_data=public_data, ledger=ledger,
-                                    confidence=confidence, seed=seed, progress=progress,
-                                    max_physical_batch_size=max_physical_batch_size, max_length=max_length,
-                                    device=device)
-    if output_dir is not None:
-        report.save(output_dir)
-    return report
+    return B, T, sigma, planned, compute_epsilon(planned, delta, accountant=accountant)
 
 
 def _blackbox(user, union, can_texts, can_labels, included, planned, claimed, delta, sigma, T, B, *, model, mode,
               learning_rate, clip, clipping, optimizer, sampling, accountant, public_data, ledger, confidence,
               seed, progress, max_physical_batch_size, max_length, device) -> AuditResult:
-    # Imported at call time: tests replace training.train with a spy (and training.py is being split up).
-    from privtune.training import _forward, _resolve_ledger, train
-
     t0 = time.perf_counter()
     m = len(can_texts)
     config = {"mode": mode, "noise_multiplier": sigma, "sample_rate": planned[0].sample_rate, "steps": T,
@@ -266,10 +290,10 @@ def _blackbox(user, union, can_texts, can_labels, included, planned, claimed, de
         # the union is a new dataset: its own throw-away ledger; the user's budget is charged below
         scratch = Ledger(Path(tmp) / "audit-ledger.db")
         if public_data:
-            result = train(union, ledger=scratch, **kwargs)
+            result = training.train(union, ledger=scratch, **kwargs)
             privacy = "data declared public by the user: not charged to the ledger"
         else:
-            led = _resolve_ledger(ledger)
+            led = open_ledger(ledger)
             fp, _name = dataset_identity(user)
             try:
                 led.status(fp)
@@ -281,7 +305,7 @@ def _blackbox(user, union, can_texts, can_labels, included, planned, claimed, de
                     "the white-box audit only (--no-blackbox), which uses no data."
                 ) from None
             with led.spend(fp, planned, command="audit", config={"audit": config}, delta=delta) as reservation:
-                result = train(union, ledger=scratch, **kwargs)
+                result = training.train(union, ledger=scratch, **kwargs)
                 reservation.commit(result.events)
             privacy = (f"trained on the user's data: charged to the ledger like train (ε = {claimed:.4g}, "
                        f"δ = {delta:g}); no model released")
@@ -293,7 +317,7 @@ def _blackbox(user, union, can_texts, can_labels, included, planned, claimed, de
     with torch.no_grad():
         for s in range(0, m, 64):
             idx = torch.arange(s, min(m, s + 64))
-            logits = _forward(clf, clf, canaries, idx).float().cpu()
+            logits = clf(**clf.encode(canaries, idx)).float().cpu()
             losses.append(F.cross_entropy(logits, y[idx], reduction="none"))
     scores = (-torch.cat(losses)).tolist()
     del result, clf

@@ -30,6 +30,8 @@ from privtune.ledger.ledger import (
     Record,
     Reservation,
     VerifyReport,
+    check_ledger_argument,
+    open_ledger,
 )
 
 __all__ = [
@@ -48,4 +50,6 @@ __all__ = [
     "composed_epsilon",
     "mask_url",
     "demo_key_path",
+    "check_ledger_argument",
+    "open_ledger",
 ]

@@ -1443,4 +1443,25 @@ class _RowView:
         return self._m
 
 
-__all__ = ["Ledger", "Reservation", "BudgetStatus", "Entry", "Record", "VerifyReport", "ACCOUNTANTS"]
+def check_ledger_argument(ledger: Any) -> None:
+    """Refuse a ``ledger=`` argument that is not None, a URL or path, or a Ledger (checked before any work)."""
+    if ledger is None or isinstance(ledger, (str, os.PathLike)):
+        return
+    if not all(callable(getattr(ledger, name, None)) for name in ("reserve", "status", "init_dataset", "ensure_dataset")):
+        raise InvalidParameterError(
+            f"`ledger` must be a Ledger, a ledger URL such as 'sqlite:////path/ledger.db', or None "
+            f"($PRIVTUNE_LEDGER or ~/.privtune/ledger.db). Got {ledger!r} ({type(ledger).__name__})."
+        )
+
+
+def open_ledger(ledger: Any) -> Ledger:
+    """The ledger a ``ledger=`` argument names: None is the default ledger ($PRIVTUNE_LEDGER or
+    ~/.privtune/ledger.db), a URL or path opens that ledger, a Ledger is returned as it is."""
+    check_ledger_argument(ledger)
+    if ledger is None or isinstance(ledger, (str, os.PathLike)):
+        return Ledger(None if ledger is None else str(ledger))
+    return ledger
+
+
+__all__ = ["Ledger", "Reservation", "BudgetStatus", "Entry", "Record", "VerifyReport", "ACCOUNTANTS",
+           "check_ledger_argument", "open_ledger"]
