@@ -102,15 +102,7 @@ def audit_dp_step(
     n_bg = check_int(background_examples, "background_examples", low=0)
     phys = check_int(max_physical_batch_size, "max_physical_batch_size", low=1)
     lr = check_real(learning_rate, "learning_rate", low=0.0)
-    d = num_features
-    if d is None:
-        d = math.ceil(m / K) if canary == "dirac" else 64
-    d = check_int(d, "num_features", low=1)
-    if canary == "dirac" and d * K < m:
-        raise InvalidParameterError(
-            f"Dirac canaries need one probe coordinate each: num_features · num_classes ≥ num_canaries. Got "
-            f"{d} · {K} < {m}. Pass num_features ≥ {math.ceil(m / K)}, or canary='random'."
-        )
+    d = _probe_width(num_features, m, K, canary)
     sampling = "full_batch" if q == 1.0 else "poisson"
     sigma = (calibrate_noise_multiplier(epsilon, delta, sample_rate=q, steps=T, accountant=accountant,
                                         sampling=sampling) if epsilon is not None else noise_multiplier)
@@ -121,48 +113,16 @@ def audit_dp_step(
     if seed is None:
         seed = secrets.randbits(62)
     gen = torch.Generator().manual_seed(int(seed))
-    # canary directions: e_{k_c} ⊗ u_c
-    rows = torch.arange(m) % K if canary == "dirac" else torch.randint(0, K, (m,), generator=gen)
-    if canary == "dirac":
-        U = torch.zeros(m, d, dtype=torch.float64)
-        U[torch.arange(m), torch.arange(m) // K] = 1.0
-    else:
-        U = torch.randn(m, d, generator=gen, dtype=torch.float64)
-        U = U / U.norm(dim=1, keepdim=True)
-    included = poisson_mask(m, 0.5, gen)  # each canary in with probability 1/2 exactly
-    canary_ids = torch.nonzero(included).flatten()
-    # training set: background rows first, then the included canaries
-    X_bg = torch.randn(n_bg, d, generator=gen, dtype=torch.float64) / math.sqrt(d)
-    y_bg = torch.randint(0, K, (n_bg,), generator=gen)
-    n_total = n_bg + canary_ids.numel()
-    s = CANARY_GRADIENT_SCALE * clip
-    X_all = torch.cat([X_bg, s * U[canary_ids]])
-    y_all = torch.cat([y_bg, rows[canary_ids]])
-    is_canary = torch.cat([torch.zeros(n_bg, dtype=torch.bool), torch.ones(canary_ids.numel(), dtype=torch.bool)])
-
+    rows, U, included = _canary_directions(m, d, K, canary, gen)
+    X_all, y_all, is_canary = _probe_training_set(U, rows, included, n_bg, K, CANARY_GRADIENT_SCALE * clip, gen)
+    expected = q * max(1, X_all.shape[0])
     probe = nn.Linear(d, K, bias=False).to(torch.float64)
     nn.init.zeros_(probe.weight)
     w0 = probe.weight.detach().clone()
-    expected = q * max(1, n_total)
-    opt = torch.optim.SGD(probe.parameters(), lr=lr)
     pg = PrivateGradient(probe, max_grad_norm=clip, noise_multiplier=sigma, expected_batch_size=expected,
                          clipping=clipping, per_layer=per_layer_clipping, seed=int(seed) + 1)
-    sampler = PoissonSampler(max(1, n_total), q, seed=int(seed) + 2) if q < 1.0 else None
-    try:
-        for _ in range(T):
-            idx = sampler.sample() if sampler is not None else torch.arange(n_total)
-            idx = idx[idx < n_total]
-            for start in range(0, idx.numel(), phys):
-                chunk = idx[start:start + phys]
-                logits = probe(X_all[chunk])
-                ce = F.cross_entropy(logits, y_all[chunk], reduction="none")
-                lin = -logits.gather(1, y_all[chunk][:, None]).squeeze(1)
-                pg.backward(torch.where(is_canary[chunk], lin, ce))
-            pg.release()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-    finally:
-        pg.close()
+    _train_probe(probe, pg, X_all, y_all, is_canary, steps=T, sample_rate=q, learning_rate=lr,
+                 max_physical_batch_size=phys, seed=int(seed) + 2)
     delta_w = (probe.weight.detach() - w0)  # (K, d)
     proj = (delta_w[rows] * U).sum(1)  # <ΔW, e_{k_c} u_cᵀ>
     scores = (proj * expected / (lr * clip)).tolist()
@@ -179,3 +139,75 @@ def audit_dp_step(
         candidates=best["candidates"],
         privacy="no user data: gradient canaries and synthetic examples only (nothing charged to the ledger)",
     )
+
+
+def _probe_width(num_features: int | None, m: int, K: int, canary: str) -> int:
+    """d, the number of input features of the probe: by default the smallest with d·K ≥ m for Dirac canaries
+    (one coordinate each), 64 for random ones."""
+    d = num_features
+    if d is None:
+        d = math.ceil(m / K) if canary == "dirac" else 64
+    d = check_int(d, "num_features", low=1)
+    if canary == "dirac" and d * K < m:
+        raise InvalidParameterError(
+            f"Dirac canaries need one probe coordinate each: num_features · num_classes ≥ num_canaries. Got "
+            f"{d} · {K} < {m}. Pass num_features ≥ {math.ceil(m / K)}, or canary='random'."
+        )
+    return d
+
+
+def _canary_directions(m: int, d: int, K: int, canary: str, gen: torch.Generator
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The canaries' gradient directions e_{k_c} ⊗ u_c and their membership: ``(rows, U, included)`` with the
+    class row k_c of each canary (m,), the unit vectors u_c (m, d) in float64, and the (m,) bool mask of the
+    canaries included in training (each with probability 1/2)."""
+    rows = torch.arange(m) % K if canary == "dirac" else torch.randint(0, K, (m,), generator=gen)
+    if canary == "dirac":
+        U = torch.zeros(m, d, dtype=torch.float64)
+        U[torch.arange(m), torch.arange(m) // K] = 1.0
+    else:
+        U = torch.randn(m, d, generator=gen, dtype=torch.float64)
+        U = U / U.norm(dim=1, keepdim=True)
+    included = poisson_mask(m, 0.5, gen)  # each canary in with probability 1/2 exactly
+    return rows, U, included
+
+
+def _probe_training_set(U: torch.Tensor, rows: torch.Tensor, included: torch.Tensor, n_bg: int, K: int,
+                        scale: float, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The probe's training set ``(X, y, is_canary)``: ``n_bg`` synthetic Gaussian background rows first, then
+    the included canaries as inputs ``scale · u_c`` (``scale`` = the canary gradient norm, units of the
+    clipping norm times ``CANARY_GRADIENT_SCALE``) with label k_c."""
+    d = U.shape[1]
+    canary_ids = torch.nonzero(included).flatten()
+    X_bg = torch.randn(n_bg, d, generator=gen, dtype=torch.float64) / math.sqrt(d)
+    y_bg = torch.randint(0, K, (n_bg,), generator=gen)
+    X_all = torch.cat([X_bg, scale * U[canary_ids]])
+    y_all = torch.cat([y_bg, rows[canary_ids]])
+    is_canary = torch.cat([torch.zeros(n_bg, dtype=torch.bool), torch.ones(canary_ids.numel(), dtype=torch.bool)])
+    return X_all, y_all, is_canary
+
+
+def _train_probe(probe: nn.Linear, pg: PrivateGradient, X_all: torch.Tensor, y_all: torch.Tensor,
+                 is_canary: torch.Tensor, *, steps: int, sample_rate: float, learning_rate: float,
+                 max_physical_batch_size: int, seed: int) -> None:
+    """``steps`` DP-SGD steps of ``probe`` through ``pg`` (closed at the end): Poisson batches of rate
+    ``sample_rate`` (full batches at 1) cut into micro-batches; a canary's loss is minus its label's logit
+    (gradient exactly −scale·e_{k_c}u_cᵀ), a background row's is the cross-entropy."""
+    n_total = X_all.shape[0]
+    opt = torch.optim.SGD(probe.parameters(), lr=learning_rate)
+    sampler = PoissonSampler(max(1, n_total), sample_rate, seed=seed) if sample_rate < 1.0 else None
+    try:
+        for _ in range(steps):
+            idx = sampler.sample() if sampler is not None else torch.arange(n_total)
+            idx = idx[idx < n_total]
+            for start in range(0, idx.numel(), max_physical_batch_size):
+                chunk = idx[start:start + max_physical_batch_size]
+                logits = probe(X_all[chunk])
+                ce = F.cross_entropy(logits, y_all[chunk], reduction="none")
+                lin = -logits.gather(1, y_all[chunk][:, None]).squeeze(1)
+                pg.backward(torch.where(is_canary[chunk], lin, ce))
+            pg.release()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    finally:
+        pg.close()
