@@ -181,6 +181,73 @@ def _zero_head(head: nn.Linear) -> None:
             head.bias.zero_()
 
 
+def _train_biases(model: nn.Module, head: nn.Module, *, train_head: bool) -> list[str]:
+    """DP-BiTFiT: make the backbone's biases (and the head, with ``train_head``) trainable, freeze the rest;
+    returns the notes for :class:`ModeInfo` (bias-like parameters left frozen, also warned about)."""
+    _set_all(model, False)
+    head_ids = {id(p) for p in head.parameters()}
+    chosen, others = select_biases(model.backbone)
+    if not chosen:
+        raise ModelError(
+            f"mode='bitfit' needs bias terms, but the backbone {type(model.backbone).__name__} has no biases in "
+            "Linear/Conv/LayerNorm/GroupNorm/Conv1D modules. Use mode='lora', 'full' or 'two-phase'."
+        )
+    params = dict(model.backbone.named_parameters())
+    for n in chosen:
+        params[n].requires_grad_(True)
+    others = [o for o in others if id(params.get(o)) not in head_ids]
+    notes = []
+    if others:
+        msg = (f"bitfit: {len(others)} bias-like parameter(s) of unsupported module types stay frozen: "
+               f"{others[:5]}{' ...' if len(others) > 5 else ''}")
+        notes.append(msg)
+        warnings.warn(msg, stacklevel=3)  # point at apply_mode's caller
+    if train_head:
+        for p in head.parameters():
+            p.requires_grad_(True)
+    return notes
+
+
+def _add_lora_adapters(model: nn.Module, head: nn.Module, *, train_head: bool, targets: Sequence[str] | None,
+                       rank: int, alpha: float) -> list[str]:
+    """Inject LoRA adapters of rank r = ``rank`` and scale α = ``alpha`` into the backbone's ``targets`` (default
+    per architecture); make them (and the head, with ``train_head``) trainable, freeze the rest.  Records
+    ``model.lora_config`` and returns the target module names."""
+    rank = check_int(rank, "lora_rank", low=1)
+    alpha = check_real(alpha, "lora_alpha", low=0.0)
+    lora_targets = list(targets) if targets else default_lora_target_modules(model)
+    if getattr(model, "lora_config", None) is not None:
+        raise ModelError("LoRA adapters were already added to this model; load a fresh model.")
+    check_lora_targets(model.backbone, lora_targets)
+    # Lazy: peft only for LoRA.
+    from peft import LoraConfig, inject_adapter_in_model
+
+    cfg = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=0.0, target_modules=lora_targets, bias="none")
+    _set_all(model, False)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # fan_in_fan_out notice for GPT-2 Conv1D
+            inject_adapter_in_model(cfg, model.backbone)
+    except ValueError as exc:
+        raise ModelError(
+            f"LoRA target modules {lora_targets} cannot be adapted in the backbone {type(model.backbone).__name__}: "
+            f"{str(exc).splitlines()[0]} {_lora_names_hint(model.backbone)} Pass lora_target_modules=[...] "
+            "(CLI: --lora-target-modules a,b)."
+        ) from None
+    n_lora = 0
+    for n, p in model.backbone.named_parameters():
+        if "lora_" in n:
+            p.requires_grad_(True)
+            n_lora += 1
+    if n_lora == 0:
+        raise ModelError(f"LoRA injected no adapters for target modules {lora_targets}; pass others.")
+    model.lora_config = {"r": rank, "alpha": alpha, "target_modules": lora_targets}
+    if train_head:
+        for p in head.parameters():
+            p.requires_grad_(True)
+    return lora_targets
+
+
 def apply_mode(
     model: nn.Module,
     mode: str,
@@ -232,64 +299,14 @@ def apply_mode(
                 )
             notes.append("phase 1: all parameters (DP full); phase 2: biases + head (DP-BiTFiT)")
     elif mode == "bitfit":
-        _set_all(model, False)
-        head_ids = {id(p) for p in head.parameters()}
-        chosen, others = select_biases(model.backbone)
-        if not chosen:
-            raise ModelError(
-                f"mode='bitfit' needs bias terms, but the backbone {type(model.backbone).__name__} has no biases in "
-                "Linear/Conv/LayerNorm/GroupNorm/Conv1D modules. Use mode='lora', 'full' or 'two-phase'."
-            )
-        params = dict(model.backbone.named_parameters())
-        for n in chosen:
-            params[n].requires_grad_(True)
-        others = [o for o in others if id(params.get(o)) not in head_ids]
-        if others:
-            msg = (f"bitfit: {len(others)} bias-like parameter(s) of unsupported module types stay frozen: "
-                   f"{others[:5]}{' ...' if len(others) > 5 else ''}")
-            notes.append(msg)
-            warnings.warn(msg, stacklevel=2)
-        if train_head:
-            for p in head.parameters():
-                p.requires_grad_(True)
+        notes.extend(_train_biases(model, head, train_head=train_head))
     elif mode == "last-layer":
         _set_all(model, False)
         for p in head.parameters():
             p.requires_grad_(True)
     elif mode == "lora":
-        lora_rank = check_int(lora_rank, "lora_rank", low=1)
-        lora_alpha = check_real(lora_alpha, "lora_alpha", low=0.0)
-        lora_targets = list(lora_target_modules) if lora_target_modules else default_lora_target_modules(model)
-        if getattr(model, "lora_config", None) is not None:
-            raise ModelError("LoRA adapters were already added to this model; load a fresh model.")
-        check_lora_targets(model.backbone, lora_targets)
-        # Lazy: peft only for LoRA.
-        from peft import LoraConfig, inject_adapter_in_model
-
-        cfg = LoraConfig(r=lora_rank, lora_alpha=lora_alpha, lora_dropout=0.0, target_modules=lora_targets,
-                         bias="none")
-        _set_all(model, False)
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # fan_in_fan_out notice for GPT-2 Conv1D
-                inject_adapter_in_model(cfg, model.backbone)
-        except ValueError as exc:
-            raise ModelError(
-                f"LoRA target modules {lora_targets} cannot be adapted in the backbone {type(model.backbone).__name__}: "
-                f"{str(exc).splitlines()[0]} {_lora_names_hint(model.backbone)} Pass lora_target_modules=[...] "
-                "(CLI: --lora-target-modules a,b)."
-            ) from None
-        n_lora = 0
-        for n, p in model.backbone.named_parameters():
-            if "lora_" in n:
-                p.requires_grad_(True)
-                n_lora += 1
-        if n_lora == 0:
-            raise ModelError(f"LoRA injected no adapters for target modules {lora_targets}; pass others.")
-        model.lora_config = {"r": lora_rank, "alpha": lora_alpha, "target_modules": lora_targets}
-        if train_head:
-            for p in head.parameters():
-                p.requires_grad_(True)
+        lora_targets = _add_lora_adapters(model, head, train_head=train_head, targets=lora_target_modules,
+                                          rank=lora_rank, alpha=lora_alpha)
     if zero_init_head:
         _zero_head(head)
         notes.append("classification head zero-initialised")
