@@ -135,8 +135,6 @@ def account(noise_multiplier, epsilon, delta, sample_rate, steps, dataset_size, 
     privtune account --epsilon 3 --delta 1e-6 --dataset-size 60000 --batch-size 256 --epochs 10 --json
     privtune account --certificate runs/x/certificate.json
     """
-    from privtune import accounting as A
-
     if certificate is not None:
         others = _given(**{"--noise-multiplier": noise_multiplier, "--epsilon": epsilon, "--delta": delta,
                            "--sample-rate": sample_rate, "--steps": steps, "--dataset-size": dataset_size,
@@ -150,19 +148,8 @@ def account(noise_multiplier, epsilon, delta, sample_rate, steps, dataset_size, 
             )
     accountant = check_choice(_DEFAULT_ACCOUNTANT if accountant is None else accountant, "--accountant", ACCOUNTANTS)
     sampling = check_choice(_DEFAULT_SAMPLING if sampling is None else sampling, "--sampling", SAMPLING_SCHEMES)
-
     if certificate is not None:
-        cert = A.verify_certificate(certificate)
-        if as_json:
-            # ε as certificate.json writes it: a number, or "inf" for NOT PRIVATE events (never null)
-            click.echo(json.dumps({"verified": True, "epsilon": cert.to_dict()["epsilon"], "private": cert.private,
-                                   "delta": cert.delta, "accountant": cert.accountant, "events": len(cert.events),
-                                   "path": certificate}, allow_nan=False))
-        else:
-            rows = [[A.describe_event(e)] for e in cert.events]
-            _print_table(f"certificate {certificate}: VERIFIED", ["event"], rows,
-                         [f"ε = {cert.epsilon:.6g}, δ = {cert.delta:g}, accountant {cert.accountant}, "
-                          f"{cert.neighbouring}"] + list(cert.sampling_assumptions) + list(cert.notes))
+        _show_certificate(certificate, as_json)
         return 0
 
     if delta is None:
@@ -180,30 +167,59 @@ def account(noise_multiplier, epsilon, delta, sample_rate, steps, dataset_size, 
             f"{'both' if noise_multiplier is not None else 'neither'}. --noise-multiplier computes ε; "
             "--epsilon calibrates σ."
         )
-
-    def event(sig):
-        return A.DPSGDEvent(sig, q, T, sampling=sampling)
-
     if noise_multiplier is not None:
         sigma = check_accounted_noise_multiplier(noise_multiplier, "--noise-multiplier")
-        results = {a: A.account(event(sigma), delta, a) for a in A.ACCOUNTANTS}
-        main = results[accountant]
-        if as_json:
-            click.echo(json.dumps({
-                "epsilon": _json_number(main.epsilon), "delta": delta, "noise_multiplier": sigma, "sample_rate": q,
-                "steps": T, "accountant": main.accountant, "requested_accountant": accountant, "sampling": sampling,
-                "epsilons": {a: _json_number(r.epsilon) for a, r in results.items()},
-                "dataset_size": n, "notes": main.notes,
-            }))
-            return 0
-        rows = [[_accountant_label(a, r), _fmt_eps(r.epsilon), f"{delta:g}", f"{sigma:g}", f"{q:g}", _fmt_count(T)]
-                for a, r in results.items()]
-        notes = list(results["pld"].notes) + [n for n in results["rdp"].notes if n not in results["pld"].notes]
-        _print_table("privtune account: ε (add/remove one example)",
-                     ["accountant", "ε", "δ", "σ", "q", "T"], rows, notes)
-        return 0
+        _show_epsilon(sigma, q, T, n, delta, sampling, accountant, as_json)
+    else:
+        _show_calibration(check_epsilon(epsilon, "--epsilon"), q, T, n, delta, sampling, accountant, as_json)
+    return 0
 
-    target = check_epsilon(epsilon, "--epsilon")
+
+def _show_certificate(certificate: str, as_json: bool) -> None:
+    """Verify ``certificate`` (recompute ε from its events) and print it as JSON or as a table."""
+    from privtune import accounting as A
+
+    cert = A.verify_certificate(certificate)
+    if as_json:
+        # ε as certificate.json writes it: a number, or "inf" for NOT PRIVATE events (never null)
+        click.echo(json.dumps({"verified": True, "epsilon": cert.to_dict()["epsilon"], "private": cert.private,
+                               "delta": cert.delta, "accountant": cert.accountant, "events": len(cert.events),
+                               "path": certificate}, allow_nan=False))
+        return
+    rows = [[A.describe_event(e)] for e in cert.events]
+    _print_table(f"certificate {certificate}: VERIFIED", ["event"], rows,
+                 [f"ε = {cert.epsilon:.6g}, δ = {cert.delta:g}, accountant {cert.accountant}, "
+                  f"{cert.neighbouring}"] + list(cert.sampling_assumptions) + list(cert.notes))
+
+
+def _show_epsilon(sigma: float, q: float, T: int, n: int | None, delta: float, sampling: str, accountant: str,
+                  as_json: bool) -> None:
+    """Print ε of T steps at noise multiplier σ and sample rate q under every accountant (the JSON headline
+    is ``accountant``'s); ``n`` is the dataset size if given (examples), echoed in the JSON."""
+    from privtune import accounting as A
+
+    results = {a: A.account(A.DPSGDEvent(sigma, q, T, sampling=sampling), delta, a) for a in A.ACCOUNTANTS}
+    main = results[accountant]
+    if as_json:
+        click.echo(json.dumps({
+            "epsilon": _json_number(main.epsilon), "delta": delta, "noise_multiplier": sigma, "sample_rate": q,
+            "steps": T, "accountant": main.accountant, "requested_accountant": accountant, "sampling": sampling,
+            "epsilons": {a: _json_number(r.epsilon) for a, r in results.items()},
+            "dataset_size": n, "notes": main.notes,
+        }))
+        return
+    rows = [[_accountant_label(a, r), _fmt_eps(r.epsilon), f"{delta:g}", f"{sigma:g}", f"{q:g}", _fmt_count(T)]
+            for a, r in results.items()]
+    notes = list(results["pld"].notes) + [n for n in results["rdp"].notes if n not in results["pld"].notes]
+    _print_table("privtune account: ε (add/remove one example)",
+                 ["accountant", "ε", "δ", "σ", "q", "T"], rows, notes)
+
+
+def _show_calibration(target: float, q: float, T: int, n: int | None, delta: float, sampling: str,
+                      accountant: str, as_json: bool) -> None:
+    """Print the noise multiplier σ (noise std / clipping norm) each accountant calibrates for the ``target``
+    ε at (δ, q, T), with the ε it achieves; the JSON headline is ``accountant``'s."""
+    from privtune import accounting as A
     from privtune.errors import InfeasibleBudgetError
 
     sigmas = {}
@@ -212,7 +228,7 @@ def account(noise_multiplier, epsilon, delta, sample_rate, steps, dataset_size, 
             sigmas[a] = A.calibrate_noise_multiplier(target, delta, q, T, a, sampling=sampling)
         except InfeasibleBudgetError as exc:  # name the flag, not the Python argument
             raise InfeasibleBudgetError(str(exc).replace("`target_epsilon`", "`--epsilon`")) from None
-    checked = {a: A.account(event(s), delta, a) for a, s in sigmas.items()}
+    checked = {a: A.account(A.DPSGDEvent(s, q, T, sampling=sampling), delta, a) for a, s in sigmas.items()}
     achieved = {a: r.epsilon for a, r in checked.items()}
     # notes worth showing: why an accountant fell back or stopped refining (not the routine interval note)
     notes = [n for r in checked.values() for n in r.notes if not n.startswith("PLD value discretisation interval")]
@@ -224,9 +240,8 @@ def account(noise_multiplier, epsilon, delta, sample_rate, steps, dataset_size, 
             "accountant": checked[accountant].accountant, "requested_accountant": accountant,
             "sampling": sampling, "noise_multipliers": sigmas, "dataset_size": n, "notes": notes,
         }))
-        return 0
+        return
     rows = [[_accountant_label(a, checked[a]), f"{sigmas[a]:.5f}", _fmt_eps(achieved[a], 5), f"{target:g}",
              f"{delta:g}", f"{q:g}", _fmt_count(T)] for a in A.ACCOUNTANTS]
     _print_table("privtune account: calibrated σ (noise std / clipping norm)",
                  ["accountant", "σ", "achieved ε", "target ε", "δ", "q", "T"], rows, notes)
-    return 0
