@@ -14,7 +14,7 @@ from torch import nn
 
 from privtune import __version__
 from privtune._validation import check_choice, check_int
-from privtune.data.datasets import check_label_set, describe_label_set
+from privtune.data.labels import check_label_set, describe_label_set
 from privtune.errors import InvalidParameterError, ModelError
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
