@@ -101,7 +101,8 @@ def test_gaussian_noise_reaches_a_gradient_in_exactly_one_place():
         "hpo/hyperfree.py:privatize_loss",  # hyperfree's loss releases (charged jointly with the gradient)
         "hpo/common.py:Selector.score",  # a charged selection score
         "hpo/tune.py:_execute.features",  # the charged feature centre
-        "audit/whitebox.py:audit_dp_step",  # synthetic canary directions and background rows, not noise
+        "audit/whitebox.py:_canary_directions",  # synthetic canary directions, not noise
+        "audit/whitebox.py:_probe_training_set",  # synthetic background rows, not noise
     }
     gradient_noise = draws - not_gradients
     assert gradient_noise == {"engine/private_gradient.py:privatise_sum"}, draws
