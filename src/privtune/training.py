@@ -53,10 +53,12 @@ from privtune.accounting.accountant import ACCOUNTANTS
 from privtune.accounting.events import SAMPLING_SCHEMES as SAMPLINGS
 from privtune.accounting.events import DPSGDEvent, NonPrivateEvent
 from privtune.engine.private_gradient import CLIPPINGS
+from privtune.engine.sampling import check_shuffle_batching
 from privtune.errors import DataError, InvalidParameterError, ModelError, PrivtuneError
 from privtune.finetune.modes import DEFAULT_LEARNING_RATES, MODES
 from privtune.ledger import check_ledger_argument as _check_ledger_arg  # train() still uses the old names
 from privtune.ledger import open_ledger as _resolve_ledger
+from privtune.models import resolve_device
 from privtune.optim import OPTIMIZERS
 
 NOT_PRIVATE_LOSS = (
@@ -760,8 +762,6 @@ def _checked_loop_options(
     if q == 1.0 and sampling == "poisson":
         sampling = "full_batch"
     assume_poisson = _check_assume_poisson(assume_poisson, sampling)
-    from privtune.models import resolve_device
-
     device = resolve_device(device)
     if len(train_set) == 0:
         raise DataError("The training data is empty. Pass at least one labelled example.")
@@ -770,8 +770,6 @@ def _checked_loop_options(
         # epochs ⌈T·B/N⌉ is never smaller than the passes the steps actually make.
         q = max(1, round(q * len(train_set))) / len(train_set)
         if not assume_poisson:  # σ/√5 per epoch needs N mod B ∉ {0, 1}
-            from privtune.engine.sampling import check_shuffle_batching
-
             check_shuffle_batching(len(train_set), round(q * len(train_set)))
     if max_physical_batch_size is None:
         max_physical_batch_size = 65536 if _is_features(train_set) else 32
