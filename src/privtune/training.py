@@ -796,15 +796,8 @@ def fit(
 
 
 def _check_assume_poisson(assume_poisson: Any, sampling: str) -> bool:
-    if not isinstance(assume_poisson, bool):
-        raise InvalidParameterError(f"`assume_poisson` must be True or False. Got {assume_poisson!r}.")
-    if assume_poisson and sampling != "shuffle":
-        raise InvalidParameterError(
-            f"`assume_poisson` only applies to sampling='shuffle' (it accounts shuffled batches as if Poisson "
-            f"sampled). Got sampling={sampling!r}, which is accounted as what it is. Drop assume_poisson, or pass "
-            "sampling='shuffle' (CLI: --sampling shuffle)."
-        )
-    return assume_poisson
+    """``assume_poisson`` checked against ``sampling`` (the rule lives in :class:`privtune.specs.ScheduleSpec`)."""
+    return ScheduleSpec(sampling=sampling, assume_poisson=assume_poisson).assume_poisson
 
 
 def _result(loop: _Loop) -> FitResult:
