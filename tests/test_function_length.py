@@ -13,24 +13,27 @@ import privtune
 SRC = Path(privtune.__file__).resolve().parent
 MAX_LINES = 120
 
-# Still long in main and being split by the run-pipeline work (engineer tunesplit): the integrator removes each
-# entry when its split lands (the second test below then insists).
-BEING_SPLIT = {
-    "privtune.hpo.tune.tune",
-    "privtune.hpo.tune._execute",
-    "privtune.training.train",
-}
+# The two flat keyword entry points document every keyword (with units) in their docstrings, which alone run to
+# ~70 lines; issue 14 asks for their BODIES to stay under 100 lines, so they are measured without the docstring
+# (tests/test_specs.py checks the same bodies through their own measure).
+FLAT_API_ENTRY_POINTS = {"privtune.hpo.tune.tune": 100, "privtune.training.train": 100}
 
 
-def function_lengths(root: Path = SRC) -> dict[str, int]:
-    """Qualified name (``privtune.pkg.module.Class.method``) -> number of lines, for every function under root."""
+def function_lengths(root: Path = SRC, docstrings: bool = True) -> dict[str, int]:
+    """Qualified name (``privtune.pkg.module.Class.method``) -> number of lines, for every function under root
+    (from the ``def`` line, or with ``docstrings=False`` from the first statement after the docstring)."""
     lengths: dict[str, int] = {}
 
     def visit(node: ast.AST, prefix: str) -> None:
         for child in ast.iter_child_nodes(node):
             if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 name = f"{prefix}.{child.name}"
-                lengths[name] = child.end_lineno - child.lineno + 1
+                body = child.body
+                if not docstrings and len(body) > 1 and isinstance(body[0], ast.Expr) and isinstance(
+                        getattr(body[0], "value", None), ast.Constant) and isinstance(body[0].value.value, str):
+                    body = body[1:]
+                start = child.lineno if docstrings else body[0].lineno
+                lengths[name] = child.end_lineno - start + 1
                 visit(child, name)
             elif isinstance(child, ast.ClassDef):
                 visit(child, f"{prefix}.{child.name}")
@@ -46,15 +49,17 @@ def function_lengths(root: Path = SRC) -> dict[str, int]:
 
 
 def test_no_function_is_longer_than_the_limit():
-    too_long = {name: n for name, n in function_lengths().items() if n > MAX_LINES and name not in BEING_SPLIT}
+    too_long = {name: n for name, n in function_lengths().items()
+                if n > MAX_LINES and name not in FLAT_API_ENTRY_POINTS}
     assert not too_long, (f"functions longer than {MAX_LINES} lines (split them into named helpers): "
                           + ", ".join(f"{name} ({n})" for name, n in sorted(too_long.items())))
 
 
-def test_the_allow_list_names_only_functions_that_are_still_too_long():
-    lengths = function_lengths()
-    fixed = sorted(name for name in BEING_SPLIT if lengths.get(name, 0) <= MAX_LINES)
-    assert not fixed, f"short now (or gone): remove from BEING_SPLIT: {fixed}"
+def test_the_flat_entry_points_have_short_bodies():
+    lengths = function_lengths(docstrings=False)
+    too_long = {name: lengths.get(name) for name, limit in FLAT_API_ENTRY_POINTS.items()
+                if lengths.get(name) is None or lengths[name] > limit}
+    assert not too_long, f"train()/tune() bodies must stay under 100 lines (None: function gone): {too_long}"
 
 
 def test_the_measure_counts_docstrings_methods_and_nested_functions(tmp_path):
@@ -73,3 +78,4 @@ def test_the_measure_counts_docstrings_methods_and_nested_functions(tmp_path):
         "        return 2\n"
     )
     assert function_lengths(pkg) == {"pkg.mod.f": 8, "pkg.mod.f.inner": 2, "pkg.mod.C.m": 2}
+    assert function_lengths(pkg, docstrings=False) == {"pkg.mod.f": 3, "pkg.mod.f.inner": 1, "pkg.mod.C.m": 1}

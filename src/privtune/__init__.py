@@ -11,6 +11,7 @@ Layout (each a small module composing the core):
 * :mod:`privtune.optim`: DP-SGD, DP-Adam(W), DP-LAMB over the DP step.
 * :mod:`privtune.finetune`: what is trainable (full, BiTFiT, last layer, LoRA, two-phase).
 * :mod:`privtune.hpo`: private hyperparameter tuning strategies.
+* :mod:`privtune.specs`: validated run specifications (privacy, schedule, optimizer, clipping, LoRA).
 * :mod:`privtune.data`, :mod:`privtune.models`, :mod:`privtune.report`, :mod:`privtune.cli`: edges.
 """
 
@@ -33,6 +34,12 @@ _EXPORTS = {
     "tune": "privtune.hpo",
     "recommend": "privtune.hpo",
     "audit": "privtune.audit",
+    # validated run specifications (what train() and tune() build from their keyword arguments)
+    "PrivacySpec": "privtune.specs",
+    "ScheduleSpec": "privtune.specs",
+    "OptimizerSpec": "privtune.specs",
+    "ClippingSpec": "privtune.specs",
+    "LoraSpec": "privtune.specs",
 }
 
 

@@ -99,9 +99,6 @@ def suggest_delta(n: int) -> float:
     return 10 ** math.floor(math.log10(1.0 / (10 * n)))
 
 
-# Old private name: training.py (being restructured) still imports it.
-_suggest_delta = suggest_delta
-
 
 def check_sample_rate(value: Any, name: str = "sample_rate") -> float:
     """q: a number in (0, 1]."""

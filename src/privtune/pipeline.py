@@ -8,7 +8,10 @@ release, commit).  What they have in common lives here so that it exists once:
 * :func:`write_json`: the one atomic JSON writer of RUN_DIR;
 * :func:`run_log`: the one ``RUN_DIR/log.txt`` writer (:class:`privtune.report.progress.RunLog` lines);
 * :func:`write_model`: the released ``model/`` directory, which carries its own copy of the
-  certificate so that a model never travels without its guarantee.
+  certificate so that a model never travels without its guarantee;
+* :func:`write_release`: the one RUN_DIR writer (model, metrics, history, config, NOT PRIVATE
+  figures, certificate last, then the derived report and model card);
+* :func:`commit`: the ledger commit once the release is in place, then the private files go.
 """
 
 from __future__ import annotations
@@ -18,6 +21,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
+
+from privtune import _release
+from privtune.errors import UnknownDatasetError
 
 #: name of the certificate inside RUN_DIR and, as a copy, inside RUN_DIR/model/
 CERTIFICATE = "certificate.json"
@@ -64,6 +70,74 @@ def write_model(run_dir: Path, model: Any, certificate: Any) -> None:
     certificate.save(run_dir / "model" / CERTIFICATE)
 
 
+def write_release(run_dir: Path, *, model: Any, certificate: Any, metrics: dict, history: dict, config: dict,
+                  command: str, not_private: dict, log: Callable[[str], None]) -> None:
+    """Release a finished run into ``run_dir``: staged, then moved into place, certificate last
+    (:func:`privtune._release.release_files`).
+
+    ``model`` (None: nothing to release, e.g. a NOT PRIVATE reference) goes to ``model/`` with a copy
+    of the certificate; ``metrics``/``history`` (plain JSON values) to their JSON files; ``config``
+    (the effective options of ``command``) to ``config.yaml``; ``not_private`` (NOT PRIVATE figures,
+    not part of the release) to ``not_private/``.  Then ``report.html`` and the model card are
+    written from those files.  Writing the config, the report or the card may fail without losing
+    the run (a warning goes to ``log``; ``privtune report RUN_DIR`` rewrites the last two).
+    """
+    # lazy: the report package pulls in the plotting stack, which only a run that writes files needs
+    from privtune.report.release import write_not_private
+
+    writers = [("model", lambda d: write_model(d, model, certificate))] if model is not None else []
+    writers += [
+        ("metrics.json", lambda d: write_json(d / "metrics.json", metrics, sort_keys=True)),
+        ("history.json", lambda d: write_json(d / "history.json", history)),
+        ("config.yaml", lambda d: _write_config(d, config, command, log)),
+        ("not_private", lambda d: write_not_private(d, not_private or {})),
+        (CERTIFICATE, lambda d: certificate.save(d / CERTIFICATE)),
+    ]
+    _release.release_files(run_dir, writers, derived=lambda d: _write_derived(d, model is not None, log))
+
+
+def _write_config(run_dir: Path, config: dict, command: str, log: Callable[[str], None]) -> None:
+    from privtune.config import save_effective_config
+
+    try:
+        save_effective_config({k: v for k, v in config.items() if v is not None}, run_dir, command=command)
+    except Exception as exc:  # noqa: BLE001 - config is informative; never lose a finished run over it
+        log(f"warning: config.yaml not written ({type(exc).__name__}: {exc})")
+
+
+def _write_derived(run_dir: Path, has_model: bool, log: Callable[[str], None]) -> None:
+    """``report.html`` and (with a model) the model card, from the released files."""
+    try:
+        from privtune.report import write_model_card, write_report
+    except ImportError as exc:  # pragma: no cover - a dependency of the report is not installed
+        log(f"warning: report.html not written ({exc}); install it and run `privtune report {run_dir}`")
+        return
+    # the run (and its privacy spend) is complete at this point: a failing report must not hide it
+    for write in (write_report, write_model_card) if has_model else (write_report,):
+        try:
+            write(run_dir)
+        except Exception as exc:  # noqa: BLE001 - a derived file; regenerate with `privtune report`
+            log(f"warning: {write.__name__} failed ({type(exc).__name__}: {exc}); rerun `privtune report {run_dir}`")
+
+
+def commit(reservation: Any | None, events: Sequence[Any], private_files: Sequence[Path] = ()) -> None:
+    """Commit ``events`` to the ledger ``reservation`` (None: nothing to commit), then delete the run's
+    ``private_files`` (noise seeds, checkpoints) and their directories left empty.
+
+    Called only once the release is in place: a crash before it leaves the reservation charged (never
+    refunded) and ``--resume`` writes the release again.  The private files go right after: with the
+    noise seeds anyone could subtract the noise from the released model.
+    """
+    if reservation is not None:
+        reservation.commit(events)
+    _release.fault_point("after-commit")
+    for path in private_files:
+        if path.exists():
+            path.unlink()
+        if path.parent.is_dir() and not any(path.parent.iterdir()):
+            path.parent.rmdir()
+
+
 # ------------------------------------------------------------------------------ the ledger
 
 
@@ -74,8 +148,7 @@ def register_dataset(ledger: Any, fingerprint: str, *, total_epsilon: float, del
     Returns ``(status, registered_now)``.  Built on ``Ledger.ensure_dataset``: when another process
     registers the same dataset at the same moment, its total stands and ``status`` says which.
     """
-    from privtune.errors import UnknownDatasetError
-
+    
     try:
         return ledger.status(fingerprint), False
     except UnknownDatasetError:

@@ -39,27 +39,22 @@ from torch import nn
 
 from privtune import _release, pipeline
 from privtune._validation import (
-    _suggest_delta,
     check_choice,
-    check_delta,
-    check_epsilon,
     check_int,
-    check_noise_multiplier,
     check_real,
     check_sample_rate,
     check_steps,
 )
-from privtune.accounting.accountant import ACCOUNTANTS
 from privtune.accounting.events import SAMPLING_SCHEMES as SAMPLINGS
 from privtune.accounting.events import DPSGDEvent, NonPrivateEvent
 from privtune.engine.private_gradient import CLIPPINGS
 from privtune.engine.sampling import check_shuffle_batching
 from privtune.errors import DataError, InvalidParameterError, ModelError, PrivtuneError
-from privtune.finetune.modes import DEFAULT_LEARNING_RATES, MODES
-from privtune.ledger import check_ledger_argument as _check_ledger_arg  # train() still uses the old names
-from privtune.ledger import open_ledger as _resolve_ledger
+from privtune.finetune.modes import MODES
+from privtune.ledger import check_ledger_argument, open_ledger
 from privtune.models import resolve_device
 from privtune.optim import OPTIMIZERS
+from privtune.specs import ClippingSpec, LoraSpec, OptimizerSpec, PrivacySpec, ScheduleSpec
 
 NOT_PRIVATE_LOSS = (
     "NOT PRIVATE: mean loss of each sampled batch, computed without noise (monitoring only; "
@@ -793,41 +788,9 @@ def _run_loop(loop: _Loop, own_progress: Any) -> None:
         loop.run()
 
 
-def _check_lora_options(mode: str, rank: Any, alpha: Any, targets: Any) -> tuple[int, float, list[str] | None]:
-    """Validate the LoRA options of :func:`train` (before any data is read); returns (rank, alpha, targets)."""
-    given = [name for name, v in (("lora_rank", rank), ("lora_alpha", alpha), ("lora_target_modules", targets))
-             if v is not None]
-    if given and mode != "lora":
-        raise InvalidParameterError(
-            f"`{given[0]}` only applies to mode='lora'. Got mode={mode!r}. Drop the LoRA option(s) {given}, or "
-            "pass mode='lora' (CLI: --mode lora)."
-        )
-    rank = 8 if rank is None else check_int(rank, "lora_rank", low=1, fix="The LoRA rank r must be at least 1, e.g. 8.")
-    alpha = 16.0 if alpha is None else check_real(alpha, "lora_alpha", low=0.0,
-                                                  fix="LoRA scales its update by alpha/r; pass e.g. lora_alpha=16.")
-    if targets is not None:
-        if isinstance(targets, str):
-            targets = [t.strip() for t in targets.split(",")]
-        if not isinstance(targets, (list, tuple)) or not targets or not all(
-                isinstance(t, str) and t.strip() for t in targets):
-            raise InvalidParameterError(
-                "`lora_target_modules` must be a non-empty list of module names (or one comma-separated string, "
-                f"CLI: --lora-target-modules query,value). Got {targets!r}."
-            )
-        targets = [t.strip() for t in targets]
-    return rank, alpha, targets
-
-
 def _check_assume_poisson(assume_poisson: Any, sampling: str) -> bool:
-    if not isinstance(assume_poisson, bool):
-        raise InvalidParameterError(f"`assume_poisson` must be True or False. Got {assume_poisson!r}.")
-    if assume_poisson and sampling != "shuffle":
-        raise InvalidParameterError(
-            f"`assume_poisson` only applies to sampling='shuffle' (it accounts shuffled batches as if Poisson "
-            f"sampled). Got sampling={sampling!r}, which is accounted as what it is. Drop assume_poisson, or pass "
-            "sampling='shuffle' (CLI: --sampling shuffle)."
-        )
-    return assume_poisson
+    """``assume_poisson`` checked against ``sampling`` (the rule lives in :class:`privtune.specs.ScheduleSpec`)."""
+    return ScheduleSpec(sampling=sampling, assume_poisson=assume_poisson).assume_poisson
 
 
 def _result(loop: _Loop) -> FitResult:
@@ -1005,13 +968,13 @@ def train(
 
     # ---------------------------------------------------------------- 1. arguments (no data yet)
     mode = check_choice(mode, "mode", MODES)
-    clipping = check_choice(clipping, "clipping", CLIPPINGS)
-    optimizer = check_choice(optimizer, "optimizer", OPTIMIZERS)
-    sampling = check_choice(sampling, "sampling", SAMPLINGS)
-    epsilon, noise_multiplier, delta = _check_privacy_args(epsilon, noise_multiplier, delta)
-    epochs, steps, batch_size = _check_schedule_args(epochs, steps, batch_size)
-    lr, clip, max_phys, accountant, momentum, weight_decay = _check_optimizer_args(
-        mode, learning_rate, clip, max_physical_batch_size, accountant, momentum, weight_decay)
+    privacy = PrivacySpec(epsilon=epsilon, delta=delta, noise_multiplier=noise_multiplier, accountant=accountant)
+    schedule = ScheduleSpec(epochs=epochs, steps=steps, batch_size=batch_size, sampling=sampling,
+                            assume_poisson=assume_poisson, max_physical_batch_size=max_physical_batch_size)
+    optim = OptimizerSpec(name=optimizer, learning_rate=learning_rate, momentum=momentum,
+                          weight_decay=weight_decay).for_mode(mode)
+    clipping_spec = ClippingSpec(clip=clip, clipping=clipping, per_layer=per_layer_clipping).with_defaults()
+    lora = LoraSpec.for_mode(mode, lora_rank, lora_alpha, lora_target_modules)
     if checkpoint_every is not None:
         checkpoint_every = check_int(checkpoint_every, "checkpoint_every", low=1)
     if eval_every is not None:
@@ -1020,46 +983,28 @@ def train(
         seed = check_int(seed, "seed", low=0, high=2**62)
     if phase1_epochs is not None and mode != "two-phase":
         raise InvalidParameterError(f"`phase1_epochs` only applies to mode='two-phase'. Got mode={mode!r}.")
-    assume_poisson = _check_assume_poisson(assume_poisson, sampling)
-    lora_rank, lora_alpha, lora_target_modules = _check_lora_options(mode, lora_rank, lora_alpha,
-                                                                     lora_target_modules)
-    from privtune.models import resolve_device
+    from privtune.models import resolve_device  # lazy: privtune.models imports this module
 
     device_arg, device = device, resolve_device(device)
-    _check_ledger_arg(ledger)
+    check_ledger_argument(ledger)
     out, ckpt_path = _check_run_dir_args(output_dir, resume)
 
     # ---------------------------------------------------------------- 2. data and model (validated, no budget)
     # the label set is public input (released as the head's shape and names): never read from private rows,
     # and no check depends on which classes the rows happen to contain
-    train_set, eval_set, clf, delta = _load_train_inputs(
-        data, eval_data, model, labels, delta, text_column=text_column, label_column=label_column,
+    train_set, eval_set, clf, privacy = _load_train_inputs(
+        data, eval_data, model, labels, privacy, text_column=text_column, label_column=label_column,
         pooling=pooling, max_length=max_length, seed=seed)
-    n = len(train_set)
-    mode_info = apply_mode(clf, mode, lora_rank=lora_rank, lora_alpha=lora_alpha,
-                           lora_target_modules=lora_target_modules)
-    _dry_run_engine(clf, clip, clipping, per_layer_clipping)  # unsupported modules fail here, before the ledger reservation
+    n, delta = len(train_set), privacy.delta
+    mode_info = apply_mode(clf, mode, **_lora_arguments(lora))
+    _dry_run_engine(clf, clipping_spec)  # unsupported modules fail here, before the ledger reservation
     clf.to(device)
 
     # ---------------------------------------------------------------- 3. plan: q, T, σ, events
-    sched = _plan_schedule(n, mode=mode, epsilon=epsilon, noise_multiplier=noise_multiplier, delta=delta,
-                           epochs=epochs, steps=steps, batch_size=batch_size, learning_rate=lr,
-                           sampling=sampling, accountant=accountant, assume_poisson=assume_poisson,
-                           phase1_epochs=phase1_epochs, phase1_learning_rate=phase1_learning_rate)
-    B, q, T, sigma = sched.batch_size, sched.sample_rate, sched.steps, sched.noise_multiplier
-    phases, phase1_steps, planned, planned_eps = sched.phases, sched.phase1_steps, sched.planned, sched.planned_epsilon
-    hyper = {
-        "mode": mode, "epochs": epochs, "steps": T, "batch_size": B, "sample_rate": q, "sampling": sampling,
-        "learning_rate": lr, "clip": clip, "clipping": clipping, "per_layer_clipping": per_layer_clipping,
-        "optimizer": optimizer,
-        "noise_multiplier": sigma, "momentum": momentum, "weight_decay": weight_decay,
-        "phase1_steps": phase1_steps, "phase1_learning_rate": phases[0].learning_rate if phase1_steps else None,
-        "max_physical_batch_size": max_phys, "accountant": accountant, "seed": seed,
-        "assume_poisson": assume_poisson,
-    }
-    if mode == "lora":
-        hyper.update({"lora_rank": lora_rank, "lora_alpha": lora_alpha,
-                      "lora_target_modules": list(mode_info.lora_target_modules or [])})
+    sched = _plan_schedule(n, mode, privacy, schedule, optim, phase1_epochs=phase1_epochs,
+                           phase1_learning_rate=phase1_learning_rate)
+    planned, planned_eps = sched.planned, sched.planned_epsilon
+    hyper = _hyperparameters(mode, sched, privacy, schedule, optim, clipping_spec, mode_info, lora, seed)
     from privtune.ledger import dataset_identity
 
     fp, ledger_name = dataset_identity(train_set)
@@ -1067,27 +1012,28 @@ def train(
     # ---------------------------------------------------------------- 4. run directory and resume state
     run_id, state, created, fresh_files = _prepare_run_dir(out, ckpt_path, resume, fp, hyper)
     log = pipeline.run_log(out / "log.txt" if out is not None else None)
-    log(f"{'resume' if resume else 'start'} privtune train: mode={mode} N={n} q={q:.5g} T={T} σ={sigma:.5g} "
+    log(f"{'resume' if resume else 'start'} privtune train: mode={mode} N={n} q={sched.sample_rate:.5g} "
+        f"T={sched.steps} σ={sched.noise_multiplier:.5g} "
         f"planned ε={planned_eps:.4g} δ={delta:g}")
 
     # ---------------------------------------------------------------- 5. ledger reservation, then training
     led, reservation, registered_now = _reserve_for_train(
-        ledger, fp, planned, hyper, total_epsilon=epsilon if epsilon is not None else planned_eps, delta=delta,
+        ledger, fp, planned, hyper, total_epsilon=privacy.epsilon or planned_eps, delta=delta,
         ledger_name=ledger_name, out=out, run_id=run_id, resume=resume, state=state, log=log,
         unreserved=(created, fresh_files))
     _release.fault_point("after-reserve")
     prog = _make_progress(progress, out / "log.txt" if out is not None else None, planned_eps)
     loop, actual = _run_training(
-        clf, train_set, eval_set, hyper, phases, state=state, out=out, ckpt_path=ckpt_path, run_id=run_id,
+        clf, train_set, eval_set, hyper, sched.phases, state=state, out=out, ckpt_path=ckpt_path, run_id=run_id,
         fp=fp, prog=prog, log=log, delta=delta, eval_every=eval_every, device=device,
         clipping_diagnostics=clipping_diagnostics, checkpoint_every=checkpoint_every)
     cert, metrics, history, not_private = _certify(
         loop, actual, hyper, reservation=reservation, led=led, fp=fp, run_id=run_id, delta=delta,
         eval_data=eval_data, eval_set=eval_set, mode_info=mode_info,
-        registered_note=(f"dataset registered in the ledger by this run with total ε={epsilon or planned_eps:.4g}"
+        registered_note=(f"dataset registered in the ledger by this run with total ε={privacy.epsilon or planned_eps:.4g}"
                          if registered_now else None))
     run_config = None if out is None else config if config is not None else _effective_config(
-        data, eval_data, model, clf, mode, epsilon, noise_multiplier, delta, hyper, ledger, out, text_column,
+        data, eval_data, model, clf, mode, privacy.epsilon, privacy.noise_multiplier, delta, hyper, ledger, out, text_column,
         label_column, clipping_diagnostics, phase1_epochs, progress, device_arg)
     _release_and_commit(out, ckpt_path, clf, cert, metrics, history, not_private, run_config, reservation,
                         actual, log)
@@ -1123,11 +1069,11 @@ def _check_run_dir_args(output_dir: Any, resume: bool) -> tuple[Path | None, Pat
     return out, ckpt_path
 
 
-def _load_train_inputs(data, eval_data, model, labels, delta, *, text_column, label_column, pooling,
+def _load_train_inputs(data, eval_data, model, labels, privacy: PrivacySpec, *, text_column, label_column, pooling,
                        max_length, seed):
     """Load and check the training and evaluation splits and the classifier (no budget spent).
 
-    Returns ``(train_set, eval_set, classifier, delta)``; δ defaults from the training set size."""
+    Returns ``(train_set, eval_set, classifier, privacy)``; δ defaults from the training set size."""
     from privtune.data import load_dataset
     from privtune.data.datasets import check_disjoint, declared_label_set
     from privtune.models import load_classifier
@@ -1145,9 +1091,7 @@ def _load_train_inputs(data, eval_data, model, labels, delta, *, text_column, la
         if not eval_set.has_labels:
             raise DataError("`eval_data` has no labels; evaluation needs a label column.")
         check_disjoint(train_set, eval_set, "eval_data")  # accuracy on training rows is not held-out (nor private)
-    if delta is None:
-        delta = min(1e-5, _suggest_delta(n))
-    delta = check_delta(delta, dataset_size=n)
+    privacy = privacy.for_dataset(n)
     if isinstance(model, nn.Module):
         clf = model
     else:
@@ -1156,7 +1100,7 @@ def _load_train_inputs(data, eval_data, model, labels, delta, *, text_column, la
     check_model_label_set(clf, num_labels, label_names, label_source)
     if getattr(clf, "kind", "text") != train_set.kind:
         raise DataError(f"The model takes {clf.kind} inputs but the training data is {train_set.kind}.")
-    return train_set, eval_set, clf, delta
+    return train_set, eval_set, clf, privacy
 
 
 @dataclass(frozen=True)
@@ -1174,10 +1118,11 @@ class _Schedule:
     planned_epsilon: float
 
 
-def _plan_schedule(n: int, *, mode, epsilon, noise_multiplier, delta, epochs, steps, batch_size, learning_rate,
-                   sampling, accountant, assume_poisson, phase1_epochs, phase1_learning_rate) -> _Schedule:
-    """q, T, σ and the planned events for ``n`` training rows (σ calibrated to ``epsilon`` at ``delta``)."""
-    lr = learning_rate
+def _plan_schedule(n: int, mode: str, privacy: PrivacySpec, schedule: ScheduleSpec, optim: OptimizerSpec, *,
+                   phase1_epochs: float | None, phase1_learning_rate: float | None) -> _Schedule:
+    """q, T, σ and the planned events for ``n`` training rows (σ calibrated to ``privacy.epsilon`` at
+    ``privacy.delta``, or ``privacy.noise_multiplier`` as given)."""
+    sampling, assume_poisson, batch_size = schedule.sampling, schedule.assume_poisson, schedule.batch_size
     B = batch_size if batch_size is not None else min(n, 256)
     if B > n:
         raise InvalidParameterError(
@@ -1190,30 +1135,56 @@ def _plan_schedule(n: int, *, mode, epsilon, noise_multiplier, delta, epochs, st
         check_shuffle_batching(n, B)
     if sampling == "full_batch" and batch_size is not None and batch_size != n:
         raise InvalidParameterError(f"`batch_size` must be N = {n} (or omitted) for sampling='full_batch'.")
-    if steps is None:
-        T = max(1, math.ceil((epochs if epochs is not None else 3.0) / q - 1e-9))
+    if schedule.steps is None:
+        T = max(1, math.ceil((schedule.epochs if schedule.epochs is not None else 3.0) / q - 1e-9))
     else:
-        T = steps
+        T = schedule.steps
     phase1_steps = None
     if mode == "two-phase":
         if T < 2:
             raise InvalidParameterError(f"mode='two-phase' needs at least 2 steps. Got T = {T}.")
         phase1_steps = min(T - 1, max(1, math.ceil((phase1_epochs if phase1_epochs is not None else 1.0) / q)))
-    phases = _phases_for(mode if mode == "two-phase" else mode, T, lr, phase1_steps, phase1_learning_rate)
-    planned = []
+    phases = _phases_for(mode, T, optim.learning_rate, phase1_steps, phase1_learning_rate)
     from privtune.accounting import calibrate_noise_multiplier, compute_epsilon
 
-    if epsilon is not None:
-        sigma = calibrate_noise_multiplier(epsilon, delta, sample_rate=q, steps=T, accountant=accountant,
-                                           sampling=sampling, assume_poisson=assume_poisson)
+    if privacy.epsilon is not None:
+        sigma = calibrate_noise_multiplier(privacy.epsilon, privacy.delta, sample_rate=q, steps=T,
+                                           accountant=privacy.accountant, sampling=sampling,
+                                           assume_poisson=assume_poisson)
     else:
-        sigma = noise_multiplier
-    for ph in phases:
-        planned.append(DPSGDEvent(sigma, q, ph.steps, sampling=sampling, assume_poisson=assume_poisson,
-                                  label=ph.label))
+        sigma = privacy.noise_multiplier
+    planned = [DPSGDEvent(sigma, q, ph.steps, sampling=sampling, assume_poisson=assume_poisson, label=ph.label)
+               for ph in phases]
     return _Schedule(batch_size=B, sample_rate=q, steps=T, noise_multiplier=sigma, phases=phases,
                      phase1_steps=phase1_steps, planned=planned,
-                     planned_epsilon=compute_epsilon(planned, delta, accountant=accountant))
+                     planned_epsilon=compute_epsilon(planned, privacy.delta, accountant=privacy.accountant))
+
+
+def _hyperparameters(mode: str, sched: _Schedule, privacy: PrivacySpec, schedule: ScheduleSpec, optim: OptimizerSpec,
+                     clipping: ClippingSpec, mode_info: Any, lora: LoraSpec | None, seed: int | None) -> dict:
+    """The run's hyperparameters as published (metrics, certificate) and compared on resume."""
+    hyper = {
+        "mode": mode, "epochs": schedule.epochs, "steps": sched.steps, "batch_size": sched.batch_size,
+        "sample_rate": sched.sample_rate, "sampling": schedule.sampling, "learning_rate": optim.learning_rate,
+        "clip": clipping.clip, "clipping": clipping.clipping, "per_layer_clipping": clipping.per_layer,
+        "optimizer": optim.name, "noise_multiplier": sched.noise_multiplier, "momentum": optim.momentum,
+        "weight_decay": optim.weight_decay, "phase1_steps": sched.phase1_steps,
+        "phase1_learning_rate": sched.phases[0].learning_rate if sched.phase1_steps else None,
+        "max_physical_batch_size": schedule.max_physical_batch_size, "accountant": privacy.accountant, "seed": seed,
+        "assume_poisson": schedule.assume_poisson,
+    }
+    if lora is not None:
+        hyper.update({"lora_rank": lora.rank, "lora_alpha": lora.alpha,
+                      "lora_target_modules": list(mode_info.lora_target_modules or [])})
+    return hyper
+
+
+def _lora_arguments(lora: LoraSpec | None) -> dict:
+    """:func:`privtune.finetune.apply_mode`'s LoRA keyword arguments (none for a mode without adapters)."""
+    if lora is None:
+        return {}
+    return {"lora_rank": lora.rank, "lora_alpha": lora.alpha,
+            "lora_target_modules": list(lora.target_modules) if lora.target_modules is not None else None}
 
 
 def _prepare_run_dir(out: Path | None, ckpt_path: Path | None, resume: bool, fp: str, hyper: dict):
@@ -1364,56 +1335,6 @@ def _certify(loop, actual, hyper: dict, *, reservation, led, fp, run_id, delta, 
     return cert, metrics, history, not_private
 
 
-def _check_privacy_args(epsilon, noise_multiplier, delta) -> tuple:
-    """(ε, σ, δ) checked: exactly one of ε and σ; δ, when given, in (0, 1)."""
-    if (epsilon is None) == (noise_multiplier is None):
-        raise InvalidParameterError(
-            "Pass exactly one of `epsilon` (with `delta`) or `noise_multiplier`. Got "
-            f"epsilon={epsilon!r}, noise_multiplier={noise_multiplier!r}. E.g. epsilon=1.0, delta=1e-5 (CLI: --epsilon 1 "
-            "--delta 1e-5, or --noise-multiplier S)."
-        )
-    if epsilon is not None:
-        epsilon = check_epsilon(epsilon)
-    if noise_multiplier is not None:
-        noise_multiplier = check_noise_multiplier(noise_multiplier)
-    if delta is not None:
-        delta = check_real(delta, "delta", low=0.0, high=1.0, fix="Pass e.g. 1e-5; δ should be well below 1/n.")
-    return epsilon, noise_multiplier, delta
-
-
-def _check_schedule_args(epochs, steps, batch_size) -> tuple:
-    """(epochs, steps, expected batch size) checked: at most one of epochs and steps."""
-    if epochs is not None and steps is not None:
-        raise InvalidParameterError(
-            f"Pass either `epochs` or `steps`, not both. Got epochs={epochs!r}, steps={steps!r}. Remove one of them "
-            "(CLI: --epochs or --steps)."
-        )
-    if epochs is not None:
-        epochs = check_real(epochs, "epochs", low=0.0, fix="Pass a positive number of passes over the data.")
-    if steps is not None:
-        steps = check_steps(steps)
-    if batch_size is not None:
-        batch_size = check_int(batch_size, "batch_size", low=1, fix="Pass the expected batch size, e.g. 256.")
-    return epochs, steps, batch_size
-
-
-def _check_optimizer_args(mode, learning_rate, clip, max_physical_batch_size, accountant, momentum,
-                          weight_decay) -> tuple:
-    """(learning rate, clip C, physical batch, accountant, momentum μ, weight decay) checked; the
-    learning rate defaults by mode."""
-    lr = DEFAULT_LEARNING_RATES[mode] if learning_rate is None else check_real(
-        learning_rate, "learning_rate", low=0.0, fix="Pass a positive step size such as 1e-3.")
-    clip = check_real(clip, "clip", low=0.0, fix="Pass the per-example clipping norm C, e.g. clip=1.0.")
-    max_physical_batch_size = check_int(max_physical_batch_size, "max_physical_batch_size", low=1)
-    accountant = check_choice(accountant, "accountant", ACCOUNTANTS)
-    momentum = check_real(momentum, "momentum", low=0.0, high=1.0, low_inclusive=True,
-                          fix="Momentum μ must be in [0, 1), e.g. 0.9.")
-    if momentum >= 1.0:
-        raise InvalidParameterError(f"`momentum` must be in [0, 1). Got {momentum!r}.")
-    weight_decay = check_real(weight_decay, "weight_decay", low=0.0, low_inclusive=True)
-    return lr, clip, max_physical_batch_size, accountant, momentum, weight_decay
-
-
 def _reserve_for_train(ledger, fp, planned, hyper: dict, *, total_epsilon, delta, ledger_name, out, run_id,
                        resume, state, log, unreserved):
     """Reserve the planned events (:func:`privtune.pipeline.reserve`; a new dataset is registered with
@@ -1423,7 +1344,7 @@ def _reserve_for_train(ledger, fp, planned, hyper: dict, *, total_epsilon, delta
     whose ledger commit already happened."""
     cfg_for_ledger = {"hyperparameters": hyper, "output_dir": str(out) if out else None}
     try:
-        led = _resolve_ledger(ledger)
+        led = open_ledger(ledger)
         reserved = pipeline.reserve(led, fp, planned, total_epsilon=total_epsilon,
                                     delta=delta, name=ledger_name, command="train", config=cfg_for_ledger,
                                     resume_key=run_id, resuming=bool(resume))
@@ -1448,30 +1369,16 @@ def _reserve_for_train(ledger, fp, planned, hyper: dict, *, total_epsilon, delta
 
 def _release_and_commit(out, ckpt_path, clf, cert, metrics, history, not_private, run_config, reservation,
                         actual, log) -> None:
-    """Write the release into RUN_DIR (certificate last, a copy inside model/), then commit the actual
-    events in the ledger, then delete the private checkpoint."""
-    from privtune.report.release import write_not_private
-
+    """Write the release into RUN_DIR (:func:`privtune.pipeline.write_release`: certificate last, a copy
+    inside model/), then commit the actual events in the ledger and delete the private checkpoint
+    (:func:`privtune.pipeline.commit`)."""
     if out is not None:
-        _release.release_files(out, [
-            ("model", lambda d: pipeline.write_model(d, clf, cert)),
-            ("metrics.json", lambda d: pipeline.write_json(d / "metrics.json", metrics)),
-            ("history.json", lambda d: pipeline.write_json(d / "history.json", history)),
-            ("config.yaml", lambda d: _save_config(d, run_config)),
-            # NOT PRIVATE figures, kept beside the release but not part of it (0700 / 0600)
-            ("not_private", lambda d: write_not_private(d, not_private)),
-            ("certificate.json", lambda d: cert.save(d / "certificate.json")),
-        ], derived=lambda d: _optional_report(d, log))
+        pipeline.write_release(out, model=clf, certificate=cert, metrics=metrics, history=history,
+                               config=run_config, command="train", not_private=not_private, log=log)
     # the ledger commit comes only once the release is in place: a crash before it leaves the reservation
     # charged (never refunded) and `--resume` writes the files again from the final checkpoint
-    if reservation is not None:
-        reservation.commit(actual)
-    _release.fault_point("after-commit")
+    pipeline.commit(reservation, actual, [ckpt_path] if out is not None else [])
     if out is not None:
-        if ckpt_path.exists():
-            ckpt_path.unlink()
-        if ckpt_path.parent.is_dir() and not any(ckpt_path.parent.iterdir()):
-            ckpt_path.parent.rmdir()
         log(f"done: ε={cert.epsilon:.4g} δ={cert.delta:g} accuracy={metrics['accuracy']}")
 
 
@@ -1495,7 +1402,7 @@ def _cached_for_last_layer(clf, train_set, eval_set, prog, log):
     return fs, fe
 
 
-def _dry_run_engine(model: nn.Module, clip: float, clipping: str, per_layer: bool = False) -> None:
+def _dry_run_engine(model: nn.Module, clipping: ClippingSpec) -> None:
     """Build (and drop) the DP step on the model: BatchNorm, tied trainable weights and other unsupported
     configurations raise here, before any budget is reserved."""
     from privtune.engine import PrivateGradient
@@ -1504,8 +1411,8 @@ def _dry_run_engine(model: nn.Module, clip: float, clipping: str, per_layer: boo
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        PrivateGradient(model, max_grad_norm=clip, noise_multiplier=1.0, expected_batch_size=1.0,
-                        clipping=clipping, per_layer=per_layer, seed=0).close()
+        PrivateGradient(model, max_grad_norm=clipping.clip, noise_multiplier=1.0, expected_batch_size=1.0,
+                        clipping=clipping.clipping, per_layer=clipping.per_layer, seed=0).close()
 
 
 def _split_name(eval_data: Any) -> str:
@@ -1518,7 +1425,7 @@ def _mask(url: Any) -> Any:
     if url is None:
         return None
     try:
-        from privtune.ledger._backend import mask_url
+        from privtune.ledger import mask_url  # lazy: the ledger's database driver only when a run is released
 
         return mask_url(str(url))
     except Exception:  # pragma: no cover
@@ -1562,32 +1469,6 @@ def _effective_config(data, eval_data, model, clf, mode, epsilon, noise_multipli
     if device_arg is not None:  # only when asked for: a config written on a GPU machine must run elsewhere
         cfg["device"] = str(device_arg)
     return {k: v for k, v in cfg.items() if v is not None}
-
-
-def _save_config(out: Path, options: dict) -> None:
-    try:
-        from privtune.config import save_effective_config
-    except ImportError:  # pragma: no cover - config module absent
-        import yaml
-
-        (out / "config.yaml").write_text(yaml.safe_dump(options, sort_keys=False), encoding="utf-8")
-        return
-    save_effective_config(options, out, command="train")
-
-
-def _optional_report(out: Path, log: Callable[[str], None]) -> None:
-    """Write report.html and the model card when the report module is installed."""
-    try:
-        from privtune.report import write_model_card, write_report
-    except ImportError:
-        log("report module not available; skipped report.html")
-        return
-    # the run (and its privacy spend) is complete at this point: a failing report must not hide it
-    for fn in (write_model_card, write_report):
-        try:
-            fn(out)
-        except Exception as exc:  # noqa: BLE001 - report is a derived artifact; regenerate with `privtune report`
-            log(f"warning: {fn.__name__} failed ({type(exc).__name__}: {exc}); rerun `privtune report {out}`")
 
 
 __all__ = ["fit", "fit_nonprivate", "train", "evaluate", "FitResult", "TrainResult", "StepInfo"]

@@ -24,26 +24,30 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import difflib
+import inspect
 import os
+import secrets
+import sys
+import tempfile
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from privtune import _release, pipeline
+from privtune import _release, finetune, pipeline  # finetune.cache_features: a test seam, read at call time
 from privtune._validation import check_choice, check_int, check_real
-from privtune.errors import DataError, InvalidParameterError, PrivtuneError
-from privtune.hpo import common
-from privtune.accounting.events import event_to_dict
-from privtune.hpo.common import TUNABLE_MODES, BudgetPlan, PlanRequest, Selector, as_plain, data_kind
-from privtune.hpo.registry import STRATEGIES, get as get_strategy
-from privtune.accounting.accountant import ACCOUNTANTS
-from privtune.engine.private_gradient import CLIPPINGS
+from privtune.accounting import Certificate
+from privtune.accounting.events import GaussianEvent, event_to_dict
+from privtune.data import ImageDataset, TextDataset, embedded_sst2, load_dataset
+from privtune.data.datasets import EMBEDDED_LABELS, check_disjoint, declared_label_set
 from privtune.engine.sampling import make_generator
+from privtune.errors import DataError, InvalidParameterError, PrivtuneError
 from privtune.finetune.modes import DEFAULT_LEARNING_RATES
-from privtune.models import resolve_device
+from privtune.hpo import common, grid_oracle
 from privtune.hpo._resume import (  # noqa: F401  (STATE_FILE is part of this module's interface)
     STATE_FILE,
     _check_open_reservation,
@@ -57,6 +61,16 @@ from privtune.hpo._resume import (  # noqa: F401  (STATE_FILE is part of this mo
     _write_state_header,
     derive_seed,
 )
+from privtune.hpo.backends import FeatureBackend, ModelBackend, head_into_classifier
+from privtune.hpo.common import TUNABLE_MODES, BudgetPlan, PlanRequest, Selector, as_plain, data_kind
+from privtune.hpo.registry import STRATEGIES
+from privtune.hpo.registry import get as get_strategy
+from privtune.ledger import Ledger, composed_epsilon, dataset_identity, demo_key_path, mask_url
+from privtune.models import load_classifier, resolve_device
+from privtune.models.classifier import check_model_label_set
+from privtune.report.progress import Progress
+from privtune.report.release import mark_seeded, split_release
+from privtune.specs import DEFAULT_CLIPPING, DEFAULT_OPTIMIZER, ClippingSpec, OptimizerSpec, PrivacySpec, ScheduleSpec
 
 #: what tune() releases into RUN_DIR (checked before the reservation: an entry of the wrong kind is an error)
 _RELEASED_FILES = ("certificate.json", "metrics.json", "history.json", "config.yaml", "report.html", "log.txt")
@@ -114,8 +128,6 @@ class TuneResult:
 
 def _load(data: Any, what: str, text_column=None, label_column=None, num_labels=None, label_names=None):
     """Load a split; with a declared label set (``num_labels``/``label_names``) its labels must be in it."""
-    from privtune.data import ImageDataset, TextDataset, load_dataset
-
     if data is None:
         return None
     if isinstance(data, (TextDataset, ImageDataset)):
@@ -139,12 +151,6 @@ def _check_train(ds) -> None:
         raise DataError("The training data has no labels. Add a label column (e.g. `label`).")
     # no check of which classes the rows contain: the label set is declared (public), and a refusal that
     # depends on the rows' classes would tell whoever sees it something about the private data
-
-
-def _check_disjoint(train, other, what: str) -> None:
-    from privtune.data.datasets import check_disjoint
-
-    check_disjoint(train, other, what)
 
 
 def _labels_tensor(ds) -> torch.Tensor:
@@ -240,14 +246,95 @@ def tune(
     device : where every trial, pilot and the final run train: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or
         ``"mps"``; ``None`` (default) = ``"cuda"`` when available, else ``"cpu"`` (as :func:`privtune.train`).
     """
-    _args = dict(locals())  # every argument as given: RUN_DIR/config.yaml and the resume check
+    args = dict(locals())  # every argument as given: RUN_DIR/config.yaml and the resume check
     if isinstance(labels, (str, list, tuple)):  # [0, 1], "0,1" and --labels 0,1 are one setting (config, resume)
-        _args["labels"] = [str(x).strip() for x in (labels.split(",") if isinstance(labels, str) else labels)]
+        args["labels"] = [str(x).strip() for x in (labels.split(",") if isinstance(labels, str) else labels)]
     t_start = time.time()
-    if unknown:  # refuse, never drop: a misspelt option would otherwise run with the default silently
-        import difflib
-        import inspect
+    # ---------------------------------------------------------------- validate, load (no budget yet)
+    req = _check_arguments(args, unknown)
+    inputs = _load_inputs(req, data, eval_data=eval_data, public_eval_data=public_eval_data, labels=labels,
+                          model=model, text_column=text_column, label_column=label_column,
+                          validation_fraction=validation_fraction)
+    files = _open_run_files(args, req, inputs)
+    prog = _progress(quiet, files.run_dir, req.privacy.epsilon)
+    log = prog.log
+    journal = None
+    try:
+        clf = _load_model(model, inputs, files.run_seed)
+        log(f"privtune tune: strategy={req.strategy.name}, mode={req.mode}, total ε={req.privacy.epsilon:g}, "
+            f"δ={inputs.privacy.delta:g}, data={inputs.train_source} (n={inputs.n_train}), "
+            f"selection={common.describe_selection(_selection_of_strategy(req, inputs))}")
+        # ------------------------------------------------------------ plan, reserve (no data read yet)
+        tplan = _plan_run(req, inputs, log)
+        if tplan.hide_timing:
+            prog.log_timing = False
+        budget = _reserve(req, inputs, files, tplan, ledger, log)
+        # ------------------------------------------------------------ run
+        with budget.reservation as reservation:
+            if not req.strategy.not_private:  # seeds, completed trials and replay (see _Journal)
+                journal = _open_journal(files.run_dir, files.state_header, files.state_entries, files.run_seed,
+                                        files.run_id, files.config, files.unsaved, inputs.fingerprint, prog,
+                                        inputs.privacy.delta, req.privacy.accountant, tplan.center_events,
+                                        reservation)
+            ran = _execute(req, inputs, tplan, clf, prog, files.run_seed, journal, feature_cache_dir)
+            _release.fault_point("after-last-step")
+        # ------------------------------------------------------------ certify, write, commit
+        cert, metrics, history, not_private = _certify(req, inputs, tplan, ran, budget, reservation, prog,
+                                                       nonprivate_reference=nonprivate_reference, started=t_start)
+        if journal is not None and journal.replayed and not journal.hide_trials:
+            metrics["resumed"] = {"replayed_trials": journal.replayed}
+        _write_and_commit(req, files, ran, cert, metrics, history, not_private, reservation, log)
+        log(("done: " if tplan.hide_timing else f"done in {time.time() - t_start:.0f} s: ")
+            + (f"ε = {cert.epsilon:.4f} (≤ {req.privacy.epsilon:g}), δ = {cert.delta:g}"
+               if not req.strategy.not_private else
+               f"NOT PRIVATE reference (composition of the grid runs: ε = {cert.epsilon:.4g}, δ = {cert.delta:g})")
+            + (f", accuracy {metrics['accuracy']:.4f}" if metrics.get("accuracy") is not None else "")
+            + (f" → {files.run_dir}" if files.run_dir else ""))
+        return TuneResult(model=ran.model, certificate=cert, trials=history["trials"], metrics=metrics,
+                          history=history, run_dir=files.run_dir, plan=tplan.plan)
+    except KeyboardInterrupt:
+        if journal is not None:  # reserved: the reservation stays charged; say how to continue without a new one
+            hint = _resume_hint(files.run_dir if journal.path is not None else None, journal.config_written)
+            prog.runlog.write(hint)
+            print(hint, file=sys.stderr)
+        raise
+    except Exception as exc:
+        if journal is not None and journal.path is not None:
+            prog.runlog.write(f"failed after the ledger reservation ({type(exc).__name__}): the reservation stays "
+                              f"charged; once the cause is fixed, `--resume` continues this run. "
+                              + _resume_hint(files.run_dir, journal.config_written).split("\n", 1)[-1])
+        raise
+    finally:
+        prog.close()
 
+
+# --------------------------------------------------------------------------------------
+# the stages of a run (validate -> load -> plan -> reserve -> run -> certify -> write), and what each
+# hands to the next
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Request:
+    """tune()'s arguments, checked before any data is read (:func:`_check_arguments`)."""
+
+    strategy: Any  # the registered Strategy
+    mode: str  # "auto" or a mode the strategy trains
+    privacy: PrivacySpec  # ε: the total of trials, selection and final run; δ checked against n by _load_inputs
+    schedule: ScheduleSpec  # the overrides epochs / steps / batch_size (None: the strategy's recipe)
+    clipping: ClippingSpec  # the overrides clip / clipping (None: the strategy's)
+    optimizer: OptimizerSpec  # the override of the optimizer's name (None: the strategy's)
+    trials: int | None
+    seed: int | None  # the user's seed (None: OS entropy, never published)
+    selection: str | None  # the selection source asked for; None: public validation when there is one
+    selection_noise: float | None  # σ of a charged score (None: the default for the number of rows scored)
+    options: dict  # strategy_options
+    device: Any
+
+
+def _check_arguments(args: dict, unknown: dict) -> _Request:
+    """Every argument of :func:`tune` checked (one clear error for the first bad one); no data is read."""
+    if unknown:  # refuse, never drop: a misspelt option would otherwise run with the default silently
         valid = [k for k in inspect.signature(tune).parameters if k != "unknown"]
         name = sorted(unknown)[0]
         close = difflib.get_close_matches(name, valid, n=1)
@@ -255,54 +342,76 @@ def tune(
             f"tune() got an unknown option {name!r}." + (f" Did you mean {close[0]!r}?" if close else "")
             + f" Valid options: {', '.join(valid)}."
         )
-    strategy = check_choice(strategy, "strategy", STRATEGIES)
+    strategy = check_choice(args["strategy"], "strategy", STRATEGIES)
     strat = get_strategy(strategy)
-    device = resolve_device(device)  # one clear error for a bad or absent device, before any data is read
-    mode = check_choice(mode, "mode", MODES)
+    device = resolve_device(args["device"])  # one clear error for a bad or absent device, before any data is read
+    mode = check_choice(args["mode"], "mode", MODES)
     # what the strategy can train; ``--mode auto`` pilots only these (none when only one is left), and any
     # other mode is refused before anything is reserved
-    supported_modes = strat.modes
-    if mode != "auto" and mode not in supported_modes:
+    if mode != "auto" and mode not in strat.modes:
         raise InvalidParameterError(
-            f"strategy={strategy!r} trains {' / '.join(supported_modes)} only; got mode={mode!r}. Use "
-            f"mode={supported_modes[0]!r} (or 'auto'), or strategy='hyperfree' / 'linear-scaling' for {mode}."
+            f"strategy={strategy!r} trains {' / '.join(strat.modes)} only; got mode={mode!r}. Use "
+            f"mode={strat.modes[0]!r} (or 'auto'), or strategy='hyperfree' / 'linear-scaling' for {mode}."
         )
-    eps_total = common.check_epsilon(epsilon)
-    delta = check_real(delta, "delta", low=0.0, high=1.0, fix="Pass e.g. 1e-5; δ should be well below 1/n.")
-    check_choice(accountant, "accountant", ACCOUNTANTS)
-    if clip is not None:
-        clip = check_real(clip, "clip", low=0.0, fix="Pass the per-example clipping norm C, e.g. clip=1.0.")
-        if strat.fixed_clip is not None and clip != strat.fixed_clip:
-            raise InvalidParameterError(
-                f"`clip`={clip!r} does not apply to strategy={strategy!r}: it clips at C = {strat.fixed_clip:g} "
-                "(sensitivity 1) and its learning-rate rule absorbs the scale. Remove `clip`, or choose another "
-                "strategy.")
-    if clipping is not None:
-        check_choice(clipping, "clipping", CLIPPINGS)
-        if not strat.clipping_kinds or (mode != "auto" and data_kind(mode) not in strat.clipping_kinds):
-            raise InvalidParameterError(
-                f"`clipping` does not apply to strategy={strategy!r} with mode={mode!r}: its full-batch recipe on cached "
-                "features clips flat at `clip`. Remove `clipping`, or use strategy='hyperfree' (any mode) or "
-                "'linear-scaling' with mode=bitfit/lora/full.")
-    if seed is not None:
-        seed = check_int(seed, "seed", low=0)
-    sel_name = None
-    if selection is not None:
-        sel_name = _SELECTION_SOURCE.get(str(selection))
-        if sel_name is None:
-            check_choice(selection, "selection", common.SELECTIONS)
-    options = dict(strategy_options or {})
-    if epochs is not None and steps is not None:
+    privacy = PrivacySpec.with_target(args["epsilon"], args["delta"], args["accountant"])
+    clipping = ClippingSpec(clip=args["clip"], clipping=args["clipping"])
+    if clipping.clip is not None and strat.fixed_clip is not None and clipping.clip != strat.fixed_clip:
         raise InvalidParameterError(
-            f"give `epochs` or `steps`, not both. Got epochs={epochs!r}, steps={steps!r}. Remove one of them.")
+            f"`clip`={clipping.clip!r} does not apply to strategy={strategy!r}: it clips at C = {strat.fixed_clip:g} "
+            "(sensitivity 1) and its learning-rate rule absorbs the scale. Remove `clip`, or choose another "
+            "strategy.")
+    if clipping.clipping is not None and (
+            not strat.clipping_kinds or (mode != "auto" and data_kind(mode) not in strat.clipping_kinds)):
+        raise InvalidParameterError(
+            f"`clipping` does not apply to strategy={strategy!r} with mode={mode!r}: its full-batch recipe on cached "
+            "features clips flat at `clip`. Remove `clipping`, or use strategy='hyperfree' (any mode) or "
+            "'linear-scaling' with mode=bitfit/lora/full.")
+    seed = None if args["seed"] is None else check_int(args["seed"], "seed", low=0)
+    selection = None
+    if args["selection"] is not None:
+        selection = _SELECTION_SOURCE.get(str(args["selection"]))
+        if selection is None:
+            check_choice(args["selection"], "selection", common.SELECTIONS)
+    schedule = ScheduleSpec(epochs=args["epochs"], steps=args["steps"], batch_size=args["batch_size"],
+                            max_physical_batch_size=args["max_physical_batch_size"])
+    return _Request(strategy=strat, mode=mode, privacy=privacy, schedule=schedule, clipping=clipping,
+                    optimizer=OptimizerSpec(name=args["optimizer"]), trials=args["trials"], seed=seed,
+                    selection=selection, selection_noise=args["selection_noise"], options=dict(args["strategy_options"] or {}), device=device)
 
-    # ---------------------------------------------------------------- data and model
+
+@dataclass(frozen=True)
+class _Inputs:
+    """The splits, loaded and checked before any budget is spent (:func:`_load_inputs`)."""
+
+    train: Any  # the rows trained on (without a private validation split)
+    eval_set: Any  # the reported split: never given to a selector
+    public_set: Any  # the split the user declares public
+    private_val: Any  # the held-out private validation split (selection="private-validation"), else None
+    selection: str  # the selection source
+    privacy: PrivacySpec  # the request's, with δ checked against the whole training set's size
+    num_labels: int
+    label_names: Any
+    label_source: Any
+    fingerprint: str  # of the WHOLE training file: the ledger's key, never published
+    ledger_name: str | None
+    embedded: bool
+    train_source: str  # how log.txt names the training data
+    reported_split: str | None  # how the release names the reported split
+
+    @property
+    def n_train(self) -> int:
+        return len(self.train)
+
+    @property
+    def selector_data(self) -> Any:
+        return self.public_set if self.selection == "public_validation" else (self.private_val or self.train)
+
+
+def _load_inputs(req: _Request, data, *, eval_data, public_eval_data, labels, model, text_column, label_column,
+                 validation_fraction) -> _Inputs:
+    """Load and check every split (declared label set, overlaps, δ < 1/n); ``data=None`` is the demo."""
     embedded = data is None
-    from privtune.data.datasets import EMBEDDED_LABELS, declared_label_set
-
     if embedded:
-        from privtune.data import embedded_sst2
-
         train, pub, test = embedded_sst2()
         public_eval_data = pub if public_eval_data is None else public_eval_data
         eval_data = test if eval_data is None else eval_data
@@ -310,48 +419,68 @@ def tune(
         if labels is None:
             labels = list(EMBEDDED_LABELS)  # declared by the demo (public), not read from its rows
     else:
+        train = data
         train_source = str(data) if isinstance(data, (str, os.PathLike)) else "in-memory dataset"
     # the label set is public input: declared, or a public split's, or the model's; never the private rows'
     public_probe = _load(public_eval_data, "public_eval_data", text_column, label_column) if labels is None else None
     num_labels, names, label_source = declared_label_set(labels, model=model, public_data=public_probe)
-    train = _load(train if embedded else data, "data", text_column, label_column, num_labels, names)
+    train = _load(train, "data", text_column, label_column, num_labels, names)
     _check_train(train)
     eval_set = _load(eval_data, "eval_data", text_column, label_column, num_labels, names)
     public_set = _load(public_eval_data, "public_eval_data", text_column, label_column, num_labels, names)
-    _check_disjoint(train, public_set, "public_eval_data")
+    check_disjoint(train, public_set, "public_eval_data")
     if not embedded:
-        _check_disjoint(train, eval_set, "eval_data")
+        check_disjoint(train, eval_set, "eval_data")
     if public_set is not None and eval_set is not None:
-        _check_disjoint(public_set, eval_set, "eval_data (vs public_eval_data)")
-    n_train = len(train)
-    common.check_delta(delta, dataset_size=n_train)
+        check_disjoint(public_set, eval_set, "eval_data (vs public_eval_data)")
+    privacy = req.privacy.for_dataset(len(train))
     # the ledger's dataset is the WHOLE training file: fingerprint it before any private-validation split
     # (a split's rows would hash to a new fingerprint, i.e. a fresh budget for the same data)
-    train_fp, train_name = _dataset_identity(train)
-
-    # selection source
-    if sel_name is None:
-        sel_name = "public_validation" if public_set is not None else "train_noisy"
-    if sel_name == "public_validation" and public_set is None:
+    fingerprint, ledger_name = _dataset_identity(train)
+    selection = req.selection or ("public_validation" if public_set is not None else "train_noisy")
+    if selection == "public_validation" and public_set is None:
         raise InvalidParameterError(
             "`selection`='public-validation' needs a split you declare public: pass public_eval_data=PATH "
             "(--public-eval-data), or use selection='private-validation' or 'train-accuracy' (charged)."
         )
     private_val = None
-    if sel_name == "private_validation_noisy":
+    if selection == "private_validation_noisy":
         frac = check_real(validation_fraction, "validation_fraction", low=0.0, high=0.5)
-        g = make_generator(seed, offset=1)
-        perm = torch.randperm(n_train, generator=g).tolist()
-        k = max(1, int(round(frac * n_train)))
-        private_val = train.subset(perm[:k])
-        train = train.subset(perm[k:])
-        n_train = len(train)
-    sel_name_effective = sel_name if strat.selects else "none"
+        perm = torch.randperm(len(train), generator=make_generator(req.seed, offset=1)).tolist()
+        k = max(1, int(round(frac * len(train))))
+        private_val, train = train.subset(perm[:k]), train.subset(perm[k:])
+    return _Inputs(train=train, eval_set=eval_set, public_set=public_set, private_val=private_val,
+                   selection=selection, privacy=privacy, num_labels=num_labels, label_names=names,
+                   label_source=label_source, fingerprint=fingerprint, ledger_name=ledger_name, embedded=embedded,
+                   train_source=train_source, reported_split=_split_name(eval_data, embedded))
 
-    # run directory and progress
-    run_dir = None
-    created_dirs, log_existed = [], True
-    if write_files:
+
+def _selection_of_strategy(req: _Request, inputs: _Inputs) -> str:
+    """The selection source the strategy's trials are scored with ("none": a strategy that does not select)."""
+    return inputs.selection if req.strategy.selects else "none"
+
+
+@dataclass(frozen=True)
+class _RunFiles:
+    """RUN_DIR and the run's identity, fixed before anything is charged (:func:`_open_run_files`)."""
+
+    run_dir: Path | None  # None: write_files=False
+    created_dirs: list  # what this run created (removed again when the reservation is refused)
+    log_existed: bool
+    config: dict  # the effective options: config.yaml and the resume check
+    unsaved: list  # options config.yaml cannot hold (in-memory objects)
+    state_header: dict | None  # the interrupted run's (resume), else None
+    state_entries: list
+    run_seed: int  # every noise and sampling generator derives from it; PRIVATE (state file only)
+    run_id: str
+
+
+def _open_run_files(args: dict, req: _Request, inputs: _Inputs) -> _RunFiles:
+    """Check and create RUN_DIR (every output path writable before anything is charged) and read the
+    state of an interrupted run (``resume``)."""
+    run_dir, created_dirs, log_existed = None, [], True
+    if args["write_files"]:
+        output_dir = args["output_dir"]
         run_dir = Path(output_dir) if output_dir is not None else Path("runs") / _dt.datetime.now().strftime(
             "%Y%m%d-%H%M%S")
         _release.check_output_path(run_dir, _RELEASED_FILES, _RELEASED_DIRS)
@@ -360,262 +489,292 @@ def tune(
             raise InvalidParameterError(
                 f"`output` {str(run_dir)!r} already holds a finished run (certificate.json). Pass a new directory.")
         log_existed = (run_dir / "log.txt").exists()
-        # every output path is checked and the directory proven writable before anything is charged
         created_dirs = _release.prepare_output_dir(run_dir, _RELEASED_FILES, _RELEASED_DIRS)
-    # ---------------------------------------------------------------- seeds and resume state (no budget yet)
-    run_cfg, unsaved = _effective_config(_args, run_dir)
-    state_header, state_entries = _resume_state(resume, run_dir, output_dir, strategy, run_cfg, train_fp)
+    config, unsaved = _effective_config(args, run_dir)
+    header, entries = _resume_state(args["resume"], run_dir, args["output_dir"], req.strategy.name, config,
+                                    inputs.fingerprint)
     # every noise and sampling generator of the run derives from run_seed: the user's seed, or OS entropy
     # kept only in the private state file until the run finishes (never in config, metrics or certificate)
-    import secrets
-    import uuid
+    run_seed = int(header["seed"]) if header else (req.seed if req.seed is not None else secrets.randbits(62))
+    run_id = str(header["run_id"]) if header else uuid.uuid4().hex
+    return _RunFiles(run_dir=run_dir, created_dirs=created_dirs, log_existed=log_existed, config=config,
+                     unsaved=unsaved, state_header=header, state_entries=entries, run_seed=run_seed, run_id=run_id)
 
-    run_seed = int(state_header["seed"]) if state_header else (seed if seed is not None else secrets.randbits(62))
-    run_id = str(state_header["run_id"]) if state_header else uuid.uuid4().hex
-    prog = _progress(quiet, run_dir, eps_total)
-    log = prog.log
-    journal = None
-    try:
-        from privtune.models import load_classifier
 
-        clf = load_classifier(model, num_labels=num_labels, label_names=names, seed=derive_seed(run_seed, "model"))
-        from privtune.models.classifier import check_model_label_set
+def _load_model(model: Any, inputs: _Inputs, run_seed: int):
+    """The classifier with the declared label set (its head initialised from ``run_seed``)."""
+    clf = load_classifier(model, num_labels=inputs.num_labels, label_names=inputs.label_names,
+                          seed=derive_seed(run_seed, "model"))
+    check_model_label_set(clf, inputs.num_labels, inputs.label_names, inputs.label_source)
+    return clf
 
-        check_model_label_set(clf, num_labels, names, label_source)
-        log(f"privtune tune: strategy={strategy}, mode={mode}, total ε={eps_total:g}, δ={delta:g}, "
-            f"data={train_source} (n={n_train}), selection={common.describe_selection(sel_name_effective)}")
 
-        # ------------------------------------------------------------ plan (no data read yet)
-        # --mode auto: pilot only the modes this strategy can train; with one candidate there is nothing to
-        # choose and nothing is spent on pilots
-        candidates = [m for m in AUTO_MODES if m in supported_modes] if mode == "auto" else [mode]
-        pilot_modes = candidates if len(candidates) > 1 else []
-        run_mode = candidates[0] if not pilot_modes else "auto"
-        if mode == "auto" and not pilot_modes:
-            log(f"mode auto: strategy {strategy} trains {run_mode} only; no mode pilots are run")
-        pilot_events, pilot_eps = [], min(0.1, 0.1 * eps_total)
-        sel_sigma = None
-        if sel_name != "public_validation":
-            n_scored = len(private_val) if private_val is not None else n_train
-            sel_sigma = float(selection_noise) if selection_noise is not None else common.default_selection_noise(
-                n_scored)
-        if pilot_modes:
-            pilot_events = _plan_pilots(pilot_modes, pilot_eps, delta, n_train, sel_sigma, accountant)
-        center_sigma = None
-        if "last-layer" in candidates and public_set is None:
-            # features are centred by a private mean (Sun et al. 2024 via digest 000 §6.3): a charged release
-            center_sigma = float(options.pop("center_noise", max(5.0, 0.005 * n_train)))
-            from privtune.accounting.events import GaussianEvent
+@dataclass
+class _TunePlan:
+    """Every event of the run, fixed before the reservation from public sizes only (:func:`_plan_run`)."""
 
-            pilot_events = [GaussianEvent(center_sigma, 1, label="private feature mean (centering)")] + pilot_events
-        # every candidate mode is planned now, before anything is reserved: a combination that cannot work
-        # fails here, and the reservation covers whichever mode the pilots pick
-        _check_overrides(strat, candidates, {"trials": trials, "epochs": epochs, "steps": steps,
-                                             "batch_size": batch_size, "optimizer": optimizer})
-        request = PlanRequest(total_epsilon=eps_total, delta=delta, n_train=n_train, accountant=accountant,
-                              prefix_events=pilot_events, score_sigma=sel_sigma if strat.selects else None,
-                              epochs=epochs, steps=steps, batch_size=batch_size)
-        mode_plans = {}
-        for m in candidates:
-            try:
-                cfg_m = strat.make_config(options, trials=trials, optimizer=optimizer, clip=clip, clipping=clipping)
-                mode_plans[m] = strat.plan(cfg_m, m, request)
-            except PrivtuneError as exc:
-                if not pilot_modes:
-                    raise
-                raise type(exc)(f"mode='auto': candidate mode {m!r} cannot be planned with strategy {strategy!r}: "
-                                f"{exc} Pass an explicit mode (e.g. mode='last-layer') to skip it.") from None
-        plan_mode = candidates[0]
-        plan = mode_plans[plan_mode]
-        # under repeat-and-select the number of trials is random and not published; durations grow with it
-        hide_timing = any(p.details.get("accounting") == "repeat-and-select" for p in mode_plans.values())
-        if hide_timing:
-            prog.log_timing = False
-        log(plan.describe())
-        for m in candidates[1:]:
-            log(f"  if the pilots choose {m}: planned ε = {mode_plans[m].planned_epsilon():.4g}")
+    plan: BudgetPlan  # the plan that runs; with --mode auto, set to the chosen mode's after the pilots
+    mode_plans: dict  # every candidate mode's plan
+    candidates: list  # the modes that may run
+    pilot_modes: list  # --mode auto: the modes piloted (empty: nothing to choose)
+    run_mode: str  # the mode, or "auto" while the pilots are to choose
+    pilot_eps: float  # per-run ε of a pilot
+    pilot_events: list  # the pilots' planned events, the charged feature centre first when there is one
+    center_sigma: float | None  # σ of the charged feature centre (last-layer without a public split)
+    selection_sigma: float | None  # σ of a charged score (None: public validation, free)
+    hide_timing: bool  # repeat-and-select: the number of trials (hence durations) is not published
 
-        # ------------------------------------------------------------ reserve in the ledger
-        if strat.not_private:  # NOT PRIVATE: spends and releases nothing, so the ledger is not touched
-            led, fp, ledger_url, registered = None, train_fp, None, False
-            log(f"{strategy} is NOT PRIVATE: tuning is not charged, no model is released and the ledger is not "
-                "touched")
-            cm = _null_reservation()
-        else:
-            fresh_state = False
-            try:
-                led, fp, ledger_url, registered = _ledger_for(ledger, embedded, run_dir, train_fp, train_name,
-                                                              eps_total, delta, accountant)
-                if registered:
-                    log(f"ledger: new dataset {led.status(fp).dataset_id} registered with total ε = "
-                        f"{eps_total:g}, δ = {delta:g} ({ledger_url})")
-                reserved = _cover_candidates(led, fp, mode_plans, eps_total, delta, accountant)
-                committed = None
-                if state_header is not None:
-                    committed = _check_open_reservation(led, fp, run_id, run_dir, state_entries)
-                elif run_dir is not None:
-                    _write_state_header(run_dir, run_id, run_seed, fp, run_cfg)
-                    fresh_state = True
-                if committed is not None:  # interrupted after its commit: write the release, charge nothing
-                    log(f"resume: ledger entry {committed.entry_id} is already committed; the run is finished "
-                        "from its state without a new charge")
-                    cm = contextlib.nullcontext(_CommittedEntry(committed.entry_id))
-                else:
-                    # the ledger commit comes only after the release is in place (below), never on leaving
-                    # this block
-                    cm = contextlib.nullcontext(led.reserve(
-                        fp, reserved, command="tune", delta=delta, resume_key=run_id,
-                        config={"strategy": strategy, "mode": mode, "epsilon": eps_total, "delta": delta,
-                                "output": str(run_dir) if run_dir is not None else None}))
-            except PrivtuneError:
-                # refused before anything was charged: leave no half-made RUN_DIR behind
-                if run_dir is not None:
-                    _release.discard_unreserved(created_dirs, ([] if log_existed else [run_dir / "log.txt"])
-                                                + ([_state_path(run_dir)] if fresh_state else []))
-                raise
-            _release.fault_point("after-reserve")
-        with cm as reservation:
-            if not strat.not_private:  # seeds, completed trials and replay (see _Journal)
-                journal = _open_journal(run_dir, state_header, state_entries, run_seed, run_id, run_cfg, unsaved, fp,
-                                        prog, delta, accountant, pilot_events[:1] if center_sigma else [],
-                                        reservation)
-            # -------------------------------------------------------- features / selection data
-            selector_data = public_set if sel_name == "public_validation" else (private_val or train)
-            outcome, final_model, used_mode, pilot_records, selector, feats = _execute(
-                strat, run_mode, plan, clf, train, selector_data, sel_name_effective, sel_name, sel_sigma, eval_set,
-                public_set, pilot_modes, pilot_eps, delta, eps_total, accountant, options, run_seed, prog,
-                journal=journal, trials=trials,
-                epochs=epochs, steps=steps, batch_size=batch_size, clip=clip, clipping=clipping,
-                optimizer=optimizer, max_physical_batch_size=max_physical_batch_size, device=device,
-                feature_cache_dir=feature_cache_dir, center_sigma=center_sigma, center_events=pilot_events[:1]
-                if center_sigma else [], mode_plans=mode_plans, pilot_events=pilot_events)
-            trial_list = pilot_records + list(outcome.trials)
-            pre = pilot_events[:1] if center_sigma else []
-            common.fill_epsilon_after(trial_list, delta, accountant, prefix_events=pre)
-            if outcome.certificate_events is not None:
-                events = pre + [e for t in pilot_records for e in t.events] + list(outcome.certificate_events)
-            else:
-                events = pre + [e for t in trial_list for e in t.events] + list(outcome.final_events)
-            _release.fault_point("after-last-step")
+    @property
+    def center_events(self) -> list:
+        return self.pilot_events[:1] if self.center_sigma else []
 
-        # ------------------------------------------------------------ report
-        from privtune.accounting import Certificate
 
-        # published: the ledger's random dataset id, never a hash of the data (grid-oracle: no ledger, none)
-        dataset_id = None
-        if not strat.not_private:  # a resumed, already committed run holds no reservation: ask the ledger
-            dataset_id = getattr(reservation, "dataset_id", None) or led.status(fp).dataset_id
-
-        if pilot_records and sel_name_effective == "none":
-            sel_name_effective = sel_name  # the mode-auto pilots were scored with it
-        metadata = {
-            "strategy": strategy, "mode": used_mode, "selection": sel_name_effective,
-            "selection_description": common.describe_selection(sel_name_effective),
-            "selection_split": ("public validation (declared public by the user)" if sel_name == "public_validation"
-                                else "private validation split (charged)" if sel_name == "private_validation_noisy"
-                                else "private training data (charged)" if sel_name_effective != "none" else "none"),
-            "reported_split": _split_name(eval_data, embedded),
-            "reported_split_used_for_selection": False,
-            "total_epsilon_requested": eps_total, "seed": seed, "trials": _published_trial_count(trial_list, outcome),
-            "dataset_id": dataset_id, "plan": as_plain(plan.notes),
-            "notes": [*(outcome.strategy_data.get("notes", []) or [])],
-        }
-        metadata.update(_trial_section(trial_list, outcome, strat.not_private))
-        if strat.not_private:
-            metadata["label"] = "NOT PRIVATE"
-            metadata["notes"].append("NOT PRIVATE: every grid run is (ε, δ)-DP alone; the selection is uncharged")
-        cert = Certificate.from_events(events, delta, accountant, metadata=as_plain(metadata))
-        if not strat.not_private and cert.epsilon > eps_total * (1 + 1e-6):
-            raise PrivtuneError(f"internal error: certificate ε = {cert.epsilon:.6g} exceeds the total "
-                                f"{eps_total:g}; nothing was released.")
-        acc = None
-        if eval_set is not None and getattr(eval_set, "labels", None) is not None and final_model is not None:
-            prog.start_phase("evaluating on the reported split", None)
-            logits = final_model.predict_logits(eval_set)
-            acc = float((logits.argmax(1) == _labels_tensor(eval_set)).float().mean().item())
-            prog.end_phase()
-            log(f"accuracy on the reported split ({_split_name(eval_data, embedded)}): {acc:.4f}")
-        if strat.not_private and eval_set is not None:
-            acc = outcome.strategy_data.get("reported_accuracy")
-        remaining = None
+def _plan_run(req: _Request, inputs: _Inputs, log) -> _TunePlan:
+    """Plan every candidate mode (and the --mode auto pilots) before anything is reserved: a combination
+    that cannot work fails here, with the numbers and a fix."""
+    strat, n_train, delta, accountant = req.strategy, inputs.n_train, inputs.privacy.delta, req.privacy.accountant
+    # --mode auto: pilot only the modes this strategy can train; with one candidate there is nothing to
+    # choose and nothing is spent on pilots
+    candidates = [m for m in AUTO_MODES if m in strat.modes] if req.mode == "auto" else [req.mode]
+    pilot_modes = candidates if len(candidates) > 1 else []
+    run_mode = candidates[0] if not pilot_modes else "auto"
+    if req.mode == "auto" and not pilot_modes:
+        log(f"mode auto: strategy {strat.name} trains {run_mode} only; no mode pilots are run")
+    pilot_events, pilot_eps = [], min(0.1, 0.1 * req.privacy.epsilon)
+    sel_sigma = None
+    if inputs.selection != "public_validation":
+        n_scored = len(inputs.private_val) if inputs.private_val is not None else n_train
+        sel_sigma = (float(req.selection_noise) if req.selection_noise is not None
+                     else common.default_selection_noise(n_scored))
+    if pilot_modes:
+        pilot_events = _plan_pilots(pilot_modes, pilot_eps, delta, n_train, sel_sigma, accountant)
+    options = dict(req.options)
+    center_sigma = None
+    if "last-layer" in candidates and inputs.public_set is None:
+        # features are centred by a private mean (Sun et al. 2024 via digest 000 §6.3): a charged release
+        center_sigma = float(options.pop("center_noise", max(5.0, 0.005 * n_train)))
+        pilot_events = [GaussianEvent(center_sigma, 1, label="private feature mean (centering)")] + pilot_events
+    sched = req.schedule
+    _check_overrides(strat, candidates, {"trials": req.trials, "epochs": sched.epochs, "steps": sched.steps,
+                                         "batch_size": sched.batch_size, "optimizer": req.optimizer.name})
+    request = PlanRequest(total_epsilon=req.privacy.epsilon, delta=delta, n_train=n_train, accountant=accountant,
+                          prefix_events=pilot_events, score_sigma=sel_sigma if strat.selects else None,
+                          epochs=sched.epochs, steps=sched.steps, batch_size=sched.batch_size)
+    mode_plans = {}
+    for m in candidates:
         try:
-            remaining = float(led.status(fp).remaining_epsilon) if led is not None else None
-        except Exception:  # pragma: no cover - status is informative only
-            pass
-        metrics = {
-            "accuracy": acc, "epsilon": float(cert.epsilon), "delta": float(delta), "strategy": strategy,
-            "mode": used_mode, "hyperparameters": as_plain(outcome.final_hyperparameters),
-            "reported_split": _split_name(eval_data, embedded), "selection": sel_name_effective,
-            "selection_description": common.describe_selection(sel_name_effective),
-            "dataset_id": dataset_id, "ledger_url": ledger_url, "ledger_remaining_epsilon": remaining,
-            "total_epsilon": eps_total, "n_train": n_train, "trials": _published_trial_count(trial_list, outcome),
-            "ledger_registered_new_dataset": registered,
-            "wall_time_s": None,
-        }
-        if strat.not_private:
-            metrics["not_private"] = True
-            metrics["label"] = "NOT PRIVATE"
-        if nonprivate_reference and not strat.not_private and feats is not None:
-            metrics["nonprivate_reference"] = _oracle_reference(feats, selector, eps_total, delta, accountant, seed,
-                                                                eval_set, prog)
-        history = {
-            "final_run": _final_curves(outcome.final_history),
-            "trials": [as_plain(t.to_dict()) for t in trial_list],
-            "strategy": as_plain(outcome.strategy_data),
-            "plan": as_plain(plan.to_dict()),
-        }
+            cfg_m = strat.make_config(options, trials=req.trials, optimizer=req.optimizer.name,
+                                      clip=req.clipping.clip, clipping=req.clipping.clipping)
+            mode_plans[m] = strat.plan(cfg_m, m, request)
+        except PrivtuneError as exc:
+            if not pilot_modes:
+                raise
+            raise type(exc)(f"mode='auto': candidate mode {m!r} cannot be planned with strategy {strat.name!r}: "
+                            f"{exc} Pass an explicit mode (e.g. mode='last-layer') to skip it.") from None
+    plan = mode_plans[candidates[0]]
+    log(plan.describe())
+    for m in candidates[1:]:
+        log(f"  if the pilots choose {m}: planned ε = {mode_plans[m].planned_epsilon():.4g}")
+    # under repeat-and-select the number of trials is random and not published; durations grow with it
+    hide_timing = any(p.details.get("accounting") == "repeat-and-select" for p in mode_plans.values())
+    return _TunePlan(plan=plan, mode_plans=mode_plans, candidates=candidates, pilot_modes=pilot_modes,
+                     run_mode=run_mode, pilot_eps=pilot_eps, pilot_events=pilot_events, center_sigma=center_sigma,
+                     selection_sigma=sel_sigma, hide_timing=hide_timing)
+
+
+@dataclass(frozen=True)
+class _Budget:
+    """The run's place in the ledger (:func:`_reserve`)."""
+
+    ledger: Any  # None: a NOT PRIVATE strategy, which does not touch the ledger
+    ledger_url: str | None  # as published (masked)
+    registered: bool  # this run registered the dataset
+    reservation: Any  # a context manager that gives the reservation to commit
+
+
+def _reserve(req: _Request, inputs: _Inputs, files: _RunFiles, tplan: _TunePlan, ledger: Any, log) -> _Budget:
+    """Register the dataset if new and reserve the most expensive candidate plan, before any training reads
+    the data; a refusal removes what this run created.  A resumed run continues its reservation."""
+    if req.strategy.not_private:  # NOT PRIVATE: spends and releases nothing, so the ledger is not touched
+        log(f"{req.strategy.name} is NOT PRIVATE: tuning is not charged, no model is released and the ledger is "
+            "not touched")
+        return _Budget(ledger=None, ledger_url=None, registered=False, reservation=_null_reservation())
+    eps_total, delta, fp = req.privacy.epsilon, inputs.privacy.delta, inputs.fingerprint
+    run_dir, fresh_state = files.run_dir, False
+    try:
+        led, fp, ledger_url, registered = _ledger_for(ledger, inputs.embedded, run_dir, fp, inputs.ledger_name,
+                                                      eps_total, delta, req.privacy.accountant)
+        if registered:
+            log(f"ledger: new dataset {led.status(fp).dataset_id} registered with total ε = {eps_total:g}, "
+                f"δ = {delta:g} ({ledger_url})")
+        reserved = _cover_candidates(led, fp, tplan.mode_plans, eps_total, delta, req.privacy.accountant)
+        committed = None
+        if files.state_header is not None:
+            committed = _check_open_reservation(led, fp, files.run_id, run_dir, files.state_entries)
+        elif run_dir is not None:
+            _write_state_header(run_dir, files.run_id, files.run_seed, fp, files.config)
+            fresh_state = True
+        if committed is not None:  # interrupted after its commit: write the release, charge nothing
+            log(f"resume: ledger entry {committed.entry_id} is already committed; the run is finished from its "
+                "state without a new charge")
+            cm = contextlib.nullcontext(_CommittedEntry(committed.entry_id))
+        else:
+            # the ledger commit comes only after the release is in place, never on leaving the run's block
+            cm = contextlib.nullcontext(led.reserve(
+                fp, reserved, command="tune", delta=delta, resume_key=files.run_id,
+                config={"strategy": req.strategy.name, "mode": req.mode, "epsilon": eps_total, "delta": delta,
+                        "output": str(run_dir) if run_dir is not None else None}))
+    except PrivtuneError:
+        # refused before anything was charged: leave no half-made RUN_DIR behind
+        if run_dir is not None:
+            _release.discard_unreserved(files.created_dirs, ([] if files.log_existed else [run_dir / "log.txt"])
+                                        + ([_state_path(run_dir)] if fresh_state else []))
+        raise
+    _release.fault_point("after-reserve")
+    return _Budget(ledger=led, ledger_url=ledger_url, registered=registered, reservation=cm)
+
+
+@dataclass(frozen=True)
+class _Ran:
+    """What the strategy ran (:func:`_execute`)."""
+
+    outcome: Any  # the strategy's StrategyOutcome
+    model: Any  # the released model; None for the NOT PRIVATE grid oracle
+    mode: str  # the mode that ran (--mode auto: the pilots' choice)
+    pilot_records: list
+    selector: Any
+    features: dict  # cached features (last-layer), for the NOT PRIVATE reference
+    trials: list  # pilot records and the strategy's trials, ε after each filled in
+    events: list  # the certificate's events
+
+    @property
+    def published_trial_count(self) -> int | None:
+        """Trials published; None under repeat-and-select, whose number of trials is random and not published."""
+        return None if self.outcome.certificate_events is not None else len(self.trials)
+
+
+def _ran(outcome, model, mode: str, pilot_records: list, selector, feats: dict, tplan: _TunePlan, delta: float,
+         accountant: str) -> _Ran:
+    """Collect the run's trials and the certificate's events (the charged feature centre first)."""
+    trial_list = pilot_records + list(outcome.trials)
+    pre = tplan.center_events
+    common.fill_epsilon_after(trial_list, delta, accountant, prefix_events=pre)
+    if outcome.certificate_events is not None:
+        events = pre + [e for t in pilot_records for e in t.events] + list(outcome.certificate_events)
+    else:
+        events = pre + [e for t in trial_list for e in t.events] + list(outcome.final_events)
+    return _Ran(outcome=outcome, model=model, mode=mode, pilot_records=pilot_records, selector=selector,
+                features=feats, trials=trial_list, events=events)
+
+
+def _certify(req: _Request, inputs: _Inputs, tplan: _TunePlan, ran: _Ran, budget: _Budget, reservation, prog, *,
+             nonprivate_reference: bool, started: float) -> tuple:
+    """The certificate over every event, the accuracy on the reported split (evaluated only now, after the
+    final model is fixed), metrics and history; returns ``(certificate, metrics, history, not_private)``
+    with the NOT PRIVATE figures split off the release."""
+    strat, delta, accountant = req.strategy, inputs.privacy.delta, req.privacy.accountant
+    # published: the ledger's random dataset id, never a hash of the data (grid-oracle: no ledger, none)
+    dataset_id = None
+    if not strat.not_private:  # a resumed, already committed run holds no reservation: ask the ledger
+        dataset_id = getattr(reservation, "dataset_id", None) or budget.ledger.status(inputs.fingerprint).dataset_id
+    selection = _selection_of_strategy(req, inputs)
+    if ran.pilot_records and selection == "none":
+        selection = inputs.selection  # the mode-auto pilots were scored with it
+    metadata = _certificate_metadata(req, inputs, tplan, ran, selection, dataset_id)
+    cert = Certificate.from_events(ran.events, delta, accountant, metadata=as_plain(metadata))
+    if not strat.not_private and cert.epsilon > req.privacy.epsilon * (1 + 1e-6):
+        raise PrivtuneError(f"internal error: certificate ε = {cert.epsilon:.6g} exceeds the total "
+                            f"{req.privacy.epsilon:g}; nothing was released.")
+    acc = _reported_accuracy(ran, inputs, prog) if not strat.not_private else None
+    if strat.not_private and inputs.eval_set is not None:
+        acc = ran.outcome.strategy_data.get("reported_accuracy")
+    remaining = None
+    try:
+        remaining = (float(budget.ledger.status(inputs.fingerprint).remaining_epsilon)
+                     if budget.ledger is not None else None)
+    except Exception:  # pragma: no cover - status is informative only
+        pass
+    metrics = {
+        "accuracy": acc, "epsilon": float(cert.epsilon), "delta": float(delta), "strategy": strat.name,
+        "mode": ran.mode, "hyperparameters": as_plain(ran.outcome.final_hyperparameters),
+        "reported_split": inputs.reported_split, "selection": selection,
+        "selection_description": common.describe_selection(selection),
+        "dataset_id": dataset_id, "ledger_url": budget.ledger_url, "ledger_remaining_epsilon": remaining,
+        "total_epsilon": req.privacy.epsilon, "n_train": inputs.n_train, "trials": ran.published_trial_count,
+        "ledger_registered_new_dataset": budget.registered,
         # under repeat-and-select the wall time grows with the hidden number of trials: not published
-        metrics["wall_time_s"] = None if outcome.certificate_events is not None else round(time.time() - t_start, 1)
-        _label_curves(history["final_run"], public_set is not None)
-        from privtune.report.release import mark_seeded, split_release
-
-        mark_seeded(cert, metrics, seed)
-        metrics, history, not_private = split_release(metrics, history)
-        if journal is not None and journal.replayed and not journal.hide_trials:
-            metrics["resumed"] = {"replayed_trials": journal.replayed}
-        if run_dir is not None:
-            if unsaved:
-                log(f"note: config.yaml cannot hold {', '.join(unsaved)} (in-memory objects, not paths); rerunning "
-                    "from it needs them passed again")
-            _write_run(run_dir, final_model, cert, metrics, history, run_cfg, log, not_private=not_private)
-        # committed only once the release is in place: a crash before leaves the reservation charged (never
-        # refunded) and `--resume` writes the release again from the state file
-        if not strat.not_private and reservation.state == "reserved":
-            reservation.commit(events)
-        _release.fault_point("after-commit")
-        if run_dir is not None:
-            # the state file holds the noise seeds: with them anyone could subtract the noise from the
-            # released model, so it goes as soon as the run's files are written and committed
-            sp = _state_path(run_dir)
-            if sp.exists():
-                sp.unlink()
-        log(("done: " if hide_timing else f"done in {time.time() - t_start:.0f} s: ")
-            + (f"ε = {cert.epsilon:.4f} (≤ {eps_total:g}), δ = {delta:g}" if not strat.not_private else
-               f"NOT PRIVATE reference (composition of the grid runs: ε = {cert.epsilon:.4g}, δ = {delta:g})")
-            + (f", accuracy {acc:.4f}" if acc is not None else "") + (f" → {run_dir}" if run_dir else ""))
-        return TuneResult(model=final_model, certificate=cert, trials=history["trials"], metrics=metrics,
-                          history=history, run_dir=run_dir, plan=plan)
-    except KeyboardInterrupt:
-        if journal is not None:  # reserved: the reservation stays charged; say how to continue without a new one
-            import sys
-
-            hint = _resume_hint(run_dir if journal.path is not None else None, journal.config_written)
-            prog.runlog.write(hint)
-            print(hint, file=sys.stderr)
-        raise
-    except Exception as exc:
-        if journal is not None and journal.path is not None:
-            prog.runlog.write(f"failed after the ledger reservation ({type(exc).__name__}): the reservation stays "
-                              f"charged; once the cause is fixed, `--resume` continues this run. "
-                              + _resume_hint(run_dir, journal.config_written).split("\n", 1)[-1])
-        raise
-    finally:
-        prog.close()
+        "wall_time_s": None if ran.outcome.certificate_events is not None else round(time.time() - started, 1),
+    }
+    if strat.not_private:
+        metrics["not_private"] = True
+        metrics["label"] = "NOT PRIVATE"
+    if nonprivate_reference and not strat.not_private and ran.features is not None:
+        metrics["nonprivate_reference"] = _oracle_reference(ran.features, ran.selector, req.privacy.epsilon, delta,
+                                                            accountant, req.seed, inputs.eval_set, prog)
+    history = {
+        "final_run": _final_curves(ran.outcome.final_history),
+        "trials": [as_plain(t.to_dict()) for t in ran.trials],
+        "strategy": as_plain(ran.outcome.strategy_data),
+        "plan": as_plain(tplan.plan.to_dict()),
+    }
+    _label_curves(history["final_run"], inputs.public_set is not None)
+    mark_seeded(cert, metrics, req.seed)
+    return (cert, *split_release(metrics, history))
 
 
-def _published_trial_count(trial_list, outcome) -> int | None:
-    """Trials published; None under repeat-and-select, whose number of trials is random and not published."""
-    return None if outcome.certificate_events is not None else len(trial_list)
+def _certificate_metadata(req: _Request, inputs: _Inputs, tplan: _TunePlan, ran: _Ran, selection: str,
+                          dataset_id: str | None) -> dict:
+    """The certificate's metadata: what ran, how trials were selected and accounted (never data)."""
+    source = inputs.selection
+    metadata = {
+        "strategy": req.strategy.name, "mode": ran.mode, "selection": selection,
+        "selection_description": common.describe_selection(selection),
+        "selection_split": ("public validation (declared public by the user)" if source == "public_validation"
+                            else "private validation split (charged)" if source == "private_validation_noisy"
+                            else "private training data (charged)" if selection != "none" else "none"),
+        "reported_split": inputs.reported_split,
+        "reported_split_used_for_selection": False,
+        "total_epsilon_requested": req.privacy.epsilon, "seed": req.seed, "trials": ran.published_trial_count,
+        "dataset_id": dataset_id, "plan": as_plain(tplan.plan.notes),
+        "notes": [*(ran.outcome.strategy_data.get("notes", []) or [])],
+    }
+    metadata.update(_trial_section(ran.trials, ran.outcome, req.strategy.not_private))
+    if req.strategy.not_private:
+        metadata["label"] = "NOT PRIVATE"
+        metadata["notes"].append("NOT PRIVATE: every grid run is (ε, δ)-DP alone; the selection is uncharged")
+    return metadata
+
+
+def _reported_accuracy(ran: _Ran, inputs: _Inputs, prog) -> float | None:
+    """Accuracy of the released model on the reported split (None without a labelled one)."""
+    eval_set = inputs.eval_set
+    if eval_set is None or getattr(eval_set, "labels", None) is None or ran.model is None:
+        return None
+    prog.start_phase("evaluating on the reported split", None)
+    logits = ran.model.predict_logits(eval_set)
+    acc = float((logits.argmax(1) == _labels_tensor(eval_set)).float().mean().item())
+    prog.end_phase()
+    prog.log(f"accuracy on the reported split ({inputs.reported_split}): {acc:.4f}")
+    return acc
+
+
+def _write_and_commit(req: _Request, files: _RunFiles, ran: _Ran, cert, metrics: dict, history: dict,
+                      not_private: dict, reservation, log) -> None:
+    """Release RUN_DIR (:func:`privtune.pipeline.write_release`), then commit the events in the ledger and
+    delete the private state file (:func:`privtune.pipeline.commit`)."""
+    run_dir = files.run_dir
+    if run_dir is not None:
+        if files.unsaved:
+            log(f"note: config.yaml cannot hold {', '.join(files.unsaved)} (in-memory objects, not paths); "
+                "rerunning from it needs them passed again")
+        pipeline.write_release(run_dir, model=ran.model, certificate=cert, metrics=as_plain(metrics),
+                               history=as_plain(history), config=files.config, command="tune",
+                               not_private=not_private, log=log)
+    # committed only once the release is in place: a crash before leaves the reservation charged (never
+    # refunded) and `--resume` writes the release again from the state file.  The state file holds the
+    # noise seeds: with them anyone could subtract the noise from the released model, so it goes then.
+    pending = None if req.strategy.not_private or reservation.state != "reserved" else reservation
+    pipeline.commit(pending, ran.events, [_state_path(run_dir)] if run_dir is not None else [])
 
 
 def _trial_section(trial_list, outcome, not_private: bool) -> dict:
@@ -700,20 +859,21 @@ def _check_overrides(strat, modes, given: dict) -> None:
 # --------------------------------------------------------------------------------------
 
 
-def _execute(strat, mode, plan, clf, train, selector_data, sel_eff, sel_name, sel_sigma, eval_set, public_set,
-             pilot_modes, pilot_eps, delta, eps_total, accountant, options, seed, prog, **kw):
-    """Run pilots (mode auto), then the strategy.  The reported split is not passed in here
-    except as ``eval_set`` for curves of the *final* run when it is the public split."""
-    from privtune.hpo.backends import FeatureBackend, ModelBackend, head_into_classifier
-
-    del eval_set  # never used for selection; evaluated by tune() after the final model is fixed
-    log = prog.log
+def _execute(req: _Request, inputs: _Inputs, tplan: _TunePlan, clf, prog, seed: int, journal,
+             feature_cache_dir: Any) -> _Ran:
+    """Run the pilots (mode auto), then the strategy, with every backend and selector in the run's
+    ``journal``.  The reported split is never passed in here: :func:`_certify` evaluates it after the
+    final model is fixed."""
+    strat, delta, accountant = req.strategy, inputs.privacy.delta, req.privacy.accountant
+    train, selector_data, sel_name, public_set = inputs.train, inputs.selector_data, inputs.selection, inputs.public_set
+    sel_eff = _selection_of_strategy(req, inputs)
+    # what the pilots' backends and selectors read (device, memory, the journal that records their draws)
+    kw = {"journal": journal, "device": req.device, "accountant": accountant,
+          "max_physical_batch_size": req.schedule.max_physical_batch_size}
     feats: dict = {}
 
     def features():
         if not feats:
-            from privtune.finetune import cache_features
-
             for name, ds in (("train", train), ("select", selector_data if sel_name == "public_validation" else None),
                              ("public", public_set)):
                 if ds is None or name in feats:
@@ -722,20 +882,19 @@ def _execute(strat, mode, plan, clf, train, selector_data, sel_eff, sel_name, se
                     feats["public"] = feats["select"]
                     continue
                 prog.start_phase(f"caching features ({name})", len(ds), unit="examples")
-                fs = cache_features(clf, ds, cache_dir=kw.get("feature_cache_dir"),
-                                    progress=lambda k: prog.advance(k, examples=k))
+                fs = finetune.cache_features(clf, ds, cache_dir=feature_cache_dir, progress=lambda k: prog.advance(k, examples=k))
                 prog.end_phase()
                 feats[name] = (fs.features.float(), fs.labels)
             if "public" in feats:
                 feats["_center"] = feats["public"][0].mean(dim=0)
                 feats["_center_note"] = "features centred by the mean of the PUBLIC validation split (free)"
-            elif kw.get("center_sigma"):
+            elif tplan.center_sigma:
                 X = feats["train"][0]
                 Xc = X * (1.0 / X.norm(dim=1, keepdim=True).clamp_min(1.0))  # norm ≤ 1: sensitivity 1
                 g = make_generator(seed, offset=4242)  # noise of the private centring
-                noisy = Xc.sum(0) + kw["center_sigma"] * torch.randn(X.shape[1], generator=g)
+                noisy = Xc.sum(0) + tplan.center_sigma * torch.randn(X.shape[1], generator=g)
                 feats["_center"] = noisy / X.shape[0]
-                feats["_center_note"] = (f"features centred by a PRIVATE mean (Gaussian, σ = {kw['center_sigma']:.3g}, "
+                feats["_center_note"] = (f"features centred by a PRIVATE mean (Gaussian, σ = {tplan.center_sigma:.3g}, "
                                          "charged)")
         return feats
 
@@ -747,82 +906,77 @@ def _execute(strat, mode, plan, clf, train, selector_data, sel_eff, sel_name, se
             if source == "public_validation":
                 X, y = f["select"]
             elif sel_name == "private_validation_noisy":
-                from privtune.finetune import cache_features
-
-                fs = cache_features(clf, selector_data)
+                fs = finetune.cache_features(clf, selector_data)
                 X, y = fs.features.float(), fs.labels
             else:
                 X, y = f["train"]
-            return _journaled(Selector(source, X, y, noise_std=sel_sigma or 0.0, name=f"selection:{source}",
-                                       seed=seed), kw)
-        return _journaled(Selector(source, selector_data, _labels_tensor(selector_data), noise_std=sel_sigma or 0.0,
-                                   name=f"selection:{source}", seed=seed), kw)
+            return _journaled(Selector(source, X, y, noise_std=tplan.selection_sigma or 0.0,
+                                       name=f"selection:{source}", seed=seed), kw)
+        return _journaled(Selector(source, selector_data, _labels_tensor(selector_data),
+                                   noise_std=tplan.selection_sigma or 0.0, name=f"selection:{source}", seed=seed), kw)
 
     # ---------------------------------------------------------------- --mode auto pilots
     pilot_records = []
-    used_mode = mode
-    if pilot_modes:
-        used_mode, pilot_records = _run_pilots(pilot_modes, clf, train, features, make_selector, sel_eff
-                                               if sel_eff != "none" else sel_name, pilot_eps, delta, seed, prog,
-                                               dict(kw, accountant=accountant))
-        log(f"mode auto: chose {used_mode} (pilot scores: "
-            + ", ".join(f"{r.hyperparameters['mode']}={r.score:.4f}" for r in pilot_records) + ")")
-        # continue with the chosen mode's plan, made before the reservation with the pilots' planned events
-        # (which are exactly the events the pilots ran: checked here) and covered by the reservation
-        actual = list(kw.get("center_events") or []) + [e for r in pilot_records for e in r.events]
-        planned = list(kw.get("pilot_events") or [])
-        if common.epsilon_of(actual, delta, accountant) > common.epsilon_of(planned, delta, accountant) * (1 + 1e-9):
-            raise PrivtuneError("internal error: the mode pilots cost more than planned; the reservation stays "
-                                "charged and nothing is released.")
-        chosen = kw["mode_plans"][used_mode]
-        plan.trial_events, plan.final_events, plan.details = chosen.trial_events, chosen.final_events, chosen.details
-        plan.final_noise_multiplier, plan.accountant = chosen.final_noise_multiplier, chosen.accountant
-        plan.epsilon_cap, plan.covered = chosen.epsilon_cap, chosen.covered
-        plan.notes += [f"after the pilots: mode {used_mode}, planned before the reservation:"] + chosen.notes
+    used_mode = tplan.run_mode
+    if tplan.pilot_modes:
+        used_mode, pilot_records = _run_pilots(tplan.pilot_modes, clf, train, features, make_selector, sel_eff
+                                               if sel_eff != "none" else sel_name, tplan.pilot_eps, delta, seed, prog,
+                                               kw)
+        _adopt_pilots_choice(tplan, used_mode, pilot_records, delta, accountant, prog.log)
+    plan = tplan.plan
     cfg = plan.details["config"]
     seed_s = None if seed is None else seed + 17
-    if kw.get("journal") is not None:
-        kw["journal"].set_plan(plan)
-
-    def say(msg):
-        log(msg)
-
+    if journal is not None:
+        journal.set_plan(plan)
     if used_mode == "last-layer":
         f = features()
         X, y = f["train"]
-        curve = f.get("public")
-        center = f.get("_center")
-        backend = _journaled(FeatureBackend(X, y, clf.num_labels, curve_data=curve, center=center,
-                                                  device=kw.get("device")), kw)
+        backend = _journaled(FeatureBackend(X, y, clf.num_labels, curve_data=f.get("public"), center=f.get("_center"),
+                                            device=req.device), kw)
         selector = make_selector(sel_eff, "features")
         prog.start_phase(f"{strat.name} on cached features", None, unit="runs")
-        if kw.get("journal") is not None and plan.details.get("accounting") == "repeat-and-select":
-            kw["journal"].hide_trials = True  # not even the count of trials goes to log.txt
-        out = strat.run(backend, selector, cfg, plan, mode=used_mode, seed=seed_s, progress=say)
-        if strat.not_private:  # a reference only: no model
-            prog.end_phase()
-            return out, None, used_mode, pilot_records, selector, feats
+        if journal is not None and plan.details.get("accounting") == "repeat-and-select":
+            journal.hide_trials = True  # not even the count of trials goes to log.txt
+        out = strat.run(backend, selector, cfg, plan, mode=used_mode, seed=seed_s, progress=prog.log)
         prog.end_phase()
-        from privtune.finetune import apply_mode
+        final_model = None
+        if not strat.not_private:  # the NOT PRIVATE reference releases no model
+            finetune.apply_mode(clf, "last-layer")
+            final_model = head_into_classifier(clf, out.state, f.get("_center"))
+            if f.get("_center_note"):
+                out.strategy_data.setdefault("notes", []).append(f["_center_note"])
+    else:
+        # curves of the final run: accuracy on the PUBLIC validation split only (free); never the reported split
+        backend = _journaled(ModelBackend(clf, train, used_mode, optimizer=req.optimizer.name or DEFAULT_OPTIMIZER,
+                                          clipping=req.clipping.clipping or DEFAULT_CLIPPING,
+                                          max_physical_batch_size=req.schedule.max_physical_batch_size,
+                                          curve_data=public_set, device=req.device), kw)
+        selector = make_selector(sel_eff, "model")
+        prog.start_phase(f"{strat.name} ({used_mode})", None, unit="runs")
+        if used_mode not in strat.modes:  # refused in tune() before anything is reserved; kept as a guard
+            raise InvalidParameterError(f"strategy={strat.name!r} is not available for mode={used_mode!r}.")
+        out = strat.run(backend, selector, cfg, plan, mode=used_mode, seed=seed_s, progress=prog.log)
+        prog.end_phase()
+        final_model = out.state
+    return _ran(out, final_model, used_mode, pilot_records, selector, feats, tplan, delta, accountant)
 
-        apply_mode(clf, "last-layer")
-        final_model = head_into_classifier(clf, out.state, center)
-        if f.get("_center_note"):
-            out.strategy_data.setdefault("notes", []).append(f["_center_note"])
-        return out, final_model, used_mode, pilot_records, selector, feats
-    # ---------------------------------------------------------------- model modes
-    # curves of the final run: accuracy on the PUBLIC validation split only (free); never the reported split
-    backend = _journaled(ModelBackend(clf, train, used_mode, optimizer=kw.get("optimizer") or "adam",
-                                      clipping=kw.get("clipping") or "flat",
-                                      max_physical_batch_size=kw.get("max_physical_batch_size") or 32,
-                                      curve_data=public_set, device=kw.get("device")), kw)
-    selector = make_selector(sel_eff, "model")
-    prog.start_phase(f"{strat.name} ({used_mode})", None, unit="runs")
-    if used_mode not in strat.modes:  # refused in tune() before anything is reserved; kept as a guard
-        raise InvalidParameterError(f"strategy={strat.name!r} is not available for mode={used_mode!r}.")
-    out = strat.run(backend, selector, cfg, plan, mode=used_mode, seed=seed_s, progress=say)
-    prog.end_phase()
-    return out, out.state, used_mode, pilot_records, selector, feats
+
+def _adopt_pilots_choice(tplan: _TunePlan, mode: str, pilot_records: list, delta: float, accountant: str,
+                         log) -> None:
+    """Continue with the plan of the mode the pilots chose, made before the reservation with the pilots'
+    planned events (which are exactly the events the pilots ran: checked here) and covered by it."""
+    log(f"mode auto: chose {mode} (pilot scores: "
+        + ", ".join(f"{r.hyperparameters['mode']}={r.score:.4f}" for r in pilot_records) + ")")
+    actual = tplan.center_events + [e for r in pilot_records for e in r.events]
+    if common.epsilon_of(actual, delta, accountant) > common.epsilon_of(tplan.pilot_events, delta,
+                                                                        accountant) * (1 + 1e-9):
+        raise PrivtuneError("internal error: the mode pilots cost more than planned; the reservation stays "
+                            "charged and nothing is released.")
+    plan, chosen = tplan.plan, tplan.mode_plans[mode]
+    plan.trial_events, plan.final_events, plan.details = chosen.trial_events, chosen.final_events, chosen.details
+    plan.final_noise_multiplier, plan.accountant = chosen.final_noise_multiplier, chosen.accountant
+    plan.epsilon_cap, plan.covered = chosen.epsilon_cap, chosen.covered
+    plan.notes += [f"after the pilots: mode {mode}, planned before the reservation:"] + chosen.notes
 
 
 def _run_pilots(modes, clf, train, features, make_selector, source, pilot_eps, delta, seed, prog, kw):
@@ -866,9 +1020,6 @@ def _run_pilots(modes, clf, train, features, make_selector, source, pilot_eps, d
 
 def _oracle_reference(feats, selector, eps, delta, accountant, seed, eval_set, prog) -> dict:
     """NOT PRIVATE grid-oracle reference on the same features (never released)."""
-    from privtune.hpo import grid_oracle
-    from privtune.hpo.backends import FeatureBackend
-
     X, y = feats["train"]
     sel = selector
     if sel is None:
@@ -905,30 +1056,23 @@ def _dataset_identity(train) -> tuple[str, str | None]:
     The file's content is fingerprinted (in-memory data: its canonical rows); the digest stays in
     this process and the private state file, the ledger keys it.  No name: the ledger assigns the
     dataset a random id, which is what the run directory publishes."""
-    from privtune.ledger import dataset_identity
-
     return dataset_identity(train)
 
 
 def _ledger_for(url, embedded, run_dir, fp, name, eps, delta, accountant):
-    from privtune.ledger import Ledger
-
     if embedded and url is None:
         if run_dir is None:
-            import tempfile
-
             run_dir = Path(tempfile.mkdtemp(prefix="privtune-demo-"))
         url = f"sqlite:///{(Path(run_dir) / 'ledger.db').resolve()}"
         # the demo ledger sits in the run directory, its key never does
-        from privtune.ledger._key import demo_key_path
-
         led = Ledger(url, key_file=demo_key_path(Path(run_dir) / "ledger.db"))
     else:
         led = Ledger(url)
     _, registered = pipeline.register_dataset(led, fp, total_epsilon=eps, delta=delta, name=name, command="tune",
                                               accountant=accountant)
-    display = url or os.environ.get("PRIVTUNE_LEDGER") or "~/.privtune/ledger.db"
-    return led, fp, str(display), registered
+    # published in metrics.json: a password in the URL (PostgreSQL) is masked, as privtune train does
+    display = mask_url(str(url or os.environ.get("PRIVTUNE_LEDGER") or "~/.privtune/ledger.db"))
+    return led, fp, display, registered
 
 
 def _cover_candidates(led, fp, plans: dict, eps_total, delta, accountant) -> list:
@@ -940,8 +1084,6 @@ def _cover_candidates(led, fp, plans: dict, eps_total, delta, accountant) -> lis
     measure*; every plan's in-run calibrations then target at most that (``epsilon_cap``) and are
     checked against it (``covered``).
     """
-    from privtune.ledger._compose import composed_epsilon
-
     st = led.status(fp)
 
     def ledger_eps(events) -> float:
@@ -957,8 +1099,6 @@ def _cover_candidates(led, fp, plans: dict, eps_total, delta, accountant) -> lis
 
 
 def _progress(quiet, run_dir, eps):
-    from privtune.report.progress import Progress
-
     return Progress(quiet=quiet, log_path=(run_dir / "log.txt") if run_dir else None, total_epsilon=eps)
 
 
@@ -991,43 +1131,3 @@ class _CommittedEntry:
 
     def __init__(self, entry_id: str):
         self.entry_id = entry_id
-
-
-def _write_run(run_dir: Path, model, cert, metrics, history, cfg, log, not_private=None) -> None:
-    """Stage the released files in a private directory, move them into RUN_DIR (certificate last), then
-    write the derived report and model card (:func:`privtune._release.release_files`).  ``not_private``
-    (NOT PRIVATE figures, not part of the release) goes to RUN_DIR/not_private/."""
-    def write_config(d: Path) -> None:
-        try:
-            from privtune.config import save_effective_config
-
-            save_effective_config({k: v for k, v in cfg.items() if v is not None}, d, command="tune")
-        except Exception as exc:  # config is informative; never lose a finished run over it
-            log(f"warning: config.yaml not written ({type(exc).__name__}: {exc})")
-
-    def derived(d: Path) -> None:
-        try:
-            from privtune.report import write_report
-
-            write_report(d)
-        except Exception as exc:
-            log(f"warning: report.html not written ({type(exc).__name__}: {exc})")
-        if model is not None:
-            try:
-                from privtune.report import write_model_card
-
-                write_model_card(d)
-            except Exception as exc:
-                log(f"warning: model card not written ({type(exc).__name__}: {exc})")
-
-    from privtune.report.release import write_not_private
-
-    writers = [("model", lambda d: pipeline.write_model(d, model, cert))] if model is not None else []
-    writers += [
-        ("metrics.json", lambda d: pipeline.write_json(d / "metrics.json", as_plain(metrics), sort_keys=True)),
-        ("history.json", lambda d: pipeline.write_json(d / "history.json", as_plain(history))),
-        ("config.yaml", write_config),
-        ("not_private", lambda d: write_not_private(d, not_private or {})),
-        ("certificate.json", lambda d: cert.save(d / "certificate.json")),
-    ]
-    _release.release_files(run_dir, writers, derived=derived)
