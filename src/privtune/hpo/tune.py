@@ -38,6 +38,7 @@ from privtune.errors import DataError, InvalidParameterError, PrivtuneError
 from privtune.hpo import common
 from privtune.accounting.events import event_to_dict
 from privtune.hpo.common import TUNABLE_MODES, BudgetPlan, PlanRequest, Selector, as_plain, data_kind
+from privtune.hpo.executors import for_tune
 from privtune.hpo.registry import STRATEGIES, get as get_strategy
 from privtune.accounting.accountant import ACCOUNTANTS
 from privtune.engine.private_gradient import CLIPPINGS
@@ -192,6 +193,8 @@ def tune(
     resume: bool = False,
     labels: Any = None,
     device: Any = None,
+    executor: Any = "local",
+    ray_address: str | None = None,
     **unknown: Any,
 ) -> TuneResult:
     """Tune hyperparameters privately and train, under one total (ε, δ).
@@ -239,6 +242,12 @@ def tune(
         same seeds.  Not available for ``grid-oracle`` (it reserves nothing).
     device : where every trial, pilot and the final run train: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or
         ``"mps"``; ``None`` (default) = ``"cuda"`` when available, else ``"cpu"`` (as :func:`privtune.train`).
+    executor : where the strategy's independent trials run: ``"local"`` (default, this process) or ``"ray"``
+        (one Ray task per trial; random-search, linear-scaling, grid-oracle), or a
+        :class:`privtune.hpo.executors.RayExecutor` (per-trial CPUs/GPUs).  Plan, reservation, scores, ledger
+        and files stay in this process; the release is the same as with ``"local"`` (docs/scaling-out.md).
+    ray_address : with ``executor="ray"``: ``"auto"``, ``"local"``, ``HOST:PORT`` or ``ray://HOST:PORT``;
+        ``None`` = Ray already initialised here, else ``$RAY_ADDRESS``, else a local Ray instance.
     """
     _args = dict(locals())  # every argument as given: RUN_DIR/config.yaml and the resume check
     if isinstance(labels, (str, list, tuple)):  # [0, 1], "0,1" and --labels 0,1 are one setting (config, resume)
@@ -295,6 +304,8 @@ def tune(
     if epochs is not None and steps is not None:
         raise InvalidParameterError(
             f"give `epochs` or `steps`, not both. Got epochs={epochs!r}, steps={steps!r}. Remove one of them.")
+
+    trial_executor = for_tune(executor, ray_address, strat)  # checked and connected before any data is read
 
     # ---------------------------------------------------------------- data and model
     embedded = data is None
@@ -488,7 +499,7 @@ def tune(
                 epochs=epochs, steps=steps, batch_size=batch_size, clip=clip, clipping=clipping,
                 optimizer=optimizer, max_physical_batch_size=max_physical_batch_size, device=device,
                 feature_cache_dir=feature_cache_dir, center_sigma=center_sigma, center_events=pilot_events[:1]
-                if center_sigma else [], mode_plans=mode_plans, pilot_events=pilot_events)
+                if center_sigma else [], mode_plans=mode_plans, pilot_events=pilot_events, executor=trial_executor)
             trial_list = pilot_records + list(outcome.trials)
             pre = pilot_events[:1] if center_sigma else []
             common.fill_epsilon_after(trial_list, delta, accountant, prefix_events=pre)
