@@ -202,7 +202,7 @@ _TUNE: list[Option] = [
            "run: " + ", ".join(EXECUTORS) + " (local: this process, the default; ray: one Ray task per trial, "
            "`pip install privtune[ray]`).", "local", choices=EXECUTORS),
     Option("ray_address", "str", "With executor: ray, the Ray cluster: auto, local, HOST:PORT or ray://HOST:PORT; "
-           "unset = $RAY_ADDRESS, else a local Ray instance.", "auto"),
+           "unset = $RAY_ADDRESS, else a `ray start` instance on this machine, else a new local one.", "auto"),
     Option("quiet", "bool", "No progress display (RUN_DIR/log.txt is still written).", False),
 ]  # `--resume` is a flag only: `privtune tune --resume --config RUN_DIR/config.yaml` continues an interrupted run
 

@@ -77,7 +77,7 @@ def _number(x: float) -> str:
               "and grid-oracle run: local (this process) or ray (one Ray task per trial; pip install privtune[ray]). "
               f"[default: {_TUNE_DEFAULTS['executor']}]")
 @click.option("--ray-address", type=str, help="With --executor ray: auto, local, HOST:PORT or ray://HOST:PORT "
-              "(default: $RAY_ADDRESS, else a local Ray instance).")
+              "(default: $RAY_ADDRESS, else a `ray start` instance on this machine, else a new local one).")
 @click.option("--quiet", is_flag=True, default=None, help="No progress display (log.txt is still written).")
 def tune(**kwargs) -> None:
     """Tune hyperparameters privately and train the final model: one (ε, δ) for everything."""

@@ -143,9 +143,10 @@ class InProcessExecutor(Executor):
 class RayExecutor(Executor):
     """Each job is one Ray task with ``num_cpus`` CPUs and ``num_gpus`` GPUs.
 
-    address : ``None`` (a Ray instance already initialised in this process, else ``$RAY_ADDRESS``, else a new
-        local instance), ``"auto"`` (the running cluster this machine belongs to), ``"local"`` (a new local
-        instance), ``"HOST:PORT"`` (the cluster's GCS) or ``"ray://HOST:PORT"`` (Ray Client).
+    address : ``None`` (a Ray instance already initialised in this process, else Ray's own rule:
+        ``$RAY_ADDRESS``, else an instance started on this machine with ``ray start``, else a new local one),
+        ``"auto"`` (the running cluster this machine belongs to), ``"local"`` (a new local instance),
+        ``"HOST:PORT"`` (the cluster's GCS) or ``"ray://HOST:PORT"`` (Ray Client).
     num_cpus, num_gpus : resources of each trial task (``num_gpus=None``: 1 when the trials train on CUDA,
         else 0).
     max_retries : how often Ray re-runs a task whose worker died (same arguments, same seeds).

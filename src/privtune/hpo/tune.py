@@ -247,7 +247,8 @@ def tune(
         :class:`privtune.hpo.executors.RayExecutor` (per-trial CPUs/GPUs).  Plan, reservation, scores, ledger
         and files stay in this process; the release is the same as with ``"local"`` (docs/scaling-out.md).
     ray_address : with ``executor="ray"``: ``"auto"``, ``"local"``, ``HOST:PORT`` or ``ray://HOST:PORT``;
-        ``None`` = Ray already initialised here, else ``$RAY_ADDRESS``, else a local Ray instance.
+        ``None`` = Ray already initialised here, else ``$RAY_ADDRESS``, else a ``ray start`` instance on this
+        machine, else a new local one.
     """
     _args = dict(locals())  # every argument as given: RUN_DIR/config.yaml and the resume check
     if isinstance(labels, (str, list, tuple)):  # [0, 1], "0,1" and --labels 0,1 are one setting (config, resume)
