@@ -82,13 +82,21 @@ def test_ray_trials_release_what_the_in_process_run_releases(files, tmp_path, ra
     (b) the ledger is written by the driver only: one reservation, committed with the local run's charge, and
     the tasks get no ledger, journal or run directory."""
     strategy, options = STRATEGIES[case]
-    shipped = []
+    shipped, ledger_when_shipped = [], []
     real_put = ray_local.put
-    monkeypatch.setattr(ray_local, "put", lambda obj, **k: (shipped.append(pickle.dumps(obj)), real_put(obj, **k))[1])
+
+    def put(obj, **k):  # what each batch of tasks receives, and the ledger's state when it is sent
+        led = Ledger(f"sqlite:///{tmp_path / 'ray.db'}")
+        ledger_when_shipped.append([e.state for d in led.datasets() for e in led.status(d["fingerprint"]).entries])
+        shipped.append(pickle.dumps(obj))
+        return real_put(obj, **k)
+
+    monkeypatch.setattr(ray_local, "put", put)
     ref = local_runs[case]
     res = _tune(files, tmp_path / "ray", strategy=strategy, strategy_options=options, executor="ray")
     _same_release(ref, res)
     assert shipped, "the trials did not run as Ray tasks"
+    assert ledger_when_shipped[0] == ["reserved"]  # the whole plan was reserved before the first task started
     for blob in shipped:  # a task gets the backend (features) and its trial: never the ledger or the state file
         assert b"privtune.ledger" not in blob and b"_Journal" not in blob and str(tmp_path).encode() not in blob
     (entry,) = _entries(res, tmp_path / "ray.db")
