@@ -209,14 +209,16 @@ class RayExecutor(Executor):
         backend_ref = ray.put(payload)  # sent to the object store once per batch, not once per trial
         marker = os.environ.get(KILL_ONCE_ENV) or None
         refs = [task.remote(backend_ref, job, marker) for job in jobs]
+        done = 0
         try:
             for job, ref in zip(jobs, refs):
                 result = self._get(ref, job)
+                done += 1
                 if hasattr(backend, "runs"):  # the driver's count of runs, as an in-process run keeps it
                     backend.runs += 1
                 yield result
         finally:
-            for ref in refs:  # a failed or abandoned batch: stop what is still queued or running
+            for ref in refs[done:]:  # a failed or abandoned batch (error, Ctrl-C): stop what is still queued
                 with contextlib.suppress(Exception):
                     ray.cancel(ref, force=True)
 
