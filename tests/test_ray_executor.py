@@ -107,6 +107,15 @@ def test_ray_trials_release_what_the_in_process_run_releases(files, tmp_path, ra
     assert "executor: ray" in (res.run_dir / "config.yaml").read_text()
 
 
+def test_model_trials_on_ray_release_what_the_in_process_run_releases(files, tmp_path, ray_local):
+    """The model path: DP-BiTFiT sweeps and final run of linear scaling as Ray tasks (the backend carries the
+    model and the private dataset), the same release as in process."""
+    args = dict(strategy="linear-scaling", mode="bitfit", trials=2, steps=2, batch_size=40)
+    ref = _tune(files, tmp_path / "local", **args)
+    res = _tune(files, tmp_path / "ray", executor="ray", **args)
+    _same_release(ref, res)
+
+
 def test_a_dead_worker_is_retried_under_the_same_reservation(files, tmp_path, ray_local, local_runs, monkeypatch):
     """(c) the first trial task kills its worker (a real crash, os._exit): Ray re-runs it with the same seeds;
     the run commits the one reservation it made, with the in-process run's certificate, and publishes nothing
