@@ -125,12 +125,10 @@ class Executor(abc.ABC):
     def map(self, backend: Any, jobs: Sequence[TrialJob]) -> Iterator[Any]:
         """Results of ``jobs`` (each a :class:`~privtune.hpo.backends.TrialRun`), in the order of ``jobs``."""
 
-    def describe(self) -> str:
-        return self.name
-
 
 class InProcessExecutor(Executor):
-    """Today's behaviour: each job runs in this process when its result is asked for (lazily, in order)."""
+    """The default: each job runs in this process when its result is asked for (lazily, in order), so a
+    strategy's trials run exactly as its one-by-one loop ran them."""
 
     name = "local"
     in_process = True
@@ -167,9 +165,6 @@ class RayExecutor(Executor):
             raise InvalidParameterError(f"`max_retries` must be an integer ≥ 0. Got {max_retries!r}.")
         self.max_retries = max_retries
         self._ray = None
-
-    def describe(self) -> str:
-        return f"ray ({self.address or 'local instance'})"
 
     def connect(self) -> None:
         """Import Ray and join/start it; one clear :class:`PrivtuneError` when that is not possible."""
