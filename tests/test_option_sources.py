@@ -22,6 +22,7 @@ from privtune.config import COMMANDS, SCHEMAS
 from privtune.engine.private_gradient import CLIPPINGS
 from privtune.finetune.modes import MODES as TRAIN_MODES
 from privtune.hpo.common import SELECTIONS
+from privtune.hpo.executors import EXECUTORS
 from privtune.hpo.recommend import PREFERENCES, recommend
 from privtune.hpo.tune import MODES as TUNE_MODES
 from privtune.hpo.tune import STRATEGIES, tune
@@ -43,6 +44,7 @@ OWNERS = {
     "tune modes": (TUNE_MODES, "hpo/tune.py"),
     "strategies": (STRATEGIES, "hpo/registry.py"),
     "selections": (SELECTIONS, "hpo/common.py"),
+    "executors": (EXECUTORS, "hpo/executors.py"),
     "pooling": (POOLING_CHOICES, "models/classifier.py"),
     "recommend preferences": (PREFERENCES, "hpo/recommend.py"),
     "config commands": (COMMANDS, "config.py"),
@@ -93,7 +95,7 @@ def _choice_params(command: click.Command) -> dict[str, tuple]:
 @pytest.mark.parametrize("command, expected", [
     (cli_train.train, {"mode": TRAIN_MODES, "optimizer": OPTIMIZERS, "clipping": CLIPPINGS,
                        "sampling": SAMPLING_SCHEMES, "accountant": ACCOUNTANTS, "pooling": POOLING_CHOICES}),
-    (cli_tune.tune, {"mode": TUNE_MODES, "strategy": STRATEGIES, "selection": SELECTIONS}),
+    (cli_tune.tune, {"mode": TUNE_MODES, "strategy": STRATEGIES, "selection": SELECTIONS, "executor": EXECUTORS}),
     (cli_tune.recommend, {"prefer": PREFERENCES}),
     (cli_budget.budget.commands["init"], {"accountant": ACCOUNTANTS}),
     (cli_budget.budget.commands["spend"], {"sampling": SAMPLING_SCHEMES}),
@@ -109,7 +111,7 @@ def test_config_choices_are_the_owning_tuples_and_their_help_names_every_choice(
         "train": {"mode": TRAIN_MODES, "optimizer": OPTIMIZERS, "clipping": CLIPPINGS, "sampling": SAMPLING_SCHEMES,
                   "accountant": ACCOUNTANTS},
         "tune": {"mode": TUNE_MODES, "strategy": STRATEGIES, "selection": SELECTIONS, "optimizer": OPTIMIZERS,
-                 "clipping": CLIPPINGS, "accountant": ACCOUNTANTS},
+                 "clipping": CLIPPINGS, "accountant": ACCOUNTANTS, "executor": EXECUTORS},
     }
     for command, schema in SCHEMAS.items():
         choices = {key: tuple(o.choices) for key, o in schema.items() if o.kind == "choice"}

@@ -51,6 +51,7 @@ from privtune.engine.private_gradient import CLIPPINGS as CLIPPING
 from privtune.errors import InvalidParameterError
 from privtune.finetune.modes import MODES as TRAIN_MODES
 from privtune.hpo.common import SELECTIONS as TUNE_SELECTIONS
+from privtune.hpo.executors import EXECUTORS
 from privtune.hpo.tune import MODES as TUNE_MODES
 from privtune.hpo.registry import STRATEGIES
 from privtune.optim import OPTIMIZERS
@@ -197,6 +198,11 @@ _TUNE: list[Option] = [
            "private data: keep it as private as the data).", "feature-cache"),
     Option("device", "str", "Where every trial, pilot and the final run train: cpu, cuda, cuda:N or mps; unset = "
            "cuda when available, else cpu.", "cpu"),
+    Option("executor", "choice", "Where the independent trials of random-search, linear-scaling and grid-oracle "
+           "run: " + ", ".join(EXECUTORS) + " (local: this process, the default; ray: one Ray task per trial, "
+           "`pip install privtune[ray]`).", "local", choices=EXECUTORS),
+    Option("ray_address", "str", "With executor: ray, the Ray cluster: auto, local, HOST:PORT or ray://HOST:PORT; "
+           "unset = $RAY_ADDRESS, else a `ray start` instance on this machine, else a new local one.", "auto"),
     Option("quiet", "bool", "No progress display (RUN_DIR/log.txt is still written).", False),
 ]  # `--resume` is a flag only: `privtune tune --resume --config RUN_DIR/config.yaml` continues an interrupted run
 

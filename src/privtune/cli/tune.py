@@ -5,6 +5,7 @@ and :func:`privtune.hpo.recommend`.
 
     privtune tune [--data FILE] [--labels neg,pos] [--eval-data FILE] [--model PATH] [--mode M|auto] [--strategy S] [--epsilon E]
                   [--delta D] [--ledger URL] [--config FILE] [--output RUN_DIR] [--device D] [--resume] [--quiet]
+                  [--executor local|ray] [--ray-address auto|HOST:PORT|ray://HOST:PORT]
     privtune recommend --epsilon E --delta D --dataset-size N --epochs K [--json]
 
 With no arguments ``privtune tune`` runs the embedded demo: the SST-2 subset shipped with
@@ -23,6 +24,7 @@ import click
 # default lives only in tune()'s signature, which applies it when neither a flag nor the file sets the option.
 from privtune.config import explicit_cli_values, resolve_options
 from privtune.hpo.common import SELECTIONS
+from privtune.hpo.executors import EXECUTORS
 from privtune.hpo.recommend import PREFERENCES
 from privtune.hpo.recommend import recommend as run_recommend
 from privtune.hpo.registry import STRATEGIES
@@ -71,6 +73,11 @@ def _number(x: float) -> str:
                    "its ledger reservation is continued and completed trials are replayed, not recomputed.")
 @click.option("--device", type=str, help="Where every trial and the final run train: cpu, cuda, cuda:N or mps "
               "(default: cuda when available, else cpu).")
+@click.option("--executor", type=click.Choice(EXECUTORS), help="Where the trials of random-search, linear-scaling "
+              "and grid-oracle run: local (this process) or ray (one Ray task per trial; pip install privtune[ray]). "
+              f"[default: {_TUNE_DEFAULTS['executor']}]")
+@click.option("--ray-address", type=str, help="With --executor ray: auto, local, HOST:PORT or ray://HOST:PORT "
+              "(default: $RAY_ADDRESS, else a `ray start` instance on this machine, else a new local one).")
 @click.option("--quiet", is_flag=True, default=None, help="No progress display (log.txt is still written).")
 def tune(**kwargs) -> None:
     """Tune hyperparameters privately and train the final model: one (ε, δ) for everything."""

@@ -20,6 +20,7 @@ import torch
 from privtune.errors import InvalidParameterError, PrivtuneError
 from privtune.hpo import common
 from privtune.hpo.common import BudgetPlan, Selector, as_plain
+from privtune.hpo.executors import seeded_torch as _seeded_torch
 from privtune.hpo.registry import get as get_strategy
 
 # --------------------------------------------------------------------------------------
@@ -29,8 +30,9 @@ from privtune.hpo.registry import get as get_strategy
 #: RUN_DIR/STATE_FILE: private state of an unfinished run (mode 0600, deleted when the run finishes)
 STATE_FILE = ".tune_state.jsonl"
 _STATE_VERSION = 1
-#: configuration keys that do not change what a run computes (not compared on resume)
-_NOT_COMPARED = ("quiet", "feature_cache_dir", "output")
+#: configuration keys that do not change what a run computes (not compared on resume; a run interrupted on Ray
+#: may be resumed in process and the other way round)
+_NOT_COMPARED = ("quiet", "feature_cache_dir", "output", "executor", "ray_address")
 #: tune() arguments that are not configuration (never written to config.yaml)
 _NOT_CONFIG = ("write_files", "unknown", "resume")
 _PATH_ARGS = ("data", "eval_data", "public_eval_data", "model", "feature_cache_dir", "output_dir")
@@ -44,24 +46,6 @@ def derive_seed(master: int, *parts: Any) -> int:
 
     h = hashlib.sha256(repr((int(master),) + tuple(parts)).encode("utf-8")).digest()
     return int.from_bytes(h[:8], "big") >> 2
-
-
-class _seeded_torch:
-    """Seed torch's global generators (dropout, LoRA initialisation) for one run and restore them
-    afterwards, so that a run is a function of its seeds alone (what an exact resume needs)."""
-
-    def __init__(self, seed: int):
-        self.seed = int(seed)
-
-    def __enter__(self):
-        devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
-        self._fork = torch.random.fork_rng(devices=devices)
-        self._fork.__enter__()
-        torch.manual_seed(self.seed)
-        return self
-
-    def __exit__(self, *exc):
-        return self._fork.__exit__(*exc)
 
 
 def _effective_config(args: dict, run_dir: Path | None) -> tuple[dict, list]:
@@ -86,6 +70,8 @@ def _effective_config(args: dict, run_dir: Path | None) -> tuple[dict, list]:
                 v = os.fspath(v)
         elif k == "selection":
             v = _SELECTION_FLAG.get(str(v), v)  # a source given as selection= is written as its flag
+        elif k == "executor":
+            v = getattr(v, "name", v)  # an Executor instance is written as its --executor name
         elif k == "strategy_options":
             v = as_plain(dict(v))
         out[key] = v
@@ -317,30 +303,13 @@ class _JournalBackend:
         return getattr(self._inner, name)
 
     def run(self, hp: dict, **kw) -> Any:
-        from privtune.accounting.events import event_from_dict, event_to_dict
-        from privtune.hpo.backends import TrialRun
-
         j = self._j
         j.flush()
-        label = str(kw.get("label", ""))
-        final = "final" in label
-        index = j.n_run
-        j.n_run += 1
-        key = _plain_key({"label": label, "steps": kw.get("steps"), "sample_rate": kw.get("sample_rate"),
-                          "noise_multiplier": kw.get("noise_multiplier"),
-                          "learning_rate": kw.get("learning_rate")})
-        name = j.phase_name(label)
+        label, final, index, key, name = self._begin(kw)
         if not final:
             e = j.next("run", key)
             if e is not None:
-                j.replayed += 1
-                events = [event_from_dict(d) for d in e["events"]]
-                j.spent += events
-                if not j.hide_trials:
-                    j.prog.log(f"{name}: completed before the interruption; replayed from the run state, not "
-                               "recomputed")
-                return TrialRun(state=_state_from_json(e.get("state"), label), events=events,
-                                history=e.get("history") or {})
+                return self._replay(e, label, name)
         kw["seed"] = derive_seed(j.seed, "run", index)
         model = getattr(self._inner, "kind", "") == "model"
         if model:
@@ -354,15 +323,81 @@ class _JournalBackend:
         finally:
             if model:
                 j.prog.end_phase()
+        self._record(res, key, final, show=not model)
+        return res
+
+    def run_trials(self, calls: list, score) -> list:
+        """A batch of independent trials (:func:`privtune.hpo.executors.run_trials`), each followed by its
+        score in call order.  In process: exactly :meth:`run` then ``score`` per trial.  On a remote executor
+        (Ray): the completed trials of an interrupted run are replayed first, the others are seeded here, in
+        call order (the same run indices, hence the same seeds, as in process), run as one batch of tasks, and
+        recorded and scored here as their results come back, in call order (one state-file line per trial)."""
+        from privtune.hpo.executors import TrialJob
+
+        executor = getattr(self._inner, "executor", None)
+        out: list = []
+        if executor is None or executor.in_process:
+            for call in calls:
+                res = self.run(call.hp, **call.kwargs)
+                out.append((res, score(res, call) if score is not None else None))
+            return out
+        j = self._j
+        j.flush()
+        out = [None] * len(calls)
+        todo = []  # (position, call, key, final, job)
+        for pos, call in enumerate(calls):
+            kw = dict(call.kwargs)
+            label, final, index, key, name = self._begin(kw)
+            e = None if final or todo else j.next("run", key)  # the state file holds completed trials in order
+            if e is not None:
+                res = self._replay(e, label, name)
+                out[pos] = (res, score(res, call) if score is not None else None)
+                continue
+            kw["seed"] = derive_seed(j.seed, "run", index)
+            kw.pop("progress", None)  # per-step progress cannot leave a task; shown per trial instead
+            todo.append((pos, call, key, final, TrialJob(call.hp, kw, derive_seed(j.seed, "torch", index))))
+        results = executor.map(self._inner, [t[4] for t in todo])
+        for (pos, call, key, final, _), res in zip(todo, results):
+            self._record(res, key, final, show=True)
+            out[pos] = (res, score(res, call) if score is not None else None)
+        return out
+
+    def _begin(self, kw: dict) -> tuple:
+        """(label, final?, run index, replay key, display name) of the next run, in call order."""
+        j = self._j
+        label = str(kw.get("label", ""))
+        index = j.n_run
+        j.n_run += 1
+        key = _plain_key({"label": label, "steps": kw.get("steps"), "sample_rate": kw.get("sample_rate"),
+                          "noise_multiplier": kw.get("noise_multiplier"),
+                          "learning_rate": kw.get("learning_rate")})
+        return label, "final" in label, index, key, j.phase_name(label)
+
+    def _replay(self, e: dict, label: str, name: str) -> Any:
+        from privtune.accounting.events import event_from_dict
+        from privtune.hpo.backends import TrialRun
+
+        j = self._j
+        j.replayed += 1
+        events = [event_from_dict(d) for d in e["events"]]
+        j.spent += events
+        if not j.hide_trials:
+            j.prog.log(f"{name}: completed before the interruption; replayed from the run state, not recomputed")
+        return TrialRun(state=_state_from_json(e.get("state"), label), events=events, history=e.get("history") or {})
+
+    def _record(self, res: Any, key: dict, final: bool, show: bool) -> None:
+        """Charge a completed run to the display and queue it for the state file (final runs are not stored)."""
+        from privtune.accounting.events import event_to_dict
+
+        j = self._j
         j.spent += list(res.events)
         if not final:
             j.pending.append({"kind": "run", "key": key, "events": [event_to_dict(e) for e in res.events],
                               "history": as_plain(res.history or {}), "state": _state_to_json(res.state)})
         else:
             j.report_epsilon()
-        if not model and j.prog.phase is not None and not j.hide_trials:
+        if show and j.prog.phase is not None and not j.hide_trials:
             j.prog.advance(1)
-        return res
 
     def run_hyperfree(self, **kw):
         import math
@@ -440,7 +475,10 @@ class _JournalSelector:
 
 
 def _journaled(obj: Any, kw: dict) -> Any:
-    """Wrap a backend or selector in the run's journal (when there is one)."""
+    """Wrap a backend or selector in the run's journal (when there is one); a backend also gets the run's
+    trial executor (``kw["executor"]``)."""
+    if obj is not None and not isinstance(obj, Selector) and kw.get("executor") is not None:
+        obj.executor = kw["executor"]  # where its independent trials run (hpo.executors.run_trials)
     j = kw.get("journal")
     if j is None or obj is None:
         return obj

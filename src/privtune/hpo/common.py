@@ -499,6 +499,8 @@ class Strategy(abc.ABC):
     fixed_clip : the clipping norm it requires, or None when ``clip=`` may set it.
     selects : whether it scores trials with a selector (False: no selection, nothing charged for it).
     not_private : NOT PRIVATE reference: nothing reserved or released, no model.
+    independent_trials : its trials run through :func:`privtune.hpo.executors.run_trials`, so they may run
+        in parallel (``executor="ray"``); False: one run, and ``executor="ray"`` is refused.
 
     :meth:`plan` fixes every event before any data is read; :meth:`run` spends at most those events.
     """
@@ -511,6 +513,7 @@ class Strategy(abc.ABC):
     fixed_clip: float | None = None
     selects: bool = True
     not_private: bool = False
+    independent_trials: bool = False
 
     def make_config(self, options: dict, *, trials=None, optimizer=None, clip=None, clipping=None):
         """The strategy's config from ``strategy_options`` plus tune()'s overrides (unknown keys refused)."""

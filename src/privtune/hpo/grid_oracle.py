@@ -25,6 +25,7 @@ from privtune.hpo.common import (
     calibrate_final,
     choose_best,
 )
+from privtune.hpo.executors import TrialCall, run_trials
 from privtune.hpo.linear_scaling import SearchSpace
 
 NAME = "grid-oracle"
@@ -68,23 +69,29 @@ def run(backend, selector, config: GridOracleConfig, epsilon: float, delta: floa
         accountant: str = "pld", progress=None) -> OracleResult:
     """Train every grid point at the full budget and return the best (NOT PRIVATE)."""
     rng = np.random.default_rng(seed)
-    trials, states = [], {}
-    for i, (lr, T) in enumerate(config.grid()):
+    grid = config.grid()
+    calls = []
+    for i, (lr, T) in enumerate(grid):  # σ and seeds fixed here, in the driver, whatever executor runs the grid
         sigma = calibrate_final(epsilon, delta, [], sample_rate=1.0, steps=T, sampling="full_batch",
                                 accountant=accountant, what="one grid run")
-        fit = backend.run({"learning_rate": lr, "steps": T}, noise_multiplier=sigma, sample_rate=1.0, steps=T,
-                          learning_rate=lr, optimizer="sgd", momentum=config.momentum, clip=config.clip,
-                          free_step=config.free_step, seed=int(rng.integers(2**31)),
-                          label=f"grid-oracle run {i} ({LABEL})")
-        # uncharged: scored without noise on the selection split, whatever its status
+        calls.append(TrialCall({"learning_rate": lr, "steps": T}, dict(
+            noise_multiplier=sigma, sample_rate=1.0, steps=T, learning_rate=lr, optimizer="sgd",
+            momentum=config.momentum, clip=config.clip, free_step=config.free_step, seed=int(rng.integers(2**31)),
+            label=f"grid-oracle run {i} ({LABEL})")))
+    trials, states = [], {}
+
+    def score_run(fit, call):  # uncharged: scored without noise on the selection split, whatever its status
+        i, lr, T = len(trials), call.hp["learning_rate"], call.hp["steps"]
         pred = backend.predict(fit.state, selector.data)
         score = float((pred.long() == selector.labels).float().mean().item())
         trials.append(TrialRecord(index=i, phase="grid (NOT PRIVATE)", hyperparameters={
-            "learning_rate": lr, "steps": T, "r": lr * T, "noise_multiplier": sigma}, events=list(fit.events),
-            score=score, score_source=f"{selector.source} without noise ({LABEL})"))
+            "learning_rate": lr, "steps": T, "r": lr * T, "noise_multiplier": call.kwargs["noise_multiplier"]},
+            events=list(fit.events), score=score, score_source=f"{selector.source} without noise ({LABEL})"))
         states[i] = fit.state
         if progress and (i + 1) % 7 == 0:
-            progress(f"grid oracle ({LABEL}) {i + 1}/{len(config.grid())}")
+            progress(f"grid oracle ({LABEL}) {i + 1}/{len(grid)}")
+
+    run_trials(backend, calls, score_run)
     best = choose_best(trials, tie=lambda r: r.hyperparameters["r"])
     return OracleResult(hyperparameters=dict(best.hyperparameters), score=float(best.score or math.nan),
                         state=states[best.index], trials=trials)
@@ -98,6 +105,7 @@ class GridOracle(Strategy):
     Config = GridOracleConfig
     overrides = {"features": frozenset()}
     not_private = True
+    independent_trials = True
 
     def plan(self, cfg, mode: str, request: PlanRequest) -> BudgetPlan:
         # nothing is planned against the budget (NOT PRIVATE)

@@ -31,6 +31,7 @@ from privtune._validation import check_choice, check_int, check_real
 from privtune.accounting import calibrate_noise_multiplier
 from privtune.accounting.events import DPSGDEvent, GaussianEvent
 from privtune.errors import InfeasibleBudgetError, InvalidParameterError
+from privtune.hpo.executors import TrialCall, run_trials
 from privtune.hpo.common import (
     TUNABLE_MODES,
     BudgetPlan,
@@ -400,25 +401,34 @@ def run(backend, selector, config: LinearScalingConfig, p: BudgetPlan, *, seed: 
             r_lo, r_hi = space.r_min, max(space.r_min, config.sweep1_fraction * space.r_max)
         else:  # the issue's fix: sweep 2 searches between sweep 1's best r and r_max
             r_lo, r_hi = best_rs[0], space.r_max
-        sweep_records = []
+        # the sweep's draws (r, its split into (η, T), the seed) are made here, in the one-by-one order, before
+        # its runs start: where they run (hpo.executors) changes nothing they compute
+        calls = []
         for i, r in enumerate(sample_r(rng, r_lo, r_hi, n, config.r_sampling)):
             lr, T, note = decompose(r, space, rng, config.decomposition)
-            sigma = math.sqrt(T) / mu_s
-            label = f"linear-scaling sweep{s} trial {i}"
-            fit = backend.run({"learning_rate": lr, "steps": T}, noise_multiplier=sigma, sample_rate=1.0,
-                              steps=T, learning_rate=lr, optimizer="sgd", momentum=config.momentum,
-                              clip=config.clip, free_step=config.free_step, seed=int(rng.integers(2**31)),
-                              label=label)
-            score, score_events = selector.score(backend.logits(fit.state, selector.data), label=label + " score")
+            calls.append(TrialCall({"learning_rate": lr, "steps": T}, dict(
+                noise_multiplier=math.sqrt(T) / mu_s, sample_rate=1.0, steps=T, learning_rate=lr, optimizer="sgd",
+                momentum=config.momentum, clip=config.clip, free_step=config.free_step,
+                seed=int(rng.integers(2**31)), label=f"linear-scaling sweep{s} trial {i}"), extra={
+                    "r_sampled": r, **({"note": note} if note else {})}))
+        sweep_records = []
+
+        def score_trial(fit, call, s=s, eps_s=eps_s, sweep_records=sweep_records):  # in the driver, in order
+            lr, T = call.hp["learning_rate"], call.hp["steps"]
+            score, score_events = selector.score(backend.logits(fit.state, selector.data), label=call.label + " score")
             rec = TrialRecord(index=len(trials), phase=f"sweep{s}",
                               hyperparameters={"r": lr * T, "learning_rate": lr, "steps": T,
-                                               "noise_multiplier": sigma, "trial_epsilon": eps_s},
+                                               "noise_multiplier": call.kwargs["noise_multiplier"],
+                                               "trial_epsilon": eps_s},
                               events=list(fit.events) + list(score_events), score=score,
-                              score_source=selector.source, extra={"r_sampled": r, **({"note": note} if note else {})})
+                              score_source=selector.source, extra=dict(call.extra))
             trials.append(rec)
             sweep_records.append(rec)
             if progress:
-                progress(f"sweep {s} trial {i + 1}/{n}: r={lr * T:.4g} (η={lr:.3g}, T={T}) score={score:.4f}")
+                progress(f"sweep {s} trial {len(sweep_records)}/{n}: r={lr * T:.4g} (η={lr:.3g}, T={T}) "
+                         f"score={score:.4f}")
+
+        run_trials(backend, calls, score_trial)
         best = choose_best(sweep_records, tie=lambda r: r.hyperparameters["r"])
         best_rs.append(float(best.hyperparameters["r"]))
     ext = extrapolate_r([e1, e2], best_rs, p.details["final_epsilon"], delta=p.delta, fit_space=config.fit_space,
@@ -428,10 +438,10 @@ def run(backend, selector, config: LinearScalingConfig, p: BudgetPlan, *, seed: 
     sigma_f = calibrate_in_plan(p, spent, sample_rate=1.0, steps=T_f, sampling="full_batch")
     if progress:
         progress(f"fit ({ext.space}-space): r* = {ext.r_star:.4g} → final run η={lr_f:.3g}, T={T_f}, σ={sigma_f:.4g}")
-    final = backend.run({"learning_rate": lr_f, "steps": T_f}, noise_multiplier=sigma_f, sample_rate=1.0, steps=T_f,
-                        learning_rate=lr_f, optimizer="sgd", momentum=config.momentum, clip=config.clip,
-                        free_step=config.free_step, seed=int(rng.integers(2**31)), label="linear-scaling final run",
-                        record=True)
+    ((final, _),) = run_trials(backend, [TrialCall({"learning_rate": lr_f, "steps": T_f}, dict(
+        noise_multiplier=sigma_f, sample_rate=1.0, steps=T_f, learning_rate=lr_f, optimizer="sgd",
+        momentum=config.momentum, clip=config.clip, free_step=config.free_step, seed=int(rng.integers(2**31)),
+        label="linear-scaling final run", record=True))])
     data = {
         "name": NAME,
         "trial_epsilons": [e1, e2],
@@ -518,20 +528,24 @@ def run_minibatch(backend, selector, config: LinearScalingConfig, p: BudgetPlan,
         # sweep 1 on [r_min, sweep1_fraction·r_max] (the code's prior, as in the full-batch variant);
         # sweep 2 between sweep 1's best r and r_max (the issue's fix)
         lo, hi = (r_min, max(r_min, config.sweep1_fraction * r_max)) if s == 1 else (best_rs[0], r_max)
+        calls = [TrialCall({"learning_rate": r / T, "steps": T}, dict(
+            noise_multiplier=sig, sample_rate=q, steps=T, learning_rate=r / T, clip=config.clip,
+            seed=int(rng.integers(2**31)), label=f"linear-scaling sweep{s} trial {i}"), extra={"r": r})
+            for i, r in enumerate(sample_r(rng, lo, hi, n, config.r_sampling))]
         recs = []
-        for i, r in enumerate(sample_r(rng, lo, hi, n, config.r_sampling)):
-            lr = r / T
-            label = f"linear-scaling sweep{s} trial {i}"
-            fit = backend.run({"learning_rate": lr, "steps": T}, noise_multiplier=sig, sample_rate=q, steps=T,
-                              learning_rate=lr, clip=config.clip, seed=int(rng.integers(2**31)), label=label)
-            score, sev = selector.score(backend.logits(fit.state, selector.data), label=label + " score")
+
+        def score_trial(fit, call, s=s, eps_s=eps_s, sig=sig, recs=recs):  # in the driver, in trial order
+            r, lr = call.extra["r"], call.hp["learning_rate"]
+            score, sev = selector.score(backend.logits(fit.state, selector.data), label=call.label + " score")
             rec = TrialRecord(index=len(trials), phase=f"sweep{s}", hyperparameters={
                 "r": r, "learning_rate": lr, "steps": T, "sample_rate": q, "noise_multiplier": sig,
                 "trial_epsilon": eps_s}, events=list(fit.events) + sev, score=score, score_source=selector.source)
             trials.append(rec)
             recs.append(rec)
             if progress:
-                progress(f"sweep {s} trial {i + 1}/{n}: η={lr:.3g} (r={r:.4g}) score={score:.4f}")
+                progress(f"sweep {s} trial {len(recs)}/{n}: η={lr:.3g} (r={r:.4g}) score={score:.4f}")
+
+        run_trials(backend, calls, score_trial)
         best_rs.append(float(choose_best(recs, tie=lambda r: r.hyperparameters["r"]).hyperparameters["r"]))
     ext = extrapolate_r([e1, e2], best_rs, p.details["final_epsilon"], delta=p.delta, fit_space=config.fit_space,
                         r_bounds=(r_min, r_max), proportional_cap=config.proportional_cap)
@@ -543,9 +557,9 @@ def run_minibatch(backend, selector, config: LinearScalingConfig, p: BudgetPlan,
         sigma_f = calibrate_in_plan(p, spent, sample_rate=q, steps=T_f)
     if progress:
         progress(f"fit: r* = {ext.r_star:.4g} → final η={lr_f:.3g}, T={T_f}, σ={sigma_f:.4g}")
-    final = backend.run({"learning_rate": lr_f, "steps": T_f}, noise_multiplier=sigma_f, sample_rate=q, steps=T_f,
-                        learning_rate=lr_f, clip=config.clip, seed=int(rng.integers(2**31)),
-                        label="linear-scaling final run", record=True)
+    ((final, _),) = run_trials(backend, [TrialCall({"learning_rate": lr_f, "steps": T_f}, dict(
+        noise_multiplier=sigma_f, sample_rate=q, steps=T_f, learning_rate=lr_f, clip=config.clip,
+        seed=int(rng.integers(2**31)), label="linear-scaling final run", record=True))])
     data = {"name": NAME, "trial_epsilons": [e1, e2], "best_r": best_rs, "r_star": ext.r_star,
             "fit": {"slope": ext.slope, "intercept": ext.intercept, "space": ext.space},
             "extrapolation": ext.to_dict(), "final_epsilon": p.details["final_epsilon"], "minibatch": True,
@@ -569,6 +583,7 @@ class LinearScaling(Strategy):
     overrides = {"features": frozenset({"trials"}),
                  "model": frozenset({"trials", "epochs", "steps", "batch_size", "optimizer"})}
     clipping_kinds = frozenset({"model"})
+    independent_trials = True
 
     def apply_overrides(self, cfg, *, trials=None, optimizer=None) -> None:
         if trials is not None:

@@ -44,6 +44,7 @@ from privtune.hpo.common import (
     epsilon_of,
     mu_from_epsilon,
 )
+from privtune.hpo.executors import TrialCall, run_trials
 from privtune.hpo.linear_scaling import SearchSpace
 
 NAME = "random-search"
@@ -217,22 +218,29 @@ def run(backend, selector, config: RandomSearchConfig, p: BudgetPlan, *, seed: i
     use_ps = p.details["accounting"] == "repeat-and-select"
     # repeat-and-select: K drawn from the untruncated-above distribution the accounting assumes
     k = _draw_k(rng, float(p.details["trials"]), float(config.shape)) if use_ps else p.details["trials"]
-    trials, states = [], {}
+    # every trial's hyperparameters and seed are drawn here, in the driver, in the order the one-by-one loop drew
+    # them, so that where the trials run (hpo.executors) changes nothing they compute
+    calls = []
     for i in range(k):
         lr = float(math.exp(rng.uniform(math.log(space.lr_min), math.log(space.lr_max))))
         T = int(space.steps_grid[int(rng.integers(len(space.steps_grid)))])
-        sigma = math.sqrt(T) / mu
-        label = f"random-search trial {i}"
-        fit = backend.run({"learning_rate": lr, "steps": T}, noise_multiplier=sigma, sample_rate=1.0, steps=T,
-                          learning_rate=lr, optimizer="sgd", momentum=config.momentum, clip=config.clip,
-                          free_step=config.free_step, seed=int(rng.integers(2**31)), label=label, record=True)
-        score, score_events = selector.score(backend.logits(fit.state, selector.data), label=label + " score")
+        calls.append(TrialCall({"learning_rate": lr, "steps": T}, dict(
+            noise_multiplier=math.sqrt(T) / mu, sample_rate=1.0, steps=T, learning_rate=lr, optimizer="sgd",
+            momentum=config.momentum, clip=config.clip, free_step=config.free_step, seed=int(rng.integers(2**31)),
+            label=f"random-search trial {i}", record=True)))
+    trials, states = [], {}
+
+    def score_trial(fit, call: TrialCall):  # in the driver, in trial order: the selection noise never leaves it
+        i, lr, T = len(trials), call.hp["learning_rate"], call.hp["steps"]
+        score, score_events = selector.score(backend.logits(fit.state, selector.data), label=call.label + " score")
         trials.append(TrialRecord(index=i, phase="random", hyperparameters={"learning_rate": lr, "steps": T,
-                                  "r": lr * T, "noise_multiplier": sigma}, events=list(fit.events) + score_events,
-                                  score=score, score_source=selector.source))
+                                  "r": lr * T, "noise_multiplier": call.kwargs["noise_multiplier"]},
+                                  events=list(fit.events) + score_events, score=score, score_source=selector.source))
         states[i] = fit
         if progress and not use_ps:  # under repeat-and-select even the count of trials stays inside the process
             progress(f"random search trial {i + 1}/{k}: η={lr:.3g} T={T} score={score:.4f}")
+
+    run_trials(backend, calls, score_trial)
     best = choose_best(trials)
     fit = states[best.index]
     final_hp = dict(best.hyperparameters, optimizer="sgd", momentum=config.momentum, clip=config.clip, batch="full")
@@ -265,6 +273,7 @@ class RandomSearch(Strategy):
     modes = ("last-layer",)
     Config = RandomSearchConfig
     overrides = {"features": frozenset({"trials"})}
+    independent_trials = True
 
     def apply_overrides(self, cfg, *, trials=None, optimizer=None) -> None:
         if trials is not None:

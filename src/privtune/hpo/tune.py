@@ -48,6 +48,7 @@ from privtune.engine.sampling import make_generator
 from privtune.errors import DataError, InvalidParameterError, PrivtuneError
 from privtune.finetune.modes import DEFAULT_LEARNING_RATES
 from privtune.hpo import common, grid_oracle
+from privtune.hpo.executors import for_tune
 from privtune.hpo._resume import (  # noqa: F401  (STATE_FILE is part of this module's interface)
     STATE_FILE,
     _check_open_reservation,
@@ -198,6 +199,8 @@ def tune(
     resume: bool = False,
     labels: Any = None,
     device: Any = None,
+    executor: Any = "local",
+    ray_address: str | None = None,
     **unknown: Any,
 ) -> TuneResult:
     """Tune hyperparameters privately and train, under one total (ε, δ).
@@ -245,6 +248,13 @@ def tune(
         same seeds.  Not available for ``grid-oracle`` (it reserves nothing).
     device : where every trial, pilot and the final run train: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or
         ``"mps"``; ``None`` (default) = ``"cuda"`` when available, else ``"cpu"`` (as :func:`privtune.train`).
+    executor : where the strategy's independent trials run: ``"local"`` (default, this process) or ``"ray"``
+        (one Ray task per trial; random-search, linear-scaling, grid-oracle), or a
+        :class:`privtune.hpo.executors.RayExecutor` (per-trial CPUs/GPUs).  Plan, reservation, scores, ledger
+        and files stay in this process; the release is the same as with ``"local"`` (docs/scaling-out.md).
+    ray_address : with ``executor="ray"``: ``"auto"``, ``"local"``, ``HOST:PORT`` or ``ray://HOST:PORT``;
+        ``None`` = Ray already initialised here, else ``$RAY_ADDRESS``, else a ``ray start`` instance on this
+        machine, else a new local one.
     """
     args = dict(locals())  # every argument as given: RUN_DIR/config.yaml and the resume check
     if isinstance(labels, (str, list, tuple)):  # [0, 1], "0,1" and --labels 0,1 are one setting (config, resume)
@@ -330,6 +340,7 @@ class _Request:
     selection_noise: float | None  # σ of a charged score (None: the default for the number of rows scored)
     options: dict  # strategy_options
     device: Any
+    executor: Any  # where independent trials run (hpo.executors; checked and connected before data is read)
 
 
 def _check_arguments(args: dict, unknown: dict) -> _Request:
@@ -376,7 +387,9 @@ def _check_arguments(args: dict, unknown: dict) -> _Request:
                             max_physical_batch_size=args["max_physical_batch_size"])
     return _Request(strategy=strat, mode=mode, privacy=privacy, schedule=schedule, clipping=clipping,
                     optimizer=OptimizerSpec(name=args["optimizer"]), trials=args["trials"], seed=seed,
-                    selection=selection, selection_noise=args["selection_noise"], options=dict(args["strategy_options"] or {}), device=device)
+                    selection=selection, selection_noise=args["selection_noise"],
+                    options=dict(args["strategy_options"] or {}), device=device,
+                    executor=for_tune(args["executor"], args["ray_address"], strat))
 
 
 @dataclass(frozen=True)
@@ -869,7 +882,7 @@ def _execute(req: _Request, inputs: _Inputs, tplan: _TunePlan, clf, prog, seed: 
     sel_eff = _selection_of_strategy(req, inputs)
     # what the pilots' backends and selectors read (device, memory, the journal that records their draws)
     kw = {"journal": journal, "device": req.device, "accountant": accountant,
-          "max_physical_batch_size": req.schedule.max_physical_batch_size}
+          "max_physical_batch_size": req.schedule.max_physical_batch_size, "executor": req.executor}
     feats: dict = {}
 
     def features():
