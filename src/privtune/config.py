@@ -54,6 +54,7 @@ from privtune.hpo.common import SELECTIONS as TUNE_SELECTIONS
 from privtune.hpo.executors import EXECUTORS
 from privtune.hpo.tune import MODES as TUNE_MODES
 from privtune.hpo.registry import STRATEGIES
+from privtune.ledger import url_without_password
 from privtune.optim import OPTIMIZERS
 
 #: the commands a configuration file configures
@@ -492,6 +493,12 @@ def save_effective_config(options: Mapping[str, Any], run_dir: str | os.PathLike
     if command:
         header += f" (privtune {command}); rerun with `privtune {command} --config config.yaml`"
     header += ".\n# Precedence: command-line flags > config file > defaults.\n"
+    ledger = ordered.get("ledger")
+    if isinstance(ledger, str) and url_without_password(ledger) != ledger:
+        # the run directory is released: a database password must not travel with it
+        ordered["ledger"] = url_without_password(ledger)
+        header += ("# ledger: its password is not written; set PGPASSWORD or ~/.pgpass, or pass "
+                   "--ledger with the password again.\n")
     body = yaml.safe_dump(ordered, sort_keys=False, allow_unicode=True, default_flow_style=False)
     path = run_dir / "config.yaml"
     path.write_text(header + body, encoding="utf-8")

@@ -22,6 +22,7 @@ from privtune.hpo import common
 from privtune.hpo.common import BudgetPlan, Selector, as_plain
 from privtune.hpo.executors import seeded_torch as _seeded_torch
 from privtune.hpo.registry import get as get_strategy
+from privtune.ledger import url_without_password
 
 # --------------------------------------------------------------------------------------
 # resumable runs: the run's seeds, the private state file, replay of completed trials
@@ -81,7 +82,12 @@ def _effective_config(args: dict, run_dir: Path | None) -> tuple[dict, list]:
 
 
 def _compared(cfg: dict) -> dict:
-    return json.loads(json.dumps(as_plain({k: v for k, v in cfg.items() if k not in _NOT_COMPARED}), sort_keys=True))
+    """The part of ``cfg`` a resume must match, as stored in the state file: a ledger URL without its
+    password (the state file is private, but never holds a database password either)."""
+    out = json.loads(json.dumps(as_plain({k: v for k, v in cfg.items() if k not in _NOT_COMPARED}), sort_keys=True))
+    if isinstance(out.get("ledger"), str):
+        out["ledger"] = url_without_password(out["ledger"])
+    return out
 
 
 def _state_path(run_dir: Path | None) -> Path | None:
@@ -126,7 +132,9 @@ def _write_state_lines(path: Path, objs: list, create: bool = False) -> None:
 
 
 def _check_resume_config(header: dict, cfg: dict, path: Path) -> None:
-    old, new = header.get("config") or {}, _compared(cfg)
+    old, new = dict(header.get("config") or {}), _compared(cfg)
+    if isinstance(old.get("ledger"), str):  # a state file written before passwords were removed from it
+        old["ledger"] = url_without_password(old["ledger"])
     diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
     if diff:
         shown = "; ".join(f"{k}: was {old.get(k)!r}, now {new.get(k)!r}" for k in diff[:6])

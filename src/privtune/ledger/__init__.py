@@ -18,7 +18,7 @@ See ``docs/ledger.md``.
 
 # Public names for helpers other packages need (training.py, hpo/tune.py import them from the private
 # modules until they are restructured).
-from privtune.ledger._backend import default_ledger_url, mask_url
+from privtune.ledger._backend import default_ledger_url, mask_url, url_without_password
 from privtune.ledger._compose import composed_epsilon, group_events
 from privtune.ledger._key import demo_key_path
 from privtune.ledger.fingerprint import dataset_fingerprint, dataset_identity, is_fingerprint
@@ -49,6 +49,7 @@ __all__ = [
     "group_events",
     "composed_epsilon",
     "mask_url",
+    "url_without_password",
     "demo_key_path",
     "check_ledger_argument",
     "open_ledger",

@@ -174,10 +174,33 @@ def resolve_url(url: str | os.PathLike | None, *, allow_in_memory: bool = False)
 
 
 def mask_url(url: str | URL) -> str:
-    """The URL with any password replaced by ``***`` (for messages and JSON)."""
+    """The URL with any password (user part or ``password=`` query parameter) replaced by ``***``
+    (for messages and JSON)."""
     if isinstance(url, URL):
-        return url.render_as_string(hide_password=True)
-    return re.sub(r"(://[^:/@]+:)[^@]*@", r"\1***@", str(url))
+        masked = url.render_as_string(hide_password=True)
+    else:
+        masked = re.sub(r"(://[^:/@]+:)[^@]*@", r"\1***@", str(url))
+    return re.sub(r"([?&]password=)[^&]*", r"\1***", masked)
+
+
+def url_without_password(url: str) -> str:
+    """``url`` with its password removed, for the files a run writes (config.yaml, its private state).
+
+    The password of the user part and a ``password=`` query parameter are dropped, the rest is kept:
+    ``postgresql://user:SECRET@host/db`` becomes ``postgresql://user@host/db``, for which libpq takes
+    the password from ``PGPASSWORD`` or ``~/.pgpass``.  A URL without a password is returned as given.
+    Parsed as the ledger parses it (SQLAlchemy), so what is removed is what the ledger would send.
+    """
+    try:
+        u = make_url(url)
+    except (sa.exc.ArgumentError, ValueError):
+        # not a URL the ledger can open (a run never gets far with it): drop what stands where a password would
+        return re.sub(r"([?&])password=[^&]*&?", r"\1", re.sub(r"(://[^:/@]*):[^@]*@", r"\1@", url))
+    if u.password is None and "password" not in u.query:
+        return url
+    query = {k: v for k, v in u.query.items() if k != "password"}
+    return URL.create(u.drivername, username=u.username, host=u.host, port=u.port, database=u.database,
+                      query=query).render_as_string(hide_password=False)
 
 
 # A locked SQLite ledger (another process writing, or a program holding a lock) is waited for up to
