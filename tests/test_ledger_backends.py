@@ -1,6 +1,6 @@
 """The ledger's guarantees, run identically against SQLite and a real PostgreSQL server.
 
-The PostgreSQL server is started by the ``pg_server`` fixture below (initdb + pg_ctl in a
+The PostgreSQL server is started by the ``pg_server`` fixture (tests/conftest.py) (initdb + pg_ctl in a
 temporary directory, unix socket only, run as the ``postgres``/``nobody`` user when the tests
 run as root).  It is skipped only when no server binary exists (Debian: ``apt-get install
 postgresql``), and never in CI: with the environment variable ``CI=true`` (set by ``.ci/run``)
@@ -12,17 +12,10 @@ about a millisecond where PLD takes tens to hundreds; the ledger logic under tes
 
 from __future__ import annotations
 
-import glob
 import multiprocessing as mp
 import os
-import pwd
-import shutil
 import signal
-import socket
-import subprocess
-import tempfile
 import time
-import uuid
 from pathlib import Path
 
 import pytest
@@ -33,90 +26,8 @@ from privtune.accounting.events import DPSGDEvent, GaussianEvent
 from privtune.errors import BudgetExceededError, LedgerError, PrivtuneError, UnknownDatasetError
 from privtune.ledger import Ledger, dataset_fingerprint
 
-# --------------------------------------------------------------------------- PostgreSQL server
-
-
-def _pg_bindir() -> Path | None:
-    found = shutil.which("initdb")
-    if found and shutil.which("pg_ctl"):
-        return Path(found).resolve().parent
-    for cand in sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), reverse=True):
-        return Path(cand).parent
-    return None
-
-
-def _unavailable(reason: str):
-    """Skip with ``reason`` on a developer machine; fail in CI (``CI=true``), which must have a server."""
-    if os.environ.get("CI", "").strip().lower() == "true":
-        pytest.fail(f"CI=true but the PostgreSQL ledger tests cannot run: {reason}. CI must test the "
-                    "PostgreSQL backend against a real server: make `.ci/run` install it "
-                    "(`apt-get install postgresql`).", pytrace=False)
-    pytest.skip(reason)
-
-
-def _run_as() -> tuple[list[str], int | None, int | None]:
-    """Prefix to run server commands as a non-root user (postgres refuses root)."""
-    if os.geteuid() != 0:
-        return [], None, None
-    for user in ("postgres", "nobody"):
-        try:
-            pw = pwd.getpwnam(user)
-        except KeyError:
-            continue
-        if shutil.which("runuser"):
-            return ["runuser", "-u", user, "--"], pw.pw_uid, pw.pw_gid
-        return ["su", "-s", "/bin/sh", user, "-c"], pw.pw_uid, pw.pw_gid  # pragma: no cover
-    _unavailable("running as root and no 'postgres' or 'nobody' user exists to run a PostgreSQL server")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="session")
-def pg_server():
-    bindir = _pg_bindir()
-    if bindir is None:
-        _unavailable("PostgreSQL server binaries (initdb, pg_ctl) not found; on Debian install the "
-                     "`postgresql` package to run the PostgreSQL ledger tests")
-    prefix, uid, gid = _run_as()
-    base = Path(tempfile.mkdtemp(prefix="privtune-pg-"))
-    if uid is not None:
-        os.chown(base, uid, gid)
-    data, log, port = base / "data", base / "server.log", _free_port()
-
-    def run(args: list[str]) -> subprocess.CompletedProcess:
-        if prefix and prefix[0] == "su":  # pragma: no cover
-            import shlex
-
-            return subprocess.run(prefix + [" ".join(shlex.quote(a) for a in args)],
-                                  capture_output=True, text=True, timeout=120)
-        return subprocess.run(prefix + args, capture_output=True, text=True, timeout=120)
-
-    r = run([str(bindir / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust", "--no-sync",
-             "-E", "UTF8", "--locale=C"])
-    assert r.returncode == 0, f"initdb failed: {r.stderr}"
-    opts = f"-F -p {port} -k {base} -c listen_addresses='' -c max_connections=60"
-    r = run([str(bindir / "pg_ctl"), "-D", str(data), "-l", str(log), "-w", "-t", "60", "-o", opts, "start"])
-    assert r.returncode == 0, f"pg_ctl start failed: {r.stderr} {log.read_text() if log.exists() else ''}"
-    try:
-        yield {"host": str(base), "port": port}
-    finally:
-        run([str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"])
-        shutil.rmtree(base, ignore_errors=True)
-
-
-@pytest.fixture
-def pg_url(pg_server):
-    import psycopg
-
-    name = "t_" + uuid.uuid4().hex[:12]
-    with psycopg.connect(host=pg_server["host"], port=pg_server["port"], user="postgres", dbname="postgres",
-                         autocommit=True) as c:
-        c.execute(f"CREATE DATABASE {name}")
-    return f"postgresql://postgres@/{name}?host={pg_server['host']}&port={pg_server['port']}"
+# The PostgreSQL server fixtures (pg_server, pg_url) live in conftest.py: one server per test session.
+from conftest import _free_port, _unavailable  # noqa: E402
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

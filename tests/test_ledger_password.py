@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_ledger_backends import pg_server, pg_url  # noqa: F401 - the PostgreSQL server fixtures
 
 import privtune.hpo.backends as backends
 from privtune.cli import main
