@@ -123,7 +123,16 @@ def _train_then_train_again(rank: int, files: dict, root: str) -> dict:
     return {"first": first, "second": second}
 
 
-JOBS = {"fits_and_noise": _fits_and_noise, "train_then_train_again": _train_then_train_again}
+def _train_shared_dir(rank: int, files: dict, root: str, fault_on_rank0: str | None = None, **kw) -> dict:
+    """privtune.train exactly as torchrun runs it: the same RUN_DIR and ledger on every rank."""
+    if fault_on_rank0 and rank == 0:
+        os.environ["PRIVTUNE_TEST_FAULT"] = fault_on_rank0
+    return _train_run(rank, files, root, output_dir=Path(root) / "run", ledger=f"sqlite:///{Path(root) / 'l.db'}",
+                      **kw)
+
+
+JOBS = {"fits_and_noise": _fits_and_noise, "train_then_train_again": _train_then_train_again,
+        "train_shared_dir": _train_shared_dir}
 
 
 def _worker(rank: int, world: int, port: int, job: str, out_dir: str, args: tuple, kwargs: dict) -> None:
@@ -253,6 +262,22 @@ def test_a_refusal_on_rank0_is_the_same_error_on_every_rank(train_ranks):
     assert ranks[0]["second"]["error"] == ranks[1]["second"]["error"] == "BudgetExceededError"
     assert ranks[0]["second"]["message"] == ranks[1]["second"]["message"]
     assert not (root / "again0").exists() and not (root / "again1").exists()
+
+
+@pytest.mark.slow  # starts two Python processes twice
+def test_a_data_parallel_run_resumes_from_rank0s_checkpoint(files, train_ranks, tmp_path):
+    root, ranks = train_ranks
+    # rank 0 fails at its first mid-training checkpoint; the launcher stops rank 1 too
+    with pytest.raises(Exception, match="injected fault"):
+        _spawn("train_shared_dir", tmp_path, files, str(tmp_path), fault_on_rank0="mid-training")
+    assert (tmp_path / "run" / "checkpoints" / "checkpoint.pt").is_file()
+    resumed = _spawn("train_shared_dir", tmp_path, files, str(tmp_path), resume=True)
+    # the resumed run (batches and noise continued from rank 0's checkpoint on every rank) is the uninterrupted one
+    for name, p in ranks[0]["first"]["params"].items():
+        for rank in range(WORLD):
+            torch.testing.assert_close(resumed[rank]["params"][name], p, rtol=1e-5, atol=1e-6)
+    assert resumed[0]["epsilon"] == ranks[0]["first"]["epsilon"]
+    assert (tmp_path / "run" / "certificate.json").is_file()
 
 
 def _torchrun_command(port: int, *args: str) -> list[str]:
