@@ -16,8 +16,8 @@ Also reported: examples per CPU second (``time.process_time`` of every process, 
 is the data-parallel overhead whatever else runs on the machine (1.0: none).
 Both runs use the same seed, hence the same batches.  Setup (imports, loading, tokeniser) is not timed.
 
-    OMP_NUM_THREADS=1 python bench/scaling.py                     # about 2 min on the shared 2-core machine
-    OMP_NUM_THREADS=1 python bench/scaling.py --subset 256 --steps 4
+    OMP_NUM_THREADS=1 python bench/scaling.py                     # about 3 min on the shared 2-core machine
+    OMP_NUM_THREADS=1 python bench/scaling.py --subset 512 --batch-size 64 --steps 6
 
 Results: printed table with the 2/1 ratio, plus bench/results/scaling.json (git-ignored).
 """
@@ -119,9 +119,9 @@ def _single(_rank: int, cfg: dict, out: str) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--subset", type=int, default=512, help="SST-2 training phrases (public benchmark data)")
-    ap.add_argument("--batch-size", type=int, default=64, help="expected Poisson batch size (global)")
-    ap.add_argument("--steps", type=int, default=8, help="timed DP steps (after one warm-up step)")
+    ap.add_argument("--subset", type=int, default=1024, help="SST-2 training phrases (public benchmark data)")
+    ap.add_argument("--batch-size", type=int, default=256, help="expected Poisson batch size (global)")
+    ap.add_argument("--steps", type=int, default=3, help="timed DP steps (after one warm-up step)")
     args = ap.parse_args()
     cfg = {"subset": args.subset, "batch_size": args.batch_size, "steps": args.steps}
     t0 = time.time()

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
+import torch.distributed as dist
 
 from privtune.errors import PrivtuneError
 
@@ -93,13 +94,13 @@ class ProcessGroup:
 
     def all_reduce_sum_(self, tensors: Sequence[torch.Tensor]) -> None:
         """Sum ``tensors`` over all ranks, in place, with one all-reduce per (dtype, device)."""
-        import torch.distributed as dist
-
         groups: dict = {}
         for t in tensors:
             groups.setdefault((t.dtype, t.device), []).append(t)
-        for same in groups.values():
+        for (_, device), same in groups.items():
             flat = torch.cat([t.reshape(-1) for t in same])
+            if self.backend == "nccl" and device.type == "cpu":  # NCCL reduces CUDA tensors only
+                flat = flat.to(torch.device("cuda", self.local_rank))
             dist.all_reduce(flat, op=dist.ReduceOp.SUM)
             offset = 0
             for t in same:
@@ -108,16 +109,12 @@ class ProcessGroup:
 
     def broadcast(self, obj: Any) -> Any:
         """Rank 0's ``obj`` on every rank (pickled; for small control data and checkpoint states)."""
-        import torch.distributed as dist
-
         box = [obj if self.is_main else None]
         dist.broadcast_object_list(box, src=0)
         return box[0]
 
     def all_gather(self, obj: Any) -> list:
         """Every rank's ``obj``, in rank order, on every rank."""
-        import torch.distributed as dist
-
         out: list = [None] * self.world_size
         dist.all_gather_object(out, obj)
         return out
@@ -129,8 +126,6 @@ class ProcessGroup:
     @torch.no_grad()
     def broadcast_module_(self, module: torch.nn.Module) -> None:
         """Copy rank 0's parameters and buffers into ``module`` on every rank (in place)."""
-        import torch.distributed as dist
-
         for t in list(module.parameters()) + list(module.buffers()):
             if t.device.type == "cpu" or self.backend == "nccl":
                 dist.broadcast(t.data, src=0)
@@ -188,8 +183,6 @@ def current(device: Any = None) -> ProcessGroup | None:
     and no group yet, initialise the default group from those variables: NCCL when CUDA is available and
     ``device`` is not the CPU, gloo otherwise.  A group of one process is ``None`` (nothing to distribute).
     """
-    import torch.distributed as dist
-
     if not dist.is_available():
         return None
     if not dist.is_initialized():
@@ -204,6 +197,8 @@ def current(device: Any = None) -> ProcessGroup | None:
                 f"Could not join the torchrun process group ({type(exc).__name__}: {exc}). Check MASTER_ADDR/"
                 "MASTER_PORT and that every process was started by the same torchrun command."
             ) from exc
+        if backend == "nccl":  # one GPU per process: NCCL's own collectives (and ours) use this device
+            torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
         _INITIALISED_HERE.append(True)
     world = dist.get_world_size()
     if world < 2:
@@ -221,8 +216,6 @@ def is_main_process() -> bool:
 
 def shutdown() -> None:
     """Destroy the default process group if :func:`current` created it (end of a torchrun command)."""
-    import torch.distributed as dist
-
     if _INITIALISED_HERE and dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
         _INITIALISED_HERE.clear()
