@@ -185,6 +185,41 @@ def test_the_ranks_shares_are_exactly_the_one_process_batch(sampling):
     assert all(torch.equal(resumed.next(), ranks[1].next()) for _ in range(4))
 
 
+def test_ranks_that_disagree_on_the_plan_stop_with_one_error_naming_no_data():
+    from privtune.engine.distributed import DistributedError, ProcessGroup
+
+    class TwoRanks(ProcessGroup):  # what all_gather returns when rank 1 loaded another file
+        def all_gather(self, obj):
+            return [obj, ("fingerprint-of-other-rows", 41, {"steps": 3})]
+
+    group = TwoRanks(0, 2, 0, "gloo")
+    group.agree("x", ("fingerprint-of-other-rows", 41, {"steps": 3}))  # equal values: no error
+    describe = lambda v: f"N = {v[1]} and hyperparameters {v[2]}"  # noqa: E731
+    with pytest.raises(DistributedError, match="rank 1") as err:
+        group.agree("the training data and plan", ("fingerprint-of-rows", 40, {"steps": 3}), describe=describe)
+    assert "N = 40" in str(err.value) and "N = 41" in str(err.value) and "fingerprint" not in str(err.value)
+    with pytest.raises(DistributedError, match="differ in what is not shown") as err:  # same N, other rows
+        group.agree("the training data and plan", ("fingerprint-of-rows", 41, {"steps": 3}), describe=describe)
+    assert "fingerprint" not in str(err.value)
+
+
+def test_privatise_sum_adds_the_noise_on_one_rank_only():
+    from privtune.engine.distributed import ProcessGroup
+    from privtune.engine.private_gradient import privatise_sum
+
+    class Ranks(ProcessGroup):  # the all-reduce of a world where every other rank contributed zeros
+        def all_reduce_sum_(self, tensors):
+            pass
+
+    for rank, noised in ((0, True), (1, False)):
+        s = torch.zeros(1000)
+        out = privatise_sum([s], 2.0, 4.0, torch.Generator().manual_seed(0), Ranks(rank, 2, rank, "gloo"))[0]
+        assert bool(out.ne(0).any()) is noised
+    torch.testing.assert_close(privatise_sum(torch.zeros(1000), 2.0, 4.0, torch.Generator().manual_seed(0)),
+                               privatise_sum([torch.zeros(1000)], 2.0, 4.0, torch.Generator().manual_seed(0),
+                                             Ranks(0, 2, 0, "gloo"))[0])
+
+
 @pytest.fixture(scope="module")
 def fit_ranks(files, tmp_path_factory):
     """privtune.fit of every mode (σ = 0 and σ = 1) and a bare noise release, on two gloo processes."""

@@ -141,10 +141,12 @@ class ProcessGroup:
         values = self.all_gather(value)
         differ = [r for r, v in enumerate(values) if v != values[0]]
         if differ:
+            mine, theirs = describe(values[0]), describe(values[differ[0]])
+            how = (f"rank 0 has {mine}, rank {differ[0]} has {theirs}" if mine != theirs else
+                   f"rank 0 and rank {differ[0]} both have {mine} but differ in what is not shown (the data's rows)")
             raise DistributedError(
-                f"The processes of this data-parallel run disagree on {what}: rank 0 has {describe(values[0])}, "
-                f"rank {differ[0]} has {describe(values[differ[0]])}. Start every process with the same arguments "
-                "and the same data files (torchrun passes the same command line to every process)."
+                f"The processes of this data-parallel run disagree on {what}: {how}. Start every process with the "
+                "same arguments and the same data files (torchrun passes the same command line to every process)."
             )
 
     def on_main(self, fn: Callable[[], Any], share: Callable[[Any], Any] = lambda result: result) -> Any:

@@ -111,16 +111,18 @@ def clip_factors(norms: torch.Tensor, C: float, clipping: str, gamma: float) -> 
     return C / (norms + gamma)
 
 
-def privatise_sum(clipped_sums: list[torch.Tensor], std: float, expected_batch_size: float,
-                  generator: torch.Generator, group: Any = None) -> list[torch.Tensor]:
-    """``(clipped_sum + N(0, std² I)) / expected_batch_size`` for each part of one logical batch's gradient: the
-    one place privtune adds Gaussian noise to a gradient.  The noise is drawn on the CPU ``generator`` in each
-    sum's dtype, part after part (the same stream on every device), then moved to its device; the sums are
-    updated in place and returned.
+def privatise_sum(clipped_sums: torch.Tensor | list[torch.Tensor], std: float, expected_batch_size: float,
+                  generator: torch.Generator, group: Any = None) -> torch.Tensor | list[torch.Tensor]:
+    """``(clipped_sum + N(0, std² I)) / expected_batch_size`` for each part of one logical batch's gradient (one
+    tensor, or a list of them): the one place privtune adds Gaussian noise to a gradient.  The noise is drawn on
+    the CPU ``generator`` in each sum's dtype, part after part (the same stream on every device), then moved to
+    its device; the sums are updated in place and returned (a tensor for a tensor, a list for a list).
 
     ``group`` (a :class:`privtune.engine.distributed.ProcessGroup`, data-parallel runs): every rank passes its
     own clipped sums; only ``group.adds_noise`` (rank 0) adds the noise, then the sums are all-reduced, so the
     released gradient has the noise of one process exactly once, whatever the number of processes."""
+    if isinstance(clipped_sums, torch.Tensor):
+        return privatise_sum([clipped_sums], std, expected_batch_size, generator, group)[0]
     if std > 0 and (group is None or group.adds_noise):
         for s in clipped_sums:
             z = torch.empty(s.shape, dtype=s.dtype).normal_(generator=generator)
