@@ -335,7 +335,6 @@ class _Loop:
         self.lengths = (torch.tensor([len(t) for t in data.texts]) if getattr(data, "kind", None) == "text"
                         else None)
         self.module = _trained_module(model, data)
-        from privtune.engine import distributed
         from privtune.models import resolve_device
 
         self.device = resolve_device(device)
