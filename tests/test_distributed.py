@@ -115,12 +115,15 @@ def _train_then_train_again(rank: int, files: dict, root: str) -> dict:
     from privtune.errors import PrivtuneError
 
     first = _train_run(rank, files, root)
+    # last-layer: each process caches the features of the examples it owns only
+    head = _train_run(rank, files, root, mode="last-layer", output_dir=Path(root) / f"head{rank}",
+                      ledger=f"sqlite:///{Path(root) / f'head-ledger{rank}.db'}")
     try:
         _train_run(rank, files, root, output_dir=Path(root) / f"again{rank}")
         second = {"error": None}
     except PrivtuneError as exc:
         second = {"error": type(exc).__name__, "message": str(exc)}
-    return {"first": first, "second": second}
+    return {"first": first, "second": second, "head": head}
 
 
 def _train_shared_dir(rank: int, files: dict, root: str, fault_on_rank0: str | None = None, **kw) -> dict:
@@ -178,7 +181,7 @@ def test_the_ranks_shares_are_exactly_the_one_process_batch(sampling):
         whole = one.next()
         shares = [s.next() for s in ranks]
         assert sorted(torch.cat(shares).tolist()) == sorted(whole.tolist())  # disjoint, union = the batch
-        assert max(x.numel() for x in shares) - min(x.numel() for x in shares) <= 1
+        assert all(bool((share % 3 == r).all()) for r, share in enumerate(shares))  # rank r owns i ≡ r mod 3
     # per-rank state: a rank resumed from its state continues its own share of the same global batches
     resumed = _BatchStream(sampling, 103, q, seed=None, group=ProcessGroup(1, 3, 1, "gloo"))
     resumed.load_state_dict(ranks[1].state_dict())
@@ -284,6 +287,13 @@ def test_train_on_two_processes_writes_on_rank0_only_with_the_one_process_epsilo
         torch.testing.assert_close(ranks[1]["first"]["params"][name], p, rtol=1e-5, atol=1e-6)
     from privtune.ledger import Ledger
 
+    one_head = _train_run(0, files, str(tmp_path), mode="last-layer", output_dir=tmp_path / "head",
+                          ledger=f"sqlite:///{tmp_path / 'head.db'}")
+    assert ranks[0]["head"]["epsilon"] == pytest.approx(one_head["epsilon"], rel=1e-12)
+    for name, p in one_head["params"].items():
+        for rank in range(WORLD):
+            torch.testing.assert_close(ranks[rank]["head"]["params"][name], p, rtol=1e-5, atol=1e-6)
+    assert (root / "head0" / "certificate.json").is_file() and not (root / "head1").exists()
     spent = Ledger(f"sqlite:///{root / 'ledger0.db'}").status(
         json.loads((run / "metrics.json").read_text())["dataset_id"]).spent_epsilon
     assert spent == pytest.approx(cert["epsilon"], rel=1e-9)  # charged once, not once per process

@@ -220,8 +220,8 @@ class _BatchStream:
     with a state that restores the stream exactly (also mid-epoch).
 
     In a data-parallel run (``group``, :mod:`privtune.engine.distributed`) every rank's sampler has the
-    same seed, so all ranks draw the same global batch of the whole data set; each rank then keeps its
-    share of it (``group.partition``), and the union of the shares is the global batch."""
+    same seed, so all ranks draw the same global batch of the whole data set; each rank then keeps the
+    examples of it that it owns (``group.partition``), and the union of the shares is the global batch."""
 
     def __init__(self, sampling: str, n: int, q: float, seed: int | None, group: Any = None):
         self.sampling, self.n, self.group = sampling, n, group
@@ -625,8 +625,9 @@ class _Loop:
         # MSE-optimal clipping norm for the final parameters on a small sample (exact solver, Thm 5.2)
         params = [p for p in self.module.parameters() if p.requires_grad]
         n_params = sum(p.numel() for p in params)
-        sample = torch.randperm(self.n, generator=torch.Generator().manual_seed(0))[: (512 if _is_features(
-            self.data) else 32)]
+        pool = torch.arange(self.n) if self.group is None else self.group.owned(self.n)  # rows this process has
+        sample = pool[torch.randperm(pool.numel(), generator=torch.Generator().manual_seed(0))[: (512 if _is_features(
+            self.data) else 32)]]
         if n_params * sample.numel() <= 5e7:
             with torch.enable_grad():
                 if hasattr(self.pg, "accumulate"):
@@ -1575,21 +1576,33 @@ def _release_and_commit(out, ckpt_path, clf, cert, metrics, history, not_private
 
 def _cached_for_last_layer(clf, train_set, eval_set, prog, log):
     """Features of the frozen backbone for last-layer training (falls back to full forward passes when the
-    model's own head pools after the head, e.g. GPT-2)."""
-    from privtune.finetune import cache_features
+    model's own head pools after the head, e.g. GPT-2).  In a data-parallel run each process computes the
+    features of the training examples it owns only (the other rows stay zero and are never read) and only
+    rank 0, which evaluates, those of the evaluation split."""
+    from privtune.finetune import FeatureSet, cache_features
 
     def cached(ds, name):
         if prog is not None:
             prog.start_phase(f"caching features ({name})", total=len(ds), unit="examples")
         return cache_features(clf, ds, progress=(lambda k: prog.advance(k, examples=k)) if prog else None)
 
+    group = distributed.current()
     try:
-        fs = cached(train_set, "train")
+        if group is None:
+            fs = cached(train_set, "train")
+        else:
+            own = group.owned(len(train_set))
+            part = cached(train_set.subset(own.tolist()), "train, this process's share")
+            features = torch.zeros(len(train_set), part.num_features, dtype=part.features.dtype)
+            features[own] = part.features
+            fs = FeatureSet(features, _labels_tensor(train_set), part.num_labels, part.label_names,
+                            getattr(train_set, "source", None))
     except ModelError as exc:
         log(f"last-layer without feature caching: {exc}")
         return train_set, eval_set
-    fe = cached(eval_set, "eval") if eval_set is not None else None
-    log(f"cached backbone features of {len(fs)} training examples (dimension {fs.num_features})")
+    fe = cached(eval_set, "eval") if eval_set is not None and (group is None or group.is_main) else None
+    log(f"cached backbone features of {len(fs)} training examples (dimension {fs.num_features})"
+        + (f", {group.world_size} processes computing their own examples' features" if group else ""))
     return fs, fe
 
 

@@ -5,11 +5,12 @@ loop (:class:`privtune.training._Loop`) uses it in three places and nowhere else
 
 * **Sampling.** Every rank holds the same sampler (same seed: rank 0 draws a secret one and broadcasts it
   when the run has no explicit seed), so every rank draws the same *global* Poisson batch of the whole
-  data set at the global rate q; rank r trains on positions r, r + W, r + 2W, ... of it
-  (:meth:`ProcessGroup.partition`).  The union over ranks is exactly that global batch, so the batches are
-  exactly Poisson samples of the whole set, as the accounting assumes, and the same as a one-process run's
-  with the same seed.  Drawing N uniforms per step costs every rank as much as it costs one process
-  (negligible next to a forward pass) and needs no communication.
+  data set at the global rate q; rank r owns the examples i with i mod W = r and trains on the ones of
+  the batch it owns (:meth:`ProcessGroup.partition`).  The union over ranks is exactly that global batch,
+  so the batches are exactly Poisson samples of the whole set, as the accounting assumes, and the same as
+  a one-process run's with the same seed.  Drawing N uniforms per step costs every rank as much as it costs
+  one process (negligible next to a forward pass) and needs no communication.  Because a rank only ever
+  sees its own examples, last-layer training caches the features of those only (:meth:`owned`).
 * **Noise.** Each rank clips its own examples; the clipped sums are all-reduced (SUM) and Gaussian noise
   N(0, σ²C²) is added exactly once per logical batch, by rank 0 before the reduction, in
   :func:`privtune.engine.private_gradient.privatise_sum` (still the only place noise reaches a gradient);
@@ -89,8 +90,12 @@ class ProcessGroup:
 
     # ------------------------------------------------------------------ collectives
     def partition(self, batch: torch.Tensor) -> torch.Tensor:
-        """This rank's share of a global batch of indices: positions rank, rank + W, ... (sizes differ by ≤ 1)."""
-        return batch[self.rank :: self.world_size]
+        """This rank's share of a global batch of example indices: those it owns (i mod W = rank)."""
+        return batch[batch % self.world_size == self.rank]
+
+    def owned(self, num_examples: int) -> torch.Tensor:
+        """The indices of the examples this rank owns: rank, rank + W, rank + 2W, ... below ``num_examples``."""
+        return torch.arange(self.rank, int(num_examples), self.world_size)
 
     def all_reduce_sum_(self, tensors: Sequence[torch.Tensor]) -> None:
         """Sum ``tensors`` over all ranks, in place, with one all-reduce per (dtype, device)."""
