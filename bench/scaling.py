@@ -12,8 +12,9 @@ In ONE invocation, on the CPU with gloo, each process on one thread (OMP_NUM_THR
 Timing: the callback of ``fit`` receives each step's wall time and the size of the whole logical batch (the
 size is NOT PRIVATE; this is a benchmark on public data).  The first step is a warm-up and is not counted.
 Rank 0's step time includes waiting for rank 1 at the all-reduce, so it is the time of the whole step.
-Also reported: examples per CPU second (``time.process_time`` of every process, summed), whose 2/1 ratio
-is the data-parallel overhead whatever else runs on the machine (1.0: none).
+Also reported: examples per CPU second (``time.process_time`` of every process, summed); its 2/1 ratio
+bounds the extra work of splitting (1.0: none) and is less sensitive to other jobs than wall time, though
+contention for shared cores and caches still lowers it.
 Both runs use the same seed, hence the same batches.  Setup (imports, loading, tokeniser) is not timed.
 
     OMP_NUM_THREADS=1 python bench/scaling.py                     # about 3 min on the shared 2-core machine
@@ -136,7 +137,7 @@ def main() -> None:
         print(f"{world:>10} {r['examples_per_second']:>12.1f} {r['examples']:>9} {r['seconds']:>8.2f} "
               f"{r['cpu_seconds']:>12.2f} {r['examples_per_cpu_second']:>9.1f}")
     print(f"ratio 2 processes / 1 process: {ratio:.2f}x examples/s (wall clock); "
-          f"{cpu_ratio:.2f}x examples per CPU second (the data-parallel overhead, independent of other load)")
+          f"{cpu_ratio:.2f}x examples per CPU second")
     print(f"(os.cpu_count() = {os.cpu_count()}, 1-min load average at the end: {os.getloadavg()[0]:.1f}; "
           f"total {time.time() - t0:.0f} s)")
     RESULTS.mkdir(exist_ok=True)

@@ -1095,12 +1095,11 @@ def train(
 
     device_arg, device = device, resolve_device(device)
     _check_ledger_arg(ledger)
-    out, ckpt_path = _check_run_dir_args(output_dir, resume)
     group = distributed.current(device)  # a data-parallel run (torchrun, or inside a process group); None: one process
     if group is not None:
         device = group.local_device(device)
-        if not group.is_main:  # only rank 0 writes RUN_DIR, the ledger and the certificate
-            out = ckpt_path = None
+    # only rank 0 of a data-parallel run has a RUN_DIR: it alone writes it, the ledger and the certificate
+    out, ckpt_path = _on_rank0(group, lambda: _check_run_dir_args(output_dir, resume), unshare=lambda _: (None, None))
 
     # ---------------------------------------------------------------- 2. data and model (validated, no budget)
     # the label set is public input (released as the head's shape and names): never read from private rows,
