@@ -24,7 +24,7 @@ import torch.multiprocessing as mp
 from privtune.models.testing import make_toy_text_files
 
 WORLD = 2
-MODES = ("last-layer", "bitfit", "full", "lora")
+MODES = ("last-layer", "bitfit", "full", "lora", "two-phase")
 
 
 def _free_port() -> int:
@@ -55,8 +55,9 @@ def _fit_every_mode(rank: int, files: dict, sigma: float) -> dict:
         clf = load_classifier(files["model"], num_labels=2, seed=0)
         apply_mode(clf, mode)
         train_set = cache_features(clf, data) if mode == "last-layer" else data
+        two_phase = {"mode": "two-phase", "phase1_steps": 1} if mode == "two-phase" else {}
         r = fit(clf, train_set, noise_multiplier=sigma, sample_rate=0.3, steps=3, learning_rate=0.05, clip=0.5,
-                seed=7, max_physical_batch_size=4, device="cpu", optimizer="sgd")
+                seed=7, max_physical_batch_size=4, device="cpu", optimizer="sgd", **two_phase)
         trained = {k: v.detach().clone() for k, v in clf.named_parameters() if v.requires_grad}
         out[mode] = {"params": trained, "loss": r.history["train_loss"], "events": r.events}
     return out
@@ -221,6 +222,20 @@ def test_privatise_sum_adds_the_noise_on_one_rank_only():
     torch.testing.assert_close(privatise_sum(torch.zeros(1000), 2.0, 4.0, torch.Generator().manual_seed(0)),
                                privatise_sum([torch.zeros(1000)], 2.0, 4.0, torch.Generator().manual_seed(0),
                                              Ranks(0, 2, 0, "gloo"))[0])
+
+
+def test_loop_hooks_are_refused_in_a_data_parallel_run(monkeypatch):
+    from privtune.engine import distributed
+    from privtune.errors import InvalidParameterError
+    from privtune.finetune import FeatureSet
+    from privtune.training import LoopHook, fit
+
+    # refused before any collective: a stand-in group of 2 is enough
+    monkeypatch.setattr(distributed, "current", lambda device=None: distributed.ProcessGroup(0, 2, 0, "gloo"))
+    data = FeatureSet(torch.randn(20, 4), torch.randint(0, 2, (20,)), 2)
+    with pytest.raises(InvalidParameterError, match="data-parallel"):
+        fit(torch.nn.Linear(4, 2), data, noise_multiplier=1.0, sample_rate=0.5, steps=1, learning_rate=0.1,
+            device="cpu", hooks=[LoopHook()])
 
 
 @pytest.fixture(scope="module")
