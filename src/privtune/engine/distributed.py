@@ -26,7 +26,6 @@ of one process: the events depend only on (σ, q, T).
 from __future__ import annotations
 
 import os
-import secrets
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -123,10 +122,6 @@ class ProcessGroup:
         out: list = [None] * self.world_size
         dist.all_gather_object(out, obj)
         return out
-
-    def shared_seed(self) -> int:
-        """A secret seed drawn by rank 0 from the OS and known to every rank (never recorded or released)."""
-        return int(self.broadcast(secrets.randbits(62) if self.is_main else None))
 
     @torch.no_grad()
     def broadcast_module_(self, module: torch.nn.Module) -> None:
