@@ -47,11 +47,22 @@ def _fit_every_mode(rank: int, files: dict, sigma: float) -> dict:
     from privtune.data import load_dataset
     from privtune.finetune import apply_mode, cache_features
     from privtune.models import load_classifier
+    import privtune.training as training
     from privtune.training import fit
 
     data = load_dataset(files["train"], num_labels=2)
     out = {}
+    batches: list = []  # the indices each step of this process trained on
+    draw = training._BatchStream.next
+
+    def recorded(stream):
+        idx = draw(stream)
+        batches.append(idx.clone())
+        return idx
+
+    training._BatchStream.next = recorded
     for mode in MODES:
+        batches.clear()
         clf = load_classifier(files["model"], num_labels=2, seed=0)
         apply_mode(clf, mode)
         train_set = cache_features(clf, data) if mode == "last-layer" else data
@@ -59,7 +70,9 @@ def _fit_every_mode(rank: int, files: dict, sigma: float) -> dict:
         r = fit(clf, train_set, noise_multiplier=sigma, sample_rate=0.3, steps=3, learning_rate=0.05, clip=0.5,
                 seed=7, max_physical_batch_size=4, device="cpu", optimizer="sgd", **two_phase)
         trained = {k: v.detach().clone() for k, v in clf.named_parameters() if v.requires_grad}
-        out[mode] = {"params": trained, "loss": r.history["train_loss"], "events": r.events}
+        out[mode] = {"params": trained, "loss": r.history["train_loss"], "events": r.events,
+                     "batches": list(batches)}
+    training._BatchStream.next = draw
     return out
 
 
@@ -255,11 +268,17 @@ def test_two_processes_train_every_mode_like_one_process(files, fit_ranks, sigma
         for rank in range(WORLD):
             got, want = fit_ranks[rank]["fit"][sigma][mode], one[mode]
             assert got["events"] == want["events"], mode  # accounting identical to one process
+            # the work was split: each process trained on the examples it owns (i ≡ rank mod 2) only
+            assert all(bool((b % WORLD == rank).all()) for b in got["batches"]), mode
             assert set(got["params"]) == set(want["params"]) and got["params"], mode
             for name, p in want["params"].items():
                 # same seed: same global batches; with noise, rank 0 draws the one-process noise stream
                 torch.testing.assert_close(got["params"][name], p, rtol=1e-5, atol=1e-6,
                                            msg=f"{mode} σ={sigma} rank {rank} {name}")
+        # and the shares of each step are exactly the one-process batch
+        for step, whole in enumerate(one[mode]["batches"]):
+            shares = torch.cat([fit_ranks[r]["fit"][sigma][mode]["batches"][step] for r in range(WORLD)])
+            assert sorted(shares.tolist()) == sorted(whole.tolist()) and whole.numel() > 0, (mode, step)
         # the history is the whole batch's loss, as in one process (NOT PRIVATE monitoring)
         assert fit_ranks[0]["fit"][sigma][mode]["loss"] == pytest.approx(one[mode]["loss"], rel=1e-5)
 
