@@ -47,6 +47,7 @@ from privtune._validation import (
 )
 from privtune.accounting.events import SAMPLING_SCHEMES as SAMPLINGS
 from privtune.accounting.events import DPSGDEvent, NonPrivateEvent
+from privtune.engine import distributed
 from privtune.engine.private_gradient import CLIPPINGS
 from privtune.engine.sampling import check_shuffle_batching
 from privtune.errors import DataError, InvalidParameterError, ModelError, PrivtuneError
@@ -215,16 +216,24 @@ def _make_sampler(sampling: str, n: int, q: float, seed: int | None):
 
 class _BatchStream:
     """Endless stream of index tensors from a sampler (a new permutation per epoch for shuffling),
-    with a state that restores the stream exactly (also mid-epoch)."""
+    with a state that restores the stream exactly (also mid-epoch).
 
-    def __init__(self, sampling: str, n: int, q: float, seed: int | None):
-        self.sampling, self.n = sampling, n
+    In a data-parallel run (``group``, :mod:`privtune.engine.distributed`) every rank's sampler has the
+    same seed, so all ranks draw the same global batch of the whole data set; each rank then keeps the
+    examples of it that it owns (``group.partition``), and the union of the shares is the global batch."""
+
+    def __init__(self, sampling: str, n: int, q: float, seed: int | None, group: Any = None):
+        self.sampling, self.n, self.group = sampling, n, group
         self.sampler = _make_sampler(sampling, n, q, seed)
         self._it = None
         self._epoch_state = None  # sampler state before the current epoch's permutation (shuffle)
         self._consumed = 0  # batches taken from the current epoch (shuffle)
 
     def next(self) -> torch.Tensor:
+        batch = self._next_global()
+        return batch if self.group is None else self.group.partition(batch)
+
+    def _next_global(self) -> torch.Tensor:
         if self.sampler is None:
             return torch.arange(self.n)
         if self.sampling == "poisson":
@@ -257,9 +266,9 @@ class _BatchStream:
             self._it = None
             k = int(state["consumed"])
             if k:
-                self.next()
+                self._next_global()
                 for _ in range(k - 1):
-                    self.next()
+                    self._next_global()
             return
         self.sampler.load_state_dict(state)
 
@@ -328,14 +337,21 @@ class _Loop:
         from privtune.models import resolve_device
 
         self.device = resolve_device(device)
+        self.group = distributed.current(self.device)  # None: one process
+        if self.group is not None:
+            self.device = self.group.local_device(self.device)
         model.to(self.device)  # the whole model (also the frozen backbone of a head trained on features)
         self.module.to(self.device)
         if seed is not None:
             self.sampler_seed, self.noise_seed = int(seed), int(seed) + 1
         else:
             self.sampler_seed = self.noise_seed = None
-        self.stream = _BatchStream(sampling, self.n, sample_rate, self.sampler_seed)
-        self.sampler_is_full_batch = self.stream.sampler is None  # every step is torch.arange(n)
+        stream_seed = self.sampler_seed
+        if self.group is not None:
+            stream_seed = self._join_group(hooks, stream_seed)
+        self.stream = _BatchStream(sampling, self.n, sample_rate, stream_seed, group=self.group)
+        # every step is torch.arange(n) (in one process: a data-parallel rank gets a share of it)
+        self.sampler_is_full_batch = self.stream.sampler is None and self.group is None
         # ‖x_i‖² of cached features, once per run (the closed-form head step needs them every step)
         self.feature_sq_norms = None
         if _is_features(data):
@@ -353,6 +369,23 @@ class _Loop:
         self.pg = None
         self.opt = None
         self._setup_phase(0, first=True)
+
+    def _join_group(self, hooks, stream_seed: int | None) -> int:
+        """Data-parallel start: check that every rank runs the same plan, start from rank 0's parameters and
+        return rank 0's sampler seed (for a run without a seed, a secret one: never recorded, so
+        ``sampler_seed`` stays None and no certificate shows it)."""
+        if hooks:
+            raise InvalidParameterError(
+                "Loop hooks (e.g. hyperfree's learning-rate probe) see the whole batch; they do not run in a "
+                f"data-parallel run. Got {len(self.hooks)} hook(s) with {self.group.world_size} processes. Run "
+                "this training in one process (without torchrun / a torch.distributed process group)."
+            )
+        plan = {"N": self.n, "sampling": self.sampling, "sample_rate": self.q, "noise_multiplier": self.sigma,
+                "clip": self.clip, "clipping": self.clipping, "steps": [p.steps for p in self.phases],
+                "optimizer": self.optimizer_name}
+        self.group.agree("the training plan", plan)
+        self.group.broadcast_module_(self.module)
+        return int(self.group.broadcast(stream_seed if stream_seed is not None else secrets.randbits(62)))
 
     # -- phases
     def _setup_phase(self, k: int, first: bool = False) -> None:
@@ -379,7 +412,7 @@ class _Loop:
         self.pg = step_cls(
             self.module, max_grad_norm=self.clip, noise_multiplier=self.sigma,
             expected_batch_size=self.q * self.n, clipping=self.clipping, gamma=self.gamma, seed=self.noise_seed,
-            **extra,
+            process_group=self.group, **extra,
         )
         if noise_state is not None:
             self.pg.load_state_dict(noise_state)
@@ -505,6 +538,10 @@ class _Loop:
                 if layer is not None and chunk.numel():
                     self.diag.setdefault("layer_norms", []).append(layer.detach().double().cpu())
         self.pg.release()
+        if self.group is not None:  # the whole batch's loss and size (NOT PRIVATE monitoring, as in one process)
+            totals = torch.tensor([loss_sum, float(count)], dtype=torch.float64)
+            self.group.all_reduce_sum_([totals])
+            loss_sum, count = float(totals[0]), int(totals[1])
         for hook in self.hooks:
             hook.before_step(self, idx)
         self.opt.step()
@@ -569,7 +606,9 @@ class _Loop:
                                    clipping=self.clipping, gamma=gamma, layer_norms=layer_norms)
         out["note"] = ("per-example gradient norms of private training examples seen during training, without "
                        "noise (seed 003 diagnostics); never use them to choose what is released")
-        out["scope"] = "all sampled examples of all steps"
+        out["scope"] = ("all sampled examples of all steps" if self.group is None else
+                        f"the examples of rank {self.group.rank} of {self.group.world_size} data-parallel processes "
+                        "(its share of every step's batch; per-example norms never leave their process)")
         flat_whole = self.clipping == "flat" and (
             not self.per_layer or (layer_norms is not None and layer_norms.shape[1] == 1))
         if not flat_whole:
@@ -585,8 +624,9 @@ class _Loop:
         # MSE-optimal clipping norm for the final parameters on a small sample (exact solver, Thm 5.2)
         params = [p for p in self.module.parameters() if p.requires_grad]
         n_params = sum(p.numel() for p in params)
-        sample = torch.randperm(self.n, generator=torch.Generator().manual_seed(0))[: (512 if _is_features(
-            self.data) else 32)]
+        pool = torch.arange(self.n) if self.group is None else self.group.owned(self.n)  # rows this process has
+        sample = pool[torch.randperm(pool.numel(), generator=torch.Generator().manual_seed(0))[: (512 if _is_features(
+            self.data) else 32)]]
         if n_params * sample.numel() <= 5e7:
             with torch.enable_grad():
                 if hasattr(self.pg, "accumulate"):
@@ -862,6 +902,8 @@ def fit_nonprivate(model: nn.Module, train_set: Any, *, epochs: float = 1.0, bat
 
 
 def _make_progress(progress: bool, log_path: Path | None, total_epsilon: float | None):
+    if not distributed.is_main_process():  # data-parallel: rank 0 shows the progress of the whole run
+        return None
     try:
         from privtune.report.progress import Progress
     except ImportError:  # pragma: no cover - REPORT module absent
@@ -987,7 +1029,11 @@ def train(
 
     device_arg, device = device, resolve_device(device)
     check_ledger_argument(ledger)
-    out, ckpt_path = _check_run_dir_args(output_dir, resume)
+    group = distributed.current(device)  # a data-parallel run (torchrun, or inside a process group); None: one process
+    if group is not None:
+        device = group.local_device(device)
+    # only rank 0 of a data-parallel run has a RUN_DIR: it alone writes it, the ledger and the certificate
+    out, ckpt_path = _on_rank0(group, lambda: _check_run_dir_args(output_dir, resume), unshare=lambda _: (None, None))
 
     # ---------------------------------------------------------------- 2. data and model (validated, no budget)
     # the label set is public input (released as the head's shape and names): never read from private rows,
@@ -1008,37 +1054,61 @@ def train(
     from privtune.ledger import dataset_identity
 
     fp, ledger_name = dataset_identity(train_set)
+    if group is not None:  # every rank trains rank 0's plan on the same data, or none does
+        group.agree("the training data and plan", (fp, n, hyper, planned),
+                    describe=lambda v: f"N = {v[1]} and hyperparameters {v[2]}")
 
-    # ---------------------------------------------------------------- 4. run directory and resume state
-    run_id, state, created, fresh_files = _prepare_run_dir(out, ckpt_path, resume, fp, hyper)
-    log = pipeline.run_log(out / "log.txt" if out is not None else None)
-    log(f"{'resume' if resume else 'start'} privtune train: mode={mode} N={n} q={sched.sample_rate:.5g} "
-        f"T={sched.steps} σ={sched.noise_multiplier:.5g} "
-        f"planned ε={planned_eps:.4g} δ={delta:g}")
+    def prepare_and_reserve():  # on rank 0 only in a data-parallel run
+        # ------------------------------------------------------------ 4. run directory and resume state
+        run_id, state, created, fresh_files = _prepare_run_dir(out, ckpt_path, resume, fp, hyper)
+        log = pipeline.run_log(out / "log.txt" if out is not None else None)
+        log(f"{'resume' if resume else 'start'} privtune train: mode={mode} N={n} q={sched.sample_rate:.5g} "
+            f"T={sched.steps} σ={sched.noise_multiplier:.5g} planned ε={planned_eps:.4g} δ={delta:g}"
+            + (f" on {group.world_size} processes" if group else ""))
 
-    # ---------------------------------------------------------------- 5. ledger reservation, then training
-    led, reservation, registered_now = _reserve_for_train(
-        ledger, fp, planned, hyper, total_epsilon=privacy.epsilon or planned_eps, delta=delta,
-        ledger_name=ledger_name, out=out, run_id=run_id, resume=resume, state=state, log=log,
-        unreserved=(created, fresh_files))
+        # ------------------------------------------------------------ 5. ledger reservation, then training
+        led, reservation, registered_now = _reserve_for_train(
+            ledger, fp, planned, hyper, total_epsilon=privacy.epsilon or planned_eps, delta=delta,
+            ledger_name=ledger_name, out=out, run_id=run_id, resume=resume, state=state, log=log,
+            unreserved=(created, fresh_files))
+        return run_id, state, log, led, reservation, registered_now
+
+    run_id, state, log, led, reservation, registered_now = _on_rank0(
+        group, prepare_and_reserve, share=lambda r: (r[0], r[1], r[5]),
+        unshare=lambda s: (s[0], s[1], pipeline.run_log(None), None, None, s[2]))
     _release.fault_point("after-reserve")
     prog = _make_progress(progress, out / "log.txt" if out is not None else None, planned_eps)
     loop, actual = _run_training(
         clf, train_set, eval_set, hyper, sched.phases, state=state, out=out, ckpt_path=ckpt_path, run_id=run_id,
         fp=fp, prog=prog, log=log, delta=delta, eval_every=eval_every, device=device,
         clipping_diagnostics=clipping_diagnostics, checkpoint_every=checkpoint_every)
-    cert, metrics, history, not_private = _certify(
-        loop, actual, hyper, reservation=reservation, led=led, fp=fp, run_id=run_id, delta=delta,
-        eval_data=eval_data, eval_set=eval_set, mode_info=mode_info,
-        registered_note=(f"dataset registered in the ledger by this run with total ε={privacy.epsilon or planned_eps:.4g}"
-                         if registered_now else None))
-    run_config = None if out is None else config if config is not None else _effective_config(
-        data, eval_data, model, clf, mode, privacy.epsilon, privacy.noise_multiplier, delta, hyper, ledger, out, text_column,
-        label_column, clipping_diagnostics, phase1_epochs, progress, device_arg)
-    _release_and_commit(out, ckpt_path, clf, cert, metrics, history, not_private, run_config, reservation,
-                        actual, log)
+
+    def certify_and_release():  # on rank 0 only in a data-parallel run; the other ranks get its outcome
+        cert, metrics, history, not_private = _certify(
+            loop, actual, hyper, reservation=reservation, led=led, fp=fp, run_id=run_id, delta=delta,
+            eval_data=eval_data, eval_set=eval_set, mode_info=mode_info,
+            registered_note=(f"dataset registered in the ledger by this run with total ε={privacy.epsilon or planned_eps:.4g}"
+                             if registered_now else None))
+        run_config = None if out is None else config if config is not None else _effective_config(
+            data, eval_data, model, clf, mode, privacy.epsilon, privacy.noise_multiplier, delta, hyper, ledger, out, text_column,
+            label_column, clipping_diagnostics, phase1_epochs, progress, device_arg)
+        _release_and_commit(out, ckpt_path, clf, cert, metrics, history, not_private, run_config, reservation,
+                            actual, log)
+        return cert, metrics, history, not_private
+
+    cert, metrics, history, not_private = _on_rank0(group, certify_and_release)
     return TrainResult(model=clf, certificate=cert, metrics=metrics, history=history, output_dir=out,
                        events=actual, not_private=not_private)
+
+
+def _on_rank0(group, fn: Callable[[], Any], share: Callable[[Any], Any] = lambda r: r,
+              unshare: Callable[[Any], Any] = lambda s: s) -> Any:
+    """``fn()`` in one process; in a data-parallel run, ``fn()`` on rank 0 and ``unshare(share(result))`` on the
+    other ranks, with rank 0's error raised on every rank (:meth:`ProcessGroup.on_main`)."""
+    if group is None:
+        return fn()
+    result = group.on_main(fn, share=share)
+    return result if group.is_main else unshare(result)
 
 
 def _check_run_dir_args(output_dir: Any, resume: bool) -> tuple[Path | None, Path | None]:
@@ -1252,6 +1322,8 @@ def _run_training(clf, train_set, eval_set, hyper: dict, phases: list, *, state,
             fit_data, fit_eval = _cached_for_last_layer(clf, train_set, eval_set, prog, log)
             if fit_data is not train_set:
                 phys = 65536
+        if not distributed.is_main_process():
+            fit_eval = None  # a data-parallel run evaluates on rank 0, which writes the metrics
         loop = _Loop(clf, fit_data, noise_multiplier=sigma, sample_rate=q, phases=phases, clip=clip,
                      clipping=clipping, per_layer_clipping=per_layer_clipping, optimizer=optimizer, momentum=momentum, weight_decay=weight_decay,
                      sampling=sampling, max_physical_batch_size=phys, seed=seed, eval_set=fit_eval,
@@ -1384,21 +1456,33 @@ def _release_and_commit(out, ckpt_path, clf, cert, metrics, history, not_private
 
 def _cached_for_last_layer(clf, train_set, eval_set, prog, log):
     """Features of the frozen backbone for last-layer training (falls back to full forward passes when the
-    model's own head pools after the head, e.g. GPT-2)."""
-    from privtune.finetune import cache_features
+    model's own head pools after the head, e.g. GPT-2).  In a data-parallel run each process computes the
+    features of the training examples it owns only (the other rows stay zero and are never read) and only
+    rank 0, which evaluates, those of the evaluation split."""
+    from privtune.finetune import FeatureSet, cache_features
 
     def cached(ds, name):
         if prog is not None:
             prog.start_phase(f"caching features ({name})", total=len(ds), unit="examples")
         return cache_features(clf, ds, progress=(lambda k: prog.advance(k, examples=k)) if prog else None)
 
+    group = distributed.current()
     try:
-        fs = cached(train_set, "train")
+        if group is None:
+            fs = cached(train_set, "train")
+        else:
+            own = group.owned(len(train_set))
+            part = cached(train_set.subset(own.tolist()), "train, this process's share")
+            features = torch.zeros(len(train_set), part.num_features, dtype=part.features.dtype)
+            features[own] = part.features
+            fs = FeatureSet(features, _labels_tensor(train_set), part.num_labels, part.label_names,
+                            getattr(train_set, "source", None))
     except ModelError as exc:
         log(f"last-layer without feature caching: {exc}")
         return train_set, eval_set
-    fe = cached(eval_set, "eval") if eval_set is not None else None
-    log(f"cached backbone features of {len(fs)} training examples (dimension {fs.num_features})")
+    fe = cached(eval_set, "eval") if eval_set is not None and (group is None or group.is_main) else None
+    log(f"cached backbone features of {len(fs)} training examples (dimension {fs.num_features})"
+        + (f", {group.world_size} processes computing their own examples' features" if group else ""))
     return fs, fe
 
 

@@ -113,6 +113,10 @@ def train(**kwargs) -> None:
         if opts.get(key) is not None:
             args[key] = opts[key]
     result = run_train(**args)
+    from privtune.engine.distributed import is_main_process
+
+    if not is_main_process():  # torchrun: rank 0 reports the run (the other processes wrote nothing)
+        return
     m = result.metrics
     acc = f"{m['accuracy']:.4f}" if m.get("accuracy") is not None else "n/a (no --eval-data)"
     click.echo(

@@ -111,15 +111,25 @@ def clip_factors(norms: torch.Tensor, C: float, clipping: str, gamma: float) -> 
     return C / (norms + gamma)
 
 
-def privatise_sum(clipped_sum: torch.Tensor, std: float, expected_batch_size: float,
-                  generator: torch.Generator) -> torch.Tensor:
-    """``(clipped_sum + N(0, std² I)) / expected_batch_size``: the one place privtune adds Gaussian noise to a
-    gradient.  The noise is drawn on the CPU ``generator`` in ``clipped_sum``'s dtype (the same stream on every
-    device), then moved to its device; ``clipped_sum`` is updated in place and returned."""
-    if std > 0:
-        z = torch.empty(clipped_sum.shape, dtype=clipped_sum.dtype).normal_(generator=generator)
-        clipped_sum.add_(z.to(clipped_sum.device), alpha=std)
-    return clipped_sum.mul_(1.0 / expected_batch_size)
+def privatise_sum(clipped_sums: torch.Tensor | list[torch.Tensor], std: float, expected_batch_size: float,
+                  generator: torch.Generator, group: Any = None) -> torch.Tensor | list[torch.Tensor]:
+    """``(clipped_sum + N(0, std² I)) / expected_batch_size`` for each part of one logical batch's gradient (one
+    tensor, or a list of them): the one place privtune adds Gaussian noise to a gradient.  The noise is drawn on
+    the CPU ``generator`` in each sum's dtype, part after part (the same stream on every device), then moved to
+    its device; the sums are updated in place and returned (a tensor for a tensor, a list for a list).
+
+    ``group`` (a :class:`privtune.engine.distributed.ProcessGroup`, data-parallel runs): every rank passes its
+    own clipped sums; only ``group.adds_noise`` (rank 0) adds the noise, then the sums are all-reduced, so the
+    released gradient has the noise of one process exactly once, whatever the number of processes."""
+    if isinstance(clipped_sums, torch.Tensor):
+        return privatise_sum([clipped_sums], std, expected_batch_size, generator, group)[0]
+    if std > 0 and (group is None or group.adds_noise):
+        for s in clipped_sums:
+            z = torch.empty(s.shape, dtype=s.dtype).normal_(generator=generator)
+            s.add_(z.to(s.device), alpha=std)
+    if group is not None:
+        group.all_reduce_sum_(clipped_sums)
+    return [s.mul_(1.0 / expected_batch_size) for s in clipped_sums]
 
 
 class PrivateGradient:
@@ -145,6 +155,10 @@ class PrivateGradient:
             ``self.seed``; put it in the certificate). ``None`` (default) seeds from the OS
             (``secrets``); that seed is never stored or exposed, only the generator state in
             :meth:`state_dict` (keep checkpoints private).
+        process_group: a :class:`privtune.engine.distributed.ProcessGroup` for data-parallel training
+            (``None``: one process).  Each rank accumulates the clipped gradients of its own examples;
+            :meth:`release` all-reduces the sums and adds the noise once (on rank 0), so every rank gets the
+            same released gradient; ``expected_batch_size`` is the global q·N.
 
     Layers handled without materialising per-example gradients (book-keeping, one backward):
     ``nn.Linear`` (2-D and N-D inputs; ghost T×T or per-example form chosen per layer by cost
@@ -165,6 +179,7 @@ class PrivateGradient:
         gamma: float = 0.01,
         per_layer: bool = False,
         seed: int | None = None,
+        process_group: Any = None,
     ) -> None:
         if not isinstance(model, nn.Module):
             raise InvalidParameterError(
@@ -184,6 +199,7 @@ class PrivateGradient:
         if seed is not None:
             seed = check_int(seed, "seed", low=0, high=2**63 - 1, fix="Pass a non-negative integer or None (OS entropy).")
         self.seed: int | None = seed
+        self.process_group = process_group
         self._generator = torch.Generator(device="cpu")
         self._generator.manual_seed(seed if seed is not None else secrets.randbits(63))
 
@@ -591,13 +607,17 @@ class PrivateGradient:
         Overwrites any existing ``param.grad``.
         """
         std = self.noise_multiplier * self.max_grad_norm
+        sums = []
         for p in self._params:
             s = self._sum.get(p)
             if s is None or s.dtype != p.dtype or s.shape != p.shape:
                 s = torch.zeros_like(p) if s is None else s.to(p.dtype).reshape(p.shape).clone()
             elif not s.is_contiguous():
                 s = s.contiguous()
-            p.grad = privatise_sum(s, std, self.expected_batch_size, self._generator).detach()
+            sums.append(s)
+        released = privatise_sum(sums, std, self.expected_batch_size, self._generator, self.process_group)
+        for p, g in zip(self._params, released):
+            p.grad = g.detach()
         self._releases += 1
         info = ReleaseInfo(
             step=self._releases,

@@ -186,7 +186,7 @@ class LinearHeadGradient:
 
     def __init__(self, head: torch.nn.Linear, *, max_grad_norm: float, noise_multiplier: float,
                  expected_batch_size: float, clipping: str = "flat", gamma: float = 0.01,
-                 seed: int | None = None) -> None:
+                 seed: int | None = None, process_group: Any = None) -> None:
         if not isinstance(head, torch.nn.Linear):
             raise InvalidParameterError(f"`head` must be an nn.Linear. Got {type(head).__name__}.")
         self.head = head
@@ -196,6 +196,7 @@ class LinearHeadGradient:
         self.clipping = check_choice(clipping, "clipping", CLIPPINGS)
         self.gamma = check_real(gamma, "gamma", low=0.0)
         self.seed = seed
+        self.process_group = process_group  # data-parallel: all-reduce, noise once (PrivateGradient's semantics)
         self._generator = torch.Generator(device="cpu")
         self._generator.manual_seed(seed if seed is not None else secrets.randbits(63))
         self._params = [p for p in head.parameters() if p.requires_grad]
@@ -261,10 +262,13 @@ class LinearHeadGradient:
     def release(self) -> ReleaseInfo:
         """Write (clipped sum + N(0, σ²C²)) / expected_batch_size to ``param.grad`` (once per logical batch)."""
         std = self.noise_multiplier * self.max_grad_norm
+        sums = []
         for p in self._params:
             s = self._sum_w if p is self.head.weight else self._sum_b
-            s = torch.zeros_like(p) if s is None else s.to(p.dtype)
-            p.grad = privatise_sum(s, std, self.expected_batch_size, self._generator).detach()
+            sums.append(torch.zeros_like(p) if s is None else s.to(p.dtype))
+        released = privatise_sum(sums, std, self.expected_batch_size, self._generator, self.process_group)
+        for p, g in zip(self._params, released):
+            p.grad = g.detach()
         self._releases += 1
         info = ReleaseInfo(step=self._releases, batch_size=self._count,
                            clipped_fraction=(self._clipped / self._count) if self._count else 0.0,

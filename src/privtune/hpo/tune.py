@@ -44,6 +44,7 @@ from privtune.accounting import Certificate
 from privtune.accounting.events import GaussianEvent, event_to_dict
 from privtune.data import ImageDataset, TextDataset, embedded_sst2, load_dataset
 from privtune.data.datasets import EMBEDDED_LABELS, check_disjoint, declared_label_set
+from privtune.engine import distributed
 from privtune.engine.sampling import make_generator
 from privtune.errors import DataError, InvalidParameterError, PrivtuneError
 from privtune.finetune.modes import DEFAULT_LEARNING_RATES
@@ -345,6 +346,12 @@ class _Request:
 
 def _check_arguments(args: dict, unknown: dict) -> _Request:
     """Every argument of :func:`tune` checked (one clear error for the first bad one); no data is read."""
+    world = distributed.data_parallel_world_size()
+    if world > 1:  # every process would reserve, charge and write on its own: the budget spent `world` times
+        raise InvalidParameterError(
+            f"tune() runs in one process, but this is one of {world} processes of a data-parallel group (torchrun or "
+            "torch.distributed). Run tune in one process; to run its trials in parallel use executor='ray' "
+            "(CLI: --executor ray, docs/scaling-out.md).")
     if unknown:  # refuse, never drop: a misspelt option would otherwise run with the default silently
         valid = [k for k in inspect.signature(tune).parameters if k != "unknown"]
         name = sorted(unknown)[0]
