@@ -119,6 +119,16 @@ def test_one_clip_factor_rule():
     assert len(hits) == 2 and all(h.startswith("engine/private_gradient.py:") for h in hits), hits
 
 
+def test_optimizers_come_only_from_the_optim_factory():
+    # DP-SGD/Adam(W)/LAMB are built in one place (privtune.optim.make_optimizer); nobody else constructs one
+    import re
+
+    built = re.compile(r"torch\.optim\.(SGD|Adam|AdamW|RMSprop|Adagrad|LBFGS)\(")
+    hits = [f"{p.relative_to(SRC).as_posix()}:{i + 1}" for p in sorted(SRC.rglob("*.py"))
+            for i, line in enumerate(p.read_text().splitlines()) if built.search(line.split("#")[0])]
+    assert hits and all(h.startswith("optim/__init__.py:") for h in hits), hits
+
+
 def test_device_reaches_tune_trials(files, tmp_path, monkeypatch):
     import privtune.hpo.backends as backends
 

@@ -35,6 +35,7 @@ from privtune.audit.result import AuditResult, best_guesses
 from privtune.engine import PoissonSampler, PrivateGradient
 from privtune.engine.sampling import poisson_mask
 from privtune.errors import InvalidParameterError
+from privtune.optim import make_optimizer
 
 __all__ = ["audit_dp_step", "CANARY_GRADIENT_SCALE"]
 
@@ -194,7 +195,7 @@ def _train_probe(probe: nn.Linear, pg: PrivateGradient, X_all: torch.Tensor, y_a
     ``sample_rate`` (full batches at 1) cut into micro-batches; a canary's loss is minus its label's logit
     (gradient exactly −scale·e_{k_c}u_cᵀ), a background row's is the cross-entropy."""
     n_total = X_all.shape[0]
-    opt = torch.optim.SGD(probe.parameters(), lr=learning_rate)
+    opt = make_optimizer("sgd", probe.parameters(), learning_rate=learning_rate)
     sampler = PoissonSampler(max(1, n_total), sample_rate, seed=seed) if sample_rate < 1.0 else None
     try:
         for _ in range(steps):
