@@ -483,7 +483,7 @@ class _Loop:
         idx = self.stream.next()
         if self.lengths is not None and idx.numel() > self.max_phys:
             idx = idx[torch.argsort(self.lengths[idx], stable=True)]
-        loss_sum, count = 0.0, 0
+        loss_sum, count, batch_losses = 0.0, 0, []
         for s in range(0, idx.numel(), self.max_phys):
             chunk = idx[s : s + self.max_phys]
             full = self.sampler_is_full_batch
@@ -498,6 +498,8 @@ class _Loop:
                 losses = F.cross_entropy(logits, y, reduction="none")
                 norms = self.pg.backward(losses)
             loss_sum += float(losses.detach().sum())
+            if self.hooks:  # a hook may need the losses at these parameters (hyperfree's L0): no second forward
+                batch_losses.append(losses.detach().double().cpu())
             count += chunk.numel()
             if self.diag is not None:
                 self.diag["norms"].append(norms.detach().double().cpu())
@@ -506,6 +508,8 @@ class _Loop:
                 if layer is not None and chunk.numel():
                     self.diag.setdefault("layer_norms", []).append(layer.detach().double().cpu())
         self.pg.release()
+        #: per-example losses of ``idx`` (in its order) at the parameters before this step, for hooks
+        self.last_batch_losses = torch.cat(batch_losses) if batch_losses else None
         for hook in self.hooks:
             hook.before_step(self, idx)
         self.opt.step()
