@@ -252,3 +252,31 @@ def test_the_learning_rate_probe_reuses_the_losses_of_the_step():
         mp.undo()
     updates = len(out.final_history["train_loss"])
     assert updates == 2 and len(calls) == 2 * updates
+
+
+@pytest.mark.parametrize("scores,chosen", [
+    ((0.60, 0.70, 0.65), 3.0),      # a clear winner
+    ((0.56, 0.56, 0.56), 1.0),      # all at chance: η0 is kept
+    ((0.700, 0.703, 0.60), 1.0),    # within the tie tolerance of the best: the η closest to η0
+    ((0.50, 0.60, float("nan")), 3.0),  # a NaN score loses
+])
+def test_eta_placement_picks_the_best_trial_and_breaks_ties_towards_eta0(scores, chosen):
+    from privtune.hpo.backends import TrialRun
+
+    class Backend:
+        def run(self, hp, **kw):
+            return TrialRun(state=hp["learning_rate"], events=[DPSGDEvent(3.0, 0.1, kw["steps"])], history={})
+
+        def logits(self, state, data):
+            return state
+
+    class Selector:
+        source, data = "public_validation", None
+
+        def score(self, lr, label=""):
+            return dict(zip((1e-3, 3e-3, 1e-2), scores))[round(lr, 6)], []
+
+    plan = {"multipliers": hf.DEFAULT_LR_TRIALS, "steps": 3, "noise_multiplier": 3.0, "sample_rate": 0.1}
+    lr, records = hf.place_learning_rate(Backend(), Selector(), hf.HyperfreeConfig(), plan, 1e-3, seed=0)
+    assert lr == pytest.approx(1e-3 * chosen) and len(records) == 3
+    assert [r.phase for r in records] == ["η placement"] * 3

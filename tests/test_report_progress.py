@@ -76,9 +76,9 @@ class _Recording(Progress):
         self.updates: list = []
         self.phases: list = []
 
-    def start_phase(self, name, total=None, unit="steps"):
+    def start_phase(self, name, total=None, unit="steps", work=None):
         self.phases.append((name, total))
-        super().start_phase(name, total, unit)
+        super().start_phase(name, total, unit, work=work)
 
     def advance(self, n=1, *, examples=None, loss=None, epsilon=None):
         self.updates.append({"phase": self.phase, "n": n, "examples": examples, "loss": loss, "epsilon": epsilon,

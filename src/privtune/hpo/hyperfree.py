@@ -67,8 +67,9 @@ NAME = "hyperfree"
 OPTIMIZERS = ("adamw", "adam", "sgd")
 
 #: multipliers of the mode's η0 tried by the η-placement trials on a model (HyperfreeConfig.lr_trials): with
-#: DP-BiTFiT's η0 = 5e-3 they are 2.5e-3, 1e-2 (the issue's measured reference setting) and 4e-2
-DEFAULT_LR_TRIALS = (0.5, 2.0, 8.0)
+#: DP-BiTFiT's η0 = 5e-3 they are 5e-3, 1.5e-2 and 5e-2 (the issue's measured reference setting, 1e-2, lies
+#: between the first two); η0 itself is one of them, so trials that cannot tell the rates apart keep η0
+DEFAULT_LR_TRIALS = (1.0, 3.0, 10.0)
 #: the fewest steps of one η-placement trial
 MIN_TRIAL_STEPS = 3
 
@@ -175,6 +176,8 @@ class HyperfreeConfig:
         :data:`MIN_TRIAL_STEPS`).
     trial_share : the share of the total ε the placement trials spend together (0.15), scores included
         in the composition; the final run is calibrated on the rest.
+    tie_tolerance : placement trials scoring within this of the best (0.005, i.e. half a point of
+        accuracy) are ties, won by the η closest to η0 (then the smaller η).
     """
 
     interval: int = 5
@@ -195,6 +198,7 @@ class HyperfreeConfig:
     lr_trials: tuple | None = None
     trial_fraction: float = 0.1
     trial_share: float = 0.15
+    tie_tolerance: float = 0.005
 
     def trial_multipliers(self, on_features: bool) -> tuple:
         """Multipliers of η0 tried before the run (see ``lr_trials``); none on cached features."""
@@ -226,6 +230,7 @@ class HyperfreeConfig:
                                               fix="Each entry multiplies η0; pass e.g. [0.5, 2, 8], or [] for none.")
                                    for m in self.lr_trials)
         check_real(self.trial_fraction, "trial_fraction", low=0.0, high=1.0, high_inclusive=True)
+        check_real(self.tie_tolerance, "tie_tolerance", low=0.0, low_inclusive=True)
         check_real(self.trial_share, "trial_share", low=0.0, high=1.0, high_inclusive=False,
                    fix="Pass the share of ε the η trials spend, e.g. 0.15.")
 
@@ -483,7 +488,13 @@ def place_learning_rate(backend, selector, config: HyperfreeConfig, trials_plan:
                                                     "sample_rate": trials_plan["sample_rate"],
                                                     "noise_multiplier": trials_plan["noise_multiplier"]},
                                    events=list(run_i.events) + list(score_events)))
-    best = choose_best(records, tie=lambda r: r.hyperparameters["learning_rate"])
+    # scores within tie_tolerance of the best are ties (short noisy trials often all sit near chance); a tie
+    # goes to the η closest to η0 (in log scale), then to the smaller η
+    top = max((r.score for r in records if r.score is not None and math.isfinite(r.score)), default=None)
+    tied = [r for r in records if top is not None and r.score is not None and r.score >= top - config.tie_tolerance]
+    best = choose_best(tied or records, key=lambda r: 0.0,
+                       tie=lambda r: (abs(math.log(r.hyperparameters["lr0_multiplier"])),
+                                      r.hyperparameters["learning_rate"]))
     return float(best.hyperparameters["learning_rate"]), records
 
 

@@ -273,7 +273,7 @@ class Progress:
                 left=self._left_text() if self.log_timing else "",
             )
         now = time.monotonic()
-        if now - self._last_log >= self.log_interval:
+        if self.phase is not None and now - self._last_log >= self.log_interval:  # between phases: no line
             self._last_log = now
             self.runlog.write(self._status_line())
 
