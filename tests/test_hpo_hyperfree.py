@@ -206,7 +206,8 @@ def test_eta_placement_on_a_model_is_planned_charged_and_starts_the_run_at_the_b
     events = [event_from_dict(e) for e in cert["events"]]
     assert sum("η trial" in e.label for e in events) == 3
     assert compute_epsilon(events, 1e-3) <= 2.0 + 1e-9
-    assert r.plan.planned_epsilon() <= 2.0 + 1e-9 and compute_epsilon(events, 1e-3) <= r.plan.planned_epsilon() * (1 + 1e-9)
+    assert r.plan.planned_epsilon() <= 2.0 + 1e-9
+    assert compute_epsilon(events, 1e-3) <= r.plan.planned_epsilon() * (1 + 1e-9)
 
 
 def test_eta_placement_is_off_on_features_and_when_asked():

@@ -191,7 +191,7 @@ def test_main_job_on_the_embedded_default(tmp_path, monkeypatch, capsys):
 
 def test_mode_auto_at_fine_tuning_scale_compares_bitfit_and_full_on_a_charged_subsample():
     """Issue 15: at n·ε ≥ 20,000 (public sizes) --mode auto pilots the fine-tuning modes, full included, each
-    on a Poisson subsample of expected batch 256 (10 steps); below it the small-data candidates stay."""
+    on a Poisson subsample (10 steps; expected batch 256 once n ≥ 20,000); below it the small-data candidates stay."""
     import importlib
 
     from privtune.accounting import DPSGDEvent

@@ -225,9 +225,10 @@ class HyperfreeConfig:
         if self.lr_trials is not None:
             if isinstance(self.lr_trials, (str, bytes)) or not hasattr(self.lr_trials, "__iter__"):
                 raise InvalidParameterError(
-                    f"`lr_trials` must be a list of learning-rate multipliers, e.g. [0.5, 2, 8]; got {self.lr_trials!r}.")
+                    f"`lr_trials` must be a list of learning-rate multipliers, e.g. [1, 3, 10]; got "
+                    f"{self.lr_trials!r}.")
             self.lr_trials = tuple(check_real(m, "lr_trials", low=0.0,
-                                              fix="Each entry multiplies η0; pass e.g. [0.5, 2, 8], or [] for none.")
+                                              fix="Each entry multiplies η0; pass e.g. [1, 3, 10], or [] for none.")
                                    for m in self.lr_trials)
         check_real(self.trial_fraction, "trial_fraction", low=0.0, high=1.0, high_inclusive=True)
         check_real(self.tie_tolerance, "tie_tolerance", low=0.0, low_inclusive=True)
@@ -314,7 +315,8 @@ def plan(config: HyperfreeConfig, total_epsilon: float, delta: float, *, sample_
         p.notes.append(f"η placement: {len(lr_trials['multipliers'])} trials at η0 × "
                        f"{', '.join(f'{m:g}' for m in lr_trials['multipliers'])}, each T = {lr_trials['steps']} "
                        f"Poisson steps at q = {sample_rate:.4g}, σ = {lr_trials['noise_multiplier']:.4g} "
-                       f"(ε of the trials with their scores = {epsilon_of(lr_trials['events'], delta, accountant):.4g})")
+                       f"(ε of the trials with their scores = "
+                       f"{epsilon_of(lr_trials['events'], delta, accountant):.4g})")
     p.notes += [
         f"final run: T = {steps} Poisson steps at q = {sample_rate:.4g}; gradient-only σ = {sigma:.4g}",
         f"σ_g = {config.gamma_noise:g}·σ = {sigma_g:.4g}; loss releases σ_l = {sigma_l:.4g} every "

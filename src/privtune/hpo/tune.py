@@ -853,7 +853,8 @@ def _run_pilots(modes, clf, train, features, make_selector, source, pilot_eps, d
     records = []
     # time left for the whole tune while the pilots run: the pilots plus the costliest candidate's plan (public)
     n = len(train)
-    ahead = [common.planned_examples([e for e in p.events if not str(getattr(e, "label", "")).startswith("planned pilot")], n)
+    ahead = [common.planned_examples([e for e in p.events
+                                      if not str(getattr(e, "label", "")).startswith("planned pilot")], n)
              for p in (kw.get("mode_plans") or {}).values()]
     prog.plan_work(prog.work_done + _PILOT_STEPS * _pilot_batch(n) * sum(m != "last-layer" for m in modes)
                    + max(ahead, default=0.0))

@@ -222,7 +222,8 @@ class Progress:
             parts.append(f"run {_fmt_duration(run_left)} left")
         return ", ".join(parts)
 
-    def start_phase(self, name: str, total: float | None = None, unit: str = "steps", work: float | None = None) -> None:
+    def start_phase(self, name: str, total: float | None = None, unit: str = "steps",
+                    work: float | None = None) -> None:
         """End the current phase (if any) and start ``name`` with ``total`` units of work; ``work`` is its
         planned work in expected training examples (see :meth:`plan_work`)."""
         if self.phase is not None:
