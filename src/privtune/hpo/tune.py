@@ -215,8 +215,8 @@ def tune(
         Backbone directory (Hugging Face format); ``None`` = bundled all-MiniLM-L6-v2.
     mode : {"auto", "last-layer", "bitfit", "lora", "full"}
         What is trained.  ``"auto"`` compares the modes the strategy can train among
-        last-layer, bitfit and lora with one charged pilot run each (per-run ε =
-        min(0.1, 0.1·ε)) and continues with the best; single-step, random-search and
+        last-layer, bitfit and lora (bitfit and full when n·ε ≥ 20,000) with one charged pilot
+        run each (per-run ε = min(0.1, 0.1·ε)) and continues with the best; single-step, random-search and
         grid-oracle train the last layer only, so for them ``"auto"`` is last-layer, no pilots.
     strategy : {"linear-scaling", "hyperfree", "single-step", "random-search", "grid-oracle"}
         See ``docs/strategies.md``.  Default ``"hyperfree"``: no search, and the best strategy
