@@ -199,7 +199,9 @@ def test_eta_placement_on_a_model_is_planned_charged_and_starts_the_run_at_the_b
     lr0 = hf.DEFAULT_LR0["bitfit"]
     assert [t["hyperparameters"]["learning_rate"] for t in trials] == pytest.approx(
         [lr0 * m for m in hf.DEFAULT_LR_TRIALS])
-    assert r.metrics["hyperparameters"]["learning_rate_initial"] == pytest.approx(lr0 * hf.DEFAULT_LR_TRIALS[1])
+    # the final run keeps the best trial's total step r = η·T (seed 000): η_final = η_trial · T_trial / T
+    hp, t_steps = r.metrics["hyperparameters"], trials[0]["hyperparameters"]["steps"]
+    assert hp["learning_rate_initial"] == pytest.approx(lr0 * hf.DEFAULT_LR_TRIALS[1] * t_steps / hp["steps"])
     # the trials were planned (before any data was read) and their events are in the certificate
     assert sum("planned η trial" in e.label for e in r.plan.trial_events) == 3
     cert = json.loads((r.run_dir / "certificate.json").read_text())
@@ -255,13 +257,13 @@ def test_the_learning_rate_probe_reuses_the_losses_of_the_step():
     assert updates == 2 and len(calls) == 2 * updates
 
 
-@pytest.mark.parametrize("scores,chosen", [
-    ((0.60, 0.70, 0.65), 3.0),      # a clear winner
-    ((0.56, 0.56, 0.56), 1.0),      # all at chance: η0 is kept
-    ((0.700, 0.703, 0.60), 1.0),    # within the tie tolerance of the best: the η closest to η0
-    ((0.50, 0.60, float("nan")), 3.0),  # a NaN score loses
+@pytest.mark.parametrize("scores,chosen,chosen_scaled", [
+    ((0.60, 0.70, 0.65), 3.0, 3.0),      # a clear winner
+    ((0.56, 0.56, 0.56), 1.0, 10.0),     # all at chance: the final run starts at η0
+    ((0.700, 0.703, 0.60), 1.0, 3.0),    # within the tie tolerance of the best: the final η closest to η0
+    ((0.50, 0.60, float("nan")), 3.0, 3.0),  # a NaN score loses
 ])
-def test_eta_placement_picks_the_best_trial_and_breaks_ties_towards_eta0(scores, chosen):
+def test_eta_placement_picks_the_best_trial_and_breaks_ties_towards_eta0(scores, chosen, chosen_scaled):
     from privtune.hpo.backends import TrialRun
 
     class Backend:
@@ -277,7 +279,10 @@ def test_eta_placement_picks_the_best_trial_and_breaks_ties_towards_eta0(scores,
         def score(self, lr, label=""):
             return dict(zip((1e-3, 3e-3, 1e-2), scores))[round(lr, 6)], []
 
-    plan = {"multipliers": hf.DEFAULT_LR_TRIALS, "steps": 3, "noise_multiplier": 3.0, "sample_rate": 0.1}
+    plan = {"multipliers": (1.0, 3.0, 10.0), "steps": 3, "noise_multiplier": 3.0, "sample_rate": 0.1}
     lr, records = hf.place_learning_rate(Backend(), Selector(), hf.HyperfreeConfig(), plan, 1e-3, seed=0)
     assert lr == pytest.approx(1e-3 * chosen) and len(records) == 3
+    # with the final run 10× longer than a trial, its η keeps r = η·T: the tie goes to trial η0×10 (final η0)
+    lr, _ = hf.place_learning_rate(Backend(), Selector(), hf.HyperfreeConfig(), plan, 1e-3, seed=0, final_scale=0.1)
+    assert lr == pytest.approx(1e-3 * chosen_scaled * 0.1)
     assert [r.phase for r in records] == ["η placement"] * 3
