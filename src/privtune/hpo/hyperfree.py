@@ -22,7 +22,8 @@ Optimization with Differential Privacy", HyFreeDP), with the digest's guards.
   *scale*.  Before the run, ``len(lr_trials)`` short charged trials (each ``trial_fraction`` of the
   final run's steps, at the final run's Poisson rate q, so at the same expected batch) train from η0·m
   for each multiplier m; the best by the selection score (public split: free; else a charged noisy
-  score) gives the final run's η0, which the guarded rule then refines.  The trials' events and
+  score), rescaled to the same total step r = η·T (seed 000: η·T_trial/T), gives the final run's η0,
+  which the guarded rule then refines.  The trials' events and
   scores are planned with the rest (they spend ``trial_share`` of ε), before any data is read.
 * **η0 that does not stall heads**: the paper's η0 = 1e-4 never moves a zero-initialised
   head (pilot, digest §8.3), so the default η0 depends on what is trained: 0.1 for a
