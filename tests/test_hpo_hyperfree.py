@@ -167,3 +167,122 @@ def test_clipping_defaults_to_auto_s_on_features_and_flat_on_a_model(monkeypatch
         hf.train_model_hyperfree(m, data, steps=2, sample_rate=0.5, sigma_g=1.0, sigma_l=5.0,
                                  config=hf.HyperfreeConfig(clipping=style), lr0=1e-3, seed=0)
         assert seen[-1] == expected
+
+
+# ------------------------------------------------------------------ η placement on a model (issue 15)
+
+
+def test_eta_placement_on_a_model_is_planned_charged_and_starts_the_run_at_the_best_trial(tmp_path, monkeypatch):
+    """From a fixed η0 the guarded rule cannot find the learning-rate scale (≈ 1.1× per update), so on a model
+    hyperfree first runs short charged trials at η0 × m; the run starts at the best trial's η."""
+    import json
+
+    import privtune
+    from privtune.accounting import event_from_dict
+    from privtune.hpo import common
+    from privtune.models.testing import make_toy_text_files
+
+    files = make_toy_text_files(tmp_path, {"train": ("train.tsv", 120, 0), "public": ("public.tsv", 40, 1),
+                                           "dev": ("dev.tsv", 30, 2)})
+    real_score = common.Selector.score
+    wanted = 4  # the score favours the second η trial (η0 × 2), whatever the trials learned
+
+    def score(self, outputs, label=""):
+        s, evs = real_score(self, outputs, label)
+        return (1.0 if label == f"hyperfree η trial {wanted - 3} score" else 0.0), evs
+
+    monkeypatch.setattr(common.Selector, "score", score)
+    r = privtune.tune(files["train"], eval_data=files["dev"], public_eval_data=files["public"], model=files["model"],
+                      mode="bitfit", epochs=2, batch_size=30, epsilon=2.0, delta=1e-3, seed=0, quiet=True,
+                      ledger=f"sqlite:///{tmp_path / 'l.db'}", output_dir=tmp_path / "run")
+    trials = [t for t in r.trials if t["phase"] == "η placement"]
+    lr0 = hf.DEFAULT_LR0["bitfit"]
+    assert [t["hyperparameters"]["learning_rate"] for t in trials] == pytest.approx(
+        [lr0 * m for m in hf.DEFAULT_LR_TRIALS])
+    # the final run keeps the best trial's total step r = η·T (seed 000): η_final = η_trial · T_trial / T
+    hp, t_steps = r.metrics["hyperparameters"], trials[0]["hyperparameters"]["steps"]
+    assert hp["learning_rate_initial"] == pytest.approx(lr0 * hf.DEFAULT_LR_TRIALS[1] * t_steps / hp["steps"])
+    # the trials were planned (before any data was read) and their events are in the certificate
+    assert sum("planned η trial" in e.label for e in r.plan.trial_events) == 3
+    cert = json.loads((r.run_dir / "certificate.json").read_text())
+    events = [event_from_dict(e) for e in cert["events"]]
+    assert sum("η trial" in e.label for e in events) == 3
+    assert compute_epsilon(events, 1e-3) <= 2.0 + 1e-9
+    assert r.plan.planned_epsilon() <= 2.0 + 1e-9
+    assert compute_epsilon(events, 1e-3) <= r.plan.planned_epsilon() * (1 + 1e-9)
+
+
+def test_eta_placement_is_off_on_features_and_when_asked():
+    cfg = hf.HyperfreeConfig()
+    assert cfg.trial_multipliers(True) == () and cfg.trial_multipliers(False) == hf.DEFAULT_LR_TRIALS
+    assert hf.HyperfreeConfig(lr_trials=[]).trial_multipliers(False) == ()
+    off = hf.plan_lr_trials(cfg, 1.0, 1e-5, sample_rate=0.05, steps=60, multipliers=())
+    assert off is None
+    on = hf.plan_lr_trials(cfg, 1.0, 1e-5, sample_rate=0.05, steps=60, multipliers=(0.5, 2.0), score_sigma=5.0)
+    assert on["steps"] == 6 and len(on["events"]) == 4  # two trials, each with its charged score
+    # the trials alone spend about trial_share of ε (their scores on top)
+    trial_only = [e for e in on["events"] if isinstance(e, DPSGDEvent)]
+    assert compute_epsilon(trial_only, 1e-5) == pytest.approx(cfg.trial_share * 1.0, rel=1e-2)
+    with pytest.raises(InvalidParameterError, match="lr_trials"):
+        hf.HyperfreeConfig(lr_trials="0.5,2").validate()
+    with pytest.raises(InvalidParameterError, match="trial_share"):
+        hf.HyperfreeConfig(trial_share=1.0).validate()
+
+
+def test_the_learning_rate_probe_reuses_the_losses_of_the_step():
+    """Each η update releases L0, L− and L+ on the step's batch; L0 (at w_t) is what the step's own forward
+    computed, so the probe runs two extra forward passes per update, not three."""
+    from privtune import training
+
+    calls = []
+    real = training._Loop.per_example_losses
+
+    def counting(self, idx):
+        calls.append(int(idx.numel()))
+        return real(self, idx)
+
+    g = torch.Generator().manual_seed(0)
+    n = 400
+    y = torch.randint(0, 2, (n,), generator=g)
+    X = torch.randn(n, 8, generator=g) + (2 * y[:, None] - 1) * 0.5
+    cfg = hf.HyperfreeConfig()
+    p = hf.plan(cfg, 2.0, 1e-5, sample_rate=0.25, steps=10)
+    mp = pytest.MonkeyPatch()
+    mp.setattr(training._Loop, "per_example_losses", counting)
+    try:
+        out = hf.run(FeatureBackend(X, y, 2), cfg, p, mode="last-layer", seed=0)
+    finally:
+        mp.undo()
+    updates = len(out.final_history["train_loss"])
+    assert updates == 2 and len(calls) == 2 * updates
+
+
+@pytest.mark.parametrize("scores,chosen,chosen_scaled", [
+    ((0.60, 0.70, 0.65), 3.0, 3.0),      # a clear winner
+    ((0.56, 0.56, 0.56), 1.0, 10.0),     # all at chance: the final run starts at η0
+    ((0.700, 0.703, 0.60), 1.0, 3.0),    # within the tie tolerance of the best: the final η closest to η0
+    ((0.50, 0.60, float("nan")), 3.0, 3.0),  # a NaN score loses
+])
+def test_eta_placement_picks_the_best_trial_and_breaks_ties_towards_eta0(scores, chosen, chosen_scaled):
+    from privtune.hpo.backends import TrialRun
+
+    class Backend:
+        def run(self, hp, **kw):
+            return TrialRun(state=hp["learning_rate"], events=[DPSGDEvent(3.0, 0.1, kw["steps"])], history={})
+
+        def logits(self, state, data):
+            return state
+
+    class Selector:
+        source, data = "public_validation", None
+
+        def score(self, lr, label=""):
+            return dict(zip((1e-3, 3e-3, 1e-2), scores))[round(lr, 6)], []
+
+    plan = {"multipliers": (1.0, 3.0, 10.0), "steps": 3, "noise_multiplier": 3.0, "sample_rate": 0.1}
+    lr, records = hf.place_learning_rate(Backend(), Selector(), hf.HyperfreeConfig(), plan, 1e-3, seed=0)
+    assert lr == pytest.approx(1e-3 * chosen) and len(records) == 3
+    # with the final run 10× longer than a trial, its η keeps r = η·T: the tie goes to trial η0×10 (final η0)
+    lr, _ = hf.place_learning_rate(Backend(), Selector(), hf.HyperfreeConfig(), plan, 1e-3, seed=0, final_scale=0.1)
+    assert lr == pytest.approx(1e-3 * chosen_scaled * 0.1)
+    assert [r.phase for r in records] == ["η placement"] * 3

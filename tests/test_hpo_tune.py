@@ -111,7 +111,10 @@ def test_charged_selection_and_mode_auto(files, tmp_path):
     pilots = [t for t in r.trials if t["phase"] == "mode-auto pilot"]
     assert {t["hyperparameters"]["mode"] for t in pilots} == {"last-layer", "bitfit", "lora"}
     labels = [e["label"] for e in cert["events"]]
-    assert sum("score" in lab for lab in labels) == 3          # each pilot's noisy score is charged
+    assert sum("pilot" in lab and "score" in lab for lab in labels) == 3  # each pilot's noisy score is charged
+    placement = [t for t in r.trials if t["phase"] == "η placement"]      # on a model: η trials, scores charged
+    assert len(placement) == (0 if r.metrics["mode"] == "last-layer" else 3)
+    assert sum("η trial" in lab and "score" in lab for lab in labels) == len(placement)
     assert any("centering" in lab for lab in labels)          # private feature mean (no public split)
     assert r.certificate.metadata["selection"] == "train_noisy"
 
@@ -184,3 +187,22 @@ def test_main_job_on_the_embedded_default(tmp_path, monkeypatch, capsys):
         assert (out / name).is_file(), name
     assert main(["account", "--certificate", str(out / "certificate.json")]) == 0
     assert "remaining ε" in capsys.readouterr().out
+
+
+def test_mode_auto_at_fine_tuning_scale_compares_bitfit_and_full_on_a_charged_subsample():
+    """Issue 15: at n·ε ≥ 20,000 (public sizes) --mode auto pilots the fine-tuning modes, full included, each
+    on a Poisson subsample (10 steps; expected batch 256 once n ≥ 20,000); below it the small-data candidates stay."""
+    import importlib
+
+    from privtune.accounting import DPSGDEvent
+    from privtune.hpo.registry import REGISTRY
+
+    tune_mod = importlib.import_module("privtune.hpo.tune")  # the module (privtune.hpo.tune is also the function)
+
+    modes = REGISTRY["hyperfree"].modes
+    assert tune_mod._auto_candidates(modes, 60_000, 1.0) == ["bitfit", "full"]
+    assert tune_mod._auto_candidates(modes, 3_000, 1.0) == ["last-layer", "bitfit", "lora"]
+    assert tune_mod._auto_candidates(REGISTRY["single-step"].modes, 60_000, 1.0) == ["last-layer"]
+    events = tune_mod._plan_pilots(["bitfit", "full"], 0.1, 1e-5, 60_000, None, "pld")
+    assert [type(e) for e in events] == [DPSGDEvent, DPSGDEvent]
+    assert all(e.sample_rate == pytest.approx(256 / 60_000) and e.steps == 10 for e in events)

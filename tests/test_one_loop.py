@@ -61,8 +61,10 @@ def _cli_tune(files, tmp_path, mode, strategy, *extra):
 def test_tune_runs_every_mode_and_strategy_through_the_one_loop(files, tmp_path, loop_runs, mode, strategy, extra):
     _cli_tune(files, tmp_path, mode, strategy, *extra)
     assert loop_runs, f"tune --mode {mode} --strategy {strategy} trained outside privtune.training._Loop"
-    if strategy == "hyperfree":  # one run, its learning-rate probe a hook on the loop (not a loop of its own)
-        assert loop_runs == [["LearningRateProbe"]]
+    if strategy == "hyperfree":  # the run's learning-rate probe is a hook on the loop (not a loop of its own)
+        assert loop_runs[-1] == ["LearningRateProbe"]
+        # on a model, the η-placement trials before it are plain runs of the same loop
+        assert loop_runs[:-1] == ([[]] * 3 if mode == "bitfit" else [])
 
 
 def test_train_runs_through_the_one_loop(files, tmp_path, loop_runs):

@@ -76,9 +76,9 @@ class _Recording(Progress):
         self.updates: list = []
         self.phases: list = []
 
-    def start_phase(self, name, total=None, unit="steps"):
+    def start_phase(self, name, total=None, unit="steps", work=None):
         self.phases.append((name, total))
-        super().start_phase(name, total, unit)
+        super().start_phase(name, total, unit, work=work)
 
     def advance(self, n=1, *, examples=None, loss=None, epsilon=None):
         self.updates.append({"phase": self.phase, "n": n, "examples": examples, "loss": loss, "epsilon": epsilon,
@@ -126,3 +126,37 @@ def test_tune_reports_steps_examples_loss_and_epsilon(tmp_path, monkeypatch):
         assert pu and all(u["loss"] is not None and u["examples"] is not None for u in pu)
     text = (tmp_path / "run" / "log.txt").read_text()
     assert f"done {final[0]}: {steps}/{steps} steps" in text and "examples/s" not in text and "ε " in text
+
+
+def test_time_left_for_the_phase_and_the_whole_run_from_the_plan_and_the_clock(tmp_path, monkeypatch):
+    import privtune.report.progress as progress_module
+
+    clock = [1000.0]
+    monkeypatch.setattr(progress_module.time, "monotonic", lambda: clock[0])
+    log = tmp_path / "log.txt"
+    with Progress(quiet=True, log_path=log, total_epsilon=1.0, log_interval=0.0) as pr:
+        pr.plan_work(1000)  # planned examples of the whole run (public: from the plan)
+        pr.start_phase("trial 1/2", total=10, work=400)
+        clock[0] += 40
+        pr.advance(4, examples=160)
+        # phase: 40 s for 4 of 10 steps → 60 s left; run: 0.25 s per planned example, 840 examples left
+        assert pr.time_left() == pytest.approx((60.0, 210.0))
+        clock[0] += 60
+        pr.advance(6, examples=240)
+        pr.start_phase("final run", total=5, work=600)
+        clock[0] += 30
+        pr.advance(1, examples=120)
+        # phase: 30 s per step → 120 s left; run: (100 + 30) s for 520 planned examples → 480·0.25 = 120 s
+        assert pr.time_left() == pytest.approx((120.0, 120.0))
+    text = log.read_text()
+    assert "1m00s left, run 3m30s left" in text and "2m00s left, run 2m00s left" in text
+
+
+def test_no_time_left_where_durations_are_kept_secret(tmp_path, monkeypatch):
+    log = tmp_path / "log.txt"
+    with Progress(quiet=True, log_path=log, log_interval=0.0) as pr:
+        pr.log_timing = False  # e.g. repeat-and-select: the durations grow with the hidden number of trials
+        pr.plan_work(100)
+        pr.start_phase("trial", total=4, work=100)
+        pr.advance(2)
+    assert "left" not in log.read_text()

@@ -515,7 +515,7 @@ class _Loop:
         idx = self.stream.next()
         if self.lengths is not None and idx.numel() > self.max_phys:
             idx = idx[torch.argsort(self.lengths[idx], stable=True)]
-        loss_sum, count = 0.0, 0
+        loss_sum, count, batch_losses = 0.0, 0, []
         for s in range(0, idx.numel(), self.max_phys):
             chunk = idx[s : s + self.max_phys]
             full = self.sampler_is_full_batch
@@ -530,6 +530,8 @@ class _Loop:
                 losses = F.cross_entropy(logits, y, reduction="none")
                 norms = self.pg.backward(losses)
             loss_sum += float(losses.detach().sum())
+            if self.hooks:  # a hook may need the losses at these parameters (hyperfree's L0): no second forward
+                batch_losses.append(losses.detach().double().cpu())
             count += chunk.numel()
             if self.diag is not None:
                 self.diag["norms"].append(norms.detach().double().cpu())
@@ -542,6 +544,8 @@ class _Loop:
             totals = torch.tensor([loss_sum, float(count)], dtype=torch.float64)
             self.group.all_reduce_sum_([totals])
             loss_sum, count = float(totals[0]), int(totals[1])
+        #: per-example losses of ``idx`` (in its order) at the parameters before this step, for hooks
+        self.last_batch_losses = torch.cat(batch_losses) if batch_losses else None
         for hook in self.hooks:
             hook.before_step(self, idx)
         self.opt.step()

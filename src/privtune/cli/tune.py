@@ -51,7 +51,8 @@ def _number(x: float) -> str:
                    "private data.")
 @click.option("--model", type=str, help="Backbone directory (Hugging Face format). Default: bundled all-MiniLM-L6-v2.")
 @click.option("--mode", type=click.Choice(MODES), help="What is trained; auto compares last-layer/bitfit/lora "
-              f"with charged pilots. [default: {_TUNE_DEFAULTS['mode']}]")
+              "(bitfit/full when N·ε ≥ 20,000) with charged pilots. "
+              f"[default: {_TUNE_DEFAULTS['mode']}]")
 @click.option("--strategy", type=click.Choice(STRATEGIES), help="Tuning strategy (grid-oracle is NOT PRIVATE, "
               f"reference only). [default: {_TUNE_DEFAULTS['strategy']}]")
 @click.option("--epsilon", type=float, help=f"TOTAL ε for tuning plus training. [default: {_TUNE_DEFAULTS['epsilon']}]")

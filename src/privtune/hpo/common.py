@@ -564,6 +564,12 @@ def set_override(cfg, name: str, value) -> None:
     setattr(cfg, name, value)
 
 
+def planned_examples(events: Sequence[Event], n: int) -> float:
+    """Expected training examples the planned gradient steps in ``events`` process (Σ q·n·T over their
+    DP-SGD events; 0 for scores and other single releases): public, from the plan, for time-left estimates."""
+    return float(sum(min(1.0, e.sample_rate) * n * e.steps for e in events if isinstance(e, DPSGDEvent)))
+
+
 def minibatch_schedule(request: PlanRequest, epochs: float) -> tuple[float, int]:
     """(sample rate q, steps T) of a mini-batch run: tune()'s batch_size/steps, else :func:`recommend`'s."""
     n, steps = request.n_train, request.steps

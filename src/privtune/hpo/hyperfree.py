@@ -17,6 +17,14 @@ Optimization with Differential Privacy", HyFreeDP), with the digest's guards.
 * **Guards** (digest 001 §3.3/§9 D4, from the GeN reference code): accept a fit only if
   a > 0 and b > 0; clamp the proposal to [η/2, 2η]; smooth η ← 0.9·η + 0.1·proposal;
   floor η; R_l ← max(R_min, L0 + Lm + Lp) (the paper's "conservative" rule).
+* **η placement on a model** (bitfit, lora, full; privtune's addition, issue 15): the guarded update
+  moves η by at most about 1.1× per update, so from a fixed η0 a run cannot find the learning-rate
+  *scale*.  Before the run, ``len(lr_trials)`` short charged trials (each ``trial_fraction`` of the
+  final run's steps, at the final run's Poisson rate q, so at the same expected batch) train from η0·m
+  for each multiplier m; the best by the selection score (public split: free; else a charged noisy
+  score), rescaled to the same total step r = η·T (seed 000: η·T_trial/T), gives the final run's η0,
+  which the guarded rule then refines.  The trials' events and
+  scores are planned with the rest (they spend ``trial_share`` of ε), before any data is read.
 * **η0 that does not stall heads**: the paper's η0 = 1e-4 never moves a zero-initialised
   head (pilot, digest §8.3), so the default η0 depends on what is trained: 0.1 for a
   head on features, DP-BiTFiT's 5e-3 and DP full fine-tuning's 5e-4 (seed 004, Table 8: the
@@ -36,16 +44,19 @@ import torch
 
 import privtune.accounting as acct
 from privtune._validation import check_choice, check_int, check_real
-from privtune.accounting.events import DPSGDEvent
+from privtune.accounting.events import DPSGDEvent, GaussianEvent
 from privtune.engine.private_gradient import CLIPPINGS
 from privtune.engine.sampling import make_generator
-from privtune.errors import InfeasibleBudgetError
+from privtune.errors import InfeasibleBudgetError, InvalidParameterError
 from privtune.hpo.common import (
     TUNABLE_MODES,
     BudgetPlan,
     PlanRequest,
     Strategy,
     StrategyOutcome,
+    TrialRecord,
+    choose_best,
+    data_kind,
     epsilon_of,
     minibatch_schedule,
     set_override,
@@ -55,6 +66,15 @@ from privtune.training import LoopHook, fit
 NAME = "hyperfree"
 #: base optimizers whose direction d the learning-rate rule scales (see :class:`HyperfreeConfig`)
 OPTIMIZERS = ("adamw", "adam", "sgd")
+
+#: multipliers of the mode's η0 tried by the η-placement trials on a model (HyperfreeConfig.lr_trials).  The
+#: final run keeps the trial's total step r = η·T (seed 000's linear scaling), so with trials of 10 % of its
+#: steps it starts at η0 × {0.3, 1, 3} (DP-BiTFiT: 1.5e-3, 5e-3, 1.5e-2; the issue's reference 1e-2 lies
+#: between the last two).  Measured without that rescaling (20,000 SST-2 phrases, ε = 1, 3 epochs): the
+#: 6-step trial at 5e-2 scored best (65.4 %) and a 59-step run at 5e-2 ended at chance (50.9 % dev)
+DEFAULT_LR_TRIALS = (3.0, 10.0, 30.0)
+#: the fewest steps of one η-placement trial
+MIN_TRIAL_STEPS = 3
 
 #: default initial learning rate per fine-tuning mode (digest 001 §9 D22; seed 004 Table 8 for bitfit/full)
 DEFAULT_LR0 = {"last-layer": 1e-1, "features": 1e-1, "bitfit": 5e-3, "full": 5e-4, "lora": 1e-3, "two-phase": 5e-4}
@@ -152,6 +172,15 @@ class HyperfreeConfig:
         flat for a model (bitfit, lora, full): on DP-BiTFiT of MiniLM (2,000 SST-2 phrases, σ = 0.78,
         24 steps) AUTO-S reached 56.5 % dev accuracy against 75.2 % for flat clipping at the same σ
         (docs/strategies/hyperfree.md has the command).
+    lr_trials : multipliers m of η0; on a model, one short charged trial per m places η before the run
+        (η placement, issue 15).  None (default) = :data:`DEFAULT_LR_TRIALS` on a model and none on cached
+        features (where the run alone already moves η enough); ``()`` turns placement off.
+    trial_fraction : steps of each placement trial as a fraction of the final run's steps (0.1; at least
+        :data:`MIN_TRIAL_STEPS`).
+    trial_share : the share of the total ε the placement trials spend together (0.15), scores included
+        in the composition; the final run is calibrated on the rest.
+    tie_tolerance : placement trials scoring within this of the best (0.005, i.e. half a point of
+        accuracy) are ties, won by the η closest to η0 (then the smaller η).
     """
 
     interval: int = 5
@@ -169,6 +198,16 @@ class HyperfreeConfig:
     weight_decay: float = 0.01
     auto_gamma: float = 0.01
     clipping: str | None = None
+    lr_trials: tuple | None = None
+    trial_fraction: float = 0.1
+    trial_share: float = 0.15
+    tie_tolerance: float = 0.005
+
+    def trial_multipliers(self, on_features: bool) -> tuple:
+        """Multipliers of η0 tried before the run (see ``lr_trials``); none on cached features."""
+        if self.lr_trials is not None:
+            return tuple(float(m) for m in self.lr_trials)
+        return () if on_features else DEFAULT_LR_TRIALS
 
     def clipping_for(self, on_features: bool) -> str:
         """The clipping style a run uses (see ``clipping``)."""
@@ -186,6 +225,18 @@ class HyperfreeConfig:
         if self.clipping is not None:
             check_choice(self.clipping, "clipping", CLIPPINGS)
         check_real(self.weight_decay, "weight_decay", low=0.0, low_inclusive=True)
+        if self.lr_trials is not None:
+            if isinstance(self.lr_trials, (str, bytes)) or not hasattr(self.lr_trials, "__iter__"):
+                raise InvalidParameterError(
+                    f"`lr_trials` must be a list of learning-rate multipliers, e.g. [1, 3, 10]; got "
+                    f"{self.lr_trials!r}.")
+            self.lr_trials = tuple(check_real(m, "lr_trials", low=0.0,
+                                              fix="Each entry multiplies η0; pass e.g. [1, 3, 10], or [] for none.")
+                                   for m in self.lr_trials)
+        check_real(self.trial_fraction, "trial_fraction", low=0.0, high=1.0, high_inclusive=True)
+        check_real(self.tie_tolerance, "tie_tolerance", low=0.0, low_inclusive=True)
+        check_real(self.trial_share, "trial_share", low=0.0, high=1.0, high_inclusive=False,
+                   fix="Pass the share of ε the η trials spend, e.g. 0.15.")
 
 
 def calibrate_joint(total_epsilon: float, delta: float, sample_rate: float, steps: int, *, interval: int = 5,
@@ -225,23 +276,55 @@ def calibrate_joint(total_epsilon: float, delta: float, sample_rate: float, step
     return sigma, sigma_g, sigma_l, events
 
 
+def plan_lr_trials(config: HyperfreeConfig, total_epsilon: float, delta: float, *, sample_rate: float, steps: int,
+                   multipliers: tuple, score_sigma: float | None = None, accountant: str = "pld") -> dict | None:
+    """The η-placement trials of a run of ``steps`` steps at rate ``sample_rate`` (None when there are none).
+
+    One trial per multiplier, each ``max(MIN_TRIAL_STEPS, ⌈trial_fraction·T⌉)`` steps at the final run's q
+    (the same expected batch, so the η found transfers); σ_t is calibrated so that all trials together
+    (as one composition of k·T_t steps) spend ``trial_share``·ε; a charged score (σ ``score_sigma``) per
+    trial is added to the events.  Everything here depends on public sizes only."""
+    k = len(multipliers)
+    if k == 0 or sample_rate >= 1.0:
+        return None
+    t_steps = max(MIN_TRIAL_STEPS, math.ceil(config.trial_fraction * steps))
+    target = config.trial_share * total_epsilon
+    sigma_t = float(acct.calibrate_noise_multiplier(target, delta, sample_rate, k * t_steps, accountant=accountant))
+    events = []
+    for i, m in enumerate(multipliers):
+        events.append(DPSGDEvent(sigma_t, sample_rate, t_steps, label=f"planned η trial {i} (η0×{m:g})"))
+        if score_sigma:
+            events.append(GaussianEvent(score_sigma, 1, label=f"planned score η trial {i}"))
+    return {"multipliers": tuple(multipliers), "steps": t_steps, "noise_multiplier": sigma_t,
+            "sample_rate": sample_rate, "events": events}
+
+
 def plan(config: HyperfreeConfig, total_epsilon: float, delta: float, *, sample_rate: float, steps: int,
-         accountant: str = "pld", prefix_events=()) -> BudgetPlan:
-    """Plan a HyFreeDP run: one run, no trials; all events fixed before data is read."""
+         accountant: str = "pld", prefix_events=(), lr_trials: dict | None = None) -> BudgetPlan:
+    """Plan a HyFreeDP run (and its η-placement trials, from :func:`plan_lr_trials`); every event is
+    fixed before data is read, the final run calibrated on what the prefix and the trials leave."""
     config.validate()
+    trial_events = list(prefix_events) + (list(lr_trials["events"]) if lr_trials else [])
     sigma, sigma_g, sigma_l, events = calibrate_joint(
         total_epsilon, delta, sample_rate, steps, interval=config.interval, probes=config.probes,
-        gamma_noise=config.gamma_noise, accountant=accountant, spent_events=prefix_events,
+        gamma_noise=config.gamma_noise, accountant=accountant, spent_events=trial_events,
         sampling="full_batch" if sample_rate >= 1.0 else "poisson")
     p = BudgetPlan(strategy=NAME, total_epsilon=total_epsilon, delta=delta, accountant=accountant,
-                   trial_events=list(prefix_events), final_events=events, final_noise_multiplier=sigma_g)
+                   trial_events=trial_events, final_events=events, final_noise_multiplier=sigma_g)
     p.details = {"sigma": sigma, "sigma_g": sigma_g, "sigma_l": sigma_l, "sample_rate": sample_rate,
-                 "steps": steps, "interval": config.interval, "probes": config.probes}
-    p.notes = [
-        f"one run: T = {steps} Poisson steps at q = {sample_rate:.4g}; gradient-only σ = {sigma:.4g}",
+                 "steps": steps, "interval": config.interval, "probes": config.probes, "lr_trials": lr_trials}
+    p.notes = []
+    if lr_trials:
+        p.notes.append(f"η placement: {len(lr_trials['multipliers'])} trials at η0 × "
+                       f"{', '.join(f'{m:g}' for m in lr_trials['multipliers'])}, each T = {lr_trials['steps']} "
+                       f"Poisson steps at q = {sample_rate:.4g}, σ = {lr_trials['noise_multiplier']:.4g} "
+                       f"(ε of the trials with their scores = "
+                       f"{epsilon_of(lr_trials['events'], delta, accountant):.4g})")
+    p.notes += [
+        f"final run: T = {steps} Poisson steps at q = {sample_rate:.4g}; gradient-only σ = {sigma:.4g}",
         f"σ_g = {config.gamma_noise:g}·σ = {sigma_g:.4g}; loss releases σ_l = {sigma_l:.4g} every "
         f"{config.interval} steps ({config.probes} per update, joint accounting on the shared batch)",
-        f"planned ε = {epsilon_of(list(prefix_events) + events, delta, accountant):.4g}",
+        f"planned ε = {epsilon_of(trial_events + events, delta, accountant):.4g}",
     ]
     return p
 
@@ -297,12 +380,15 @@ class LearningRateProbe(LoopHook):
         self.evaluate, self.eval_every, self.progress = evaluate, int(eval_every), progress
         self.t = 0
         self._w0: list[torch.Tensor] | None = None
+        self._losses_at_w0: torch.Tensor | None = None
         self.history = {"step": [], "lr": [], "train_loss": [], "train_loss_step": [], "R_l": [], "accepted": [],
                         "reasons": [], "train_loss_label": "privatised loss L0 (charged, joint accounting)",
                         "eval": []}
 
     def before_step(self, loop, batch: torch.Tensor) -> None:
         self._w0 = ([p.detach().clone() for p in loop.params] if self.t % self.config.interval == 0 else None)
+        losses = getattr(loop, "last_batch_losses", None)
+        self._losses_at_w0 = losses if losses is not None and losses.numel() == batch.numel() else None
 
     def after_step(self, loop, batch: torch.Tensor) -> None:
         t, hist = self.t, self.history
@@ -316,7 +402,12 @@ class LearningRateProbe(LoopHook):
                         p.copy_(a + sign * lr * dd)
                 return privatize_loss(loop.per_example_losses(batch), self.R_l, self.sigma_l, self.B, self.gen)
 
-            L0, Lm, Lp = loss_at(0.0), loss_at(-1.0), loss_at(+1.0)
+            # the losses at w_t on this batch were computed by the step's own forward pass: reused, so an
+            # update costs two extra forward passes instead of three (same values, same release)
+            at_w0 = self._losses_at_w0
+            L0 = (privatize_loss(at_w0, self.R_l, self.sigma_l, self.B, self.gen) if at_w0 is not None
+                  else loss_at(0.0))
+            Lm, Lp = loss_at(-1.0), loss_at(+1.0)
             self.lr, self.R_l = _update_lr(L0, Lm, Lp, lr, t, self.config, hist)
             with torch.no_grad():  # the step with the (possibly new) η
                 for p, a, dd in zip(loop.params, w0, d):
@@ -377,11 +468,60 @@ def train_model_hyperfree(model, train_set, *, steps: int, sample_rate: float, s
     return model, hist
 
 
+def place_learning_rate(backend, selector, config: HyperfreeConfig, trials_plan: dict, lr0: float, *,
+                        seed: int | None = None, progress=None, final_scale: float = 1.0) -> tuple[float, list]:
+    """Run the planned η-placement trials (:func:`plan_lr_trials`) on ``backend``; return the final run's η,
+    the best trial's η × ``final_scale`` (T_trial/T: the same total step r = η·T, seed 000), by
+    ``selector``'s score (ties: see ``tie_tolerance``), and the trial records (their events as planned)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)  # OS entropy without a seed, like every other strategy's trials
+    records = []
+    for i, m in enumerate(trials_plan["multipliers"]):
+        lr = lr0 * m
+        label = f"hyperfree η trial {i}"
+        if progress:
+            progress(f"hyperfree η placement {i + 1}/{len(trials_plan['multipliers'])}: η = {lr:.3g}, "
+                     f"{trials_plan['steps']} steps")
+        run_i = backend.run({"learning_rate": lr}, noise_multiplier=trials_plan["noise_multiplier"],
+                            sample_rate=trials_plan["sample_rate"], steps=trials_plan["steps"], learning_rate=lr,
+                            optimizer=config.optimizer, clipping=config.clipping_for(False),
+                            seed=int(rng.integers(2 ** 31)), label=label)
+        score, score_events = selector.score(backend.logits(run_i.state, selector.data), label=label + " score")
+        records.append(TrialRecord(index=i, phase="η placement", score=score, score_source=selector.source,
+                                   hyperparameters={"learning_rate": lr, "lr0_multiplier": m,
+                                                    "steps": trials_plan["steps"],
+                                                    "sample_rate": trials_plan["sample_rate"],
+                                                    "noise_multiplier": trials_plan["noise_multiplier"]},
+                                   events=list(run_i.events) + list(score_events)))
+    # scores within tie_tolerance of the best are ties (short noisy trials often all sit near chance); a tie
+    # goes to the final η closest to η0 (in log scale), then to the smaller η
+    top = max((r.score for r in records if r.score is not None and math.isfinite(r.score)), default=None)
+    tied = [r for r in records if top is not None and r.score is not None and r.score >= top - config.tie_tolerance]
+    best = choose_best(tied or records, key=lambda r: 0.0,
+                       tie=lambda r: (abs(math.log(r.hyperparameters["lr0_multiplier"] * final_scale)),
+                                      r.hyperparameters["learning_rate"]))
+    return float(best.hyperparameters["learning_rate"]) * final_scale, records
+
+
 def run(backend, config: HyperfreeConfig, p: BudgetPlan, *, mode: str = "last-layer", seed: int | None = None,
-        progress=None):
-    """Execute a planned HyFreeDP run on ``backend`` (features or a model)."""
+        progress=None, selector=None):
+    """Execute a planned HyFreeDP run on ``backend`` (features or a model), after its η-placement
+    trials when the plan has them (scored by ``selector``)."""
     lr0 = config.lr0 if config.lr0 is not None else DEFAULT_LR0.get(mode, 1e-4)
     d = p.details
+    trials: list = []
+    lr_default = lr0
+    if d.get("lr_trials"):
+        if selector is None:  # tune() always passes one to a selecting strategy; kept as a guard
+            raise InvalidParameterError("hyperfree's η placement needs a selector (public split or charged score).")
+        lr0, trials = place_learning_rate(backend, selector, config, d["lr_trials"], lr0,
+                                          seed=None if seed is None else seed + 5, progress=progress,
+                                          final_scale=d["lr_trials"]["steps"] / d["steps"])
+        if progress:
+            progress("hyperfree η placement: scores "
+                     + ", ".join(f"η={t.hyperparameters['learning_rate']:.3g}: {t.score:.4f}" for t in trials)
+                     + f"; the run starts at η0 = {lr0:.3g}")
     if progress:
         progress(f"hyperfree: T={d['steps']} q={d['sample_rate']:.4g} σ_g={d['sigma_g']:.4g} σ_l={d['sigma_l']:.4g} "
                  f"η0={lr0:g}")
@@ -402,8 +542,12 @@ def run(backend, config: HyperfreeConfig, p: BudgetPlan, *, mode: str = "last-la
           "noise_multiplier": d["sigma_g"], "loss_noise_multiplier": d["sigma_l"],
           "clipping": config.clipping_for(backend.kind != "model"),
           "optimizer": config.optimizer, "interval": config.interval}
-    return StrategyOutcome(state=state, final_events=list(p.final_events), final_hyperparameters=hp, trials=[],
-                           strategy_data=data, final_history=hist, selection_source="none")
+    if trials:
+        data["lr_placement"] = {"default_lr0": lr_default, "chosen_lr0": lr0,
+                                "scores": {f"{t.hyperparameters['learning_rate']:.4g}": t.score for t in trials}}
+    return StrategyOutcome(state=state, final_events=list(p.final_events), final_hyperparameters=hp, trials=trials,
+                           strategy_data=data, final_history=hist,
+                           selection_source=selector.source if trials else "none")
 
 
 class Hyperfree(Strategy):
@@ -416,7 +560,7 @@ class Hyperfree(Strategy):
                  "model": frozenset({"epochs", "steps", "batch_size", "optimizer"})}
     clipping_kinds = frozenset({"features", "model"})
     fixed_clip = 1.0
-    selects = False
+    selects = True  # the η-placement trials on a model are scored (on cached features nothing is scored)
 
     def apply_overrides(self, cfg, *, trials=None, optimizer=None) -> None:
         set_override(cfg, "optimizer", optimizer)
@@ -427,10 +571,15 @@ class Hyperfree(Strategy):
         if r.batch_size is None and cfg.batch_size is not None:
             r = dataclasses.replace(r, batch_size=cfg.batch_size)
         q, T = minibatch_schedule(r, r.epochs if r.epochs is not None else cfg.epochs)
+        cfg.validate()
+        trials = plan_lr_trials(cfg, r.total_epsilon, r.delta, sample_rate=q, steps=T,
+                                multipliers=cfg.trial_multipliers(data_kind(mode) == "features"),
+                                score_sigma=r.score_sigma, accountant=r.accountant)
         p = plan(cfg, r.total_epsilon, r.delta, sample_rate=q, steps=T, accountant=r.accountant,
-                 prefix_events=r.prefix_events)
+                 prefix_events=r.prefix_events, lr_trials=trials)
         p.details["config"] = cfg
+        p.details["n_train"] = r.n_train  # public size: the progress display's time left for the whole tune
         return p
 
     def run(self, backend, selector, cfg, plan: BudgetPlan, *, mode: str, seed=None, progress=None):
-        return run(backend, cfg, plan, mode=mode, seed=seed, progress=progress)
+        return run(backend, cfg, plan, mode=mode, seed=seed, progress=progress, selector=selector)

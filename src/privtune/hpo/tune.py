@@ -81,13 +81,19 @@ _RELEASED_DIRS = ("model",)
 #: tune(mode=...): a tunable mode, or "auto" (the one declaration of this choice set)
 MODES = ("auto", *TUNABLE_MODES)
 AUTO_MODES = ("last-layer", "bitfit", "lora")
+#: --mode auto at fine-tuning scale (n·ε ≥ _FINETUNE_SCALE): the two fine-tuning modes, compared by pilots on
+#: a charged Poisson subsample.  Measured: DP-BiTFiT beats the tuned linear probe from 20,000 phrases at ε = 1
+#: (81.7 % against the probe's 80.4 % on 65,000), and every DP fine-tuning run on 2,000-4,000 phrases at
+#: ε = 1 predicted one class (issue 15); n and ε are public, so the rule costs nothing
+AUTO_MODES_AT_SCALE = ("bitfit", "full")
+_FINETUNE_SCALE = 20_000
 #: ``selection=`` accepts the user-facing name or the selection source itself (e.g. "train_noisy")
 _SELECTION_SOURCE = {**common.SELECTION_SOURCE_OF, **{s: s for s in common.SELECTION_SOURCE_OF.values()}}
 #: learning rate of the Adam pilot run used by --mode auto to compare modes (per-run ε = min(0.1, 0.1·ε_total)):
 #: train()'s default for bitfit and lora; 1.0 for the last layer, whose pilot is only _PILOT_STEPS steps on cached
 #: features (train()'s 5e-2 is meant for a full run)
 _PILOT_LEARNING_RATES = {"last-layer": 1.0, "bitfit": DEFAULT_LEARNING_RATES["bitfit"],
-                         "lora": DEFAULT_LEARNING_RATES["lora"]}
+                         "lora": DEFAULT_LEARNING_RATES["lora"], "full": DEFAULT_LEARNING_RATES["full"]}
 _PILOT_STEPS = 10
 
 
@@ -219,8 +225,8 @@ def tune(
         Backbone directory (Hugging Face format); ``None`` = bundled all-MiniLM-L6-v2.
     mode : {"auto", "last-layer", "bitfit", "lora", "full"}
         What is trained.  ``"auto"`` compares the modes the strategy can train among
-        last-layer, bitfit and lora with one charged pilot run each (per-run ε =
-        min(0.1, 0.1·ε)) and continues with the best; single-step, random-search and
+        last-layer, bitfit and lora (bitfit and full when n·ε ≥ 20,000) with one charged pilot
+        run each (per-run ε = min(0.1, 0.1·ε)) and continues with the best; single-step, random-search and
         grid-oracle train the last layer only, so for them ``"auto"`` is last-layer, no pilots.
     strategy : {"linear-scaling", "hyperfree", "single-step", "random-search", "grid-oracle"}
         See ``docs/strategies.md``.  Default ``"hyperfree"``: no search, and the best strategy
@@ -555,7 +561,8 @@ def _plan_run(req: _Request, inputs: _Inputs, log) -> _TunePlan:
     strat, n_train, delta, accountant = req.strategy, inputs.n_train, inputs.privacy.delta, req.privacy.accountant
     # --mode auto: pilot only the modes this strategy can train; with one candidate there is nothing to
     # choose and nothing is spent on pilots
-    candidates = [m for m in AUTO_MODES if m in strat.modes] if req.mode == "auto" else [req.mode]
+    candidates = (_auto_candidates(strat.modes, n_train, req.privacy.epsilon) if req.mode == "auto"
+                  else [req.mode])
     pilot_modes = candidates if len(candidates) > 1 else []
     run_mode = candidates[0] if not pilot_modes else "auto"
     if req.mode == "auto" and not pilot_modes:
@@ -840,6 +847,21 @@ def _trial_section(trial_list, outcome, not_private: bool) -> dict:
 # --------------------------------------------------------------------------------------
 
 
+def _auto_candidates(supported_modes, n: int, eps_total: float) -> list:
+    """The modes ``--mode auto`` compares, from public sizes only: at fine-tuning scale (n·ε ≥
+    :data:`_FINETUNE_SCALE`) the fine-tuning modes the strategy trains, else the small-data set."""
+    at_scale = [m for m in AUTO_MODES_AT_SCALE if m in supported_modes]
+    if n * eps_total >= _FINETUNE_SCALE and at_scale:
+        return at_scale
+    return [m for m in AUTO_MODES if m in supported_modes]
+
+
+def _pilot_batch(n: int) -> int:
+    """Expected batch of a model-mode pilot: 64, or 256 at fine-tuning scale (n ≥ _FINETUNE_SCALE; still
+    ≤ 2,560 examples per pilot), never above n/4."""
+    return min(256 if n >= _FINETUNE_SCALE else 64, max(1, n // 4))
+
+
 def _plan_pilots(modes, pilot_eps, delta, n, sel_sigma, accountant) -> list:
     """Events of the --mode auto pilots, exactly as they will run: per-run ε_pilot each (+ a score)."""
     from privtune.accounting.events import DPSGDEvent, GaussianEvent
@@ -851,7 +873,7 @@ def _plan_pilots(modes, pilot_eps, delta, n, sel_sigma, accountant) -> list:
                                            accountant=accountant, what="a mode pilot")
             out.append(GaussianEvent(sigma, 1, label=f"planned pilot {m}"))
         else:
-            q = min(64, max(1, n // 4)) / n
+            q = _pilot_batch(n) / n
             sigma = common.calibrate_final(pilot_eps, delta, [], sample_rate=q, steps=_PILOT_STEPS,
                                            accountant=accountant, what="a mode pilot")
             out.append(DPSGDEvent(sigma, q, _PILOT_STEPS, label=f"planned pilot {m}"))
@@ -941,7 +963,7 @@ def _execute(req: _Request, inputs: _Inputs, tplan: _TunePlan, clf, prog, seed: 
     if tplan.pilot_modes:
         used_mode, pilot_records = _run_pilots(tplan.pilot_modes, clf, train, features, make_selector, sel_eff
                                                if sel_eff != "none" else sel_name, tplan.pilot_eps, delta, seed, prog,
-                                               kw)
+                                               dict(kw, mode_plans=tplan.mode_plans))
         _adopt_pilots_choice(tplan, used_mode, pilot_records, delta, accountant, prog.log)
     plan = tplan.plan
     cfg = plan.details["config"]
@@ -1004,6 +1026,13 @@ def _run_pilots(modes, clf, train, features, make_selector, source, pilot_eps, d
     from privtune.hpo.backends import FeatureBackend, ModelBackend
     from privtune.hpo.common import TrialRecord
     records = []
+    # time left for the whole tune while the pilots run: the pilots plus the costliest candidate's plan (public)
+    n = len(train)
+    ahead = [common.planned_examples([e for e in p.events
+                                      if not str(getattr(e, "label", "")).startswith("planned pilot")], n)
+             for p in (kw.get("mode_plans") or {}).values()]
+    prog.plan_work(prog.work_done + _PILOT_STEPS * _pilot_batch(n) * sum(m != "last-layer" for m in modes)
+                   + max(ahead, default=0.0))
     for i, m in enumerate(modes):
         label = f"mode-auto pilot {m}"
         prog.log(f"pilot {i + 1}/{len(modes)}: {m} at per-run ε = {pilot_eps:g}")
@@ -1023,8 +1052,7 @@ def _run_pilots(modes, clf, train, features, make_selector, source, pilot_eps, d
                             kw)
             sel = make_selector(source, "model")
             n = len(train)
-            b = min(64, max(1, n // 4))
-            q, T = b / n, _PILOT_STEPS  # a short, cheap pilot: 10 steps of expected batch 64
+            q, T = _pilot_batch(n) / n, _PILOT_STEPS  # a short, cheap pilot on a Poisson subsample
             sigma = common.calibrate_final(pilot_eps, delta, [], sample_rate=q, steps=T, what="a mode pilot",
                                            accountant=kw.get("accountant", "pld"))
             run = be.run({}, noise_multiplier=sigma, sample_rate=q, steps=T,

@@ -84,6 +84,16 @@ def _fmt_eps(eps: float | None, total: float | None) -> str:
     return f"ε {eps:.3g}" + (f"/{total:.3g}" if total is not None else "")
 
 
+def _fmt_duration(seconds: float) -> str:
+    """``1h05m``, ``12m30s`` or ``45s``."""
+    s = int(round(seconds))
+    if s >= 3600:
+        return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+    if s >= 60:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s}s"
+
+
 def _count_column():
     """A rich column: ``done/total unit`` for phases with a known amount of work, nothing for
     open-ended ones (rich's own M/N column would print a made-up ``0/0``)."""
@@ -139,6 +149,12 @@ class Progress:
         self._last_log = self._t0
         self._task = None
         self._rich = None
+        # time-left estimate: planned work (expected training examples, from the plan: public) of the whole
+        # run, of the finished phases and of the current one, and the wall time those phases took
+        self._work_total: float | None = None
+        self._work_done = 0.0
+        self._work_seconds = 0.0
+        self._phase_work: float | None = None
         if not self.quiet:
             # Lazy: rich only when a progress bar is shown.
             from rich.console import Console
@@ -153,6 +169,7 @@ class Progress:
                 TextColumn("{task.fields[loss]}"),
                 TextColumn("[magenta]{task.fields[eps]}"),
                 TimeElapsedColumn(),
+                TextColumn("[green]{task.fields[left]}"),
                 console=console or Console(file=sys.stderr),
                 transient=False,
             )
@@ -165,10 +182,53 @@ class Progress:
         dt = time.monotonic() - self._t0
         return self._examples / dt if dt > 0 else 0.0
 
-    def start_phase(self, name: str, total: float | None = None, unit: str = "steps") -> None:
-        """End the current phase (if any) and start ``name`` with ``total`` units of work."""
+    def plan_work(self, total: float) -> None:
+        """Declare the planned work of the whole run, in expected training examples (Σ q·n·T of its planned
+        steps: public, from the plan), so that the display also shows the time left for the whole run.
+        Phases count towards it through ``start_phase(..., work=...)``."""
+        self._work_total = float(total)
+
+    @property
+    def work_done(self) -> float:
+        """Planned work (expected training examples) of the phases finished so far."""
+        return self._work_done
+
+    def time_left(self) -> tuple[float | None, float | None]:
+        """(seconds left in the current phase, seconds left in the whole run), or None where unknown.
+
+        Estimated from the plan and the wall clock only: the phase's elapsed time per unit done times the
+        units left, and the seconds per planned example measured over this run's phases so far times the
+        planned examples left.  Nothing here depends on the data beyond the time its steps took."""
+        if self.phase is None or not self._done:
+            return None, None
+        elapsed = time.monotonic() - self._t0
+        phase_left = (elapsed / self._done * max(0.0, self._total - self._done)
+                      if self._total is not None else None)
+        run_left = None
+        if self._work_total is not None and self._phase_work is not None and self._total:
+            done_now = self._phase_work * min(1.0, self._done / self._total)
+            per_example = (self._work_seconds + elapsed) / max(self._work_done + done_now, 1e-9)
+            run_left = max(0.0, self._work_total - self._work_done - done_now) * per_example
+            if phase_left is not None:
+                run_left = max(run_left, phase_left)
+        return phase_left, run_left
+
+    def _left_text(self) -> str:
+        phase_left, run_left = self.time_left()
+        parts = []
+        if phase_left is not None:
+            parts.append(f"{_fmt_duration(phase_left)} left")
+        if run_left is not None:
+            parts.append(f"run {_fmt_duration(run_left)} left")
+        return ", ".join(parts)
+
+    def start_phase(self, name: str, total: float | None = None, unit: str = "steps",
+                    work: float | None = None) -> None:
+        """End the current phase (if any) and start ``name`` with ``total`` units of work; ``work`` is its
+        planned work in expected training examples (see :meth:`plan_work`)."""
         if self.phase is not None:
             self.end_phase()
+        self._phase_work = None if work is None else float(work)
         self.phase = name
         self._examples = 0
         self._done = 0.0
@@ -179,7 +239,7 @@ class Progress:
         self.runlog.write(f"start {name}" + (f" ({total:g} {unit})" if total is not None else ""))
         if self._rich is not None:
             self._task = self._rich.add_task(name, total=total, unit=unit, counted=total is not None, rate="", loss="",
-                                             eps=_fmt_eps(self.epsilon, self.total_epsilon))
+                                             eps=_fmt_eps(self.epsilon, self.total_epsilon), left="")
 
     def advance(
         self,
@@ -211,9 +271,10 @@ class Progress:
                 rate=f"{self.examples_per_second:,.0f} ex/s" if self._examples else "",
                 loss=f"loss {self.loss:.4g}" if self.loss is not None else "",
                 eps=_fmt_eps(self.epsilon, self.total_epsilon),
+                left=self._left_text() if self.log_timing else "",
             )
         now = time.monotonic()
-        if now - self._last_log >= self.log_interval:
+        if self.phase is not None and now - self._last_log >= self.log_interval:  # between phases: no line
             self._last_log = now
             self.runlog.write(self._status_line())
 
@@ -229,6 +290,9 @@ class Progress:
                  + f" {self._unit}"]
         if self.epsilon is not None:
             parts.append(_fmt_eps(self.epsilon, self.total_epsilon))
+        left = self._left_text() if self.log_timing else ""
+        if left:
+            parts.append(left)
         return ", ".join(parts)
 
     def end_phase(self) -> None:
@@ -237,6 +301,10 @@ class Progress:
             return
         took = f" in {time.monotonic() - self._t0:.1f} s" if self.log_timing else ""
         self.runlog.write("done " + self._status_line() + took)
+        if self._phase_work is not None:
+            self._work_done += self._phase_work
+            self._work_seconds += time.monotonic() - self._t0
+            self._phase_work = None
         if self._rich is not None and self._task is not None:
             task = self._rich.tasks[-1]
             if task.total is None:  # an open-ended phase: show the bar full, without a made-up count

@@ -1,0 +1,354 @@
+"""Private fine-tuning of MiniLM on the full SST-2 training set (issue 15), tuning included.
+
+Data: private = the SST-2 training phrases minus a public split of ``--public-size`` (2,000) phrases that no
+private phrase contains or is contained in (word level, lower-case; SST-2 holds the sub-phrases of its sentences,
+so the public phrases, of at least 3 words, are those with the fewest training phrases inside them or around
+them, and those relatives leave the private set), minus the phrases whose text is also a GLUE dev sentence
+(tune refuses overlapping splits).  The GLUE dev set
+(872 sentences) is reported and never used for selection: every selection reads the public split only.
+
+Rows: total ε (``--epsilons``, default 1,3,8; δ = 1e-5).  Columns (``--cells``):
+
+  default        ``privtune.tune`` with no strategy or mode given (hyperfree, mode auto)
+  bitfit         ``privtune.tune(mode="bitfit")``
+  full           ``privtune.tune(mode="full")``
+  random         charged random search, k = 8 trials over the space below, every trial's events composed
+                 (one σ for all: the composition of all trials meets ε), best on the public split released
+  oracle         NOT PRIVATE grid oracle over the same space: every grid point run at the full ε, selection
+                 uncharged; a reference, never a private result
+  nonpriv-bitfit NOT PRIVATE non-private BiTFiT, 1 epoch (ε = ∞)
+  nonpriv-full   NOT PRIVATE non-private full fine-tuning, 1 epoch (ε = ∞)
+
+The search space of ``random`` and ``oracle``: DP-BiTFiT (flat clipping C = 1, Adam, zero-initialised head)
+at the seed-003 recommended expected batch for (ε, n, 3 epochs); learning rate log-uniform in
+[1.25e-3, 8e-2] (random) or the grid {2.5e-3, 1e-2, 4e-2} (oracle); epochs in {1, 2, 3} (random) or
+{1, 3} (oracle).
+
+Each cell reports dev accuracy, certificate ε, wall time and compute relative to one final run (examples
+through DP/non-private gradient steps of the whole cell ÷ those of its released run; forward-only passes
+such as scoring are not counted).  Each (cell, ε, seed) is its own JSON file under
+``bench/results/sst2_full/<tag>/``; an existing file is reused (resumable), and a cell without one is printed
+as "not run".  Logs: each tune run's ``log.txt`` in the same folder, the script's output in ``log.txt``.
+
+    OMP_NUM_THREADS=2 python bench/sst2_full.py --quick --cells default,bitfit   # ε = 1 on a 20k subset
+    OMP_NUM_THREADS=2 python bench/sst2_full.py --cells default --epsilons 1 --seeds 3
+    python bench/sst2_full.py --table                                          # reprint, run nothing
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "scripts"))
+from hpo import SST2, read_sst2_tsv  # noqa: E402  (bench/ is on sys.path)
+from make_embedded_data import containment_violations, spans, words  # noqa: E402
+
+RESULTS = HERE / "results" / "sst2_full"
+CELLS = ("default", "bitfit", "full", "random", "oracle", "nonpriv-bitfit", "nonpriv-full")
+NOT_PRIVATE = {"oracle", "nonpriv-bitfit", "nonpriv-full"}
+DELTA = 1e-5
+RS_TRIALS, RS_LR, RS_EPOCHS = 8, (1.25e-3, 8e-2), (1, 2, 3)
+GRID_LR, GRID_EPOCHS = (2.5e-3, 1e-2, 4e-2), (1, 3)
+
+
+# ----------------------------------------------------------------------------------------- data
+def make_split(public_size: int, subset: int | None, folder: Path, seed: int = 0) -> dict:
+    """Write train.tsv (private), public.tsv; return their paths and sizes (cached in ``folder``)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    meta_path = folder / "split.json"
+    if meta_path.exists():
+        return json.loads(meta_path.read_text())
+    texts, labels = read_sst2_tsv(SST2 / "train.tsv")
+    dev_texts, _ = read_sst2_tsv(SST2 / "dev.tsv")
+    dev_set = {t.strip() for t in dev_texts}
+    rows, seen = [], set()
+    for t, y in zip(texts, labels):
+        t = " ".join(t.split())
+        if t and t not in seen:
+            seen.add(t)
+            rows.append((t, y))
+    # containment relation between training phrases (SST-2 holds the sub-phrases of its sentences): the public
+    # phrases are those with the fewest relatives (random among ties), so removing their relatives costs little
+    index = {words(t): i for i, (t, _) in enumerate(rows)}
+    relatives: list[set] = [set() for _ in rows]
+    for i, (t, _) in enumerate(rows):
+        w = words(t)
+        for sp in spans(w):
+            j = index.get(sp)
+            if j is not None and j != i:
+                relatives[i].add(j)
+                relatives[j].add(i)
+    rng = random.Random(seed)
+    order = [i for i, (t, _) in enumerate(rows) if len(words(t)) >= 3 and t not in dev_set]
+    rng.shuffle(order)
+    order.sort(key=lambda i: len(relatives[i]))  # stable: random among equal counts
+    pub_idx, removed = set(), set()
+    for i in order:
+        if len(pub_idx) == public_size:
+            break
+        if i in removed:
+            continue
+        pub_idx.add(i)
+        removed |= relatives[i]
+    public = [rows[i] for i in sorted(pub_idx)]
+    private = [r for i, r in enumerate(rows) if i not in pub_idx and i not in removed and r[0] not in dev_set]
+    dropped = len(rows) - len(public) - len(private)
+    if subset is not None:
+        private = random.Random(seed + 1).sample(private, subset)
+    assert not containment_violations([t for t, _ in private], [t for t, _ in public])
+
+    def write(name, rs):
+        with open(folder / name, "w", encoding="utf-8") as f:
+            f.write("label\tsentence\n" + "".join(f"{y}\t{t}\n" for t, y in rs))
+        return str(folder / name)
+
+    meta = {"train": write("train.tsv", private), "public": write("public.tsv", public), "dev": str(SST2 / "dev.tsv"),
+            "n_private": len(private), "n_public": len(public), "dropped_for_disjointness": dropped,
+            "source_phrases": len(rows)}
+    meta_path.write_text(json.dumps(meta, indent=2))
+    return meta
+
+
+# ----------------------------------------------------------------------------------------- compute count
+class _Counter:
+    """Examples through gradient steps, per loop (DP: ``_Loop``; non-private: counted by the caller)."""
+
+    def __init__(self):
+        self.loops: list[int] = []
+
+    def install(self):
+        from privtune import training
+
+        orig = training._Loop._one_step
+        counter = self
+
+        def one_step(loop):
+            if getattr(loop, "_bench_id", None) is None:
+                loop._bench_id = len(counter.loops)
+                counter.loops.append(0)
+            info = orig(loop)
+            counter.loops[loop._bench_id] += int(info.batch_size)
+            return info
+
+        training._Loop._one_step = one_step
+
+
+COUNTER = _Counter()
+
+
+def _relative(final_examples: float) -> float | None:
+    total = sum(COUNTER.loops)
+    return round(total / final_examples, 2) if final_examples else None
+
+
+# ----------------------------------------------------------------------------------------- cells
+def _tune_cell(split, eps, seed, folder, **kw):
+    import privtune
+
+    r = privtune.tune(split["train"], eval_data=split["dev"], public_eval_data=split["public"], labels=[0, 1],
+                      epsilon=eps, delta=DELTA, ledger=f"sqlite:///{folder / 'ledger.db'}",
+                      output_dir=folder / "run", seed=seed, quiet=True, **kw)
+    hp = r.metrics.get("hyperparameters") or {}
+    final = COUNTER.loops[-1] if COUNTER.loops else 0
+    return {"dev_accuracy": r.metrics["accuracy"], "certificate_epsilon": r.certificate.epsilon,
+            "mode": r.metrics["mode"], "strategy": r.metrics["strategy"], "hyperparameters": hp,
+            "compute_vs_final": _relative(final),
+            "trials": [{"phase": t.get("phase"), "hyperparameters": t.get("hyperparameters"), "score": t.get("score")}
+                       for t in r.trials]}
+
+
+def _bitfit_model(seed):
+    from privtune.finetune import apply_mode
+    from privtune.models import load_classifier
+
+    m = load_classifier(None, num_labels=2, seed=seed)
+    apply_mode(m, "bitfit", zero_init_head=True)
+    return m
+
+
+def _dp_bitfit(train, q, steps, sigma, lr, seed):
+    from privtune.training import fit
+
+    m = _bitfit_model(seed)
+    res = fit(m, train, noise_multiplier=sigma, sample_rate=q, steps=steps, learning_rate=lr, clip=1.0,
+              clipping="flat", optimizer="adam", seed=seed)
+    return m, list(res.events)
+
+
+def _search_cell(split, eps, seed, points, charged: bool):
+    """Random search (charged: one σ for all trials, composed) or the grid oracle (each point at ε)."""
+    from privtune.accounting import calibrate_noise_multiplier, compute_epsilon
+    from privtune.data import load_text_dataset
+    from privtune.hpo.recommend import recommend, steps_for_epochs
+    from privtune.training import evaluate
+
+    train = load_text_dataset(split["train"], num_labels=2)
+    public = load_text_dataset(split["public"], num_labels=2)
+    dev = load_text_dataset(split["dev"], num_labels=2)
+    n = len(train)
+    cands = [b for b in (64, 128, 256, 512, 1024, 2048, 4096) if b < n]
+    b = recommend(eps, DELTA, n, 3.0, candidates=cands, min_steps=20).batch_size
+    q = b / n
+    steps = [steps_for_epochs(n, b, e) for _, e in points]
+    sigma_all = float(calibrate_noise_multiplier(eps, DELTA, q, sum(steps))) if charged else None
+    best, events, trials = None, [], []
+    for (lr, ep), T in zip(points, steps):
+        sigma = sigma_all if charged else float(calibrate_noise_multiplier(eps, DELTA, q, T))
+        m, evs = _dp_bitfit(train, q, T, sigma, lr, seed + len(trials))
+        events += evs
+        score = evaluate(m, public)["accuracy"]
+        trials.append({"learning_rate": lr, "epochs": ep, "steps": T, "sigma": sigma, "public_accuracy": score})
+        print(f"    trial lr={lr:.3g} epochs={ep} T={T} σ={sigma:.3g}: public {score:.4f}", flush=True)
+        if best is None or score > best[0]:
+            best = (score, evaluate(m, dev)["accuracy"], T * b)
+    cert_eps = compute_epsilon(events, DELTA) if charged else eps
+    out = {"dev_accuracy": best[1], "certificate_epsilon": cert_eps, "batch_size": b, "trials": trials,
+           "compute_vs_final": round(sum(s * b for s in steps) / best[2], 2)}
+    if not charged:
+        out["label"] = "NOT PRIVATE: each grid point is (ε, δ)-DP alone; the selection is uncharged"
+    return out
+
+
+def _nonprivate_cell(split, mode, seed):
+    from privtune.data import load_text_dataset
+    from privtune.finetune import apply_mode
+    from privtune.models import load_classifier
+    from privtune.training import evaluate, fit_nonprivate
+
+    train = load_text_dataset(split["train"], num_labels=2)
+    m = load_classifier(None, num_labels=2, seed=seed)
+    apply_mode(m, mode, zero_init_head=True)
+    fit_nonprivate(m, train, epochs=1.0, batch_size=32, learning_rate=2e-3 if mode == "bitfit" else 5e-5, seed=seed)
+    return {"dev_accuracy": evaluate(m, load_text_dataset(split["dev"], num_labels=2))["accuracy"],
+            "certificate_epsilon": math.inf, "label": "NOT PRIVATE (no noise)", "compute_vs_final": 1.0}
+
+
+def run_cell(cell, split, eps, seed, folder, epochs=None):
+    COUNTER.loops.clear()
+    extra = {} if epochs is None else {"epochs": epochs}
+    if cell == "default":
+        return _tune_cell(split, eps, seed, folder, **extra)
+    if cell in ("bitfit", "full"):
+        return _tune_cell(split, eps, seed, folder, mode=cell, **extra)
+    if cell == "random":
+        rng = random.Random(1000 + seed)
+        points = [(math.exp(rng.uniform(*map(math.log, RS_LR))), rng.choice(RS_EPOCHS)) for _ in range(RS_TRIALS)]
+        return _search_cell(split, eps, seed, points, charged=True)
+    if cell == "oracle":
+        return _search_cell(split, eps, seed, [(lr, e) for lr in GRID_LR for e in GRID_EPOCHS], charged=False)
+    return _nonprivate_cell(split, "bitfit" if cell == "nonpriv-bitfit" else "full", seed)
+
+
+# ----------------------------------------------------------------------------------------- table
+def _cell_key(cell, eps, seed):
+    return f"{cell}_eps{eps:g}_seed{seed}" if cell not in ("nonpriv-bitfit", "nonpriv-full") else f"{cell}_seed{seed}"
+
+
+def table(tag_dir: Path, epsilons, cells, seeds_of) -> str:
+    lines = [f"| total ε | {' | '.join(cells)} |", "|---" * (len(cells) + 1) + "|"]
+    for eps in epsilons:
+        row = []
+        for cell in cells:
+            res = [json.loads(p.read_text()) for s in seeds_of(cell, eps)
+                   if (p := tag_dir / f"{_cell_key(cell, eps, s)}.json").exists()]
+            if not res:
+                row.append("not run")
+                continue
+            acc = [100 * r["dev_accuracy"] for r in res]
+            spread = f" ± {statistics.stdev(acc):.1f}" if len(acc) > 1 else ""
+            ce = max(r["certificate_epsilon"] for r in res)
+            rel = res[0].get("compute_vs_final")
+            row.append(f"{statistics.mean(acc):.1f}{spread} % (n={len(res)}; ε {ce:.3g}; "
+                       f"{statistics.mean(r['seconds'] for r in res) / 60:.1f} min; {rel}×)")
+        lines.append(f"| {eps:g} | " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="ε = 1 on a 20,000-phrase private subset")
+    ap.add_argument("--epsilons", type=str, default=None, help="total ε values (default 1,3,8; --quick: 1)")
+    ap.add_argument("--cells", type=str, default=",".join(CELLS), help=f"columns to run, from {','.join(CELLS)}")
+    ap.add_argument("--seeds", type=int, default=None, help="seeds of the ε = 1 default cell (3; others: 1)")
+    ap.add_argument("--public-size", type=int, default=2000)
+    ap.add_argument("--subset", type=int, default=None, help="private phrases (default all; --quick 20000)")
+    ap.add_argument("--epochs", type=float, default=None,
+                    help="epochs of the tune cells (default: the strategy's, 3); a shorter measurement only")
+    ap.add_argument("--table", action="store_true", help="print the table of what exists; run nothing")
+    args = ap.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
+    subset = args.subset if args.subset is not None else (20_000 if args.quick else None)
+    tag = "quick" if args.quick else ("full" if subset is None else f"subset{subset}")
+    if args.epochs is not None:
+        tag += f"_epochs{args.epochs:g}"
+    tag_dir = RESULTS / tag
+    epsilons = [float(e) for e in (args.epsilons or ("1" if args.quick else "1,3,8")).split(",")]
+    cells = [c.strip() for c in args.cells.split(",") if c.strip()]
+    bad = [c for c in cells if c not in CELLS]
+    if bad:
+        ap.error(f"unknown cell(s) {bad}; choose from {', '.join(CELLS)}")
+    n_default = args.seeds or (1 if args.quick else 3)
+
+    def seeds_of(cell, eps):
+        return range(n_default) if (cell == "default" and eps == 1.0) else range(1)
+
+    if args.table:
+        print(table(tag_dir, epsilons, cells, seeds_of))
+        return 0
+    split = make_split(args.public_size, subset, tag_dir)
+    log = open(tag_dir / "log.txt", "a", encoding="utf-8")
+
+    def say(msg):
+        print(msg, flush=True)
+        log.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')}  {msg}\n")
+        log.flush()
+
+    say(f"split: {split['n_private']} private, {split['n_public']} public (containment-disjoint; "
+        f"{split['dropped_for_disjointness']} dropped), dev {SST2 / 'dev.tsv'}")
+    COUNTER.install()
+    for eps in epsilons:
+        for cell in cells:
+            if cell.startswith("nonpriv") and eps != epsilons[0]:
+                continue
+            for seed in seeds_of(cell, eps):
+                key = _cell_key(cell, eps, seed)
+                path = tag_dir / f"{key}.json"
+                if path.exists():
+                    say(f"{key}: done before, reused")
+                    continue
+                folder = tag_dir / "runs" / key
+                if (folder / "run").exists():  # an interrupted cell leaves a half-made run: start it afresh
+                    import shutil
+
+                    shutil.rmtree(folder)
+                folder.mkdir(parents=True, exist_ok=True)
+                say(f"{key}: running")
+                t0 = time.time()
+                res = run_cell(cell, split, eps, seed, folder, args.epochs)
+                res.update({"cell": cell, "epsilon": eps, "seed": seed, "seconds": round(time.time() - t0, 1),
+                            "n_private": split["n_private"], "not_private": cell in NOT_PRIVATE})
+                path.write_text(json.dumps(res, indent=2, default=str))
+                say(f"{key}: dev {100 * res['dev_accuracy']:.2f} %, certificate ε {res['certificate_epsilon']:.4g}, "
+                    f"{res['seconds'] / 60:.1f} min, compute {res.get('compute_vs_final')}× one final run")
+    say("\n" + table(tag_dir, epsilons, cells, seeds_of))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
