@@ -12,6 +12,7 @@ Rows: total ε (``--epsilons``, default 1,3,8; δ = 1e-5).  Columns (``--cells``
   default        ``privtune.tune`` with no strategy or mode given (hyperfree, mode auto)
   bitfit         ``privtune.tune(mode="bitfit")``
   full           ``privtune.tune(mode="full")``
+  default-no-eta-trials  ablation: the default with ``strategy_options={"lr_trials": []}`` (no η placement)
   random         charged random search, k = 8 trials over the space below, every trial's events composed
                  (one σ for all: the composition of all trials meets ε), best on the public split released
   oracle         NOT PRIVATE grid oracle over the same space: every grid point run at the full ε, selection
@@ -58,7 +59,7 @@ from hpo import SST2, read_sst2_tsv  # noqa: E402  (bench/ is on sys.path)
 from make_embedded_data import containment_violations, spans, words  # noqa: E402
 
 RESULTS = HERE / "results" / "sst2_full"
-CELLS = ("default", "bitfit", "full", "random", "oracle", "nonpriv-bitfit", "nonpriv-full")
+CELLS = ("default", "bitfit", "full", "random", "oracle", "nonpriv-bitfit", "nonpriv-full", "default-no-eta-trials")
 NOT_PRIVATE = {"oracle", "nonpriv-bitfit", "nonpriv-full"}
 DELTA = 1e-5
 RS_TRIALS, RS_LR, RS_EPOCHS = 8, (1.25e-3, 8e-2), (1, 2, 3)
@@ -244,6 +245,8 @@ def run_cell(cell, split, eps, seed, folder, epochs=None):
         return _tune_cell(split, eps, seed, folder, **extra)
     if cell in ("bitfit", "full"):
         return _tune_cell(split, eps, seed, folder, mode=cell, **extra)
+    if cell == "default-no-eta-trials":  # ablation: the default without hyperfree's η-placement trials
+        return _tune_cell(split, eps, seed, folder, strategy_options={"lr_trials": []}, **extra)
     if cell == "random":
         rng = random.Random(1000 + seed)
         points = [(math.exp(rng.uniform(*map(math.log, RS_LR))), rng.choice(RS_EPOCHS)) for _ in range(RS_TRIALS)]

@@ -16,7 +16,7 @@ In ONE invocation, each in a fresh process on one CPU thread (torch.set_num_thre
              The time spent inside the hooks is reported separately.  The first DP step is a warm-up and
              is not counted.  Setup (loading, splitting, accounting, evaluation, writing) is not timed.
 
-    OMP_NUM_THREADS=1 python bench/tune_throughput.py                 # about 7 min (402 s) on the shared 2-core machine
+    OMP_NUM_THREADS=1 python bench/tune_throughput.py                 # about 24 min (1,431 s) on the shared, loaded 2-core machine
     OMP_NUM_THREADS=1 python bench/tune_throughput.py --profile       # + cProfile of the tune path (top 10)
 
 Results: printed table, plus bench/results/tune_throughput.json (git-ignored).
@@ -164,7 +164,7 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=5,
                     help="timed DP steps of tune (plus one warm-up step); 5 = one hyperfree η interval, so the "
                          "timed steps include hyperfree's loss probes at their real rate (1 step in 5)")
-    ap.add_argument("--padded-steps", type=int, default=2,
+    ap.add_argument("--padded-steps", type=int, default=5,
                     help="timed steps of the like-for-like run (tune with every sentence padded to max_length); 0: skip")
     ap.add_argument("--pad-to-max", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--max-length", type=int, default=64)
