@@ -36,8 +36,7 @@ import sys
 import time
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+import offline  # noqa: E402,F401  (sets the offline environment: bench/offline.py)
 
 import torch  # noqa: E402
 

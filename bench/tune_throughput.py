@@ -34,9 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+import offline  # noqa: E402,F401  (sets the offline environment: bench/offline.py)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 HERE = Path(__file__).resolve().parent
