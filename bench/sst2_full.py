@@ -69,8 +69,10 @@ def make_split(public_size: int, subset: int | None, folder: Path, seed: int = 0
     """Write train.tsv (private), public.tsv; return their paths and sizes (cached in ``folder``)."""
     folder.mkdir(parents=True, exist_ok=True)
     meta_path = folder / "split.json"
-    if meta_path.exists():
-        return json.loads(meta_path.read_text())
+    if meta_path.exists():  # the files are found next to split.json (the folder may have moved: a worktree, a copy)
+        meta = json.loads(meta_path.read_text())
+        return {**meta, "train": str(folder / "train.tsv"), "public": str(folder / "public.tsv"),
+                "dev": str(SST2 / "dev.tsv")}
     texts, labels = read_sst2_tsv(SST2 / "train.tsv")
     dev_texts, _ = read_sst2_tsv(SST2 / "dev.tsv")
     dev_set = {t.strip() for t in dev_texts}
@@ -342,11 +344,17 @@ def main(argv=None) -> int:
                 say(f"{key}: running")
                 t0 = time.time()
                 res = run_cell(cell, split, eps, seed, folder, args.epochs)
-                res.update({"cell": cell, "epsilon": eps, "seed": seed, "seconds": round(time.time() - t0, 1),
-                            "n_private": split["n_private"], "not_private": cell in NOT_PRIVATE})
+                seconds = time.time() - t0
+                res.update({"cell": cell, "epsilon": eps, "seed": seed, "seconds": round(seconds, 1),
+                            "n_private": split["n_private"], "not_private": cell in NOT_PRIVATE,
+                            "threads": torch.get_num_threads()})
+                if COUNTER.loops:  # DP cells: examples through DP steps per second of the whole cell
+                    res["dp_examples"] = sum(COUNTER.loops)
+                    res["dp_examples_per_second"] = round(sum(COUNTER.loops) / seconds, 1)
                 path.write_text(json.dumps(res, indent=2, default=str))
                 say(f"{key}: dev {100 * res['dev_accuracy']:.2f} %, certificate ε {res['certificate_epsilon']:.4g}, "
-                    f"{res['seconds'] / 60:.1f} min, compute {res.get('compute_vs_final')}× one final run")
+                    f"{res['seconds'] / 60:.1f} min, compute {res.get('compute_vs_final')}× one final run"
+                    + (f", {res['dp_examples_per_second']} DP examples/s" if "dp_examples_per_second" in res else ""))
     say("\n" + table(tag_dir, epsilons, cells, seeds_of))
     return 0
 

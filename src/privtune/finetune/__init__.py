@@ -20,6 +20,7 @@ from privtune.finetune.modes import (
     ModeInfo,
     apply_mode,
     default_lora_target_modules,
+    head_input_normalization,
 )
 from privtune.finetune.last_layer import FeatureSet, LinearHeadGradient, cache_features
 
@@ -27,6 +28,7 @@ __all__ = [
     "MODES",
     "ModeInfo",
     "apply_mode",
+    "head_input_normalization",
     "default_lora_target_modules",
     "BIAS_MODULE_TYPES",
     "FeatureSet",

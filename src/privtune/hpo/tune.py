@@ -916,6 +916,8 @@ def _execute(req: _Request, inputs: _Inputs, tplan: _TunePlan, clf, prog, seed: 
 
     def features():
         if not feats:
+            # the frozen-backbone features (a model pilot may have switched the shared model's pooling before)
+            clf.normalize = finetune.head_input_normalization(clf, "last-layer")
             for name, ds in (("train", train), ("select", selector_data if sel_name == "public_validation" else None),
                              ("public", public_set)):
                 if ds is None or name in feats:
@@ -948,6 +950,7 @@ def _execute(req: _Request, inputs: _Inputs, tplan: _TunePlan, clf, prog, seed: 
             if source == "public_validation":
                 X, y = f["select"]
             elif sel_name == "private_validation_noisy":
+                clf.normalize = finetune.head_input_normalization(clf, "last-layer")
                 fs = finetune.cache_features(clf, selector_data)
                 X, y = fs.features.float(), fs.labels
             else:

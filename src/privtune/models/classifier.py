@@ -185,6 +185,9 @@ class Classifier(nn.Module):
         self.kind = kind
         self.pooling = pooling
         self.normalize = normalize
+        #: what the checkpoint declares (a sentence-transformers Normalize module, or a saved privtune model's
+        #: setting); ``normalize`` is what the forward pass applies, set per mode by ``finetune.apply_mode``
+        self.declared_normalize = normalize
         self.num_labels = num_labels
         self.label_names = list(label_names) if label_names is not None else None
         self.tokenizer = tokenizer
