@@ -279,6 +279,9 @@ def test_eta_placement_picks_the_best_trial_and_breaks_ties_towards_eta0(scores,
         def score(self, lr, label=""):
             return dict(zip((1e-3, 3e-3, 1e-2), scores))[round(lr, 6)], []
 
+        def tie_margin(self, score):  # a split so large that only tie_tolerance counts
+            return 0.0
+
     plan = {"multipliers": (1.0, 3.0, 10.0), "steps": 3, "noise_multiplier": 3.0, "sample_rate": 0.1}
     lr, records = hf.place_learning_rate(Backend(), Selector(), hf.HyperfreeConfig(), plan, 1e-3, seed=0)
     assert lr == pytest.approx(1e-3 * chosen) and len(records) == 3
@@ -286,3 +289,50 @@ def test_eta_placement_picks_the_best_trial_and_breaks_ties_towards_eta0(scores,
     lr, _ = hf.place_learning_rate(Backend(), Selector(), hf.HyperfreeConfig(), plan, 1e-3, seed=0, final_scale=0.1)
     assert lr == pytest.approx(1e-3 * chosen_scaled * 0.1)
     assert [r.phase for r in records] == ["η placement"] * 3
+
+
+def test_eta_placement_treats_differences_within_the_public_splits_noise_as_ties():
+    """Measured on the --quick split (2,000 public phrases): trials at 57.95 %, 56.10 %, 56.00 % (all near the
+    56 % majority class) made the smallest η win by noise; two standard errors of a difference (≈ 3.1 points
+    here) make them ties, and the final η keeps η0's scale."""
+    from privtune.hpo.backends import TrialRun
+    from privtune.hpo.common import Selector
+
+    labels = torch.tensor([1] * 1120 + [0] * 880)  # 2,000 public labels, 56 % majority
+    scores = {1.5e-2: 0.5795, 5e-2: 0.5610, 1.5e-1: 0.5600}
+
+    class Backend:
+        def run(self, hp, **kw):
+            return TrialRun(state=hp["learning_rate"], events=[DPSGDEvent(3.0, 0.1, kw["steps"])], history={})
+
+        def logits(self, lr, data):  # predictions reaching the trial's accuracy exactly
+            k = round(scores[round(lr, 6)] * 2000)
+            pred = labels.clone()
+            pred[k:] = 1 - pred[k:]
+            return pred
+
+    sel = Selector("public_validation", None, labels)
+    assert sel.tie_margin(0.5795) == pytest.approx(2 * (2 * 0.5795 * 0.4205 / 2000) ** 0.5)
+    plan = {"multipliers": (3.0, 10.0, 30.0), "steps": 6, "noise_multiplier": 5.0, "sample_rate": 0.05}
+    lr, records = hf.place_learning_rate(Backend(), sel, hf.HyperfreeConfig(), plan, 5e-3, seed=0,
+                                         final_scale=6 / 59)
+    assert [r.score for r in records] == pytest.approx([0.5795, 0.5610, 0.5600])
+    assert lr == pytest.approx(5e-2 * 6 / 59)  # the tie goes to the final η closest to η0 (not 1.5e-2 · 6/59)
+    clear = {1.5e-2: 0.70, 5e-2: 0.56, 1.5e-1: 0.56}  # a 14-point lead is a real winner
+    scores.update(clear)
+    lr, _ = hf.place_learning_rate(Backend(), sel, hf.HyperfreeConfig(), plan, 5e-3, seed=0, final_scale=6 / 59)
+    assert lr == pytest.approx(1.5e-2 * 6 / 59)
+
+
+def test_tie_margin_counts_a_charged_scores_noise():
+    from privtune.hpo.common import Selector, TrialRecord, statistical_ties
+
+    labels = torch.zeros(1000, dtype=torch.long)
+    public = Selector("public_validation", None, labels)
+    noisy = Selector("private_validation_noisy", None, labels, noise_std=20.0)
+    assert noisy.tie_margin(0.8) > public.tie_margin(0.8) > 0  # noise std 20/1000 = 2 points per score
+    assert noisy.tie_margin(0.8) == pytest.approx(2 * (2 * (0.8 * 0.2 / 1000 + (20 / 1000) ** 2)) ** 0.5)
+    recs = [TrialRecord(index=i, phase="t", score=s, hyperparameters={}, events=[], score_source="public_validation") for i, s in enumerate((0.80, 0.78, 0.75))]
+    assert [r.index for r in statistical_ties(recs, public)] == [0, 1]
+    assert [r.index for r in statistical_ties(recs, noisy)] == [0, 1, 2]
+    assert [r.index for r in statistical_ties(recs, None)] == [0]

@@ -1065,7 +1065,10 @@ def _run_pilots(modes, clf, train, features, make_selector, source, pilot_eps, d
         score, evs = sel.score(be.logits(run.state, sel.data), label=label + " score")
         records.append(TrialRecord(index=i, phase="mode-auto pilot", hyperparameters=hp,
                                    events=list(run.events) + evs, score=score, score_source=sel.source))
-    best = common.choose_best(records, tie=lambda r: r.index)
+    # pilots the selection split cannot tell apart (Selector.tie_margin) are ties, won by the earlier candidate
+    # (the cheaper mode: AUTO_MODES / AUTO_MODES_AT_SCALE order); measured at ε = 1 on 60,957 SST-2 phrases,
+    # bitfit 56.20 % and full 56.40 % on 2,000 public phrases: both at chance, and argmax alone chose full
+    best = common.choose_best(common.statistical_ties(records, sel), key=lambda r: 0.0, tie=lambda r: r.index)
     return best.hyperparameters["mode"], records
 
 
