@@ -19,6 +19,11 @@ Rows: total ε (``--epsilons``, default 1,3,8; δ = 1e-5).  Columns (``--cells``
                  uncharged; a reference, never a private result
   nonpriv-bitfit NOT PRIVATE non-private BiTFiT, 1 epoch (ε = ∞)
   nonpriv-full   NOT PRIVATE non-private full fine-tuning, 1 epoch (ε = ∞)
+  default-lr0-1e-2  the default with ``strategy_options={"lr0": 0.01}`` (η placement from η0 = 1e-2)
+  fixed-bitfit   one fixed DP-BiTFiT setting, its choice NOT charged (a reference): zero head, flat C = 1,
+                 Adam 1e-2, expected batch 1,024, 3 epochs, σ calibrated to the full ε;
+                 ``fixed-bitfit-normalised`` the same on the checkpoint's L2-normalised features,
+                 ``fixed-bitfit-normalised-lr3e-2`` that at Adam 3e-2 (they isolate the head change)
 
 The search space of ``random`` and ``oracle``: DP-BiTFiT (flat clipping C = 1, Adam, zero-initialised head)
 at the seed-003 recommended expected batch for (ε, n, 3 epochs); learning rate log-uniform in
@@ -57,7 +62,12 @@ from hpo import SST2, read_sst2_tsv  # noqa: E402  (bench/ is on sys.path)
 from make_embedded_data import containment_violations, spans, words  # noqa: E402
 
 RESULTS = HERE / "results" / "sst2_full"
-CELLS = ("default", "bitfit", "full", "random", "oracle", "nonpriv-bitfit", "nonpriv-full", "default-no-eta-trials")
+CELLS = ("default", "bitfit", "full", "random", "oracle", "nonpriv-bitfit", "nonpriv-full", "default-no-eta-trials",
+         "default-lr0-1e-2", "fixed-bitfit", "fixed-bitfit-normalised", "fixed-bitfit-normalised-lr3e-2")
+#: the fixed, uncharged DP-BiTFiT references (one setting each, its choice not charged): (Adam η, normalised head)
+FIXED_BITFIT = {"fixed-bitfit": (1e-2, False), "fixed-bitfit-normalised": (1e-2, True),
+                "fixed-bitfit-normalised-lr3e-2": (3e-2, True)}
+FIXED_BATCH, FIXED_EPOCHS = 1024, 3.0
 NOT_PRIVATE = {"oracle", "nonpriv-bitfit", "nonpriv-full"}
 DELTA = 1e-5
 RS_TRIALS, RS_LR, RS_EPOCHS = 8, (1.25e-3, 8e-2), (1, 2, 3)
@@ -172,19 +182,38 @@ def _tune_cell(split, eps, seed, folder, **kw):
                        for t in r.trials]}
 
 
-def _bitfit_model(seed):
+def _bitfit_model(seed, normalize_features=None):
     from privtune.finetune import apply_mode
     from privtune.models import load_classifier
 
     m = load_classifier(None, num_labels=2, seed=seed)
-    apply_mode(m, "bitfit", zero_init_head=True)
+    apply_mode(m, "bitfit", zero_init_head=True, normalize_features=normalize_features)
     return m
 
 
-def _dp_bitfit(train, q, steps, sigma, lr, seed):
+def _fixed_cell(split, eps, seed, lr, normalised):
+    """One fixed DP-BiTFiT setting at the full ε (its choice is not charged: a reference, not a tuned result)."""
+    from privtune.accounting import calibrate_noise_multiplier, compute_epsilon
+    from privtune.data import load_text_dataset
+    from privtune.hpo.recommend import steps_for_epochs
+    from privtune.training import evaluate
+
+    train = load_text_dataset(split["train"], num_labels=2)
+    n = len(train)
+    q, steps = FIXED_BATCH / n, steps_for_epochs(n, FIXED_BATCH, FIXED_EPOCHS)
+    sigma = float(calibrate_noise_multiplier(eps, DELTA, q, steps))
+    m, events = _dp_bitfit(train, q, steps, sigma, lr, seed, normalize_features=normalised)
+    return {"dev_accuracy": evaluate(m, load_text_dataset(split["dev"], num_labels=2))["accuracy"],
+            "certificate_epsilon": compute_epsilon(events, DELTA), "compute_vs_final": 1.0,
+            "hyperparameters": {"learning_rate": lr, "normalised_head": normalised, "batch_size": FIXED_BATCH,
+                                "steps": steps, "noise_multiplier": sigma},
+            "label": "fixed setting: its choice is NOT charged (reference only)"}
+
+
+def _dp_bitfit(train, q, steps, sigma, lr, seed, normalize_features=None):
     from privtune.training import fit
 
-    m = _bitfit_model(seed)
+    m = _bitfit_model(seed, normalize_features)
     res = fit(m, train, noise_multiplier=sigma, sample_rate=q, steps=steps, learning_rate=lr, clip=1.0,
               clipping="flat", optimizer="adam", seed=seed)
     return m, list(res.events)
@@ -247,6 +276,10 @@ def run_cell(cell, split, eps, seed, folder, epochs=None):
         return _tune_cell(split, eps, seed, folder, mode=cell, **extra)
     if cell == "default-no-eta-trials":  # ablation: the default without hyperfree's η-placement trials
         return _tune_cell(split, eps, seed, folder, strategy_options={"lr_trials": []}, **extra)
+    if cell == "default-lr0-1e-2":  # the default placing η from η0 = 1e-2 instead of the mode's 5e-3
+        return _tune_cell(split, eps, seed, folder, strategy_options={"lr0": 0.01}, **extra)
+    if cell in FIXED_BITFIT:
+        return _fixed_cell(split, eps, seed, *FIXED_BITFIT[cell])
     if cell == "random":
         rng = random.Random(1000 + seed)
         points = [(math.exp(rng.uniform(*map(math.log, RS_LR))), rng.choice(RS_EPOCHS)) for _ in range(RS_TRIALS)]
