@@ -199,9 +199,15 @@ def test_eta_placement_on_a_model_is_planned_charged_and_starts_the_run_at_the_b
     lr0 = hf.DEFAULT_LR0["bitfit"]
     assert [t["hyperparameters"]["learning_rate"] for t in trials] == pytest.approx(
         [lr0 * m for m in hf.DEFAULT_LR_TRIALS])
-    # the final run keeps the best trial's total step r = η·T (seed 000): η_final = η_trial · T_trial / T
+    # the final run scales the best trial's total step r = η·T with ε (seed 000's linear rule, capped at the
+    # trial's η): η_final = η_trial · min(1, (T_trial/T)·(ε_final/ε_trial)), each run's own ε
     hp, t_steps = r.metrics["hyperparameters"], trials[0]["hyperparameters"]["steps"]
-    assert hp["learning_rate_initial"] == pytest.approx(lr0 * hf.DEFAULT_LR_TRIALS[1] * t_steps / hp["steps"])
+    eps_trial = compute_epsilon([DPSGDEvent(trials[0]["hyperparameters"]["noise_multiplier"],
+                                            trials[0]["hyperparameters"]["sample_rate"], t_steps)], 1e-3)
+    eps_final = compute_epsilon(list(r.plan.final_events), 1e-3)
+    scale = min(1.0, t_steps / hp["steps"] * eps_final / eps_trial)
+    assert r.plan.details["lr_trials"]["final_scale"] == pytest.approx(scale, rel=1e-6)
+    assert hp["learning_rate_initial"] == pytest.approx(lr0 * hf.DEFAULT_LR_TRIALS[1] * scale)
     # the trials were planned (before any data was read) and their events are in the certificate
     assert sum("planned η trial" in e.label for e in r.plan.trial_events) == 3
     cert = json.loads((r.run_dir / "certificate.json").read_text())
@@ -210,6 +216,31 @@ def test_eta_placement_on_a_model_is_planned_charged_and_starts_the_run_at_the_b
     assert compute_epsilon(events, 1e-3) <= 2.0 + 1e-9
     assert r.plan.planned_epsilon() <= 2.0 + 1e-9
     assert compute_epsilon(events, 1e-3) <= r.plan.planned_epsilon() * (1 + 1e-9)
+
+
+def test_eta_transfer_scales_the_total_step_with_epsilon_not_only_with_steps():
+    """Seed 000: the best r = η·T grows about linearly with ε, so a trial's η carries to the final run as
+    η·(T_t/T)·(ε_f/ε_t).  At full SST-2 size (60,957 phrases, B = 2,048, 90 steps, ε = 1) the trials have ε ≈ 0.087
+    each and the final run ≈ 0.988, so keeping r alone (× 9/90 = 0.1, the previous rule: DP-BiTFiT started at
+    1.5e-3 and reached 78.6 %) under-steps about 11×; the scale is capped at the trial's own η."""
+    cfg = hf.HyperfreeConfig()
+    q, T = 2048 / 60957, 90
+    trials = hf.plan_lr_trials(cfg, 1.0, 1e-5, sample_rate=q, steps=T, multipliers=(1, 3, 10))
+    p = hf.plan(cfg, 1.0, 1e-5, sample_rate=q, steps=T, lr_trials=trials)
+    lt = p.details["lr_trials"]
+    assert lt["steps"] == 9 and lt["trial_epsilon"] == pytest.approx(0.0868, abs=1e-3)
+    assert lt["final_epsilon"] == pytest.approx(0.988, abs=2e-3)
+    assert 9 / 90 * lt["final_epsilon"] / lt["trial_epsilon"] == pytest.approx(1.14, abs=0.01)
+    assert lt["final_scale"] == 1.0  # capped: no η above the winning trial's
+    assert "× 1" in p.notes[0] and "ε_f/ε_t" in p.notes[0]
+    # shorter trials (5 % of the steps) at the same ε: below the cap, the proportional rule itself
+    cfg = hf.HyperfreeConfig(trial_fraction=0.05)
+    trials = hf.plan_lr_trials(cfg, 1.0, 1e-5, sample_rate=q, steps=T, multipliers=(1, 3, 10))
+    lt = hf.plan(cfg, 1.0, 1e-5, sample_rate=q, steps=T, lr_trials=trials).details["lr_trials"]
+    eps_t = compute_epsilon([DPSGDEvent(trials["noise_multiplier"], q, 5)], 1e-5)
+    assert lt["trial_epsilon"] == pytest.approx(eps_t, rel=1e-6)
+    assert lt["final_scale"] == pytest.approx(5 / 90 * lt["final_epsilon"] / eps_t, rel=1e-9)
+    assert 0.5 < lt["final_scale"] < 0.7
 
 
 def test_eta_placement_is_off_on_features_and_when_asked():
@@ -285,7 +316,7 @@ def test_eta_placement_picks_the_best_trial_and_breaks_ties_towards_eta0(scores,
     plan = {"multipliers": (1.0, 3.0, 10.0), "steps": 3, "noise_multiplier": 3.0, "sample_rate": 0.1}
     lr, records = hf.place_learning_rate(Backend(), Selector(), hf.HyperfreeConfig(), plan, 1e-3, seed=0)
     assert lr == pytest.approx(1e-3 * chosen) and len(records) == 3
-    # with the final run 10× longer than a trial, its η keeps r = η·T: the tie goes to trial η0×10 (final η0)
+    # with a final scale of 0.1 (e.g. r kept over a 10× longer run) the tie goes to trial η0×10 (final η0)
     lr, _ = hf.place_learning_rate(Backend(), Selector(), hf.HyperfreeConfig(), plan, 1e-3, seed=0, final_scale=0.1)
     assert lr == pytest.approx(1e-3 * chosen_scaled * 0.1)
     assert [r.phase for r in records] == ["η placement"] * 3
