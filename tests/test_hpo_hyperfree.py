@@ -208,6 +208,7 @@ def test_eta_placement_on_a_model_is_planned_charged_and_starts_the_run_at_the_b
     scale = min(1.0, t_steps / hp["steps"] * eps_final / eps_trial)
     assert r.plan.details["lr_trials"]["final_scale"] == pytest.approx(scale, rel=1e-6)
     assert hp["learning_rate_initial"] == pytest.approx(lr0 * hf.DEFAULT_LR_TRIALS[1] * scale)
+    assert r.history["strategy"]["lr_placement"]["transfer"]["scale"] == pytest.approx(scale, rel=1e-6)
     # the trials were planned (before any data was read) and their events are in the certificate
     assert sum("planned η trial" in e.label for e in r.plan.trial_events) == 3
     cert = json.loads((r.run_dir / "certificate.json").read_text())

@@ -571,8 +571,12 @@ def run(backend, config: HyperfreeConfig, p: BudgetPlan, *, mode: str = "last-la
           "clipping": config.clipping_for(backend.kind != "model"),
           "optimizer": config.optimizer, "interval": config.interval}
     if trials:
+        lt = d["lr_trials"]
         data["lr_placement"] = {"default_lr0": lr_default, "chosen_lr0": lr0,
-                                "scores": {f"{t.hyperparameters['learning_rate']:.4g}": t.score for t in trials}}
+                                "scores": {f"{t.hyperparameters['learning_rate']:.4g}": t.score for t in trials},
+                                "transfer": {"rule": "r ∝ ε (seed 000), capped at the trial's η",
+                                             "scale": lt["final_scale"], "trial_epsilon": lt["trial_epsilon"],
+                                             "final_epsilon": lt["final_epsilon"]}}
     return StrategyOutcome(state=state, final_events=list(p.final_events), final_hyperparameters=hp, trials=trials,
                            strategy_data=data, final_history=hist,
                            selection_source=selector.source if trials else "none")
