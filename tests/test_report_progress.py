@@ -45,6 +45,22 @@ def test_progress_quiet_writes_only_the_log(tmp_path, capsys):
     assert "loss" not in text and "examples/s" not in text
 
 
+def test_an_umbrella_phase_is_not_reported_done_when_its_first_step_starts(tmp_path):
+    """tune opens "hyperfree (bitfit)" (open-ended) and its η trials start phases of their own: the log read
+    "done hyperfree (bitfit): 0 runs … in 0.0 s" before any trial ran."""
+    log = tmp_path / "log.txt"
+    with Progress(quiet=True, log_path=log, total_epsilon=1.0, log_interval=0.0) as pr:
+        pr.start_phase("hyperfree (bitfit)", None, unit="runs")
+        pr.start_phase("trial 1", total=2)
+        pr.advance(2, examples=64)
+        pr.start_phase("open-ended with work", None, unit="runs")
+        pr.advance(1)
+        pr.end_phase()
+    text = log.read_text()
+    assert "start hyperfree (bitfit)" in text and "done hyperfree" not in text
+    assert "done trial 1: 2/2 steps" in text and "done open-ended with work: 1 runs" in text
+
+
 def test_progress_draws_phase_loss_and_epsilon():
     buf = io.StringIO()
     console = Console(file=buf, force_terminal=True, width=160)

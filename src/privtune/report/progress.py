@@ -227,7 +227,10 @@ class Progress:
         """End the current phase (if any) and start ``name`` with ``total`` units of work; ``work`` is its
         planned work in expected training examples (see :meth:`plan_work`)."""
         if self.phase is not None:
-            self.end_phase()
+            # an open-ended phase with nothing done yet is an umbrella (e.g. "hyperfree (bitfit)") whose own
+            # steps start as phases of their own: closing it silently avoids a "done …: 0 runs" line before
+            # any of its work
+            self.end_phase(silent=self._total is None and self._done == 0)
         self._phase_work = None if work is None else float(work)
         self.phase = name
         self._examples = 0
@@ -295,12 +298,13 @@ class Progress:
             parts.append(left)
         return ", ".join(parts)
 
-    def end_phase(self) -> None:
-        """Finish the current phase and write its summary to the log."""
+    def end_phase(self, *, silent: bool = False) -> None:
+        """Finish the current phase and write its summary to the log (``silent``: no summary line)."""
         if self.phase is None:
             return
         took = f" in {time.monotonic() - self._t0:.1f} s" if self.log_timing else ""
-        self.runlog.write("done " + self._status_line() + took)
+        if not silent:
+            self.runlog.write("done " + self._status_line() + took)
         if self._phase_work is not None:
             self._work_done += self._phase_work
             self._work_seconds += time.monotonic() - self._t0
