@@ -24,6 +24,8 @@ Rows: total ε (``--epsilons``, default 1,3,8; δ = 1e-5).  Columns (``--cells``
                  Adam 1e-2, expected batch 1,024, 3 epochs, σ calibrated to the full ε;
                  ``fixed-bitfit-normalised`` the same on the checkpoint's L2-normalised features,
                  ``fixed-bitfit-normalised-lr3e-2`` that at Adam 3e-2 (they isolate the head change)
+  fixed-full     one fixed DP full fine-tuning setting, its choice NOT charged (a reference): zero head, flat
+                 C = 1, Adam 5e-4 (Li et al. 2022's SST-2 rate), expected batch 1,024, 1 epoch, σ calibrated to ε
 
 The search space of ``random`` and ``oracle``: DP-BiTFiT (flat clipping C = 1, Adam, zero-initialised head)
 at the seed-003 recommended expected batch for (ε, n, 3 epochs); learning rate log-uniform in
@@ -63,11 +65,16 @@ from make_embedded_data import containment_violations, spans, words  # noqa: E40
 
 RESULTS = HERE / "results" / "sst2_full"
 CELLS = ("default", "bitfit", "full", "random", "oracle", "nonpriv-bitfit", "nonpriv-full", "default-no-eta-trials",
-         "default-lr0-1e-2", "fixed-bitfit", "fixed-bitfit-normalised", "fixed-bitfit-normalised-lr3e-2")
-#: the fixed, uncharged DP-BiTFiT references (one setting each, its choice not charged): (Adam η, normalised head)
-FIXED_BITFIT = {"fixed-bitfit": (1e-2, False), "fixed-bitfit-normalised": (1e-2, True),
-                "fixed-bitfit-normalised-lr3e-2": (3e-2, True)}
-FIXED_BATCH, FIXED_EPOCHS = 1024, 3.0
+         "default-lr0-1e-2", "fixed-bitfit", "fixed-bitfit-normalised", "fixed-bitfit-normalised-lr3e-2",
+         "fixed-full")
+#: the fixed, uncharged DP references (one setting each, its choice not charged):
+#: cell -> (mode, Adam η, normalised head, epochs)
+FIXED = {"fixed-bitfit": ("bitfit", 1e-2, False, 3.0), "fixed-bitfit-normalised": ("bitfit", 1e-2, True, 3.0),
+         "fixed-bitfit-normalised-lr3e-2": ("bitfit", 3e-2, True, 3.0),
+         # DP full fine-tuning at Li et al. (2022)'s SST-2 learning rate for Adam (5e-4 at batch 1,024); one epoch,
+         # because three epochs of per-example gradients over all 22.7 M weights do not fit a CPU session
+         "fixed-full": ("full", 5e-4, False, 1.0)}
+FIXED_BATCH = 1024
 NOT_PRIVATE = {"oracle", "nonpriv-bitfit", "nonpriv-full"}
 DELTA = 1e-5
 RS_TRIALS, RS_LR, RS_EPOCHS = 8, (1.25e-3, 8e-2), (1, 2, 3)
@@ -182,17 +189,17 @@ def _tune_cell(split, eps, seed, folder, **kw):
                        for t in r.trials]}
 
 
-def _bitfit_model(seed, normalize_features=None):
+def _dp_model(seed, mode="bitfit", normalize_features=None):
     from privtune.finetune import apply_mode
     from privtune.models import load_classifier
 
     m = load_classifier(None, num_labels=2, seed=seed)
-    apply_mode(m, "bitfit", zero_init_head=True, normalize_features=normalize_features)
+    apply_mode(m, mode, zero_init_head=True, normalize_features=normalize_features)
     return m
 
 
-def _fixed_cell(split, eps, seed, lr, normalised):
-    """One fixed DP-BiTFiT setting at the full ε (its choice is not charged: a reference, not a tuned result)."""
+def _fixed_cell(split, eps, seed, mode, lr, normalised, epochs):
+    """One fixed DP setting at the full ε (its choice is not charged: a reference, not a tuned result)."""
     from privtune.accounting import calibrate_noise_multiplier, compute_epsilon
     from privtune.data import load_text_dataset
     from privtune.hpo.recommend import steps_for_epochs
@@ -200,22 +207,29 @@ def _fixed_cell(split, eps, seed, lr, normalised):
 
     train = load_text_dataset(split["train"], num_labels=2)
     n = len(train)
-    q, steps = FIXED_BATCH / n, steps_for_epochs(n, FIXED_BATCH, FIXED_EPOCHS)
+    q, steps = FIXED_BATCH / n, steps_for_epochs(n, FIXED_BATCH, epochs)
     sigma = float(calibrate_noise_multiplier(eps, DELTA, q, steps))
-    m, events = _dp_bitfit(train, q, steps, sigma, lr, seed, normalize_features=normalised)
+    m, events = _dp_fit(train, q, steps, sigma, lr, seed, mode=mode, normalize_features=normalised)
     return {"dev_accuracy": evaluate(m, load_text_dataset(split["dev"], num_labels=2))["accuracy"],
             "certificate_epsilon": compute_epsilon(events, DELTA), "compute_vs_final": 1.0,
-            "hyperparameters": {"learning_rate": lr, "normalised_head": normalised, "batch_size": FIXED_BATCH,
-                                "steps": steps, "noise_multiplier": sigma},
+            "hyperparameters": {"mode": mode, "learning_rate": lr, "normalised_head": normalised,
+                                "batch_size": FIXED_BATCH, "epochs": epochs, "steps": steps,
+                                "noise_multiplier": sigma},
             "label": "fixed setting: its choice is NOT charged (reference only)"}
 
 
-def _dp_bitfit(train, q, steps, sigma, lr, seed, normalize_features=None):
+def _dp_fit(train, q, steps, sigma, lr, seed, mode="bitfit", normalize_features=None):
     from privtune.training import fit
 
-    m = _bitfit_model(seed, normalize_features)
+    m = _dp_model(seed, mode, normalize_features)
+    t0 = time.time()
+
+    def show(info):  # a line every 10 steps: these cells run for an hour on a CPU
+        if info.step % 10 == 0 or info.step == steps:
+            print(f"    step {info.step}/{steps}  {time.time() - t0:.0f} s", flush=True)
+
     res = fit(m, train, noise_multiplier=sigma, sample_rate=q, steps=steps, learning_rate=lr, clip=1.0,
-              clipping="flat", optimizer="adam", seed=seed)
+              clipping="flat", optimizer="adam", seed=seed, callback=show)
     return m, list(res.events)
 
 
@@ -238,7 +252,7 @@ def _search_cell(split, eps, seed, points, charged: bool):
     best, events, trials = None, [], []
     for (lr, ep), T in zip(points, steps):
         sigma = sigma_all if charged else float(calibrate_noise_multiplier(eps, DELTA, q, T))
-        m, evs = _dp_bitfit(train, q, T, sigma, lr, seed + len(trials))
+        m, evs = _dp_fit(train, q, T, sigma, lr, seed + len(trials))
         events += evs
         score = evaluate(m, public)["accuracy"]
         trials.append({"learning_rate": lr, "epochs": ep, "steps": T, "sigma": sigma, "public_accuracy": score})
@@ -278,8 +292,8 @@ def run_cell(cell, split, eps, seed, folder, epochs=None):
         return _tune_cell(split, eps, seed, folder, strategy_options={"lr_trials": []}, **extra)
     if cell == "default-lr0-1e-2":  # the default placing η from η0 = 1e-2 instead of the mode's 5e-3
         return _tune_cell(split, eps, seed, folder, strategy_options={"lr0": 0.01}, **extra)
-    if cell in FIXED_BITFIT:
-        return _fixed_cell(split, eps, seed, *FIXED_BITFIT[cell])
+    if cell in FIXED:
+        return _fixed_cell(split, eps, seed, *FIXED[cell])
     if cell == "random":
         rng = random.Random(1000 + seed)
         points = [(math.exp(rng.uniform(*map(math.log, RS_LR))), rng.choice(RS_EPOCHS)) for _ in range(RS_TRIALS)]
