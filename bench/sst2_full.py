@@ -37,7 +37,9 @@ Each cell reports dev accuracy, certificate ε, wall time and compute relative t
 through DP/non-private gradient steps of the whole cell ÷ those of its released run; forward-only passes
 such as scoring are not counted).  Each (cell, ε, seed) is its own JSON file under
 ``bench/results/sst2_full/<tag>/``; an existing file is reused (resumable), and a cell without one is printed
-as "not run".  Logs: each tune run's ``log.txt`` in the same folder, the script's output in ``log.txt``.
+as "not run"; ``random`` and ``oracle`` also resume trial by trial (``runs/<key>/trial<i>.json``), since
+at full size each is 12-16 epochs of DP-BiTFiT, more than one CPU session.  Logs: each tune run's
+``log.txt`` in the same folder, the script's output in ``log.txt``.
 
     OMP_NUM_THREADS=2 python bench/sst2_full.py --quick --cells default,bitfit   # ε = 1 on a 20k subset
     OMP_NUM_THREADS=2 python bench/sst2_full.py --cells default --epsilons 1 --seeds 3
@@ -234,9 +236,15 @@ def _dp_fit(train, q, steps, sigma, lr, seed, mode="bitfit", normalize_features=
     return m, list(res.events)
 
 
-def _search_cell(split, eps, seed, points, charged: bool):
-    """Random search (charged: one σ for all trials, composed) or the grid oracle (each point at ε)."""
+def _search_cell(split, eps, seed, points, charged: bool, folder: Path):
+    """Random search (charged: one σ for all trials, composed) or the grid oracle (each point at ε).
+
+    Each trial is its own file ``folder/trial<i>.json`` (setting, σ, events, public and dev accuracy, seconds),
+    reused when it exists: at full size a cell is 12-16 epochs of DP-BiTFiT, more than one CPU session, so it
+    is resumable trial by trial.  Selection reads the public accuracy only; the dev accuracy of every trial is
+    recorded so that the selected one's can be reported without keeping its model."""
     from privtune.accounting import calibrate_noise_multiplier, compute_epsilon
+    from privtune.accounting.events import event_from_dict, event_to_dict
     from privtune.data import load_text_dataset
     from privtune.hpo.recommend import recommend, steps_for_epochs
     from privtune.training import evaluate
@@ -250,19 +258,36 @@ def _search_cell(split, eps, seed, points, charged: bool):
     q = b / n
     steps = [steps_for_epochs(n, b, e) for _, e in points]
     sigma_all = float(calibrate_noise_multiplier(eps, DELTA, q, sum(steps))) if charged else None
-    best, events, trials = None, [], []
-    for (lr, ep), T in zip(points, steps):
+    trials = []
+    for i, ((lr, ep), T) in enumerate(zip(points, steps)):
         sigma = sigma_all if charged else float(calibrate_noise_multiplier(eps, DELTA, q, T))
-        m, evs = _dp_fit(train, q, T, sigma, lr, seed + len(trials))
-        events += evs
-        score = evaluate(m, public)["accuracy"]
-        trials.append({"learning_rate": lr, "epochs": ep, "steps": T, "sigma": sigma, "public_accuracy": score})
-        print(f"    trial lr={lr:.3g} epochs={ep} T={T} σ={sigma:.3g}: public {score:.4f}", flush=True)
-        if best is None or score > best[0]:
-            best = (score, evaluate(m, dev)["accuracy"], T * b)
+        path = folder / f"trial{i}.json"
+        setting = {"learning_rate": lr, "epochs": ep, "steps": T, "batch_size": b, "sigma": sigma}
+        if path.exists():
+            trial = json.loads(path.read_text())
+            if {k: trial[k] for k in setting} != setting:
+                raise SystemExit(f"{path} holds another setting than trial {i} of this cell; remove {folder}")
+            print(f"    trial {i}: done before, reused", flush=True)
+        else:
+            t0 = time.time()
+            m, evs = _dp_fit(train, q, T, sigma, lr, seed + i)
+            trial = {**setting, "public_accuracy": evaluate(m, public)["accuracy"],
+                     "dev_accuracy": evaluate(m, dev)["accuracy"], "events": [event_to_dict(e) for e in evs],
+                     "seconds": round(time.time() - t0, 1), "dp_examples": sum(COUNTER.loops[-1:])}
+            path.write_text(json.dumps(trial, indent=2))
+        trials.append(trial)
+        print(f"    trial {i} lr={lr:.3g} epochs={ep} T={T} σ={sigma:.3g}: public {trial['public_accuracy']:.4f}",
+              flush=True)
+    best = max(trials, key=lambda t: t["public_accuracy"])  # first of equals: the search's order
+    events = [event_from_dict(e) for t in trials for e in t["events"]]
     cert_eps = compute_epsilon(events, DELTA) if charged else eps
-    out = {"dev_accuracy": best[1], "certificate_epsilon": cert_eps, "batch_size": b, "trials": trials,
-           "compute_vs_final": round(sum(s * b for s in steps) / best[2], 2)}
+    out = {"dev_accuracy": best["dev_accuracy"], "certificate_epsilon": cert_eps, "batch_size": b,
+           "selected": {k: best[k] for k in ("learning_rate", "epochs", "steps")},
+           "trials": [{k: v for k, v in t.items() if k != "events"} for t in trials],
+           "compute_vs_final": round(sum(steps) / best["steps"], 2),
+           # the whole cell, over every session that ran a trial (the main loop would time this session only)
+           "seconds": round(sum(t["seconds"] for t in trials), 1),
+           "dp_examples": sum(t["dp_examples"] for t in trials)}
     if not charged:
         out["label"] = "NOT PRIVATE: each grid point is (ε, δ)-DP alone; the selection is uncharged"
     return out
@@ -298,9 +323,10 @@ def run_cell(cell, split, eps, seed, folder, epochs=None):
     if cell == "random":
         rng = random.Random(1000 + seed)
         points = [(math.exp(rng.uniform(*map(math.log, RS_LR))), rng.choice(RS_EPOCHS)) for _ in range(RS_TRIALS)]
-        return _search_cell(split, eps, seed, points, charged=True)
+        return _search_cell(split, eps, seed, points, charged=True, folder=folder)
     if cell == "oracle":
-        return _search_cell(split, eps, seed, [(lr, e) for lr in GRID_LR for e in GRID_EPOCHS], charged=False)
+        return _search_cell(split, eps, seed, [(lr, e) for lr in GRID_LR for e in GRID_EPOCHS], charged=False,
+                            folder=folder)
     return _nonprivate_cell(split, "bitfit" if cell == "nonpriv-bitfit" else "full", seed)
 
 
@@ -392,13 +418,15 @@ def main(argv=None) -> int:
                 say(f"{key}: running")
                 t0 = time.time()
                 res = run_cell(cell, split, eps, seed, folder, args.epochs)
-                seconds = time.time() - t0
+                seconds = res.pop("seconds", None) or time.time() - t0  # a resumable cell times all its sessions
                 res.update({"cell": cell, "epsilon": eps, "seed": seed, "seconds": round(seconds, 1),
                             "n_private": split["n_private"], "not_private": cell in NOT_PRIVATE,
                             "threads": torch.get_num_threads()})
-                if COUNTER.loops:  # DP cells: examples through DP steps per second of the whole cell
-                    res["dp_examples"] = sum(COUNTER.loops)
-                    res["dp_examples_per_second"] = round(sum(COUNTER.loops) / seconds, 1)
+                res.setdefault("dp_examples", sum(COUNTER.loops))
+                if res["dp_examples"]:  # DP cells: examples through DP steps per second of the whole cell
+                    res["dp_examples_per_second"] = round(res["dp_examples"] / seconds, 1)
+                else:
+                    res.pop("dp_examples")
                 path.write_text(json.dumps(res, indent=2, default=str))
                 say(f"{key}: dev {100 * res['dev_accuracy']:.2f} %, certificate ε {res['certificate_epsilon']:.4g}, "
                     f"{res['seconds'] / 60:.1f} min, compute {res.get('compute_vs_final')}× one final run"
