@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+import privtune.engine.distributed  # noqa: F401 - before any worker makes a group (see its module note)
 from privtune.models.testing import make_toy_text_files
 
 WORLD = 2
@@ -159,6 +160,32 @@ def _worker(rank: int, world: int, port: int, job: str, out_dir: str, args: tupl
         torch.save(JOBS[job](rank, *args, **kwargs), Path(out_dir) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
+
+
+def _joins_like_torchrun(rank: int, world: int, port: int, files: dict, out_dir: str) -> None:
+    """A torchrun worker's life in privtune: the group is made by privtune (from torchrun's variables), a model
+    is loaded and trained, and the group is left; writes whether the group object outlived shutdown()."""
+    import gc
+    import weakref
+
+    os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    torch.set_num_threads(1)
+    from privtune.data import load_dataset
+    from privtune.engine.distributed import current, shutdown
+    from privtune.finetune import apply_mode
+    from privtune.models import load_classifier
+    from privtune.training import fit
+
+    assert current(device="cpu") is not None
+    group = weakref.ref(dist.distributed_c10d._get_default_group())
+    model = load_classifier(files["model"], num_labels=2, seed=0)
+    apply_mode(model, "bitfit")
+    fit(model, load_dataset(files["train"], num_labels=2), noise_multiplier=1.0, sample_rate=0.25, steps=2,
+        learning_rate=1e-2, seed=0, device="cpu")
+    shutdown()
+    gc.collect()
+    (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps({"group_freed": group() is None}))
 
 
 def _spawn(job: str, tmp_path: Path, *args, **kwargs) -> list:
@@ -387,6 +414,16 @@ def test_torchrun_runs_privtune_train(files, tmp_path):
                 delta=1e-3, steps=3, batch_size=10, labels=[0, 1], seed=0, progress=False, device="cpu",
                 ledger=f"sqlite:///{tmp_path / 'one.db'}", output_dir=None)
     assert cert["epsilon"] == pytest.approx(one.certificate.epsilon, rel=1e-12)
+
+
+@pytest.mark.slow  # starts two Python processes (torch and transformers imports dominate)
+def test_leaving_the_group_frees_it_so_no_backend_is_torn_down_at_interpreter_exit(files, tmp_path):
+    # transformers' model loading imports torch.distributed.nn.functional, whose collectives take
+    # group=group.WORLD as a default bound at import: imported after the group was made, it pinned the group,
+    # gloo's backend then died during interpreter exit and a rank of a successful torchrun run could SIGABRT
+    mp.spawn(_joins_like_torchrun, args=(WORLD, _free_port(), files, str(tmp_path)), nprocs=WORLD, join=True)
+    for rank in range(WORLD):
+        assert json.loads((tmp_path / f"rank{rank}.json").read_text()) == {"group_freed": True}
 
 
 def test_other_commands_are_refused_under_torchrun():

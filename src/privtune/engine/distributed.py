@@ -34,6 +34,18 @@ import torch.distributed as dist
 
 from privtune.errors import PrivtuneError
 
+if dist.is_available():
+    # torch.distributed.nn.functional binds ``group.WORLD`` as the default argument of its collectives when it
+    # is imported.  Imported after a process group exists (transformers' model loading imports it through
+    # torch.distributed._shard), those defaults pin the default group: destroy_process_group() can then not
+    # free it, and its gloo backend is torn down during interpreter exit instead, racing the other ranks'
+    # exit (seen as an occasional SIGABRT of a rank after a successful `torchrun ... privtune train`).
+    # Imported here, before any group exists, the defaults are None.
+    try:
+        import torch.distributed.nn.functional  # noqa: F401
+    except ImportError:  # a torch build without it: nothing binds the group
+        pass
+
 __all__ = ["ProcessGroup", "current", "is_main_process", "launched_by_torchrun", "shutdown", "DistributedError"]
 
 #: what torchrun (torch.distributed.run) sets in every worker's environment
