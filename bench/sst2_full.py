@@ -343,7 +343,9 @@ def table(tag_dir: Path, epsilons, cells, seeds_of) -> str:
             res = [json.loads(p.read_text()) for s in seeds_of(cell, eps)
                    if (p := tag_dir / f"{_cell_key(cell, eps, s)}.json").exists()]
             if not res:
-                row.append("not run")
+                done = len(list((tag_dir / "runs" / _cell_key(cell, eps, 0)).glob("trial*.json")))
+                of = {"random": RS_TRIALS, "oracle": len(GRID_LR) * len(GRID_EPOCHS)}.get(cell)
+                row.append(f"in progress ({done}/{of} trials; rerun to resume)" if done and of else "not run")
                 continue
             acc = [100 * r["dev_accuracy"] for r in res]
             spread = f" ± {statistics.stdev(acc):.1f}" if len(acc) > 1 else ""
