@@ -38,7 +38,7 @@ through DP/non-private gradient steps of the whole cell ÷ those of its released
 such as scoring are not counted).  Each (cell, ε, seed) is its own JSON file under
 ``bench/results/sst2_full/<tag>/``; an existing file is reused (resumable), and a cell without one is printed
 as "not run"; ``random`` and ``oracle`` also resume trial by trial (``runs/<key>/trial<i>.json``), since
-at full size each is 12-16 epochs of DP-BiTFiT, more than one CPU session.  Logs: each tune run's
+at full size they are 12 (oracle) and 18 (random) epochs of DP-BiTFiT, more than one CPU session.  Logs: each tune run's
 ``log.txt`` in the same folder, the script's output in ``log.txt``.
 
     OMP_NUM_THREADS=2 python bench/sst2_full.py --quick --cells default,bitfit   # ε = 1 on a 20k subset
@@ -240,7 +240,7 @@ def _search_cell(split, eps, seed, points, charged: bool, folder: Path):
     """Random search (charged: one σ for all trials, composed) or the grid oracle (each point at ε).
 
     Each trial is its own file ``folder/trial<i>.json`` (setting, σ, events, public and dev accuracy, seconds),
-    reused when it exists: at full size a cell is 12-16 epochs of DP-BiTFiT, more than one CPU session, so it
+    reused when it exists: at full size a cell is 12 or 18 epochs of DP-BiTFiT, more than one CPU session, so it
     is resumable trial by trial.  Selection reads the public accuracy only; the dev accuracy of every trial is
     recorded so that the selected one's can be reported without keeping its model."""
     from privtune.accounting import calibrate_noise_multiplier, compute_epsilon
