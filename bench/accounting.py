@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import time
 import warnings
 
@@ -119,7 +118,6 @@ def _trials(n, seed=0):
 
 
 def composition_table(quick: bool):
-    import dp_accounting as dpa
     from dp_accounting.pld import pld_privacy_accountant as pa
     from dp_accounting.rdp import rdp_privacy_accountant as ra
     from rich.console import Console

@@ -6,36 +6,70 @@ Embedding + 2 blocks (Q, K, V, O 384×384, FFN 384↔1536, LayerNorm) + head, B 
 median CPU time of 9 steps, next to a non-private step of the same model.  Used to measure the cost of
 the certified float64 per-example norms (docs/engine.md): run it with PYTHONPATH pointing at two
 checkouts, interleaved, on a quiet machine."""
-import statistics, sys, time, torch
+import statistics
+import sys
+import time
+
+import torch
 from torch import nn
-torch.set_num_threads(1)
+
 from privtune.engine import PrivateGradient
-torch.manual_seed(0)
-B, T, D = 32, int(sys.argv[1]) if len(sys.argv) > 1 else 64, 384
+
+BATCH, WIDTH, VOCAB, REPEATS = 32, 384, 1000, 9
+
+
 class Block(nn.Module):
-    def __init__(s):
-        super().__init__(); s.q=nn.Linear(D,D); s.k=nn.Linear(D,D); s.v=nn.Linear(D,D); s.o=nn.Linear(D,D)
-        s.ln=nn.LayerNorm(D); s.f1=nn.Linear(D,4*D); s.f2=nn.Linear(4*D,D)
-    def forward(s,x):
-        att=torch.softmax(s.q(x)@s.k(x).transpose(1,2)/D**.5,-1)@s.v(x)
-        x=s.ln(x+s.o(att)); return x+s.f2(torch.relu(s.f1(x)))
-model=nn.Sequential(nn.Embedding(1000,D), Block(), Block(), nn.Linear(D,2))
-class M(nn.Module):
-    def __init__(s): super().__init__(); s.m=model
-    def forward(s,ids): return s.m(ids).mean(1)
-m=M()
-ids=torch.randint(0,1000,(B,T)); y=torch.randint(0,2,(B,))
-pg=PrivateGradient(m,max_grad_norm=1.0,noise_multiplier=1.0,expected_batch_size=B, seed=0)
-def step():
-    loss=nn.functional.cross_entropy(m(ids),y,reduction="none"); pg.backward(loss); pg.release()
-def nondp():
-    with pg.paused():
-        m.zero_grad(); nn.functional.cross_entropy(m(ids),y).backward()
-for f in (step, nondp): f()
-res={}
-for name,f in (("dp",step),("nondp",nondp)):
-    ts=[]
-    for _ in range(9):
-        t=time.process_time(); f(); ts.append(time.process_time()-t)
-    res[name]=statistics.median(ts)
-print(f"T={T} dp step {res['dp']*1e3:.1f} ms, non-DP {res['nondp']*1e3:.1f} ms, ratio {res['dp']/res['nondp']:.2f}")
+    """One post-LayerNorm transformer block without heads' split: what the per-example norms walk through."""
+
+    def __init__(self):
+        super().__init__()
+        self.q, self.k, self.v, self.o = (nn.Linear(WIDTH, WIDTH) for _ in range(4))
+        self.ln = nn.LayerNorm(WIDTH)
+        self.up, self.down = nn.Linear(WIDTH, 4 * WIDTH), nn.Linear(4 * WIDTH, WIDTH)
+
+    def forward(self, x):
+        att = torch.softmax(self.q(x) @ self.k(x).transpose(1, 2) / WIDTH ** 0.5, -1) @ self.v(x)
+        x = self.ln(x + self.o(att))
+        return x + self.down(torch.relu(self.up(x)))
+
+
+class Classifier(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Embedding(VOCAB, WIDTH), Block(), Block(), nn.Linear(WIDTH, 2))
+
+    def forward(self, ids):
+        return self.body(ids).mean(1)
+
+
+def main(seq_len: int) -> str:
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = Classifier()
+    ids, labels = torch.randint(0, VOCAB, (BATCH, seq_len)), torch.randint(0, 2, (BATCH,))
+    private = PrivateGradient(model, max_grad_norm=1.0, noise_multiplier=1.0, expected_batch_size=BATCH, seed=0)
+
+    def dp_step():
+        private.backward(nn.functional.cross_entropy(model(ids), labels, reduction="none"))
+        private.release()
+
+    def nonprivate_step():
+        with private.paused():
+            model.zero_grad()
+            nn.functional.cross_entropy(model(ids), labels).backward()
+
+    median_seconds = {}
+    for name, step in (("dp", dp_step), ("nondp", nonprivate_step)):
+        step()  # warm-up
+        times = []
+        for _ in range(REPEATS):
+            t0 = time.process_time()
+            step()
+            times.append(time.process_time() - t0)
+        median_seconds[name] = statistics.median(times)
+    dp, nondp = median_seconds["dp"], median_seconds["nondp"]
+    return f"T={seq_len} dp step {dp * 1e3:.1f} ms, non-DP {nondp * 1e3:.1f} ms, ratio {dp / nondp:.2f}"
+
+
+if __name__ == "__main__":
+    print(main(int(sys.argv[1]) if len(sys.argv) > 1 else 64))
