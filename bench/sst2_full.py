@@ -26,7 +26,7 @@ Rows: total ε (``--epsilons``, default 1,3,8; δ = 1e-5).  Columns (``--cells``
                  ``fixed-bitfit-normalised-lr3e-2`` that at Adam 3e-2 (they isolate the head change)
   fixed-full     one fixed DP full fine-tuning setting, its choice NOT charged (a reference): zero head, flat
                  C = 1, Adam 5e-4 (Li et al. 2022's SST-2 rate), expected batch 1,024, 1 epoch, σ calibrated to ε;
-                 ``fixed-full-lr2e-3`` the same at Adam 2e-3
+                 ``fixed-full-lr2e-3`` the same at Adam 2e-3, ``fixed-full-lr2e-3-epochs3`` that for 3 epochs
 
 The search space of ``random`` and ``oracle``: DP-BiTFiT (flat clipping C = 1, Adam, zero-initialised head)
 at the seed-003 recommended expected batch for (ε, n, 3 epochs); learning rate log-uniform in
@@ -69,14 +69,15 @@ from make_embedded_data import containment_violations, spans, words  # noqa: E40
 RESULTS = HERE / "results" / "sst2_full"
 CELLS = ("default", "bitfit", "full", "random", "oracle", "nonpriv-bitfit", "nonpriv-full", "default-no-eta-trials",
          "default-lr0-1e-2", "fixed-bitfit", "fixed-bitfit-normalised", "fixed-bitfit-normalised-lr3e-2",
-         "fixed-full", "fixed-full-lr2e-3")
+         "fixed-full", "fixed-full-lr2e-3", "fixed-full-lr2e-3-epochs3")
 #: the fixed, uncharged DP references (one setting each, its choice not charged):
 #: cell -> (mode, Adam η, normalised head, epochs)
 FIXED = {"fixed-bitfit": ("bitfit", 1e-2, False, 3.0), "fixed-bitfit-normalised": ("bitfit", 1e-2, True, 3.0),
          "fixed-bitfit-normalised-lr3e-2": ("bitfit", 3e-2, True, 3.0),
-         # DP full fine-tuning at Li et al. (2022)'s SST-2 learning rate for Adam (5e-4 at batch 1,024); one epoch,
-         # because three epochs of per-example gradients over all 22.7 M weights do not fit a CPU session
-         "fixed-full": ("full", 5e-4, False, 1.0), "fixed-full-lr2e-3": ("full", 2e-3, False, 1.0)}
+         # DP full fine-tuning at Li et al. (2022)'s SST-2 learning rate for Adam (5e-4 at batch 1,024); one epoch
+         # (about 20 min on one thread), and the 4x rate for three epochs (about an hour): where 85 % starts
+         "fixed-full": ("full", 5e-4, False, 1.0), "fixed-full-lr2e-3": ("full", 2e-3, False, 1.0),
+         "fixed-full-lr2e-3-epochs3": ("full", 2e-3, False, 3.0)}
 FIXED_BATCH = 1024
 NOT_PRIVATE = {"oracle", "nonpriv-bitfit", "nonpriv-full"}
 DELTA = 1e-5
@@ -236,13 +237,14 @@ def _dp_fit(train, q, steps, sigma, lr, seed, mode="bitfit", normalize_features=
     return m, list(res.events)
 
 
-def _search_cell(split, eps, seed, points, charged: bool, folder: Path):
+def _search_cell(split, eps, seed, points, charged: bool, folder: Path, only=None):
     """Random search (charged: one σ for all trials, composed) or the grid oracle (each point at ε).
 
     Each trial is its own file ``folder/trial<i>.json`` (setting, σ, events, public and dev accuracy, seconds),
     reused when it exists: at full size a cell is 12 or 18 epochs of DP-BiTFiT, more than one CPU session, so it
     is resumable trial by trial.  Selection reads the public accuracy only; the dev accuracy of every trial is
-    recorded so that the selected one's can be reported without keeping its model."""
+    recorded so that the selected one's can be reported without keeping its model.  ``only`` (trial indices) lets
+    several processes share one cell; the cell's result is made by whichever finds every trial done (else None)."""
     from privtune.accounting import calibrate_noise_multiplier, compute_epsilon
     from privtune.accounting.events import event_from_dict, event_to_dict
     from privtune.data import load_text_dataset
@@ -268,6 +270,9 @@ def _search_cell(split, eps, seed, points, charged: bool, folder: Path):
             if {k: trial[k] for k in setting} != setting:
                 raise SystemExit(f"{path} holds another setting than trial {i} of this cell; remove {folder}")
             print(f"    trial {i}: done before, reused", flush=True)
+        elif only is not None and i not in only:
+            print(f"    trial {i}: left to another process (--trials)", flush=True)
+            continue
         else:
             t0 = time.time()
             m, evs = _dp_fit(train, q, T, sigma, lr, seed + i)
@@ -278,6 +283,8 @@ def _search_cell(split, eps, seed, points, charged: bool, folder: Path):
         trials.append(trial)
         print(f"    trial {i} lr={lr:.3g} epochs={ep} T={T} σ={sigma:.3g}: public {trial['public_accuracy']:.4f}",
               flush=True)
+    if len(trials) < len(points):
+        return None
     best = max(trials, key=lambda t: t["public_accuracy"])  # first of equals: the search's order
     events = [event_from_dict(e) for t in trials for e in t["events"]]
     cert_eps = compute_epsilon(events, DELTA) if charged else eps
@@ -307,7 +314,7 @@ def _nonprivate_cell(split, mode, seed):
             "certificate_epsilon": math.inf, "label": "NOT PRIVATE (no noise)", "compute_vs_final": 1.0}
 
 
-def run_cell(cell, split, eps, seed, folder, epochs=None):
+def run_cell(cell, split, eps, seed, folder, epochs=None, trials=None):
     COUNTER.loops.clear()
     extra = {} if epochs is None else {"epochs": epochs}
     if cell == "default":
@@ -323,10 +330,10 @@ def run_cell(cell, split, eps, seed, folder, epochs=None):
     if cell == "random":
         rng = random.Random(1000 + seed)
         points = [(math.exp(rng.uniform(*map(math.log, RS_LR))), rng.choice(RS_EPOCHS)) for _ in range(RS_TRIALS)]
-        return _search_cell(split, eps, seed, points, charged=True, folder=folder)
+        return _search_cell(split, eps, seed, points, charged=True, folder=folder, only=trials)
     if cell == "oracle":
         return _search_cell(split, eps, seed, [(lr, e) for lr in GRID_LR for e in GRID_EPOCHS], charged=False,
-                            folder=folder)
+                            folder=folder, only=trials)
     return _nonprivate_cell(split, "bitfit" if cell == "nonpriv-bitfit" else "full", seed)
 
 
@@ -367,8 +374,14 @@ def main(argv=None) -> int:
     ap.add_argument("--subset", type=int, default=None, help="private phrases (default all; --quick 20000)")
     ap.add_argument("--epochs", type=float, default=None,
                     help="epochs of the tune cells (default: the strategy's, 3); a shorter measurement only")
+    ap.add_argument("--trials", type=str, default=None,
+                    help="random/oracle: run only these trial indices (e.g. 4,5), to share a cell between processes")
     ap.add_argument("--table", action="store_true", help="print the table of what exists; run nothing")
     args = ap.parse_args(argv)
+    try:
+        trials = None if args.trials is None else {int(t) for t in args.trials.split(",") if t.strip()}
+    except ValueError:
+        ap.error(f"--trials takes trial indices separated by commas, e.g. 4,5; got {args.trials!r}")
     import torch
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
@@ -382,6 +395,8 @@ def main(argv=None) -> int:
     bad = [c for c in cells if c not in CELLS]
     if bad:
         ap.error(f"unknown cell(s) {bad}; choose from {', '.join(CELLS)}")
+    if trials is not None and set(cells) - {"random", "oracle"}:
+        ap.error("--trials splits the random and oracle cells only; give --cells random or --cells oracle")
     n_default = args.seeds or (1 if args.quick else 3)
 
     def seeds_of(cell, eps):
@@ -419,7 +434,10 @@ def main(argv=None) -> int:
                 folder.mkdir(parents=True, exist_ok=True)
                 say(f"{key}: running")
                 t0 = time.time()
-                res = run_cell(cell, split, eps, seed, folder, args.epochs)
+                res = run_cell(cell, split, eps, seed, folder, args.epochs, trials)
+                if res is None:
+                    say(f"{key}: trials left to another process; the one that finds them all done writes the cell")
+                    continue
                 seconds = res.pop("seconds", None) or time.time() - t0  # a resumable cell times all its sessions
                 res.update({"cell": cell, "epsilon": eps, "seed": seed, "seconds": round(seconds, 1),
                             "n_private": split["n_private"], "not_private": cell in NOT_PRIVATE,
