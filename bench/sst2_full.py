@@ -26,7 +26,8 @@ Rows: total ε (``--epsilons``, default 1,3,8; δ = 1e-5).  Columns (``--cells``
                  ``fixed-bitfit-normalised-lr3e-2`` that at Adam 3e-2 (they isolate the head change)
   fixed-full     one fixed DP full fine-tuning setting, its choice NOT charged (a reference): zero head, flat
                  C = 1, Adam 5e-4 (Li et al. 2022's SST-2 rate), expected batch 1,024, 1 epoch, σ calibrated to ε;
-                 ``fixed-full-lr2e-3`` the same at Adam 2e-3, ``fixed-full-lr2e-3-epochs3`` that for 3 epochs
+                 ``fixed-full-lr2e-3`` the same at Adam 2e-3, ``fixed-full-lr2e-3-epochs3`` that for 3 epochs,
+                 ``fixed-full-lr5e-3`` and ``fixed-full-lr1e-2`` one epoch at those rates
 
 The search space of ``random`` and ``oracle``: DP-BiTFiT (flat clipping C = 1, Adam, zero-initialised head)
 at the seed-003 recommended expected batch for (ε, n, 3 epochs); learning rate log-uniform in
@@ -70,7 +71,7 @@ from make_embedded_data import containment_violations, spans, words  # noqa: E40
 RESULTS = HERE / "results" / "sst2_full"
 CELLS = ("default", "bitfit", "full", "random", "oracle", "nonpriv-bitfit", "nonpriv-full", "default-no-eta-trials",
          "default-lr0-1e-2", "fixed-bitfit", "fixed-bitfit-normalised", "fixed-bitfit-normalised-lr3e-2",
-         "fixed-full", "fixed-full-lr2e-3", "fixed-full-lr2e-3-epochs3")
+         "fixed-full", "fixed-full-lr2e-3", "fixed-full-lr2e-3-epochs3", "fixed-full-lr5e-3", "fixed-full-lr1e-2")
 #: the fixed, uncharged DP references (one setting each, its choice not charged):
 #: cell -> (mode, Adam η, normalised head, epochs)
 FIXED = {"fixed-bitfit": ("bitfit", 1e-2, False, 3.0), "fixed-bitfit-normalised": ("bitfit", 1e-2, True, 3.0),
@@ -78,7 +79,8 @@ FIXED = {"fixed-bitfit": ("bitfit", 1e-2, False, 3.0), "fixed-bitfit-normalised"
          # DP full fine-tuning at Li et al. (2022)'s SST-2 learning rate for Adam (5e-4 at batch 1,024); one epoch
          # (about 20 min on one thread), and the 4x rate for three epochs (about an hour): where 85 % starts
          "fixed-full": ("full", 5e-4, False, 1.0), "fixed-full-lr2e-3": ("full", 2e-3, False, 1.0),
-         "fixed-full-lr2e-3-epochs3": ("full", 2e-3, False, 3.0)}
+         "fixed-full-lr2e-3-epochs3": ("full", 2e-3, False, 3.0),
+         "fixed-full-lr5e-3": ("full", 5e-3, False, 1.0), "fixed-full-lr1e-2": ("full", 1e-2, False, 1.0)}
 FIXED_BATCH = 1024
 NOT_PRIVATE = {"oracle", "nonpriv-bitfit", "nonpriv-full"}
 DELTA = 1e-5
