@@ -77,7 +77,7 @@ CELLS = ("default", "bitfit", "full", "random", "oracle", "nonpriv-bitfit", "non
 FIXED = {"fixed-bitfit": ("bitfit", 1e-2, False, 3.0), "fixed-bitfit-normalised": ("bitfit", 1e-2, True, 3.0),
          "fixed-bitfit-normalised-lr3e-2": ("bitfit", 3e-2, True, 3.0),
          # DP full fine-tuning at Li et al. (2022)'s SST-2 learning rate for Adam (5e-4 at batch 1,024); one epoch
-         # (about 20 min on one thread), and the 4x rate for three epochs (about an hour): where 85 % starts
+         # (about 20 min on one thread), and larger rates and 3 epochs (about an hour): looking for where 85 % starts
          "fixed-full": ("full", 5e-4, False, 1.0), "fixed-full-lr2e-3": ("full", 2e-3, False, 1.0),
          "fixed-full-lr2e-3-epochs3": ("full", 2e-3, False, 3.0),
          "fixed-full-lr5e-3": ("full", 5e-3, False, 1.0), "fixed-full-lr1e-2": ("full", 1e-2, False, 1.0)}
