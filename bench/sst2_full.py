@@ -263,6 +263,8 @@ def _search_cell(split, eps, seed, points, charged: bool, folder: Path, only=Non
     q = b / n
     steps = [steps_for_epochs(n, b, e) for _, e in points]
     sigma_all = float(calibrate_noise_multiplier(eps, DELTA, q, sum(steps))) if charged else None
+    if only is not None and not only <= set(range(len(points))):
+        raise SystemExit(f"--trials: this cell has trials 0 to {len(points) - 1}; got {sorted(only)}")
     trials = []
     for i, ((lr, ep), T) in enumerate(zip(points, steps)):
         sigma = sigma_all if charged else float(calibrate_noise_multiplier(eps, DELTA, q, T))

@@ -389,7 +389,7 @@ def test_a_data_parallel_run_resumes_from_rank0s_checkpoint(files, train_ranks, 
     root, ranks = train_ranks
     # rank 0 fails at its first mid-training checkpoint; rank 1 fails too (its peer left) or the launcher stops it
     errors = _spawn_failing("train_shared_dir", tmp_path, files, str(tmp_path), fault_on_rank0="mid-training")
-    assert "injected fault" in errors[0]
+    assert "injected fault" in errors.get(0, "rank 0 left no error")
     assert (tmp_path / "run" / "checkpoints" / "checkpoint.pt").is_file()
     resumed = _spawn("train_shared_dir", tmp_path, files, str(tmp_path), resume=True)
     # the resumed run (batches and noise continued from rank 0's checkpoint on every rank) is the uninterrupted one
