@@ -59,6 +59,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import offline  # noqa: E402,F401  (sets the offline environment: bench/offline.py)
 
@@ -72,17 +73,31 @@ RESULTS = HERE / "results" / "sst2_full"
 CELLS = ("default", "bitfit", "full", "random", "oracle", "nonpriv-bitfit", "nonpriv-full", "default-no-eta-trials",
          "default-lr0-1e-2", "fixed-bitfit", "fixed-bitfit-normalised", "fixed-bitfit-normalised-lr3e-2",
          "fixed-full", "fixed-full-lr2e-3", "fixed-full-lr2e-3-epochs3", "fixed-full-lr5e-3", "fixed-full-lr1e-2")
-#: the fixed, uncharged DP references (one setting each, its choice not charged):
-#: cell -> (mode, Adam η, normalised head, epochs)
-FIXED = {"fixed-bitfit": ("bitfit", 1e-2, False, 3.0), "fixed-bitfit-normalised": ("bitfit", 1e-2, True, 3.0),
-         "fixed-bitfit-normalised-lr3e-2": ("bitfit", 3e-2, True, 3.0),
+#: the fixed, uncharged DP references (one setting each, its choice not charged)
+class Fixed(NamedTuple):
+    mode: str
+    learning_rate: float  # Adam η of the head (and of everything else unless backbone_lr_scale < 1)
+    normalised: bool  # the head reads the checkpoint's L2-normalised features
+    epochs: float
+    backbone_lr_scale: float = 1.0  # seed 002's pre-trained-layer multiplier α: η·α outside the head
+    noise: bool = True  # False: σ = 0 with clipping kept (NOT PRIVATE; isolates the noise from the recipe)
+
+
+FIXED = {"fixed-bitfit": Fixed("bitfit", 1e-2, False, 3.0), "fixed-bitfit-normalised": Fixed("bitfit", 1e-2, True, 3.0),
+         "fixed-bitfit-normalised-lr3e-2": Fixed("bitfit", 3e-2, True, 3.0),
          # DP full fine-tuning at Li et al. (2022)'s SST-2 learning rate for Adam (5e-4 at batch 1,024); one epoch
          # (about 20 min on one thread), and larger rates and 3 epochs (about an hour): looking for where 85 % starts
-         "fixed-full": ("full", 5e-4, False, 1.0), "fixed-full-lr2e-3": ("full", 2e-3, False, 1.0),
-         "fixed-full-lr2e-3-epochs3": ("full", 2e-3, False, 3.0),
-         "fixed-full-lr5e-3": ("full", 5e-3, False, 1.0), "fixed-full-lr1e-2": ("full", 1e-2, False, 1.0)}
+         "fixed-full": Fixed("full", 5e-4, False, 1.0), "fixed-full-lr2e-3": Fixed("full", 2e-3, False, 1.0),
+         "fixed-full-lr2e-3-epochs3": Fixed("full", 2e-3, False, 3.0),
+         "fixed-full-lr5e-3": Fixed("full", 5e-3, False, 1.0), "fixed-full-lr1e-2": Fixed("full", 1e-2, False, 1.0),
+         # the recipe of fixed-full-lr2e-3 without noise: what one epoch of 60 clipped steps can reach at all
+         "clipped-full-lr2e-3": Fixed("full", 2e-3, False, 1.0, noise=False),
+         # the head at DP-BiTFiT's rate (1e-2), the pre-trained weights at α·1e-2 (seed 002, Table 8)
+         "fixed-full-alpha0.1": Fixed("full", 1e-2, False, 1.0, backbone_lr_scale=0.1),
+         "fixed-full-alpha0.03": Fixed("full", 1e-2, False, 1.0, backbone_lr_scale=0.03)}
+CELLS = CELLS + tuple(c for c in FIXED if c not in CELLS)
 FIXED_BATCH = 1024
-NOT_PRIVATE = {"oracle", "nonpriv-bitfit", "nonpriv-full"}
+NOT_PRIVATE = {"oracle", "nonpriv-bitfit", "nonpriv-full", *(c for c, f in FIXED.items() if not f.noise)}
 DELTA = 1e-5
 RS_TRIALS, RS_LR, RS_EPOCHS = 8, (1.25e-3, 8e-2), (1, 2, 3)
 GRID_LR, GRID_EPOCHS = (2.5e-3, 1e-2, 4e-2), (1, 3)
@@ -205,8 +220,9 @@ def _dp_model(seed, mode="bitfit", normalize_features=None):
     return m
 
 
-def _fixed_cell(split, eps, seed, mode, lr, normalised, epochs):
-    """One fixed DP setting at the full ε (its choice is not charged: a reference, not a tuned result)."""
+def _fixed_cell(split, eps, seed, fixed: Fixed):
+    """One fixed DP setting at the full ε (its choice is not charged: a reference, not a tuned result); without
+    noise (``fixed.noise`` False) the same recipe at σ = 0, NOT PRIVATE."""
     from privtune.accounting import calibrate_noise_multiplier, compute_epsilon
     from privtune.data import load_text_dataset
     from privtune.hpo.recommend import steps_for_epochs
@@ -214,18 +230,21 @@ def _fixed_cell(split, eps, seed, mode, lr, normalised, epochs):
 
     train = load_text_dataset(split["train"], num_labels=2)
     n = len(train)
-    q, steps = FIXED_BATCH / n, steps_for_epochs(n, FIXED_BATCH, epochs)
-    sigma = float(calibrate_noise_multiplier(eps, DELTA, q, steps))
-    m, events = _dp_fit(train, q, steps, sigma, lr, seed, mode=mode, normalize_features=normalised)
+    q, steps = FIXED_BATCH / n, steps_for_epochs(n, FIXED_BATCH, fixed.epochs)
+    sigma = float(calibrate_noise_multiplier(eps, DELTA, q, steps)) if fixed.noise else 0.0
+    m, events = _dp_fit(train, q, steps, sigma, fixed.learning_rate, seed, mode=fixed.mode,
+                        normalize_features=fixed.normalised, backbone_lr_scale=fixed.backbone_lr_scale)
     return {"dev_accuracy": evaluate(m, load_text_dataset(split["dev"], num_labels=2))["accuracy"],
             "certificate_epsilon": compute_epsilon(events, DELTA), "compute_vs_final": 1.0,
-            "hyperparameters": {"mode": mode, "learning_rate": lr, "normalised_head": normalised,
-                                "batch_size": FIXED_BATCH, "epochs": epochs, "steps": steps,
+            "hyperparameters": {"mode": fixed.mode, "learning_rate": fixed.learning_rate,
+                                "backbone_lr_scale": fixed.backbone_lr_scale, "normalised_head": fixed.normalised,
+                                "batch_size": FIXED_BATCH, "epochs": fixed.epochs, "steps": steps,
                                 "noise_multiplier": sigma},
-            "label": "fixed setting: its choice is NOT charged (reference only)"}
+            "label": ("fixed setting: its choice is NOT charged (reference only)" if fixed.noise else
+                      "NOT PRIVATE: the fixed recipe without noise (σ = 0, clipping kept)")}
 
 
-def _dp_fit(train, q, steps, sigma, lr, seed, mode="bitfit", normalize_features=None):
+def _dp_fit(train, q, steps, sigma, lr, seed, mode="bitfit", normalize_features=None, backbone_lr_scale=1.0):
     from privtune.training import fit
 
     m = _dp_model(seed, mode, normalize_features)
@@ -236,7 +255,7 @@ def _dp_fit(train, q, steps, sigma, lr, seed, mode="bitfit", normalize_features=
             print(f"    step {info.step}/{steps}  {time.time() - t0:.0f} s", flush=True)
 
     res = fit(m, train, noise_multiplier=sigma, sample_rate=q, steps=steps, learning_rate=lr, clip=1.0,
-              clipping="flat", optimizer="adam", seed=seed, callback=show)
+              clipping="flat", optimizer="adam", seed=seed, callback=show, backbone_lr_scale=backbone_lr_scale)
     return m, list(res.events)
 
 
@@ -331,7 +350,7 @@ def run_cell(cell, split, eps, seed, folder, epochs=None, trials=None):
     if cell == "default-lr0-1e-2":  # the default placing η from η0 = 1e-2 instead of the mode's 5e-3
         return _tune_cell(split, eps, seed, folder, strategy_options={"lr0": 0.01}, **extra)
     if cell in FIXED:
-        return _fixed_cell(split, eps, seed, *FIXED[cell])
+        return _fixed_cell(split, eps, seed, FIXED[cell])
     if cell == "random":
         rng = random.Random(1000 + seed)
         points = [(math.exp(rng.uniform(*map(math.log, RS_LR))), rng.choice(RS_EPOCHS)) for _ in range(RS_TRIALS)]

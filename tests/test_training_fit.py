@@ -220,3 +220,49 @@ def test_shuffled_run_accounts_the_batch_size_it_uses(model_path):
     (event,) = r.events
     assert event.sampling == "shuffle" and event.sample_rate == pytest.approx(3 / 11)
     assert event.epochs == 12
+
+
+# ------------------------------------------------------------------ the pre-trained-layer multiplier α (seed 002)
+def _largest_moves(m, before):
+    moved = {n: (p.detach() - before[n]).abs().max().item() for n, p in m.named_parameters() if p.requires_grad}
+    head = max(v for n, v in moved.items() if n.startswith("head."))
+    rest = max(v for n, v in moved.items() if not n.startswith("head."))
+    return head, rest
+
+
+def test_backbone_lr_scale_scales_every_step_outside_the_head(model_path, data):
+    # Adam's first step moves each coordinate by about η whatever its gradient (here: the noise), so with the
+    # same seed the largest move of the backbone is α times that of α = 1 while the head's is unchanged
+    moves = {}
+    for alpha in (1.0, 0.1):
+        m = load_classifier(model_path, seed=0)
+        apply_mode(m, "full", zero_init_head=True)
+        before = _params(m)
+        fit(m, data[0], noise_multiplier=1.0, sample_rate=0.5, steps=1, learning_rate=1e-2, seed=0,
+            backbone_lr_scale=alpha)
+        moves[alpha] = _largest_moves(m, before)
+    assert moves[0.1][0] == pytest.approx(moves[1.0][0], rel=1e-4)
+    assert moves[0.1][1] == pytest.approx(0.1 * moves[1.0][1], rel=1e-3)
+
+
+def test_backbone_lr_scale_keeps_its_ratio_when_a_hook_sets_the_rate(model_path, data):
+    from privtune.training import _Loop, _Phase
+
+    m = load_classifier(model_path, seed=0)
+    apply_mode(m, "bitfit")
+    loop = _Loop(m, data[0], noise_multiplier=1.0, sample_rate=0.5, phases=[_Phase(1, 1e-2, None)], clip=1.0,
+                 clipping="flat", optimizer="adam", momentum=0.0, weight_decay=0.0, sampling="poisson",
+                 max_physical_batch_size=16, seed=0, eval_set=None, eval_every=None, callback=None, progress=None,
+                 delta=None, accountant="pld", clipping_diagnostics=False, backbone_lr_scale=0.25)
+    assert loop.learning_rate == pytest.approx(1e-2)
+    loop.set_learning_rate(4e-2)
+    assert loop.learning_rate == pytest.approx(4e-2)
+    assert sorted(g["lr"] for g in loop.opt.param_groups) == pytest.approx([1e-2, 4e-2])
+
+
+@pytest.mark.parametrize("alpha", [0.0, -0.5, 1.5, float("nan"), "0.1", True])
+def test_backbone_lr_scale_outside_0_1_is_one_clear_error(model_path, data, alpha):
+    m = load_classifier(model_path, seed=0)
+    apply_mode(m, "full")
+    with pytest.raises(InvalidParameterError, match=r"backbone_lr_scale.*\(0, 1\]"):
+        fit(m, data[0], noise_multiplier=1.0, sample_rate=0.5, steps=1, learning_rate=1e-2, backbone_lr_scale=alpha)

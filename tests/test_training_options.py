@@ -326,3 +326,38 @@ def test_train_on_cuda_and_resume_on_cpu(files, tmp_path, monkeypatch):  # pragm
     g = _run(files, tmp_path, device="cuda", output_dir=tmp_path / "gpu", ledger=f"sqlite:///{tmp_path / 'g.db'}",
              **common)
     assert g.metrics["device"].startswith("cuda") and next(g.model.parameters()).is_cuda
+
+
+# ------------------------------------------------------------------------------ 11. the pre-trained-layer multiplier α
+
+
+def test_backbone_lr_scale_flag_is_recorded_and_reloads(files, tmp_path, capsys):
+    out = tmp_path / "alpha"
+    rc, _, err = _cli(capsys, "train", "--data", files["train"], "--labels", "0,1", "--model", files["model"],
+                      "--mode", "full", "--epsilon", "2", "--delta", "1e-3", "--steps", "2", "--batch-size", "20",
+                      "--learning-rate", "1e-2", "--backbone-lr-scale", "0.1",
+                      "--ledger", f"sqlite:///{tmp_path / 'l.db'}", "--output", out, "--seed", "0", "--quiet",
+                      "--device", "cpu")
+    assert rc == 0, err
+    hyper = json.loads((out / "metrics.json").read_text())["hyperparameters"]
+    assert (hyper["learning_rate"], hyper["backbone_lr_scale"]) == (1e-2, 0.1)
+    from privtune.config import resolve_options
+
+    assert resolve_options("train", out / "config.yaml", {})["backbone_lr_scale"] == 0.1
+
+
+@pytest.mark.parametrize("value", ["0", "1.5", "-1", "nan"])
+def test_bad_backbone_lr_scale_fails_before_any_budget(files, tmp_path, capsys, value):
+    rc, _, err = _cli(capsys, "train", "--data", files["train"], "--labels", "0,1", "--model", files["model"],
+                      "--mode", "full", "--epsilon", "1", "--delta", "1e-3", "--backbone-lr-scale", value,
+                      "--ledger", f"sqlite:///{tmp_path / 'l.db'}", "--output", tmp_path / "x", "--quiet",
+                      "--device", "cpu")
+    assert rc == 2 and err.count("\n") == 1, err
+    assert "backbone_lr_scale" in err and "(0, 1]" in err
+    assert Ledger(f"sqlite:///{tmp_path / 'l.db'}").datasets() == []
+
+
+def test_backbone_lr_scale_needs_a_mode_that_trains_more_than_the_head(files, tmp_path):
+    with pytest.raises(InvalidParameterError, match="backbone_lr_scale.*only applies"):
+        _run(files, tmp_path, mode="last-layer", backbone_lr_scale=0.5)
+    assert Ledger(f"sqlite:///{tmp_path / 'l.db'}").datasets() == []

@@ -52,6 +52,13 @@ def check_real(
     return v
 
 
+def check_backbone_lr_scale(value: Any, name: str = "backbone_lr_scale") -> float:
+    """α in (0, 1]: the learning-rate multiplier of every trainable parameter outside the head."""
+    return check_real(value, name, low=0.0, high=1.0, high_inclusive=True,
+                      fix="Pass α in (0, 1], e.g. 0.1 (the head trains at the learning rate, the rest at α times it; "
+                          "1 trains everything at one rate).")
+
+
 def check_int(value: Any, name: str, *, low: int | None = None, high: int | None = None, fix: str | None = None) -> int:
     """Return ``value`` as an int in [low, high]; floats with a fractional part are rejected."""
     rng = f"[{'-inf' if low is None else low}, {'inf' if high is None else high}]"

@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 from privtune._validation import (
+    check_backbone_lr_scale,
     check_choice,
     check_delta,
     check_epsilon,
@@ -161,12 +162,15 @@ class OptimizerSpec:
         ``None`` = the default of the mode (:data:`privtune.finetune.modes.DEFAULT_LEARNING_RATES`).
     momentum : μ in [0, 1) (SGD's heavy-ball coefficient).
     weight_decay : decoupled weight decay per step (≥ 0; 0 = none).
+    backbone_lr_scale : α in (0, 1]: every trainable parameter outside the classification head steps at
+        α·learning_rate (seed 002's pre-trained-layer multiplier; 1 = one rate for everything).
     """
 
     name: str | None = DEFAULT_OPTIMIZER
     learning_rate: float | None = None
     momentum: float = 0.0
     weight_decay: float = 0.0
+    backbone_lr_scale: float = 1.0
 
     def __post_init__(self) -> None:
         if self.name is not None:
@@ -177,6 +181,7 @@ class OptimizerSpec:
         _set(self, "momentum", check_real(self.momentum, "momentum", low=0.0, high=1.0, low_inclusive=True,
                                           fix="Momentum μ must be in [0, 1), e.g. 0.9."))
         _set(self, "weight_decay", check_real(self.weight_decay, "weight_decay", low=0.0, low_inclusive=True))
+        _set(self, "backbone_lr_scale", check_backbone_lr_scale(self.backbone_lr_scale))
 
     def for_mode(self, mode: str) -> OptimizerSpec:
         """This spec with every default filled in for training ``mode`` (name and learning rate)."""

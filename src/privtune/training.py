@@ -39,6 +39,7 @@ from torch import nn
 
 from privtune import _release, pipeline
 from privtune._validation import (
+    check_backbone_lr_scale,
     check_choice,
     check_int,
     check_real,
@@ -204,6 +205,20 @@ def _make_optimizer(name: str, params: list, lr: float, momentum: float, weight_
     return make_optimizer(name, params, learning_rate=lr, momentum=momentum, weight_decay=weight_decay, eps=eps)
 
 
+def _lr_groups(model: nn.Module, params: list, lr: float, backbone_lr_scale: float) -> list[dict]:
+    """Parameter groups for the optimizer: the classification head at η, every other trainable parameter at
+    α·η (seed 002's pre-trained-layer multiplier; α = 1 gives one group).  Each group keeps its ``lr_scale``
+    so that a learning-rate change (a hook, a schedule) keeps the ratio."""
+    head = getattr(model, "head", None)
+    head_ids = {id(p) for p in head.parameters()} if isinstance(head, nn.Module) else set()
+    if backbone_lr_scale == 1.0 or not head_ids:
+        return [{"params": params, "lr": lr, "lr_scale": 1.0}]
+    groups = [{"params": [p for p in params if id(p) in head_ids], "lr": lr, "lr_scale": 1.0},
+              {"params": [p for p in params if id(p) not in head_ids], "lr": lr * backbone_lr_scale,
+               "lr_scale": backbone_lr_scale}]
+    return [g for g in groups if g["params"]]
+
+
 def _make_sampler(sampling: str, n: int, q: float, seed: int | None):
     from privtune.engine import PoissonSampler, ShuffleSampler
 
@@ -315,8 +330,9 @@ class _Loop:
     def __init__(self, model, data, *, noise_multiplier, sample_rate, phases: list[_Phase], clip, clipping,
                  optimizer, per_layer_clipping=False, momentum, weight_decay, sampling, max_physical_batch_size, seed, eval_set,
                  eval_every, callback, progress, delta, accountant, clipping_diagnostics, fast_head=True,
-                 assume_poisson=False, device=None, hooks=(), gamma=0.01, eps=1e-8):
+                 assume_poisson=False, device=None, hooks=(), gamma=0.01, eps=1e-8, backbone_lr_scale=1.0):
         self.model, self.data = model, data
+        self.backbone_lr_scale = float(backbone_lr_scale)
         self.hooks = list(hooks)
         self.gamma, self.eps = gamma, eps
         self.assume_poisson = bool(assume_poisson)
@@ -416,7 +432,10 @@ class _Loop:
         )
         if noise_state is not None:
             self.pg.load_state_dict(noise_state)
-        self.opt = _make_optimizer(self.optimizer_name, params, ph.learning_rate, self.momentum, self.weight_decay,
+        # a head trained on cached features is all head: α has nothing else to scale there
+        groups = (_lr_groups(self.model, params, ph.learning_rate, self.backbone_lr_scale)
+                  if not _is_features(self.data) else [{"params": params, "lr": ph.learning_rate, "lr_scale": 1.0}])
+        self.opt = _make_optimizer(self.optimizer_name, groups, ph.learning_rate, self.momentum, self.weight_decay,
                                    self.eps)
         self.params = params
         self.phase = k
@@ -424,13 +443,14 @@ class _Loop:
     # -- for hooks
     @property
     def learning_rate(self) -> float:
-        """The optimizer's current step size η."""
-        return float(self.opt.param_groups[0]["lr"])
+        """The optimizer's current step size η (the head's; the rest trains at α·η, ``backbone_lr_scale``)."""
+        g = self.opt.param_groups[0]
+        return float(g["lr"]) / float(g.get("lr_scale", 1.0))
 
     def set_learning_rate(self, lr: float) -> None:
-        """Set the step size η of every parameter group (from the next optimizer step on)."""
+        """Set the step size η (from the next optimizer step on); a group with ``lr_scale`` α gets α·η."""
         for group in self.opt.param_groups:
-            group["lr"] = float(lr)
+            group["lr"] = float(lr) * float(group.get("lr_scale", 1.0))
 
     def paused(self):
         """Context in which forward passes do not reach the DP step (no per-example gradients, no charge)."""
@@ -684,7 +704,7 @@ def fit(
     phase1_learning_rate: float | None = None, eval_every: int | None = None, progress: Any = None,
     delta: float | None = None, accountant: str = "pld", clipping_diagnostics: bool = False, fast_head: bool = True,
     assume_poisson: bool = False, device: Any = None, hooks: Sequence[LoopHook] = (), gamma: float = 0.01,
-    eps: float = 1e-8,
+    eps: float = 1e-8, backbone_lr_scale: float = 1.0,
 ) -> FitResult:
     """Train ``model`` privately for ``steps`` DP steps and return a :class:`FitResult`; no ledger, no files.
 
@@ -761,7 +781,14 @@ def fit(
         AUTO-S stability constant γ of ``clipping="automatic"``: factor C/(‖g‖ + γ).
     eps : float, default 1e-8
         Denominator constant of Adam/AdamW/LAMB.
+    backbone_lr_scale : float, default 1.0
+        α in (0, 1]: every trainable parameter outside the classification head (``model.head``) steps at
+        α·``learning_rate``, the head at ``learning_rate`` (seed 002's pre-trained-layer multiplier, Table 8).
+        Under DP noise an adaptive optimizer moves every weight by about η per step whether or not its
+        gradient carries signal; α keeps the pre-trained weights' walk small while the new head learns at its
+        own rate.  Post-processing: no effect on ε.  Ignored when training a head on cached features.
     """
+    backbone_lr_scale = check_backbone_lr_scale(backbone_lr_scale)
     options = _checked_loop_options(
         train_set, noise_multiplier=noise_multiplier, sample_rate=sample_rate, steps=steps, learning_rate=learning_rate,
         clip=clip, clipping=clipping, optimizer=optimizer, sampling=sampling, assume_poisson=assume_poisson, gamma=gamma,
@@ -771,7 +798,8 @@ def fit(
     loop = _Loop(model, train_set, **options, per_layer_clipping=per_layer_clipping, momentum=momentum,
                  weight_decay=weight_decay, seed=seed, eval_set=eval_set, callback=callback, delta=delta, eps=eps,
                  progress=own_progress if progress is True else None if progress is False else progress, hooks=hooks,
-                 accountant=accountant, clipping_diagnostics=clipping_diagnostics, fast_head=fast_head)
+                 accountant=accountant, clipping_diagnostics=clipping_diagnostics, fast_head=fast_head,
+                 backbone_lr_scale=backbone_lr_scale)
     _run_loop(loop, own_progress)
     return _result(loop)
 
@@ -958,6 +986,7 @@ def train(
     assume_poisson: bool = False,
     device: Any = None,
     labels: Sequence[str | int] | str | None = None,
+    backbone_lr_scale: float = 1.0,
 ) -> TrainResult:
     """Fine-tune a classifier privately with fixed hyperparameters: one complete, accounted run.
 
@@ -994,6 +1023,8 @@ def train(
         one comma-separated string; default per architecture, e.g. ``query,value`` for BERT).  A target
         that matches no module of the backbone is an error listing the module names there are.
     clipping_diagnostics : NOT PRIVATE norm statistics in history.json (off by default).
+    backbone_lr_scale : α in (0, 1]: the head trains at ``learning_rate``, every other trainable parameter at
+        α·``learning_rate`` (see :func:`fit`); default 1 (one rate).
     assume_poisson : sampling="shuffle" only: account the shuffled batches AS IF Poisson sampled (an
         assumption, recorded in the certificate's events, notes and sampling assumptions); default False
         accounts shuffling without amplification.
@@ -1018,7 +1049,7 @@ def train(
     schedule = ScheduleSpec(epochs=epochs, steps=steps, batch_size=batch_size, sampling=sampling,
                             assume_poisson=assume_poisson, max_physical_batch_size=max_physical_batch_size)
     optim = OptimizerSpec(name=optimizer, learning_rate=learning_rate, momentum=momentum,
-                          weight_decay=weight_decay).for_mode(mode)
+                          weight_decay=weight_decay, backbone_lr_scale=backbone_lr_scale).for_mode(mode)
     clipping_spec = ClippingSpec(clip=clip, clipping=clipping, per_layer=per_layer_clipping).with_defaults()
     lora = LoraSpec.for_mode(mode, lora_rank, lora_alpha, lora_target_modules)
     if checkpoint_every is not None:
@@ -1029,6 +1060,11 @@ def train(
         seed = check_int(seed, "seed", low=0, high=2**62)
     if phase1_epochs is not None and mode != "two-phase":
         raise InvalidParameterError(f"`phase1_epochs` only applies to mode='two-phase'. Got mode={mode!r}.")
+    if optim.backbone_lr_scale != 1.0 and mode == "last-layer":
+        raise InvalidParameterError(
+            f"`backbone_lr_scale` only applies to modes that train more than the head. Got mode='last-layer' with "
+            f"backbone_lr_scale={optim.backbone_lr_scale:g}. Drop it, or train mode 'full', 'bitfit', 'lora' or "
+            "'two-phase'.")
     from privtune.models import resolve_device  # lazy: privtune.models imports this module
 
     device_arg, device = device, resolve_device(device)
@@ -1242,7 +1278,8 @@ def _hyperparameters(mode: str, sched: _Schedule, privacy: PrivacySpec, schedule
         "sample_rate": sched.sample_rate, "sampling": schedule.sampling, "learning_rate": optim.learning_rate,
         "clip": clipping.clip, "clipping": clipping.clipping, "per_layer_clipping": clipping.per_layer,
         "optimizer": optim.name, "noise_multiplier": sched.noise_multiplier, "momentum": optim.momentum,
-        "weight_decay": optim.weight_decay, "phase1_steps": sched.phase1_steps,
+        "weight_decay": optim.weight_decay, "backbone_lr_scale": optim.backbone_lr_scale,
+        "phase1_steps": sched.phase1_steps,
         "phase1_learning_rate": sched.phases[0].learning_rate if sched.phase1_steps else None,
         "max_physical_batch_size": schedule.max_physical_batch_size, "accountant": privacy.accountant, "seed": seed,
         "assume_poisson": schedule.assume_poisson,
@@ -1332,7 +1369,8 @@ def _run_training(clf, train_set, eval_set, hyper: dict, phases: list, *, state,
                      clipping=clipping, per_layer_clipping=per_layer_clipping, optimizer=optimizer, momentum=momentum, weight_decay=weight_decay,
                      sampling=sampling, max_physical_batch_size=phys, seed=seed, eval_set=fit_eval,
                      eval_every=eval_every, callback=None, progress=None, delta=delta, accountant=accountant,
-                     clipping_diagnostics=clipping_diagnostics, assume_poisson=assume_poisson, device=device)
+                     clipping_diagnostics=clipping_diagnostics, assume_poisson=assume_poisson, device=device,
+                     backbone_lr_scale=hyper.get("backbone_lr_scale", 1.0))
         if state is not None and "model" in state:
             loop.load_state_dict(state)
             log(f"resumed from step {loop.step}")
@@ -1538,7 +1576,7 @@ def _effective_config(data, eval_data, model, clf, mode, epsilon, noise_multipli
         "steps": hyper["steps"], "batch_size": hyper["batch_size"],
         "max_physical_batch_size": hyper["max_physical_batch_size"], "learning_rate": hyper["learning_rate"],
         "clip": hyper["clip"], "clipping": hyper["clipping"], "per_layer_clipping": hyper["per_layer_clipping"],
-        "optimizer": hyper["optimizer"],
+        "optimizer": hyper["optimizer"], "backbone_lr_scale": hyper["backbone_lr_scale"],
         "sampling": hyper["sampling"], "clipping_diagnostics": bool(clipping_diagnostics),
         "ledger": ledger if isinstance(ledger, str) else None, "output": str(out), "seed": hyper["seed"],
         "quiet": not progress,

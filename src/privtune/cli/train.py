@@ -44,6 +44,9 @@ _TRAIN_DEFAULTS = {name: p.default for name, p in inspect.signature(run_train).p
 @click.option("--steps", type=int, help="Optimizer steps (instead of --epochs).")
 @click.option("--batch-size", type=int, help="Expected Poisson batch size B (default min(N, 256)).")
 @click.option("--learning-rate", type=float, help="Learning rate (default by mode).")
+@click.option("--backbone-lr-scale", type=float,
+              help="α in (0, 1]: the head trains at --learning-rate, every other trainable parameter at α times it "
+                   "(seed 002's pre-trained-layer multiplier; default 1: one rate).")
 @click.option("--clip", type=float, help=f"Per-example clipping norm C (default {_TRAIN_DEFAULTS['clip']}).")
 @click.option("--optimizer", type=click.Choice(OPTIMIZERS), help=f"Optimizer (default {_TRAIN_DEFAULTS['optimizer']}).")
 @click.option("--ledger", type=str, help="Budget ledger URL (default $PRIVTUNE_LEDGER or ~/.privtune/ledger.db).")
@@ -106,7 +109,7 @@ def train(**kwargs) -> None:
         text_column=opts.get("text_column"), label_column=opts.get("label_column"),
         clipping_diagnostics=bool(opts.get("clipping_diagnostics")),
     )
-    for key in ("clip", "clipping", "per_layer_clipping", "optimizer", "sampling", "accountant",
+    for key in ("clip", "clipping", "per_layer_clipping", "optimizer", "sampling", "accountant", "backbone_lr_scale",
                 "max_physical_batch_size",
                 "phase1_epochs", "pooling", "max_length", "assume_poisson", "lora_rank", "lora_alpha",
                 "lora_target_modules", "device", "labels"):

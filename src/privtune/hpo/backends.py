@@ -217,8 +217,9 @@ class ModelBackend:
     def run(self, hp: dict, *, noise_multiplier: float, sample_rate: float, steps: int, learning_rate: float,
             optimizer: str | None = None, momentum: float = 0.0, clip: float = 1.0, free_step: bool = False,
             seed: int | None = None, label: str = "", eps_adam: float = 1e-8, record: bool = False,
-            clipping: str | None = None, bias: bool = True, progress=None) -> TrialRun:
-        """One DP run with :func:`privtune.training.fit`.  ``progress`` (a
+            clipping: str | None = None, bias: bool = True, progress=None,
+            backbone_lr_scale: float = 1.0) -> TrialRun:
+        """One DP run with :func:`privtune.training.fit` (``backbone_lr_scale``: its α).  ``progress`` (a
         :class:`privtune.report.progress.Progress` or anything with its ``advance``) receives one
         update per step: examples, the batch loss (computed WITHOUT noise: NOT PRIVATE) and no ε
         (the caller adds the ε spent so far).  With ``record=True`` and ``curve_data`` (a PUBLIC
@@ -230,7 +231,8 @@ class ModelBackend:
                   learning_rate=learning_rate, clip=clip, clipping=clipping or self.clipping,
                   optimizer=optimizer or self.optimizer, eval_set=curve, seed=seed,
                   eval_every=_eval_every(steps) if curve is not None else None,
-                  max_physical_batch_size=self.max_physical_batch_size, progress=progress, device=self.device)
+                  max_physical_batch_size=self.max_physical_batch_size, progress=progress, device=self.device,
+                  backbone_lr_scale=backbone_lr_scale)
         events = list(res.events)
         if label:
             events = [_relabel(e, label) for e in events]
@@ -249,7 +251,8 @@ class ModelBackend:
         return train_model_hyperfree(self._fresh(), self.train_set, steps=steps, sample_rate=sample_rate,
                                      sigma_g=sigma_g, sigma_l=sigma_l, config=config, lr0=lr0, seed=seed,
                                      max_physical_batch_size=self.max_physical_batch_size, progress=progress,
-                                     eval_fn=eval_fn, eval_every=every, device=self.device)
+                                     eval_fn=eval_fn, eval_every=every, device=self.device,
+                                     backbone_lr_scale=config.backbone_lr_scale_for(self.mode))
 
     def predict(self, state: Any, data: Any) -> torch.Tensor:
         return self.logits(state, data).argmax(dim=1)

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 import torch
 
 import privtune.accounting as acct
-from privtune._validation import check_choice, check_int, check_real
+from privtune._validation import check_backbone_lr_scale, check_choice, check_int, check_real
 from privtune.accounting.events import DPSGDEvent, GaussianEvent
 from privtune.engine.private_gradient import CLIPPINGS
 from privtune.engine.sampling import make_generator
@@ -78,6 +78,8 @@ DEFAULT_LR_TRIALS = (1.0, 3.0, 10.0)
 MIN_TRIAL_STEPS = 3
 
 #: default initial learning rate per fine-tuning mode (digest 001 §9 D22; seed 004 Table 8 for bitfit/full)
+#: α (``backbone_lr_scale``) by mode when none is given: 1 (one rate) unless listed
+DEFAULT_BACKBONE_LR_SCALE: dict[str, float] = {}
 DEFAULT_LR0 = {"last-layer": 1e-1, "features": 1e-1, "bitfit": 5e-3, "full": 5e-4, "lora": 1e-3, "two-phase": 5e-4}
 
 
@@ -180,6 +182,10 @@ class HyperfreeConfig:
         :data:`MIN_TRIAL_STEPS`).
     trial_share : the share of the total ε the placement trials spend together (0.15), scores included
         in the composition; the final run is calibrated on the rest.
+    backbone_lr_scale : α in (0, 1]: on a model, every trainable parameter outside the classification head
+        steps at α·η, the head at η, in the η-placement trials and in the run (seed 002's pre-trained-layer
+        multiplier; the learning-rate probe moves η and keeps the ratio).  None (default) =
+        :data:`DEFAULT_BACKBONE_LR_SCALE` for the mode (1 where not listed).
     tie_tolerance : placement trials scoring within this of the best (0.005, i.e. half a point of
         accuracy), or within the selection split's statistical margin if larger
         (:meth:`privtune.hpo.common.Selector.tie_margin`: two standard errors of a difference; about 3 points
@@ -205,6 +211,13 @@ class HyperfreeConfig:
     trial_fraction: float = 0.1
     trial_share: float = 0.15
     tie_tolerance: float = 0.005
+    backbone_lr_scale: float | None = None
+
+    def backbone_lr_scale_for(self, mode: str) -> float:
+        """α of a run in ``mode`` (see ``backbone_lr_scale``)."""
+        if self.backbone_lr_scale is not None:
+            return float(self.backbone_lr_scale)
+        return DEFAULT_BACKBONE_LR_SCALE.get(mode, 1.0)
 
     def trial_multipliers(self, on_features: bool) -> tuple:
         """Multipliers of η0 tried before the run (see ``lr_trials``); none on cached features."""
@@ -238,6 +251,8 @@ class HyperfreeConfig:
                                    for m in self.lr_trials)
         check_real(self.trial_fraction, "trial_fraction", low=0.0, high=1.0, high_inclusive=True)
         check_real(self.tie_tolerance, "tie_tolerance", low=0.0, low_inclusive=True)
+        if self.backbone_lr_scale is not None:
+            check_backbone_lr_scale(self.backbone_lr_scale)
         check_real(self.trial_share, "trial_share", low=0.0, high=1.0, high_inclusive=False,
                    fix="Pass the share of ε the η trials spend, e.g. 0.15.")
 
@@ -461,7 +476,7 @@ class LearningRateProbe(LoopHook):
 def train_hyperfree(model, train_set, *, steps: int, sample_rate: float, sigma_g: float, sigma_l: float,
                     config: HyperfreeConfig, lr0: float, seed: int | None = None,
                     max_physical_batch_size: int | None = None, progress=None, evaluate=None, eval_every: int = 0,
-                    device=None) -> dict:
+                    device=None, backbone_lr_scale: float = 1.0) -> dict:
     """HyFreeDP (Algorithm 1 of seed 001, guarded) through :func:`privtune.training.fit`, the one DP loop.
 
     ``model`` is a Classifier whose trainable parameters are set (bitfit, lora, full) with a text or
@@ -479,20 +494,20 @@ def train_hyperfree(model, train_set, *, steps: int, sample_rate: float, sigma_g
     fit(model, train_set, noise_multiplier=sigma_g, sample_rate=sample_rate, steps=int(steps), learning_rate=lr0,
         clip=1.0, clipping=config.clipping_for(on_features), gamma=config.auto_gamma, optimizer=config.optimizer,
         weight_decay=config.weight_decay, seed=seed, max_physical_batch_size=max_physical_batch_size,
-        hooks=[probe], device=device)
+        hooks=[probe], device=device, backbone_lr_scale=backbone_lr_scale)
     return probe.history
 
 
 def train_model_hyperfree(model, train_set, *, steps: int, sample_rate: float, sigma_g: float, sigma_l: float,
                           config: HyperfreeConfig, lr0: float, seed: int | None = None,
                           max_physical_batch_size: int = 32, progress=None, eval_fn=None, eval_every: int = 0,
-                          device=None):
+                          device=None, backbone_lr_scale: float = 1.0):
     """HyFreeDP on a :class:`privtune.models.Classifier` (see :func:`train_hyperfree`); returns
     (model, history).  ``eval_fn(model)`` is accuracy on a PUBLIC split."""
     hist = train_hyperfree(model, train_set, steps=steps, sample_rate=sample_rate, sigma_g=sigma_g, sigma_l=sigma_l,
                            config=config, lr0=lr0, seed=seed, max_physical_batch_size=max_physical_batch_size,
                            progress=progress, evaluate=None if eval_fn is None else (lambda: eval_fn(model)),
-                           eval_every=eval_every, device=device)
+                           eval_every=eval_every, device=device, backbone_lr_scale=backbone_lr_scale)
     return model, hist
 
 
@@ -505,6 +520,9 @@ def place_learning_rate(backend, selector, config: HyperfreeConfig, trials_plan:
 
     rng = np.random.default_rng(seed)  # OS entropy without a seed, like every other strategy's trials
     records = []
+    # α applies to a model's trials (a head on cached features is all head)
+    alpha = ({"backbone_lr_scale": config.backbone_lr_scale_for(backend.mode)}
+             if getattr(backend, "kind", None) == "model" else {})
     for i, m in enumerate(trials_plan["multipliers"]):
         lr = lr0 * m
         label = f"hyperfree η trial {i}"
@@ -514,10 +532,10 @@ def place_learning_rate(backend, selector, config: HyperfreeConfig, trials_plan:
         run_i = backend.run({"learning_rate": lr}, noise_multiplier=trials_plan["noise_multiplier"],
                             sample_rate=trials_plan["sample_rate"], steps=trials_plan["steps"], learning_rate=lr,
                             optimizer=config.optimizer, clipping=config.clipping_for(False),
-                            seed=int(rng.integers(2 ** 31)), label=label)
+                            seed=int(rng.integers(2 ** 31)), label=label, **alpha)
         score, score_events = selector.score(backend.logits(run_i.state, selector.data), label=label + " score")
         records.append(TrialRecord(index=i, phase="η placement", score=score, score_source=selector.source,
-                                   hyperparameters={"learning_rate": lr, "lr0_multiplier": m,
+                                   hyperparameters={"learning_rate": lr, "lr0_multiplier": m, **alpha,
                                                     "steps": trials_plan["steps"],
                                                     "sample_rate": trials_plan["sample_rate"],
                                                     "noise_multiplier": trials_plan["noise_multiplier"]},
@@ -570,6 +588,8 @@ def run(backend, config: HyperfreeConfig, p: BudgetPlan, *, mode: str = "last-la
           "noise_multiplier": d["sigma_g"], "loss_noise_multiplier": d["sigma_l"],
           "clipping": config.clipping_for(backend.kind != "model"),
           "optimizer": config.optimizer, "interval": config.interval}
+    if backend.kind == "model":
+        hp["backbone_lr_scale"] = config.backbone_lr_scale_for(backend.mode)
     if trials:
         lt = d["lr_trials"]
         data["lr_placement"] = {"default_lr0": lr_default, "chosen_lr0": lr0,
