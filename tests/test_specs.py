@@ -91,6 +91,8 @@ def test_specs_are_frozen(spec, field):
     (lambda: OptimizerSpec(learning_rate=0), "`learning_rate` must be a finite number"),
     (lambda: OptimizerSpec(momentum=1.0), r"`momentum` must be a finite number in \[0, 1\)"),
     (lambda: OptimizerSpec(weight_decay=-0.1), "`weight_decay` must be a finite number"),
+    (lambda: OptimizerSpec(backbone_lr_scale=0.0), r"`backbone_lr_scale` must be a finite number in \(0, 1\]"),
+    (lambda: OptimizerSpec(backbone_lr_scale=2), r"`backbone_lr_scale` must be a finite number in \(0, 1\]"),
     (lambda: ClippingSpec(clip=-1.0), "`clip` must be a finite number"),
     (lambda: ClippingSpec(clipping="auto"), "`clipping` must be one of"),
     (lambda: ClippingSpec(per_layer="yes"), "`per_layer_clipping` must be True or False"),
@@ -112,6 +114,12 @@ def test_specs_normalise_what_they_accept():
     assert LoraSpec.for_mode("lora", rank=2) == LoraSpec(rank=2, alpha=specs.DEFAULT_LORA_ALPHA)
     assert OptimizerSpec(name=None).for_mode("bitfit").name == specs.DEFAULT_OPTIMIZER
     assert OptimizerSpec(learning_rate=None).for_mode("full").learning_rate > 0
+    from privtune.finetune.modes import default_backbone_lr_scale
+
+    for mode in ("full", "bitfit", "lora", "last-layer", "two-phase"):  # α: the mode's default unless given
+        assert OptimizerSpec().for_mode(mode).backbone_lr_scale == default_backbone_lr_scale(mode)
+        assert OptimizerSpec(backbone_lr_scale=0.5).for_mode(mode).backbone_lr_scale == 0.5
+    assert default_backbone_lr_scale("last-layer") == 1.0  # the head alone: nothing for α to scale
     assert ClippingSpec(clip=None, clipping=None).with_defaults() == ClippingSpec()
 
 

@@ -35,7 +35,7 @@ from privtune.accounting.accountant import ACCOUNTANTS
 from privtune.accounting.events import SAMPLING_SCHEMES
 from privtune.engine.private_gradient import CLIPPINGS
 from privtune.errors import InvalidParameterError
-from privtune.finetune.modes import DEFAULT_LEARNING_RATES
+from privtune.finetune.modes import DEFAULT_LEARNING_RATES, default_backbone_lr_scale
 from privtune.optim import OPTIMIZERS
 
 #: train()'s default optimizer, clipping norm and clipping rule (tune: the strategy's recipe decides)
@@ -163,14 +163,15 @@ class OptimizerSpec:
     momentum : μ in [0, 1) (SGD's heavy-ball coefficient).
     weight_decay : decoupled weight decay per step (≥ 0; 0 = none).
     backbone_lr_scale : α in (0, 1]: every trainable parameter outside the classification head steps at
-        α·learning_rate (seed 002's pre-trained-layer multiplier; 1 = one rate for everything).
+        α·learning_rate (seed 002's pre-trained-layer multiplier; 1 = one rate for everything); ``None`` = the
+        default of the mode (:data:`privtune.finetune.modes.DEFAULT_BACKBONE_LR_SCALES`).
     """
 
     name: str | None = DEFAULT_OPTIMIZER
     learning_rate: float | None = None
     momentum: float = 0.0
     weight_decay: float = 0.0
-    backbone_lr_scale: float = 1.0
+    backbone_lr_scale: float | None = None
 
     def __post_init__(self) -> None:
         if self.name is not None:
@@ -181,13 +182,16 @@ class OptimizerSpec:
         _set(self, "momentum", check_real(self.momentum, "momentum", low=0.0, high=1.0, low_inclusive=True,
                                           fix="Momentum μ must be in [0, 1), e.g. 0.9."))
         _set(self, "weight_decay", check_real(self.weight_decay, "weight_decay", low=0.0, low_inclusive=True))
-        _set(self, "backbone_lr_scale", check_backbone_lr_scale(self.backbone_lr_scale))
+        if self.backbone_lr_scale is not None:
+            _set(self, "backbone_lr_scale", check_backbone_lr_scale(self.backbone_lr_scale))
 
     def for_mode(self, mode: str) -> OptimizerSpec:
-        """This spec with every default filled in for training ``mode`` (name and learning rate)."""
+        """This spec with every default filled in for training ``mode`` (name, learning rate and α)."""
         return replace(self, name=self.name or DEFAULT_OPTIMIZER,
                        learning_rate=(DEFAULT_LEARNING_RATES[mode] if self.learning_rate is None
-                                      else self.learning_rate))
+                                      else self.learning_rate),
+                       backbone_lr_scale=(default_backbone_lr_scale(mode) if self.backbone_lr_scale is None
+                                          else self.backbone_lr_scale))
 
 
 @dataclass(frozen=True)

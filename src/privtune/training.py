@@ -986,7 +986,7 @@ def train(
     assume_poisson: bool = False,
     device: Any = None,
     labels: Sequence[str | int] | str | None = None,
-    backbone_lr_scale: float = 1.0,
+    backbone_lr_scale: float | None = None,
 ) -> TrainResult:
     """Fine-tune a classifier privately with fixed hyperparameters: one complete, accounted run.
 
@@ -1024,7 +1024,8 @@ def train(
         that matches no module of the backbone is an error listing the module names there are.
     clipping_diagnostics : NOT PRIVATE norm statistics in history.json (off by default).
     backbone_lr_scale : α in (0, 1]: the head trains at ``learning_rate``, every other trainable parameter at
-        α·``learning_rate`` (see :func:`fit`); default 1 (one rate).
+        α·``learning_rate`` (see :func:`fit`); default by mode
+        (:data:`privtune.finetune.modes.DEFAULT_BACKBONE_LR_SCALES`; 1, one rate, where not listed).
     assume_poisson : sampling="shuffle" only: account the shuffled batches AS IF Poisson sampled (an
         assumption, recorded in the certificate's events, notes and sampling assumptions); default False
         accounts shuffling without amplification.

@@ -14,8 +14,16 @@ from privtune.errors import InvalidParameterError, ModelError
 
 #: what can be trained (the one declaration of this choice set; train(), tune(), the CLI and config read it)
 MODES = ("full", "bitfit", "last-layer", "lora", "two-phase")
-#: train()'s learning rate for each mode when none is given
+#: train()'s learning rate for each mode when none is given (the head's rate where the mode has an α below)
 DEFAULT_LEARNING_RATES = {"full": 5e-4, "bitfit": 5e-3, "lora": 2e-3, "last-layer": 5e-2, "two-phase": 5e-3}
+#: α, the learning-rate multiplier of every trainable parameter outside the head (seed 002's pre-trained-layer
+#: multiplier), for each mode when none is given; 1 (one rate) where not listed
+DEFAULT_BACKBONE_LR_SCALES: dict[str, float] = {}
+
+
+def default_backbone_lr_scale(mode: str) -> float:
+    """α of ``mode`` when none is given (:data:`DEFAULT_BACKBONE_LR_SCALES`, else 1)."""
+    return DEFAULT_BACKBONE_LR_SCALES.get(mode, 1.0)
 
 
 def _bias_module_types() -> tuple[type, ...]:

@@ -47,6 +47,7 @@ from privtune._validation import check_backbone_lr_scale, check_choice, check_in
 from privtune.accounting.events import DPSGDEvent, GaussianEvent
 from privtune.engine.private_gradient import CLIPPINGS
 from privtune.engine.sampling import make_generator
+from privtune.finetune.modes import default_backbone_lr_scale
 from privtune.errors import InfeasibleBudgetError, InvalidParameterError
 from privtune.hpo.common import (
     TUNABLE_MODES,
@@ -78,8 +79,6 @@ DEFAULT_LR_TRIALS = (1.0, 3.0, 10.0)
 MIN_TRIAL_STEPS = 3
 
 #: default initial learning rate per fine-tuning mode (digest 001 §9 D22; seed 004 Table 8 for bitfit/full)
-#: α (``backbone_lr_scale``) by mode when none is given: 1 (one rate) unless listed
-DEFAULT_BACKBONE_LR_SCALE: dict[str, float] = {}
 DEFAULT_LR0 = {"last-layer": 1e-1, "features": 1e-1, "bitfit": 5e-3, "full": 5e-4, "lora": 1e-3, "two-phase": 5e-4}
 
 
@@ -184,8 +183,8 @@ class HyperfreeConfig:
         in the composition; the final run is calibrated on the rest.
     backbone_lr_scale : α in (0, 1]: on a model, every trainable parameter outside the classification head
         steps at α·η, the head at η, in the η-placement trials and in the run (seed 002's pre-trained-layer
-        multiplier; the learning-rate probe moves η and keeps the ratio).  None (default) =
-        :data:`DEFAULT_BACKBONE_LR_SCALE` for the mode (1 where not listed).
+        multiplier; the learning-rate probe moves η and keeps the ratio).  None (default) = the mode's
+        (:data:`privtune.finetune.modes.DEFAULT_BACKBONE_LR_SCALES`; 1 where not listed).
     tie_tolerance : placement trials scoring within this of the best (0.005, i.e. half a point of
         accuracy), or within the selection split's statistical margin if larger
         (:meth:`privtune.hpo.common.Selector.tie_margin`: two standard errors of a difference; about 3 points
@@ -217,7 +216,7 @@ class HyperfreeConfig:
         """α of a run in ``mode`` (see ``backbone_lr_scale``)."""
         if self.backbone_lr_scale is not None:
             return float(self.backbone_lr_scale)
-        return DEFAULT_BACKBONE_LR_SCALE.get(mode, 1.0)
+        return default_backbone_lr_scale(mode)
 
     def trial_multipliers(self, on_features: bool) -> tuple:
         """Multipliers of η0 tried before the run (see ``lr_trials``); none on cached features."""

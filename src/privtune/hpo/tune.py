@@ -47,7 +47,7 @@ from privtune.data.datasets import EMBEDDED_LABELS, check_disjoint, declared_lab
 from privtune.engine import distributed
 from privtune.engine.sampling import make_generator
 from privtune.errors import DataError, InvalidParameterError, PrivtuneError
-from privtune.finetune.modes import DEFAULT_LEARNING_RATES
+from privtune.finetune.modes import DEFAULT_LEARNING_RATES, default_backbone_lr_scale
 from privtune.hpo import common, grid_oracle
 from privtune.hpo.executors import for_tune
 from privtune.hpo._resume import (  # noqa: F401  (STATE_FILE is part of this module's interface)
@@ -1058,10 +1058,12 @@ def _run_pilots(modes, clf, train, features, make_selector, source, pilot_eps, d
             q, T = _pilot_batch(n) / n, _PILOT_STEPS  # a short, cheap pilot on a Poisson subsample
             sigma = common.calibrate_final(pilot_eps, delta, [], sample_rate=q, steps=T, what="a mode pilot",
                                            accountant=kw.get("accountant", "pld"))
+            alpha = default_backbone_lr_scale(m)
             run = be.run({}, noise_multiplier=sigma, sample_rate=q, steps=T,
-                         learning_rate=_PILOT_LEARNING_RATES[m], optimizer="adam", seed=seed, label=label)
-            hp = {"mode": m, "optimizer": "adam", "learning_rate": _PILOT_LEARNING_RATES[m], "steps": T,
-                  "sample_rate": q, "noise_multiplier": sigma}
+                         learning_rate=_PILOT_LEARNING_RATES[m], optimizer="adam", seed=seed, label=label,
+                         backbone_lr_scale=alpha)
+            hp = {"mode": m, "optimizer": "adam", "learning_rate": _PILOT_LEARNING_RATES[m], "backbone_lr_scale": alpha,
+                  "steps": T, "sample_rate": q, "noise_multiplier": sigma}
         score, evs = sel.score(be.logits(run.state, sel.data), label=label + " score")
         records.append(TrialRecord(index=i, phase="mode-auto pilot", hyperparameters=hp,
                                    events=list(run.events) + evs, score=score, score_source=sel.source))
