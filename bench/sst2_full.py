@@ -81,6 +81,7 @@ class Fixed(NamedTuple):
     epochs: float
     backbone_lr_scale: float = 1.0  # seed 002's pre-trained-layer multiplier α: η·α outside the head
     noise: bool = True  # False: σ = 0 with clipping kept (NOT PRIVATE; isolates the noise from the recipe)
+    batch_size: int = 1024  # expected Poisson batch
 
 
 FIXED = {"fixed-bitfit": Fixed("bitfit", 1e-2, False, 3.0), "fixed-bitfit-normalised": Fixed("bitfit", 1e-2, True, 3.0),
@@ -94,9 +95,10 @@ FIXED = {"fixed-bitfit": Fixed("bitfit", 1e-2, False, 3.0), "fixed-bitfit-normal
          "clipped-full-lr2e-3": Fixed("full", 2e-3, False, 1.0, noise=False),
          # the head at DP-BiTFiT's rate (1e-2), the pre-trained weights at α·1e-2 (seed 002, Table 8)
          "fixed-full-alpha0.1": Fixed("full", 1e-2, False, 1.0, backbone_lr_scale=0.1),
-         "fixed-full-alpha0.03": Fixed("full", 1e-2, False, 1.0, backbone_lr_scale=0.03)}
+         "fixed-full-alpha0.03": Fixed("full", 1e-2, False, 1.0, backbone_lr_scale=0.03),
+         # the same compute (one epoch) in 4× the steps: does the step count bound DP full fine-tuning?
+         "fixed-full-alpha0.1-batch256": Fixed("full", 1e-2, False, 1.0, backbone_lr_scale=0.1, batch_size=256)}
 CELLS = CELLS + tuple(c for c in FIXED if c not in CELLS)
-FIXED_BATCH = 1024
 NOT_PRIVATE = {"oracle", "nonpriv-bitfit", "nonpriv-full", *(c for c, f in FIXED.items() if not f.noise)}
 DELTA = 1e-5
 RS_TRIALS, RS_LR, RS_EPOCHS = 8, (1.25e-3, 8e-2), (1, 2, 3)
@@ -230,7 +232,7 @@ def _fixed_cell(split, eps, seed, fixed: Fixed):
 
     train = load_text_dataset(split["train"], num_labels=2)
     n = len(train)
-    q, steps = FIXED_BATCH / n, steps_for_epochs(n, FIXED_BATCH, fixed.epochs)
+    q, steps = fixed.batch_size / n, steps_for_epochs(n, fixed.batch_size, fixed.epochs)
     sigma = float(calibrate_noise_multiplier(eps, DELTA, q, steps)) if fixed.noise else 0.0
     m, events = _dp_fit(train, q, steps, sigma, fixed.learning_rate, seed, mode=fixed.mode,
                         normalize_features=fixed.normalised, backbone_lr_scale=fixed.backbone_lr_scale)
@@ -238,7 +240,7 @@ def _fixed_cell(split, eps, seed, fixed: Fixed):
             "certificate_epsilon": compute_epsilon(events, DELTA), "compute_vs_final": 1.0,
             "hyperparameters": {"mode": fixed.mode, "learning_rate": fixed.learning_rate,
                                 "backbone_lr_scale": fixed.backbone_lr_scale, "normalised_head": fixed.normalised,
-                                "batch_size": FIXED_BATCH, "epochs": fixed.epochs, "steps": steps,
+                                "batch_size": fixed.batch_size, "epochs": fixed.epochs, "steps": steps,
                                 "noise_multiplier": sigma},
             "label": ("fixed setting: its choice is NOT charged (reference only)" if fixed.noise else
                       "NOT PRIVATE: the fixed recipe without noise (σ = 0, clipping kept)")}

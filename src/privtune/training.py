@@ -1006,7 +1006,8 @@ def train(
     noise_multiplier : σ instead of ε (then ε is computed and reported).
     epochs, steps : run length; T = steps or ceil(epochs / q) (default 3 epochs).
     batch_size : expected (Poisson) batch size B; q = B / N (default min(N, 256)).
-    learning_rate : default by mode (full 5e-4, bitfit 5e-3, lora 2e-3, last-layer 5e-2).
+    learning_rate : default by mode (full 1e-2 for the head with α = 0.1 for the rest, bitfit 5e-3, lora 2e-3,
+        last-layer 5e-2).
     clip, clipping, per_layer_clipping, optimizer, sampling, accountant, momentum, weight_decay : see :func:`fit`.
     ledger : Ledger, URL or None ($PRIVTUNE_LEDGER or ~/.privtune/ledger.db).  A dataset seen for the
         first time is registered with the requested total ε.

@@ -27,9 +27,10 @@ Optimization with Differential Privacy", HyFreeDP), with the digest's guards.
   scores are planned with the rest (they spend ``trial_share`` of ε), before any data is read.
 * **η0 that does not stall heads**: the paper's η0 = 1e-4 never moves a zero-initialised
   head (pilot, digest §8.3), so the default η0 depends on what is trained: 0.1 for a
-  head on features, DP-BiTFiT's 5e-3 and DP full fine-tuning's 5e-4 (seed 004, Table 8: the
-  DP learning rates used with DP-Adam(W); BiTFiT needs about 10× the full rate, and the
-  zero-initialised head trains with them), 1e-3 for LoRA.  The guarded update moves η by at
+  head on features, DP-BiTFiT's 5e-3 (seed 004, Table 8: the DP learning rates used with
+  DP-Adam(W); the zero-initialised head trains with them) and 5e-3 for the head of DP full
+  fine-tuning, whose pre-trained weights step at α·η (α = 0.1: seed 002's pre-trained-layer
+  multiplier, :data:`privtune.finetune.modes.DEFAULT_BACKBONE_LR_SCALES`), 1e-3 for LoRA.  The guarded update moves η by at
   most about 1.1× per update, so η0 must already be in the right decade: measured on SST-2
   (2,000 phrases, ε = 1, `bench/hpo.py --bitfit`), DP-BiTFiT from η0 = 1e-4 stayed at chance.
 """
@@ -79,7 +80,8 @@ DEFAULT_LR_TRIALS = (1.0, 3.0, 10.0)
 MIN_TRIAL_STEPS = 3
 
 #: default initial learning rate per fine-tuning mode (digest 001 §9 D22; seed 004 Table 8 for bitfit/full)
-DEFAULT_LR0 = {"last-layer": 1e-1, "features": 1e-1, "bitfit": 5e-3, "full": 5e-4, "lora": 1e-3, "two-phase": 5e-4}
+#: η0 by mode; for full fine-tuning the head's rate (the pre-trained weights step at α·η: DEFAULT_BACKBONE_LR_SCALES)
+DEFAULT_LR0 = {"last-layer": 1e-1, "features": 1e-1, "bitfit": 5e-3, "full": 5e-3, "lora": 1e-3, "two-phase": 5e-4}
 
 
 # --------------------------------------------------------------------------------------
