@@ -27,7 +27,12 @@ Rows: total ε (``--epsilons``, default 1,3,8; δ = 1e-5).  Columns (``--cells``
   fixed-full     one fixed DP full fine-tuning setting, its choice NOT charged (a reference): zero head, flat
                  C = 1, Adam 5e-4 (Li et al. 2022's SST-2 rate), expected batch 1,024, 1 epoch, σ calibrated to ε;
                  ``fixed-full-lr2e-3`` the same at Adam 2e-3, ``fixed-full-lr2e-3-epochs3`` that for 3 epochs,
-                 ``fixed-full-lr5e-3`` and ``fixed-full-lr1e-2`` one epoch at those rates
+                 ``fixed-full-lr5e-3`` and ``fixed-full-lr1e-2`` one epoch at those rates;
+                 ``fixed-full-alpha0.1`` / ``-alpha0.03``: the head at Adam 1e-2 and every pre-trained weight at
+                 α·1e-2 (``backbone_lr_scale``, seed 002), one epoch; ``fixed-full-alpha0.1-batch256`` that at
+                 expected batch 256 (the same compute in 4× the steps)
+  clipped-full-lr2e-3  NOT PRIVATE: the fixed-full-lr2e-3 recipe at σ = 0 (clipping kept): what is left
+                 of the recipe without its noise
 
 The search space of ``random`` and ``oracle``: DP-BiTFiT (flat clipping C = 1, Adam, zero-initialised head)
 at the seed-003 recommended expected batch for (ε, n, 3 epochs); learning rate log-uniform in

@@ -91,9 +91,11 @@ _FINETUNE_SCALE = 20_000
 _SELECTION_SOURCE = {**common.SELECTION_SOURCE_OF, **{s: s for s in common.SELECTION_SOURCE_OF.values()}}
 #: learning rate of the Adam pilot run used by --mode auto to compare modes (per-run ε = min(0.1, 0.1·ε_total)):
 #: train()'s default for bitfit and lora; 1.0 for the last layer, whose pilot is only _PILOT_STEPS steps on cached
-#: features (train()'s 5e-2 is meant for a full run)
+#: features (train()'s 5e-2 is meant for a full run); full: the head at bitfit's rate and the pre-trained weights
+#: at α times it (DEFAULT_BACKBONE_LR_SCALES), so that the two pilots differ in what trains, not in how fast
+#: their zero heads can grow
 _PILOT_LEARNING_RATES = {"last-layer": 1.0, "bitfit": DEFAULT_LEARNING_RATES["bitfit"],
-                         "lora": DEFAULT_LEARNING_RATES["lora"], "full": DEFAULT_LEARNING_RATES["full"]}
+                         "lora": DEFAULT_LEARNING_RATES["lora"], "full": DEFAULT_LEARNING_RATES["bitfit"]}
 _PILOT_STEPS = 10
 
 
