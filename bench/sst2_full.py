@@ -28,7 +28,7 @@ Rows: total ε (``--epsilons``, default 1,3,8; δ = 1e-5).  Columns (``--cells``
                  C = 1, Adam 5e-4 (Li et al. 2022's SST-2 rate), expected batch 1,024, 1 epoch, σ calibrated to ε;
                  ``fixed-full-lr2e-3`` the same at Adam 2e-3, ``fixed-full-lr2e-3-epochs3`` that for 3 epochs,
                  ``fixed-full-lr5e-3`` and ``fixed-full-lr1e-2`` one epoch at those rates;
-                 ``fixed-full-alpha0.1`` / ``-alpha0.03``: the head at Adam 1e-2 and every pre-trained weight at
+                 ``fixed-full-alpha0.1`` / ``-alpha0.03`` / ``-alpha0.3``: the head at Adam 1e-2 and every pre-trained weight at
                  α·1e-2 (``backbone_lr_scale``, seed 002), one epoch; ``fixed-full-alpha0.1-batch256`` that at
                  expected batch 256 (the same compute in 4× the steps)
   clipped-full-lr2e-3  NOT PRIVATE: the fixed-full-lr2e-3 recipe at σ = 0 (clipping kept): what is left
@@ -101,6 +101,7 @@ FIXED = {"fixed-bitfit": Fixed("bitfit", 1e-2, False, 3.0), "fixed-bitfit-normal
          # the head at DP-BiTFiT's rate (1e-2), the pre-trained weights at α·1e-2 (seed 002, Table 8)
          "fixed-full-alpha0.1": Fixed("full", 1e-2, False, 1.0, backbone_lr_scale=0.1),
          "fixed-full-alpha0.03": Fixed("full", 1e-2, False, 1.0, backbone_lr_scale=0.03),
+         "fixed-full-alpha0.3": Fixed("full", 1e-2, False, 1.0, backbone_lr_scale=0.3),
          # the same compute (one epoch) in 4× the steps: does the step count bound DP full fine-tuning?
          "fixed-full-alpha0.1-batch256": Fixed("full", 1e-2, False, 1.0, backbone_lr_scale=0.1, batch_size=256)}
 CELLS = CELLS + tuple(c for c in FIXED if c not in CELLS)
