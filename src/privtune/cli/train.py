@@ -46,7 +46,7 @@ _TRAIN_DEFAULTS = {name: p.default for name, p in inspect.signature(run_train).p
 @click.option("--learning-rate", type=float, help="Learning rate (default by mode).")
 @click.option("--backbone-lr-scale", type=float,
               help="α in (0, 1]: the head trains at --learning-rate, every other trainable parameter at α times it "
-                   "(seed 002's pre-trained-layer multiplier; default 1: one rate).")
+                   "(seed 002's pre-trained-layer multiplier; default 0.1 for --mode full, else 1: one rate).")
 @click.option("--clip", type=float, help=f"Per-example clipping norm C (default {_TRAIN_DEFAULTS['clip']}).")
 @click.option("--optimizer", type=click.Choice(OPTIMIZERS), help=f"Optimizer (default {_TRAIN_DEFAULTS['optimizer']}).")
 @click.option("--ledger", type=str, help="Budget ledger URL (default $PRIVTUNE_LEDGER or ~/.privtune/ledger.db).")
