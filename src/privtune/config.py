@@ -124,7 +124,8 @@ _TRAIN: list[Option] = [
            "Largest micro-batch held in memory; accumulation does not change the result.", 32, low=0.0),
     Option("learning_rate", "float", "Learning rate η.", 1e-3, low=0.0),
     Option("backbone_lr_scale", "float", "α in (0, 1]: the head trains at the learning rate, every other trainable "
-           "parameter at α times it (seed 002's pre-trained-layer multiplier; 1 = one rate).", 0.1, low=0.0,
+           "parameter at α times it (seed 002's pre-trained-layer multiplier; unset = 0.1 for full, else 1).", 0.1,
+           low=0.0,
            high=1.0),
     Option("clip", "float", "Clipping norm C (per-example gradient L2 norm bound).", 1.0, low=0.0),
     Option("clipping", "choice", "Clipping rule: " + ", ".join(CLIPPING) + " (flat: Abadi, min(1, C/||g||); "
