@@ -432,9 +432,8 @@ class _Loop:
         )
         if noise_state is not None:
             self.pg.load_state_dict(noise_state)
-        # a head trained on cached features is all head: α has nothing else to scale there
-        groups = (_lr_groups(self.model, params, ph.learning_rate, self.backbone_lr_scale)
-                  if not _is_features(self.data) else [{"params": params, "lr": ph.learning_rate, "lr_scale": 1.0}])
+        # a head trained on cached features is all head: one group, whatever α
+        groups = _lr_groups(self.model, params, ph.learning_rate, self.backbone_lr_scale)
         self.opt = _make_optimizer(self.optimizer_name, groups, ph.learning_rate, self.momentum, self.weight_decay,
                                    self.eps)
         self.params = params
