@@ -30,7 +30,7 @@ Rows: total ε (``--epsilons``, default 1,3,8; δ = 1e-5).  Columns (``--cells``
                  ``fixed-full-lr5e-3`` and ``fixed-full-lr1e-2`` one epoch at those rates;
                  ``fixed-full-alpha0.1`` / ``-alpha0.03`` / ``-alpha0.3``: the head at Adam 1e-2 and every pre-trained weight at
                  α·1e-2 (``backbone_lr_scale``, seed 002), one epoch; ``fixed-full-alpha0.1-batch256`` that at
-                 expected batch 256 (the same compute in 4× the steps)
+                 expected batch 256 (the same compute in 4× the steps); ``fixed-full-alpha0.1-epochs3`` three epochs
   clipped-full-lr2e-3  NOT PRIVATE: the fixed-full-lr2e-3 recipe at σ = 0 (clipping kept): what is left
                  of the recipe without its noise
 
@@ -51,6 +51,11 @@ at full size they are 12 (oracle) and 18 (random) epochs of DP-BiTFiT, more than
     OMP_NUM_THREADS=2 python bench/sst2_full.py --quick --cells default,bitfit   # ε = 1 on a 20k subset
     OMP_NUM_THREADS=2 python bench/sst2_full.py --cells default --epsilons 1 --seeds 3
     python bench/sst2_full.py --table                                          # reprint, run nothing
+
+On a machine with a GPU every cell runs there (privtune's default device) with micro-batches of 256 examples
+(``--max-physical-batch-size``; memory and speed only), and its results go to their own folder (``full_cuda``):
+the README keeps the CPU and GPU tables apart.  ``--seed S`` runs one seed of each cell, so that several processes
+can share the GPU (e.g. the default cell's three seeds at once).
 """
 
 from __future__ import annotations
@@ -103,7 +108,9 @@ FIXED = {"fixed-bitfit": Fixed("bitfit", 1e-2, False, 3.0), "fixed-bitfit-normal
          "fixed-full-alpha0.03": Fixed("full", 1e-2, False, 1.0, backbone_lr_scale=0.03),
          "fixed-full-alpha0.3": Fixed("full", 1e-2, False, 1.0, backbone_lr_scale=0.3),
          # the same compute (one epoch) in 4× the steps: does the step count bound DP full fine-tuning?
-         "fixed-full-alpha0.1-batch256": Fixed("full", 1e-2, False, 1.0, backbone_lr_scale=0.1, batch_size=256)}
+         "fixed-full-alpha0.1-batch256": Fixed("full", 1e-2, False, 1.0, backbone_lr_scale=0.1, batch_size=256),
+         # three epochs of the best one-epoch recipe: where does 85 % start (a GPU cell: ~1.5 h per thread on a CPU)
+         "fixed-full-alpha0.1-epochs3": Fixed("full", 1e-2, False, 3.0, backbone_lr_scale=0.1)}
 CELLS = CELLS + tuple(c for c in FIXED if c not in CELLS)
 NOT_PRIVATE = {"oracle", "nonpriv-bitfit", "nonpriv-full", *(c for c, f in FIXED.items() if not f.noise)}
 DELTA = 1e-5
@@ -196,6 +203,9 @@ class _Counter:
 
 
 COUNTER = _Counter()
+#: examples per forward/backward pass, set by ``main`` (memory and speed only: the Poisson batches, the clipping and
+#: the noise do not depend on it)
+PHYSICAL = {"max_physical_batch_size": 32}
 
 
 def _relative(final_examples: float) -> float | None:
@@ -209,7 +219,7 @@ def _tune_cell(split, eps, seed, folder, **kw):
 
     r = privtune.tune(split["train"], eval_data=split["dev"], public_eval_data=split["public"], labels=[0, 1],
                       epsilon=eps, delta=DELTA, ledger=f"sqlite:///{folder / 'ledger.db'}",
-                      output_dir=folder / "run", seed=seed, quiet=True, **kw)
+                      output_dir=folder / "run", seed=seed, quiet=True, **PHYSICAL, **kw)
     hp = r.metrics.get("hyperparameters") or {}
     final = COUNTER.loops[-1] if COUNTER.loops else 0
     return {"dev_accuracy": r.metrics["accuracy"], "certificate_epsilon": r.certificate.epsilon,
@@ -263,7 +273,8 @@ def _dp_fit(train, q, steps, sigma, lr, seed, mode="bitfit", normalize_features=
             print(f"    step {info.step}/{steps}  {time.time() - t0:.0f} s", flush=True)
 
     res = fit(m, train, noise_multiplier=sigma, sample_rate=q, steps=steps, learning_rate=lr, clip=1.0,
-              clipping="flat", optimizer="adam", seed=seed, callback=show, backbone_lr_scale=backbone_lr_scale)
+              clipping="flat", optimizer="adam", seed=seed, callback=show, backbone_lr_scale=backbone_lr_scale,
+              **PHYSICAL)
     return m, list(res.events)
 
 
@@ -408,6 +419,11 @@ def main(argv=None) -> int:
                     help="epochs of the tune cells (default: the strategy's, 3); a shorter measurement only")
     ap.add_argument("--trials", type=str, default=None,
                     help="random/oracle: run only these trial indices (e.g. 4,5), to share a cell between processes")
+    ap.add_argument("--seed", type=int, default=None,
+                    help="run only this seed of each cell (to spread the default cell's seeds over processes)")
+    ap.add_argument("--max-physical-batch-size", type=int, default=None,
+                    help="examples per forward/backward pass: memory and speed only (default 32 on a CPU, 256 on "
+                         "a GPU)")
     ap.add_argument("--table", action="store_true", help="print the table of what exists; run nothing")
     args = ap.parse_args(argv)
     try:
@@ -417,10 +433,15 @@ def main(argv=None) -> int:
     import torch
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
+    cuda = torch.cuda.is_available()  # privtune's default device: the GPU when there is one
+    device = torch.cuda.get_device_name(0) if cuda else "cpu"
+    PHYSICAL["max_physical_batch_size"] = args.max_physical_batch_size or (256 if cuda else 32)
     subset = args.subset if args.subset is not None else (20_000 if args.quick else None)
     tag = "quick" if args.quick else ("full" if subset is None else f"subset{subset}")
     if args.epochs is not None:
         tag += f"_epochs{args.epochs:g}"
+    if cuda:  # GPU results are their own table (the README keeps the CPU and GPU tables side by side)
+        tag += "_cuda"
     tag_dir = RESULTS / tag
     epsilons = [float(e) for e in (args.epsilons or ("1" if args.quick else "1,3,8")).split(",")]
     cells = [c.strip() for c in args.cells.split(",") if c.strip()]
@@ -432,7 +453,8 @@ def main(argv=None) -> int:
     n_default = args.seeds or (1 if args.quick else 3)
 
     def seeds_of(cell, eps):
-        return range(n_default) if (cell == "default" and eps == 1.0) else range(1)
+        seeds = range(n_default) if (cell == "default" and eps == 1.0) else range(1)
+        return [s for s in seeds if args.seed is None or s == args.seed]
 
     if args.table:
         print(table(tag_dir, epsilons, cells, seeds_of))
@@ -473,7 +495,7 @@ def main(argv=None) -> int:
                 seconds = res.pop("seconds", None) or time.time() - t0  # a resumable cell times all its sessions
                 res.update({"cell": cell, "epsilon": eps, "seed": seed, "seconds": round(seconds, 1),
                             "n_private": split["n_private"], "not_private": cell in NOT_PRIVATE,
-                            "threads": torch.get_num_threads()})
+                            "threads": torch.get_num_threads(), "device": device, **PHYSICAL})
                 res.setdefault("dp_examples", sum(COUNTER.loops))
                 if res["dp_examples"]:  # DP cells: examples through DP steps per second of the whole cell
                     res["dp_examples_per_second"] = round(res["dp_examples"] / seconds, 1)
