@@ -15,6 +15,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -303,9 +304,18 @@ def test_many_entries_are_grouped_before_the_accountant(url, monkeypatch):
 
 
 def test_unreachable_postgres_is_a_clear_error():
+    pytest.importorskip("psycopg", reason="psycopg (privtune[postgres]) is not installed: the missing driver's own "
+                                          "error is tested in test_missing_driver_is_a_clear_error")
     port = _free_port()  # nothing listens there
     ledger = Ledger(f"postgresql://nobody@127.0.0.1:{port}/privtune")
     with pytest.raises(LedgerError, match="Check that the server is running"):
+        ledger.status("x")
+
+
+def test_missing_driver_is_a_clear_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "psycopg", None)  # import psycopg now raises ImportError, installed or not
+    ledger = Ledger(f"postgresql://nobody@127.0.0.1:{_free_port()}/privtune")
+    with pytest.raises(LedgerError, match=r"needs psycopg 3, which is not installed\. Install it with"):
         ledger.status("x")
 
 

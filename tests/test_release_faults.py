@@ -55,8 +55,10 @@ def files(tmp_path_factory):
                                                                    "eval": ("dev.tsv", 24, 1)})
 
 
+# The kill tests fork a child; a child of a process that has initialised CUDA cannot use CUDA, so every run here
+# stays on the CPU (what these tests check is the ledger and the release, not the device).
 def _train_args(files, tmp_path) -> dict:
-    return dict(eval_data=str(files["eval"]), model=str(files["model"]), mode="last-layer", labels=["0", "1"],
+    return dict(device="cpu", eval_data=str(files["eval"]), model=str(files["model"]), mode="last-layer", labels=["0", "1"],
                 epsilon=2.0, delta=1e-3, steps=3, batch_size=20, seed=0, progress=False,
                 ledger=f"sqlite:///{tmp_path / 'l.db'}", output_dir=str(tmp_path / "run"))
 
@@ -177,7 +179,7 @@ TUNE_STAGES = ["after-reserve", "after-last-step", "write-model", "write-certifi
 
 
 def _tune_args(files, tmp_path) -> dict:
-    return dict(eval_data=str(files["eval"]), model=str(files["model"]), mode="last-layer", strategy="hyperfree",
+    return dict(device="cpu", eval_data=str(files["eval"]), model=str(files["model"]), mode="last-layer", strategy="hyperfree",
                 labels=["0", "1"], epsilon=2.0, delta=1e-3, seed=0, quiet=True, ledger=f"sqlite:///{tmp_path / 'l.db'}",
                 output_dir=str(tmp_path / "run"))
 

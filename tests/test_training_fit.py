@@ -26,8 +26,8 @@ def data():
     return make_toy_text_dataset(48, seed=0), make_toy_text_dataset(32, seed=1)
 
 
-def _params(m):
-    return {n: p.detach().clone() for n, p in m.named_parameters()}
+def _params(m):  # on the CPU: fit moves the model to the default device (the GPU where there is one)
+    return {n: p.detach().cpu().clone() for n, p in m.named_parameters()}
 
 
 def test_fit_returns_events_of_steps_taken(model_path, data):
@@ -126,7 +126,7 @@ def test_two_phase_switches_to_bitfit(model_path, data):
     assert all(n.endswith("bias") or n.startswith("head.") for n in trainable)
     # a weight that only phase 1 trains has changed
     assert not torch.equal(before["backbone.encoder.layer.0.attention.self.query.weight"],
-                           m.backbone.encoder.layer[0].attention.self.query.weight)
+                           m.backbone.encoder.layer[0].attention.self.query.weight.detach().cpu())
     with pytest.raises(InvalidParameterError, match="phase1_steps"):
         fit(m, data[0], noise_multiplier=1.0, sample_rate=0.25, steps=4, learning_rate=1e-2, mode="two-phase")
 
@@ -224,7 +224,7 @@ def test_shuffled_run_accounts_the_batch_size_it_uses(model_path):
 
 # ------------------------------------------------------------------ the pre-trained-layer multiplier α (seed 002)
 def _largest_moves(m, before):
-    moved = {n: (p.detach() - before[n]).abs().max().item() for n, p in m.named_parameters() if p.requires_grad}
+    moved = {n: (p.detach().cpu() - before[n]).abs().max().item() for n, p in m.named_parameters() if p.requires_grad}
     head = max(v for n, v in moved.items() if n.startswith("head."))
     rest = max(v for n, v in moved.items() if not n.startswith("head."))
     return head, rest
