@@ -19,7 +19,8 @@ learning-rate probe, which is a :class:`LoopHook` on this loop, not a loop of it
 **Train/eval-mode policy (stated once, here).** During DP training the model runs in eval mode
 (dropout off, as in seed 002's fine-tuning recipe), in every mode and every strategy; the extra
 forward passes of a hook (hyperfree's loss probes) run in the same mode with the engine paused.
-This also makes resumed runs bit-for-bit identical to uninterrupted ones with a fixed seed.
+This also makes resumed runs bit-for-bit identical to uninterrupted ones with a fixed seed (on the CPU; CUDA
+sums some gradients in no fixed order).
 """
 
 from __future__ import annotations
@@ -1013,7 +1014,7 @@ def train(
     output_dir : RUN_DIR to write (model/, certificate.json, metrics.json, history.json, config.yaml,
         log.txt, checkpoint); None writes nothing.
     seed : seeds head init, sampler and noise (recorded in the certificate); None uses OS entropy.
-    resume : continue an interrupted run in ``output_dir`` from its checkpoint, bit for bit (same
+    resume : continue an interrupted run in ``output_dir`` from its checkpoint, bit for bit on the CPU (same
         arguments required; the ledger reservation is continued, not charged twice).  A run interrupted
         while writing its files, even after its ledger commit, is finished from its final checkpoint
         without a new charge.
