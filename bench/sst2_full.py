@@ -456,8 +456,11 @@ def main(argv=None) -> int:
         seeds = range(n_default) if (cell == "default" and eps == 1.0) else range(1)
         return [s for s in seeds if args.seed is None or s == args.seed]
 
-    if args.table:
-        print(table(tag_dir, epsilons, cells, seeds_of))
+    if args.table:  # both tables, wherever this runs: the CPU one and the GPU one (``_cuda``) if it exists
+        cpu_dir = RESULTS / tag.removesuffix("_cuda")
+        for name, folder in (("CPU", cpu_dir), ("GPU", cpu_dir.with_name(cpu_dir.name + "_cuda"))):
+            if folder.is_dir():
+                print(f"{name}: {folder}\n{table(folder, epsilons, cells, seeds_of)}\n")
         return 0
     split = make_split(args.public_size, subset, tag_dir)
     log = open(tag_dir / "log.txt", "a", encoding="utf-8")
