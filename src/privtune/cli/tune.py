@@ -51,7 +51,7 @@ def _number(x: float) -> str:
                    "private data.")
 @click.option("--model", type=str, help="Backbone directory (Hugging Face format). Default: bundled all-MiniLM-L6-v2.")
 @click.option("--mode", type=click.Choice(MODES), help="What is trained; auto compares last-layer/bitfit/lora "
-              "(full/bitfit when N·ε ≥ 20,000) with charged pilots; ties keep the first. "
+              "(bitfit/full when N·ε ≥ 20,000; full/bitfit from N = 60,000) with charged pilots; ties keep the first. "
               f"[default: {_TUNE_DEFAULTS['mode']}]")
 @click.option("--strategy", type=click.Choice(STRATEGIES), help="Tuning strategy (grid-oracle is NOT PRIVATE, "
               f"reference only). [default: {_TUNE_DEFAULTS['strategy']}]")
