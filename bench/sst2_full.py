@@ -13,6 +13,7 @@ Rows: total ε (``--epsilons``, default 1,3,8; δ = 1e-5).  Columns (``--cells``
   bitfit         ``privtune.tune(mode="bitfit")``
   full           ``privtune.tune(mode="full")``
   default-no-eta-trials  ablation: the default with ``strategy_options={"lr_trials": []}`` (no η placement)
+  full-no-eta-trials     the same ablation of ``full``
   random         charged random search, k = 8 trials over the space below, every trial's events composed
                  (one σ for all: the composition of all trials meets ε), best on the public split released
   oracle         NOT PRIVATE grid oracle over the same space: every grid point run at the full ε, selection
@@ -81,6 +82,7 @@ from make_embedded_data import containment_violations, spans, words  # noqa: E40
 
 RESULTS = HERE / "results" / "sst2_full"
 CELLS = ("default", "bitfit", "full", "random", "oracle", "nonpriv-bitfit", "nonpriv-full", "default-no-eta-trials",
+         "full-no-eta-trials",
          "default-lr0-1e-2", "fixed-bitfit", "fixed-bitfit-normalised", "fixed-bitfit-normalised-lr3e-2",
          "fixed-full", "fixed-full-lr2e-3", "fixed-full-lr2e-3-epochs3", "fixed-full-lr5e-3", "fixed-full-lr1e-2")
 #: the fixed, uncharged DP references (one setting each, its choice not charged)
@@ -366,6 +368,8 @@ def run_cell(cell, split, eps, seed, folder, epochs=None, trials=None):
         return _tune_cell(split, eps, seed, folder, mode=cell, **extra)
     if cell == "default-no-eta-trials":  # ablation: the default without hyperfree's η-placement trials
         return _tune_cell(split, eps, seed, folder, strategy_options={"lr_trials": []}, **extra)
+    if cell == "full-no-eta-trials":  # ablation: --mode full from η0 (the trials' choice isolated)
+        return _tune_cell(split, eps, seed, folder, mode="full", strategy_options={"lr_trials": []}, **extra)
     if cell == "default-lr0-1e-2":  # the default placing η from η0 = 1e-2 instead of the mode's 5e-3
         return _tune_cell(split, eps, seed, folder, strategy_options={"lr0": 0.01}, **extra)
     if cell in FIXED:
