@@ -246,8 +246,11 @@ def test_eta_transfer_scales_the_total_step_with_epsilon_not_only_with_steps():
 
 def test_eta_placement_is_off_on_features_and_when_asked():
     cfg = hf.HyperfreeConfig()
-    assert cfg.trial_multipliers(True) == () and cfg.trial_multipliers(False) == hf.DEFAULT_LR_TRIALS
-    assert hf.HyperfreeConfig(lr_trials=[]).trial_multipliers(False) == ()
+    assert cfg.trial_multipliers("last-layer") == () and cfg.trial_multipliers("bitfit") == hf.DEFAULT_LR_TRIALS
+    assert hf.HyperfreeConfig(lr_trials=[]).trial_multipliers("bitfit") == ()
+    # full fine-tuning tries η0 × (1, 3): its short trials favoured 10 × η0, which the long run cannot take
+    assert cfg.trial_multipliers("full") == (1.0, 3.0) and cfg.trial_multipliers("lora") == hf.DEFAULT_LR_TRIALS
+    assert hf.HyperfreeConfig(lr_trials=[1, 10]).trial_multipliers("full") == (1.0, 10.0)  # asked for: kept
     off = hf.plan_lr_trials(cfg, 1.0, 1e-5, sample_rate=0.05, steps=60, multipliers=())
     assert off is None
     on = hf.plan_lr_trials(cfg, 1.0, 1e-5, sample_rate=0.05, steps=60, multipliers=(0.5, 2.0), score_sigma=5.0)
