@@ -88,6 +88,7 @@ AUTO_MODES = ("last-layer", "bitfit", "lora")
 #: pilots that the public split cannot tell apart (at these sizes the 10-step pilots sit at chance for both):
 #: bitfit first, except from _FULL_FIRST_N private examples, where full comes first
 AUTO_MODES_AT_SCALE = ("bitfit", "full")
+AUTO_MODES_FROM_FULL_FIRST_N = ("full", "bitfit")
 _FINETUNE_SCALE = 20_000
 #: from this many private examples --mode auto puts full fine-tuning first (ties keep it).  Measured on SST-2:
 #: on 60,957 phrases `tune --mode full` (pre-trained weights at α = 0.1 of the head's rate) reached 84.4 / 85.8
@@ -862,7 +863,7 @@ def _auto_candidates(supported_modes, n: int, eps_total: float) -> list:
     """The modes ``--mode auto`` compares, in the order that breaks their ties, from public sizes only: at
     fine-tuning scale (n·ε ≥ :data:`_FINETUNE_SCALE`) the fine-tuning modes the strategy trains (full first
     from n ≥ :data:`_FULL_FIRST_N`), else the small-data set."""
-    order = sorted(AUTO_MODES_AT_SCALE, key=lambda m: m != "full") if n >= _FULL_FIRST_N else AUTO_MODES_AT_SCALE
+    order = AUTO_MODES_FROM_FULL_FIRST_N if n >= _FULL_FIRST_N else AUTO_MODES_AT_SCALE
     at_scale = [m for m in order if m in supported_modes]
     if n * eps_total >= _FINETUNE_SCALE and at_scale:
         return at_scale
