@@ -14,6 +14,7 @@ Rows: total ε (``--epsilons``, default 1,3,8; δ = 1e-5).  Columns (``--cells``
   full           ``privtune.tune(mode="full")``
   default-no-eta-trials  ablation: the default with ``strategy_options={"lr_trials": []}`` (no η placement)
   full-no-eta-trials     the same ablation of ``full``
+  full-batch4096         ``full`` at expected batch 4,096 (the planner's choice at ε = 3; at ε = 1 it plans 2,048)
   random         charged random search, k = 8 trials over the space below, every trial's events composed
                  (one σ for all: the composition of all trials meets ε), best on the public split released
   oracle         NOT PRIVATE grid oracle over the same space: every grid point run at the full ε, selection
@@ -38,7 +39,9 @@ Rows: total ε (``--epsilons``, default 1,3,8; δ = 1e-5).  Columns (``--cells``
 The search space of ``random`` and ``oracle``: DP-BiTFiT (flat clipping C = 1, Adam, zero-initialised head)
 at the seed-003 recommended expected batch for (ε, n, 3 epochs); learning rate log-uniform in
 [1.25e-3, 8e-2] (random) or the grid {2.5e-3, 1e-2, 4e-2} (oracle); epochs in {1, 2, 3} (random) or
-{1, 3} (oracle).
+{1, 3} (oracle).  ``random-full`` and ``oracle-full``: the same searches over DP full fine-tuning, the mode
+the default trains from 60,000 examples (η is the head's rate; the pre-trained weights step at α·η with the
+mode's α = 0.1): the issue's "same space" for the default at full size.
 
 Each cell reports dev accuracy, certificate ε, wall time and compute relative to one final run (examples
 through DP/non-private gradient steps of the whole cell ÷ those of its released run; forward-only passes
@@ -82,7 +85,7 @@ from make_embedded_data import containment_violations, spans, words  # noqa: E40
 
 RESULTS = HERE / "results" / "sst2_full"
 CELLS = ("default", "bitfit", "full", "random", "oracle", "nonpriv-bitfit", "nonpriv-full", "default-no-eta-trials",
-         "full-no-eta-trials",
+         "full-no-eta-trials", "full-batch4096", "random-full", "oracle-full",
          "default-lr0-1e-2", "fixed-bitfit", "fixed-bitfit-normalised", "fixed-bitfit-normalised-lr3e-2",
          "fixed-full", "fixed-full-lr2e-3", "fixed-full-lr2e-3-epochs3", "fixed-full-lr5e-3", "fixed-full-lr1e-2")
 #: the fixed, uncharged DP references (one setting each, its choice not charged)
@@ -94,6 +97,7 @@ class Fixed(NamedTuple):
     backbone_lr_scale: float = 1.0  # seed 002's pre-trained-layer multiplier α: η·α outside the head
     noise: bool = True  # False: σ = 0 with clipping kept (NOT PRIVATE; isolates the noise from the recipe)
     batch_size: int = 1024  # expected Poisson batch
+    train_embeddings: bool = True  # False: the backbone's input embedding table stays at its pre-trained value
 
 
 FIXED = {"fixed-bitfit": Fixed("bitfit", 1e-2, False, 3.0), "fixed-bitfit-normalised": Fixed("bitfit", 1e-2, True, 3.0),
@@ -112,9 +116,13 @@ FIXED = {"fixed-bitfit": Fixed("bitfit", 1e-2, False, 3.0), "fixed-bitfit-normal
          # the same compute (one epoch) in 4× the steps: does the step count bound DP full fine-tuning?
          "fixed-full-alpha0.1-batch256": Fixed("full", 1e-2, False, 1.0, backbone_lr_scale=0.1, batch_size=256),
          # three epochs of the best one-epoch recipe: where does 85 % start (a GPU cell: ~1.5 h per thread on a CPU)
-         "fixed-full-alpha0.1-epochs3": Fixed("full", 1e-2, False, 3.0, backbone_lr_scale=0.1)}
+         "fixed-full-alpha0.1-epochs3": Fixed("full", 1e-2, False, 3.0, backbone_lr_scale=0.1),
+         # the same without the word-embedding table (11.7 M of MiniLM's 22.7 M weights; under noise each of its rows
+         # random-walks, while a batch's signal reaches only the rows of the tokens it holds)
+         "fixed-full-alpha0.1-epochs3-frozen-embeddings": Fixed("full", 1e-2, False, 3.0, backbone_lr_scale=0.1,
+                                                                train_embeddings=False)}
 CELLS = CELLS + tuple(c for c in FIXED if c not in CELLS)
-NOT_PRIVATE = {"oracle", "nonpriv-bitfit", "nonpriv-full", *(c for c, f in FIXED.items() if not f.noise)}
+NOT_PRIVATE = {"oracle", "oracle-full", "nonpriv-bitfit", "nonpriv-full", *(c for c, f in FIXED.items() if not f.noise)}
 DELTA = 1e-5
 RS_TRIALS, RS_LR, RS_EPOCHS = 8, (1.25e-3, 8e-2), (1, 2, 3)
 GRID_LR, GRID_EPOCHS = (2.5e-3, 1e-2, 4e-2), (1, 3)
@@ -231,12 +239,14 @@ def _tune_cell(split, eps, seed, folder, **kw):
                        for t in r.trials]}
 
 
-def _dp_model(seed, mode="bitfit", normalize_features=None):
+def _dp_model(seed, mode="bitfit", normalize_features=None, train_embeddings=True):
     from privtune.finetune import apply_mode
     from privtune.models import load_classifier
 
     m = load_classifier(None, num_labels=2, seed=seed)
     apply_mode(m, mode, zero_init_head=True, normalize_features=normalize_features)
+    if not train_embeddings:
+        m.backbone.get_input_embeddings().weight.requires_grad_(False)
     return m
 
 
@@ -253,21 +263,24 @@ def _fixed_cell(split, eps, seed, fixed: Fixed):
     q, steps = fixed.batch_size / n, steps_for_epochs(n, fixed.batch_size, fixed.epochs)
     sigma = float(calibrate_noise_multiplier(eps, DELTA, q, steps)) if fixed.noise else 0.0
     m, events = _dp_fit(train, q, steps, sigma, fixed.learning_rate, seed, mode=fixed.mode,
-                        normalize_features=fixed.normalised, backbone_lr_scale=fixed.backbone_lr_scale)
+                        normalize_features=fixed.normalised, backbone_lr_scale=fixed.backbone_lr_scale,
+                        train_embeddings=fixed.train_embeddings)
     return {"dev_accuracy": evaluate(m, load_text_dataset(split["dev"], num_labels=2))["accuracy"],
             "certificate_epsilon": compute_epsilon(events, DELTA), "compute_vs_final": 1.0,
             "hyperparameters": {"mode": fixed.mode, "learning_rate": fixed.learning_rate,
                                 "backbone_lr_scale": fixed.backbone_lr_scale, "normalised_head": fixed.normalised,
                                 "batch_size": fixed.batch_size, "epochs": fixed.epochs, "steps": steps,
+                                "train_embeddings": fixed.train_embeddings,
                                 "noise_multiplier": sigma},
             "label": ("fixed setting: its choice is NOT charged (reference only)" if fixed.noise else
                       "NOT PRIVATE: the fixed recipe without noise (σ = 0, clipping kept)")}
 
 
-def _dp_fit(train, q, steps, sigma, lr, seed, mode="bitfit", normalize_features=None, backbone_lr_scale=1.0):
+def _dp_fit(train, q, steps, sigma, lr, seed, mode="bitfit", normalize_features=None, backbone_lr_scale=1.0,
+            train_embeddings=True):
     from privtune.training import fit
 
-    m = _dp_model(seed, mode, normalize_features)
+    m = _dp_model(seed, mode, normalize_features, train_embeddings)
     t0 = time.time()
 
     def show(info):  # a line every 10 steps: these cells run for an hour on a CPU
@@ -280,20 +293,23 @@ def _dp_fit(train, q, steps, sigma, lr, seed, mode="bitfit", normalize_features=
     return m, list(res.events)
 
 
-def _search_cell(split, eps, seed, points, charged: bool, folder: Path, only=None):
+def _search_cell(split, eps, seed, points, charged: bool, folder: Path, only=None, mode="bitfit"):
     """Random search (charged: one σ for all trials, composed) or the grid oracle (each point at ε).
 
     Each trial is its own file ``folder/trial<i>.json`` (setting, σ, events, public and dev accuracy, seconds),
     reused when it exists: at full size a cell is 12 or 18 epochs of DP-BiTFiT, more than one CPU session, so it
     is resumable trial by trial.  Selection reads the public accuracy only; the dev accuracy of every trial is
     recorded so that the selected one's can be reported without keeping its model.  ``only`` (trial indices) lets
-    several processes share one cell; the cell's result is made by whichever finds every trial done (else None)."""
+    several processes share one cell; the cell's result is made by whichever finds every trial done (else None).
+    ``mode``: what every trial trains (``"full"``: the head at η, the pre-trained weights at the mode's α·η)."""
     from privtune.accounting import calibrate_noise_multiplier, compute_epsilon
     from privtune.accounting.events import event_from_dict, event_to_dict
     from privtune.data import load_text_dataset
+    from privtune.finetune.modes import default_backbone_lr_scale
     from privtune.hpo.recommend import recommend, steps_for_epochs
     from privtune.training import evaluate
 
+    alpha = default_backbone_lr_scale(mode)
     train = load_text_dataset(split["train"], num_labels=2)
     public = load_text_dataset(split["public"], num_labels=2)
     dev = load_text_dataset(split["dev"], num_labels=2)
@@ -320,7 +336,7 @@ def _search_cell(split, eps, seed, points, charged: bool, folder: Path, only=Non
             continue
         else:
             t0 = time.time()
-            m, evs = _dp_fit(train, q, T, sigma, lr, seed + i)
+            m, evs = _dp_fit(train, q, T, sigma, lr, seed + i, mode=mode, backbone_lr_scale=alpha)
             trial = {**setting, "public_accuracy": evaluate(m, public)["accuracy"],
                      "dev_accuracy": evaluate(m, dev)["accuracy"], "events": [event_to_dict(e) for e in evs],
                      "seconds": round(time.time() - t0, 1), "dp_examples": sum(COUNTER.loops[-1:])}
@@ -333,7 +349,8 @@ def _search_cell(split, eps, seed, points, charged: bool, folder: Path, only=Non
     best = max(trials, key=lambda t: t["public_accuracy"])  # first of equals: the search's order
     events = [event_from_dict(e) for t in trials for e in t["events"]]
     cert_eps = compute_epsilon(events, DELTA) if charged else eps
-    out = {"dev_accuracy": best["dev_accuracy"], "certificate_epsilon": cert_eps, "batch_size": b,
+    out = {"dev_accuracy": best["dev_accuracy"], "certificate_epsilon": cert_eps, "batch_size": b, "mode": mode,
+           "backbone_lr_scale": alpha,
            "selected": {k: best[k] for k in ("learning_rate", "epochs", "steps")},
            "trials": [{k: v for k, v in t.items() if k != "events"} for t in trials],
            "compute_vs_final": round(sum(steps) / best["steps"], 2),
@@ -370,17 +387,20 @@ def run_cell(cell, split, eps, seed, folder, epochs=None, trials=None):
         return _tune_cell(split, eps, seed, folder, strategy_options={"lr_trials": []}, **extra)
     if cell == "full-no-eta-trials":  # ablation: --mode full from η0 (the trials' choice isolated)
         return _tune_cell(split, eps, seed, folder, mode="full", strategy_options={"lr_trials": []}, **extra)
+    if cell == "full-batch4096":  # --mode full at twice the planned batch at ε = 1 (same epochs, half the steps)
+        return _tune_cell(split, eps, seed, folder, mode="full", batch_size=4096, **extra)
     if cell == "default-lr0-1e-2":  # the default placing η from η0 = 1e-2 instead of the mode's 5e-3
         return _tune_cell(split, eps, seed, folder, strategy_options={"lr0": 0.01}, **extra)
     if cell in FIXED:
         return _fixed_cell(split, eps, seed, FIXED[cell])
-    if cell == "random":
+    search_mode = "full" if cell.endswith("-full") else "bitfit"
+    if cell in ("random", "random-full"):
         rng = random.Random(1000 + seed)
         points = [(math.exp(rng.uniform(*map(math.log, RS_LR))), rng.choice(RS_EPOCHS)) for _ in range(RS_TRIALS)]
-        return _search_cell(split, eps, seed, points, charged=True, folder=folder, only=trials)
-    if cell == "oracle":
+        return _search_cell(split, eps, seed, points, charged=True, folder=folder, only=trials, mode=search_mode)
+    if cell in ("oracle", "oracle-full"):
         return _search_cell(split, eps, seed, [(lr, e) for lr in GRID_LR for e in GRID_EPOCHS], charged=False,
-                            folder=folder, only=trials)
+                            folder=folder, only=trials, mode=search_mode)
     return _nonprivate_cell(split, "bitfit" if cell == "nonpriv-bitfit" else "full", seed)
 
 
@@ -398,7 +418,7 @@ def table(tag_dir: Path, epsilons, cells, seeds_of) -> str:
                    if (p := tag_dir / f"{_cell_key(cell, eps, s)}.json").exists()]
             if not res:
                 done = len(list((tag_dir / "runs" / _cell_key(cell, eps, 0)).glob("trial*.json")))
-                of = {"random": RS_TRIALS, "oracle": len(GRID_LR) * len(GRID_EPOCHS)}.get(cell)
+                of = {"random": RS_TRIALS, "oracle": len(GRID_LR) * len(GRID_EPOCHS)}.get(cell.removesuffix("-full"))
                 row.append(f"in progress ({done}/{of} trials; rerun to resume)" if done and of else "not run")
                 continue
             acc = [100 * r["dev_accuracy"] for r in res]
@@ -452,13 +472,18 @@ def main(argv=None) -> int:
     bad = [c for c in cells if c not in CELLS]
     if bad:
         ap.error(f"unknown cell(s) {bad}; choose from {', '.join(CELLS)}")
-    if trials is not None and set(cells) - {"random", "oracle"}:
-        ap.error("--trials splits the random and oracle cells only; give --cells random or --cells oracle")
+    if trials is not None and set(cells) - {"random", "oracle", "random-full", "oracle-full"}:
+        ap.error("--trials splits the search cells only; give --cells random, oracle, random-full or oracle-full")
     n_default = args.seeds or (1 if args.quick else 3)
 
     def seeds_of(cell, eps):
-        seeds = range(n_default) if (cell == "default" and eps == 1.0) else range(1)
-        return [s for s in seeds if args.seed is None or s == args.seed]
+        if args.seed is not None:  # one seed asked for: that seed, whatever the cell
+            return [args.seed]
+        if cell == "default" and eps == 1.0:
+            return list(range(n_default))
+        # other cells: seed 0, and every further seed someone ran with --seed
+        ran = {int(p.stem.rsplit("_seed", 1)[1]) for p in tag_dir.glob(f"{_cell_key(cell, eps, 0)[:-1]}*.json")}
+        return sorted(ran | {0})
 
     if args.table:  # both tables, wherever this runs: the CPU one and the GPU one (``_cuda``) if it exists
         cpu_dir = RESULTS / tag.removesuffix("_cuda")
