@@ -32,7 +32,8 @@ Rows: total ε (``--epsilons``, default 1,3,8; δ = 1e-5).  Columns (``--cells``
                  ``fixed-full-lr5e-3`` and ``fixed-full-lr1e-2`` one epoch at those rates;
                  ``fixed-full-alpha0.1`` / ``-alpha0.03`` / ``-alpha0.3``: the head at Adam 1e-2 and every pre-trained weight at
                  α·1e-2 (``backbone_lr_scale``, seed 002), one epoch; ``fixed-full-alpha0.1-batch256`` that at
-                 expected batch 256 (the same compute in 4× the steps); ``fixed-full-alpha0.1-epochs3`` three epochs
+                 expected batch 256 (the same compute in 4× the steps); ``fixed-full-alpha0.1-epochs3`` three epochs,
+                 ``fixed-full-alpha0.1-epochs3-frozen-embeddings`` that with the word-embedding table frozen
   clipped-full-lr2e-3  NOT PRIVATE: the fixed-full-lr2e-3 recipe at σ = 0 (clipping kept): what is left
                  of the recipe without its noise
 
