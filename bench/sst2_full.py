@@ -411,25 +411,33 @@ def _cell_key(cell, eps, seed):
 
 
 def table(tag_dir: Path, epsilons, cells, seeds_of) -> str:
-    lines = [f"| total ε | {' | '.join(cells)} |", "|---" * (len(cells) + 1) + "|"]
-    for eps in epsilons:
-        row = []
-        for cell in cells:
-            res = [json.loads(p.read_text()) for s in seeds_of(cell, eps)
-                   if (p := tag_dir / f"{_cell_key(cell, eps, s)}.json").exists()]
-            if not res:
-                done = len(list((tag_dir / "runs" / _cell_key(cell, eps, 0)).glob("trial*.json")))
-                of = {"random": RS_TRIALS, "oracle": len(GRID_LR) * len(GRID_EPOCHS)}.get(cell.removesuffix("-full"))
-                row.append(f"in progress ({done}/{of} trials; rerun to resume)" if done and of else "not run")
-                continue
-            acc = [100 * r["dev_accuracy"] for r in res]
-            spread = f" ± {statistics.stdev(acc):.1f}" if len(acc) > 1 else ""
-            ce = max(r["certificate_epsilon"] for r in res)
-            rel = res[0].get("compute_vs_final")
-            row.append(f"{statistics.mean(acc):.1f}{spread} % (n={len(res)}; ε {ce:.3g}; "
-                       f"{statistics.mean(r['seconds'] for r in res) / 60:.1f} min; {rel}×)")
-        lines.append(f"| {eps:g} | " + " | ".join(row) + " |")
+    """The markdown table of ``cells`` × ``epsilons`` from the JSON files in ``tag_dir``.  A column with nothing
+    at any ε is left out and named on a line under the table, so that the table stays readable."""
+    rows = {eps: [_cell_text(tag_dir, cell, eps, seeds_of) for cell in cells] for eps in epsilons}
+    shown = [i for i in range(len(cells)) if any(rows[eps][i] != "not run" for eps in epsilons)] or [0]
+    lines = [f"| total ε | {' | '.join(cells[i] for i in shown)} |", "|---" * (len(shown) + 1) + "|"]
+    lines += [f"| {eps:g} | " + " | ".join(rows[eps][i] for i in shown) + " |" for eps in epsilons]
+    unshown = [c for i, c in enumerate(cells) if i not in shown]
+    if unshown:
+        lines.append(f"\nnot run at any of these ε: {', '.join(unshown)}")
     return "\n".join(lines)
+
+
+def _cell_text(tag_dir: Path, cell, eps, seeds_of) -> str:
+    """One cell of the table: mean ± sd of dev accuracy over the seeds that exist, a search's progress, or
+    "not run"."""
+    res = [json.loads(p.read_text()) for s in seeds_of(cell, eps)
+           if (p := tag_dir / f"{_cell_key(cell, eps, s)}.json").exists()]
+    if not res:
+        done = len(list((tag_dir / "runs" / _cell_key(cell, eps, 0)).glob("trial*.json")))
+        of = {"random": RS_TRIALS, "oracle": len(GRID_LR) * len(GRID_EPOCHS)}.get(cell.removesuffix("-full"))
+        return f"in progress ({done}/{of} trials; rerun to resume)" if done and of else "not run"
+    acc = [100 * r["dev_accuracy"] for r in res]
+    spread = f" ± {statistics.stdev(acc):.1f}" if len(acc) > 1 else ""
+    ce = max(r["certificate_epsilon"] for r in res)
+    rel = res[0].get("compute_vs_final")
+    return (f"{statistics.mean(acc):.1f}{spread} % (n={len(res)}; ε {ce:.3g}; "
+            f"{statistics.mean(r['seconds'] for r in res) / 60:.1f} min; {rel}×)")
 
 
 def main(argv=None) -> int:
