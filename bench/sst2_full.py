@@ -277,8 +277,77 @@ def _fixed_cell(split, eps, seed, fixed: Fixed):
                       "NOT PRIVATE: the fixed recipe without noise (σ = 0, clipping kept)")}
 
 
+class _IterateAverages:
+    """Two averages of a run's iterates, kept beside it to measure whether averaging would help (a
+    :class:`privtune.training.LoopHook`; post-processing of the released iterates, so no privacy cost; the run
+    itself is unchanged: no random numbers are drawn):
+
+    * ``ema``: the exponential moving average with De et al. (2022)'s warm-up, weight β_t = min(0.999,
+      (1 + t)/(10 + t)) on the old average after step t (an effective window of about t/9 steps);
+    * ``tail``: the plain mean of the iterates after the second half of the steps (t > T/2).
+
+    :meth:`swapped_in` evaluates the model at an average and puts the last iterate back."""
+
+    NAMES = ("ema", "tail")
+
+    def __init__(self, total_steps: int):
+        self.total_steps, self.avg, self.tail_count = int(total_steps), {}, 0
+
+    def before_step(self, loop, batch):
+        pass
+
+    def on_end(self, loop):
+        pass
+
+    @staticmethod
+    def _params(loop):
+        return [p for p in loop.module.parameters() if p.requires_grad]
+
+    def after_step(self, loop, batch):
+        import torch
+
+        t = loop.step + 1  # the loop counts this step after its hooks ran
+        params = self._params(loop)
+        with torch.no_grad():
+            if "ema" not in self.avg:
+                self.avg["ema"] = [p.detach().clone() for p in params]
+            beta = min(0.999, (1.0 + t) / (10.0 + t))
+            for a, p in zip(self.avg["ema"], params):
+                a.mul_(beta).add_(p.detach(), alpha=1.0 - beta)
+            if 2 * t > self.total_steps:
+                self.tail_count += 1
+                if "tail" not in self.avg:
+                    self.avg["tail"] = [p.detach().clone() for p in params]
+                else:
+                    for a, p in zip(self.avg["tail"], params):
+                        a.add_(p.detach() - a, alpha=1.0 / self.tail_count)
+
+    def evaluate(self, model, datasets: dict) -> dict:
+        """{average: {name: accuracy}} for each dataset in ``datasets`` ({name: dataset})."""
+        import torch
+
+        from privtune.training import evaluate
+
+        params = [p for p in model.parameters() if p.requires_grad]
+        last = [p.detach().clone() for p in params]
+        out = {}
+        try:
+            for name in self.NAMES:
+                if name not in self.avg:
+                    continue
+                with torch.no_grad():
+                    for p, a in zip(params, self.avg[name]):
+                        p.copy_(a)
+                out[name] = {f"{d}_accuracy": evaluate(model, ds)["accuracy"] for d, ds in datasets.items()}
+        finally:
+            with torch.no_grad():
+                for p, v in zip(params, last):
+                    p.copy_(v)
+        return out
+
+
 def _dp_fit(train, q, steps, sigma, lr, seed, mode="bitfit", normalize_features=None, backbone_lr_scale=1.0,
-            train_embeddings=True):
+            train_embeddings=True, hooks=()):
     from privtune.training import fit
 
     m = _dp_model(seed, mode, normalize_features, train_embeddings)
@@ -290,7 +359,7 @@ def _dp_fit(train, q, steps, sigma, lr, seed, mode="bitfit", normalize_features=
 
     res = fit(m, train, noise_multiplier=sigma, sample_rate=q, steps=steps, learning_rate=lr, clip=1.0,
               clipping="flat", optimizer="adam", seed=seed, callback=show, backbone_lr_scale=backbone_lr_scale,
-              **PHYSICAL)
+              hooks=hooks, **PHYSICAL)
     return m, list(res.events)
 
 
@@ -337,10 +406,13 @@ def _search_cell(split, eps, seed, points, charged: bool, folder: Path, only=Non
             continue
         else:
             t0 = time.time()
-            m, evs = _dp_fit(train, q, T, sigma, lr, seed + i, mode=mode, backbone_lr_scale=alpha)
+            averages = _IterateAverages(T)
+            m, evs = _dp_fit(train, q, T, sigma, lr, seed + i, mode=mode, backbone_lr_scale=alpha, hooks=[averages])
             trial = {**setting, "public_accuracy": evaluate(m, public)["accuracy"],
                      "dev_accuracy": evaluate(m, dev)["accuracy"], "events": [event_to_dict(e) for e in evs],
-                     "seconds": round(time.time() - t0, 1), "dp_examples": sum(COUNTER.loops[-1:])}
+                     "seconds": round(time.time() - t0, 1), "dp_examples": sum(COUNTER.loops[-1:]),
+                     # the same run's iterates averaged (not what the search selects or reports; see the class)
+                     "iterate_averages": averages.evaluate(m, {"public": public, "dev": dev})}
             path.write_text(json.dumps(trial, indent=2))
         trials.append(trial)
         print(f"    trial {i} lr={lr:.3g} epochs={ep} T={T} σ={sigma:.3g}: public {trial['public_accuracy']:.4f}",
