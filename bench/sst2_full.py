@@ -50,7 +50,9 @@ such as scoring are not counted).  Each (cell, ε, seed) is its own JSON file un
 ``bench/results/sst2_full/<tag>/``; an existing file is reused (resumable), and a cell without one is printed
 as "not run"; ``random`` and ``oracle`` also resume trial by trial (``runs/<key>/trial<i>.json``), since
 at full size they are 12 (oracle) and 18 (random) epochs of DP-BiTFiT, more than one CPU session;
-``--trials 4,5`` runs only those trials, so that two processes (one thread each) can share a cell.  Logs: each tune run's
+``--trials 4,5`` runs only those trials, so that two processes (one thread each) can share a cell.  A trial
+file also holds ``iterate_averages``: the public and dev accuracy of two averages of that run's iterates (EMA and
+second-half mean; post-processing kept beside the run to measure averaging, never selected or reported as the cell).  Logs: each tune run's
 ``log.txt`` in the same folder, the script's output in ``log.txt``.
 
     OMP_NUM_THREADS=2 python bench/sst2_full.py --quick --cells default,bitfit   # ε = 1 on a 20k subset
