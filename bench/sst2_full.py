@@ -47,8 +47,9 @@ mode's α = 0.1): the issue's "same space" for the default at full size.
 Each cell reports dev accuracy, certificate ε, wall time and compute relative to one final run (examples
 through DP/non-private gradient steps of the whole cell ÷ those of its released run; forward-only passes
 such as scoring are not counted).  Each (cell, ε, seed) is its own JSON file under
-``bench/results/sst2_full/<tag>/``; an existing file is reused (resumable), and a cell without one is printed
-as "not run"; ``random`` and ``oracle`` also resume trial by trial (``runs/<key>/trial<i>.json``), since
+``bench/results/sst2_full/<tag>/``, kept in git with the trial files and ``log.txt`` (not the split's rows, which
+the bench rebuilds, nor the tune runs' output folders with their models); an existing file is reused (resumable),
+and a cell without one is printed as "not run"; ``random`` and ``oracle`` also resume trial by trial (``runs/<key>/trial<i>.json``), since
 at full size they are 12 (oracle) and 18 (random) epochs of DP-BiTFiT, more than one CPU session;
 ``--trials 4,5`` runs only those trials, so that two processes (one thread each) can share a cell.  A trial
 file also holds ``iterate_averages``: the public and dev accuracy of two averages of that run's iterates (EMA and
@@ -136,9 +137,11 @@ def make_split(public_size: int, subset: int | None, folder: Path, seed: int = 0
     """Write train.tsv (private), public.tsv; return their paths and sizes (cached in ``folder``)."""
     folder.mkdir(parents=True, exist_ok=True)
     meta_path = folder / "split.json"
-    if meta_path.exists():  # the files are found next to split.json (the folder may have moved: a worktree, a copy)
-        meta = json.loads(meta_path.read_text())
-        return {**meta, "train": str(folder / "train.tsv"), "public": str(folder / "public.tsv"),
+    # the files are found next to split.json (the folder may have moved: a worktree, a copy); git keeps split.json
+    # and the results but not the two .tsv files (rows of SST-2, rebuilt here, the same for the same seed)
+    kept = json.loads(meta_path.read_text()) if meta_path.exists() else None
+    if kept is not None and (folder / "train.tsv").exists() and (folder / "public.tsv").exists():
+        return {**kept, "train": str(folder / "train.tsv"), "public": str(folder / "public.tsv"),
                 "dev": str(SST2 / "dev.tsv")}
     texts, labels = read_sst2_tsv(SST2 / "train.tsv")
     dev_texts, _ = read_sst2_tsv(SST2 / "dev.tsv")
@@ -184,10 +187,14 @@ def make_split(public_size: int, subset: int | None, folder: Path, seed: int = 0
             f.write("label\tsentence\n" + "".join(f"{y}\t{t}\n" for t, y in rs))
         return str(folder / name)
 
+    sizes = {"n_private": len(private), "n_public": len(public), "dropped_for_disjointness": dropped,
+             "source_phrases": len(rows)}
+    if kept is not None and {k: kept.get(k) for k in sizes} != sizes:  # the results beside it were on another split
+        raise SystemExit(f"{meta_path} records a split of {[kept.get(k) for k in sizes]} phrases, rebuilt "
+                         f"{list(sizes.values())}: the results in {folder} belong to another split; move them away")
     meta = {"train": write("train.tsv", private), "public": write("public.tsv", public), "dev": str(SST2 / "dev.tsv"),
-            "n_private": len(private), "n_public": len(public), "dropped_for_disjointness": dropped,
-            "source_phrases": len(rows)}
-    meta_path.write_text(json.dumps(meta, indent=2))
+            **sizes}
+    meta_path.write_text(json.dumps({**meta, "train": "train.tsv", "public": "public.tsv"}, indent=2))
     return meta
 
 
