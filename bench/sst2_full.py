@@ -51,7 +51,8 @@ such as scoring are not counted).  Each (cell, ε, seed) is its own JSON file un
 the bench rebuilds, nor the tune runs' output folders with their models); an existing file is reused (resumable),
 and a cell without one is printed as "not run"; ``random`` and ``oracle`` also resume trial by trial (``runs/<key>/trial<i>.json``), since
 at full size they are 12 (oracle) and 18 (random) epochs of DP-BiTFiT, more than one CPU session;
-``--trials 4,5`` runs only those trials, so that two processes (one thread each) can share a cell.  A trial
+``--trials 4,5`` runs only those trials, so that two processes (one thread each) can share a cell; the one that
+finishes last writes the cell.  A trial
 file also holds ``iterate_averages``: the public and dev accuracy of two averages of that run's iterates (EMA and
 second-half mean; post-processing kept beside the run to measure averaging, never selected or reported as the cell).  Logs: each tune run's
 ``log.txt`` in the same folder, the script's output in ``log.txt``.
@@ -400,15 +401,22 @@ def _search_cell(split, eps, seed, points, charged: bool, folder: Path, only=Non
     sigma_all = float(calibrate_noise_multiplier(eps, DELTA, q, sum(steps))) if charged else None
     if only is not None and not only <= set(range(len(points))):
         raise SystemExit(f"--trials: this cell has trials 0 to {len(points) - 1}; got {sorted(only)}")
-    trials = []
+
+    def kept(i, setting):  # trial i's file, written by this or another process (None when absent)
+        path = folder / f"trial{i}.json"
+        if not path.exists():
+            return None
+        trial = json.loads(path.read_text())
+        if {k: trial[k] for k in setting} != setting:
+            raise SystemExit(f"{path} holds another setting than trial {i} of this cell; remove {folder}")
+        return trial
+
+    done, settings = {}, {}
     for i, ((lr, ep), T) in enumerate(zip(points, steps)):
         sigma = sigma_all if charged else float(calibrate_noise_multiplier(eps, DELTA, q, T))
-        path = folder / f"trial{i}.json"
-        setting = {"learning_rate": lr, "epochs": ep, "steps": T, "batch_size": b, "sigma": sigma}
-        if path.exists():
-            trial = json.loads(path.read_text())
-            if {k: trial[k] for k in setting} != setting:
-                raise SystemExit(f"{path} holds another setting than trial {i} of this cell; remove {folder}")
+        settings[i] = setting = {"learning_rate": lr, "epochs": ep, "steps": T, "batch_size": b, "sigma": sigma}
+        trial = kept(i, setting)
+        if trial is not None:
             print(f"    trial {i}: done before, reused", flush=True)
         elif only is not None and i not in only:
             print(f"    trial {i}: left to another process (--trials)", flush=True)
@@ -422,12 +430,22 @@ def _search_cell(split, eps, seed, points, charged: bool, folder: Path, only=Non
                      "seconds": round(time.time() - t0, 1), "dp_examples": sum(COUNTER.loops[-1:]),
                      # the same run's iterates averaged (not what the search selects or reports; see the class)
                      "iterate_averages": averages.evaluate(m, {"public": public, "dev": dev})}
-            path.write_text(json.dumps(trial, indent=2))
-        trials.append(trial)
+            part = folder / f"trial{i}.json.part"  # renamed when complete: another process never reads half a file
+            part.write_text(json.dumps(trial, indent=2))
+            os.replace(part, folder / f"trial{i}.json")
+        done[i] = trial
         print(f"    trial {i} lr={lr:.3g} epochs={ep} T={T} σ={sigma:.3g}: public {trial['public_accuracy']:.4f}",
               flush=True)
-    if len(trials) < len(points):
+    # the trials left to other processes may have finished while this one ran its own: look again, so that the
+    # process that finishes last writes the cell whichever order they end in
+    for i in sorted(set(settings) - set(done)):
+        trial = kept(i, settings[i])
+        if trial is not None:
+            done[i] = trial
+            print(f"    trial {i}: finished by another process meanwhile, reused", flush=True)
+    if len(done) < len(points):
         return None
+    trials = [done[i] for i in range(len(points))]  # the search's order: first of equals wins below
     best = max(trials, key=lambda t: t["public_accuracy"])  # first of equals: the search's order
     events = [event_from_dict(e) for t in trials for e in t["events"]]
     cert_eps = compute_epsilon(events, DELTA) if charged else eps
@@ -612,7 +630,7 @@ def main(argv=None) -> int:
                 t0 = time.time()
                 res = run_cell(cell, split, eps, seed, folder, args.epochs, trials)
                 if res is None:
-                    say(f"{key}: trials left to another process; the one that finds them all done writes the cell")
+                    say(f"{key}: trials left to another process; the process that finishes last writes the cell")
                     continue
                 seconds = res.pop("seconds", None) or time.time() - t0  # a resumable cell times all its sessions
                 res.update({"cell": cell, "epsilon": eps, "seed": seed, "seconds": round(seconds, 1),

@@ -2,7 +2,8 @@
 
 Git keeps the bench's results and ``split.json`` but not the split's rows (``train.tsv``, ``public.tsv``): on a
 new checkout the bench must rebuild the same rows, so that the kept results (e.g. half of a random search's
-trials) and the trials run next are on one split, and must refuse to go on when the rebuilt split differs."""
+trials) and the trials run next are on one split, and must refuse to go on when the rebuilt split differs.  A search
+cell shared between processes (``--trials``) is written by whichever process finishes last."""
 
 from __future__ import annotations
 
@@ -71,3 +72,39 @@ def test_a_rebuilt_split_that_differs_from_the_kept_one_is_refused(bench, tmp_pa
     (folder / "train.tsv").unlink()
     with pytest.raises(SystemExit, match="belong to another split"):
         bench.make_split(5, None, folder)
+
+
+def _fake_fit(bench, monkeypatch, during=None):
+    """``_dp_fit`` without training: a zero-step run that returns the model and no events; ``during(seed)`` runs in
+    its place (what another process does while this one trains)."""
+    import privtune.training as training
+
+    def fit(train, q, steps, sigma, lr, seed, **kw):
+        if during is not None:
+            during(seed)
+        return object(), []
+
+    monkeypatch.setattr(bench, "_dp_fit", fit)
+    monkeypatch.setattr(training, "evaluate", lambda model, data: {"accuracy": 0.5})
+    monkeypatch.setattr(bench._IterateAverages, "evaluate", lambda self, model, datasets: {})
+
+
+def test_the_process_that_finishes_last_assembles_a_shared_search_cell(bench, tmp_path, monkeypatch):
+    # two processes share a two-point oracle (--trials 0 and --trials 1); the one running trial 1 starts while
+    # trial 0 is missing and finishes after the other process wrote it: it must write the cell, not leave it
+    folder = tmp_path / "results"
+    split = bench.make_split(5, None, folder)
+    split = {**{k: str(folder / split[k]) for k in ("train", "public")}, "dev": str(bench.SST2 / "dev.tsv")}
+    points = [(1e-2, 1), (4e-2, 1)]
+    elsewhere = tmp_path / "other"
+    elsewhere.mkdir()
+    _fake_fit(bench, monkeypatch)
+    assert bench._search_cell(split, 8.0, 0, points, charged=False, folder=elsewhere, only={0}) is None
+    ours = tmp_path / "ours"
+    ours.mkdir()
+    # trial 0 lands in our folder while our trial 1 runs (the other process finishing first)
+    _fake_fit(bench, monkeypatch, during=lambda seed: (ours / "trial0.json").write_text(
+        (elsewhere / "trial0.json").read_text()))
+    cell = bench._search_cell(split, 8.0, 0, points, charged=False, folder=ours, only={1})
+    assert cell is not None and [t["learning_rate"] for t in cell["trials"]] == [1e-2, 4e-2]
+    assert not list(ours.glob("*.part"))  # every trial file was renamed into place whole
