@@ -445,7 +445,7 @@ def _search_cell(split, eps, seed, points, charged: bool, folder: Path, only=Non
             print(f"    trial {i}: finished by another process meanwhile, reused", flush=True)
     if len(done) < len(points):
         return None
-    trials = [done[i] for i in range(len(points))]  # the search's order: first of equals wins below
+    trials = [done[i] for i in range(len(points))]
     best = max(trials, key=lambda t: t["public_accuracy"])  # first of equals: the search's order
     events = [event_from_dict(e) for t in trials for e in t["events"]]
     cert_eps = compute_epsilon(events, DELTA) if charged else eps
