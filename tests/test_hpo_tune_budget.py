@@ -123,6 +123,10 @@ def test_strategy_mode_combinations_that_cannot_work_fail_before_the_ledger(file
     # a candidate of --mode auto whose plan is impossible fails before anything is reserved
     with pytest.raises(InvalidParameterError, match="candidate mode 'bitfit'.*steps_grid"):
         _tune(files, tmp_path, strategy="linear-scaling", mode="auto", strategy_options={"steps_grid": [5, 10]})
+    # a bad strategy option is the user's, whatever the candidate: one error without the auto-mode preamble
+    with pytest.raises(InvalidParameterError, match="backbone_lr_scale") as bad:
+        _tune(files, tmp_path, strategy="hyperfree", mode="auto", strategy_options={"backbone_lr_scale": 2})
+    assert "candidate mode" not in str(bad.value)
     # overrides that the strategy would ignore are refused, not dropped
     with pytest.raises(InvalidParameterError, match="`optimizer` does not apply"):
         _tune(files, tmp_path, strategy="random-search", optimizer="adam")

@@ -599,12 +599,13 @@ def _plan_run(req: _Request, inputs: _Inputs, log) -> _TunePlan:
     request = PlanRequest(total_epsilon=req.privacy.epsilon, delta=delta, n_train=n_train, accountant=accountant,
                           prefix_events=pilot_events, score_sigma=sel_sigma if strat.selects else None,
                           epochs=sched.epochs, steps=sched.steps, batch_size=sched.batch_size)
+    # the strategy's options do not depend on the mode: a bad one is the user's option, not a candidate's fault
+    cfg = strat.make_config(options, trials=req.trials, optimizer=req.optimizer.name,
+                            clip=req.clipping.clip, clipping=req.clipping.clipping)
     mode_plans = {}
     for m in candidates:
         try:
-            cfg_m = strat.make_config(options, trials=req.trials, optimizer=req.optimizer.name,
-                                      clip=req.clipping.clip, clipping=req.clipping.clipping)
-            mode_plans[m] = strat.plan(cfg_m, m, request)
+            mode_plans[m] = strat.plan(cfg, m, request)
         except PrivtuneError as exc:
             if not pilot_modes:
                 raise
