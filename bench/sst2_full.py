@@ -365,7 +365,9 @@ def _dp_fit(train, q, steps, sigma, lr, seed, mode="bitfit", normalize_features=
 
     def show(info):  # a line every 10 steps: these cells run for an hour on a CPU
         if info.step % 10 == 0 or info.step == steps:
-            print(f"    step {info.step}/{steps}  {time.time() - t0:.0f} s", flush=True)
+            took = time.time() - t0
+            left = took / info.step * (steps - info.step)  # at this run's mean rate so far
+            print(f"    step {info.step}/{steps}  {took:.0f} s, about {left / 60:.0f} min left in this run", flush=True)
 
     res = fit(m, train, noise_multiplier=sigma, sample_rate=q, steps=steps, learning_rate=lr, clip=1.0,
               clipping="flat", optimizer="adam", seed=seed, callback=show, backbone_lr_scale=backbone_lr_scale,
