@@ -131,6 +131,7 @@ NOT_PRIVATE = {"oracle", "oracle-full", "nonpriv-bitfit", "nonpriv-full", *(c fo
 DELTA = 1e-5
 RS_TRIALS, RS_LR, RS_EPOCHS = 8, (1.25e-3, 8e-2), (1, 2, 3)
 GRID_LR, GRID_EPOCHS = (2.5e-3, 1e-2, 4e-2), (1, 3)
+DEV_RECORDED = "GLUE SST-2 dev.tsv (in ../shared/data/sst2, or $PRIVTUNE_SST2)"
 
 
 # ----------------------------------------------------------------------------------------- data
@@ -195,7 +196,9 @@ def make_split(public_size: int, subset: int | None, folder: Path, seed: int = 0
                          f"{list(sizes.values())}: the results in {folder} belong to another split; move them away")
     meta = {"train": write("train.tsv", private), "public": write("public.tsv", public), "dev": str(SST2 / "dev.tsv"),
             **sizes}
-    meta_path.write_text(json.dumps({**meta, "train": "train.tsv", "public": "public.tsv"}, indent=2))
+    # no machine paths in what git keeps: the rows sit beside split.json, the dev set is GLUE's (found under SST2)
+    meta_path.write_text(json.dumps({**meta, "train": "train.tsv", "public": "public.tsv", "dev": DEV_RECORDED},
+                                    indent=2))
     return meta
 
 

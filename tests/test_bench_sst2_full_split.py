@@ -51,6 +51,7 @@ def test_split_is_containment_disjoint_and_recorded_without_machine_paths(bench,
     assert not bench.containment_violations(private, public)
     kept = json.loads((folder / "split.json").read_text())
     assert (kept["train"], kept["public"]) == ("train.tsv", "public.tsv")  # found beside split.json, wherever it is
+    assert str(tmp_path) not in json.dumps(kept)  # nor the dev set's path on this machine
 
 
 def test_missing_rows_are_rebuilt_identically(bench, tmp_path):
