@@ -22,6 +22,9 @@ Rows: total ε (``--epsilons``, default 1,3,8; δ = 1e-5).  Columns (``--cells``
   nonpriv-bitfit NOT PRIVATE non-private BiTFiT, 1 epoch (ε = ∞)
   nonpriv-full   NOT PRIVATE non-private full fine-tuning, 1 epoch (ε = ∞)
   default-lr0-1e-2  the default with ``strategy_options={"lr0": 0.01}`` (η placement from η0 = 1e-2)
+  default-public-warm-start  experiment: the default from a NOT PRIVATE warm start (full fine-tuning on a seeded
+                 half of the public split, 3 epochs), the other half the public split it selects on; costs no
+                 ε (public data only)
   fixed-bitfit   one fixed DP-BiTFiT setting, its choice NOT charged (a reference): zero head, flat C = 1,
                  Adam 1e-2, expected batch 1,024, 3 epochs, σ calibrated to the full ε;
                  ``fixed-bitfit-normalised`` the same on the checkpoint's L2-normalised features,
@@ -90,6 +93,7 @@ from make_embedded_data import containment_violations, spans, words  # noqa: E40
 
 RESULTS = HERE / "results" / "sst2_full"
 CELLS = ("default", "bitfit", "full", "random", "oracle", "nonpriv-bitfit", "nonpriv-full", "default-no-eta-trials",
+         "default-public-warm-start",
          "full-no-eta-trials", "full-batch4096", "random-full", "oracle-full",
          "default-lr0-1e-2", "fixed-bitfit", "fixed-bitfit-normalised", "fixed-bitfit-normalised-lr3e-2",
          "fixed-full", "fixed-full-lr2e-3", "fixed-full-lr2e-3-epochs3", "fixed-full-lr5e-3", "fixed-full-lr1e-2")
@@ -481,6 +485,32 @@ def _nonprivate_cell(split, mode, seed):
             "certificate_epsilon": math.inf, "label": "NOT PRIVATE (no noise)", "compute_vs_final": 1.0}
 
 
+def _public_warm_start(split, seed, folder):
+    """Half of the declared-public split (a seeded shuffle) trains a NOT PRIVATE warm start, all weights, 3 epochs
+    of Adam 5e-5 at batch 32; the other half is left for selection, so that no candidate is scored on phrases its
+    start was fitted to.  Only public data is read: the warm start costs no ε.  Returns the split to tune with
+    (its ``public`` the selection half), the warm model's folder and its dev accuracy (a public model's)."""
+    from privtune.data import load_text_dataset
+    from privtune.finetune import apply_mode
+    from privtune.models import load_classifier
+    from privtune.training import evaluate, fit_nonprivate
+
+    header, *rows = Path(split["public"]).read_text(encoding="utf-8").splitlines(keepends=True)
+    random.Random(seed).shuffle(rows)
+    halves = {"public_warm.tsv": rows[: len(rows) // 2], "public_select.tsv": rows[len(rows) // 2:]}
+    for name, part in halves.items():
+        (folder / name).write_text(header + "".join(part), encoding="utf-8")
+    m = load_classifier(None, num_labels=2, seed=seed)
+    apply_mode(m, "full", zero_init_head=True)
+    fit_nonprivate(m, load_text_dataset(folder / "public_warm.tsv", num_labels=2), epochs=3.0, batch_size=32,
+                   learning_rate=5e-5, seed=seed)
+    m.save_pretrained(folder / "warm_model")
+    dev = evaluate(m, load_text_dataset(split["dev"], num_labels=2))["accuracy"]
+    print(f"    public warm start ({len(halves['public_warm.tsv'])} public phrases): dev {100 * dev:.2f} %",
+          flush=True)
+    return {**split, "public": str(folder / "public_select.tsv")}, folder / "warm_model", dev
+
+
 def run_cell(cell, split, eps, seed, folder, epochs=None, trials=None):
     COUNTER.loops.clear()
     extra = {} if epochs is None else {"epochs": epochs}
@@ -494,6 +524,10 @@ def run_cell(cell, split, eps, seed, folder, epochs=None, trials=None):
         return _tune_cell(split, eps, seed, folder, mode="full", strategy_options={"lr_trials": []}, **extra)
     if cell == "full-batch4096":  # --mode full at twice the planned batch at ε = 1 (same epochs, half the steps)
         return _tune_cell(split, eps, seed, folder, mode="full", batch_size=4096, **extra)
+    if cell == "default-public-warm-start":  # experiment: the default from a warm start on half the public split
+        select_split, warm, warm_dev = _public_warm_start(split, seed, folder)
+        return {**_tune_cell(select_split, eps, seed, folder, model=str(warm), **extra),
+                "warm_start_dev_accuracy": warm_dev}
     if cell == "default-lr0-1e-2":  # the default placing η from η0 = 1e-2 instead of the mode's 5e-3
         return _tune_cell(split, eps, seed, folder, strategy_options={"lr0": 0.01}, **extra)
     if cell in FIXED:
