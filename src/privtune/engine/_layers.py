@@ -83,6 +83,7 @@ class Record:
     n_outputs: int = 1
     leaf_index: list = field(default_factory=list)  # fallback: positions of captured outputs
     ready: bool = False
+    keep: Any = None  # linear layers: (B, T) bool, the stored positions whose output gradient is not 0
 
 
 def hf_conv1d_type():
@@ -108,6 +109,7 @@ class Handler(ABC):
         self.records: list[Record] = []
         self.sq: torch.Tensor | None = None  # per-example squared norm, filled when all records are ready
         self.gram_cache: dict | None = None   # shared across handlers for one backward pass
+        self.pack_cache: dict | None = None   # shared packed layer inputs, during one backward pass
 
     @property
     def needs_input(self) -> bool:
@@ -121,6 +123,10 @@ class Handler(ABC):
     def reduce_grad(self, g: torch.Tensor) -> torch.Tensor:
         """Shrink the output gradient right away when only the bias is trainable."""
         return g
+
+    def receive_grad(self, rec: Record, k: int, g: torch.Tensor) -> None:
+        """Called from the backward hook with output ``k``'s gradient: store what the norms and sums need."""
+        rec.grads[k] = self.reduce_grad(g)
 
     def finish(self) -> None:
         """All records have gradients: compute per-example squared norms."""
@@ -172,12 +178,14 @@ def _token_norm_sum(a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     return (na.double() * ng.double()).sum(1) * (1.0 + slack)
 
 
-def _linear_weight_sq(a: torch.Tensor, g: torch.Tensor, cache: dict | None = None) -> torch.Tensor:
+def _linear_weight_sq(a: torch.Tensor, g: torch.Tensor, cache: dict | None = None,
+                      U: torch.Tensor | None = None) -> torch.Tensor:
     """Per-example upper bound on ‖g_iᵀ a_i‖²_F for a (B, T, d), g (B, T, p): float64, shape (B,).
 
     Computed in float64 with the cheaper form (:func:`linear_norm_form`: ghost when 2T² < p·d) plus that
     form's worst-case float64 rounding error (module docstring), so it is ≥ the exact squared norm
-    whatever the data; for natural data it exceeds it by ~1e-12 relative."""
+    whatever the data; for natural data it exceeds it by ~1e-12 relative.  ``U``: :func:`_token_norm_sum`
+    of (a, g) when the caller has it already."""
     _, T, d = a.shape
     p = g.shape[-1]
     form = linear_norm_form(T, p, d)
@@ -185,7 +193,7 @@ def _linear_weight_sq(a: torch.Tensor, g: torch.Tensor, cache: dict | None = Non
     if form == "rank-one":  # ‖a‖²‖g‖²: no cancellation
         a64 = a.to(torch.float64)
         return _inflate(a64.pow(2).sum((1, 2)), d) * _inflate(g64.pow(2).sum((1, 2)), p) * (1.0 + 4 * _U64)
-    U = _token_norm_sum(a, g)
+    U = _token_norm_sum(a, g) if U is None else U
     if form == "ghost":
         key = (a.data_ptr(), tuple(a.shape), tuple(a.stride()), a.dtype)
         hit = cache.get(key) if cache is not None else None
@@ -205,12 +213,57 @@ def _linear_weight_sq(a: torch.Tensor, g: torch.Tensor, cache: dict | None = Non
     return norm.pow(2) * (1.0 + 8 * _U64)
 
 
-def _ill_conditioned(sq: torch.Tensor, a: torch.Tensor, g: torch.Tensor) -> bool:
-    """Whether some example's weight-gradient norm is below ILL_CONDITIONED · Σ_t ‖a_t‖‖g_t‖."""
+def _ill_conditioned(sq: torch.Tensor, a: torch.Tensor, g: torch.Tensor, U: torch.Tensor | None = None) -> bool:
+    """Whether some example's weight-gradient norm is below ILL_CONDITIONED · Σ_t ‖a_t‖‖g_t‖ (``U``)."""
     if a.shape[1] == 1:
         return False  # one token: nothing can cancel
-    U = _token_norm_sum(a, g)
+    U = _token_norm_sum(a, g) if U is None else U
     return bool((sq < (ILL_CONDITIONED * U).pow(2)).any())
+
+
+def _pack_rows(x: torch.Tensor, keep: torch.Tensor, counts: torch.Tensor, width: int) -> torch.Tensor:
+    """The rows ``x[b, t]`` with ``keep[b, t]``, moved to the front of each example in their order, the
+    remaining slots zero: shape (B, width, *x.shape[2:])."""
+    out = x.new_zeros((x.shape[0], width) + tuple(x.shape[2:]))
+    slots = torch.arange(width, device=x.device) < counts[:, None]
+    out[slots] = x[keep]  # both sides enumerate examples in order, then positions in order
+    return out
+
+
+def drop_zero_rows(act: torch.Tensor, g: torch.Tensor,
+                   cache: dict | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Remove the positions whose output gradient is exactly zero from a (B, T, ·) input ``act`` and output
+    gradient ``g``: returns (B, T', ·) tensors holding each example's other positions first (same order),
+    zero-filled after, with T' the largest number an example keeps, and the (B, T') bool mask of the
+    filled slots; ``act`` and ``g`` themselves when no example has fewer than T such positions.
+
+    A position with g_t = 0 adds g_t a_tᵀ = 0 to the weight gradient and g_t = 0 to the bias gradient, and
+    a zero-filled slot (a_t = 0 and g_t = 0) adds 0 to every Gram term and to U = Σ_t ‖a_t‖‖g_t‖: per-example
+    norms, their certified rounding bounds and clipped sums are those of the full tensors, at the cost of
+    T' instead of T positions.  Padding tokens behind an attention mask are such positions (their outputs
+    reach no loss), as are masked-out targets.  A non-finite row is kept (its max-norm is not 0).
+
+    ``cache`` (one backward pass): layers fed the same input with the same kept positions (Q, K and V)
+    share one packed input.  It is keyed by the input's address; every input looked up is held by a
+    record made in the same forward pass, so two inputs alive together with one address are one tensor."""
+    T = g.shape[1]
+    keep = torch.linalg.vector_norm(g, float("inf"), dim=-1) != 0 if g.dim() > 2 else g != 0
+    if T <= 1 or act.shape[:2] != g.shape[:2]:
+        return act, g, keep
+    counts = keep.sum(1)
+    width = max(int(counts.max()), 1)
+    if width == T:
+        return act, g, keep
+    key = ("rows", act.data_ptr(), act.device, tuple(act.shape), tuple(act.stride()), act.dtype)
+    hit = cache.get(key) if cache is not None else None
+    if hit is not None and torch.equal(hit[0], keep):
+        packed_act = hit[1]
+    else:
+        packed_act = _pack_rows(act, keep, counts, width)
+        if cache is not None:
+            cache[key] = (keep, packed_act)
+    slots = torch.arange(width, device=g.device) < counts[:, None]
+    return packed_act, _pack_rows(g, keep, counts, width), slots
 
 
 def _cat3(ts: list[torch.Tensor]) -> torch.Tensor:
@@ -233,6 +286,20 @@ class LinearHandler(Handler):
             return g.reshape(g.shape[0], -1, g.shape[-1]).sum(1)  # (B, p): DP-BiTFiT
         return g
 
+    def receive_grad(self, rec, k, g):
+        if not self.needs_input:
+            rec.grads[k] = self.reduce_grad(g)
+            return
+        a = rec.act
+        if a.dim() < 3:  # (B, d): one position
+            rec.grads[k] = g
+            return
+        if a.dim() > 3:  # (B, *, d): packed as (B, T, d), without the shared cache (the reshape may copy)
+            a, g, cache = a.reshape(a.shape[0], -1, a.shape[-1]), g.reshape(g.shape[0], -1, g.shape[-1]), None
+        else:
+            cache = self.pack_cache
+        rec.act, rec.grads[k], rec.keep = drop_zero_rows(a, g, cache)
+
     def _cat(self, records):
         a = _cat3([r.act for r in records])
         g = _cat3([r.grads[0] for r in records])
@@ -244,8 +311,9 @@ class LinearHandler(Handler):
             gb = sum(r.grads[0] for r in records)  # the (B, p) vectors that clipped_sum adds
             return _inflate(gb.to(torch.float64).pow(2).sum(1), gb.shape[1])
         a, g = self._cat(records)
-        sq = _linear_weight_sq(a, g, self.gram_cache)
-        self.ill = _ill_conditioned(sq, a, g)
+        U = _token_norm_sum(a, g) if a.shape[1] > 1 else None  # shared by the bound and the conditioning test
+        sq = _linear_weight_sq(a, g, self.gram_cache, U=U)
+        self.ill = _ill_conditioned(sq, a, g, U)
         if "bias" in self.params:
             # the per-example bias gradients Σ_t g_t; clipped_sum adds exactly these (B, p) vectors
             self._bias_pe = g.sum(1)
@@ -259,16 +327,23 @@ class LinearHandler(Handler):
             out[self.params["bias"]] = factors_as(c, gb.dtype) @ gb
             return out
         a, g = self._cat(records)
+        p, d = g.shape[-1], a.shape[-1]
+        cf = c[:, None].expand(g.shape[:2])
+        # positions with g_t = 0 (padding, zero-filled slots) add nothing: the matmul skips them
+        keeps = [r.keep for r in records]
+        keep = None if any(k is None for k in keeps) else keeps[0] if len(keeps) == 1 else torch.cat(keeps, 1)
+        if keep is None or bool(keep.all()):
+            a, g, cf = a.reshape(-1, d), g.reshape(-1, p), cf.reshape(-1)
+        else:
+            a, g, cf = a[keep], g[keep], cf[keep]
         if getattr(self, "ill", False):  # heavy cancellation inside an example: accumulate in float64
             a, g = a.to(torch.float64), g.to(torch.float64)
-        gc = g * factors_as(c, g.dtype)[:, None, None]
-        p, d = g.shape[-1], a.shape[-1]
-        gw = gc.reshape(-1, p).t() @ a.reshape(-1, d)  # (p, d)
+        gw = (g * factors_as(cf, g.dtype)[:, None]).t() @ a  # (p, d)
         out[self.params["weight"]] = gw.t() if self.transposed else gw
         if "bias" in self.params:
             bias_pe = getattr(self, "_bias_pe", None)
             if bias_pe is None or bias_pe.shape[0] != c.shape[0]:
-                bias_pe = g.sum(1)
+                bias_pe = self._cat(records)[1].sum(1)
             out[self.params["bias"]] = factors_as(c, bias_pe.dtype) @ bias_pe
         return out
 
@@ -282,6 +357,8 @@ class ConvHandler(LinearHandler):
     """nn.Conv1d / nn.Conv2d: unfold the (padded) input so the layer is a linear map per position."""
 
     kind = "conv"
+
+    receive_grad = Handler.receive_grad  # the unfolded positions are made in _cat, after backward
 
     def reduce_grad(self, g):
         if not self.needs_input:
@@ -358,6 +435,13 @@ class EmbeddingHandler(Handler):
 
     def store_input(self, args, kwargs):
         return _first_input(args, kwargs).detach()
+
+    def receive_grad(self, rec, k, g):
+        ids = rec.act.reshape(rec.act.shape[0], -1)
+        g = g.reshape(g.shape[0], -1, g.shape[-1])
+        if self.module.padding_idx is not None:  # a padding lookup has no gradient: its rows can be dropped
+            g = g * (ids != self.module.padding_idx).unsqueeze(-1).to(g.dtype)
+        rec.act, rec.grads[k], _ = drop_zero_rows(ids, g)
 
     def _cat(self, records):
         ids = [r.act.reshape(r.act.shape[0], -1) for r in records]
