@@ -179,13 +179,14 @@ def _token_norm_sum(a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
 
 
 def _linear_weight_sq(a: torch.Tensor, g: torch.Tensor, cache: dict | None = None,
-                      U: torch.Tensor | None = None) -> torch.Tensor:
+                      U: torch.Tensor | None = None, cache_key: Any = None) -> torch.Tensor:
     """Per-example upper bound on ‖g_iᵀ a_i‖²_F for a (B, T, d), g (B, T, p): float64, shape (B,).
 
     Computed in float64 with the cheaper form (:func:`linear_norm_form`: ghost when 2T² < p·d) plus that
     form's worst-case float64 rounding error (module docstring), so it is ≥ the exact squared norm
     whatever the data; for natural data it exceeds it by ~1e-12 relative.  ``U``: :func:`_token_norm_sum`
-    of (a, g) when the caller has it already."""
+    of (a, g) when the caller has it already; ``cache_key``: the Gram cache's key for ``a`` when ``a`` is a
+    temporary (default: its address)."""
     _, T, d = a.shape
     p = g.shape[-1]
     form = linear_norm_form(T, p, d)
@@ -195,7 +196,7 @@ def _linear_weight_sq(a: torch.Tensor, g: torch.Tensor, cache: dict | None = Non
         return _inflate(a64.pow(2).sum((1, 2)), d) * _inflate(g64.pow(2).sum((1, 2)), p) * (1.0 + 4 * _U64)
     U = _token_norm_sum(a, g) if U is None else U
     if form == "ghost":
-        key = (a.data_ptr(), tuple(a.shape), tuple(a.stride()), a.dtype)
+        key = (a.data_ptr(), tuple(a.shape), tuple(a.stride()), a.dtype) if cache_key is None else cache_key
         hit = cache.get(key) if cache is not None else None
         if hit is not None:  # layers sharing one input (Q, K, V; LoRA A and its base) share the Gram matrix
             aa = hit[1]
@@ -211,6 +212,25 @@ def _linear_weight_sq(a: torch.Tensor, g: torch.Tensor, cache: dict | None = Non
     G = torch.bmm(g64.transpose(1, 2), a.to(torch.float64))
     norm = _inflate(G.pow(2).sum((1, 2)), p * d).sqrt() + _gamma(T) * U
     return norm.pow(2) * (1.0 + 8 * _U64)
+
+
+def length_groups(counts: torch.Tensor) -> list[tuple[torch.Tensor, int]]:
+    """Examples grouped by their number of kept positions (``counts``, (B,)), for ghost norms whose cost is
+    Σ_groups n·width² instead of B·T'²: sorted by count and cut at B/2, 3B/4 and 7B/8 (natural lengths
+    have a long upper tail), each group with its largest count as width; neighbours of equal width merge.
+    Returns (example indices, width) pairs."""
+    order = torch.argsort(counts, stable=True)
+    ordered = counts[order].tolist()
+    B = len(ordered)
+    cuts = sorted({0, B // 2, 3 * B // 4, 7 * B // 8, B})
+    groups: list[tuple[int, int, int]] = []
+    for lo, hi in zip(cuts, cuts[1:]):
+        width = max(int(ordered[hi - 1]), 1)
+        if groups and groups[-1][2] == width:
+            groups[-1] = (groups[-1][0], hi, width)
+        else:
+            groups.append((lo, hi, width))
+    return [(order[lo:hi], width) for lo, hi, width in groups]
 
 
 def _ill_conditioned(sq: torch.Tensor, a: torch.Tensor, g: torch.Tensor, U: torch.Tensor | None = None) -> bool:
@@ -235,25 +255,26 @@ def drop_zero_rows(act: torch.Tensor, g: torch.Tensor,
     """Remove the positions whose output gradient is exactly zero from a (B, T, ·) input ``act`` and output
     gradient ``g``: returns (B, T', ·) tensors holding each example's other positions first (same order),
     zero-filled after, with T' the largest number an example keeps, and the (B, T') bool mask of the
-    filled slots; ``act`` and ``g`` themselves when no example has fewer than T such positions.
+    filled slots; ``act``, ``g`` and an all-true mask when every position is kept.
 
     A position with g_t = 0 adds g_t a_tᵀ = 0 to the weight gradient and g_t = 0 to the bias gradient, and
     a zero-filled slot (a_t = 0 and g_t = 0) adds 0 to every Gram term and to U = Σ_t ‖a_t‖‖g_t‖: per-example
     norms, their certified rounding bounds and clipped sums are those of the full tensors, at the cost of
     T' instead of T positions.  Padding tokens behind an attention mask are such positions (their outputs
-    reach no loss), as are masked-out targets.  A non-finite row is kept (its max-norm is not 0).
+    reach no loss), as are masked-out targets.  A non-finite row is kept.
 
     ``cache`` (one backward pass): layers fed the same input with the same kept positions (Q, K and V)
     share one packed input.  It is keyed by the input's address; every input looked up is held by a
     record made in the same forward pass, so two inputs alive together with one address are one tensor."""
     T = g.shape[1]
-    keep = torch.linalg.vector_norm(g, float("inf"), dim=-1) != 0 if g.dim() > 2 else g != 0
+    # a row is zero iff its max and min are (NaN propagates: a non-finite row is kept); two cheap reductions
+    keep = (g.amax(-1) != 0) | (g.amin(-1) != 0) if g.dim() > 2 else g != 0
     if T <= 1 or act.shape[:2] != g.shape[:2]:
+        return act, g, keep
+    if bool(keep.all()):
         return act, g, keep
     counts = keep.sum(1)
     width = max(int(counts.max()), 1)
-    if width == T:
-        return act, g, keep
     key = ("rows", act.data_ptr(), act.device, tuple(act.shape), tuple(act.stride()), act.dtype)
     hit = cache.get(key) if cache is not None else None
     if hit is not None and torch.equal(hit[0], keep):
@@ -312,7 +333,17 @@ class LinearHandler(Handler):
             return _inflate(gb.to(torch.float64).pow(2).sum(1), gb.shape[1])
         a, g = self._cat(records)
         U = _token_norm_sum(a, g) if a.shape[1] > 1 else None  # shared by the bound and the conditioning test
-        sq = _linear_weight_sq(a, g, self.gram_cache, U=U)
+        keep = records[0].keep if len(records) == 1 else None
+        if keep is not None and keep.shape[1] > 1 and not bool(keep.all()):
+            # packed (drop_zero_rows): example i's positions are its first counts[i] slots, so groups of
+            # examples of similar length need only their own width (the other slots are zero)
+            sq = torch.empty(a.shape[0], dtype=torch.float64, device=a.device)
+            base = (a.data_ptr(), tuple(a.shape), tuple(a.stride()), a.dtype)
+            for j, (idx, width) in enumerate(length_groups(keep.sum(1))):
+                sq[idx] = _linear_weight_sq(a[idx, :width], g[idx, :width], self.gram_cache, U=U[idx],
+                                            cache_key=base + (j, width))
+        else:
+            sq = _linear_weight_sq(a, g, self.gram_cache, U=U)
         self.ill = _ill_conditioned(sq, a, g, U)
         if "bias" in self.params:
             # the per-example bias gradients Σ_t g_t; clipped_sum adds exactly these (B, p) vectors
