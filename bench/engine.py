@@ -17,6 +17,8 @@ Methods per mode (full / bitfit / lora):
   privtune       PrivateGradient (flat clipping, σ = 1) + Adam, plain HF call
   opacus-ghost   Opacus 1.6 grad_sample_mode="ghost" (full and lora only; needs (B, T) position_ids)
   opacus-hooks   Opacus 1.6 grad_sample_mode="hooks" (needs (B, T) position_ids)
+  privtune-uncertified  (not in the default list) privtune with float32 linear-layer norms and no rounding
+                 bound, NOT a DP guarantee: next to privtune it shows what the certified norms cost
 Mode ``head`` (last-layer on cached features): a zero-initialised nn.Linear(384, 2) on 67,349 cached
 384-d feature vectors (random here: speed does not depend on their values), expected batch 1024, as
 example-gradients per second, through the closed-form LinearHeadGradient and through the generic
@@ -142,8 +144,14 @@ def child(mode: str, method: str, steps: int, warmup: int, batch_size: int, max_
             F.cross_entropy(logits, b[2]).backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
-    elif method == "privtune":
+    elif method in ("privtune", "privtune-uncertified"):
         from privtune.engine import PrivateGradient
+
+        if method == "privtune-uncertified":  # timing reference only: float32 norms without the certificate
+            import privtune.engine._layers as layers
+            from engine_norm_micro import uncertified_float32_sq
+
+            layers._linear_weight_sq = uncertified_float32_sq
 
         pg = PrivateGradient(model, max_grad_norm=1.0, noise_multiplier=1.0, expected_batch_size=batch_size, seed=0)
 

@@ -18,6 +18,11 @@ A handler provides two things:
 Bias-only layers store no input activation at all (DP-BiTFiT, Bu et al. 2024): their
 output gradient is reduced to ``(B, p)`` inside the backward hook.
 
+Sequence layers (linear, embedding) drop, in the backward hook, the positions whose output gradient is
+exactly zero (:func:`drop_zero_rows`: padding behind an attention mask), and the ghost norms of linear
+layers run over groups of examples of similar length (:func:`length_groups`): a padded batch costs what its
+real tokens cost, with the same results (a dropped position adds exactly zero everywhere).
+
 **Norms are certified upper bounds, computed in float64.**  A ghost norm is a sum of T² terms of
 both signs; in float32 an example whose token contributions nearly cancel could get a reported norm of
 0 and go in unclipped (issue 13, item 5: 10⁴·C measured).  So every ``sq`` a handler returns is an
