@@ -256,11 +256,12 @@ def _pack_rows(x: torch.Tensor, keep: torch.Tensor, counts: torch.Tensor, width:
 
 
 def drop_zero_rows(act: torch.Tensor, g: torch.Tensor,
-                   cache: dict | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                   cache: dict | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Remove the positions whose output gradient is exactly zero from a (B, T, ·) input ``act`` and output
     gradient ``g``: returns (B, T', ·) tensors holding each example's other positions first (same order),
     zero-filled after, with T' the largest number an example keeps, and the (B, T') bool mask of the
-    filled slots; ``act``, ``g`` and an all-true mask when every position is kept.
+    filled slots; ``act``, ``g`` and an all-true mask when every position is kept (None: one position, or
+    input and gradient not aligned position by position).
 
     A position with g_t = 0 adds g_t a_tᵀ = 0 to the weight gradient and g_t = 0 to the bias gradient, and
     a zero-filled slot (a_t = 0 and g_t = 0) adds 0 to every Gram term and to U = Σ_t ‖a_t‖‖g_t‖: per-example
@@ -271,11 +272,10 @@ def drop_zero_rows(act: torch.Tensor, g: torch.Tensor,
     ``cache`` (one backward pass): layers fed the same input with the same kept positions (Q, K and V)
     share one packed input.  It is keyed by the input's address; every input looked up is held by a
     record made in the same forward pass, so two inputs alive together with one address are one tensor."""
-    T = g.shape[1]
+    if g.shape[1] <= 1 or act.shape[:2] != g.shape[:2]:
+        return act, g, None
     # a row is zero iff its max and min are (NaN propagates: a non-finite row is kept); two cheap reductions
     keep = (g.amax(-1) != 0) | (g.amin(-1) != 0) if g.dim() > 2 else g != 0
-    if T <= 1 or act.shape[:2] != g.shape[:2]:
-        return act, g, keep
     if bool(keep.all()):
         return act, g, keep
     counts = keep.sum(1)
