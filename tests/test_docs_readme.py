@@ -1,0 +1,47 @@
+"""The README is a short user's guide whose install and test commands are the ones CI runs."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+CI = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+MAX_LINES = 200
+
+
+def _readme_commands() -> list[str]:
+    """Every command line of the README's bash blocks, without its trailing comment."""
+    blocks = re.findall(r"^```bash\n(.*?)^```", README, re.S | re.M)
+    return [line.split("  #")[0].strip() for block in blocks for line in block.splitlines() if line.strip()]
+
+
+def _ci_commands() -> list[str]:
+    """The pip and python commands .ci/run executes (not its comments)."""
+    lines = [line.strip() for line in CI.splitlines()]
+    return [line for line in lines if re.match(r"^(pip|python) ", line)]
+
+
+def test_readme_is_short():
+    n = len(README.splitlines())
+    assert n <= MAX_LINES, f"README.md has {n} lines; keep it a user's guide of at most {MAX_LINES}, details in docs/"
+
+
+def test_ci_runs_the_readme_commands():
+    ci = _ci_commands()
+    assert 'pip install -e ".[dev]"' in ci and "python -m pytest -q" in ci, ci
+    readme = _readme_commands()
+    missing = [c for c in ci if c not in readme]
+    assert not missing, f".ci/run runs commands the README does not show: {missing}"
+
+
+def test_readme_names_the_system_packages_ci_installs():
+    packages = set(re.findall(r"apt_install ([a-z][a-z0-9-]*)", CI))
+    assert packages == {"postgresql", "chromium"}, packages
+    install = next(c for c in _readme_commands() if "apt-get install" in c)
+    assert all(p in install.split() for p in packages), install
+
+
+def test_readme_runs_the_main_job():
+    assert "privtune tune" in _readme_commands()
