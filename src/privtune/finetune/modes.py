@@ -16,7 +16,7 @@ from privtune.errors import InvalidParameterError, ModelError
 MODES = ("full", "bitfit", "last-layer", "lora", "two-phase")
 #: train()'s learning rate for each mode when none is given (the head's rate where the mode has an α below)
 DEFAULT_LEARNING_RATES = {"full": 1e-2, "bitfit": 5e-3, "lora": 2e-3, "last-layer": 5e-2, "two-phase": 5e-3}
-#: α, the learning-rate multiplier of every trainable parameter outside the head (seed 002's pre-trained-layer
+#: α, the learning-rate multiplier of every trainable parameter outside the head (Mehta et al.'s pre-trained-layer
 #: multiplier), for each mode when none is given; 1 (one rate) where not listed.  Full fine-tuning: under DP
 #: noise Adam moves every weight by about η per step, so one rate is either too slow for the zero head or a
 #: random walk for the 22.7 M pre-trained weights.  Measured (one epoch of DP full fine-tuning of MiniLM on
@@ -48,7 +48,7 @@ def _bias_module_types() -> tuple[type, ...]:
 
 BIAS_MODULE_TYPES = _bias_module_types()
 """Module types whose ``bias`` is added by broadcasting, so its per-example gradient is the summed
-output gradient (digest 004 §3).  Biases of other modules (``nn.MultiheadAttention.in_proj_bias``,
+output gradient (Bu et al., DP-BiTFiT).  Biases of other modules (``nn.MultiheadAttention.in_proj_bias``,
 relative-position "bias" tables, ...) are not selected by BiTFiT and are reported in ``ModeInfo.notes``."""
 
 _LORA_TARGETS = {
@@ -295,7 +295,7 @@ def apply_mode(
     train_head : bool, default True
         Train the classification head together with the biases (bitfit) or adapters (lora).
     zero_init_head : bool, optional
-        Zero the head's weight and bias; default True for "last-layer" (seed 002), False otherwise.
+        Zero the head's weight and bias; default True for "last-layer" (Mehta et al.), False otherwise.
     lora_target_modules : list of str, optional
         Module names for LoRA; default per architecture (:func:`default_lora_target_modules`).
     lora_rank, lora_alpha : LoRA rank r and scaling α (update = α/r · B A).
