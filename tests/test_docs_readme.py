@@ -69,3 +69,19 @@ def test_relative_links_and_anchors_resolve():
                 if anchor not in {_slug(h) for h in headings}:
                     broken.append(f"{page.relative_to(ROOT)}: {target} (no such heading)")
     assert not broken, "\n".join(broken)
+
+
+def test_every_docs_page_can_be_reached_from_the_readme():
+    """A page nobody links to is a page nobody reads: follow links from README.md through docs/."""
+    docs = ROOT / "docs"
+    seen, todo = set(), [ROOT / "README.md"]
+    while todo:
+        page = todo.pop()
+        if page in seen or not page.is_file():
+            continue
+        seen.add(page)
+        for target in re.findall(r"\]\(([^)\s#]+)(?:#[^)\s]*)?\)", page.read_text(encoding="utf-8")):
+            if target.endswith(".md") and not target.startswith(("http://", "https://")):
+                todo.append((page.parent / target).resolve())
+    unreached = [p.relative_to(ROOT).as_posix() for p in sorted(docs.rglob("*.md")) if p.resolve() not in seen]
+    assert not unreached, f"pages no link reaches from README.md: {unreached}"
