@@ -104,6 +104,8 @@ class FitResult:
     private : False when σ = 0 (then ``events`` is one ``NonPrivateEvent``, ε = ∞, and ``label`` says
         NOT PRIVATE).
     seconds, examples_per_second : wall time and sampled examples processed per second.
+    nonfinite_examples : sampled examples whose loss or gradient norm was NaN or infinite; the DP step
+        dropped their terms (clip factor 0).  **NOT PRIVATE** (a count over the private data).
     """
 
     model: nn.Module
@@ -120,6 +122,7 @@ class FitResult:
     clipping_diagnostics: dict | None = None
     private: bool = True
     label: str = ""
+    nonfinite_examples: int = 0
 
 
 @dataclass
@@ -381,6 +384,7 @@ class _Loop:
                               "phase": [], "eval": []}
         self.total_steps = sum(p.steps for p in phases)
         self.examples = 0
+        self.nonfinite_examples = 0  # examples dropped for a NaN/inf loss or gradient norm (NOT PRIVATE)
         self.seconds = 0.0
         self.diag = {"norms": [], "labels": [], "layer_norms": []} if clipping_diagnostics else None
         self.pg = None
@@ -549,7 +553,8 @@ class _Loop:
                 logits = _forward(self.model, self.module, self.data, chunk)
                 losses = F.cross_entropy(logits, y, reduction="none")
                 norms = self.pg.backward(losses)
-            loss_sum += float(losses.detach().sum())
+            # NOT PRIVATE monitoring: a NaN/inf loss (its term was dropped by the DP step) is not summed
+            loss_sum += float(losses.detach().nan_to_num(0.0, 0.0, 0.0).sum())
             if self.hooks:  # a hook may need the losses at these parameters (hyperfree's L0): no second forward
                 batch_losses.append(losses.detach().double().cpu())
             count += chunk.numel()
@@ -559,7 +564,8 @@ class _Loop:
                 layer = getattr(self.pg, "last_layer_norms", None) if self.per_layer else None
                 if layer is not None and chunk.numel():
                     self.diag.setdefault("layer_norms", []).append(layer.detach().double().cpu())
-        self.pg.release()
+        released = self.pg.release()
+        self.nonfinite_examples += int(getattr(released, "nonfinite_examples", 0))
         if self.group is not None:  # the whole batch's loss and size (NOT PRIVATE monitoring, as in one process)
             totals = torch.tensor([loss_sum, float(count)], dtype=torch.float64)
             self.group.all_reduce_sum_([totals])
@@ -704,7 +710,7 @@ def fit(
     phase1_learning_rate: float | None = None, eval_every: int | None = None, progress: Any = None,
     delta: float | None = None, accountant: str = "pld", clipping_diagnostics: bool = False, fast_head: bool = True,
     assume_poisson: bool = False, device: Any = None, hooks: Sequence[LoopHook] = (), gamma: float = 0.01,
-    eps: float = 1e-8, backbone_lr_scale: float = 1.0,
+    eps: float = 1e-8, backbone_lr_scale: float = 1.0, nonfinite_features: str = "refuse",
 ) -> FitResult:
     """Train ``model`` privately for ``steps`` DP steps and return a :class:`FitResult`; no ledger, no files.
 
@@ -787,8 +793,19 @@ def fit(
         Under DP noise an adaptive optimizer moves every weight by about η per step whether or not its
         gradient carries signal; α keeps the pre-trained weights' walk small while the new head learns at its
         own rate.  Post-processing: no effect on ε.  Ignored when training a head on cached features.
+    nonfinite_features : {"refuse", "drop"}, default "refuse"
+        A FeatureSet ``train_set`` with a NaN or infinite value: ``"refuse"`` raises DataError (with the
+        number of such rows) before anything is trained; ``"drop"`` trains, and the DP step gives every
+        sampled example with a non-finite feature, loss or gradient norm clip factor 0 (it adds nothing;
+        the sensitivity stays C), as it always does for what turns non-finite during training.  ``"drop"``
+        is for features computed after a budget was reserved, where a refusal would come too late.
+        The number of dropped examples is ``FitResult.nonfinite_examples`` (NOT PRIVATE).
     """
     backbone_lr_scale = check_backbone_lr_scale(backbone_lr_scale)
+    if check_choice(nonfinite_features, "nonfinite_features", ("refuse", "drop")) == "refuse":
+        from privtune.finetune.last_layer import check_finite_features
+
+        check_finite_features(train_set, "train_set")
     options = _checked_loop_options(
         train_set, noise_multiplier=noise_multiplier, sample_rate=sample_rate, steps=steps, learning_rate=learning_rate,
         clip=clip, clipping=clipping, optimizer=optimizer, sampling=sampling, assume_poisson=assume_poisson, gamma=gamma,
@@ -875,7 +892,7 @@ def _result(loop: _Loop) -> FitResult:
         noise_multiplier=loop.sigma, sample_rate=loop.q, sampling=loop.sampling,
         seeds={"sampler": loop.sampler_seed, "noise": loop.noise_seed}, eval=final, seconds=loop.seconds,
         examples_per_second=loop.examples / loop.seconds if loop.seconds > 0 else 0.0,
-        clipping_diagnostics=loop.clipping_diagnostics(),
+        clipping_diagnostics=loop.clipping_diagnostics(), nonfinite_examples=loop.nonfinite_examples,
         private=loop.sigma > 0, label="" if loop.sigma > 0 else "NOT PRIVATE (noise_multiplier=0)",
     )
 
@@ -1439,6 +1456,7 @@ def _certify(loop, actual, hyper: dict, *, reservation, led, fp, run_id, delta, 
         # wall time and steps are data-independent; the exact example count is not (Σ_t |S_t|): NOT PRIVATE
         "train_seconds": result.seconds, "steps_per_second": loop.step / result.seconds if result.seconds else None,
         "examples_per_second": result.examples_per_second,
+        "nonfinite_examples_dropped": result.nonfinite_examples,  # NOT PRIVATE: moved to not_private/
         "steps": loop.step, "device": str(loop.device),
     }
     history = {"final_run": result.history, "trials": [], "strategy": {"name": "fixed"}}

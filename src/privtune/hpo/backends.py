@@ -122,7 +122,7 @@ class FeatureBackend:
         fit(lin, self.features, noise_multiplier=noise_multiplier, sample_rate=sample_rate, steps=int(steps),
             learning_rate=learning_rate, clip=clip, clipping=clipping, optimizer=optimizer,
             momentum=momentum if optimizer == "sgd" else 0.0, eps=eps_adam, seed=seed, hooks=hooks,
-            device=self.device)
+            device=self.device, nonfinite_features="drop")  # features cached after the reservation
         # the events of a head trial as planned by the strategies: a full batch is exactly √T/σ-GDP
         if sample_rate >= 1.0:
             events = [GaussianEvent(noise_multiplier=noise_multiplier, count=int(steps), label=label)]

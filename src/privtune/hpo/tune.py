@@ -47,6 +47,7 @@ from privtune.data.datasets import EMBEDDED_LABELS, check_disjoint, declared_lab
 from privtune.engine import distributed
 from privtune.engine.sampling import make_generator
 from privtune.errors import DataError, InvalidParameterError, PrivtuneError
+from privtune.finetune.last_layer import check_finite_features
 from privtune.finetune.modes import DEFAULT_LEARNING_RATES, default_backbone_lr_scale
 from privtune.hpo import common, grid_oracle
 from privtune.hpo.executors import for_tune
@@ -466,6 +467,8 @@ def _load_inputs(req: _Request, data, *, eval_data, public_eval_data, labels, mo
     _check_train(train)
     eval_set = _load(eval_data, "eval_data", text_column, label_column, num_labels, names)
     public_set = _load(public_eval_data, "public_eval_data", text_column, label_column, num_labels, names)
+    for split, what in ((train, "data"), (eval_set, "eval_data"), (public_set, "public_eval_data")):
+        check_finite_features(split, what)  # cached features: NaN/inf refused before anything is reserved
     check_disjoint(train, public_set, "public_eval_data")
     if not embedded:
         check_disjoint(train, eval_set, "eval_data")
