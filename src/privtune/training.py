@@ -95,10 +95,12 @@ class FitResult:
     Attributes
     ----------
     model : the trained model (the object passed in, trained in place).
-    events : privacy events of the steps actually taken (``DPSGDEvent`` per phase).
+    events : privacy events of the planned steps (``DPSGDEvent`` per phase): all ``steps``, also when the
+        callback stopped training early (see :func:`fit`'s ``callback``).
     history : ``{"step": [...], "train_loss": [...], "train_loss_label": NOT PRIVATE..., "lr": [...],
         "eval": [{"step", "accuracy", "loss"}]}``.
-    steps : optimizer steps taken.  noise_multiplier, sample_rate, sampling: the DP parameters.
+    steps : optimizer steps taken (fewer than planned when the callback stopped early).  noise_multiplier,
+        sample_rate, sampling: the DP parameters.
     seeds : ``{"sampler": int|None, "noise": int|None}`` (None: drawn from the OS, not recorded).
     eval : final evaluation on ``eval_set`` (``{"accuracy", "loss"}``) or None.
     private : False when σ = 0 (then ``events`` is one ``NonPrivateEvent``, ε = ∞, and ``label`` says
@@ -385,6 +387,7 @@ class _Loop:
         self.total_steps = sum(p.steps for p in phases)
         self.examples = 0
         self.nonfinite_examples = 0  # examples dropped for a NaN/inf loss or gradient norm (NOT PRIVATE)
+        self.stopped_early = False  # a callback stopped the run before its planned steps
         self.seconds = 0.0
         self.diag = {"norms": [], "labels": [], "layer_norms": []} if clipping_diagnostics else None
         self.pg = None
@@ -611,6 +614,7 @@ class _Loop:
                     and self.step < self.total_steps:
                 checkpoint(self)
             if stop is True:
+                self.stopped_early = True  # charged for the plan all the same (fit's ``callback``)
                 break
         for hook in self.hooks:
             hook.on_end(self)
@@ -752,8 +756,13 @@ def fit(
         Micro-batch size for the forward/backward passes (default 32 for models, 65536 for features);
         results do not depend on it (accumulation ≡ one batch).
     callback : callable, optional
-        Called with a :class:`StepInfo` after each step; returning True stops training (the events
-        then reflect the steps actually taken).
+        Called with a :class:`StepInfo` after each step; returning True stops training.  A stop is
+        still charged for every planned step: ``FitResult.events`` cover all ``steps``, because the
+        certificate states the plan and a stopping time chosen during the run is not a public number
+        of steps.  Covered are stopping rules that use only released or public values (the model's
+        accuracy on a split you declare public, the step count); ``StepInfo.loss`` and
+        ``StepInfo.batch_size`` are computed from the private data without noise, and a rule that
+        reads them is covered by no ε (whatever is charged).
     mode : str, optional
         ``"two-phase"`` runs ``phase1_steps`` DP full steps (lr ``phase1_learning_rate``, default
         learning_rate/10) then DP-BiTFiT; other values only label the events.
@@ -888,7 +897,8 @@ def _result(loop: _Loop) -> FitResult:
         final = evaluate(loop.model, loop.eval_set)
         loop.history["eval"].append({"step": loop.step, **final})
     return FitResult(
-        model=loop.model, events=loop.events(), history=loop.history, steps=loop.step,
+        # an early stop is charged for the plan: the stopping time is not a public number of steps
+        model=loop.model, events=loop.events(planned=loop.stopped_early), history=loop.history, steps=loop.step,
         noise_multiplier=loop.sigma, sample_rate=loop.q, sampling=loop.sampling,
         seeds={"sampler": loop.sampler_seed, "noise": loop.noise_seed}, eval=final, seconds=loop.seconds,
         examples_per_second=loop.examples / loop.seconds if loop.seconds > 0 else 0.0,
