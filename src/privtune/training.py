@@ -145,6 +145,22 @@ class TrainResult:
 # ============================================================================================ helpers
 
 
+def public_size(data: Any) -> int:
+    """The number of rows of ``data`` that privtune may publish and divide by: the size declared with
+    :func:`declare_public_size` (a private split of a declared file, whose realised size is itself private:
+    its planned size from the public n), else ``len(data)`` (n is public by declaration)."""
+    declared = getattr(data, "public_size", None)
+    return int(declared) if declared is not None else len(data)
+
+
+def declare_public_size(data: Any, size: int) -> Any:
+    """Give ``data`` (a dataset or FeatureSet) the public size :func:`public_size` returns; returns ``data``.
+    What is derived from it (the expected batch size q·size, published batch sizes) then never depends on
+    how many rows ``data`` really holds."""
+    data.__dict__["public_size"] = int(size)
+    return data
+
+
 def _is_features(data: Any) -> bool:
     return getattr(data, "kind", None) == "features"
 
@@ -435,7 +451,7 @@ class _Loop:
             step_cls, extra = LinearHeadGradient, {}
         self.pg = step_cls(
             self.module, max_grad_norm=self.clip, noise_multiplier=self.sigma,
-            expected_batch_size=self.q * self.n, clipping=self.clipping, gamma=self.gamma, seed=self.noise_seed,
+            expected_batch_size=self.q * public_size(self.data), clipping=self.clipping, gamma=self.gamma, seed=self.noise_seed,
             process_group=self.group, **extra,
         )
         if noise_state is not None:

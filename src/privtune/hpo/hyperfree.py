@@ -64,7 +64,7 @@ from privtune.hpo.common import (
     set_override,
     statistical_ties,
 )
-from privtune.training import LoopHook, fit
+from privtune.training import LoopHook, fit, public_size
 
 NAME = "hyperfree"
 #: base optimizers whose direction d the learning-rate rule scales (see :class:`HyperfreeConfig`)
@@ -499,7 +499,7 @@ def train_hyperfree(model, train_set, *, steps: int, sample_rate: float, sigma_g
     privatised losses L0, the acceptance log, public-split accuracy from ``evaluate``).
     """
     on_features = getattr(train_set, "kind", None) == "features"
-    probe = LearningRateProbe(config, lr0=lr0, sigma_l=sigma_l, expected_batch_size=sample_rate * len(train_set),
+    probe = LearningRateProbe(config, lr0=lr0, sigma_l=sigma_l, expected_batch_size=sample_rate * public_size(train_set),
                               steps=steps, seed=seed, evaluate=evaluate, eval_every=eval_every, progress=progress)
     fit(model, train_set, noise_multiplier=sigma_g, sample_rate=sample_rate, steps=int(steps), learning_rate=lr0,
         clip=1.0, clipping=config.clipping_for(on_features), gamma=config.auto_gamma, optimizer=config.optimizer,
