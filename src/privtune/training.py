@@ -772,13 +772,11 @@ def fit(
         Micro-batch size for the forward/backward passes (default 32 for models, 65536 for features);
         results do not depend on it (accumulation ≡ one batch).
     callback : callable, optional
-        Called with a :class:`StepInfo` after each step; returning True stops training.  A stop is
-        still charged for every planned step: ``FitResult.events`` cover all ``steps``, because the
-        certificate states the plan and a stopping time chosen during the run is not a public number
-        of steps.  Covered are stopping rules that use only released or public values (the model's
-        accuracy on a split you declare public, the step count); ``StepInfo.loss`` and
-        ``StepInfo.batch_size`` are computed from the private data without noise, and a rule that
-        reads them is covered by no ε (whatever is charged).
+        Called with a :class:`StepInfo` after each step; returning True stops training, still charged
+        for every planned step (``FitResult.events`` cover all ``steps``: a stopping time chosen during
+        the run is not a public number of steps).  Covered are stops on released or public values
+        (accuracy on a split you declare public); ``StepInfo.loss`` and ``.batch_size`` are computed
+        without noise, and a stop that reads them is covered by no ε, whatever is charged.
     mode : str, optional
         ``"two-phase"`` runs ``phase1_steps`` DP full steps (lr ``phase1_learning_rate``, default
         learning_rate/10) then DP-BiTFiT; other values only label the events.
@@ -819,12 +817,11 @@ def fit(
         gradient carries signal; α keeps the pre-trained weights' walk small while the new head learns at its
         own rate.  Post-processing: no effect on ε.  Ignored when training a head on cached features.
     nonfinite_features : {"refuse", "drop"}, default "refuse"
-        A FeatureSet ``train_set`` with a NaN or infinite value: ``"refuse"`` raises DataError (with the
-        number of such rows) before anything is trained; ``"drop"`` trains, and the DP step gives every
-        sampled example with a non-finite feature, loss or gradient norm clip factor 0 (it adds nothing;
-        the sensitivity stays C), as it always does for what turns non-finite during training.  ``"drop"``
-        is for features computed after a budget was reserved, where a refusal would come too late.
-        The number of dropped examples is ``FitResult.nonfinite_examples`` (NOT PRIVATE).
+        A FeatureSet ``train_set`` with a NaN or inf value: ``"refuse"`` raises DataError (with the count
+        of such rows) before training; ``"drop"`` trains, and the DP step gives such an example clip
+        factor 0 (it adds nothing; sensitivity C), as it does for whatever turns non-finite in training
+        (counted in ``FitResult.nonfinite_examples``, NOT PRIVATE).  ``"drop"`` is for features
+        computed after a budget was reserved, where a refusal would come too late.
     """
     backbone_lr_scale = check_backbone_lr_scale(backbone_lr_scale)
     if check_choice(nonfinite_features, "nonfinite_features", ("refuse", "drop")) == "refuse":
