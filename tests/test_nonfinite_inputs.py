@@ -28,17 +28,20 @@ def _features(n: int = 40, d: int = 6, bad_row: int | None = 7, seed: int = 0) -
 # ------------------------------------------------------------------ the closed-form head step
 
 
-def test_head_step_drops_an_inf_row_exactly():
+@pytest.mark.parametrize("train_weight", [True, False])
+def test_head_step_drops_an_inf_row_exactly(train_weight):
     fs = _features()
     keep = torch.arange(len(fs)) != 7
     released = []
     for X, y in ((fs.features, fs.labels), (fs.features[keep], fs.labels[keep])):
         torch.manual_seed(1)
         head = nn.Linear(6, 2)
+        head.weight.requires_grad_(train_weight)  # without it only the bias trains: the inf shows in the loss
         step = LinearHeadGradient(head, max_grad_norm=1.0, noise_multiplier=1.0, expected_batch_size=40.0, seed=3)
         step.accumulate(X, y)
         info = step.release()
-        released.append((head.weight.grad.clone(), head.bias.grad.clone(), info.nonfinite_examples))
+        w = head.weight.grad.clone() if train_weight else torch.zeros(1)
+        released.append((w, head.bias.grad.clone(), info.nonfinite_examples))
     (w_bad, b_bad, dropped), (w_ok, b_ok, none) = released
     assert torch.isfinite(w_bad).all() and torch.isfinite(b_bad).all()
     assert (dropped, none) == (1, 0)

@@ -273,11 +273,10 @@ class LinearHeadGradient:
             xsq = sq_norms.to(features.dtype) if sq_norms is not None else (features * features).sum(1)
         norms = resid.norm(dim=1) * torch.sqrt(xsq + (1.0 if train_b else 0.0))
         factors = clip_factors(norms, self.max_grad_norm, self.clipping, self.gamma)
-        # a row with a NaN/inf feature, loss or norm gets clip factor 0 and adds exactly nothing (torch.where:
-        # NaN·0 is NaN), as in PrivateGradient: the release stays finite and the sensitivity C
+        # a row with a NaN/inf loss or norm gets clip factor 0 and adds exactly nothing (torch.where: NaN·0 is
+        # NaN), as in PrivateGradient: the release stays finite and the sensitivity C.  A NaN/inf feature
+        # always shows here: it makes ‖x_i‖² (hence the norm) non-finite, or, without a trained weight, the loss
         ok = finite_terms(losses, norms)
-        if train_w:
-            ok &= torch.isfinite(features).all(1)
         if not bool(ok.all()):
             factors = torch.where(ok, factors, torch.zeros_like(factors))
             resid, features = zero_rows(resid, ok), zero_rows(features, ok)
