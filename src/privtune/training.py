@@ -95,15 +95,19 @@ class FitResult:
     Attributes
     ----------
     model : the trained model (the object passed in, trained in place).
-    events : privacy events of the steps actually taken (``DPSGDEvent`` per phase).
+    events : privacy events of the planned steps (``DPSGDEvent`` per phase): all ``steps``, also when the
+        callback stopped training early (see :func:`fit`'s ``callback``).
     history : ``{"step": [...], "train_loss": [...], "train_loss_label": NOT PRIVATE..., "lr": [...],
         "eval": [{"step", "accuracy", "loss"}]}``.
-    steps : optimizer steps taken.  noise_multiplier, sample_rate, sampling: the DP parameters.
+    steps : optimizer steps taken (fewer than planned when the callback stopped early).  noise_multiplier,
+        sample_rate, sampling: the DP parameters.
     seeds : ``{"sampler": int|None, "noise": int|None}`` (None: drawn from the OS, not recorded).
     eval : final evaluation on ``eval_set`` (``{"accuracy", "loss"}``) or None.
     private : False when σ = 0 (then ``events`` is one ``NonPrivateEvent``, ε = ∞, and ``label`` says
         NOT PRIVATE).
     seconds, examples_per_second : wall time and sampled examples processed per second.
+    nonfinite_examples : sampled examples whose loss or gradient norm was NaN or infinite; the DP step
+        dropped their terms (clip factor 0).  **NOT PRIVATE** (a count over the private data).
     """
 
     model: nn.Module
@@ -120,6 +124,7 @@ class FitResult:
     clipping_diagnostics: dict | None = None
     private: bool = True
     label: str = ""
+    nonfinite_examples: int = 0
 
 
 @dataclass
@@ -138,6 +143,22 @@ class TrainResult:
 
 
 # ============================================================================================ helpers
+
+
+def public_size(data: Any) -> int:
+    """The number of rows of ``data`` that privtune may publish and divide by: the size declared with
+    :func:`declare_public_size` (a private split of a declared file, whose realised size is itself private:
+    its planned size from the public n), else ``len(data)`` (n is public by declaration)."""
+    declared = getattr(data, "public_size", None)
+    return int(declared) if declared is not None else len(data)
+
+
+def declare_public_size(data: Any, size: int) -> Any:
+    """Give ``data`` (a dataset or FeatureSet) the public size :func:`public_size` returns; returns ``data``.
+    What is derived from it (the expected batch size q·size, published batch sizes) then never depends on
+    how many rows ``data`` really holds."""
+    data.__dict__["public_size"] = int(size)
+    return data
 
 
 def _is_features(data: Any) -> bool:
@@ -381,6 +402,8 @@ class _Loop:
                               "phase": [], "eval": []}
         self.total_steps = sum(p.steps for p in phases)
         self.examples = 0
+        self.nonfinite_examples = 0  # examples dropped for a NaN/inf loss or gradient norm (NOT PRIVATE)
+        self.stopped_early = False  # a callback stopped the run before its planned steps
         self.seconds = 0.0
         self.diag = {"norms": [], "labels": [], "layer_norms": []} if clipping_diagnostics else None
         self.pg = None
@@ -428,7 +451,7 @@ class _Loop:
             step_cls, extra = LinearHeadGradient, {}
         self.pg = step_cls(
             self.module, max_grad_norm=self.clip, noise_multiplier=self.sigma,
-            expected_batch_size=self.q * self.n, clipping=self.clipping, gamma=self.gamma, seed=self.noise_seed,
+            expected_batch_size=self.q * public_size(self.data), clipping=self.clipping, gamma=self.gamma, seed=self.noise_seed,
             process_group=self.group, **extra,
         )
         if noise_state is not None:
@@ -549,7 +572,8 @@ class _Loop:
                 logits = _forward(self.model, self.module, self.data, chunk)
                 losses = F.cross_entropy(logits, y, reduction="none")
                 norms = self.pg.backward(losses)
-            loss_sum += float(losses.detach().sum())
+            # NOT PRIVATE monitoring: a NaN/inf loss (its term was dropped by the DP step) is not summed
+            loss_sum += float(losses.detach().nan_to_num(0.0, 0.0, 0.0).sum())
             if self.hooks:  # a hook may need the losses at these parameters (hyperfree's L0): no second forward
                 batch_losses.append(losses.detach().double().cpu())
             count += chunk.numel()
@@ -559,7 +583,8 @@ class _Loop:
                 layer = getattr(self.pg, "last_layer_norms", None) if self.per_layer else None
                 if layer is not None and chunk.numel():
                     self.diag.setdefault("layer_norms", []).append(layer.detach().double().cpu())
-        self.pg.release()
+        released = self.pg.release()
+        self.nonfinite_examples += int(getattr(released, "nonfinite_examples", 0))
         if self.group is not None:  # the whole batch's loss and size (NOT PRIVATE monitoring, as in one process)
             totals = torch.tensor([loss_sum, float(count)], dtype=torch.float64)
             self.group.all_reduce_sum_([totals])
@@ -605,6 +630,7 @@ class _Loop:
                     and self.step < self.total_steps:
                 checkpoint(self)
             if stop is True:
+                self.stopped_early = True  # charged for the plan all the same (fit's ``callback``)
                 break
         for hook in self.hooks:
             hook.on_end(self)
@@ -704,7 +730,7 @@ def fit(
     phase1_learning_rate: float | None = None, eval_every: int | None = None, progress: Any = None,
     delta: float | None = None, accountant: str = "pld", clipping_diagnostics: bool = False, fast_head: bool = True,
     assume_poisson: bool = False, device: Any = None, hooks: Sequence[LoopHook] = (), gamma: float = 0.01,
-    eps: float = 1e-8, backbone_lr_scale: float = 1.0,
+    eps: float = 1e-8, backbone_lr_scale: float = 1.0, nonfinite_features: str = "refuse",
 ) -> FitResult:
     """Train ``model`` privately for ``steps`` DP steps and return a :class:`FitResult`; no ledger, no files.
 
@@ -746,8 +772,11 @@ def fit(
         Micro-batch size for the forward/backward passes (default 32 for models, 65536 for features);
         results do not depend on it (accumulation ≡ one batch).
     callback : callable, optional
-        Called with a :class:`StepInfo` after each step; returning True stops training (the events
-        then reflect the steps actually taken).
+        Called with a :class:`StepInfo` after each step; returning True stops training, still charged
+        for every planned step (``FitResult.events`` cover all ``steps``: a stopping time chosen during
+        the run is not a public number of steps).  Covered are stops on released or public values
+        (accuracy on a split you declare public); ``StepInfo.loss`` and ``.batch_size`` are computed
+        without noise, and a stop that reads them is covered by no ε, whatever is charged.
     mode : str, optional
         ``"two-phase"`` runs ``phase1_steps`` DP full steps (lr ``phase1_learning_rate``, default
         learning_rate/10) then DP-BiTFiT; other values only label the events.
@@ -787,8 +816,18 @@ def fit(
         Under DP noise an adaptive optimizer moves every weight by about η per step whether or not its
         gradient carries signal; α keeps the pre-trained weights' walk small while the new head learns at its
         own rate.  Post-processing: no effect on ε.  Ignored when training a head on cached features.
+    nonfinite_features : {"refuse", "drop"}, default "refuse"
+        A FeatureSet ``train_set`` with a NaN or inf value: ``"refuse"`` raises DataError (with the count
+        of such rows) before training; ``"drop"`` trains, and the DP step gives such an example clip
+        factor 0 (it adds nothing; sensitivity C), as it does for whatever turns non-finite in training
+        (counted in ``FitResult.nonfinite_examples``, NOT PRIVATE).  ``"drop"`` is for features
+        computed after a budget was reserved, where a refusal would come too late.
     """
     backbone_lr_scale = check_backbone_lr_scale(backbone_lr_scale)
+    if check_choice(nonfinite_features, "nonfinite_features", ("refuse", "drop")) == "refuse":
+        from privtune.finetune.last_layer import check_finite_features
+
+        check_finite_features(train_set, "train_set")
     options = _checked_loop_options(
         train_set, noise_multiplier=noise_multiplier, sample_rate=sample_rate, steps=steps, learning_rate=learning_rate,
         clip=clip, clipping=clipping, optimizer=optimizer, sampling=sampling, assume_poisson=assume_poisson, gamma=gamma,
@@ -871,11 +910,12 @@ def _result(loop: _Loop) -> FitResult:
         final = evaluate(loop.model, loop.eval_set)
         loop.history["eval"].append({"step": loop.step, **final})
     return FitResult(
-        model=loop.model, events=loop.events(), history=loop.history, steps=loop.step,
+        # an early stop is charged for the plan: the stopping time is not a public number of steps
+        model=loop.model, events=loop.events(planned=loop.stopped_early), history=loop.history, steps=loop.step,
         noise_multiplier=loop.sigma, sample_rate=loop.q, sampling=loop.sampling,
         seeds={"sampler": loop.sampler_seed, "noise": loop.noise_seed}, eval=final, seconds=loop.seconds,
         examples_per_second=loop.examples / loop.seconds if loop.seconds > 0 else 0.0,
-        clipping_diagnostics=loop.clipping_diagnostics(),
+        clipping_diagnostics=loop.clipping_diagnostics(), nonfinite_examples=loop.nonfinite_examples,
         private=loop.sigma > 0, label="" if loop.sigma > 0 else "NOT PRIVATE (noise_multiplier=0)",
     )
 
@@ -1439,6 +1479,7 @@ def _certify(loop, actual, hyper: dict, *, reservation, led, fp, run_id, delta, 
         # wall time and steps are data-independent; the exact example count is not (Σ_t |S_t|): NOT PRIVATE
         "train_seconds": result.seconds, "steps_per_second": loop.step / result.seconds if result.seconds else None,
         "examples_per_second": result.examples_per_second,
+        "nonfinite_examples_dropped": result.nonfinite_examples,  # NOT PRIVATE: moved to not_private/
         "steps": loop.step, "device": str(loop.device),
     }
     history = {"final_run": result.history, "trials": [], "strategy": {"name": "fixed"}}

@@ -26,7 +26,7 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 from torch.autograd.graph import get_gradient_edge
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import tree_flatten, tree_map
 
 from privtune._validation import check_choice, check_int, check_real
 from privtune.errors import InvalidParameterError, UnsupportedModuleError
@@ -64,6 +64,9 @@ class ReleaseInfo:
             (averaged) gradient, σ·C / expected_batch_size.
         sensitivity: L2 sensitivity of the clipped sum under adding/removing one example (= C).
         expected_batch_size: the public divisor (q·N) used instead of the realised batch size.
+        nonfinite_examples: examples whose loss or gradient norm was NaN or infinite; their term was
+            dropped (clip factor 0: they add exactly nothing to the sum, so the sensitivity stays C and the
+            release stays finite). **NOT PRIVATE**.
     """
 
     step: int
@@ -73,10 +76,11 @@ class ReleaseInfo:
     noise_std: float
     sensitivity: float
     expected_batch_size: float
+    nonfinite_examples: int = 0
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        d["not_private"] = ["batch_size", "clipped_fraction"]
+        d["not_private"] = ["batch_size", "clipped_fraction", "nonfinite_examples"]
         return d
 
 
@@ -109,6 +113,26 @@ def clip_factors(norms: torch.Tensor, C: float, clipping: str, gamma: float) -> 
     if clipping == "flat":  # a zero norm gets factor 1 (C/tiny clamps to 1, also when it overflows to inf)
         return (C / norms.clamp_min(torch.finfo(norms.dtype).tiny)).clamp(max=1.0)
     return C / (norms + gamma)
+
+
+def zero_rows(t: Any, keep: torch.Tensor) -> Any:
+    """``t`` with the rows (dimension 0) where ``keep`` is False set to exactly 0, when ``t`` is a floating
+    tensor with one row per example; anything else unchanged.  ``torch.where``, not a product: a NaN or inf
+    row times 0 would stay NaN."""
+    if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dim() > 0 and t.shape[0] == keep.shape[0]:
+        mask = keep.to(t.device).reshape(-1, *([1] * (t.dim() - 1)))
+        return torch.where(mask, t, torch.zeros((), dtype=t.dtype, device=t.device))
+    return t
+
+
+def finite_terms(losses: torch.Tensor | None, norms: torch.Tensor) -> torch.Tensor:
+    """(B,) bool: the examples whose loss (when given) and gradient norm are finite.  The others get clip
+    factor 0 (their term is dropped): one non-finite row must neither make the release NaN nor stop the run
+    after its budget was reserved (either would reveal that the row was sampled)."""
+    ok = torch.isfinite(norms)
+    if losses is not None:
+        ok = ok & torch.isfinite(losses.detach()).to(ok.device)
+    return ok
 
 
 def privatise_sum(clipped_sums: torch.Tensor | list[torch.Tensor], std: float, expected_batch_size: float,
@@ -417,6 +441,9 @@ class PrivateGradient:
         Args:
             losses: shape (B,), ``losses[i]`` the loss of example i of the micro-batch that was just
                 forwarded through ``model`` (``reduction="none"``). Must be sum-decomposable (see module doc).
+                An example whose loss or gradient norm is NaN or infinite gets clip factor 0: its term adds
+                exactly nothing (counted in :attr:`ReleaseInfo.nonfinite_examples`, NOT PRIVATE), so the run
+                neither stops nor releases NaN because of one row.
 
         Returns:
             Detached (B,) tensor of per-example gradient L2 norms (before clipping). **NOT PRIVATE.**
@@ -448,12 +475,16 @@ class PrivateGradient:
             out_dtype = torch.float64 if self._params[0].dtype == torch.float64 else torch.float32
             sq, active = self._squared_norms(B, losses.device)
             norms = sq.clamp_min(0).sqrt()
-            clipped = self._accumulate_clipped(norms, active, out_dtype)
+            ok = finite_terms(losses, norms)
+            if not bool(ok.all()):
+                self._drop_terms(active, ok)
+            clipped = self._accumulate_clipped(norms, active, out_dtype, ok)
         finally:
             gram_cache.clear()
             for h in self.handlers:
                 h.clear()
         self._count += B
+        self._nonfinite += int((~ok).sum())
         self._clipped += int(clipped.sum())
         self._microbatches += 1
         return norms.detach().to(out_dtype)
@@ -483,10 +514,6 @@ class PrivateGradient:
             raise InvalidParameterError(
                 f"`losses` must have one entry per example of the forwarded batch ({self._batch}). Got {B}. "
                 "Do not reduce or reshape the per-example loss."
-            )
-        if not torch.isfinite(losses.detach()).all():
-            raise InvalidParameterError(
-                "`losses` must be finite. Got NaN or inf values. Check the learning rate and the inputs."
             )
 
     def _backpropagate(self, losses: torch.Tensor) -> None:
@@ -565,17 +592,36 @@ class PrivateGradient:
         finally:
             self._suspended = was_suspended
 
-    def _accumulate_clipped(self, norms: torch.Tensor, active: list[Handler], out_dtype: torch.dtype) -> torch.Tensor:
+    @staticmethod
+    def _drop_terms(active: list[Handler], ok: torch.Tensor) -> None:
+        """Zero every stored per-example quantity (inputs, output gradients, materialised per-example
+        gradients) of the examples where ``ok`` is False, so that their clip factor 0 gives exactly 0."""
+        for h in active:
+            for r in h.records:
+                r.act = tree_map(lambda t: zero_rows(t, ok), r.act)
+                r.grads = [zero_rows(g, ok) for g in r.grads]
+            for attr in ("_pe", "_bias_pe"):  # the handlers' per-example caches (_layers.py)
+                cached = getattr(h, attr, None)
+                if isinstance(cached, dict):
+                    setattr(h, attr, {p: zero_rows(t, ok) for p, t in cached.items()})
+                elif isinstance(cached, torch.Tensor):
+                    setattr(h, attr, zero_rows(cached, ok))
+
+    def _accumulate_clipped(self, norms: torch.Tensor, active: list[Handler], out_dtype: torch.dtype,
+                            ok: torch.Tensor | None = None) -> torch.Tensor:
         """Add Σ_i c_i g_i of the ``active`` handlers to the running sum; return the (B,) bool mask of examples
         whose norm exceeded the threshold (C, or C/√K per module with ``per_layer``).
 
-        ``norms`` are the (B,) per-example gradient norms in the units of C.
+        ``norms`` are the (B,) per-example gradient norms in the units of C; ``ok`` (B,) bool, optional: the
+        examples whose term is kept (the others get clip factor 0, :func:`finite_terms`).
         """
         C = self.max_grad_norm
         if self.per_layer:  # one threshold C/√K per module: Σ_k (C/√K)² = C², sensitivity stays C
             C_layer = C / math.sqrt(len(self.handlers))
             layer_norms = [h.sq.to(norms.dtype).clamp_min(0).sqrt() for h in active]
             layer_factors = [self._clip_factors(n, C_layer) for n in layer_norms]
+            if ok is not None:
+                layer_factors = [torch.where(ok.to(f.device), f, torch.zeros_like(f)) for f in layer_factors]
             clipped = torch.stack([n > C_layer for n in layer_norms]).any(0) if active else norms > C
             table = torch.zeros(norms.shape[0], len(self.handlers), dtype=out_dtype, device=norms.device)
             pos = {id(h): k for k, h in enumerate(self.handlers)}
@@ -584,6 +630,8 @@ class PrivateGradient:
             self._last_layer_norms = table.detach()
         else:
             factors = self._clip_factors(norms, C)
+            if ok is not None:
+                factors = torch.where(ok.to(factors.device), factors, torch.zeros_like(factors))
             layer_factors = [factors] * len(active)
             clipped = norms > C
         for h, factors in zip(active, layer_factors):
@@ -627,6 +675,7 @@ class PrivateGradient:
             noise_std=std / self.expected_batch_size,
             sensitivity=self.max_grad_norm,
             expected_batch_size=self.expected_batch_size,
+            nonfinite_examples=self._nonfinite,
         )
         self._reset_accumulators()
         return info
@@ -635,6 +684,7 @@ class PrivateGradient:
         self._sum: dict[nn.Parameter, torch.Tensor] = {}
         self._count = 0
         self._clipped = 0
+        self._nonfinite = 0
         self._microbatches = 0
 
     @property

@@ -24,7 +24,8 @@ from typing import Any
 NOT_PRIVATE_DIR = "not_private"
 
 #: metrics keys whose values are deterministic functions of the private data (no noise)
-NON_PRIVATE_METRICS = ("examples_per_second", "examples_processed", "nonprivate_reference")
+NON_PRIVATE_METRICS = ("examples_per_second", "examples_processed", "nonprivate_reference",
+                       "nonfinite_examples_dropped")
 
 #: history keys that are NOT PRIVATE wherever they appear
 NON_PRIVATE_HISTORY = ("clipping_diagnostics",)
