@@ -87,3 +87,22 @@ def test_full_disk_at_the_first_checkpoint_charges_nothing(files, tmp_path, monk
     with pytest.raises(UnknownDatasetError):
         Ledger(f"sqlite:///{tmp_path / 'l.db'}").status(files["train"])
     assert not (tmp_path / "run").exists()
+
+
+def test_safetensors_full_disk_during_the_tune_release(files, tmp_path, monkeypatch, capsys):
+    argv = ["tune", "--data", str(files["train"]), "--eval-data", str(files["eval"]), "--model", str(files["model"]),
+            "--mode", "last-layer", "--labels", "0,1", "--epsilon", "2", "--delta", "1e-3", "--seed", "0",
+            "--ledger", f"sqlite:///{tmp_path / 'l.db'}", "--output", str(tmp_path / "run"), "--quiet"]
+
+    def full_disk(run_dir, model, certificate):
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    real = pipeline.write_model
+    monkeypatch.setattr(pipeline, "write_model", full_disk)
+    assert main(argv) == 2
+    assert "run's files" in _one_error_line(capsys)
+    assert _actions(files, tmp_path)[-1] == "reserve"
+    monkeypatch.setattr(pipeline, "write_model", real)
+    assert main(argv + ["--resume"]) == 0
+    assert _actions(files, tmp_path) == ["init", "reserve", "resume", "commit"]
+    assert (tmp_path / "run" / "certificate.json").is_file()
