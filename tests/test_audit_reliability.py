@@ -82,6 +82,22 @@ def test_read_only_output_is_refused_before_the_reservation(files, tmp_path):
         os.chmod(ro, 0o755)
 
 
+def test_read_only_output_is_refused_before_the_reservation_simulated(files, tmp_path, monkeypatch, capsys):
+    """The same refusal where the tests run as root (permissions do not bind root): writes under the directory
+    fail as they would in a read-only one."""
+    from test_output_errors import _deny_writes_under
+
+    url = _ledger(files, tmp_path)
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    _deny_writes_under(monkeypatch, ro)
+    assert main(_cli(files, url, "--output", str(ro))) == 2
+    err = capsys.readouterr().err
+    monkeypatch.undo()
+    assert err.startswith("error: ") and err.count("\n") == 1 and "cannot be written" in err
+    assert _actions(url, files) == ["init"] and list(ro.iterdir()) == []
+
+
 def test_missing_model_is_refused_before_the_reservation(files, tmp_path, capsys):
     url = _ledger(files, tmp_path)
     argv = _cli(files, url, "--output", str(tmp_path / "out"))

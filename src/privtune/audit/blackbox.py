@@ -193,6 +193,7 @@ def audit(
     if blackbox and not isinstance(model, torch.nn.Module):
         check_model(model, max_length=max_length)  # a missing model or too long max_length: before the reservation
     arguments = {"data": dataset_identity(user)[0], "model": None if model is None else str(model), "mode": mode,
+                 "labels": list(user.label_names) if user.label_names is not None else user.num_labels,
                  "epsilon": epsilon, "noise_multiplier": noise_multiplier, "delta": delta, "epochs": epochs,
                  "steps": steps, "batch_size": batch_size, "learning_rate": learning_rate, "clip": clip,
                  "clipping": clipping, "optimizer": optimizer, "sampling": sampling, "accountant": accountant,
