@@ -173,6 +173,7 @@ def audit(
     Returns:
         :class:`AuditReport`.
     """
+    given = dict(locals())  # the arguments as passed: a resumed audit must repeat them
     epsilon, noise_multiplier, epochs, steps = _check_budget_and_length(
         whitebox, blackbox, epsilon, noise_multiplier, epochs, steps)
     mode = check_choice(mode, "mode", AUDITED_MODES)
@@ -192,14 +193,9 @@ def audit(
     delta = check_delta(min(1e-5, suggest_delta(len(user))) if delta is None else delta, dataset_size=len(user))
     if blackbox and not isinstance(model, torch.nn.Module):
         check_model(model, max_length=max_length)  # a missing model or too long max_length: before the reservation
-    arguments = {"data": dataset_identity(user)[0], "model": None if model is None else str(model), "mode": mode,
-                 "labels": list(user.label_names) if user.label_names is not None else user.num_labels,
-                 "epsilon": epsilon, "noise_multiplier": noise_multiplier, "delta": delta, "epochs": epochs,
-                 "steps": steps, "batch_size": batch_size, "learning_rate": learning_rate, "clip": clip,
-                 "clipping": clipping, "optimizer": optimizer, "sampling": sampling, "accountant": accountant,
-                 "num_canaries": m, "whitebox": whitebox, "blackbox": blackbox, "public_data": public_data,
-                 "confidence": confidence, "seed": seed, "max_length": max_length,
-                 "max_physical_batch_size": max_physical_batch_size}
+    arguments = {**{k: given[k] for k in _RESUME_COMPARED}, "data": dataset_identity(user)[0],
+                 "model": None if model is None else str(model),
+                 "labels": list(user.label_names) if user.label_names is not None else user.num_labels}
     state = _audit_state(out, resume, arguments, seed, charged=blackbox and not public_data)
     can_texts, can_labels, included, union = _add_canaries(user, m, state.audit_seed)
     B, T, sigma, planned, claimed = _plan_union_run(
@@ -230,15 +226,27 @@ def audit(
             _release.discard_unreserved(created, [state.path] if state.path is not None and not resume else [])
             raise refused.error from None
     if out is not None:
-        try:
-            report.save(out)
-        except OSError as exc:
-            again = (" The ledger charge stands; fix the cause, then run the same command with --resume: it "
-                     "repeats the audit without a new charge." if state.path is not None else "")
-            raise PrivtuneError(
-                f"Writing the audit's files into {str(out)!r} failed ({exc.strerror or exc}).{again}") from None
-        state.remove()
+        _save_report(report, out, state)
     return report
+
+
+#: the arguments a resumed audit must repeat (besides the data, the model and the label set)
+_RESUME_COMPARED = ("mode", "epsilon", "noise_multiplier", "delta", "epochs", "steps", "batch_size", "learning_rate",
+                    "clip", "clipping", "optimizer", "sampling", "accountant", "num_canaries", "whitebox", "blackbox",
+                    "public_data", "confidence", "seed", "max_length", "max_physical_batch_size")
+
+
+def _save_report(report: AuditReport, out: Path, state: "_AuditState") -> None:
+    """Write the audit's files; a failed write is one error (a charged audit: --resume writes them again
+    without a new charge).  The private state goes once the files are in place."""
+    try:
+        report.save(out)
+    except OSError as exc:
+        again = (" The ledger charge stands; fix the cause, then run the same command with --resume: it "
+                 "repeats the audit without a new charge." if state.path is not None else "")
+        raise PrivtuneError(
+            f"Writing the audit's files into {str(out)!r} failed ({exc.strerror or exc}).{again}") from None
+    state.remove()
 
 
 #: what an audit writes into its output directory
