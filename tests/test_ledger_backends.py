@@ -498,3 +498,27 @@ def test_close_orphaned_reservation_charges_it_in_full(url):
     with pytest.raises(LedgerError, match="already committed"):  # the crashed run cannot be resumed any more
         ledger.reserve("d", [GaussianEvent(2.0, 3)], command="resume", resume_key="run1")
     assert ledger.verify().ok
+
+
+def test_verify_and_reads_detect_an_edited_dataset_id(url):
+    """The dataset id names a dataset in run directories and certificates: an edited (or swapped) id in the
+    dataset row is detected by verify and refused by ordinary reads, on both backends."""
+    ledger = Ledger(url)
+    fp = ledger.init_dataset(b"renamed id", 5.0, 1e-5, name="demo", accountant="rdp").fingerprint
+    other = ledger.init_dataset(b"other id", 5.0, 1e-5, name="other", accountant="rdp").fingerprint
+    with ledger.spend(fp, [GaussianEvent(3.0)], command="run"):
+        pass
+    original = ledger.status(fp).dataset_id
+    assert ledger.verify().ok
+    eng = _raw_engine(url)
+    with eng.begin() as c:
+        c.execute(sa.text("UPDATE privtune_datasets SET public_id = 'ds-0000000000000000' WHERE name = 'demo'"))
+    eng.dispose()
+    fresh = Ledger(url)
+    report = fresh.verify()
+    assert not report.ok
+    text = "\n".join(report.problems)
+    assert "(demo)" in text and "dataset id was edited" in text and original in text
+    assert "(other)" not in text and fresh.verify(other).ok
+    with pytest.raises(LedgerError, match="dataset id was edited"):
+        fresh.status(fp)

@@ -20,12 +20,13 @@ and the private state in place, so ``--resume`` finishes the run without a secon
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from privtune.errors import InvalidParameterError, PrivtuneError
 
@@ -198,13 +199,35 @@ def release_files(out: Path, writers: Sequence[tuple[str, Callable[[Path], None]
     ``--resume`` finishes the run) when a file cannot be written (a full disk, a permission changed
     during the run).
     """
-    try:
+    with charged_write("the run's files", out, "it writes the files again from the run's final state"):
         _release_files(out, writers, derived)
-    except OSError as exc:
+
+
+def write_failure(exc: BaseException) -> str | None:
+    """The operating system's words when writing a file failed for a reason outside the run (a full disk, a
+    permission changed); None when ``exc`` is any other error."""
+    if isinstance(exc, OSError):
+        return exc.strerror or str(exc)
+    # safetensors reports the I/O errors of its writer (a full disk) as SafetensorError, not OSError
+    if type(exc).__name__ == "SafetensorError" and "I/O error" in str(exc):
+        return str(exc).split("I/O error:", 1)[1].strip()
+    return None
+
+
+@contextlib.contextmanager
+def charged_write(what: str, where: Path, resume_does: str) -> Iterator[None]:
+    """Turn a failed write after the ledger reservation (:func:`write_failure`) into one error line: what
+    failed, that the reservation stays charged, and that ``--resume`` (``resume_does``) finishes the run."""
+    try:
+        yield
+    except Exception as exc:
+        reason = write_failure(exc)
+        if reason is None:
+            raise
         raise PrivtuneError(
-            f"Writing the run's files into {str(out)!r} failed ({exc.strerror or exc}). The ledger reservation "
-            "stays charged (it is never refunded); fix the cause, then run the same command with --resume "
-            "(resume=True): it writes the files again from the run's final state without a new charge."
+            f"Writing {what} into {str(where)!r} failed ({reason}). The ledger reservation stays charged (it is "
+            "never refunded); fix the cause (e.g. free disk space), then run the same command with --resume "
+            f"(resume=True): {resume_does} without a new charge."
         ) from None
 
 

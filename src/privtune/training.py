@@ -1371,8 +1371,15 @@ def _prepare_run_dir(out: Path | None, ckpt_path: Path | None, resume: bool, fp:
         else:
             # the run id and a step-0 state exist before the reservation: a run killed at any later point
             # resumes under the same reservation instead of being charged again
-            _release.private_torch_save({"format": 1, "step": 0, "run_id": run_id, "fingerprint": fp,
-                                         "hyperparameters": hyper}, ckpt_path)
+            try:
+                _release.private_torch_save({"format": 1, "step": 0, "run_id": run_id, "fingerprint": fp,
+                                             "hyperparameters": hyper}, ckpt_path)
+            except OSError as exc:
+                _release.discard_unreserved(created, [ckpt_path, ckpt_path.with_name(ckpt_path.name + ".tmp")])
+                raise InvalidParameterError(
+                    f"`output_dir` {str(out)!r}: writing the run's first checkpoint failed ({exc.strerror or exc}). "
+                    "Nothing was charged. Free space or fix its permissions, or pass another directory (--output)."
+                ) from None
             fresh_files.append(ckpt_path)
     return run_id, state, created, fresh_files
 
@@ -1392,7 +1399,9 @@ def _run_training(clf, train_set, eval_set, hyper: dict, phases: list, *, state,
     def save_checkpoint(lp: _Loop) -> None:
         st = lp.state_dict()
         st.update({"run_id": run_id, "fingerprint": fp, "hyperparameters": hyper})
-        _release.private_torch_save(st, ckpt_path)
+        with _release.charged_write("the run's checkpoint", ckpt_path.parent,
+                                    "it continues from the last checkpoint written"):
+            _release.private_torch_save(st, ckpt_path)
         log(f"checkpoint at step {lp.step}/{T}")
         if 0 < lp.step < T:
             _release.fault_point("mid-training")

@@ -4,7 +4,7 @@
 
     privtune audit --data FILE --mode {full,bitfit,last-layer,lora} (--epsilon E [--delta D] | --noise-multiplier S)
                    [--epochs N | --steps N] [--batch-size B] [--canaries M] [--no-blackbox] [--public-data]
-                   [--labels neg,pos] [--ledger URL] [--output DIR]
+                   [--labels neg,pos] [--ledger URL] [--output DIR [--resume]]
 
 Prints, per audit (white-box and black-box): the claimed ε, the empirical lower bound at 95 %
 confidence, m, the number of guesses and of correct guesses, and a verdict.  Exit status 0 when every
@@ -57,6 +57,9 @@ MODES = tuple(m for m in TRAIN_MODES if m != "two-phase")
                    "classes. Default: the model's own labels; never read from the private data.")
 @click.option("--max-physical-batch-size", type=int, default=32, help="Micro-batch size in memory.")
 @click.option("--device", type=str, help="cpu, cuda, cuda:N or mps (default: cuda when available, else cpu).")
+@click.option("--resume", is_flag=True, default=False,
+              help="Finish an interrupted audit in --output (same arguments): its ledger reservation is reused, "
+                   "never charged twice.")
 @click.option("--quiet", is_flag=True, default=False, help="No progress display.")
 def audit(**opts) -> int:
     """Measure an empirical lower bound on ε of a training configuration in one run (Steinke et al. 2023).

@@ -610,9 +610,10 @@ def with_label_set(ds: TextDataset | ImageDataset, num_labels: int, label_names:
     return dataclasses.replace(ds, labels=new, num_labels=k, label_names=names)
 
 
-def check_disjoint(train: Any, other: Any, what: str) -> None:
+def check_disjoint(train: Any, other: Any, what: str, against: str | None = None) -> None:
     """Refuse a split that shares an example with the training data (text compared after stripping
-    whitespace; images by content).
+    whitespace; images by content); ``against`` names ``train`` when it is another split than the
+    training data (e.g. ``"public_eval_data"``).
 
     This check reads the private data and can abort the run; it happens before anything is reserved
     or written, and its message gives the number of shared examples, never their text.  The abort
@@ -624,6 +625,11 @@ def check_disjoint(train: Any, other: Any, what: str) -> None:
     if getattr(other, "labels", None) is None:
         raise DataError(f"`{what}` has no labels; accuracy cannot be computed. Add a label column.")
     overlap = _rows(train) & _rows(other)
+    if overlap and against is not None:
+        raise DataError(
+            f"`{what}` overlaps `{against}`: {len(overlap)} example(s) appear in both. The reported accuracy must "
+            "come from examples the selection did not see; remove the shared examples from one of the files."
+        )
     if overlap:
         raise DataError(
             f"`{what}` overlaps the training data: {len(overlap)} example(s) appear in both. Selection and "

@@ -250,7 +250,10 @@ class _Journal:
 
     def flush(self) -> None:
         if self.pending and self.path is not None:
-            _write_state_lines(self.path, [self.pending])
+            from privtune._release import charged_write
+
+            with charged_write("the run's state", self.path.parent, "it continues from the last trial recorded"):
+                _write_state_lines(self.path, [self.pending])
         self.pending = []
 
     # -------------------------------------------------------------- progress

@@ -47,7 +47,7 @@ from privtune.data import ImageDataset, TextDataset, embedded_sst2, load_dataset
 from privtune.data.datasets import EMBEDDED_LABELS, check_disjoint, declared_label_set
 from privtune.engine import distributed
 from privtune.engine.sampling import make_generator, poisson_mask
-from privtune.errors import DataError, InvalidParameterError, PrivtuneError
+from privtune.errors import DataError, InfeasibleBudgetError, InvalidParameterError, PrivtuneError
 from privtune.finetune.last_layer import check_finite_features
 from privtune.finetune.modes import DEFAULT_LEARNING_RATES, default_backbone_lr_scale
 from privtune.hpo import common, grid_oracle
@@ -297,6 +297,7 @@ def tune(
     prog = _progress(quiet, files.run_dir, req.privacy.epsilon)
     log = prog.log
     journal = None
+    reserved = refused = False
     try:
         clf = _load_model(model, inputs, files.run_seed)
         log(f"privtune tune: strategy={req.strategy.name}, mode={req.mode}, total ε={req.privacy.epsilon:g}, "
@@ -307,6 +308,7 @@ def tune(
         if tplan.hide_timing:
             prog.log_timing = False
         budget = _reserve(req, inputs, files, tplan, ledger, log)
+        reserved = True
         # ------------------------------------------------------------ run
         with budget.reservation as reservation:
             if not req.strategy.not_private:  # seeds, completed trials and replay (see _Journal)
@@ -337,6 +339,7 @@ def tune(
             print(hint, file=sys.stderr)
         raise
     except Exception as exc:
+        refused = not reserved and isinstance(exc, PrivtuneError)
         if journal is not None and journal.path is not None:
             prog.runlog.write(f"failed after the ledger reservation ({type(exc).__name__}): the reservation stays "
                               f"charged; once the cause is fixed, `--resume` continues this run. "
@@ -344,6 +347,8 @@ def tune(
         raise
     finally:
         prog.close()
+        if refused and files.run_dir is not None:  # refused before the reservation: leave no RUN_DIR behind
+            _release.discard_unreserved(files.created_dirs, [] if files.log_existed else [files.run_dir / "log.txt"])
 
 
 # --------------------------------------------------------------------------------------
@@ -493,7 +498,7 @@ def _load_inputs(req: _Request, data, *, eval_data, public_eval_data, labels, mo
     if not embedded:
         check_disjoint(train, eval_set, "eval_data")
     if public_set is not None and eval_set is not None:
-        check_disjoint(public_set, eval_set, "eval_data (vs public_eval_data)")
+        check_disjoint(public_set, eval_set, "eval_data", against="public_eval_data")
     privacy = req.privacy.for_dataset(len(train))
     # the ledger's dataset is the WHOLE training file: fingerprint it before any private-validation split
     # (a split's rows would hash to a new fingerprint, i.e. a fresh budget for the same data)
@@ -585,9 +590,13 @@ def _open_run_files(args: dict, req: _Request, inputs: _Inputs) -> _RunFiles:
                 f"`output` {str(run_dir)!r} already holds a finished run (certificate.json). Pass a new directory.")
         log_existed = (run_dir / "log.txt").exists()
         created_dirs = _release.prepare_output_dir(run_dir, _RELEASED_FILES, _RELEASED_DIRS)
-    config, unsaved = _effective_config(args, run_dir)
-    header, entries = _resume_state(args["resume"], run_dir, args["output_dir"], req.strategy.name, config,
-                                    inputs.fingerprint)
+    try:
+        config, unsaved = _effective_config(args, run_dir)
+        header, entries = _resume_state(args["resume"], run_dir, args["output_dir"], req.strategy.name, config,
+                                        inputs.fingerprint)
+    except PrivtuneError:  # e.g. --resume with nothing to resume: leave no RUN_DIR behind
+        _release.discard_unreserved(created_dirs)
+        raise
     # every noise and sampling generator of the run derives from run_seed: the user's seed, or OS entropy
     # kept only in the private state file until the run finishes (never in config, metrics or certificate)
     run_seed = int(header["seed"]) if header else (req.seed if req.seed is not None else secrets.randbits(62))
@@ -643,7 +652,14 @@ def _plan_run(req: _Request, inputs: _Inputs, log) -> _TunePlan:
         sel_sigma = (float(req.selection_noise) if req.selection_noise is not None
                      else common.default_selection_noise(n_scored))
     if pilot_modes:
-        pilot_events = _plan_pilots(pilot_modes, pilot_eps, delta, n_train, sel_sigma, accountant)
+        try:
+            pilot_events = _plan_pilots(pilot_modes, pilot_eps, delta, n_train, sel_sigma, accountant)
+        except InfeasibleBudgetError:  # the pilot's ε is a share of the total: name both
+            raise InfeasibleBudgetError(
+                f"Budget plan infeasible: --mode auto runs each mode pilot at ε = {pilot_eps:g} (a tenth of the "
+                f"total `epsilon` = {req.privacy.epsilon:g}, at most 0.1), and a pilot cannot meet that ε at "
+                f"δ = {delta:g} without noise above the ceiling. Raise `epsilon`, or choose the mode (--mode "
+                f"{' / '.join(pilot_modes)}) so that no pilots run.") from None
     options = dict(req.options)
     center_sigma = None
     if "last-layer" in candidates and inputs.public_set is None:

@@ -311,6 +311,7 @@ class _DatasetState:
     entries: dict = field(default_factory=dict)  # entry_id -> _EntryState, creation order
     records: list = field(default_factory=list)
     last_hash: str = ""  # MAC of the chain's last record (the next record's prev_hash)
+    public_id: str | None = None  # the dataset id its records carry (None: no record carries one)
 
     def charged_events(self, exclude: str | None = None) -> list:
         out: list = []
@@ -352,6 +353,13 @@ def _replay(ds_row: Any, rows: list, problems: list | None = None) -> _DatasetSt
             bad(f"record {r.seq} has a payload that is not JSON")
             continue
         where = f"record {r.seq} ({r.action})"
+        chain_id = p.get("dataset_id") if isinstance(p, dict) else None
+        if chain_id is not None:
+            # every record names the dataset id (MACed with it): an edited id in the row shows here
+            if st.public_id is None and chain_id != _row_public_id(ds_row):
+                bad(f"{where}: the dataset row's id {_row_public_id(ds_row)!r} differs from the id {chain_id!r} "
+                    "its records carry: the dataset id was edited")
+            st.public_id = st.public_id or chain_id
         if r.action == "init":
             if r.seq != 0:
                 bad(f"{where}: init is not the first record")
@@ -399,6 +407,10 @@ def _replay(ds_row: Any, rows: list, problems: list | None = None) -> _DatasetSt
 
 
 # --------------------------------------------------------------------------- hashing
+
+
+def _row_public_id(row: Any) -> str | None:
+    return row.public_id if "public_id" in row._mapping else None
 
 
 def _tag(row: Any) -> str:
@@ -931,6 +943,9 @@ class Ledger:
     def _append(self, conn: sa.Connection, st: _DatasetState, action: str, entry_id: str | None,
                 payload: dict, epsilon_after: float, who: dict, *, total_epsilon: float | None = None) -> Any:
         row = st.row
+        public_id = st.public_id or _row_public_id(row)
+        if public_id is not None:  # MACed into every record: verify and every read detect an edited id
+            payload = {**payload, "dataset_id": public_id}
         rec = {
             "seq": row.head_seq + 1,
             "action": action,
@@ -1321,7 +1336,7 @@ class Ledger:
         previous record's MAC, and the dataset row carries a keyed MAC of the last record.  Without
         the key, therefore, verify detects: an edited record, a deleted, inserted or re-ordered
         record (anywhere, including at the end even if the head was moved back), a re-hashed chain,
-        and an edited total, δ, accountant or name.  It cannot detect: edits by someone holding the
+        and an edited total, δ, accountant, name or dataset id (the id is carried by every record).  It cannot detect: edits by someone holding the
         key; a dataset deleted together with all its records; the whole database and key rolled
         back to an earlier copy (keep the printed head MACs elsewhere to anchor them).
         """

@@ -494,9 +494,7 @@ def load_classifier(
     """
     check_choice(pooling, "pooling", POOLING_CHOICES)
     num_labels = check_int(num_labels, "num_labels", low=2, fix="A classifier needs at least two classes.")
-    if max_length is not None:
-        max_length = check_int(max_length, "max_length", low=2)
-    d = _model_directory(path)
+    d, config, max_length = _checked_model_config(path, max_length)
     meta = _read_classifier_meta(d)
     if meta is not None:
         pooling = meta["pooling"]
@@ -504,13 +502,6 @@ def load_classifier(
         num_labels = int(meta["num_labels"])
         label_names = meta.get("label_names")
         max_length = max_length or meta.get("max_length")
-    # Lazy: transformers only when a model is built: keeps import privtune light.
-    from transformers import AutoConfig
-
-    try:
-        config = AutoConfig.from_pretrained(str(d))
-    except Exception as exc:
-        raise ModelError(f"Cannot read the model config in {str(d)!r}: {exc}") from None
     kind = "image" if _is_image_config(config) else "text"
     if pooling == "auto":
         st = _sentence_transformers_pooling(d)
@@ -528,7 +519,8 @@ def load_classifier(
     backbone.float()
     head = None if pooling == "model" else _pooled_head(backbone, num_labels, d, meta)
     if kind == "text" and max_length is None:
-        max_length = DEFAULT_MAX_LENGTH
+        # the default truncation, never beyond what the model's position embeddings hold
+        max_length = min(DEFAULT_MAX_LENGTH, max_text_positions(config) or DEFAULT_MAX_LENGTH)
     model = Classifier(
         backbone, head, kind=kind, pooling=pooling, normalize=normalize, num_labels=num_labels,
         label_names=label_names, tokenizer=tokenizer, processor=processor,
@@ -536,6 +528,54 @@ def load_classifier(
     )
     model.eval()
     return model
+
+
+# architectures whose position ids start after the padding index (padding_idx + 1): RoBERTa and its
+# descendants; they hold max_position_embeddings − (pad_token_id + 1) tokens
+_POSITION_OFFSET_MODEL_TYPES = ("roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "longformer", "mpnet",
+                                "data2vec-text", "ibert", "roberta-prelayernorm", "xmod")
+
+
+def max_text_positions(config: Any) -> int | None:
+    """How many tokens (including special tokens) a text model's position embeddings hold, from its
+    transformers ``config``; None when the config names no limit (e.g. rotary or relative positions)."""
+    n = getattr(config, "max_position_embeddings", None)
+    if n is None:
+        n = getattr(config, "n_positions", None)
+    if not isinstance(n, int) or n <= 0:
+        return None
+    if getattr(config, "model_type", None) in _POSITION_OFFSET_MODEL_TYPES:
+        pad = getattr(config, "pad_token_id", None)
+        n -= (pad if isinstance(pad, int) else 1) + 1
+    return n
+
+
+def check_model(path: str | os.PathLike | None, *, max_length: int | None = None) -> None:
+    """Refuse a model that :func:`load_classifier` would refuse for its path or ``max_length`` (tokens),
+    reading only the model's config (no weights): what a run checks before its ledger reservation."""
+    _checked_model_config(path, max_length)
+
+
+def _checked_model_config(path: str | os.PathLike | None, max_length: int | None) -> tuple[Path, Any, int | None]:
+    """The model directory, its transformers config and ``max_length`` checked against the positions the
+    model has (a longer input would fail inside the backbone, after the data was read)."""
+    if max_length is not None:
+        max_length = check_int(max_length, "max_length", low=2)
+    d = _model_directory(path)
+    # Lazy: transformers only when a model is built: keeps import privtune light.
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(str(d))
+    except Exception as exc:
+        raise ModelError(f"Cannot read the model config in {str(d)!r}: {exc}") from None
+    limit = max_text_positions(config) if not _is_image_config(config) else None
+    if max_length is not None and limit is not None and max_length > limit:
+        raise InvalidParameterError(
+            f"`max_length` = {max_length} tokens is more than the model in {str(d)!r} can read: its position "
+            f"embeddings hold {limit} tokens. Pass --max-length {limit} or less (longer texts are truncated)."
+        )
+    return d, config, max_length
 
 
 def _model_directory(path: str | os.PathLike | None) -> Path:
