@@ -58,7 +58,8 @@ h3 { font-size: 15px; margin: 18px 0 6px; }
 section { background:#fff; border:1px solid var(--line); border-radius:10px; padding:18px 22px; margin:16px 0; }
 .cards { display:grid; grid-template-columns: repeat(auto-fit, minmax(150px, 1fr)); gap:12px; margin:18px 0 4px; }
 .card { background:#fff; border:1px solid var(--line); border-radius:10px; padding:12px 14px; }
-.card .k { color:var(--muted); font-size:12px; text-transform:uppercase; letter-spacing:.04em; }
+/* no text-transform on labels: upper-casing turns ε into Ε, which reads as a Latin E */
+.card .k { color:var(--muted); font-size:12.5px; font-weight:600; letter-spacing:.01em; }
 .card .v { font-size:22px; font-weight:650; margin-top:2px; }
 .card .d { color:var(--muted); font-size:12.5px; }
 img.plot { display:block; max-width:100%; height:auto; margin:8px auto 4px; }
@@ -262,9 +263,10 @@ def _strategy_section(run: RunData, b: _Builder, bp: P.BudgetPoints | None) -> s
         head = "<tr><th>trial</th>" + "".join(f"<th class='num'>{_e(k)}</th>" for k in keys) + \
                "<th class='num'>score</th><th>score from</th></tr>"
         rows = []
-        for i, t in enumerate(run.trials):
+        for t, name in zip(run.trials, P.trial_labels(run.trials)):  # the names the charts use
             h = t.get("hyperparameters") or {}
-            rows.append(f"<tr><td>{_e(t.get('index', i + 1))}{' ' + _e(t['phase']) if t.get('phase') else ''}</td>"
+            phase = t.get("phase") if t.get("phase") and "pilot" not in str(t.get("phase")) else None
+            rows.append(f"<tr><td>{_e(name.removeprefix('trial '))}{' (' + _e(phase) + ')' if phase else ''}</td>"
                         + "".join(f"<td class='num'>{_e(_fmt(h.get(k, '')))}</td>" for k in keys)
                         + f"<td class='num'>{_e(_fmt(t.get('score', '')))}</td>"
                         f"<td>{_e(t.get('score_source', ''))}</td></tr>")
