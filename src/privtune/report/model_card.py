@@ -40,7 +40,9 @@ def _base_model(run: RunData) -> tuple[str, str]:
     model = run.config.get("model") or run.metrics.get("base_model") or run.metadata.get("base_model")
     if not model or _is_bundled(str(model)):
         return BUNDLED_BASE_MODEL, f"`{BUNDLED_BASE_MODEL}` (bundled with privtune)"
-    return Path(str(model)).name if os.sep in str(model) else str(model), f"`{model}`"
+    # a path of the trainer's machine does not belong in a published card: the model's directory name
+    name = Path(str(model)).name if os.path.isabs(str(model)) or os.path.exists(str(model)) else str(model)
+    return name, f"`{name}`"
 
 
 def _file_name(value: Any) -> str:
@@ -124,7 +126,8 @@ def _public_items(run: RunData, base_words: str) -> list[str]:
 
 def render_model_card(run: RunData) -> str:
     """The model card text of a run (front matter + Markdown)."""
-    base, base_words = _base_model(run)
+    base, base_words = _base_model(run)  # before the paths become names: the bundled model is known by its path
+    run = run.public()
     dataset, dataset_words = _dataset(run)
     eps, delta = run.epsilon, run.delta
     n_trials = len(run.trials)
@@ -191,9 +194,10 @@ def render_model_card(run: RunData) -> str:
         lines += [f"- {i}" for i in np_items]
         lines.append("")
     lines.append("### Certificate\n")
+    # the copy in this directory: the model directory can be shared (or uploaded to a hub) on its own
     lines.append("Every privacy event (each tuning trial and the final run) is listed in "
-                 "[`certificate.json`](../certificate.json), one directory up. Re-verify the total with:\n")
-    lines.append("```bash\nprivtune account --certificate ../certificate.json\n```\n")
+                 "[`certificate.json`](certificate.json), in this directory. Re-verify the total here with:\n")
+    lines.append("```bash\nprivtune account --certificate certificate.json\n```\n")
     try:
         events = [describe_event(e) for e in load_events(run.certificate.get("events"))]
     except Exception:  # a malformed certificate is reported by `privtune account`, not hidden here
@@ -215,7 +219,8 @@ def render_model_card(run: RunData) -> str:
     lines.append("| | |\n|---|---|")
     lines += [f"| {k} | {v} |" for k, v in rows if v is not None]
     lines.append("")
-    lines.append("A full report with plots of how the budget was spent is in [`report.html`](../report.html).\n")
+    lines.append("The run that produced this model also wrote `report.html`, a report with plots of how the budget "
+                 "was spent, into its run directory (beside this directory, not inside it).\n")
     lines.append("## How to use\n")
     lines.append("```bash\nprivtune predict --model path/to/this/model --data examples.tsv --json\n```\n")
     lines.append("Produced by privtune (differentially private fine-tuning with privately chosen hyperparameters).\n")
