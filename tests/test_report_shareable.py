@@ -5,7 +5,11 @@ releases, a model/ directory that can be shared alone, and released files with o
 from __future__ import annotations
 
 import json
+import os
 import re
+import site
+import stat
+import sys
 
 import pytest
 
@@ -94,3 +98,122 @@ def test_trials_have_one_numbering_in_charts_and_table(tmp_path, strategy):
     table = table[:table.index("</table>")]
     first_cells = re.findall(r"<tr><td>([^<]*)</td>", table)
     assert [c.split()[0] for c in first_cells] == [str(i) for i in range(1, n + 1)]
+
+
+# ------------------------------------------------------------------------------ real (tiny-model) runs
+@pytest.fixture(scope="module")
+def released(tmp_path_factory):
+    """A `tune` and a `train` run of the tiny test model, released into a temporary directory under the
+    usual umask 022: {"root": the temporary directory, "tune": RUN_DIR, "train": RUN_DIR}."""
+    import privtune
+    from privtune.models.testing import make_toy_text_files
+    from privtune.training import train
+
+    root = tmp_path_factory.mktemp("released")
+    files = make_toy_text_files(root / "data", {"train": ("train.tsv", 120, 0), "public": ("public.tsv", 40, 1),
+                                                "dev": ("dev.tsv", 30, 2)})
+    old = os.umask(0o022)
+    try:
+        privtune.tune(files["train"], eval_data=files["dev"], public_eval_data=files["public"], model=files["model"],
+                      mode="last-layer", epsilon=2.0, delta=1e-3, ledger=f"sqlite:///{root / 'tune.db'}",
+                      output_dir=root / "runs" / "tuned", quiet=True)
+        train(files["train"], eval_data=files["dev"], model=files["model"], mode="bitfit", epsilon=2.0, delta=1e-3,
+              steps=4, batch_size=20, learning_rate=1e-2, ledger=f"sqlite:///{root / 'train.db'}",
+              output_dir=root / "runs" / "trained", progress=False, labels=[0, 1])
+    finally:
+        os.umask(old)
+    return {"root": root, "tune": root / "runs" / "tuned", "train": root / "runs" / "trained"}
+
+
+def _released_files(run_dir):
+    """Every file a run releases (docs/privacy-model.md): all of RUN_DIR but the NOT PRIVATE directory."""
+    return [p for p in sorted(run_dir.rglob("*")) if p.is_file() and "not_private" not in p.relative_to(run_dir).parts]
+
+
+def _machine_paths(root) -> list[str]:
+    paths = {str(root), os.path.realpath(root), os.path.expanduser("~"), sys.prefix}
+    paths |= set(site.getsitepackages()) | {site.getusersitepackages()}
+    return sorted(p for p in paths if p and p != os.sep)
+
+
+@pytest.mark.parametrize("command", ["tune", "train"])
+def test_nothing_released_names_a_path_of_this_machine(released, command):
+    run_dir = released[command]
+    files = _released_files(run_dir)
+    names = {str(p.relative_to(run_dir)) for p in files}
+    assert {"report.html", "metrics.json", "certificate.json", "config.yaml", "log.txt", "model/README.md",
+            "model/privtune_classifier.json", "model/certificate.json"} <= names
+    for path in files:
+        text = path.read_bytes().decode("utf-8", errors="replace")
+        for machine in _machine_paths(released["root"]):
+            assert machine not in text, (str(path.relative_to(run_dir)), machine)
+        assert "site-packages" not in text, str(path.relative_to(run_dir))
+    # the files still say what was used, by name
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["reported_split"] == "dev.tsv"
+    assert json.loads((run_dir / "model" / "privtune_classifier.json").read_text())["base_model"] == "st"
+    config = (run_dir / "config.yaml").read_text()
+    assert "data: train.tsv" in config and "model: st" in config
+
+
+def test_the_bundled_backbone_is_saved_under_its_hub_name(tmp_path):
+    from privtune.models.classifier import BUNDLED_MODEL_NAME, default_model_path, public_model_name
+
+    try:
+        bundled = default_model_path()
+    except Exception as exc:  # noqa: BLE001
+        pytest.skip(f"the bundled backbone package is not installed ({exc})")
+    assert public_model_name(bundled) == BUNDLED_MODEL_NAME == "sentence-transformers/all-MiniLM-L6-v2"
+    assert public_model_name("prajjwal1/bert-tiny") == "prajjwal1/bert-tiny"  # a hub name stays a name
+    (tmp_path / "my-model").mkdir()
+    assert public_model_name(tmp_path / "my-model") == "my-model"
+
+
+def test_model_directory_can_be_shared_alone(released, tmp_path):
+    import shutil
+
+    from privtune.accounting import verify_certificate
+
+    alone = tmp_path / "uploaded"
+    shutil.copytree(released["tune"] / "model", alone)
+    card = (alone / "README.md").read_text()
+    links = re.findall(r"\]\(([^)]+)\)", card)
+    assert "certificate.json" in links
+    for link in links:  # every link of the card resolves inside the model directory itself
+        if "://" not in link:
+            assert (alone / link).resolve().is_relative_to(alone.resolve()) and (alone / link).is_file(), link
+    assert "../" not in card
+    assert "privtune account --certificate certificate.json" in card
+    cert = json.loads((released["tune"] / "certificate.json").read_text())
+    assert verify_certificate(alone / "certificate.json").epsilon == pytest.approx(cert["epsilon"])
+
+
+@pytest.mark.parametrize("command", ["tune", "train"])
+def test_released_files_share_one_mode_and_not_private_stays_private(released, command):
+    run_dir = released[command]
+    modes = {str(p.relative_to(run_dir)): stat.S_IMODE(p.stat().st_mode) for p in _released_files(run_dir)}
+    assert modes["model/model.safetensors"] == 0o644  # written 0600 by safetensors through a temporary file
+    assert set(modes.values()) == {0o644}, modes
+    dirs = [run_dir, *(p for p in run_dir.rglob("*") if p.is_dir() and "not_private" not in p.parts)]
+    assert {stat.S_IMODE(d.stat().st_mode) for d in dirs} == {0o755}
+    np_dir = run_dir / "not_private"
+    if np_dir.exists():
+        assert stat.S_IMODE(np_dir.stat().st_mode) == 0o700
+        assert {stat.S_IMODE(p.stat().st_mode) for p in np_dir.iterdir()} == {0o600}
+
+
+def test_saved_model_files_follow_the_umask(tmp_path):
+    from privtune.models.testing import make_toy_text_files
+    from privtune.models.classifier import Classifier, load_classifier
+
+    files = make_toy_text_files(tmp_path / "data", {"train": ("train.tsv", 8, 0)})
+    clf = load_classifier(files["model"], num_labels=2)
+    for umask, want in ((0o022, 0o644), (0o027, 0o640)):
+        old = os.umask(umask)
+        try:
+            out = clf.save_pretrained(tmp_path / f"saved-{umask:o}")
+        finally:
+            os.umask(old)
+        got = {p.name: stat.S_IMODE(p.stat().st_mode) for p in out.iterdir()}
+        assert set(got.values()) == {want}, got
+    assert isinstance(Classifier.from_pretrained(out), Classifier)
