@@ -217,3 +217,12 @@ def test_saved_model_files_follow_the_umask(tmp_path):
         got = {p.name: stat.S_IMODE(p.stat().st_mode) for p in out.iterdir()}
         assert set(got.values()) == {want}, got
     assert isinstance(Classifier.from_pretrained(out), Classifier)
+
+
+def test_report_names_papers_by_authors_not_by_internal_numbers(tmp_path):
+    for strategy in ("linear-scaling", "hyperfree"):
+        html = write_report(make_run(tmp_path / strategy, strategy)).read_text()
+        assert not re.search(r"seed \d{3}", html), strategy
+    from privtune.report.html import STRATEGY_TEXT
+
+    assert "Panda et al." in STRATEGY_TEXT["linear-scaling"] and "Liu & Bu" in STRATEGY_TEXT["hyperfree"]
