@@ -154,6 +154,9 @@ def test_nothing_released_names_a_path_of_this_machine(released, command):
     assert json.loads((run_dir / "model" / "privtune_classifier.json").read_text())["base_model"] == "st"
     config = (run_dir / "config.yaml").read_text()
     assert "data: train.tsv" in config and "model: st" in config
+    # the paths that rerun the run are kept for the trainer, outside the release
+    kept = (run_dir / "not_private" / "config.yaml").read_text()
+    assert f"data: {released['root'] / 'data' / 'train.tsv'}" in kept
 
 
 def test_the_bundled_backbone_is_saved_under_its_hub_name(tmp_path):

@@ -26,7 +26,7 @@ from privtune.accounting.events import describe_event
 from privtune.audit.result import AuditResult
 from privtune.errors import PrivtuneError
 from privtune.report import plots as P
-from privtune.report.release import NOT_PRIVATE_DIR, PublicPaths, seeded_notice
+from privtune.report.release import NOT_PRIVATE_DIR, PublicPaths, load_not_private, seeded_notice
 from privtune.report.run import RunData, load_events, load_run
 
 PNG_NAMES = ("budget.png", "strategy.png", "trials.png", "learning_curves.png", "accuracy_vs_reference.png",
@@ -437,8 +437,13 @@ def _files_section(run: RunData) -> str:
                        (rd / "config.yaml").read_text(encoding="utf-8").splitlines(keepends=True))
         cfg = "<h3>Configuration</h3><pre>" + _e(text) + "</pre>"
     if (rd / "not_private").is_dir():
-        items.append("<li><code>not_private/</code> — figures computed without noise, for you only; not part of "
-                     "the release (<code>privtune report --include-non-private</code> draws them)</li>")
+        kept = ["the configuration with the paths of your machine (rerun with <code>--config "
+                "not_private/config.yaml</code>)"] if (rd / "not_private" / "config.yaml").is_file() else []
+        if load_not_private(rd):
+            kept.append("figures computed without noise (<code>privtune report --include-non-private</code> draws "
+                        "them)")
+        items.append(f"<li><code>not_private/</code> — for you only, not part of the release: {'; '.join(kept)}"
+                     "</li>" if kept else "<li><code>not_private/</code> — for you only, not part of the release</li>")
     if not items and not cfg:
         return ""
     return f"<section id='files'><h2>Files</h2><ul>{''.join(items)}</ul>{cfg}</section>"

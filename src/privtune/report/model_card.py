@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from privtune.accounting.events import describe_event
-from privtune.report.release import seeded_notice
+from privtune.report.release import load_not_private, seeded_notice
 from privtune.report.run import RunData, load_events, load_run
 
 BUNDLED_BASE_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
@@ -185,7 +185,7 @@ def render_model_card(run: RunData) -> str:
     if isinstance(run.history.get("clipping_diagnostics"), dict):
         np_items.append("clipping diagnostics (gradient-norm statistics) were computed without noise; they are "
                         "NOT PRIVATE and are not part of this release")
-    if (run.run_dir / "not_private").is_dir():
+    if load_not_private(run.run_dir):  # figures, not just the configuration with its paths
         np_items.append("figures computed from the private data without noise (the per-step batch loss, clipping "
                         "diagnostics, the exact number of examples processed) stay with the trainer in "
                         "`not_private/`; they are NOT PRIVATE and not part of this release")

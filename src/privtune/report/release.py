@@ -43,6 +43,10 @@ person who trains the model: the per-step batch loss of the final run, clipping 
 the exact number of examples processed, a non-private reference.  None of it is covered by the
 (epsilon, delta) of certificate.json, and none of it is part of the release (the rest of the run
 directory is).  `privtune report RUN_DIR --include-non-private` draws it, into this directory.
+
+config.yaml is the run's effective configuration with the paths of this machine (the data, the
+model, the ledger): the released RUN_DIR/config.yaml names those files only.  Rerun the run with
+`privtune tune --config RUN_DIR/not_private/config.yaml` (or `privtune train`, as its header says).
 """
 
 SEEDED_LABEL = "NOT PRIVATE: seeded"
@@ -96,11 +100,13 @@ def split_release(metrics: dict, history: dict) -> tuple[dict, dict, dict]:
     return pub_m, pub_h, private
 
 
-def write_not_private(run_dir: str | os.PathLike, private: dict) -> Path | None:
+def write_not_private(run_dir: str | os.PathLike, private: dict, *, keep_config: bool = False) -> Path | None:
     """Write ``RUN_DIR/not_private/{README.txt,metrics.json,history.json}`` (0700 dir, 0600 files).
 
-    Returns the directory, or None when there is nothing NOT PRIVATE to keep."""
-    if not private:
+    ``keep_config``: the directory is also made when ``private`` is empty, for the run's configuration
+    with its paths (``config.yaml``, written by the caller).  Returns the directory, or None when there
+    is nothing to keep."""
+    if not private and not keep_config:
         return None
     d = Path(run_dir) / NOT_PRIVATE_DIR
     d.mkdir(mode=0o700, exist_ok=True)
