@@ -229,3 +229,16 @@ def test_report_names_papers_by_authors_not_by_internal_numbers(tmp_path):
     from privtune.report.html import STRATEGY_TEXT
 
     assert "Panda et al." in STRATEGY_TEXT["linear-scaling"] and "Liu & Bu" in STRATEGY_TEXT["hyperfree"]
+
+
+def test_model_card_names_the_base_model_the_saved_model_names(tmp_path):
+    from privtune.report import write_model_card
+
+    run_dir = make_run(tmp_path / "run")
+    # a released config names the bundled backbone's directory only ("model"); the saved model knows its name
+    (run_dir / "config.yaml").write_text("model: model\nepsilon: 1.0\n")
+    (run_dir / "model" / "privtune_classifier.json").write_text(
+        json.dumps({"base_model": "sentence-transformers/all-MiniLM-L6-v2", "num_labels": 2}))
+    card = write_model_card(run_dir).read_text()
+    assert "base_model: sentence-transformers/all-MiniLM-L6-v2" in card
+    assert "of `model`" not in card

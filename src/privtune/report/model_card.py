@@ -10,6 +10,7 @@ to re-verify the certificate.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,8 @@ from privtune.report.release import load_not_private, seeded_notice
 from privtune.report.run import RunData, load_events, load_run
 
 BUNDLED_BASE_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+#: the saved model's own description (privtune.models.classifier.CLASSIFIER_CONFIG), read without torch
+CLASSIFIER_FILE = "privtune_classifier.json"
 EMBEDDED_DATASET = "stanfordnlp/sst2"
 
 
@@ -37,8 +40,14 @@ def _is_bundled(model: str) -> bool:
 
 def _base_model(run: RunData) -> tuple[str, str]:
     """(front-matter value, words)."""
-    model = run.config.get("model") or run.metrics.get("base_model") or run.metadata.get("base_model")
-    if not model or _is_bundled(str(model)):
+    saved = None  # the name the saved model gives its base model (never a path): privtune_classifier.json
+    try:
+        saved = json.loads((run.run_dir / "model" / CLASSIFIER_FILE).read_text(encoding="utf-8")).get("base_model")
+    except (OSError, ValueError, AttributeError):
+        pass
+    model = ((saved if isinstance(saved, str) and saved and not os.path.isabs(saved) else None)
+             or run.config.get("model") or run.metrics.get("base_model") or run.metadata.get("base_model"))
+    if not model or model == BUNDLED_BASE_MODEL or _is_bundled(str(model)):
         return BUNDLED_BASE_MODEL, f"`{BUNDLED_BASE_MODEL}` (bundled with privtune)"
     # a path of the trainer's machine does not belong in a published card: the model's directory name
     name = Path(str(model)).name if os.path.isabs(str(model)) or os.path.exists(str(model)) else str(model)
