@@ -242,3 +242,26 @@ def test_model_card_names_the_base_model_the_saved_model_names(tmp_path):
     card = write_model_card(run_dir).read_text()
     assert "base_model: sentence-transformers/all-MiniLM-L6-v2" in card
     assert "of `model`" not in card
+
+
+def test_public_paths_names_files_and_leaves_other_text_alone(tmp_path):
+    from privtune.report.release import PublicPaths
+
+    run_dir = tmp_path / "runs" / "mine"
+    data = tmp_path / "data" / "my file.csv"
+    public = PublicPaths(run_dir, [str(data), f"sqlite:///{tmp_path / 'l.db'}"])
+    home = os.path.expanduser("~")
+    cases = {
+        f"data={data} (n=120)": "data=my file.csv (n=120)",  # a known path, spaces and all
+        f"sqlite:///{tmp_path / 'l.db'}": "sqlite:///l.db",
+        f"done → {run_dir}": "done → mine",
+        f"{run_dir / 'certificate.json'}": "certificate.json",  # inside RUN_DIR: relative to it
+        f"wrote {run_dir / 'model' / 'README.md'}": "wrote model/README.md",
+        f"sqlite:///{home}/.privtune/ledger.db": "sqlite:///~/.privtune/ledger.db",
+        f"{sys.prefix}/lib/site-packages/pkg/model": "model",
+        "add/remove one example; q = B/n; https://huggingface.co/x; see /etc/hosts": None,  # unchanged
+    }
+    for text, want in cases.items():
+        assert public.text(text) == (text if want is None else want), text
+    assert public.value({"split": str(data), "n": 3, "xs": [str(run_dir), None]}) == {
+        "split": "my file.csv", "n": 3, "xs": ["mine", None]}

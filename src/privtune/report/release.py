@@ -226,7 +226,7 @@ class PublicPaths:
         for k in self.known:
             if k in text:
                 text = re.sub(re.escape(k) + r"(?=$|[^\w.\-/])", lambda m: self.name(m.group(0)), text)
-        if os.path.isabs(text) and "\n" not in text:  # a whole value that is a path (spaces and all)
+        if os.path.isabs(text) and "\n" not in text and not text[1:2].isspace():  # a whole value that is a path
             return self.name(text)
         text = re.sub(r"sqlite:///(/[^\s'\"<>(),;`|]+)", lambda m: "sqlite:///" + self.name(m.group(1)), text)
         return _PATH_TOKEN.sub(lambda m: self.name(m.group(0)) if self._is_machine_path(m.group(0))
