@@ -265,3 +265,13 @@ def test_public_paths_names_files_and_leaves_other_text_alone(tmp_path):
         assert public.text(text) == (text if want is None else want), text
     assert public.value({"split": str(data), "n": 3, "xs": [str(run_dir), None]}) == {
         "split": "my file.csv", "n": 3, "xs": ["mine", None]}
+
+
+def test_a_small_learning_rate_wobble_is_drawn_from_zero(tmp_path):
+    run_dir = make_run(tmp_path / "run", "hyperfree")
+    h = json.loads((run_dir / "history.json").read_text())
+    h["strategy"]["lr_trajectory"] = [0.1] * 20 + [0.095] * 20 + [0.09] * 20 + [0.098] * 11  # η₀ = 0.1, ±5 %
+    (run_dir / "history.json").write_text(json.dumps(h))
+    fig = P.plot_lr_trajectory(load_run(run_dir))
+    low, high = fig.axes[0].get_ylim()
+    assert low == 0 and 0.1 < high < 0.2

@@ -150,7 +150,7 @@ def _summary_cards(run: RunData, b: Any) -> str:
         cards.append(("mode", m["mode"], "what was trained"))
     rem = m.get("ledger_remaining_epsilon")
     if isinstance(rem, (int, float)):
-        cards.append(("ledger: ε left", f"{rem:.3g}", "for this dataset"))
+        cards.append(("ledger: ε left", f"{rem:.3g}", "of this dataset's lifetime budget"))
     return '<div class="cards">' + "".join(
         f'<div class="card"><div class="k">{_e(k)}</div><div class="v">{_e(v)}</div><div class="d">{_e(d)}</div>'
         f"</div>" for k, v, d in cards) + "</div>"

@@ -401,6 +401,8 @@ def plot_lr_trajectory(run: RunData) -> Figure | None:
     ax.plot(xs, lr, "-", color=BLUE, lw=1.8, drawstyle="steps-post")
     if min(lr) > 0 and max(lr) / min(lr) > 10:
         ax.set_yscale("log")
+    elif min(lr) >= 0:  # from 0: a ±5 % wobble around η₀ must not fill the picture and look dramatic
+        ax.set_ylim(0, 1.15 * max(lr) if max(lr) > 0 else 1.0)
     ax.set_xlabel("step")
     ax.set_ylabel("learning rate η")
     ax.set_title("Hyperparameter-free: learning rate set from privatised losses")
