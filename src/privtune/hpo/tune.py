@@ -329,7 +329,7 @@ def tune(
                if not req.strategy.not_private else
                f"NOT PRIVATE reference (composition of the grid runs: ε = {cert.epsilon:.4g}, δ = {cert.delta:g})")
             + (f", accuracy {metrics['accuracy']:.4f}" if metrics.get("accuracy") is not None else "")
-            + (f" → {files.run_dir}" if files.run_dir else ""))
+            + (f" → {files.run_dir.name}" if files.run_dir else ""))  # log.txt is released: no machine path
         return TuneResult(model=ran.model, certificate=cert, trials=history["trials"], metrics=metrics,
                           history=history, run_dir=files.run_dir, plan=tplan.plan)
     except KeyboardInterrupt:

