@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from privtune import _release
+from privtune.cli.config_file import save_effective_config
 from privtune.errors import UnknownDatasetError
 
 #: name of the certificate inside RUN_DIR and, as a copy, inside RUN_DIR/model/
@@ -97,8 +98,6 @@ def write_release(run_dir: Path, *, model: Any, certificate: Any, metrics: dict,
 
 
 def _write_config(run_dir: Path, config: dict, command: str, log: Callable[[str], None]) -> None:
-    from privtune.config import save_effective_config
-
     try:
         save_effective_config({k: v for k, v in config.items() if v is not None}, run_dir, command=command)
     except Exception as exc:  # noqa: BLE001 - config is informative; never lose a finished run over it

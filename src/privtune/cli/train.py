@@ -22,7 +22,8 @@ import click
 # importing them costs the torch import, which `privtune train` pays anyway.
 from privtune.accounting.accountant import ACCOUNTANTS
 from privtune.accounting.events import SAMPLING_SCHEMES
-from privtune.config import explicit_cli_values, resolve_options
+from privtune.cli.config_file import explicit_cli_values, resolve_options
+from privtune.cli.options import data_options
 from privtune.engine.private_gradient import CLIPPINGS
 from privtune.finetune.modes import MODES
 from privtune.models.classifier import POOLING_CHOICES
@@ -46,7 +47,8 @@ _TRAIN_DEFAULTS = {name: p.default for name, p in inspect.signature(run_train).p
 @click.option("--learning-rate", type=float, help="Learning rate (default by mode).")
 @click.option("--backbone-lr-scale", type=float,
               help="α in (0, 1]: the head trains at --learning-rate, every other trainable parameter at α times it "
-                   "(seed 002's pre-trained-layer multiplier; default 0.1 for --mode full, else 1: one rate).")
+                   "(Mehta et al.'s pre-trained-layer multiplier, large-scale transfer; default 0.1 for --mode full, "
+                   "else 1: one rate).")
 @click.option("--clip", type=float, help=f"Per-example clipping norm C (default {_TRAIN_DEFAULTS['clip']}).")
 @click.option("--optimizer", type=click.Choice(OPTIMIZERS), help=f"Optimizer (default {_TRAIN_DEFAULTS['optimizer']}).")
 @click.option("--ledger", type=str, help="Budget ledger URL (default $PRIVTUNE_LEDGER or ~/.privtune/ledger.db).")
@@ -74,11 +76,7 @@ _TRAIN_DEFAULTS = {name: p.default for name, p in inspect.signature(run_train).p
               help=f"Privacy accountant (default {_TRAIN_DEFAULTS['accountant']}).")
 @click.option("--max-physical-batch-size", type=int,
               help=f"Micro-batch size in memory (default {_TRAIN_DEFAULTS['max_physical_batch_size']}).")
-@click.option("--text-column", type=str, help="Text column name (auto-detected).")
-@click.option("--label-column", type=str, help="Label column name (auto-detected).")
-@click.option("--labels", type=str,
-              help="The label set (public), comma-separated in class-index order, e.g. neg,pos or 0,1 for integer "
-                   "classes. Default: the model's own labels; never read from the private data.")
+@data_options()
 @click.option("--seed", type=int, help="Seed for head init, sampling and noise (experiments; recorded).")
 @click.option("--phase1-epochs", type=float, help="two-phase: epochs of DP full fine-tuning first (default 1).")
 @click.option("--pooling", type=click.Choice(POOLING_CHOICES),
@@ -141,8 +139,7 @@ def train(**kwargs) -> None:
 @click.option("--model", "model_dir", required=True, type=str, help="A trained model: RUN_DIR/model (or RUN_DIR).")
 @click.option("--data", required=True, type=str, help="A .tsv/.csv/.jsonl file (or image folder) to predict.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (key `accuracy` when labels are present).")
-@click.option("--text-column", type=str, help="Text column name (auto-detected).")
-@click.option("--label-column", type=str, help="Label column name (auto-detected; optional).")
+@data_options(labels_default=None, label_column_help="Label column name (auto-detected; optional).")
 @click.option("--batch-size", type=int, default=64, show_default=True, help="Examples per forward pass.")
 @click.option("--device", type=str, help="cpu, cuda, cuda:N or mps (default: cuda when available, else cpu).")
 def predict(model_dir: str, data: str, as_json: bool, text_column: str | None, label_column: str | None,

@@ -16,9 +16,8 @@ from dataclasses import asdict, dataclass, field
 
 from privtune._validation import check_choice, check_delta, check_epsilon, check_int, check_real
 from privtune.accounting import calibrate_noise_multiplier
+from privtune.choices import PREFERENCES
 
-#: recommend(prefer=...): "smallest" (the paper's rule) or "cap" (largest batch with T >= min_steps)
-PREFERENCES = ("smallest", "cap")
 
 #: Table 1 of seed 003 (practical implications), printed with every recommendation.
 CLIPPING_GUIDANCE = [
