@@ -672,8 +672,8 @@ def declared_label_set(labels: Any = None, *, model: Any = None, public_data: An
     raise InvalidParameterError(
         "The label set is not declared. privtune does not read it from the private training data, because "
         "the class count and names are written into the released model. " + LABELS_HOWTO
-        + " (tune also takes it from --public-eval-data; both take it from a model whose config names its "
-        "classes.)"
+        + " (`privtune tune --public-eval-data FILE` also takes it from the public split; every command takes "
+        "it from a model whose config names its classes.)"
     )
 
 
