@@ -219,8 +219,48 @@ SCHEMAS: dict[str, dict[str, Option]] = {
 
 
 # --------------------------------------------------------------------------------------- YAML loading
+#: the largest configuration file read (a full template is about 6 kB): anything bigger is refused unread
+MAX_CONFIG_BYTES = 256 * 1024
+#: how much of a refused value an error message shows
+_SHOWN_CHARS = 80
+
+
+class _Refused(yaml.YAMLError):
+    """A YAML construct a configuration file may not use (the message says which, and where)."""
+
+
 class _Loader(yaml.SafeLoader):
-    """SafeLoader that also reads ``1e-5`` (no dot) as a float, as YAML 1.2 does."""
+    """SafeLoader that also reads ``1e-5`` (no dot) as a float, as YAML 1.2 does, and refuses what would make
+    a file mean something other than it shows: a key given twice (PyYAML keeps the last one silently, which
+    once turned `epsilon: 1` into a lifetime budget of 50) and aliases (``*name``: a few lines can expand
+    into gigabytes; a configuration has no use for them)."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise _Refused(f"line {event.start_mark.line + 1} uses the YAML alias *{event.anchor}; aliases are not "
+                           "accepted in a configuration file. Write the value out.")
+        return super().compose_node(parent, index)
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                try:
+                    first = seen.setdefault(key, key_node.start_mark.line + 1)
+                except TypeError:  # an unhashable key: SafeLoader's own error names it
+                    break
+                if first != key_node.start_mark.line + 1:
+                    raise _Refused(f"key {_shown(key)} is given twice (lines {first} and "
+                                   f"{key_node.start_mark.line + 1}). Keep one of them.")
+        return super().construct_mapping(node, deep=deep)
+
+
+def _shown(value: Any) -> str:
+    """``repr(value)``, cut to a length a one-line error can carry."""
+    text = repr(value)
+    return text if len(text) <= _SHOWN_CHARS else text[: _SHOWN_CHARS - 1] + "…"
 
 
 _Loader.add_implicit_resolver(
@@ -246,10 +286,20 @@ def load_yaml(path: str | os.PathLike) -> dict[str, Any]:
             f"{'is a directory' if p.is_dir() else 'does not exist'}. "
             "Create one with `privtune config init PATH`."
         )
+    size = p.stat().st_size
+    if size > MAX_CONFIG_BYTES:
+        raise InvalidParameterError(
+            f"`config` file {str(path)!r} is {size:,} bytes; a configuration file is at most "
+            f"{MAX_CONFIG_BYTES // 1024} KiB (a full template is about 6 kB). Pass the configuration file, not a "
+            "data file.")
     try:
         data = yaml.load(p.read_text(encoding="utf-8"), Loader=_Loader)
+    except _Refused as exc:
+        raise InvalidParameterError(f"`config` file {str(path)!r}: {exc}") from None
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        detail = str(exc).replace("\n", " ")
+        detail = " ".join(str(exc).split())
+        if len(detail) > 300:
+            detail = detail[:299] + "…"
         raise InvalidParameterError(f"`config` file {str(path)!r} is not valid YAML: {detail}") from None
     if data is None:
         return {}
@@ -279,13 +329,13 @@ def _unknown_key(key: Any, command: str, source: str) -> InvalidParameterError:
     other = [c for c in COMMANDS if c != command and key in SCHEMAS[c]]
     also = f" ({key!r} is an option of `privtune {other[0]}`, not of `privtune {command}`.)" if other else ""
     return InvalidParameterError(
-        f"{source}: unknown key {key!r} for `privtune {command}`.{hint}{also} "
+        f"{source}: unknown key {_shown(key)} for `privtune {command}`.{hint}{also} "
         f"Valid keys: {', '.join(valid)}."
     )
 
 
 def _type_error(opt: Option, value: Any, source: str, allowed: str, fix: str = "") -> InvalidParameterError:
-    msg = f"{source}: `{opt.key}` must be {allowed}. Got {value!r} ({type(value).__name__})."
+    msg = f"{source}: `{opt.key}` must be {allowed}. Got {_shown(value)} ({type(value).__name__})."
     if fix:
         msg += " " + fix
     return InvalidParameterError(msg)
