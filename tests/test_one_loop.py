@@ -155,7 +155,7 @@ def test_tune_refuses_an_absent_device_before_reading_data(files, tmp_path):
     assert not (tmp_path / "never").exists()  # refused before the run directory or any reservation
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (runs on the GPU machine when one is lent)")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_tune_trains_on_cuda(files, tmp_path, monkeypatch):
     devices = []
     real = training._Loop.run

@@ -629,7 +629,7 @@ class _Loop:
         out = clipping_diagnostics(norms, self.clip, labels=labels, num_classes=int(self.labels.max()) + 1,
                                    clipping=self.clipping, gamma=gamma, layer_norms=layer_norms)
         out["note"] = ("per-example gradient norms of private training examples seen during training, without "
-                       "noise (seed 003 diagnostics); never use them to choose what is released")
+                       "noise (the clipping diagnostics of Rehn et al.); never use them to choose what is released")
         out["scope"] = ("all sampled examples of all steps" if self.group is None else
                         f"the examples of rank {self.group.rank} of {self.group.world_size} data-parallel processes "
                         "(its share of every step's batch; per-example norms never leave their process)")
@@ -641,7 +641,7 @@ class _Loop:
                 f"per-layer clipping (threshold C/sqrt(K) for each of K = {K} layers)")
             out["mse_optimal_clip"] = {
                 "C": None, "label": "NOT PRIVATE",
-                "note": ("not computed: the MSE-optimal C of seed 003 (Thm 5.2) is defined for flat clipping of the "
+                "note": ("not computed: the MSE-optimal C of Rehn et al. (Thm 5.2) is defined for flat clipping of the "
                          f"whole per-example gradient, and this run used {used}"),
             }
             return out
