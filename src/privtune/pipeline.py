@@ -141,24 +141,25 @@ def commit(reservation: Any | None, events: Sequence[Any], private_files: Sequen
 
 
 def register_dataset(ledger: Any, fingerprint: str, *, total_epsilon: float, delta: float, name: str | None,
-                     command: str, accountant: str = "pld") -> tuple[Any, bool]:
+                     command: str, accountant: str = "pld", file_name: str | None = None) -> tuple[Any, bool]:
     """The dataset's ledger status, registering it first (total ``total_epsilon``, ``delta``) if new.
 
     Returns ``(status, registered_now)``.  Built on ``Ledger.ensure_dataset``: when another process
     registers the same dataset at the same moment, its total stands and ``status`` says which.
+    ``file_name`` (the local name of the data file) is recorded with a registration, in the ledger only.
     """
-    
     try:
         return ledger.status(fingerprint), False
     except UnknownDatasetError:
         pass
     try:
         status = ledger.ensure_dataset(fingerprint, total_epsilon, delta, name=name, accountant=accountant,
-                                       command=command)
+                                       command=command, file_name=file_name)
     except UnknownDatasetError:
         # ensure_dataset turned the registration's own refusal (e.g. the name belongs to another
         # dataset) into "unknown dataset"; registering again raises that clear error instead
-        ledger.init_dataset(fingerprint, total_epsilon, delta, name=name, accountant=accountant, command=command)
+        ledger.init_dataset(fingerprint, total_epsilon, delta, name=name, accountant=accountant, command=command,
+                            file_name=file_name)
         raise
     return status, True
 
@@ -178,7 +179,7 @@ class Reserved:
 
 def reserve(ledger: Any, fingerprint: str, planned_events: Sequence[Any], *, total_epsilon: float, delta: float,
             name: str | None, command: str, config: Any, resume_key: str | None, accountant: str = "pld",
-            resuming: bool = False) -> Reserved:
+            resuming: bool = False, file_name: str | None = None) -> Reserved:
     """Register the dataset if new (:func:`register_dataset`), then reserve ``planned_events``.
 
     With ``resuming``, a run whose ``resume_key`` is committed in the ledger and has no open
@@ -186,7 +187,7 @@ def reserve(ledger: Any, fingerprint: str, planned_events: Sequence[Any], *, tot
     total δ when this call registers it; the reservation is measured at the dataset's δ.
     """
     status, registered = register_dataset(ledger, fingerprint, total_epsilon=total_epsilon, delta=delta,
-                                          name=name, command=command, accountant=accountant)
+                                          name=name, command=command, accountant=accountant, file_name=file_name)
     if resuming and not registered:
         mine = [e for e in status.entries if e.resume_key == resume_key]
         if any(e.state == "committed" for e in mine) and not any(e.state == "reserved" for e in mine):

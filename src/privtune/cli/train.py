@@ -23,11 +23,13 @@ import click
 from privtune.accounting.accountant import ACCOUNTANTS
 from privtune.accounting.events import SAMPLING_SCHEMES
 from privtune.cli.config_file import explicit_cli_values, resolve_options
+from privtune.cli.notices import registration_notice
 from privtune.cli.options import data_options
 from privtune.engine.private_gradient import CLIPPINGS
 from privtune.finetune.modes import MODES
 from privtune.models.classifier import POOLING_CHOICES
 from privtune.optim import OPTIMIZERS
+from privtune.training import REGISTERED_NOTE
 from privtune.training import train as run_train
 
 _TRAIN_DEFAULTS = {name: p.default for name, p in inspect.signature(run_train).parameters.items()}
@@ -124,10 +126,16 @@ def train(**kwargs) -> None:
         f"trained {m['mode']} for {m['steps']} steps: ε = {m['epsilon']:.4g}, δ = {m['delta']:.3g}; "
         f"accuracy on {m.get('reported_split') or 'eval data'}: {acc}"
     )
+    registered = bool(m.get("ledger_registered_new_dataset"))
+    if registered:
+        status_total = m["epsilon"] if opts.get("epsilon") is None else opts["epsilon"]
+        click.echo(registration_notice(str(opts["data"]), dataset_id=m.get("dataset_id"), total_epsilon=status_total,
+                                       delta=m["delta"], ledger_url=m.get("ledger_url") if opts.get("ledger") else None))
     if m.get("ledger_remaining_epsilon") is not None:
         click.echo(f"ledger: remaining ε for this dataset = {m['ledger_remaining_epsilon']:.4g}")
     for note in result.certificate.metadata.get("notes", []):
-        click.echo(f"note: {note}")
+        if not (registered and note.startswith(REGISTERED_NOTE)):  # said above, with the command that raises it
+            click.echo(f"note: {note}")
     if m.get("seeded"):
         from privtune.report.release import seeded_notice
 

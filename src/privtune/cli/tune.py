@@ -27,6 +27,7 @@ from privtune.choices import EXECUTORS, PREFERENCES, SELECTIONS, STRATEGIES, TUN
 from privtune.choices import RECOMMEND_DEFAULTS as _RECOMMEND_DEFAULTS
 from privtune.choices import TUNE_DEFAULTS as _TUNE_DEFAULTS
 from privtune.cli.config_file import explicit_cli_values, resolve_options
+from privtune.cli.notices import registration_notice
 from privtune.cli.options import data_options
 
 
@@ -92,7 +93,7 @@ def tune(**kwargs) -> None:
     opts = resolve_options("tune", kwargs.get("config"), explicit_cli_values(ctx))
     mapping = {"output": "output_dir"}
     call = {mapping.get(k, k): v for k, v in opts.items() if v is not None}
-    result = run_tune(call.pop("data", None), **call)
+    result = run_tune(call.get("data"), **{k: v for k, v in call.items() if k != "data"})
     m = result.metrics
     click.echo(f"run directory: {result.run_dir}")
     if m.get("resumed"):
@@ -117,7 +118,11 @@ def tune(**kwargs) -> None:
         click.echo(f"accuracy on {m.get('reported_split')}: {acc:.4f}{label}")
     label = " (NOT PRIVATE: chosen by an uncharged selection)" if m.get("not_private") else ""
     click.echo(f"hyperparameters{label}: {json.dumps(m['hyperparameters'], default=str)}")
-    if m.get("ledger_registered_new_dataset"):
+    if m.get("ledger_registered_new_dataset") and call.get("data") is not None:
+        click.echo(registration_notice(str(call["data"]), dataset_id=m.get("dataset_id"),
+                                       total_epsilon=m["total_epsilon"], delta=m["delta"],
+                                       ledger_url=m.get("ledger_url") if call.get("ledger") else None))
+    elif m.get("ledger_registered_new_dataset"):  # the embedded demo: its ledger lives in the run directory
         click.echo(f"ledger: new dataset {m.get('dataset_id')} registered with total ε = "
                    f"{m['total_epsilon']:g}, δ = {m['delta']:g}")
     if m.get("ledger_remaining_epsilon") is not None:
