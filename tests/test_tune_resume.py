@@ -138,6 +138,7 @@ def test_resume_refusals(files, tmp_path, monkeypatch):
     args = _args(files, tmp_path, strategy="linear-scaling")
     with pytest.raises(InvalidParameterError, match="no interrupted run"):
         privtune.tune(files["train"], ledger=url, output_dir=tmp_path / "empty", resume=True, **args)
+    monkeypatch.chdir(tmp_path)  # without output_dir, tune's default RUN_DIR is runs/<timestamp>/ in the cwd
     with pytest.raises(InvalidParameterError, match="needs `output_dir`"):
         privtune.tune(files["train"], ledger=url, resume=True, **args)
     with pytest.raises(InvalidParameterError, match="grid-oracle"):

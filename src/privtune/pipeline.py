@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from privtune import _release
+from privtune.cli.config_file import save_effective_config
 from privtune.errors import UnknownDatasetError
 
 #: name of the certificate inside RUN_DIR and, as a copy, inside RUN_DIR/model/
@@ -116,8 +117,6 @@ PUBLIC_CONFIG_NOTE = ("# Paths of the machine that ran it are written as file na
 def _write_config(run_dir: Path, config: dict, command: str, log: Callable[[str], None], public: Any) -> None:
     """``run_dir/config.yaml``: with ``public`` (:class:`PublicPaths`) the released copy, paths as names;
     without, the copy kept in ``not_private/`` (0600) that reruns the run."""
-    from privtune.config import save_effective_config
-
     try:
         full = {k: v for k, v in config.items() if v is not None}
         options = {k: public.value(v) for k, v in full.items()} if public is not None else full
@@ -191,24 +190,25 @@ def commit(reservation: Any | None, events: Sequence[Any], private_files: Sequen
 
 
 def register_dataset(ledger: Any, fingerprint: str, *, total_epsilon: float, delta: float, name: str | None,
-                     command: str, accountant: str = "pld") -> tuple[Any, bool]:
+                     command: str, accountant: str = "pld", file_name: str | None = None) -> tuple[Any, bool]:
     """The dataset's ledger status, registering it first (total ``total_epsilon``, ``delta``) if new.
 
     Returns ``(status, registered_now)``.  Built on ``Ledger.ensure_dataset``: when another process
     registers the same dataset at the same moment, its total stands and ``status`` says which.
+    ``file_name`` (the local name of the data file) is recorded with a registration, in the ledger only.
     """
-    
     try:
         return ledger.status(fingerprint), False
     except UnknownDatasetError:
         pass
     try:
         status = ledger.ensure_dataset(fingerprint, total_epsilon, delta, name=name, accountant=accountant,
-                                       command=command)
+                                       command=command, file_name=file_name)
     except UnknownDatasetError:
         # ensure_dataset turned the registration's own refusal (e.g. the name belongs to another
         # dataset) into "unknown dataset"; registering again raises that clear error instead
-        ledger.init_dataset(fingerprint, total_epsilon, delta, name=name, accountant=accountant, command=command)
+        ledger.init_dataset(fingerprint, total_epsilon, delta, name=name, accountant=accountant, command=command,
+                            file_name=file_name)
         raise
     return status, True
 
@@ -228,7 +228,7 @@ class Reserved:
 
 def reserve(ledger: Any, fingerprint: str, planned_events: Sequence[Any], *, total_epsilon: float, delta: float,
             name: str | None, command: str, config: Any, resume_key: str | None, accountant: str = "pld",
-            resuming: bool = False) -> Reserved:
+            resuming: bool = False, file_name: str | None = None) -> Reserved:
     """Register the dataset if new (:func:`register_dataset`), then reserve ``planned_events``.
 
     With ``resuming``, a run whose ``resume_key`` is committed in the ledger and has no open
@@ -236,7 +236,7 @@ def reserve(ledger: Any, fingerprint: str, planned_events: Sequence[Any], *, tot
     total δ when this call registers it; the reservation is measured at the dataset's δ.
     """
     status, registered = register_dataset(ledger, fingerprint, total_epsilon=total_epsilon, delta=delta,
-                                          name=name, command=command, accountant=accountant)
+                                          name=name, command=command, accountant=accountant, file_name=file_name)
     if resuming and not registered:
         mine = [e for e in status.entries if e.resume_key == resume_key]
         if any(e.state == "committed" for e in mine) and not any(e.state == "reserved" for e in mine):

@@ -65,6 +65,9 @@ NOT_PRIVATE_LOSS = (
 )
 CHECKPOINT_FILE = "checkpoint.pt"
 #: what train() releases into RUN_DIR (checked before the reservation: an entry of the wrong kind is an error)
+#: the certificate's note of a run that registered its dataset in the ledger (the CLI says it with the command
+#: that raises the total instead)
+REGISTERED_NOTE = "dataset registered in the ledger by this run"
 _RELEASED_FILES = ("certificate.json", "metrics.json", "history.json", "config.yaml", "report.html", "log.txt")
 _RELEASED_DIRS = ("model", "checkpoints")
 
@@ -655,7 +658,7 @@ class _Loop:
         out = clipping_diagnostics(norms, self.clip, labels=labels, num_classes=int(self.labels.max()) + 1,
                                    clipping=self.clipping, gamma=gamma, layer_norms=layer_norms)
         out["note"] = ("per-example gradient norms of private training examples seen during training, without "
-                       "noise (seed 003 diagnostics); never use them to choose what is released")
+                       "noise (the clipping diagnostics of Rehn et al.); never use them to choose what is released")
         out["scope"] = ("all sampled examples of all steps" if self.group is None else
                         f"the examples of rank {self.group.rank} of {self.group.world_size} data-parallel processes "
                         "(its share of every step's batch; per-example norms never leave their process)")
@@ -667,7 +670,7 @@ class _Loop:
                 f"per-layer clipping (threshold C/sqrt(K) for each of K = {K} layers)")
             out["mse_optimal_clip"] = {
                 "C": None, "label": "NOT PRIVATE",
-                "note": ("not computed: the MSE-optimal C of seed 003 (Thm 5.2) is defined for flat clipping of the "
+                "note": ("not computed: the MSE-optimal C of Rehn et al. (Thm 5.2) is defined for flat clipping of the "
                          f"whole per-example gradient, and this run used {used}"),
             }
             return out
@@ -1135,7 +1138,7 @@ def train(
     hyper = _hyperparameters(mode, sched, privacy, schedule, optim, clipping_spec, mode_info, lora, seed)
     from privtune.ledger import dataset_identity
 
-    fp, ledger_name = dataset_identity(train_set)
+    fp, data_file_name = dataset_identity(train_set)
     if group is not None:  # every rank trains rank 0's plan on the same data, or none does
         group.agree("the training data and plan", (fp, n, hyper, planned),
                     describe=lambda v: f"N = {v[1]} and hyperparameters {v[2]}")
@@ -1151,7 +1154,7 @@ def train(
         # ------------------------------------------------------------ 5. ledger reservation, then training
         led, reservation, registered_now = _reserve_for_train(
             ledger, fp, planned, hyper, total_epsilon=privacy.epsilon or planned_eps, delta=delta,
-            ledger_name=ledger_name, out=out, run_id=run_id, resume=resume, state=state, log=log,
+            data_file_name=data_file_name, out=out, run_id=run_id, resume=resume, state=state, log=log,
             unreserved=(created, fresh_files))
         return run_id, state, log, led, reservation, registered_now
 
@@ -1169,7 +1172,7 @@ def train(
         cert, metrics, history, not_private = _certify(
             loop, actual, hyper, reservation=reservation, led=led, fp=fp, run_id=run_id, delta=delta,
             eval_data=eval_data, eval_set=eval_set, mode_info=mode_info,
-            registered_note=(f"dataset registered in the ledger by this run with total ε={privacy.epsilon or planned_eps:.4g}"
+            registered_note=(f"{REGISTERED_NOTE} with total ε={privacy.epsilon or planned_eps:.4g}"
                              if registered_now else None))
         run_config = None if out is None else config if config is not None else _effective_config(
             data, eval_data, model, clf, mode, privacy.epsilon, privacy.noise_multiplier, delta, hyper, ledger, out, text_column,
@@ -1484,6 +1487,7 @@ def _certify(loop, actual, hyper: dict, *, reservation, led, fp, run_id, delta, 
         "hyperparameters": hyper, "reported_split": _split_name(eval_data) if eval_set is not None else None,
         "selection": "none (fixed hyperparameters)", "dataset_id": dataset_id,
         "ledger_url": _mask(getattr(led, "url", None)), "ledger_remaining_epsilon": remaining,
+        "ledger_registered_new_dataset": registered_note is not None,
         "trainable_parameters": mode_info.num_trainable, "total_parameters": mode_info.num_total,
         # wall time and steps are data-independent; the exact example count is not (Σ_t |S_t|): NOT PRIVATE
         "train_seconds": result.seconds, "steps_per_second": loop.step / result.seconds if result.seconds else None,
@@ -1501,7 +1505,7 @@ def _certify(loop, actual, hyper: dict, *, reservation, led, fp, run_id, delta, 
     return cert, metrics, history, not_private
 
 
-def _reserve_for_train(ledger, fp, planned, hyper: dict, *, total_epsilon, delta, ledger_name, out, run_id,
+def _reserve_for_train(ledger, fp, planned, hyper: dict, *, total_epsilon, delta, data_file_name, out, run_id,
                        resume, state, log, unreserved):
     """Reserve the planned events (:func:`privtune.pipeline.reserve`; a new dataset is registered with
     ``total_epsilon``).  A refusal removes what this run created (``unreserved``: directories, files).
@@ -1512,8 +1516,8 @@ def _reserve_for_train(ledger, fp, planned, hyper: dict, *, total_epsilon, delta
     try:
         led = open_ledger(ledger)
         reserved = pipeline.reserve(led, fp, planned, total_epsilon=total_epsilon,
-                                    delta=delta, name=ledger_name, command="train", config=cfg_for_ledger,
-                                    resume_key=run_id, resuming=bool(resume))
+                                    delta=delta, name=None, command="train", config=cfg_for_ledger,
+                                    resume_key=run_id, resuming=bool(resume), file_name=data_file_name)
         registered_now, reservation = reserved.registered, reserved.reservation
         if registered_now:
             log(f"dataset {reserved.status.dataset_id} registered in the ledger with total ε="

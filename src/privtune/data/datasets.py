@@ -48,6 +48,7 @@ class TextDataset:
             raise DataError(
                 f"`labels` has {len(self.labels)} entries but `texts` has {len(self.texts)}; pass one label per text."
             )
+        _check_texts_not_blank(self.texts, "`texts`")
         if self.labels is not None and self.num_labels is None and self.labels:
             _check_contiguous(self.labels, "TextDataset")
             self.num_labels = max(self.labels) + 1
@@ -140,6 +141,17 @@ class ImageDataset:
 
 
 # --------------------------------------------------------------------------------------------- labels
+
+
+def _check_texts_not_blank(texts: Sequence[Any], where: str) -> None:
+    """Refuse texts that are empty or only whitespace (they would train as examples without content).  The
+    message gives the first row's number and the count, never a text (it reads private data)."""
+    bad = [i for i, t in enumerate(texts) if isinstance(t, str) and not t.strip()]
+    if bad:
+        raise DataError(
+            f"{where}: row {bad[0] + 1} has an empty text (empty or only spaces; {len(bad)} row(s) affected). "
+            "Fill in the text or remove the row."
+        )
 
 
 def _as_int_label(value: Any) -> int | None:
@@ -452,6 +464,7 @@ def _build_text(rows, columns, where, text_column, label_column, num_labels, lab
         if not isinstance(t, str):
             t = str(t)
         texts.append(t)
+    _check_texts_not_blank(texts, f"{where}: text column {tcol!r}")
     labels = None
     k = num_labels
     names = list(label_names) if label_names is not None else None
@@ -678,8 +691,8 @@ def declared_label_set(labels: Any = None, *, model: Any = None, public_data: An
     raise InvalidParameterError(
         "The label set is not declared. privtune does not read it from the private training data, because "
         "the class count and names are written into the released model. " + LABELS_HOWTO
-        + " (tune also takes it from --public-eval-data; both take it from a model whose config names its "
-        "classes.)"
+        + " (`privtune tune --public-eval-data FILE` also takes it from the public split; every command takes "
+        "it from a model whose config names its classes.)"
     )
 
 

@@ -29,6 +29,7 @@ from torch.autograd.graph import get_gradient_edge
 from torch.utils._pytree import tree_flatten, tree_map
 
 from privtune._validation import check_choice, check_int, check_real
+from privtune.choices import CLIPPINGS
 from privtune.errors import InvalidParameterError, UnsupportedModuleError
 from privtune.engine._layers import (
     ConvHandler,
@@ -44,8 +45,6 @@ from privtune.engine._layers import (
 
 __all__ = ["PrivateGradient", "ReleaseInfo"]
 
-#: the clipping rules (flat: Abadi min(1, C/||g||); automatic: AUTO-S); the one declaration of this choice set
-CLIPPINGS = ("flat", "automatic")
 
 
 @dataclass(frozen=True)

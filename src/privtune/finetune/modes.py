@@ -10,10 +10,11 @@ import torch
 from torch import nn
 
 from privtune._validation import check_choice, check_int, check_real
+from privtune.choices import TRAIN_MODES
 from privtune.errors import InvalidParameterError, ModelError
 
-#: what can be trained (the one declaration of this choice set; train(), tune(), the CLI and config read it)
-MODES = ("full", "bitfit", "last-layer", "lora", "two-phase")
+#: what can be trained (declared in privtune.choices, which the CLI and the config schema read)
+MODES = TRAIN_MODES
 #: train()'s learning rate for each mode when none is given (the head's rate where the mode has an α below)
 DEFAULT_LEARNING_RATES = {"full": 1e-2, "bitfit": 5e-3, "lora": 2e-3, "last-layer": 5e-2, "two-phase": 5e-3}
 #: α, the learning-rate multiplier of every trainable parameter outside the head (Mehta et al.'s pre-trained-layer

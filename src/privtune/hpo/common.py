@@ -29,6 +29,7 @@ import torch
 import privtune.accounting as acct
 from privtune._validation import check_delta, check_epsilon, check_int, check_real
 from privtune.accounting.events import DPSGDEvent, Event, GaussianEvent, event_to_dict
+from privtune.choices import SELECTIONS, TUNABLE_MODES
 from privtune.engine.sampling import make_generator
 from privtune.errors import InfeasibleBudgetError, InvalidParameterError
 from privtune.hpo.recommend import recommend, steps_for_epochs
@@ -42,8 +43,6 @@ SELECTION_SOURCE_OF = {
     "train-accuracy": "train_noisy",
     "train-loss": "train_loss_noisy",
 }
-#: the selections a user can choose (the one declaration of this choice set; tune(), the CLI and config read it)
-SELECTIONS = tuple(SELECTION_SOURCE_OF)
 
 _SOURCE_TEXT = {
     "public_validation": "accuracy on a validation split the user declared PUBLIC (not charged)",
@@ -463,6 +462,9 @@ def as_plain(obj: Any) -> Any:
 
 __all__ = [
     "SELECTION_SOURCES",
+    "SELECTION_SOURCE_OF",
+    "SELECTIONS",
+    "TUNABLE_MODES",
     "BudgetPlan",
     "TrialRecord",
     "StrategyOutcome",
@@ -486,8 +488,6 @@ __all__ = [
 # the strategy interface (the registry of implementations is privtune.hpo.registry)
 # --------------------------------------------------------------------------------------
 
-#: the fine-tuning modes tune() can train (privtune.finetune.MODES without two-phase)
-TUNABLE_MODES = ("last-layer", "bitfit", "lora", "full")
 #: every tune() override a strategy may take; each strategy lists the ones it uses in ``overrides``
 OVERRIDE_NAMES = ("trials", "epochs", "steps", "batch_size", "optimizer")
 

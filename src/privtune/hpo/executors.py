@@ -41,10 +41,9 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 
 from privtune._validation import check_choice
+from privtune.choices import EXECUTORS
 from privtune.errors import InvalidParameterError, PrivtuneError
 
-#: ``tune(executor=...)`` / ``--executor``: where independent trials run (the one declaration of this choice set)
-EXECUTORS = ("local", "ray")
 #: test seam: a file path; the first Ray trial task that creates it kills its own worker (os._exit), once
 KILL_ONCE_ENV = "PRIVTUNE_TEST_RAY_KILL_WORKER_ONCE"
 #: accepted shapes of ``ray_address`` besides "auto" and "local": HOST:PORT (the cluster's GCS) or

@@ -605,7 +605,7 @@ def run(backend, config: HyperfreeConfig, p: BudgetPlan, *, mode: str = "last-la
         lt = d["lr_trials"]
         data["lr_placement"] = {"default_lr0": lr_default, "chosen_lr0": lr0,
                                 "scores": {f"{t.hyperparameters['learning_rate']:.4g}": t.score for t in trials},
-                                "transfer": {"rule": "r ∝ ε (seed 000), capped at the trial's η",
+                                "transfer": {"rule": "r ∝ ε (Panda, Tang et al.'s linear scaling), capped at the trial's η",
                                              "scale": lt["final_scale"], "trial_epsilon": lt["trial_epsilon"],
                                              "final_epsilon": lt["final_epsilon"]}}
     return StrategyOutcome(state=state, final_events=list(p.final_events), final_hyperparameters=hp, trials=trials,

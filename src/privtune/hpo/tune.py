@@ -445,7 +445,7 @@ class _Inputs:
     label_names: Any
     label_source: Any
     fingerprint: str  # of the WHOLE training file: the ledger's key, never published
-    ledger_name: str | None
+    file_name: str | None  # the training file's local name: recorded with a registration, in the ledger only
     embedded: bool
     train_source: str  # how log.txt names the training data
     reported_split: str | None  # how the release names the reported split
@@ -502,7 +502,7 @@ def _load_inputs(req: _Request, data, *, eval_data, public_eval_data, labels, mo
     privacy = req.privacy.for_dataset(len(train))
     # the ledger's dataset is the WHOLE training file: fingerprint it before any private-validation split
     # (a split's rows would hash to a new fingerprint, i.e. a fresh budget for the same data)
-    fingerprint, ledger_name = _dataset_identity(train)
+    fingerprint, file_name = _dataset_identity(train)
     selection = req.selection or ("public_validation" if public_set is not None else "train_noisy")
     if selection == "public_validation" and public_set is None:
         raise InvalidParameterError(
@@ -515,7 +515,7 @@ def _load_inputs(req: _Request, data, *, eval_data, public_eval_data, labels, mo
         n_train_public, n_val_public = _planned_split_sizes(len(train), frac, privacy.delta)
     return _Inputs(train=train, eval_set=eval_set, public_set=public_set, private_val=None,
                    selection=selection, privacy=privacy, num_labels=num_labels, label_names=names,
-                   label_source=label_source, fingerprint=fingerprint, ledger_name=ledger_name, embedded=embedded,
+                   label_source=label_source, fingerprint=fingerprint, file_name=file_name, embedded=embedded,
                    train_source=train_source, reported_split=_split_name(eval_data, embedded),
                    validation_fraction=frac, n_train_public=n_train_public, n_val_public=n_val_public)
 
@@ -715,7 +715,7 @@ def _reserve(req: _Request, inputs: _Inputs, files: _RunFiles, tplan: _TunePlan,
     eps_total, delta, fp = req.privacy.epsilon, inputs.privacy.delta, inputs.fingerprint
     run_dir, fresh_state = files.run_dir, False
     try:
-        led, fp, ledger_url, registered = _ledger_for(ledger, inputs.embedded, run_dir, fp, inputs.ledger_name,
+        led, fp, ledger_url, registered = _ledger_for(ledger, inputs.embedded, run_dir, fp, inputs.file_name,
                                                       eps_total, delta, req.privacy.accountant)
         if registered:
             log(f"ledger: new dataset {led.status(fp).dataset_id} registered with total ε = {eps_total:g}, "
@@ -1205,16 +1205,17 @@ class _null_reservation:
 
 
 def _dataset_identity(train) -> tuple[str, str | None]:
-    """(content SHA-256, ledger name) of the whole training set, exactly as ``privtune train`` identifies it.
+    """(content SHA-256, local file name) of the whole training set, exactly as ``privtune train`` identifies it.
 
     The file's content is fingerprinted (in-memory data: its canonical rows); the digest stays in
-    this process and the private state file, the ledger keys it.  No name: the ledger assigns the
-    dataset a random id, which is what the run directory publishes."""
+    this process and the private state file, the ledger keys it.  The file name is recorded with a
+    registration, in the ledger only; the run directory publishes the dataset's random id."""
     return dataset_identity(train)
 
 
-def _ledger_for(url, embedded, run_dir, fp, name, eps, delta, accountant):
+def _ledger_for(url, embedded, run_dir, fp, file_name, eps, delta, accountant):
     if embedded and url is None:
+        file_name = None  # this ledger lives in the run directory, which holds no data file name of the ledger's
         if run_dir is None:
             run_dir = Path(tempfile.mkdtemp(prefix="privtune-demo-"))
         url = f"sqlite:///{(Path(run_dir) / 'ledger.db').resolve()}"
@@ -1222,8 +1223,8 @@ def _ledger_for(url, embedded, run_dir, fp, name, eps, delta, accountant):
         led = Ledger(url, key_file=demo_key_path(Path(run_dir) / "ledger.db"))
     else:
         led = Ledger(url)
-    _, registered = pipeline.register_dataset(led, fp, total_epsilon=eps, delta=delta, name=name, command="tune",
-                                              accountant=accountant)
+    _, registered = pipeline.register_dataset(led, fp, total_epsilon=eps, delta=delta, name=None, command="tune",
+                                              accountant=accountant, file_name=file_name)
     # published in metrics.json: a password in the URL (PostgreSQL) is masked, as privtune train does
     display = mask_url(str(url or os.environ.get("PRIVTUNE_LEDGER") or "~/.privtune/ledger.db"))
     return led, fp, display, registered

@@ -13,12 +13,12 @@ from typing import Iterable
 import torch
 
 from privtune._validation import check_choice, check_real
+from privtune.choices import OPTIMIZERS
 from privtune.errors import InvalidParameterError
 from privtune.optim.lamb import DPLAMB
 
 __all__ = ["make_optimizer", "DPLAMB", "OPTIMIZERS"]
 
-OPTIMIZERS = ("sgd", "adam", "adamw", "lamb")
 
 
 def make_optimizer(

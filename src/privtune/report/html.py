@@ -33,12 +33,12 @@ PNG_NAMES = ("budget.png", "strategy.png", "trials.png", "learning_curves.png", 
              "clipping.png")
 
 STRATEGY_TEXT = {
-    "linear-scaling": "Linear scaling (Panda et al., a linear scaling rule for private hyperparameter optimization): "
-                      "cheap low-ε trials find the best total step size r = η·T at each trial budget; a line r(ε) is "
-                      "fitted and extrapolated to the final run's ε.",
-    "hyperfree": "Hyperparameter-free (Liu & Bu, hyperparameter-free DP optimization): a learning rate set at each "
-                 "update from privatised losses, whose cost is accounted jointly with the gradient releases, and a "
-                 "clipping with no threshold to tune.",
+    "linear-scaling": "Linear scaling (Panda, Tang et al., a linear scaling rule for private HPO): cheap low-ε "
+                      "trials find the best total step size r = η·T at each trial budget; a line r(ε) is fitted and "
+                      "extrapolated to the final run's ε.",
+    "hyperfree": "Hyperparameter-free DP (Liu & Bu, HyFreeDP): a learning rate set at each update from privatised "
+                 "losses, whose cost is accounted jointly with the gradient releases, and a clipping with no "
+                 "threshold to tune.",
     "single-step": "Single step (Mehta et al., large-scale transfer): a zero-initialised head trained with one "
                    "full-batch DP step on cached features of a public backbone.",
     "random-search": "Random search: trials with random hyperparameters, the best one selected; the selection is "
