@@ -565,8 +565,8 @@ def load_dataset(data: Any, text_column: str | None = None, label_column: str | 
                  label_names: Sequence[str] | None = None, num_labels: int | None = None,
                  require_labels: bool = True,
                  labels: Sequence[str | int] | str | None = None) -> TextDataset | ImageDataset:
-    """Load any supported dataset: a directory is an image folder, a file is a text table, a
-    ``datasets.Dataset`` is converted.  An existing TextDataset/ImageDataset is returned unchanged,
+    """Load any supported dataset: a directory is an image folder, an IDX file (``*-ubyte[.gz]``, see
+    :mod:`privtune.data.idx`) holds images, another file is a text table, a ``datasets.Dataset`` is converted.  An existing TextDataset/ImageDataset is returned unchanged,
     or, with a declared label set (``labels``, ``label_names`` or ``num_labels``), checked against it
     and re-indexed in the declared order (:func:`with_label_set`)."""
     num_labels, label_names = _declared(labels, num_labels, label_names)
@@ -576,6 +576,13 @@ def load_dataset(data: Any, text_column: str | None = None, label_column: str | 
         return with_label_set(data, num_labels if label_names is None else len(label_names), label_names)
     if isinstance(data, (str, os.PathLike)) and Path(data).expanduser().is_dir():
         return load_image_folder(data, label_names=label_names, num_labels=num_labels)
+    if isinstance(data, (str, os.PathLike)):
+        # Lazy: privtune.data.idx imports this module.
+        from privtune.data.idx import is_idx_path, load_idx_dataset
+
+        if is_idx_path(data):  # MNIST-style IDX images; the labels file by the standard naming
+            return load_idx_dataset(data, label_names=label_names, num_labels=num_labels,
+                                    require_labels=require_labels)
     return load_text_dataset(data, text_column, label_column, num_labels=num_labels, label_names=label_names,
                              require_labels=require_labels)
 
