@@ -471,7 +471,9 @@ def load_classifier(
     path : path, optional
         A local model directory (``config.json`` + weights + tokenizer or image processor), or a
         directory written by :meth:`Classifier.save_pretrained`.  ``None``: the bundled
-        all-MiniLM-L6-v2.
+        all-MiniLM-L6-v2.  A vision backbone name (``"efficientnet-lite0"``, ``"timm:ARCH@WEIGHTS"``,
+        ``"torchvision:ARCH@WEIGHTS"``) is loaded by :func:`privtune.models.vision.load_vision_classifier`
+        with its defaults (64-pixel inputs, BatchNorm kept in eval mode).
     num_labels : int, default 2
         Number of classes of the new head (ignored for a saved privtune classifier).
     pooling : {"auto", "mean", "cls", "model"}, default "auto"
@@ -493,6 +495,11 @@ def load_classifier(
         architecture without a classification/base model class.
     """
     check_choice(pooling, "pooling", POOLING_CHOICES)
+    # Lazy: timm / torchvision backbones only for their model names (privtune.models.vision).
+    from privtune.models.vision import is_vision_model, load_vision_classifier
+
+    if is_vision_model(path):
+        return load_vision_classifier(path, num_labels, pooling, label_names=label_names, seed=seed)
     num_labels = check_int(num_labels, "num_labels", low=2, fix="A classifier needs at least two classes.")
     if max_length is not None:
         max_length = check_int(max_length, "max_length", low=2)
