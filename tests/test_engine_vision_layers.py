@@ -105,6 +105,11 @@ def test_depthwise_and_grouped_convolutions(mode):
     if mode == "bias":
         _bias_only(model)
     check_against_loop(model, *_inputs(), kinds=["conv"])
+    if mode == "full":  # the depthwise and the grouped convolution: one batched product for all groups
+        pg = PrivateGradient(model, max_grad_norm=1.0, noise_multiplier=0.0, expected_batch_size=1.0)
+        kinds = {type(h.module).__name__ + str(getattr(h.module, "groups", "")): type(h).__name__ for h in pg.handlers}
+        pg.close()
+        assert kinds["Conv2d6"] == kinds["Conv2d2"] == "GroupedConvHandler" and kinds["Conv2d1"] == "ConvHandler"
 
 
 @pytest.mark.parametrize("mode", ["full", "bias"])
@@ -119,11 +124,12 @@ def test_eval_mode_batchnorm_has_an_exact_fast_rule(mode):
         assert described["1"] == "batchnorm (bias only, no activations)"
 
 
-def test_batchnorm_1d_over_sequences_and_frozen_weight():
+def test_batchnorm_1d_over_sequences_frozen_weight_and_depthwise_conv1d():
     torch.manual_seed(0)
     bn = _bn_with_stats(nn.BatchNorm1d(3))
     bn.weight.requires_grad_(False)
-    model = nn.Sequential(nn.Conv1d(2, 3, 3), bn, nn.Tanh(), Pool(), nn.Linear(3, 3)).double().eval()
+    model = nn.Sequential(nn.Conv1d(2, 3, 3), bn, nn.Tanh(), nn.Conv1d(3, 3, 3, padding=2, dilation=2, groups=3),
+                          Pool(), nn.Linear(3, 3)).double().eval()
     g = torch.Generator().manual_seed(3)
     check_against_loop(model, torch.randn(B, 2, 7, generator=g, dtype=torch.float64), torch.tensor([0, 1, 2, 1]),
                        kinds=["batchnorm"])

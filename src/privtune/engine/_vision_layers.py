@@ -10,6 +10,8 @@
 * **TF-"same" padded convolutions** (timm's ``Conv2dSame`` / ``Conv2dSameExport``, used by the ``tf_*``
   EfficientNets): the module pads its input asymmetrically inside ``forward``; the stored input is padded the
   same way, then the ordinary unfold rule applies.
+* **Depthwise and narrow grouped convolutions** (at most :data:`MAX_CHANNELS_PER_GROUP` input channels per
+  group): per-example weight gradients materialised for all groups in one batched product.
 
 :func:`vision_handler` picks one of these for a module, or returns None.  :func:`has_own_forward` tells the
 engine when a subclass of a layer with a fast rule computes something else in ``forward`` (timm's
@@ -27,7 +29,7 @@ from torch import nn
 from privtune.engine._layers import ConvHandler, _MaterialisingHandler
 from privtune.errors import UnsupportedModuleError
 
-__all__ = ["BatchNormHandler", "SamePadConvHandler", "has_own_forward", "vision_handler"]
+__all__ = ["BatchNormHandler", "GroupedConvHandler", "SamePadConvHandler", "has_own_forward", "vision_handler"]
 
 _BATCHNORM_BASES = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
 
@@ -47,19 +49,70 @@ def _tf_same_pad(size: int, kernel: int, stride: int, dilation: int) -> int:
     return max((math.ceil(size / stride) - 1) * stride + (kernel - 1) * dilation + 1 - size, 0)
 
 
+def _pad_tf_same(m: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
+    """``x`` padded as timm's ``Conv2dSame`` pads it: TF "SAME" (more on the bottom/right when the total is odd),
+    computed from the input size at every call."""
+    (kh, kw), (sh, sw), (dh, dw) = m.kernel_size, m.stride, m.dilation
+    ph = _tf_same_pad(x.shape[-2], kh, sh, dh)
+    pw = _tf_same_pad(x.shape[-1], kw, sw, dw)
+    return F.pad(x, (pw // 2, pw - pw // 2, ph // 2, ph - ph // 2))
+
+
 class SamePadConvHandler(ConvHandler):
-    """timm's ``Conv2dSame``: ``conv2d(pad_same(x), W, b, padding=0)``, the TF "SAME" padding (more on the
-    bottom/right when the total is odd) computed from the input size at every call."""
+    """timm's ``Conv2dSame``: ``conv2d(pad_same(x), W, b, padding=0)``; the stored input is padded the same way."""
 
     def store_input(self, args, kwargs):
         x = super().store_input(args, kwargs)
-        if x is None:
-            return None
+        return None if x is None else _pad_tf_same(self.module, x)
+
+
+#: a grouped convolution whose groups each see at most this many input channels materialises its per-example
+#: weight gradients (B × |W|, small: a depthwise 3×3 convolution over C channels has 9·C weights)
+MAX_CHANNELS_PER_GROUP = 16
+
+
+class GroupedConvHandler(_MaterialisingHandler):
+    """Depthwise and other narrow grouped convolutions (``nn.Conv1d/2d``, timm's ``Conv2dSame``) with a trainable
+    weight: per-example gradients materialised in one batched product over the unfolded input,
+    ``∇W_i[g, o, j] = Σ_l u_i[g, j, l] · g_i[g, o, l]`` (u: the patches of group g, l: output positions), and
+    ``∇b_i = Σ_l g_i``.  The unfold-based rule of ``ConvHandler`` works group by group, which costs one pass per
+    channel for a depthwise convolution; this is one pass for all.  Norms are those of exactly the vectors added
+    (float64, rounded up), as for the normalisation layers."""
+
+    kind = "conv"
+
+    def __init__(self, module, params, same_pad: bool):
+        super().__init__(module, params)
+        self.same_pad = same_pad
+
+    def store_input(self, args, kwargs):
+        x = super().store_input(args, kwargs)
+        return _pad_tf_same(self.module, x) if self.same_pad else x
+
+    def _unfold(self, x: torch.Tensor) -> torch.Tensor:
         m = self.module
-        (kh, kw), (sh, sw), (dh, dw) = m.kernel_size, m.stride, m.dilation
-        ph = _tf_same_pad(x.shape[-2], kh, sh, dh)
-        pw = _tf_same_pad(x.shape[-1], kw, sw, dw)
-        return F.pad(x, (pw // 2, pw - pw // 2, ph // 2, ph - ph // 2))
+        if not self.same_pad and any(m._reversed_padding_repeated_twice):
+            mode = "constant" if m.padding_mode == "zeros" else m.padding_mode
+            x = F.pad(x, m._reversed_padding_repeated_twice, mode=mode)
+        if isinstance(m, nn.Conv1d):
+            return F.unfold(x.unsqueeze(2), (1, m.kernel_size[0]), dilation=(1, m.dilation[0]), stride=(1, m.stride[0]))
+        return F.unfold(x, m.kernel_size, dilation=m.dilation, stride=m.stride)  # (B, Cin·k, L)
+
+    def per_example(self, records):
+        G = self.module.groups
+        w = self.params["weight"]
+        out: dict = {}
+        for r in records:
+            g = r.grads[0]
+            B, Cout = g.shape[0], g.shape[1]
+            u = self._unfold(r.act)
+            go = g.reshape(B, G, Cout // G, -1)  # (B, G, Cout/G, L)
+            pe = torch.einsum("bgil,bgol->bgoi", u.reshape(B, G, -1, u.shape[-1]), go).reshape(B, *w.shape)
+            out[w] = out.get(w, 0) + pe
+            if "bias" in self.params:
+                b = self.params["bias"]
+                out[b] = out.get(b, 0) + g.reshape(B, Cout, -1).sum(2)
+        return out
 
 
 class BatchNormHandler(_MaterialisingHandler):
@@ -131,7 +184,12 @@ def vision_handler(module: nn.Module, own: dict[str, nn.Parameter]):
     roles = set(own)
     if not roles <= {"weight", "bias"}:
         return None
-    if isinstance(module, nn.Conv2d) and _is_timm(module, "Conv2dSame", "Conv2dSameExport"):
+    same_pad = isinstance(module, nn.Conv2d) and _is_timm(module, "Conv2dSame", "Conv2dSameExport")
+    plain_conv = any(isinstance(module, base) and not has_own_forward(module, base) for base in (nn.Conv1d, nn.Conv2d))
+    if (same_pad or plain_conv) and "weight" in own and module.groups > 1 \
+            and module.in_channels // module.groups <= MAX_CHANNELS_PER_GROUP:
+        return GroupedConvHandler(module, own, same_pad)
+    if same_pad:
         return SamePadConvHandler(module, own)
     if isinstance(module, _BATCHNORM_BASES) and module.affine:
         if not any(has_own_forward(module, base) for base in _BATCHNORM_BASES if isinstance(module, base)):
