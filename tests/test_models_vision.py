@@ -192,3 +192,22 @@ def test_feature_cache_key_includes_the_input_resolution(tmp_path):
         [ds.load_image(i) for i in range(3)]))
     assert not torch.allclose(small.features, large.features)
     assert torch.allclose(large.features, direct, atol=1e-6)
+
+
+def test_private_training_on_idx_files_keeps_the_running_statistics(tmp_path):
+    """train() on IDX files with a vision classifier: bitfit moves BatchNorm shifts, never its running statistics."""
+    from privtune.training import train
+    from test_data_idx import _idx_bytes, _write
+
+    rng = np.random.default_rng(0)
+    _write(tmp_path / "train-images-idx3-ubyte.gz", _idx_bytes(rng.integers(0, 256, (40, 28, 28))))
+    _write(tmp_path / "train-labels-idx1-ubyte.gz", _idx_bytes(np.arange(40) % 3))
+    clf = build_vision_classifier(tiny_bn_net(), 3, image_size=16, seed=0)
+    bns = [m for m in clf.modules() if isinstance(m, nn.BatchNorm2d)]
+    stats = [(m.running_mean.clone(), m.running_var.clone(), m.bias.detach().clone()) for m in bns]
+    result = train(str(tmp_path / "train-images-idx3-ubyte.gz"), model=clf, mode="bitfit", epsilon=8.0, steps=3,
+                   batch_size=16, labels="0,1,2", output_dir=tmp_path / "run", progress=False, seed=0)
+    assert (tmp_path / "run" / "model" / "model.safetensors").is_file() and result is not None
+    for m, (mean, var, bias) in zip(bns, stats):
+        assert torch.equal(m.running_mean, mean) and torch.equal(m.running_var, var)
+        assert not torch.equal(m.bias.detach(), bias)  # β is trained (DP-BiTFiT)
