@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from privtune.data import ImageDataset, load_dataset
-from privtune.data.idx import IDX_IMAGES_MAGIC, IDX_LABELS_MAGIC, idx_labels_path, load_idx_dataset, read_idx
+from privtune.data import ImageDataset, load_dataset, load_idx_dataset
+from privtune.data.idx import IDX_IMAGES_MAGIC, IDX_LABELS_MAGIC, idx_labels_path, read_idx
 from privtune.errors import DataError
 
 FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")

@@ -185,6 +185,9 @@ KNOWN_LAZY_CYCLE_EDGES = {
     # import the training loop; the run writers import config only to write RUN_DIR/config.yaml.
     ("privtune.pipeline", "privtune.config"),
     ("privtune.hpo._resume", "privtune.config"),
+    # load_classifier hands vision model names (efficientnet-lite0, timm:…, torchvision:…) to models.vision, which
+    # builds a Classifier; timm and torchvision are imported only for those names.
+    ("privtune.models.classifier", "privtune.models.vision"),
 }
 
 

@@ -2,10 +2,11 @@
 
 An IDX file is a 4-byte magic number, one big-endian uint32 per dimension, then the data in C order.
 privtune reads unsigned-byte files only: images ``0x00000803`` (N × rows × columns, greyscale 0–255)
-and labels ``0x00000801`` (N class indices).  The images become an :class:`~privtune.data.ImageDataset`
-of greyscale ``PIL`` images (the model's preprocessing turns them into 3 channels and resizes them).
+and labels ``0x00000801`` (N class indices).  This module reads the format; :func:`privtune.data.load_idx_dataset`
+turns a pair of files into an :class:`~privtune.data.ImageDataset` of greyscale ``PIL`` images (the model's
+preprocessing turns them into 3 channels and resizes them).
 
-**Which labels file.**  :func:`load_idx_dataset` takes the labels file explicitly (``labels_file``) or
+**Which labels file.**  :func:`~privtune.data.load_idx_dataset` takes the labels file explicitly (``labels_file``) or
 finds it next to the images by the standard naming: ``images`` → ``labels`` and ``idx3`` → ``idx1`` in
 the file name, compressed or not (``train-images-idx3-ubyte.gz`` → ``train-labels-idx1-ubyte.gz``,
 ``t10k-images.idx3-ubyte`` → ``t10k-labels.idx1-ubyte``).  :func:`privtune.data.load_dataset` (and so
@@ -23,15 +24,12 @@ import gzip
 import os
 import zlib
 from pathlib import Path
-from typing import Any, Sequence
 
 import numpy as np
 
-from privtune.data.datasets import ImageDataset, _declared, _encode_labels
-from privtune.data.labels import describe_label_set, label_kind
 from privtune.errors import DataError
 
-__all__ = ["IDX_IMAGES_MAGIC", "IDX_LABELS_MAGIC", "is_idx_path", "idx_labels_path", "read_idx", "load_idx_dataset"]
+__all__ = ["IDX_IMAGES_MAGIC", "IDX_LABELS_MAGIC", "is_idx_path", "idx_labels_path", "read_idx"]
 
 #: magic number of an unsigned-byte IDX file with 3 dimensions (images: N × rows × columns)
 IDX_IMAGES_MAGIC = 0x00000803
@@ -146,69 +144,3 @@ def read_idx(path: str | os.PathLike, magic: int, what: str = "images") -> np.nd
             "header declares: the dimensions do not match the data. Download or copy it again."
         )
     return np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(dims)
-
-
-def load_idx_dataset(images_file: str | os.PathLike, labels_file: str | os.PathLike | None = None, *,
-                     labels: Sequence[str | int] | str | None = None, num_labels: int | None = None,
-                     label_names: Sequence[str] | None = None, require_labels: bool = True) -> ImageDataset:
-    """Load an IDX images file (and its labels file) as an :class:`~privtune.data.ImageDataset`.
-
-    Parameters
-    ----------
-    images_file : path
-        An unsigned-byte IDX file of N greyscale images, ``.gz``-compressed or not.
-    labels_file : path, optional
-        The matching labels file.  Default: the file found by the standard naming (module docstring).
-    labels, num_labels, label_names
-        The declared (public) label set: integer classes ``0..K-1`` (``labels=[0, ..., K-1]`` or
-        ``num_labels=K``).  Every label in the file must be one of them.  Undeclared (public files only):
-        K = largest label + 1, and every index below it must occur.
-    require_labels : bool, default True
-        False: images without a labels file load unlabelled (for prediction).
-
-    Raises
-    ------
-    DataError
-        A file that is missing, truncated, damaged or of the wrong kind (magic number); image and label
-        counts that differ; a label outside the declared classes; declared class names (the format has none).
-    """
-    num_labels, label_names = _declared(labels, num_labels, label_names)
-    images_path = Path(images_file).expanduser()
-    where = str(images_path)
-    if label_names is not None and any(label_kind(n)[0] != "int" for n in label_names):
-        raise DataError(
-            f"{where!r}: IDX label files hold class indices and no class names, but the declared labels are the names "
-            f"{describe_label_set(len(label_names), list(label_names))} (names are never mapped onto integers). "
-            "Declare the classes as integers, e.g. --labels 0,1,...,9 (Python: num_labels=10)."
-        )
-    pixels = read_idx(images_path, IDX_IMAGES_MAGIC, "images")
-    lab_path = Path(labels_file).expanduser() if labels_file is not None else idx_labels_path(images_path)
-    values = None
-    if lab_path is None:
-        if require_labels:
-            raise DataError(
-                f"No labels file found for the IDX images {where!r}: looked for the standard name (images → labels, "
-                "idx3 → idx1, e.g. train-labels-idx1-ubyte.gz) in the same folder. Put the labels file there under "
-                "that name, or pass it: load_idx_dataset(images_file, labels_file)."
-            )
-    else:
-        values = read_idx(lab_path, IDX_LABELS_MAGIC, "labels")
-        if values.shape[0] != pixels.shape[0]:
-            raise DataError(
-                f"The IDX images file {where!r} holds {pixels.shape[0]} images but the labels file {str(lab_path)!r} "
-                f"holds {values.shape[0]} labels; pass the labels file of these images."
-            )
-    # Lazy: Pillow only for image data: keeps privtune.data light for text.
-    from PIL import Image
-
-    images: list[Any] = [Image.fromarray(a) for a in pixels]
-    if values is None:
-        k = num_labels if label_names is None else len(label_names)
-        return ImageDataset(images=images, labels=None, num_labels=k, label_names=None, source=str(images_path.resolve()))
-    encoded, k, _ = _encode_labels(values.tolist(), f"IDX labels file {str(lab_path)!r}", "label", num_labels,
-                                   label_names, contiguous=True)
-    if num_labels is None and label_names is None:
-        k = max(k, 2)
-    # the images file identifies the data set for the ledger (one budget, whichever labels file is used)
-    return ImageDataset(images=images, labels=encoded, num_labels=k, label_names=None,
-                        source=str(images_path.resolve()))

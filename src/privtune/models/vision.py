@@ -43,6 +43,7 @@ from torch import nn
 
 from privtune._validation import check_choice, check_int
 from privtune.errors import InvalidParameterError, ModelError
+from privtune.models.classifier import CLASSIFIER_CONFIG, HEAD_FILE, Classifier
 
 __all__ = [
     "BATCHNORM_CHOICES", "DEFAULT_IMAGE_SIZE", "BUNDLED_VISION_MODELS", "ImagePreprocessor", "VisionBackbone",
@@ -376,9 +377,6 @@ def build_vision_classifier(net: nn.Module, num_labels: int, *, image_size: int 
     """A :class:`~privtune.models.Classifier` (``head(mean(features))``, pooling ``"mean"``) around any image
     network ``net`` (see :class:`VisionBackbone`).  ``config`` (architecture, source) is what
     :meth:`Classifier.save_pretrained` records; a network without one saves but cannot be reloaded by name."""
-    # Lazy: classifier imports this module lazily too.
-    from privtune.models.classifier import Classifier
-
     batchnorm = check_choice(batchnorm, "batchnorm", BATCHNORM_CHOICES)
     processor = ImagePreprocessor(image_size, mean, std)
     if batchnorm == "group":
@@ -451,10 +449,8 @@ def load_vision_classifier(path: str | os.PathLike, num_labels: int = 2, pooling
 
 def _load_saved(d: Path):
     """A classifier written by :meth:`Classifier.save_pretrained` around a vision backbone of this module."""
-    # Lazy: safetensors only when loading; classifier imports this module lazily.
+    # Lazy: safetensors only when loading.
     from safetensors.torch import load_file
-
-    from privtune.models.classifier import CLASSIFIER_CONFIG, HEAD_FILE
 
     try:
         cfg = json.loads((d / "config.json").read_text(encoding="utf-8"))[VISION_CONFIG_KEY]
