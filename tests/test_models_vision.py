@@ -211,3 +211,18 @@ def test_private_training_on_idx_files_keeps_the_running_statistics(tmp_path):
     for m, (mean, var, bias) in zip(bns, stats):
         assert torch.equal(m.running_mean, mean) and torch.equal(m.running_var, var)
         assert not torch.equal(m.bias.detach(), bias)  # β is trained (DP-BiTFiT)
+
+
+def test_a_fixed_size_network_gets_its_resolution_and_a_too_small_one_is_one_clear_error(tmp_path):
+    timm = require("timm")
+    from privtune.models.vision import load_vision_classifier
+
+    src = timm.create_model("test_vit", num_classes=10)
+    torch.save(src.state_dict(), tmp_path / "vit.pth")
+    assert src.pretrained_cfg["fixed_input_size"]
+    clf = load_classifier(f"timm:test_vit@{tmp_path / 'vit.pth'}", num_labels=3)
+    assert clf.processor.image_size == src.pretrained_cfg["input_size"][-1]
+    assert load_vision_classifier(f"timm:test_vit@{tmp_path / 'vit.pth'}", num_labels=3,
+                                  image_size=64).processor.image_size == 64  # a public choice
+    with pytest.raises(ModelError, match="cannot run at image_size=8.*image_size=...\\)"):
+        build_vision_classifier(nn.Sequential(nn.Conv2d(3, 4, 9), nn.ReLU()), 3, image_size=8)

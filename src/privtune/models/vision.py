@@ -101,7 +101,8 @@ class ImagePreprocessor:
         from PIL import Image
 
         s = self.image_size
-        arr = np.stack([np.asarray(im.convert("RGB").resize((s, s), Image.BILINEAR), dtype=np.uint8) for im in images])
+        bilinear = getattr(Image, "Resampling", Image).BILINEAR
+        arr = np.stack([np.asarray(im.convert("RGB").resize((s, s), bilinear), dtype=np.uint8) for im in images])
         x = torch.from_numpy(arr).permute(0, 3, 1, 2).to(torch.float32).div_(255.0)
         mean = torch.tensor(self.mean).reshape(1, 3, 1, 1)
         std = torch.tensor(self.std).reshape(1, 3, 1, 1)
@@ -272,7 +273,7 @@ def _load_weights(net: nn.Module, sd: dict, source: str, drop_prefixes: Sequence
     try:
         missing, unexpected = net.load_state_dict(sd, strict=False)
     except RuntimeError as exc:
-        first = next((ln.strip() for ln in str(exc).splitlines() if "size mismatch" in ln), str(exc).splitlines()[0])
+        first = next((ln.strip() for ln in str(exc).splitlines() if "size mismatch" in ln), (str(exc).splitlines() or [type(exc).__name__])[0])
         raise ModelError(f"The weights of `model` {source!r} do not fit its architecture: {first}") from None
     missing = [k for k in missing if not k.endswith("num_batches_tracked")]
     if missing or unexpected:
@@ -312,6 +313,15 @@ def _drop_last_linear(net: nn.Module) -> None:
         raise ModelError(f"{type(net).__name__} has no linear classifier to drop.")
     parent_name, _, child = last.rpartition(".")
     setattr(net.get_submodule(parent_name) if parent_name else net, child, nn.Identity())
+
+
+def _fixed_input_size(net: nn.Module) -> int | None:
+    """The one input resolution a network accepts (timm models with a fixed input size, torchvision ViTs), or None."""
+    cfg = getattr(net, "pretrained_cfg", None) or {}
+    if cfg.get("fixed_input_size") and cfg.get("input_size"):
+        return int(cfg["input_size"][-1])
+    size = getattr(net, "image_size", None)  # torchvision's VisionTransformer
+    return int(size) if isinstance(size, int) else None
 
 
 def _pretrained_net(source: str) -> tuple[nn.Module, dict, tuple[float, ...], tuple[float, ...]]:
@@ -388,10 +398,11 @@ def build_vision_classifier(net: nn.Module, num_labels: int, *, image_size: int 
     with torch.no_grad():  # the feature size, and a clear error for a resolution the network cannot take
         try:
             probe = backbone(torch.zeros(1, 3, processor.image_size, processor.image_size)).last_hidden_state
-        except RuntimeError as exc:
+        except (RuntimeError, AssertionError, ValueError) as exc:  # timm asserts a fixed input size
             raise ModelError(
                 f"The vision backbone {source or type(net).__name__!r} cannot run at image_size="
-                f"{processor.image_size}: {str(exc).splitlines()[0]}. Choose a larger image_size."
+                f"{processor.image_size}: {(str(exc).splitlines() or [type(exc).__name__])[0]}. Choose another "
+                "image_size (Python: privtune.models.vision.load_vision_classifier(..., image_size=...))."
             ) from None
     if seed is not None:
         torch.manual_seed(seed)
@@ -419,7 +430,8 @@ def load_vision_classifier(path: str | os.PathLike, num_labels: int = 2, pooling
     label_names : list of str, optional
         Class names recorded with the model.
     image_size : int, optional
-        Input resolution in pixels (default 64; a saved directory keeps its own).
+        Input resolution in pixels (default: 64, or the one size a network with a fixed input size accepts, such
+        as 224 for most ViTs; a saved directory keeps its own).
     batchnorm : {"eval", "group"}, default "eval"
         BatchNorm policy (module docstring).
     seed : int, optional
@@ -442,7 +454,8 @@ def load_vision_classifier(path: str | os.PathLike, num_labels: int = 2, pooling
         return _load_saved(saved)
     source = str(path)
     net, config, mean, std = _pretrained_net(source)
-    return build_vision_classifier(net, num_labels, image_size=image_size or DEFAULT_IMAGE_SIZE, mean=mean, std=std,
+    image_size = image_size or _fixed_input_size(net) or DEFAULT_IMAGE_SIZE
+    return build_vision_classifier(net, num_labels, image_size=image_size, mean=mean, std=std,
                                    batchnorm=batchnorm, label_names=label_names, source=source, config=config,
                                    seed=seed)
 
