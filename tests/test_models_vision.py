@@ -143,7 +143,8 @@ def test_timm_name_with_local_weights_round_trip(tmp_path):
     with torch.no_grad():
         assert torch.allclose(again(pixel_values=x), clf(pixel_values=x))
     torch.save(src.state_dict(), tmp_path / "w.pth")
-    assert load_classifier(f"timm:test_efficientnet@{tmp_path / 'w.pth'}", num_labels=3).num_features == src.num_features
+    from_pth = load_classifier(f"timm:test_efficientnet@{tmp_path / 'w.pth'}", num_labels=3)
+    assert from_pth.num_features == src.num_features
 
 
 def test_torchvision_name_with_local_weights(tmp_path):

@@ -621,7 +621,8 @@ def load_idx_dataset(images_file: str | os.PathLike, labels_file: str | os.PathL
     images: list[Any] = [Image.fromarray(a) for a in pixels]
     if values is None:
         k = num_labels if label_names is None else len(label_names)
-        return ImageDataset(images=images, labels=None, num_labels=k, label_names=None, source=str(images_path.resolve()))
+        return ImageDataset(images=images, labels=None, num_labels=k, label_names=None,
+                            source=str(images_path.resolve()))
     encoded, k, _ = _encode_labels(values.tolist(), f"IDX labels file {str(lab_path)!r}", "label", num_labels,
                                    label_names, contiguous=True)
     if num_labels is None and label_names is None:
@@ -636,8 +637,8 @@ def load_dataset(data: Any, text_column: str | None = None, label_column: str | 
                  require_labels: bool = True,
                  labels: Sequence[str | int] | str | None = None) -> TextDataset | ImageDataset:
     """Load any supported dataset: a directory is an image folder, an IDX file (``*-ubyte[.gz]``, see
-    :mod:`privtune.data.idx`) holds images, another file is a text table, a ``datasets.Dataset`` is converted.  An existing TextDataset/ImageDataset is returned unchanged,
-    or, with a declared label set (``labels``, ``label_names`` or ``num_labels``), checked against it
+    :mod:`privtune.data.idx`) holds images, another file is a text table, a ``datasets.Dataset`` is converted.
+    An existing TextDataset/ImageDataset is returned unchanged, or, with a declared label set (``labels``, ``label_names`` or ``num_labels``), checked against it
     and re-indexed in the declared order (:func:`with_label_set`)."""
     num_labels, label_names = _declared(labels, num_labels, label_names)
     if isinstance(data, (TextDataset, ImageDataset)):

@@ -242,7 +242,8 @@ def _read_state_dict(path: Path, what: str) -> dict:
     except Exception as exc:
         raise ModelError(
             f"Cannot read the weights file {str(path)!r} of {what!r} ({type(exc).__name__}: "
-            f"{str(exc).splitlines()[0] if str(exc) else 'no details'}). Pass a .safetensors file or a torch state dict."
+            f"{str(exc).splitlines()[0] if str(exc) else 'no details'}). Pass a .safetensors file or a torch state "
+            "dict."
         ) from None
     for key in ("state_dict", "model"):
         if isinstance(sd, dict) and isinstance(sd.get(key), dict):
@@ -273,13 +274,15 @@ def _load_weights(net: nn.Module, sd: dict, source: str, drop_prefixes: Sequence
     try:
         missing, unexpected = net.load_state_dict(sd, strict=False)
     except RuntimeError as exc:
-        first = next((ln.strip() for ln in str(exc).splitlines() if "size mismatch" in ln), (str(exc).splitlines() or [type(exc).__name__])[0])
+        lines = str(exc).splitlines() or [type(exc).__name__]
+        first = next((ln.strip() for ln in lines if "size mismatch" in ln), lines[0])
         raise ModelError(f"The weights of `model` {source!r} do not fit its architecture: {first}") from None
     missing = [k for k in missing if not k.endswith("num_batches_tracked")]
     if missing or unexpected:
         raise ModelError(
             f"The weights of `model` {source!r} do not fit its architecture: {len(missing)} missing tensor(s) "
-            f"{missing[:3]}, {len(unexpected)} unexpected {list(unexpected)[:3]}. Pass the weights of this architecture."
+            f"{missing[:3]}, {len(unexpected)} unexpected {list(unexpected)[:3]}. Pass the weights of this "
+            "architecture."
         )
 
 
