@@ -38,7 +38,7 @@ def test_ci_runs_the_readme_commands():
 
 def test_readme_names_the_system_packages_ci_installs():
     packages = set(re.findall(r"apt_install ([a-z][a-z0-9-]*)", CI))
-    assert packages == {"postgresql", "chromium"}, packages
+    assert packages == {"postgresql", "dataset-fashion-mnist", "chromium"}, packages
     install = next(c for c in _readme_commands() if "apt-get install" in c)
     assert all(p in install.split() for p in packages), install
 

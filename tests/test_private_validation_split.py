@@ -38,7 +38,7 @@ def _inputs(texts: list[str], frac: float = 0.1, delta: float = 1e-5) -> _Inputs
     n_train, n_val = _planned_split_sizes(n, frac, delta)
     ds = TextDataset(texts, [i % 2 for i in range(n)], 2)
     return _Inputs(train=ds, eval_set=None, public_set=None, private_val=None, selection="private_validation_noisy",
-                   privacy=None, num_labels=2, label_names=None, label_source=None, fingerprint="f", ledger_name=None,
+                   privacy=None, num_labels=2, label_names=None, label_source=None, fingerprint="f", file_name=None,
                    embedded=False, train_source="test", reported_split=None, validation_fraction=frac,
                    n_train_public=n_train, n_val_public=n_val)
 

@@ -42,6 +42,7 @@ from privtune.engine._layers import (
     Record,
     hf_conv1d_type,
 )
+from privtune.engine._vision_layers import has_own_forward, vision_handler
 
 __all__ = ["PrivateGradient", "ReleaseInfo"]
 
@@ -94,10 +95,16 @@ def _is_batchnorm(m: nn.Module) -> bool:
     return isinstance(m, nn.modules.batchnorm._BatchNorm)
 
 
+def _plain(module: nn.Module, base: type) -> bool:
+    """``module`` is a ``base`` whose forward is ``base``'s own (so ``base``'s per-example rule holds)."""
+    return isinstance(module, base) and not has_own_forward(module, base)
+
+
 def _batchnorm_error(name: str) -> UnsupportedModuleError:
     return UnsupportedModuleError(
-        f"`model` contains BatchNorm module {name!r} in train mode. Train-mode BatchNorm mixes examples "
-        "through batch statistics, so per-example gradients (and DP) are undefined. Fix: replace it with "
+        f"`model` contains BatchNorm module {name!r} in train mode (or without running statistics). Such "
+        "BatchNorm mixes examples through batch statistics, so per-example gradients (and DP) are undefined. "
+        "Fix: replace it with "
         "GroupNorm (e.g. nn.GroupNorm(min(32, C), C)), or put it in eval mode and freeze it "
         "(module.eval(); module.requires_grad_(False)) before building PrivateGradient and after every model.train()."
     )
@@ -186,9 +193,11 @@ class PrivateGradient:
     Layers handled without materialising per-example gradients (book-keeping, one backward):
     ``nn.Linear`` (2-D and N-D inputs; ghost T×T or per-example form chosen per layer by cost
     2T² vs p·d), HF ``Conv1D``, ``nn.Embedding`` (ghost, padding_idx respected), ``nn.Conv1d/2d``
-    (unfold), ``nn.LayerNorm``, ``nn.GroupNorm``; bias-only layers keep no activation
-    (DP-BiTFiT). Any other module owning a trainable parameter (and ``nn.MultiheadAttention``
-    as a whole) uses a ``torch.func`` per-example fallback, announced by one warning.
+    (unfold; depthwise and grouped too; timm's TF-"same" padded ``Conv2dSame``), ``nn.LayerNorm``,
+    ``nn.GroupNorm``, eval-mode BatchNorm (also timm's ``BatchNormAct2d``); bias-only layers keep no
+    activation (DP-BiTFiT). Any other module owning a trainable parameter (and ``nn.MultiheadAttention``
+    as a whole, and a subclass of these layers that overrides ``forward``) uses a ``torch.func``
+    per-example fallback, announced by one warning.
     """
 
     def __init__(
@@ -304,12 +313,15 @@ class PrivateGradient:
 
     def _make_handler(self, module: nn.Module, own: dict[str, nn.Parameter]) -> Handler:
         roles = set(own)
-        if isinstance(module, nn.Linear) and roles <= {"weight", "bias"}:
+        special = vision_handler(module, own)  # eval-mode BatchNorm, timm's TF-"same" convolutions
+        if special is not None:
+            return special
+        if _plain(module, nn.Linear) and roles <= {"weight", "bias"}:
             return LinearHandler(module, own)
         conv1d = hf_conv1d_type()
         if conv1d is not None and isinstance(module, conv1d) and roles <= {"weight", "bias"}:
             return LinearHandler(module, own, transposed=True)
-        if isinstance(module, (nn.Conv1d, nn.Conv2d)) and roles <= {"weight", "bias"}:
+        if (_plain(module, nn.Conv1d) or _plain(module, nn.Conv2d)) and roles <= {"weight", "bias"}:
             return ConvHandler(module, own)
         if isinstance(module, nn.Embedding) and roles == {"weight"}:
             if module.scale_grad_by_freq:
@@ -323,19 +335,19 @@ class PrivateGradient:
                     "Fix: set max_norm=None or freeze the embedding."
                 )
             return EmbeddingHandler(module, own)
-        if isinstance(module, nn.LayerNorm) and roles <= {"weight", "bias"}:
+        if _plain(module, nn.LayerNorm) and roles <= {"weight", "bias"}:
             return LayerNormHandler(module, own)
-        if isinstance(module, nn.GroupNorm) and roles <= {"weight", "bias"}:
+        if _plain(module, nn.GroupNorm) and roles <= {"weight", "bias"}:
             return GroupNormHandler(module, own)
-        if _is_batchnorm(module):
-            # eval-mode BatchNorm is a per-example affine map; its parameters go through the fallback
-            pass
+        # anything else, including subclasses whose forward computes something else than their base class
+        # (timm's LayerNorm2d, StdConv2d, GroupNormAct, ...): the exact per-example fallback
         names = {p: n for n, p in own.items()}
         return FallbackHandler(module, {n: p for n, p in own.items()}, names)
 
     def _check_batchnorm(self) -> None:
         for name, m in self._batchnorms:
-            if m.training:
+            # without running statistics, BatchNorm normalises by batch statistics in eval mode too
+            if m.training or m.running_mean is None or m.running_var is None:
                 raise _batchnorm_error(name)
 
     # ------------------------------------------------------------------ hooks
@@ -758,7 +770,7 @@ class PrivateGradient:
         out: dict[str, str] = {}
         for h in self.handlers:
             mode = h.kind
-            if h.kind in ("linear", "conv", "layernorm", "groupnorm") and not h.needs_input:
+            if h.kind in ("linear", "conv", "layernorm", "groupnorm", "batchnorm") and not h.needs_input:
                 mode += " (bias only, no activations)"
             out[self._owner_of(h)] = mode
         return out

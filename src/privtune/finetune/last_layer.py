@@ -91,6 +91,9 @@ def _cache_key(model: Any, dataset: Any) -> str:
     h = hashlib.sha256()
     h.update(str(getattr(model, "source", "")).encode())
     h.update(f"|{model.pooling}|{model.normalize}|{model.max_length}|".encode())
+    to_dict = getattr(getattr(model, "processor", None), "to_dict", None)
+    if to_dict is not None:  # image preprocessing (resolution, normalisation) changes the features too
+        h.update(repr(sorted(to_dict().items())).encode())
     # the backbone weights themselves (cheap relative to a forward pass over the data)
     for name, p in sorted(model.backbone.state_dict().items()):
         h.update(name.encode())

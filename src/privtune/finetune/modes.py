@@ -36,6 +36,8 @@ def _bias_module_types() -> tuple[type, ...]:
     types: list[type] = [
         nn.Linear, nn.Bilinear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d,
         nn.ConvTranspose3d, nn.LayerNorm, nn.GroupNorm, nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d,
+        # BatchNorm's shift β (privtune trains BatchNorm in eval mode only: a per-example affine map)
+        nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d,
     ]
     try:
         # Lazy: transformers only when a model is adapted: keeps import light.
@@ -204,7 +206,7 @@ def _train_biases(model: nn.Module, head: nn.Module, *, train_head: bool) -> lis
     if not chosen:
         raise ModelError(
             f"mode='bitfit' needs bias terms, but the backbone {type(model.backbone).__name__} has no biases in "
-            "Linear/Conv/LayerNorm/GroupNorm/Conv1D modules. Use mode='lora', 'full' or 'two-phase'."
+            "Linear/Conv/LayerNorm/GroupNorm/BatchNorm/Conv1D modules. Use mode='lora', 'full' or 'two-phase'."
         )
     params = dict(model.backbone.named_parameters())
     for n in chosen:

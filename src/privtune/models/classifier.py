@@ -490,6 +490,17 @@ def check_model_label_set(model: nn.Module, num_labels: int, label_names: Sequen
         model.label_names = list(label_names)
 
 
+#: Model families other than Hugging Face directories, as (matches(path) -> bool, load(path, num_labels, pooling,
+#: label_names=, seed=) -> Classifier) pairs.  Each family's module registers itself when ``privtune.models`` is
+#: imported (privtune.models.vision: efficientnet-lite0, timm:…, torchvision:…), so this module never imports them.
+MODEL_FAMILIES: list[tuple[Any, Any]] = []
+
+
+def register_model_family(matches, load) -> None:
+    """Let :func:`load_classifier` hand the model names ``matches`` accepts to ``load``."""
+    MODEL_FAMILIES.append((matches, load))
+
+
 def load_classifier(
     path: str | os.PathLike | None = None,
     num_labels: int = 2,
@@ -507,7 +518,9 @@ def load_classifier(
     path : path, optional
         A local model directory (``config.json`` + weights + tokenizer or image processor), or a
         directory written by :meth:`Classifier.save_pretrained`.  ``None``: the bundled
-        all-MiniLM-L6-v2.
+        all-MiniLM-L6-v2.  A vision backbone name (``"efficientnet-lite0"``, ``"timm:ARCH@WEIGHTS"``,
+        ``"torchvision:ARCH@WEIGHTS"``) is loaded by :func:`privtune.models.vision.load_vision_classifier`
+        with its defaults (64-pixel inputs, BatchNorm kept in eval mode).
     num_labels : int, default 2
         Number of classes of the new head (ignored for a saved privtune classifier).
     pooling : {"auto", "mean", "cls", "model"}, default "auto"
@@ -529,6 +542,9 @@ def load_classifier(
         architecture without a classification/base model class.
     """
     check_choice(pooling, "pooling", POOLING_CHOICES)
+    for matches, load in MODEL_FAMILIES:
+        if matches(path):
+            return load(path, num_labels, pooling, label_names=label_names, seed=seed)
     num_labels = check_int(num_labels, "num_labels", low=2, fix="A classifier needs at least two classes.")
     d, config, max_length = _checked_model_config(path, max_length)
     meta = _read_classifier_meta(d)
