@@ -136,3 +136,34 @@ def test_lora_q_v_matches_per_example_loop():
             p.data.normal_(0, 0.1)
     kinds = _check(lm, tok)
     assert kinds and all(k == "linear" for k in kinds.values())
+
+
+def test_tied_weight_with_only_the_head_called():
+    """inputs_embeds instead of input_ids: the embedding module never runs, the head's use is still counted
+    (and not mistaken for an unattributable functional use of the weight)."""
+    model, tok = _model("llama", tie=True)
+    batch = _batch(tok)
+    with torch.no_grad():
+        embeds = model.model.embed_tokens(batch["input_ids"])
+
+    def losses(rows=slice(None)):
+        out = model(inputs_embeds=embeds[rows], attention_mask=batch["attention_mask"][rows])
+        return sequence_losses(out.logits, batch["labels"][rows])
+
+    W = model.lm_head.weight
+    ref = torch.stack([torch.autograd.grad(losses(slice(i, i + 1)).sum(), W)[0].norm() for i in range(len(PAIRS))])
+    pg = PrivateGradient(model, max_grad_norm=1e6, noise_multiplier=0.0, expected_batch_size=1.0)
+    norms = pg.backward(losses())
+    pg.close()
+    params = [p for p in model.parameters() if p.requires_grad and p is not W]
+    rest = torch.stack([torch.cat([g.reshape(-1) for g in torch.autograd.grad(losses(slice(i, i + 1)).sum(), params)])
+                        .norm() for i in range(len(PAIRS))])
+    assert torch.allclose(norms, torch.sqrt(ref ** 2 + rest ** 2), rtol=1e-9, atol=0)
+
+
+def test_weight_tied_to_a_third_module_is_refused():
+    model, _ = _model("gpt2")
+    model.extra_head = torch.nn.Linear(model.config.n_embd, model.config.vocab_size, bias=False).double()
+    model.extra_head.weight = model.lm_head.weight
+    with pytest.raises(UnsupportedModuleError, match="tied weights"):
+        PrivateGradient(model, max_grad_norm=1.0, noise_multiplier=0.0, expected_batch_size=1.0)

@@ -192,8 +192,9 @@ class PrivateGradient:
     (unfold), ``nn.LayerNorm``, ``nn.GroupNorm``, RMSNorm (``nn.RMSNorm``, HF ``LlamaRMSNorm``); bias-only
     layers keep no activation (DP-BiTFiT).  A weight tied between an ``nn.Embedding`` and an ``nn.Linear`` LM
     head (GPT-2, SmolLM2) is one parameter with one per-example gradient, the sum of both uses; its norm adds
-    a ghost cross term (engine/_tied.py), so no vocabulary-sized per-example gradient is formed. Any other module owning a trainable parameter (and ``nn.MultiheadAttention``
-    as a whole) uses a ``torch.func`` per-example fallback, announced by one warning.
+    a ghost cross term (engine/_tied.py), so no vocabulary-sized per-example gradient is formed.  Any other
+    module owning a trainable parameter (and ``nn.MultiheadAttention`` as a whole) uses a ``torch.func``
+    per-example fallback, announced by one warning.
     """
 
     def __init__(
@@ -284,6 +285,7 @@ class PrivateGradient:
         fallback_modules: list[str] = []
         owner: dict[nn.Parameter, str] = {}
         handler_of: dict[nn.Parameter, Handler] = {}
+        tied: set[nn.Parameter] = set()
         self._ties: list[tuple[Handler, Handler]] = []
         self._handler_name: dict[int, str] = {}  # the module each handler hooks (a tied weight has two)
         covered: set[int] = set()
@@ -301,7 +303,8 @@ class PrivateGradient:
             handler = self._make_handler(module, dict(own))
             self._handler_name[id(handler)] = mname or "<model>"
             for n, p in own:
-                tie = tied_pair(handler_of[p], handler, p) if p in handler_of else None
+                # one embedding + one head only: a third use would need more cross terms
+                tie = tied_pair(handler_of[p], handler, p) if p in handler_of and p not in tied else None
                 if p in owner and (tie is None or self.per_layer):
                     raise UnsupportedModuleError(
                         f"`model` parameter {self._param_names[p]!r} is shared by modules {owner[p]!r} and "
@@ -311,6 +314,7 @@ class PrivateGradient:
                     )
                 if tie is not None:
                     self._ties.append(tie)
+                    tied.add(p)
                     continue
                 owner[p] = mname or "<model>"
                 handler_of[p] = handler
