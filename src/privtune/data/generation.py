@@ -17,6 +17,7 @@ text (docs/privacy-model.md, "Refusals that read the private data").
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
 import json
 import math
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from privtune.data.datasets import TEXT_SUFFIXES, _pick_column, read_table
+from privtune.data.datasets import TEXT_SUFFIXES, read_table
 from privtune.errors import DataError, InvalidParameterError
 
 PROMPT_COLUMN_CANDIDATES = ("prompt", "context", "input", "source", "mr")
@@ -89,6 +90,19 @@ def _rows_phrase(rows: list[int]) -> str:
     shown = ", ".join(str(r) for r in rows[:_MAX_ROWS_SHOWN])
     more = f" and {len(rows) - _MAX_ROWS_SHOWN} more" if len(rows) > _MAX_ROWS_SHOWN else ""
     return f"row{'s' if len(rows) > 1 else ''} {shown}{more}"
+
+
+def _pick_column(columns: list[str], given: str | None, candidates: tuple[str, ...], what: str, where: str,
+                 flag: str, exclude: str | None = None) -> str | None:
+    """The given column (checked), else the first candidate present (case-insensitive), else None."""
+    if given is not None:
+        if given not in columns:
+            close = difflib.get_close_matches(given, columns, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise DataError(f"{where}: {what} column {given!r} (from `{flag}`) not found; the columns are {columns}.{hint}")
+        return given
+    lower = {c.lower(): c for c in columns if c != exclude}
+    return next((lower[c] for c in candidates if c in lower), None)
 
 
 def _cell_text(v: Any) -> str | None:

@@ -16,12 +16,13 @@ The GGUF package is located with :func:`importlib.util.find_spec`, never importe
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from privtune.errors import ModelError
 
@@ -37,6 +38,22 @@ KNOWN_CAUSAL_LMS: dict[str, tuple[str, str, str, str]] = {
 
 #: a converted directory is complete when this file exists (written last, after an atomic rename)
 _COMPLETE_MARK = "privtune_converted.json"
+
+
+@contextlib.contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """transformers' warnings and progress bars off while loading (restored afterwards)."""
+    from transformers.utils import logging as hf_logging
+
+    old, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(old)
+        if bars:
+            hf_logging.enable_progress_bar()
 
 
 def cache_dir() -> Path:
@@ -75,8 +92,6 @@ def convert_gguf(package_dir: Path, gguf_file: str, out: Path) -> Path:
 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from privtune.models.classifier import _quiet_transformers
 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
@@ -140,8 +155,6 @@ def load_causal_lm(model: str | os.PathLike, *, dtype: Any = None) -> tuple[Any,
     # Lazy: transformers only when a model is loaded.
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-    from privtune.models.classifier import _quiet_transformers
 
     d = resolve_causal_lm(model)
     try:
