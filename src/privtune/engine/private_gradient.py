@@ -43,6 +43,8 @@ from privtune.engine._layers import (
     hf_conv1d_type,
 )
 from privtune.engine._vision_layers import has_own_forward, vision_handler
+from privtune.engine._rmsnorm import RMSNormHandler, is_rmsnorm
+from privtune.engine._tied import tied_pair, tied_sq_norms
 
 __all__ = ["PrivateGradient", "ReleaseInfo"]
 
@@ -194,9 +196,13 @@ class PrivateGradient:
     ``nn.Linear`` (2-D and N-D inputs; ghost T×T or per-example form chosen per layer by cost
     2T² vs p·d), HF ``Conv1D``, ``nn.Embedding`` (ghost, padding_idx respected), ``nn.Conv1d/2d``
     (unfold; depthwise and grouped too; timm's TF-"same" padded ``Conv2dSame``), ``nn.LayerNorm``,
-    ``nn.GroupNorm``, eval-mode BatchNorm (also timm's ``BatchNormAct2d``); bias-only layers keep no
-    activation (DP-BiTFiT). Any other module owning a trainable parameter (and ``nn.MultiheadAttention``
-    as a whole, and a subclass of these layers that overrides ``forward``) uses a ``torch.func``
+    ``nn.GroupNorm``, RMSNorm (``nn.RMSNorm``, HF ``LlamaRMSNorm``), eval-mode BatchNorm (also timm's
+    ``BatchNormAct2d``); bias-only layers keep no activation (DP-BiTFiT).  A weight tied between an
+    ``nn.Embedding`` and an ``nn.Linear`` LM head (GPT-2, SmolLM2) is one parameter with one per-example
+    gradient, the sum of both uses; its norm adds a ghost cross term (engine/_tied.py), so no vocabulary-sized
+    per-example gradient is formed.  Any other module owning a trainable parameter (and
+    ``nn.MultiheadAttention`` as a whole, and a subclass of these layers that overrides ``forward``) uses a
+    ``torch.func``
     per-example fallback, announced by one warning.
     """
 
@@ -280,11 +286,17 @@ class PrivateGradient:
         """One handler per module that owns trainable parameters (``nn.MultiheadAttention`` as a whole).
 
         Returns the handlers, the descriptions of the modules that use the per-example fallback, and each
-        trainable parameter's owning module name; tied trainable weights are refused.
+        trainable parameter's owning module name.  A weight tied between an ``nn.Embedding`` and an
+        ``nn.Linear`` LM head is one parameter with one per-example gradient, the sum of both uses (recorded in
+        ``self._ties``; engine/_tied.py); any other tied trainable weight is refused.
         """
         handlers: list[Handler] = []
         fallback_modules: list[str] = []
         owner: dict[nn.Parameter, str] = {}
+        handler_of: dict[nn.Parameter, Handler] = {}
+        tied: set[nn.Parameter] = set()
+        self._ties: list[tuple[Handler, Handler]] = []
+        self._handler_name: dict[int, str] = {}  # the module each handler hooks (a tied weight has two)
         covered: set[int] = set()
         for mname, module in model.named_modules():
             if id(module) in covered:
@@ -297,15 +309,24 @@ class PrivateGradient:
                 own = [(n, p) for n, p in module.named_parameters(recurse=False) if p.requires_grad]
             if not own:
                 continue
+            handler = self._make_handler(module, dict(own))
+            self._handler_name[id(handler)] = mname or "<model>"
             for n, p in own:
-                if p in owner:
+                # one embedding + one head only: a third use would need more cross terms
+                tie = tied_pair(handler_of[p], handler, p) if p in handler_of and p not in tied else None
+                if p in owner and (tie is None or self.per_layer):
                     raise UnsupportedModuleError(
                         f"`model` parameter {self._param_names[p]!r} is shared by modules {owner[p]!r} and "
-                        f"{mname!r} (tied weights). Per-example clipping of tied trainable weights is not supported. "
-                        "Fix: freeze it (requires_grad_(False)) or untie the weights."
+                        f"{mname!r} (tied weights). Per-example clipping supports a weight tied between an "
+                        "nn.Embedding and an nn.Linear LM head only, and not with per_layer=True. "
+                        "Fix: freeze it (requires_grad_(False)), untie the weights, or use per_layer=False."
                     )
+                if tie is not None:
+                    self._ties.append(tie)
+                    tied.add(p)
+                    continue
                 owner[p] = mname or "<model>"
-            handler = self._make_handler(module, dict(own))
+                handler_of[p] = handler
             if isinstance(handler, FallbackHandler):
                 fallback_modules.append(f"{mname or '<model>'} ({type(module).__name__})")
             handlers.append(handler)
@@ -339,6 +360,8 @@ class PrivateGradient:
             return LayerNormHandler(module, own)
         if _plain(module, nn.GroupNorm) and roles <= {"weight", "bias"}:
             return GroupNormHandler(module, own)
+        if roles == {"weight"} and is_rmsnorm(module):
+            return RMSNormHandler(module, own)
         # anything else, including subclasses whose forward computes something else than their base class
         # (timm's LayerNorm2d, StdConv2d, GroupNormAct, ...): the exact per-example fallback
         names = {p: n for n, p in own.items()}
@@ -425,6 +448,9 @@ class PrivateGradient:
         self._edges.append(get_gradient_edge(t))
 
     def _owner_of(self, handler: Handler) -> str:
+        name = self._handler_name.get(id(handler))
+        if name is not None:
+            return name
         p = next(iter(handler.params.values()))
         return self._owner_name.get(p, "?")
 
@@ -535,7 +561,8 @@ class PrivateGradient:
         Their ``.grad`` is restored afterwards.
         """
         fired = {id(h) for h in self.handlers if h.records}
-        guard = [p for h in self.handlers if id(h) not in fired for p in h.params.values()]
+        used = {p for h in self.handlers if id(h) in fired for p in h.params.values()}  # tied: one use fired
+        guard = [p for h in self.handlers if id(h) not in fired for p in h.params.values() if p not in used]
         saved = {p: p.grad for p in guard}
         for p in guard:
             p.grad = None
@@ -560,6 +587,7 @@ class PrivateGradient:
         (summed over those handlers, units of C²) and the list of those handlers."""
         sq = torch.zeros(B, dtype=torch.float64, device=device)
         active: list[Handler] = []
+        tied = {id(h) for pair in self._ties for h in pair}
         for h in self.handlers:
             recs = [r for r in h.records if any(g is not None for g in r.grads)]
             for r in recs:
@@ -568,8 +596,13 @@ class PrivateGradient:
                 continue
             h.records = recs
             self._finish_handler(h)
-            sq = sq + h.sq.to(sq.dtype)
+            if id(h) not in tied:
+                sq = sq + h.sq.to(sq.dtype)
             active.append(h)
+        reached = {id(h) for h in active}
+        for emb, lin in self._ties:  # one norm for the tied weight: both uses plus their cross term
+            if id(emb) in reached or id(lin) in reached:
+                sq = sq + tied_sq_norms(emb if id(emb) in reached else None, lin if id(lin) in reached else None)
         return sq, active
 
     def _check_record_grads(self, h: Handler, rec: Record, B: int) -> None:
