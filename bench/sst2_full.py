@@ -1,4 +1,4 @@
-"""Private fine-tuning of MiniLM on the full SST-2 training set (issue 15), tuning included.
+"""Private fine-tuning of MiniLM on the full SST-2 training set, tuning included.
 
 Data: private = the SST-2 training phrases minus a public split of ``--public-size`` (2,000) phrases that no
 private phrase contains or is contained in (word level, lower-case; SST-2 holds the sub-phrases of its sentences,
@@ -34,7 +34,7 @@ Rows: total ε (``--epsilons``, default 1,3,8; δ = 1e-5).  Columns (``--cells``
                  ``fixed-full-lr2e-3`` the same at Adam 2e-3, ``fixed-full-lr2e-3-epochs3`` that for 3 epochs,
                  ``fixed-full-lr5e-3`` and ``fixed-full-lr1e-2`` one epoch at those rates;
                  ``fixed-full-alpha0.1`` / ``-alpha0.03`` / ``-alpha0.3``: the head at Adam 1e-2 and every pre-trained weight at
-                 α·1e-2 (``backbone_lr_scale``, seed 002), one epoch; ``fixed-full-alpha0.1-batch256`` that at
+                 α·1e-2 (``backbone_lr_scale``, Mehta et al.), one epoch; ``fixed-full-alpha0.1-batch256`` that at
                  expected batch 256 (the same compute in 4× the steps); ``fixed-full-alpha0.1-epochs3`` three epochs,
                  ``fixed-full-alpha0.1-epochs3-frozen-embeddings`` that with the word-embedding table frozen
   clipped-full-lr2e-3  NOT PRIVATE: the fixed-full-lr2e-3 recipe at σ = 0 (clipping kept): what is left
@@ -45,7 +45,7 @@ at the seed-003 recommended expected batch for (ε, n, 3 epochs); learning rate 
 [1.25e-3, 8e-2] (random) or the grid {2.5e-3, 1e-2, 4e-2} (oracle); epochs in {1, 2, 3} (random) or
 {1, 3} (oracle).  ``random-full`` and ``oracle-full``: the same searches over DP full fine-tuning, the mode
 the default trains from 60,000 examples (η is the head's rate; the pre-trained weights step at α·η with the
-mode's α = 0.1): the issue's "same space" for the default at full size.
+mode's α = 0.1): the default's own space at full size.
 
 Each cell reports dev accuracy, certificate ε, wall time and compute relative to one final run (examples
 through DP/non-private gradient steps of the whole cell ÷ those of its released run; forward-only passes
@@ -53,7 +53,7 @@ such as scoring are not counted).  Each (cell, ε, seed) is its own JSON file un
 ``bench/results/sst2_full/<tag>/``, kept in git with the trial files and ``log.txt`` (not the split's rows, which
 the bench rebuilds, nor the tune runs' output folders with their models); an existing file is reused (resumable),
 and a cell without one is printed as "not run"; ``random`` and ``oracle`` also resume trial by trial (``runs/<key>/trial<i>.json``), since
-at full size they are 12 (oracle) and 18 (random) epochs of DP-BiTFiT, more than one CPU session;
+at full size they are 12 (oracle) and 18 (random) epochs of DP-BiTFiT, more than one sitting on a CPU;
 ``--trials 4,5`` runs only those trials, so that two processes (one thread each) can share a cell; the one that
 finishes last writes the cell.  A trial
 file also holds ``iterate_averages``: the public and dev accuracy of two averages of that run's iterates (EMA and
@@ -66,7 +66,7 @@ second-half mean; post-processing kept beside the run to measure averaging, neve
 
 On a machine with a GPU every cell runs there (privtune's default device) with micro-batches of 256 examples
 (``--max-physical-batch-size``; memory and speed only), and its results go to their own folder (``full_cuda``):
-the README keeps the CPU and GPU tables apart.  ``--seed S`` runs one seed of each cell, so that several processes
+docs/benchmarks.md (``python scripts/make_benchmarks.py``) shows what is kept.  ``--seed S`` runs one seed of each cell, so that several processes
 can share the GPU (e.g. the default cell's three seeds at once).
 """
 
@@ -103,7 +103,7 @@ class Fixed(NamedTuple):
     learning_rate: float  # Adam η of the head (and of everything else unless backbone_lr_scale < 1)
     normalised: bool  # the head reads the checkpoint's L2-normalised features
     epochs: float
-    backbone_lr_scale: float = 1.0  # seed 002's pre-trained-layer multiplier α: η·α outside the head
+    backbone_lr_scale: float = 1.0  # Mehta et al.'s pre-trained-layer multiplier α: η·α outside the head
     noise: bool = True  # False: σ = 0 with clipping kept (NOT PRIVATE; isolates the noise from the recipe)
     batch_size: int = 1024  # expected Poisson batch
     train_embeddings: bool = True  # False: the backbone's input embedding table stays at its pre-trained value
@@ -118,7 +118,7 @@ FIXED = {"fixed-bitfit": Fixed("bitfit", 1e-2, False, 3.0), "fixed-bitfit-normal
          "fixed-full-lr5e-3": Fixed("full", 5e-3, False, 1.0), "fixed-full-lr1e-2": Fixed("full", 1e-2, False, 1.0),
          # the recipe of fixed-full-lr2e-3 without noise: what one epoch of 60 clipped steps can reach at all
          "clipped-full-lr2e-3": Fixed("full", 2e-3, False, 1.0, noise=False),
-         # the head at DP-BiTFiT's rate (1e-2), the pre-trained weights at α·1e-2 (seed 002, Table 8)
+         # the head at DP-BiTFiT's rate (1e-2), the pre-trained weights at α·1e-2 (Mehta et al., Table 8)
          "fixed-full-alpha0.1": Fixed("full", 1e-2, False, 1.0, backbone_lr_scale=0.1),
          "fixed-full-alpha0.03": Fixed("full", 1e-2, False, 1.0, backbone_lr_scale=0.03),
          "fixed-full-alpha0.3": Fixed("full", 1e-2, False, 1.0, backbone_lr_scale=0.3),
@@ -611,7 +611,7 @@ def main(argv=None) -> int:
     tag = "quick" if args.quick else ("full" if subset is None else f"subset{subset}")
     if args.epochs is not None:
         tag += f"_epochs{args.epochs:g}"
-    if cuda:  # GPU results are their own table (the README keeps the CPU and GPU tables side by side)
+    if cuda:  # GPU results are their own table (kept apart from the CPU's)
         tag += "_cuda"
     tag_dir = RESULTS / tag
     epsilons = [float(e) for e in (args.epsilons or ("1" if args.quick else "1,3,8")).split(",")]

@@ -31,6 +31,23 @@ def _isolated_ledger(tmp_path, monkeypatch):
     yield
 
 
+#: where a test that forgets its tmp_path would write: `tune` without output_dir makes runs/<timestamp>/ in the
+#: working directory; the suite runs from the repository root
+_STRAY_RUN_DIRS = tuple({Path.cwd() / "runs", Path(__file__).resolve().parents[1] / "runs"})
+
+
+@pytest.fixture(autouse=True)
+def _no_stray_run_directory():
+    """Fail the test that creates runs/ in the repository (or wherever pytest was started): a test writes only
+    under its tmp_path (pass output_dir, or monkeypatch.chdir(tmp_path))."""
+    before = {p: p.exists() for p in _STRAY_RUN_DIRS}
+    yield
+    made = [str(p) for p, existed in before.items() if not existed and p.exists()]
+    if made:
+        pytest.fail(f"this test created {made}; write under tmp_path (output_dir=..., or monkeypatch.chdir(tmp_path))",
+                    pytrace=False)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _torch_threads():
     try:

@@ -199,3 +199,39 @@ def test_explicit_cli_values_skips_defaults():
     res = CliRunner().invoke(cmd, ["--mode", "full", "--config", "x.yaml"])
     assert res.exit_code == 0, res.output
     assert seen == {"mode": "full"}
+
+
+def test_a_key_given_twice_is_refused_with_both_lines(tmp_path, capsys):
+    """PyYAML keeps the last of two `epsilon:` lines silently: a run once spent ε = 50 from such a file."""
+    cfg = _write(tmp_path, "data: a.tsv\nepsilon: 1\nmode: bitfit\nepsilon: 50\n")
+    with pytest.raises(InvalidParameterError, match="key 'epsilon' is given twice \\(lines 2 and 4\\)"):
+        resolve_options("train", cfg, {})
+    section = _write(tmp_path, "tune:\n  trials: 4\n  trials: 8\n", name="s.yaml")
+    with pytest.raises(InvalidParameterError, match="'trials' is given twice"):
+        check_config_file(section)
+    assert main(["train", "--config", str(cfg), "--output", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "given twice" in err and not (tmp_path / "run").exists()
+    # the same key at the top level and in a command's section is the documented override, not a duplicate
+    ok = _write(tmp_path, "epsilon: 1\ntune:\n  epsilon: 2\n", name="ok.yaml")
+    assert resolve_options("tune", ok, {})["epsilon"] == 2.0
+
+
+def test_an_alias_bomb_and_an_oversized_file_get_one_short_error(tmp_path, capsys):
+    levels = ["a: &a [1, 1, 1, 1, 1, 1, 1, 1, 1]"] + [
+        f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join(['*' + chr(97 + i)] * 9)}]" for i in range(6)]
+    bomb = _write(tmp_path, "\n".join(levels) + "\nlabels: *g\n", name="bomb.yaml")
+    assert main(["config", "check", str(bomb)]) == 2
+    err = capsys.readouterr().err
+    assert "alias *a" in err and "line 2" in err and len(err) < 300, err
+    anchored = _write(tmp_path, "epsilon: &e 1\ndelta: 1e-5\n", name="anchor.yaml")  # an anchor alone is harmless
+    assert resolve_options("train", anchored, {})["epsilon"] == 1.0
+    big = _write(tmp_path, "labels: [" + ", ".join(["1"] * 200_000) + "]\n", name="big.yaml")
+    assert main(["config", "check", str(big)]) == 2
+    err = capsys.readouterr().err
+    assert "at most 256 KiB" in err and len(err) < 300, err
+    # a long value that fits is shown cut, not whole
+    long_value = _write(tmp_path, "labels: [" + ", ".join([f"[{i}]" for i in range(2000)]) + "]\n", name="long.yaml")
+    assert main(["config", "check", "--command", "train", str(long_value)]) == 2
+    err = capsys.readouterr().err
+    assert "`labels` must be" in err and len(err) < 400, err

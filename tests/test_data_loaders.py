@@ -151,3 +151,24 @@ def test_subset_keeps_label_space():
     ds = TextDataset(texts=["a", "b", "c"], labels=[0, 2, 1])
     sub = ds.subset([0, 2])
     assert sub.texts == ["a", "c"] and sub.labels == [0, 1] and sub.num_labels == 3
+
+
+@pytest.mark.parametrize("fmt, content", [
+    ("tsv", "label\tsentence\n0\tfine film\n1\t\n0\t   \n1\tgood\n"),
+    ("csv", 'label,sentence\n0,fine film\n1,""\n0,"   "\n1,good\n'),
+    ("jsonl", '{"label": 0, "sentence": "fine film"}\n{"label": 1, "sentence": ""}\n'
+              '{"label": 0, "sentence": " \\t "}\n{"label": 1, "sentence": "good"}\n'),
+])
+def test_empty_or_blank_texts_are_refused_with_row_and_count_never_a_text(tmp_path, fmt, content):
+    """docs/privacy-model.md lists "no empty text" among the checks made before anything is reserved."""
+    p = write(tmp_path / f"blank.{fmt}", content)
+    for require_labels in (True, False):  # training and prediction files alike
+        with pytest.raises(DataError, match=r"row 2 has an empty text \(empty or only spaces; 2 row\(s\) affected\)"
+                           ) as e:
+            load_text_dataset(p, require_labels=require_labels)
+        assert "fine film" not in str(e.value) and "good" not in str(e.value)
+
+
+def test_in_memory_blank_texts_are_refused():
+    with pytest.raises(DataError, match=r"`texts`: row 1 has an empty text .*1 row\(s\)"):
+        TextDataset(texts=[" ", "ok"], labels=[0, 1])

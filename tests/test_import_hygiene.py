@@ -1,10 +1,11 @@
-"""Import hygiene of the privtune source tree (issue 14, item 6).
+"""Import hygiene of the privtune source tree.
 
 * No private name (``_x``) and no private module (``pkg._mod``) is imported from another privtune package.
   The top-level private modules ``privtune._validation`` and ``privtune._release`` are the library's shared
   internals, so importing their public names from any package is allowed; their private names are not.
-* The module-level imports between privtune modules have no cycle, and neither have all imports together
-  (function-level ones included) except through the few lazy imports listed with their reason.
+* The imports between privtune modules have no cycle: neither the module-level ones nor all of them together
+  (function-level ones included).  There is no allow-list; the checker is itself tested on a synthetic
+  package with a cycle behind a function-level import.
 * ``import privtune`` stays light: it imports none of the heavy dependencies the package docstring promises
   to load lazily (torch, transformers).
 """
@@ -20,33 +21,31 @@ import privtune
 
 SRC = Path(privtune.__file__).resolve().parent
 
-# Cross-package private imports still being removed (none left: the test fails on any new one).
-BEING_RESTRUCTURED: set = set()
 
-
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(SRC.parent).with_suffix("").parts)
+def _module_name(path: Path, src: Path) -> str:
+    parts = list(path.relative_to(src.parent).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts = parts[:-1]
     return ".".join(parts)
 
 
-def _modules() -> dict[str, tuple[Path, ast.Module]]:
-    return {_module_name(p): (p, ast.parse(p.read_text(), str(p))) for p in sorted(SRC.rglob("*.py"))}
+def _modules(src: Path) -> dict[str, tuple[Path, ast.Module]]:
+    """Every module of the package at ``src``: dotted name -> (path, syntax tree)."""
+    return {_module_name(p, src): (p, ast.parse(p.read_text(), str(p))) for p in sorted(src.rglob("*.py"))}
 
 
-MODULES = _modules()
+MODULES = _modules(SRC)
 
 
-def _package_of(module: str) -> str:
-    path = MODULES[module][0]
+def _package_of(modules: dict, module: str) -> str:
+    path = modules[module][0]
     return module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
 
 
-def _absolute(module: str, node: ast.ImportFrom) -> str:
+def _absolute(modules: dict, module: str, node: ast.ImportFrom) -> str:
     if not node.level:
         return node.module or ""
-    base = _package_of(module).split(".")
+    base = _package_of(modules, module).split(".")
     base = base[: len(base) - (node.level - 1)]
     return ".".join(base + ([node.module] if node.module else []))
 
@@ -64,66 +63,58 @@ def _owner(dotted: str) -> str:
     return ".".join(parts)
 
 
-def _imported(module: str, tree: ast.Module, *, module_level_only: bool):
-    """Yield (node, target) for each privtune name or module that ``module`` imports.
+def _imported(modules: dict, module: str, tree: ast.Module, *, module_level_only: bool):
+    """Yield (node, target) for each name or module of the same top-level package that ``module`` imports.
 
     A target is ``pkg.mod.name`` for ``from pkg.mod import name`` and ``pkg.mod`` for ``import pkg.mod``.
     """
+    root = module.split(".")[0]
     nodes = tree.body if module_level_only else list(ast.walk(tree))
     if module_level_only:  # imports under a top-level `if`/`try` still run at import time
         nodes = [n for top in tree.body for n in (ast.walk(top) if isinstance(top, (ast.If, ast.Try)) else [top])]
     for node in nodes:
         if isinstance(node, ast.ImportFrom):
-            base = _absolute(module, node)
-            if base.split(".")[0] == "privtune":
+            base = _absolute(modules, module, node)
+            if base.split(".")[0] == root:
                 for alias in node.names:
                     yield node, f"{base}.{alias.name}"
         elif isinstance(node, ast.Import):
             for alias in node.names:
-                if alias.name.split(".")[0] == "privtune":
+                if alias.name.split(".")[0] == root:
                     yield node, alias.name
 
 
-def _private_cross_package_imports() -> set[tuple[str, str]]:
+def _private_cross_package_imports(modules: dict) -> set[tuple[str, str]]:
     found = set()
-    for module, (_, tree) in MODULES.items():
-        importer = _package_of(module)
-        for _, target in _imported(module, tree, module_level_only=False):
+    for module, (_, tree) in modules.items():
+        importer = _package_of(modules, module)
+        root = module.split(".")[0]
+        for _, target in _imported(modules, module, tree, module_level_only=False):
             if not any(_is_private(p) for p in target.split(".")):
                 continue
             owner = _owner(target)
-            shared_internal = owner == "privtune" and (target in MODULES or not _is_private(target.rsplit(".", 1)[1]))
+            shared_internal = owner == root and (target in modules or not _is_private(target.rsplit(".", 1)[1]))
             if owner != importer and not shared_internal:
                 found.add((module, target))
     return found
 
 
 def test_no_private_name_is_imported_across_packages():
-    found = _private_cross_package_imports()
-    new = sorted(found - BEING_RESTRUCTURED)
-    assert not new, "private names imported from another package (give them a public name): " + repr(new)
+    found = sorted(_private_cross_package_imports(MODULES))
+    assert not found, "private names imported from another package (give them a public name): " + repr(found)
 
 
-def test_the_allow_list_names_only_offenders_that_still_exist():
-    stale = sorted(BEING_RESTRUCTURED - _private_cross_package_imports())
-    assert not stale, f"fixed: remove from BEING_RESTRUCTURED: {stale}"
-
-
-def _module_level_graph() -> dict[str, set[str]]:
-    return _import_graph(module_level_only=True)
-
-
-def _import_graph(*, module_level_only: bool) -> dict[str, set[str]]:
-    graph: dict[str, set[str]] = {m: set() for m in MODULES}
-    for module, (_, tree) in MODULES.items():
-        for _, target in _imported(module, tree, module_level_only=module_level_only):
+def _import_graph(modules: dict, *, module_level_only: bool) -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for module, (_, tree) in modules.items():
+        for _, target in _imported(modules, module, tree, module_level_only=module_level_only):
             # `from pkg import name` imports module pkg.name when it is one, else pkg itself.
-            dep = target if target in MODULES else target.rsplit(".", 1)[0]
-            while dep not in MODULES and "." in dep:
+            dep = target if target in modules else target.rsplit(".", 1)[0]
+            while dep not in modules and "." in dep:
                 dep = dep.rsplit(".", 1)[0]
             # Importing a submodule runs its package's __init__ first, which is not a dependency on
             # the importer's own package (that is already being imported).
-            if dep != module and dep in MODULES:
+            if dep != module and dep in modules:
                 graph[module].add(dep)
     return graph
 
@@ -173,38 +164,58 @@ def _without_package_inits(graph: dict[str, set[str]]) -> dict[str, set[str]]:
     return {m: {d for d in deps if not m.startswith(d + ".")} for m, deps in graph.items()}
 
 
+def _all_cycles(modules: dict, *, module_level_only: bool) -> list[list[str]]:
+    return _cycles(_without_package_inits(_import_graph(modules, module_level_only=module_level_only)))
+
+
 def test_module_level_imports_have_no_cycle():
-    cycles = _cycles(_without_package_inits(_module_level_graph()))
+    cycles = _all_cycles(MODULES, module_level_only=True)
     assert not cycles, f"import cycles among module-level imports: {cycles}"
 
 
-# Function-level imports that close an import cycle, each for the reason given; any other cycle through a
-# function-level import fails the test below.
-KNOWN_LAZY_CYCLE_EDGES = {
-    # config derives the --strategy/--mode/--selection choices from the strategy registry, whose strategies
-    # import the training loop; the run writers import config only to write RUN_DIR/config.yaml.
-    ("privtune.pipeline", "privtune.config"),
-    ("privtune.hpo._resume", "privtune.config"),
-}
-
-
-def test_all_imports_have_no_cycle_but_the_known_lazy_ones():
-    graph = _without_package_inits(_import_graph(module_level_only=False))
-    for importer, imported in KNOWN_LAZY_CYCLE_EDGES:
-        graph[importer].discard(imported)
-    cycles = _cycles(graph)
+def test_all_imports_have_no_cycle():
+    cycles = _all_cycles(MODULES, module_level_only=False)
     assert not cycles, (f"import cycles (function-level imports included): {cycles}. Move the shared definition "
-                        "to a module both can import, or list the lazy import in KNOWN_LAZY_CYCLE_EDGES with its reason.")
-
-
-def test_the_known_lazy_cycle_edges_still_exist():
-    graph = _without_package_inits(_import_graph(module_level_only=False))
-    stale = sorted(edge for edge in KNOWN_LAZY_CYCLE_EDGES if edge[1] not in graph[edge[0]])
-    assert not stale, f"gone: remove from KNOWN_LAZY_CYCLE_EDGES: {stale}"
+                        "to a module both can import.")
 
 
 def test_the_cycle_finder_finds_a_cycle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def _write_package(root: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root / "pkg"
+
+
+def test_the_checker_finds_a_cycle_closed_by_a_function_level_import(tmp_path):
+    src = _write_package(tmp_path, {
+        "pkg/__init__.py": "",
+        "pkg/schema.py": "from pkg.run import write\n",
+        "pkg/run/__init__.py": "",
+        "pkg/run/write.py": "def write():\n    from pkg.schema import KEYS  # lazy: hides the cycle at import time\n",
+        "pkg/alone.py": "import pkg.schema\n",
+    })
+    modules = _modules(src)
+    assert _all_cycles(modules, module_level_only=True) == []
+    assert _all_cycles(modules, module_level_only=False) == [["pkg.run.write", "pkg.schema"]]
+
+
+def test_the_checker_finds_a_module_level_cycle_and_a_private_import(tmp_path):
+    src = _write_package(tmp_path, {
+        "pkg/__init__.py": "",
+        "pkg/a.py": "from pkg import b\n",
+        "pkg/b.py": "from . import a\n",
+        "pkg/sub/__init__.py": "from pkg.sub import _impl\n",  # its own package's private module: allowed
+        "pkg/sub/_impl.py": "",
+        "pkg/c.py": "from pkg.sub._impl import thing\n",  # another package's private module: refused
+    })
+    modules = _modules(src)
+    assert _all_cycles(modules, module_level_only=True) == [["pkg.a", "pkg.b"]]
+    assert _private_cross_package_imports(modules) == {("pkg.c", "pkg.sub._impl.thing")}
 
 
 def test_import_privtune_does_not_import_torch_or_transformers():

@@ -498,3 +498,56 @@ def test_close_orphaned_reservation_charges_it_in_full(url):
     with pytest.raises(LedgerError, match="already committed"):  # the crashed run cannot be resumed any more
         ledger.reserve("d", [GaussianEvent(2.0, 3)], command="resume", resume_key="run1")
     assert ledger.verify().ok
+
+
+def test_verify_and_reads_detect_an_edited_dataset_id(url):
+    """The dataset id names a dataset in run directories and certificates: an edited (or swapped) id in the
+    dataset row is detected by verify and refused by ordinary reads, on both backends."""
+    ledger = Ledger(url)
+    fp = ledger.init_dataset(b"renamed id", 5.0, 1e-5, name="demo", accountant="rdp").fingerprint
+    other = ledger.init_dataset(b"other id", 5.0, 1e-5, name="other", accountant="rdp").fingerprint
+    with ledger.spend(fp, [GaussianEvent(3.0)], command="run"):
+        pass
+    original = ledger.status(fp).dataset_id
+    assert ledger.verify().ok
+    eng = _raw_engine(url)
+    with eng.begin() as c:
+        c.execute(sa.text("UPDATE privtune_datasets SET public_id = 'ds-0000000000000000' WHERE name = 'demo'"))
+    eng.dispose()
+    fresh = Ledger(url)
+    report = fresh.verify()
+    assert not report.ok
+    text = "\n".join(report.problems)
+    assert "(demo)" in text and "dataset id was edited" in text and original in text
+    assert "(other)" not in text and fresh.verify(other).ok
+    with pytest.raises(LedgerError, match="dataset id was edited"):
+        fresh.status(fp)
+
+
+def test_a_dataset_is_listed_by_the_local_file_name_it_was_registered_under(url, tmp_path, capsys):
+    """`budget show` names datasets by file name; the name is part of the registration record (so `budget
+    verify` covers it) and nothing but the ledger holds it."""
+    from privtune.cli import main
+    from privtune.pipeline import register_dataset
+
+    data = tmp_path / "reviews_2024.csv"
+    data.write_text("text,label\nhello,1\nbye,0\n")
+    other = tmp_path / "other.csv"
+    other.write_text("text,label\nagain,1\n")
+    ledger = Ledger(url)
+    # as `train`/`tune` register: by content fingerprint, with the file name given alongside
+    status, registered = register_dataset(ledger, dataset_fingerprint(data), total_epsilon=1.0, delta=1e-5,
+                                          name=None, command="tune", file_name="reviews_2024.csv")
+    assert registered and status.file_name == "reviews_2024.csv"
+    ledger.init_dataset(str(other), 2.0, 1e-5)  # `budget init --dataset PATH`: the path's file name
+    ledger.init_dataset(dataset_fingerprint(b"not a file"), 3.0, 1e-5)  # by fingerprint: no file name
+    names = {d["total_epsilon"]: d["file_name"] for d in Ledger(url).datasets()}
+    assert names == {1.0: "reviews_2024.csv", 2.0: "other.csv", 3.0: None}
+    assert ledger.status(data).to_dict()["file_name"] == "reviews_2024.csv"
+    assert ledger.history(data)[0].payload["file_name"] == "reviews_2024.csv"
+    assert ledger.verify().ok
+    assert main(["budget", "show", "--ledger", url]) == 0
+    table = capsys.readouterr().out
+    assert "registered as" in table and "reviews_2024.csv" in table and "other.csv" in table
+    assert main(["budget", "show", "--dataset", str(data), "--ledger", url]) == 0
+    assert "reviews_2024.csv" in capsys.readouterr().out

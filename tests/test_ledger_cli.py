@@ -148,3 +148,39 @@ def test_env_ledger_without_a_file_is_refused(tmp_path, capsys, monkeypatch):
     rc = main(["budget", "show"])
     _, err = capsys.readouterr()
     assert rc == 2 and err.startswith("error: `$PRIVTUNE_LEDGER`") and "names no SQLite file" in err
+
+
+@pytest.mark.parametrize("command", ["train", "tune"])
+def test_the_first_run_says_it_fixed_the_lifetime_budget_and_how_to_raise_it(command, tmp_path, capsys):
+    """A first run registers its dataset with the run's ε as the lifetime total; it says so on one line, with a
+    `budget raise` command that works as printed.  The file name it was registered under is kept in the ledger
+    (`budget show` lists it), not in the run's metrics or certificate."""
+    import shlex
+
+    from privtune.ledger import Ledger
+    from privtune.models.testing import make_toy_text_files
+
+    files = make_toy_text_files(tmp_path / "data", {"train": ("reviews_q3.tsv", 60, 0), "eval": ("dev.tsv", 20, 1)})
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    out = tmp_path / "run"
+    argv = [command, "--data", str(files["train"]), "--eval-data", str(files["eval"]), "--model",
+            str(files["model"]), "--mode", "last-layer", "--epsilon", "1", "--delta", "1e-3", "--labels", "0,1",
+            "--ledger", url, "--output", str(out), "--quiet"]
+    argv += ["--steps", "2", "--batch-size", "20"] if command == "train" else ["--strategy", "single-step"]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    (line,) = [ln for ln in text.splitlines() if ln.startswith("registered ")]
+    assert line.startswith("registered reviews_q3.tsv (dataset ds-") and "with a lifetime ε = 1, δ = 0.001" in line
+    assert "note: dataset registered" not in text
+    raise_cmd = line.split("`")[1]
+    assert raise_cmd.startswith("privtune budget raise --dataset ")
+    assert main(shlex.split(raise_cmd.replace("NEW", "3").replace("WHY", "more"))[1:]) == 0
+    assert Ledger(url).status(str(files["train"])).total_epsilon == 3.0
+    assert [d["file_name"] for d in Ledger(url).datasets()] == ["reviews_q3.tsv"]
+    for name in ("metrics.json", "certificate.json", "model/certificate.json"):
+        assert "reviews_q3" not in (out / name).read_text(), name
+    assert "registered reviews_q3" not in (out / "log.txt").read_text()
+    # a second run on the same data is charged against the (raised) total and says nothing about registering
+    argv[argv.index("--output") + 1] = str(tmp_path / "run2")
+    assert main(argv) == 0
+    assert "registered " not in capsys.readouterr().out

@@ -232,3 +232,19 @@ def test_postgresql_key_file_name_does_not_depend_on_the_user():
     b = Ledger("postgresql://bob@db.internal/ledger")._key_path
     assert a == b and a.name.startswith("ledger-") and a.parent.name == "ledger-keys"
     assert Ledger("postgresql://alice@db.internal/other")._key_path != a
+
+
+def test_a_key_file_others_can_read_is_used_with_one_warning_line(tmp_path, capsys):
+    """The key lets its reader rewrite the ledger undetected: a world-readable key file gets one `warning:` line
+    with the chmod that fixes it (and still works: refusing would lock the owner out of their budget)."""
+    url = f"sqlite:///{tmp_path / 'l.db'}"
+    Ledger(url).init_dataset(b"data", 1.0, 1e-5, name="d")
+    key = tmp_path / "l.db.key"
+    assert main(["budget", "show", "--dataset", "d", "--ledger", url]) == 0
+    assert "warning" not in capsys.readouterr().err  # created 0600: nothing to say
+    os.chmod(key, 0o644)
+    assert main(["budget", "show", "--dataset", "d", "--ledger", url]) == 0
+    err = capsys.readouterr().err
+    lines = [x for x in err.splitlines() if x.startswith("warning:")]
+    assert len(lines) == 1 and "0644" in lines[0] and f"chmod 600 {key}" in lines[0]
+    assert "Traceback" not in err and "warnings.warn" not in err

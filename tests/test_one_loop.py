@@ -1,4 +1,4 @@
-"""One DP loop (issue 14, item 1): `train`, every `tune` mode and strategy, and hyperfree's learning-rate
+"""One DP loop: `train`, every `tune` mode and strategy, and hyperfree's learning-rate
 probe all run through `privtune.training._Loop`; Gaussian noise reaches a gradient in exactly one place;
 one clip-factor rule; `device=` reaches tune's trials."""
 
@@ -110,25 +110,72 @@ def test_gaussian_noise_reaches_a_gradient_in_exactly_one_place():
     assert gradient_noise == {"engine/private_gradient.py:privatise_sum"}, draws
 
 
-def test_one_clip_factor_rule():
-    # the AUTO-S factor C/(‖g‖ + γ) and the flat factor's clamp(max=1) are written once, in the engine
-    hits = []
-    for p in sorted(SRC.rglob("*.py")):
-        for i, line in enumerate(p.read_text().splitlines()):
-            code = line.split("#")[0]
-            if ".clamp(max=1.0)" in code or ("/ (norms +" in code):
-                hits.append(f"{p.relative_to(SRC).as_posix()}:{i + 1}")
-    assert len(hits) == 2 and all(h.startswith("engine/private_gradient.py:") for h in hits), hits
+@pytest.mark.parametrize("mode, clipping", [("bitfit", "flat"), ("full", "automatic"), ("lora", "flat"),
+                                            ("last-layer", "flat"), ("last-layer", "automatic")])
+def test_one_clip_factor_rule(files, monkeypatch, mode, clipping):
+    """Every mode's DP step scales its per-example terms by ``clip_factors`` and nothing else: with that one
+    function made to return zeros and no noise, no trainable weight moves (a second clip rule would move them)."""
+    import sys
+
+    from privtune.engine.private_gradient import clip_factors
+    from privtune.finetune import apply_mode
+    from privtune.models import load_classifier
+    from privtune.models.testing import make_toy_text_dataset
+
+    def zero_factors(norms, *args, **kwargs):
+        return torch.zeros_like(clip_factors(norms, *args, **kwargs))
+
+    for name, module in list(sys.modules.items()):  # wherever the rule was imported under its name
+        if name.startswith("privtune") and getattr(module, "clip_factors", None) is clip_factors:
+            monkeypatch.setattr(module, "clip_factors", zero_factors)
+    model = load_classifier(files["model"], seed=0)
+    apply_mode(model, mode)
+    before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    training.fit(model, make_toy_text_dataset(16), noise_multiplier=0.0, sample_rate=0.5, steps=2, learning_rate=1.0,
+                 optimizer="sgd", clipping=clipping, mode=mode, device="cpu", seed=0)
+    trained = {n: p.detach() for n, p in model.named_parameters() if n in before}
+    assert trained, "no trainable parameter found"
+    moved = [n for n, p in trained.items() if not torch.equal(p, before[n])]
+    assert not moved, f"{mode}: weights moved although clip_factors returned 0 for every example: {moved[:5]}"
 
 
-def test_optimizers_come_only_from_the_optim_factory():
-    # DP-SGD/Adam(W)/LAMB are built in one place (privtune.optim.make_optimizer); nobody else constructs one
-    import re
+def test_optimizers_come_only_from_the_optim_factory(files, tmp_path, monkeypatch):
+    """Every optimizer a run builds is built inside ``privtune.optim.make_optimizer``, however it is spelled."""
+    import sys
 
-    built = re.compile(r"torch\.optim\.(SGD|Adam|AdamW|RMSprop|Adagrad|LBFGS)\(")
-    hits = [f"{p.relative_to(SRC).as_posix()}:{i + 1}" for p in sorted(SRC.rglob("*.py"))
-            for i, line in enumerate(p.read_text().splitlines()) if built.search(line.split("#")[0])]
-    assert hits and all(h.startswith("optim/__init__.py:") for h in hits), hits
+    import privtune.optim as optim
+
+    real_factory = optim.make_optimizer
+    factory_code = real_factory.__code__
+    outside = []
+    real_init = torch.optim.Optimizer.__init__
+
+    def recording_init(self, *args, **kwargs):
+        frame = sys._getframe(1)
+        while frame is not None and frame.f_code is not factory_code:
+            frame = frame.f_back
+        if frame is None:
+            outside.append(type(self).__name__)
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.Optimizer, "__init__", recording_init)
+    built = []
+
+    def counting_factory(*args, **kwargs):
+        built.append(1)
+        return real_factory(*args, **kwargs)
+
+    for name, module in list(sys.modules.items()):
+        if name.startswith("privtune") and getattr(module, "make_optimizer", None) is real_factory:
+            monkeypatch.setattr(module, "make_optimizer", counting_factory)
+    for mode, optimizer in (("bitfit", "adam"), ("bitfit", "lamb"), ("last-layer", "sgd")):
+        rc = main(["train", "--data", files["train"], "--labels", "0,1", "--model", files["model"], "--mode", mode,
+                   "--epsilon", "2", "--delta", "1e-3", "--steps", "1", "--batch-size", "20", "--seed", "0",
+                   "--optimizer", optimizer, "--ledger", f"sqlite:///{tmp_path / f'{mode}-{optimizer}.db'}",
+                   "--output", str(tmp_path / f"{mode}-{optimizer}"), "--quiet"])
+        assert rc == 0
+    assert built, "no run built its optimizer through privtune.optim.make_optimizer"
+    assert not outside, f"optimizers built outside privtune.optim.make_optimizer: {outside}"
 
 
 def test_device_reaches_tune_trials(files, tmp_path, monkeypatch):
@@ -155,7 +202,7 @@ def test_tune_refuses_an_absent_device_before_reading_data(files, tmp_path):
     assert not (tmp_path / "never").exists()  # refused before the run directory or any reservation
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (runs on the GPU machine when one is lent)")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_tune_trains_on_cuda(files, tmp_path, monkeypatch):
     devices = []
     real = training._Loop.run

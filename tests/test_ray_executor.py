@@ -197,3 +197,27 @@ def test_executor_refusals_cost_nothing(files, tmp_path, kw, message):
     with pytest.raises(InvalidParameterError, match=message):
         _tune(files, tmp_path / "run", **kw)
     assert not (tmp_path / "run.db").exists() and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("env, message", [
+    ("127.0.0.1:1", "$RAY_ADDRESS='127.0.0.1:1': nothing answers at 127.0.0.1:1"),
+    ("not an address", "$RAY_ADDRESS must be 'auto', 'local', HOST:PORT"),
+])
+def test_bad_ray_address_environment_variable_is_probed_like_the_option(files, tmp_path, capsys, monkeypatch,
+                                                                        env, message):
+    """Without --ray-address Ray joins $RAY_ADDRESS, retrying an unreachable one for many minutes: it is
+    checked before Ray is started, like --ray-address, and nothing is charged."""
+    ray = pytest.importorskip("ray", reason=RAY_MISSING)
+
+    def no_init(*args, **kwargs):
+        raise AssertionError("ray.init was called with an unreachable $RAY_ADDRESS")
+
+    monkeypatch.setenv("RAY_ADDRESS", env)
+    # as in a fresh process (another test of this module may have started Ray here), where Ray would join
+    # $RAY_ADDRESS
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", no_init)
+    assert main(_cli(files, tmp_path, "--executor", "ray")) == 2
+    err = capsys.readouterr().err
+    assert message in err and "unset RAY_ADDRESS" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "l.db").exists() and not (tmp_path / "run").exists()

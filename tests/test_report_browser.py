@@ -1,7 +1,8 @@
 """Open report.html in a real headless browser (Debian's `chromium`) and check that it renders.
 
 Checks: every <img> loaded and decoded (naturalWidth > 0), no JavaScript/console errors,
-the screenshot is not a blank page.  The report itself has no script; the test loads a
+the screenshot is not a blank page, and the summary cards read "ε" as the browser renders them
+(CSS upper-casing would turn it into a capital epsilon, which reads as "E").  The report itself has no script; the test loads a
 copy with a small probe script appended, which writes its findings into the DOM that
 `--dump-dom` returns.  Skipped, with the reason, when no Chromium is installed.
 """
@@ -98,3 +99,36 @@ def test_report_renders_in_headless_chromium(tmp_path, browser):
     keep = os.environ.get("PRIVTUNE_KEEP_SCREENSHOT")
     if keep:  # e.g. to refresh the README screenshot: PRIVTUNE_KEEP_SCREENSHOT=docs/report.png
         shutil.copy(shot, keep)
+
+
+CARD_PROBE = """
+<script>
+window.addEventListener('load', () => {
+  // innerText is the text as rendered: it applies CSS text-transform (upper-casing turns ε into Ε)
+  const cards = Array.from(document.querySelectorAll('.card .k')).map(
+    el => `${getComputedStyle(el).textTransform}|${el.innerText}`);
+  const out = document.createElement('pre');
+  out.id = 'cards';
+  out.textContent = JSON.stringify(cards);
+  document.body.appendChild(out);
+});
+</script>
+"""
+
+
+def test_summary_cards_show_epsilon_as_rendered(tmp_path, browser):
+    import json
+
+    run = make_run(tmp_path / "run")
+    report = write_report(run)
+    probe = run / "report_cards.html"
+    probe.write_text(report.read_text().replace("</body>", CARD_PROBE + "</body>"))
+    dom = _run(browser, ["--dump-dom", probe.as_uri()])
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    m = re.search(r'<pre id="cards">(.*?)</pre>', dom.stdout, re.S)
+    assert m, "probe did not run: " + dom.stdout[-500:]
+    cards = [c.split("|", 1) for c in json.loads(m.group(1).replace("&amp;", "&"))]
+    rendered = {text for _, text in cards}
+    assert {"ε (total)", "δ", "ledger: ε left"} <= rendered, cards
+    assert all(transform == "none" for transform, _ in cards), cards
+    assert not any("Ε" in text or "Δ" in text for text in rendered), cards  # capital epsilon / delta

@@ -36,7 +36,9 @@ def test_model_card_front_matter_and_guarantee(tmp_path):
     for public in ("pretrained weights", "declared public", "search space"):
         assert public in body
     assert "NOT PRIVATE" in body  # reference model and clipping diagnostics are named as such
-    assert "privtune account --certificate ../certificate.json" in body and "(../certificate.json)" in body
+    # the copy inside model/: the directory can be shared on its own
+    assert "privtune account --certificate certificate.json" in body and "(certificate.json)" in body
+    assert "../" not in body
 
 
 def test_model_card_grid_oracle_states_no_guarantee(tmp_path):

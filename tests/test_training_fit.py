@@ -131,14 +131,21 @@ def test_two_phase_switches_to_bitfit(model_path, data):
         fit(m, data[0], noise_multiplier=1.0, sample_rate=0.25, steps=4, learning_rate=1e-2, mode="two-phase")
 
 
-def test_callback_can_stop_and_events_follow(model_path, data):
+def test_callback_can_stop_and_is_charged_for_the_plan(model_path, data):
     m = load_classifier(model_path, seed=0)
     apply_mode(m, "last-layer")
     fs = cache_features(m, data[0])
     seen = []
     r = fit(m, fs, noise_multiplier=1.0, sample_rate=0.5, steps=10, learning_rate=0.1, seed=0,
             callback=lambda info: seen.append(info.step) or info.step >= 3)
-    assert seen == [1, 2, 3] and r.steps == 3 and r.events[0].steps == 3
+    # training stops after step 3, but the stopping time is chosen during the run: the 10 planned steps are charged
+    assert seen == [1, 2, 3] and r.steps == 3 and r.events[0].steps == 10
+    full = fit(m, fs, noise_multiplier=1.0, sample_rate=0.5, steps=10, learning_rate=0.1, seed=0)
+    assert r.events == full.events
+    # a callback that never stops changes nothing
+    quiet = fit(m, fs, noise_multiplier=1.0, sample_rate=0.5, steps=4, learning_rate=0.1, seed=0,
+                callback=lambda info: None)
+    assert quiet.steps == 4 and quiet.events[0].steps == 4
 
 
 def test_clipping_diagnostics_are_labelled(model_path, data):

@@ -164,7 +164,7 @@ def test_shuffle_is_accounted_without_amplification_unless_assumed(files, tmp_pa
 
 
 def test_shuffled_train_refuses_sizes_the_accounting_does_not_cover(files, tmp_path):
-    # 60 examples in batches of 20: adding one example opens a 4th batch per epoch (issue 13, item 4)
+    # 60 examples in batches of 20: adding one example opens a 4th batch per epoch
     with pytest.raises(InvalidParameterError, match=r"60 mod 20 = 0.*19 \(sample_rate 19/60\)"):
         _run(files, tmp_path, sampling="shuffle", epsilon=None, noise_multiplier=1.0, steps=6, batch_size=20)
 
@@ -269,13 +269,21 @@ def test_device_cpu_explicit_and_recorded(files, tmp_path):
     assert "device: cpu" in (tmp_path / "run" / "config.yaml").read_text()
 
 
-def test_default_device_follows_cuda_availability(files, tmp_path):
+def test_default_device_follows_cuda_availability(monkeypatch):
+    """No device given: CUDA exactly when torch says it is available (both answers checked on any machine)."""
     from privtune.models import resolve_device
 
-    want = "cuda" if torch.cuda.is_available() else "cpu"
-    assert resolve_device(None).type == want
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_device(None) == torch.device("cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device(None) == torch.device("cpu")
+
+
+def test_a_run_without_a_device_trains_on_the_cpu_when_cuda_is_absent(files, tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     r = _run(files, tmp_path, device=None, output_dir=None)
-    assert r.metrics["device"].startswith(want)
+    assert r.metrics["device"] == "cpu" and r.certificate.metadata["device"] == "cpu"
+    assert all(p.device.type == "cpu" for p in r.model.parameters())
 
 
 @pytest.mark.parametrize("device, match", [("tpu", "device"), ("", "device"), (3, "device"), ("meta", "not supported")])

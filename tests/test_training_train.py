@@ -247,3 +247,18 @@ def test_per_layer_clipping_same_budget_different_update(files, tmp_path):
     assert changed, "per-layer clipping (C/sqrt(K) per layer, clip active) must change the trained weights"
     with pytest.raises(InvalidParameterError, match="per_layer"):
         _run(files, tmp_path / "bad", per_layer_clipping="yes")
+
+
+
+def test_blank_texts_are_refused_before_anything_is_reserved(files, tmp_path):
+    rows = open(files["train"], encoding="utf-8").read().splitlines()
+    rows[3] = rows[3].split("\t")[0] + "\t   "  # data row 3: only spaces
+    blank = tmp_path / "blank.tsv"
+    blank.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    args = dict(eval_data=files["eval"], model=files["model"], mode="bitfit", epsilon=2.0, delta=1e-3, steps=4,
+                batch_size=20, ledger=f"sqlite:///{tmp_path / 'l.db'}", output_dir=tmp_path / "run", progress=False,
+                labels=[0, 1])
+    with pytest.raises(DataError, match=r"row 3 has an empty text \(empty or only spaces; 1 row\(s\) affected\)"):
+        train(str(blank), **args)
+    assert not (tmp_path / "l.db").exists() or not Ledger(f"sqlite:///{tmp_path / 'l.db'}").datasets()
+    assert not (tmp_path / "run").exists()

@@ -138,6 +138,7 @@ def test_resume_refusals(files, tmp_path, monkeypatch):
     args = _args(files, tmp_path, strategy="linear-scaling")
     with pytest.raises(InvalidParameterError, match="no interrupted run"):
         privtune.tune(files["train"], ledger=url, output_dir=tmp_path / "empty", resume=True, **args)
+    monkeypatch.chdir(tmp_path)  # without output_dir, tune's default RUN_DIR is runs/<timestamp>/ in the cwd
     with pytest.raises(InvalidParameterError, match="needs `output_dir`"):
         privtune.tune(files["train"], ledger=url, resume=True, **args)
     with pytest.raises(InvalidParameterError, match="grid-oracle"):
@@ -208,14 +209,17 @@ def test_saved_config_is_complete_and_reruns_the_run(files, tmp_path, capsys):
                  accountant="pld", text_column="sentence", label_column="label", validation_fraction=0.2,
                  ledger=f"sqlite:///{tmp_path / 'a.db'}", output_dir=tmp_path / "a")
     first = privtune.tune(files["train"], **args)
-    saved = resolve_options("tune", tmp_path / "a" / "config.yaml", {})  # what `--config` reads, validated
+    # the released config.yaml names the files; the copy kept outside the release has the paths that rerun it
+    released = resolve_options("tune", tmp_path / "a" / "config.yaml", {})
+    assert released["data"] == "train.tsv" and released["output"] == "a"
+    saved = resolve_options("tune", tmp_path / "a" / "not_private" / "config.yaml", {})  # what `--config` reads
     expected = {k: v for k, v in args.items() if k != "output_dir"}
     expected.update(data=files["train"], model=str(files["model"]), output=str(tmp_path / "a"),
                     selection="public-validation")
     assert {k: saved[k] for k in expected} == expected
     assert "resume" not in saved and "write_files" not in saved
     # rerun from the file (new output and ledger): the same run
-    assert main(["tune", "--config", str(tmp_path / "a" / "config.yaml"), "--output", str(tmp_path / "b"),
+    assert main(["tune", "--config", str(tmp_path / "a" / "not_private" / "config.yaml"), "--output", str(tmp_path / "b"),
                  "--ledger", f"sqlite:///{tmp_path / 'b.db'}"]) == 0
     capsys.readouterr()
     second = json.loads((tmp_path / "b" / "metrics.json").read_text())

@@ -20,12 +20,13 @@ and the private state in place, so ``--resume`` finishes the run without a secon
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from privtune.errors import InvalidParameterError, PrivtuneError
 
@@ -89,6 +90,36 @@ def private_torch_save(obj: Any, path: Path) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def _umask() -> int:
+    """The process's umask, read without changing it where the system says it (Linux), else set back."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def public_modes(path: Path) -> None:
+    """Give ``path`` (a file, or a directory and everything in it) the modes of a file anyone may read:
+    what a plain ``open``/``mkdir`` gives under the umask (0644 and 0755 under the usual 022).
+
+    Released files are meant to be shared, and some libraries write theirs 0600 (safetensors writes
+    through a private temporary file): without this a model's weights would be 0600 beside its
+    0644 configuration.  Private state keeps its own modes (:func:`private_dir`, :func:`private_open`).
+    """
+    mask = _umask()
+    items = [path] + (sorted(path.rglob("*")) if path.is_dir() and not path.is_symlink() else [])
+    for p in items:
+        if p.is_symlink():
+            continue
+        os.chmod(p, (0o777 if p.is_dir() else 0o666) & ~mask)
 
 
 # ------------------------------------------------------------------------------ output directory
@@ -184,6 +215,11 @@ def _move_into_place(src: Path, dst: Path, trash: Path) -> None:
     os.replace(src, dst)
 
 
+#: released entries that keep the modes their writer gave them: the NOT PRIVATE directory is 0700 with
+#: files 0600 (:data:`privtune.report.release.NOT_PRIVATE_DIR`)
+KEEP_MODES = ("not_private",)
+
+
 def release_files(out: Path, writers: Sequence[tuple[str, Callable[[Path], None]]],
                   derived: Callable[[Path], None] | None = None) -> None:
     """Write a run's released files into RUN_DIR without ever leaving half of them there.
@@ -191,20 +227,43 @@ def release_files(out: Path, writers: Sequence[tuple[str, Callable[[Path], None]
     Each ``(name, write)`` writes ``name`` into the directory it is given: a private (0700) staging
     directory inside ``out``.  When all are written they are moved into ``out``, ``certificate.json``
     last (its presence marks a finished run).  ``derived(out)`` then writes what is regenerated from
-    those files (report, model card; ``privtune report`` rewrites them).  Every step is idempotent: a
+    those files (report, model card; ``privtune report`` rewrites them).  Released files get the modes
+    of shared files (:func:`public_modes`), except :data:`KEEP_MODES`.  Every step is idempotent: a
     resumed run calls this again after any interruption.
 
     Raises PrivtuneError (one line: what failed, that the reservation stays charged, and that
     ``--resume`` finishes the run) when a file cannot be written (a full disk, a permission changed
     during the run).
     """
-    try:
+    with charged_write("the run's files", out, "it writes the files again from the run's final state"):
         _release_files(out, writers, derived)
-    except OSError as exc:
+
+
+def write_failure(exc: BaseException) -> str | None:
+    """The operating system's words when writing a file failed for a reason outside the run (a full disk, a
+    permission changed); None when ``exc`` is any other error."""
+    if isinstance(exc, OSError):
+        return exc.strerror or str(exc)
+    # safetensors reports the I/O errors of its writer (a full disk) as SafetensorError, not OSError
+    if type(exc).__name__ == "SafetensorError" and "I/O error" in str(exc):
+        return str(exc).split("I/O error:", 1)[1].strip()
+    return None
+
+
+@contextlib.contextmanager
+def charged_write(what: str, where: Path, resume_does: str) -> Iterator[None]:
+    """Turn a failed write after the ledger reservation (:func:`write_failure`) into one error line: what
+    failed, that the reservation stays charged, and that ``--resume`` (``resume_does``) finishes the run."""
+    try:
+        yield
+    except Exception as exc:
+        reason = write_failure(exc)
+        if reason is None:
+            raise
         raise PrivtuneError(
-            f"Writing the run's files into {str(out)!r} failed ({exc.strerror or exc}). The ledger reservation "
-            "stays charged (it is never refunded); fix the cause, then run the same command with --resume "
-            "(resume=True): it writes the files again from the run's final state without a new charge."
+            f"Writing {what} into {str(where)!r} failed ({reason}). The ledger reservation stays charged (it is "
+            "never refunded); fix the cause (e.g. free disk space), then run the same command with --resume "
+            f"(resume=True): {resume_does} without a new charge."
         ) from None
 
 
@@ -218,6 +277,8 @@ def _release_files(out: Path, writers: Sequence[tuple[str, Callable[[Path], None
     stage = private_dir(root / (out.resolve().name or "run"))
     for name, write in writers:
         write(stage)
+        if name not in KEEP_MODES and (stage / name).exists():
+            public_modes(stage / name)
         fault_point(f"write-{name}")
     order = sorted((name for name, _ in writers), key=lambda n: n == CERTIFICATE)
     for name in order:

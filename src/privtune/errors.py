@@ -48,3 +48,7 @@ class ModelError(PrivtuneError):
 
 class UnsupportedModuleError(ModelError):
     """A trainable module cannot be trained privately as configured (e.g. BatchNorm in train mode)."""
+
+
+class PrivtuneWarning(UserWarning):
+    """Something works but is unsafe or surprising; the command line prints it as one ``warning:`` line."""

@@ -16,6 +16,7 @@ release, commit).  What they have in common lives here so that it exists once:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from privtune import _release
+from privtune.cli.config_file import save_effective_config
 from privtune.errors import UnknownDatasetError
 
 #: name of the certificate inside RUN_DIR and, as a copy, inside RUN_DIR/model/
@@ -81,28 +83,74 @@ def write_release(run_dir: Path, *, model: Any, certificate: Any, metrics: dict,
     not part of the release) to ``not_private/``.  Then ``report.html`` and the model card are
     written from those files.  Writing the config, the report or the card may fail without losing
     the run (a warning goes to ``log``; ``privtune report RUN_DIR`` rewrites the last two).
+
+    Nothing released names a path of this machine (:class:`privtune.report.release.PublicPaths`): the
+    data, the base model, the ledger and RUN_DIR are written by their names, in the JSON files, the
+    certificate, ``config.yaml`` and ``log.txt`` alike.  The returned objects of the run keep the paths.
     """
     # lazy: the report package pulls in the plotting stack, which only a run that writes files needs
-    from privtune.report.release import write_not_private
+    from privtune.report.release import PublicPaths
 
+    public = PublicPaths(run_dir, [v for v in config.values() if isinstance(v, (str, os.PathLike))])
+    if dataclasses.is_dataclass(certificate):
+        certificate = dataclasses.replace(certificate, metadata=public.value(certificate.metadata),
+                                          notes=public.value(certificate.notes))
+    metrics, history = public.value(metrics), public.value(history)
     writers = [("model", lambda d: write_model(d, model, certificate))] if model is not None else []
     writers += [
         ("metrics.json", lambda d: write_json(d / "metrics.json", metrics, sort_keys=True)),
         ("history.json", lambda d: write_json(d / "history.json", history)),
-        ("config.yaml", lambda d: _write_config(d, config, command, log)),
-        ("not_private", lambda d: write_not_private(d, not_private or {})),
+        ("config.yaml", lambda d: _write_config(d, config, command, log, public)),
+        ("not_private", lambda d: _write_kept(d, not_private or {}, config, command, log)),
         (CERTIFICATE, lambda d: certificate.save(d / CERTIFICATE)),
     ]
     _release.release_files(run_dir, writers, derived=lambda d: _write_derived(d, model is not None, log))
+    _publish_log(run_dir / "log.txt", public)
 
 
-def _write_config(run_dir: Path, config: dict, command: str, log: Callable[[str], None]) -> None:
-    from privtune.config import save_effective_config
+#: the first lines of a released config.yaml whose paths were written as names
+PUBLIC_CONFIG_NOTE = ("# Paths of the machine that ran it are written as file names (this directory is meant to be "
+                      "shared).\n# The same configuration with the full paths, to rerun it: "
+                      "not_private/config.yaml (not part of the release).\n")
 
+
+def _write_config(run_dir: Path, config: dict, command: str, log: Callable[[str], None], public: Any) -> None:
+    """``run_dir/config.yaml``: with ``public`` (:class:`PublicPaths`) the released copy, paths as names;
+    without, the copy kept in ``not_private/`` (0600) that reruns the run."""
     try:
-        save_effective_config({k: v for k, v in config.items() if v is not None}, run_dir, command=command)
+        full = {k: v for k, v in config.items() if v is not None}
+        options = {k: public.value(v) for k, v in full.items()} if public is not None else full
+        path = save_effective_config(options, run_dir, command=command)
+        if public is None:
+            os.chmod(path, 0o600)
+        elif options != full:
+            path.write_text(PUBLIC_CONFIG_NOTE + path.read_text(encoding="utf-8"), encoding="utf-8")
     except Exception as exc:  # noqa: BLE001 - config is informative; never lose a finished run over it
         log(f"warning: config.yaml not written ({type(exc).__name__}: {exc})")
+
+
+def _write_kept(run_dir: Path, not_private: dict, config: dict, command: str, log: Callable[[str], None]) -> None:
+    """``not_private/``: the NOT PRIVATE figures and the configuration with its paths, outside the release."""
+    from privtune.report.release import write_not_private
+
+    kept = write_not_private(run_dir, not_private, keep_config=True)
+    if kept is not None:
+        _write_config(kept, config, command, log, None)
+
+
+def _publish_log(path: Path, public: Any) -> None:
+    """Rewrite ``log.txt`` in place with the machine's paths as names (the progress display may still
+    hold it open for appending, so it keeps its inode)."""
+    try:
+        with open(path, "r+", encoding="utf-8") as f:
+            text = f.read()
+            shown = "".join(public.text(line) for line in text.splitlines(keepends=True))
+            if shown != text:
+                f.seek(0)
+                f.write(shown)
+                f.truncate()
+    except FileNotFoundError:
+        pass
 
 
 def _write_derived(run_dir: Path, has_model: bool, log: Callable[[str], None]) -> None:
@@ -142,24 +190,25 @@ def commit(reservation: Any | None, events: Sequence[Any], private_files: Sequen
 
 
 def register_dataset(ledger: Any, fingerprint: str, *, total_epsilon: float, delta: float, name: str | None,
-                     command: str, accountant: str = "pld") -> tuple[Any, bool]:
+                     command: str, accountant: str = "pld", file_name: str | None = None) -> tuple[Any, bool]:
     """The dataset's ledger status, registering it first (total ``total_epsilon``, ``delta``) if new.
 
     Returns ``(status, registered_now)``.  Built on ``Ledger.ensure_dataset``: when another process
     registers the same dataset at the same moment, its total stands and ``status`` says which.
+    ``file_name`` (the local name of the data file) is recorded with a registration, in the ledger only.
     """
-    
     try:
         return ledger.status(fingerprint), False
     except UnknownDatasetError:
         pass
     try:
         status = ledger.ensure_dataset(fingerprint, total_epsilon, delta, name=name, accountant=accountant,
-                                       command=command)
+                                       command=command, file_name=file_name)
     except UnknownDatasetError:
         # ensure_dataset turned the registration's own refusal (e.g. the name belongs to another
         # dataset) into "unknown dataset"; registering again raises that clear error instead
-        ledger.init_dataset(fingerprint, total_epsilon, delta, name=name, accountant=accountant, command=command)
+        ledger.init_dataset(fingerprint, total_epsilon, delta, name=name, accountant=accountant, command=command,
+                            file_name=file_name)
         raise
     return status, True
 
@@ -179,7 +228,7 @@ class Reserved:
 
 def reserve(ledger: Any, fingerprint: str, planned_events: Sequence[Any], *, total_epsilon: float, delta: float,
             name: str | None, command: str, config: Any, resume_key: str | None, accountant: str = "pld",
-            resuming: bool = False) -> Reserved:
+            resuming: bool = False, file_name: str | None = None) -> Reserved:
     """Register the dataset if new (:func:`register_dataset`), then reserve ``planned_events``.
 
     With ``resuming``, a run whose ``resume_key`` is committed in the ledger and has no open
@@ -187,7 +236,7 @@ def reserve(ledger: Any, fingerprint: str, planned_events: Sequence[Any], *, tot
     total δ when this call registers it; the reservation is measured at the dataset's δ.
     """
     status, registered = register_dataset(ledger, fingerprint, total_epsilon=total_epsilon, delta=delta,
-                                          name=name, command=command, accountant=accountant)
+                                          name=name, command=command, accountant=accountant, file_name=file_name)
     if resuming and not registered:
         mine = [e for e in status.entries if e.resume_key == resume_key]
         if any(e.state == "committed" for e in mine) and not any(e.state == "reserved" for e in mine):

@@ -163,7 +163,7 @@ class OptimizerSpec:
     momentum : μ in [0, 1) (SGD's heavy-ball coefficient).
     weight_decay : decoupled weight decay per step (≥ 0; 0 = none).
     backbone_lr_scale : α in (0, 1]: every trainable parameter outside the classification head steps at
-        α·learning_rate (seed 002's pre-trained-layer multiplier; 1 = one rate for everything); ``None`` = the
+        α·learning_rate (Mehta et al.'s pre-trained-layer multiplier; 1 = one rate for everything); ``None`` = the
         default of the mode (:data:`privtune.finetune.modes.DEFAULT_BACKBONE_LR_SCALES`).
     """
 

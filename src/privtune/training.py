@@ -65,6 +65,9 @@ NOT_PRIVATE_LOSS = (
 )
 CHECKPOINT_FILE = "checkpoint.pt"
 #: what train() releases into RUN_DIR (checked before the reservation: an entry of the wrong kind is an error)
+#: the certificate's note of a run that registered its dataset in the ledger (the CLI says it with the command
+#: that raises the total instead)
+REGISTERED_NOTE = "dataset registered in the ledger by this run"
 _RELEASED_FILES = ("certificate.json", "metrics.json", "history.json", "config.yaml", "report.html", "log.txt")
 _RELEASED_DIRS = ("model", "checkpoints")
 
@@ -95,15 +98,19 @@ class FitResult:
     Attributes
     ----------
     model : the trained model (the object passed in, trained in place).
-    events : privacy events of the steps actually taken (``DPSGDEvent`` per phase).
+    events : privacy events of the planned steps (``DPSGDEvent`` per phase): all ``steps``, also when the
+        callback stopped training early (see :func:`fit`'s ``callback``).
     history : ``{"step": [...], "train_loss": [...], "train_loss_label": NOT PRIVATE..., "lr": [...],
         "eval": [{"step", "accuracy", "loss"}]}``.
-    steps : optimizer steps taken.  noise_multiplier, sample_rate, sampling: the DP parameters.
+    steps : optimizer steps taken (fewer than planned when the callback stopped early).  noise_multiplier,
+        sample_rate, sampling: the DP parameters.
     seeds : ``{"sampler": int|None, "noise": int|None}`` (None: drawn from the OS, not recorded).
     eval : final evaluation on ``eval_set`` (``{"accuracy", "loss"}``) or None.
     private : False when σ = 0 (then ``events`` is one ``NonPrivateEvent``, ε = ∞, and ``label`` says
         NOT PRIVATE).
     seconds, examples_per_second : wall time and sampled examples processed per second.
+    nonfinite_examples : sampled examples whose loss or gradient norm was NaN or infinite; the DP step
+        dropped their terms (clip factor 0).  **NOT PRIVATE** (a count over the private data).
     """
 
     model: nn.Module
@@ -120,6 +127,7 @@ class FitResult:
     clipping_diagnostics: dict | None = None
     private: bool = True
     label: str = ""
+    nonfinite_examples: int = 0
 
 
 @dataclass
@@ -138,6 +146,22 @@ class TrainResult:
 
 
 # ============================================================================================ helpers
+
+
+def public_size(data: Any) -> int:
+    """The number of rows of ``data`` that privtune may publish and divide by: the size declared with
+    :func:`declare_public_size` (a private split of a declared file, whose realised size is itself private:
+    its planned size from the public n), else ``len(data)`` (n is public by declaration)."""
+    declared = getattr(data, "public_size", None)
+    return int(declared) if declared is not None else len(data)
+
+
+def declare_public_size(data: Any, size: int) -> Any:
+    """Give ``data`` (a dataset or FeatureSet) the public size :func:`public_size` returns; returns ``data``.
+    What is derived from it (the expected batch size q·size, published batch sizes) then never depends on
+    how many rows ``data`` really holds."""
+    data.__dict__["public_size"] = int(size)
+    return data
 
 
 def _is_features(data: Any) -> bool:
@@ -381,6 +405,8 @@ class _Loop:
                               "phase": [], "eval": []}
         self.total_steps = sum(p.steps for p in phases)
         self.examples = 0
+        self.nonfinite_examples = 0  # examples dropped for a NaN/inf loss or gradient norm (NOT PRIVATE)
+        self.stopped_early = False  # a callback stopped the run before its planned steps
         self.seconds = 0.0
         self.diag = {"norms": [], "labels": [], "layer_norms": []} if clipping_diagnostics else None
         self.pg = None
@@ -428,7 +454,7 @@ class _Loop:
             step_cls, extra = LinearHeadGradient, {}
         self.pg = step_cls(
             self.module, max_grad_norm=self.clip, noise_multiplier=self.sigma,
-            expected_batch_size=self.q * self.n, clipping=self.clipping, gamma=self.gamma, seed=self.noise_seed,
+            expected_batch_size=self.q * public_size(self.data), clipping=self.clipping, gamma=self.gamma, seed=self.noise_seed,
             process_group=self.group, **extra,
         )
         if noise_state is not None:
@@ -549,7 +575,8 @@ class _Loop:
                 logits = _forward(self.model, self.module, self.data, chunk)
                 losses = F.cross_entropy(logits, y, reduction="none")
                 norms = self.pg.backward(losses)
-            loss_sum += float(losses.detach().sum())
+            # NOT PRIVATE monitoring: a NaN/inf loss (its term was dropped by the DP step) is not summed
+            loss_sum += float(losses.detach().nan_to_num(0.0, 0.0, 0.0).sum())
             if self.hooks:  # a hook may need the losses at these parameters (hyperfree's L0): no second forward
                 batch_losses.append(losses.detach().double().cpu())
             count += chunk.numel()
@@ -559,7 +586,8 @@ class _Loop:
                 layer = getattr(self.pg, "last_layer_norms", None) if self.per_layer else None
                 if layer is not None and chunk.numel():
                     self.diag.setdefault("layer_norms", []).append(layer.detach().double().cpu())
-        self.pg.release()
+        released = self.pg.release()
+        self.nonfinite_examples += int(getattr(released, "nonfinite_examples", 0))
         if self.group is not None:  # the whole batch's loss and size (NOT PRIVATE monitoring, as in one process)
             totals = torch.tensor([loss_sum, float(count)], dtype=torch.float64)
             self.group.all_reduce_sum_([totals])
@@ -605,6 +633,7 @@ class _Loop:
                     and self.step < self.total_steps:
                 checkpoint(self)
             if stop is True:
+                self.stopped_early = True  # charged for the plan all the same (fit's ``callback``)
                 break
         for hook in self.hooks:
             hook.on_end(self)
@@ -629,7 +658,7 @@ class _Loop:
         out = clipping_diagnostics(norms, self.clip, labels=labels, num_classes=int(self.labels.max()) + 1,
                                    clipping=self.clipping, gamma=gamma, layer_norms=layer_norms)
         out["note"] = ("per-example gradient norms of private training examples seen during training, without "
-                       "noise (seed 003 diagnostics); never use them to choose what is released")
+                       "noise (the clipping diagnostics of Rehn et al.); never use them to choose what is released")
         out["scope"] = ("all sampled examples of all steps" if self.group is None else
                         f"the examples of rank {self.group.rank} of {self.group.world_size} data-parallel processes "
                         "(its share of every step's batch; per-example norms never leave their process)")
@@ -641,7 +670,7 @@ class _Loop:
                 f"per-layer clipping (threshold C/sqrt(K) for each of K = {K} layers)")
             out["mse_optimal_clip"] = {
                 "C": None, "label": "NOT PRIVATE",
-                "note": ("not computed: the MSE-optimal C of seed 003 (Thm 5.2) is defined for flat clipping of the "
+                "note": ("not computed: the MSE-optimal C of Rehn et al. (Thm 5.2) is defined for flat clipping of the "
                          f"whole per-example gradient, and this run used {used}"),
             }
             return out
@@ -704,7 +733,7 @@ def fit(
     phase1_learning_rate: float | None = None, eval_every: int | None = None, progress: Any = None,
     delta: float | None = None, accountant: str = "pld", clipping_diagnostics: bool = False, fast_head: bool = True,
     assume_poisson: bool = False, device: Any = None, hooks: Sequence[LoopHook] = (), gamma: float = 0.01,
-    eps: float = 1e-8, backbone_lr_scale: float = 1.0,
+    eps: float = 1e-8, backbone_lr_scale: float = 1.0, nonfinite_features: str = "refuse",
 ) -> FitResult:
     """Train ``model`` privately for ``steps`` DP steps and return a :class:`FitResult`; no ledger, no files.
 
@@ -746,8 +775,11 @@ def fit(
         Micro-batch size for the forward/backward passes (default 32 for models, 65536 for features);
         results do not depend on it (accumulation ≡ one batch).
     callback : callable, optional
-        Called with a :class:`StepInfo` after each step; returning True stops training (the events
-        then reflect the steps actually taken).
+        Called with a :class:`StepInfo` after each step; returning True stops training, still charged
+        for every planned step (``FitResult.events`` cover all ``steps``: a stopping time chosen during
+        the run is not a public number of steps).  Covered are stops on released or public values
+        (accuracy on a split you declare public); ``StepInfo.loss`` and ``.batch_size`` are computed
+        without noise, and a stop that reads them is covered by no ε, whatever is charged.
     mode : str, optional
         ``"two-phase"`` runs ``phase1_steps`` DP full steps (lr ``phase1_learning_rate``, default
         learning_rate/10) then DP-BiTFiT; other values only label the events.
@@ -787,8 +819,18 @@ def fit(
         Under DP noise an adaptive optimizer moves every weight by about η per step whether or not its
         gradient carries signal; α keeps the pre-trained weights' walk small while the new head learns at its
         own rate.  Post-processing: no effect on ε.  Ignored when training a head on cached features.
+    nonfinite_features : {"refuse", "drop"}, default "refuse"
+        A FeatureSet ``train_set`` with a NaN or inf value: ``"refuse"`` raises DataError (with the count
+        of such rows) before training; ``"drop"`` trains, and the DP step gives such an example clip
+        factor 0 (it adds nothing; sensitivity C), as it does for whatever turns non-finite in training
+        (counted in ``FitResult.nonfinite_examples``, NOT PRIVATE).  ``"drop"`` is for features
+        computed after a budget was reserved, where a refusal would come too late.
     """
     backbone_lr_scale = check_backbone_lr_scale(backbone_lr_scale)
+    if check_choice(nonfinite_features, "nonfinite_features", ("refuse", "drop")) == "refuse":
+        from privtune.finetune.last_layer import check_finite_features
+
+        check_finite_features(train_set, "train_set")
     options = _checked_loop_options(
         train_set, noise_multiplier=noise_multiplier, sample_rate=sample_rate, steps=steps, learning_rate=learning_rate,
         clip=clip, clipping=clipping, optimizer=optimizer, sampling=sampling, assume_poisson=assume_poisson, gamma=gamma,
@@ -871,11 +913,12 @@ def _result(loop: _Loop) -> FitResult:
         final = evaluate(loop.model, loop.eval_set)
         loop.history["eval"].append({"step": loop.step, **final})
     return FitResult(
-        model=loop.model, events=loop.events(), history=loop.history, steps=loop.step,
+        # an early stop is charged for the plan: the stopping time is not a public number of steps
+        model=loop.model, events=loop.events(planned=loop.stopped_early), history=loop.history, steps=loop.step,
         noise_multiplier=loop.sigma, sample_rate=loop.q, sampling=loop.sampling,
         seeds={"sampler": loop.sampler_seed, "noise": loop.noise_seed}, eval=final, seconds=loop.seconds,
         examples_per_second=loop.examples / loop.seconds if loop.seconds > 0 else 0.0,
-        clipping_diagnostics=loop.clipping_diagnostics(),
+        clipping_diagnostics=loop.clipping_diagnostics(), nonfinite_examples=loop.nonfinite_examples,
         private=loop.sigma > 0, label="" if loop.sigma > 0 else "NOT PRIVATE (noise_multiplier=0)",
     )
 
@@ -1095,7 +1138,7 @@ def train(
     hyper = _hyperparameters(mode, sched, privacy, schedule, optim, clipping_spec, mode_info, lora, seed)
     from privtune.ledger import dataset_identity
 
-    fp, ledger_name = dataset_identity(train_set)
+    fp, data_file_name = dataset_identity(train_set)
     if group is not None:  # every rank trains rank 0's plan on the same data, or none does
         group.agree("the training data and plan", (fp, n, hyper, planned),
                     describe=lambda v: f"N = {v[1]} and hyperparameters {v[2]}")
@@ -1111,7 +1154,7 @@ def train(
         # ------------------------------------------------------------ 5. ledger reservation, then training
         led, reservation, registered_now = _reserve_for_train(
             ledger, fp, planned, hyper, total_epsilon=privacy.epsilon or planned_eps, delta=delta,
-            ledger_name=ledger_name, out=out, run_id=run_id, resume=resume, state=state, log=log,
+            data_file_name=data_file_name, out=out, run_id=run_id, resume=resume, state=state, log=log,
             unreserved=(created, fresh_files))
         return run_id, state, log, led, reservation, registered_now
 
@@ -1129,7 +1172,7 @@ def train(
         cert, metrics, history, not_private = _certify(
             loop, actual, hyper, reservation=reservation, led=led, fp=fp, run_id=run_id, delta=delta,
             eval_data=eval_data, eval_set=eval_set, mode_info=mode_info,
-            registered_note=(f"dataset registered in the ledger by this run with total ε={privacy.epsilon or planned_eps:.4g}"
+            registered_note=(f"{REGISTERED_NOTE} with total ε={privacy.epsilon or planned_eps:.4g}"
                              if registered_now else None))
         run_config = None if out is None else config if config is not None else _effective_config(
             data, eval_data, model, clf, mode, privacy.epsilon, privacy.noise_multiplier, delta, hyper, ledger, out, text_column,
@@ -1331,8 +1374,15 @@ def _prepare_run_dir(out: Path | None, ckpt_path: Path | None, resume: bool, fp:
         else:
             # the run id and a step-0 state exist before the reservation: a run killed at any later point
             # resumes under the same reservation instead of being charged again
-            _release.private_torch_save({"format": 1, "step": 0, "run_id": run_id, "fingerprint": fp,
-                                         "hyperparameters": hyper}, ckpt_path)
+            try:
+                _release.private_torch_save({"format": 1, "step": 0, "run_id": run_id, "fingerprint": fp,
+                                             "hyperparameters": hyper}, ckpt_path)
+            except OSError as exc:
+                _release.discard_unreserved(created, [ckpt_path, ckpt_path.with_name(ckpt_path.name + ".tmp")])
+                raise InvalidParameterError(
+                    f"`output_dir` {str(out)!r}: writing the run's first checkpoint failed ({exc.strerror or exc}). "
+                    "Nothing was charged. Free space or fix its permissions, or pass another directory (--output)."
+                ) from None
             fresh_files.append(ckpt_path)
     return run_id, state, created, fresh_files
 
@@ -1352,7 +1402,9 @@ def _run_training(clf, train_set, eval_set, hyper: dict, phases: list, *, state,
     def save_checkpoint(lp: _Loop) -> None:
         st = lp.state_dict()
         st.update({"run_id": run_id, "fingerprint": fp, "hyperparameters": hyper})
-        _release.private_torch_save(st, ckpt_path)
+        with _release.charged_write("the run's checkpoint", ckpt_path.parent,
+                                    "it continues from the last checkpoint written"):
+            _release.private_torch_save(st, ckpt_path)
         log(f"checkpoint at step {lp.step}/{T}")
         if 0 < lp.step < T:
             _release.fault_point("mid-training")
@@ -1435,10 +1487,12 @@ def _certify(loop, actual, hyper: dict, *, reservation, led, fp, run_id, delta, 
         "hyperparameters": hyper, "reported_split": _split_name(eval_data) if eval_set is not None else None,
         "selection": "none (fixed hyperparameters)", "dataset_id": dataset_id,
         "ledger_url": _mask(getattr(led, "url", None)), "ledger_remaining_epsilon": remaining,
+        "ledger_registered_new_dataset": registered_note is not None,
         "trainable_parameters": mode_info.num_trainable, "total_parameters": mode_info.num_total,
         # wall time and steps are data-independent; the exact example count is not (Σ_t |S_t|): NOT PRIVATE
         "train_seconds": result.seconds, "steps_per_second": loop.step / result.seconds if result.seconds else None,
         "examples_per_second": result.examples_per_second,
+        "nonfinite_examples_dropped": result.nonfinite_examples,  # NOT PRIVATE: moved to not_private/
         "steps": loop.step, "device": str(loop.device),
     }
     history = {"final_run": result.history, "trials": [], "strategy": {"name": "fixed"}}
@@ -1451,7 +1505,7 @@ def _certify(loop, actual, hyper: dict, *, reservation, led, fp, run_id, delta, 
     return cert, metrics, history, not_private
 
 
-def _reserve_for_train(ledger, fp, planned, hyper: dict, *, total_epsilon, delta, ledger_name, out, run_id,
+def _reserve_for_train(ledger, fp, planned, hyper: dict, *, total_epsilon, delta, data_file_name, out, run_id,
                        resume, state, log, unreserved):
     """Reserve the planned events (:func:`privtune.pipeline.reserve`; a new dataset is registered with
     ``total_epsilon``).  A refusal removes what this run created (``unreserved``: directories, files).
@@ -1462,8 +1516,8 @@ def _reserve_for_train(ledger, fp, planned, hyper: dict, *, total_epsilon, delta
     try:
         led = open_ledger(ledger)
         reserved = pipeline.reserve(led, fp, planned, total_epsilon=total_epsilon,
-                                    delta=delta, name=ledger_name, command="train", config=cfg_for_ledger,
-                                    resume_key=run_id, resuming=bool(resume))
+                                    delta=delta, name=None, command="train", config=cfg_for_ledger,
+                                    resume_key=run_id, resuming=bool(resume), file_name=data_file_name)
         registered_now, reservation = reserved.registered, reserved.reservation
         if registered_now:
             log(f"dataset {reserved.status.dataset_id} registered in the ledger with total ε="

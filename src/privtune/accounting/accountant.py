@@ -60,9 +60,9 @@ from privtune.accounting.events import (
     describe_event,
     group_events,
 )
+from privtune.choices import ACCOUNTANTS
 from privtune.errors import InvalidParameterError
 
-ACCOUNTANTS = ("pld", "rdp")
 
 #: Relative precision (of ε) that the automatic PLD discretisation aims for.
 DEFAULT_PLD_RTOL = 1e-3

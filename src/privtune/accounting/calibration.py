@@ -422,7 +422,7 @@ def calibrate_loss_noise_multiplier(
 
 def joint_release_events(grad_noise_multiplier: float, loss_noise_multiplier: float, sample_rate: float,
                          steps: int, update_every: int, loss_releases: int = 3) -> list:
-    """Events of a HyFreeDP-style run whose loss probes share the gradient's batch (seed 001 §4.5 (A))."""
+    """Events of a HyFreeDP-style run whose loss probes share the gradient's batch (Liu & Bu, §4.5 (A))."""
     T = check_steps(steps)
     K = check_steps(update_every, "update_every")
     n_upd = math.ceil(T / K)

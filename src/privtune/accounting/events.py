@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from privtune._validation import check_int, check_noise_multiplier, check_real, check_sample_rate, check_steps
+from privtune.choices import SAMPLING_SCHEMES
 from privtune.errors import CertificateError, InvalidParameterError
 
-SAMPLING_SCHEMES = ("poisson", "shuffle", "full_batch")
 
 
 @dataclass(frozen=True)

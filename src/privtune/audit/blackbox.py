@@ -18,6 +18,7 @@ dataset's total budget).  The white-box part uses no user data and is never char
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import random
@@ -25,6 +26,7 @@ import secrets
 import string
 import tempfile
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,8 +52,10 @@ from privtune.audit.result import AuditResult, best_guesses
 from privtune.audit.whitebox import audit_dp_step
 from privtune.data import TextDataset, load_dataset
 from privtune.data.datasets import declared_label_set
-from privtune.errors import DataError, InvalidParameterError, UnknownDatasetError
+from privtune import _release
+from privtune.errors import BudgetExceededError, DataError, InvalidParameterError, PrivtuneError, UnknownDatasetError
 from privtune.ledger import Ledger, dataset_identity, open_ledger
+from privtune.models.classifier import check_model
 
 __all__ = ["audit", "AuditReport", "make_text_canaries", "AUDITED_MODES"]
 
@@ -137,6 +141,7 @@ def audit(
     max_physical_batch_size: int = 32,
     max_length: int | None = None,
     device: Any = None,
+    resume: bool = False,
 ) -> AuditReport:
     """One-run privacy audit of a ``privtune train`` configuration (Steinke, Nasr & Jagielski 2023).
 
@@ -157,10 +162,18 @@ def audit(
         confidence: 1 − β of the lower bounds (default 0.95).
         seed: seeds canaries, membership, the white-box probe and the training run (experiments); None draws
             from the OS, and the training run's seeds are then never recorded (as in ``train``).
+        resume: finish an audit that was interrupted (killed, a full disk) in ``output_dir``: the same
+            arguments repeat the same audit under its ledger reservation, without a second charge.  A charged
+            audit with ``output_dir`` keeps its seeds there (``.privtune-audit-state.json``, 0600) until its
+            files are written.
+
+    Everything knowable (arguments, data, the model and ``max_length``, the output directory) is checked
+    before the ledger reservation: a refused audit charges nothing and leaves no output directory.
 
     Returns:
         :class:`AuditReport`.
     """
+    given = dict(locals())  # the arguments as passed: a resumed audit must repeat them
     epsilon, noise_multiplier, epochs, steps = _check_budget_and_length(
         whitebox, blackbox, epsilon, noise_multiplier, epochs, steps)
     mode = check_choice(mode, "mode", AUDITED_MODES)
@@ -173,16 +186,26 @@ def audit(
         raise InvalidParameterError("`data` is required: the training data of the configuration to audit.")
     if seed is not None:
         seed = check_int(seed, "seed", low=0, high=2**62)
-    # canaries, membership and the white-box probe touch no user data: their seed may be recorded.  The
-    # training run on the user's data gets only an explicit seed (experiments), as in train(): a recorded
-    # noise seed would make the canary scores a deterministic function of the private data.
-    audit_seed = seed if seed is not None else secrets.randbits(62)
+    if not isinstance(resume, bool):
+        raise InvalidParameterError(f"`resume` must be True or False. Got {resume!r}.")
+    out = _check_audit_output(output_dir, resume)
     user = _load_user_text(data, labels, model, text_column, label_column)
     delta = check_delta(min(1e-5, suggest_delta(len(user))) if delta is None else delta, dataset_size=len(user))
-    can_texts, can_labels, included, union = _add_canaries(user, m, audit_seed)
+    if blackbox and not isinstance(model, torch.nn.Module):
+        check_model(model, max_length=max_length)  # a missing model or too long max_length: before the reservation
+    arguments = {**{k: given[k] for k in _RESUME_COMPARED}, "data": dataset_identity(user)[0],
+                 "model": None if model is None else str(model),
+                 "labels": list(user.label_names) if user.label_names is not None else user.num_labels}
+    state = _audit_state(out, resume, arguments, seed, charged=blackbox and not public_data)
+    can_texts, can_labels, included, union = _add_canaries(user, m, state.audit_seed)
     B, T, sigma, planned, claimed = _plan_union_run(
         len(union), batch_size=batch_size, steps=steps, epochs=epochs, sampling=sampling, epsilon=epsilon,
         noise_multiplier=noise_multiplier, delta=delta, accountant=accountant)
+    created = _release.prepare_output_dir(out, (), _AUDIT_DIRS) if out is not None else []
+    if state.path is not None and not resume:
+        # written before the reservation: an audit killed at any later point resumes under that reservation
+        state.save()
+    audit_seed = state.audit_seed
     report = AuditReport()
     if whitebox:
         report.whitebox = audit_dp_step(
@@ -191,16 +214,135 @@ def audit(
             confidence=confidence, accountant=accountant, seed=audit_seed)
         report.whitebox.config["mode"] = mode
     if blackbox:
-        report.blackbox = _blackbox(user, union, can_texts, can_labels, included, planned, claimed, delta, sigma, T, B,
-                                    model=model, mode=mode, learning_rate=learning_rate, clip=clip,
-                                    clipping=clipping, optimizer=optimizer, sampling=sampling,
-                                    accountant=accountant, public_data=public_data, ledger=ledger,
-                                    confidence=confidence, seed=seed, progress=progress,
-                                    max_physical_batch_size=max_physical_batch_size, max_length=max_length,
-                                    device=device)
-    if output_dir is not None:
-        report.save(output_dir)
+        try:
+            report.blackbox = _blackbox(
+                user, union, can_texts, can_labels, included, planned, claimed, delta, sigma, T, B,
+                model=model, mode=mode, learning_rate=learning_rate, clip=clip, clipping=clipping,
+                optimizer=optimizer, sampling=sampling, accountant=accountant, public_data=public_data,
+                ledger=ledger, confidence=confidence, seed=seed, train_seed=state.train_seed, progress=progress,
+                max_physical_batch_size=max_physical_batch_size, max_length=max_length, device=device,
+                resume_key=state.run_id, resume=resume)
+        except _Unreserved as refused:  # nothing was charged: remove what this audit created
+            _release.discard_unreserved(created, [state.path] if state.path is not None and not resume else [])
+            raise refused.error from None
+    if out is not None:
+        _save_report(report, out, state)
     return report
+
+
+#: the arguments a resumed audit must repeat (besides the data, the model and the label set)
+_RESUME_COMPARED = ("mode", "epsilon", "noise_multiplier", "delta", "epochs", "steps", "batch_size", "learning_rate",
+                    "clip", "clipping", "optimizer", "sampling", "accountant", "num_canaries", "whitebox", "blackbox",
+                    "public_data", "confidence", "seed", "max_length", "max_physical_batch_size")
+
+
+def _save_report(report: AuditReport, out: Path, state: "_AuditState") -> None:
+    """Write the audit's files; a failed write is one error (a charged audit: --resume writes them again
+    without a new charge).  The private state goes once the files are in place."""
+    try:
+        report.save(out)
+    except OSError as exc:
+        again = (" The ledger charge stands; fix the cause, then run the same command with --resume: it "
+                 "repeats the audit without a new charge." if state.path is not None else "")
+        raise PrivtuneError(
+            f"Writing the audit's files into {str(out)!r} failed ({exc.strerror or exc}).{again}") from None
+    state.remove()
+
+
+#: what an audit writes into its output directory
+_AUDIT_DIRS = ("whitebox", "blackbox")
+#: OUTPUT/AUDIT_STATE: the private state of an unfinished charged audit (seeds and ledger resume key)
+AUDIT_STATE = ".privtune-audit-state.json"
+
+
+class _Unreserved(Exception):
+    """The ledger refused the audit before anything was charged (carries the error to raise)."""
+
+    def __init__(self, error: Exception):
+        super().__init__(str(error))
+        self.error = error
+
+
+def _check_audit_output(output_dir: Any, resume: bool) -> Path | None:
+    """The output directory, checked without creating anything: it must be able to hold ``whitebox/`` and
+    ``blackbox/``; ``resume`` needs an interrupted audit there, a new audit must not find one."""
+    out = Path(output_dir).expanduser() if output_dir is not None else None
+    if out is not None:
+        _release.check_output_path(out, (), _AUDIT_DIRS)
+        for name in _AUDIT_DIRS:
+            for file in ("audit.json", "audit.png", "audit.html"):
+                if (out / name / file).is_dir():
+                    raise InvalidParameterError(
+                        f"`output_dir`: {str(out / name / file)!r} is a directory, but the audit writes its file "
+                        f"{file!r} there. Nothing was charged. Move it away or pass another output directory (--output).")
+    if resume:
+        if out is None:
+            raise InvalidParameterError("`resume=True` needs `output_dir` (--output: the directory of the interrupted "
+                                        "audit).")
+        if not (out / AUDIT_STATE).is_file():
+            raise InvalidParameterError(
+                f"`resume`: no interrupted audit in {str(out)!r} (no {AUDIT_STATE}). Run without --resume to start "
+                "a new audit, or pass the --output of an interrupted one.")
+    elif out is not None and (out / AUDIT_STATE).exists():
+        raise InvalidParameterError(
+            f"`output_dir` {str(out)!r} holds an interrupted audit (its ledger reservation stays charged). Pass "
+            "--resume (resume=True) to finish it without a new charge, or pass a new directory.")
+    return out
+
+
+@dataclass
+class _AuditState:
+    """Seeds and ledger resume key of one audit.  Kept in ``OUTPUT/AUDIT_STATE`` (0600) while a charged audit
+    is unfinished, so that ``resume`` repeats exactly the same audit (same canaries, same training noise) under
+    the same reservation; deleted once its files are written (the training seed is private state)."""
+
+    audit_seed: int
+    train_seed: int | None
+    run_id: str | None
+    arguments: dict
+    path: Path | None = None
+
+    def save(self) -> None:
+        fd = _release.private_open(self.path.with_name(self.path.name + ".tmp"),
+                                   os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump({"audit_seed": self.audit_seed, "train_seed": self.train_seed, "run_id": self.run_id,
+                       "arguments": self.arguments}, f)
+        os.replace(self.path.with_name(self.path.name + ".tmp"), self.path)
+
+    def remove(self) -> None:
+        if self.path is not None and self.path.exists():
+            self.path.unlink()
+
+
+def _audit_state(out: Path | None, resume: bool, arguments: dict, seed: int | None, *, charged: bool) -> _AuditState:
+    """A new audit's seeds (canaries and membership: ``seed`` or random; a charged training run that can be
+    resumed: a secret training seed unless ``seed`` is given), or the interrupted audit's, whose arguments must
+    be the same."""
+    # canaries, membership and the white-box probe touch no user data: their seed may be recorded.  The
+    # training run on the user's data gets only an explicit seed (experiments), as in train(): a recorded
+    # noise seed would make the canary scores a deterministic function of the private data.  A resumable
+    # audit keeps its secret training seed in the private state file only (like train's checkpoint).
+    path = out / AUDIT_STATE if out is not None and charged else None
+    if not resume:
+        return _AuditState(audit_seed=seed if seed is not None else secrets.randbits(62),
+                           train_seed=seed if seed is not None or path is None else secrets.randbits(62),
+                           run_id=uuid.uuid4().hex if path is not None else None, arguments=arguments, path=path)
+    if path is None:
+        raise InvalidParameterError("`resume`: only a black-box audit charged to the ledger can be resumed; this one "
+                                    "charges nothing. Run it again without --resume.")
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+        state = _AuditState(int(saved["audit_seed"]), saved["train_seed"], str(saved["run_id"]),
+                            saved["arguments"], path)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise InvalidParameterError(f"`resume`: {str(path)!r} is not a readable audit state ({exc}). ") from None
+    if state.arguments != json.loads(json.dumps(arguments)):
+        diff = ", ".join(f"{k}: was {state.arguments.get(k)!r}, now {v!r}"
+                         for k, v in json.loads(json.dumps(arguments)).items() if state.arguments.get(k) != v)
+        raise InvalidParameterError(
+            f"`resume`: the arguments differ from the interrupted audit ({diff}). Resume with the same arguments.")
+    return state
 
 
 def _check_budget_and_length(whitebox: Any, blackbox: Any, epsilon: Any, noise_multiplier: Any, epochs: Any,
@@ -273,7 +415,8 @@ def _plan_union_run(n: int, *, batch_size: int | None, steps: int | None, epochs
 
 def _blackbox(user, union, can_texts, can_labels, included, planned, claimed, delta, sigma, T, B, *, model, mode,
               learning_rate, clip, clipping, optimizer, sampling, accountant, public_data, ledger, confidence,
-              seed, progress, max_physical_batch_size, max_length, device) -> AuditResult:
+              seed, train_seed, progress, max_physical_batch_size, max_length, device, resume_key,
+              resume) -> AuditResult:
     t0 = time.perf_counter()
     m = len(can_texts)
     config = {"mode": mode, "noise_multiplier": sigma, "sample_rate": planned[0].sample_rate, "steps": T,
@@ -284,7 +427,7 @@ def _blackbox(user, union, can_texts, can_labels, included, planned, claimed, de
     declared = list(union.label_names) if union.label_names is not None else list(range(union.num_labels))
     kwargs = dict(model=model, mode=mode, labels=declared, noise_multiplier=sigma, delta=delta, steps=T, batch_size=B,
                   learning_rate=learning_rate, clip=clip, clipping=clipping, optimizer=optimizer, sampling=sampling,
-                  accountant=accountant, output_dir=None, seed=seed, progress=progress,
+                  accountant=accountant, output_dir=None, seed=train_seed, progress=progress,
                   max_physical_batch_size=max_physical_batch_size, max_length=max_length, device=device)
     with tempfile.TemporaryDirectory(prefix="privtune-audit-") as tmp:
         # the union is a new dataset: its own throw-away ledger; the user's budget is charged below
@@ -296,16 +439,24 @@ def _blackbox(user, union, can_texts, can_labels, included, planned, claimed, de
             led = open_ledger(ledger)
             fp, _name = dataset_identity(user)
             try:
-                led.status(fp)
+                status = led.status(fp)
             except UnknownDatasetError:
-                raise UnknownDatasetError(
+                raise _Unreserved(UnknownDatasetError(
                     f"The black-box audit trains on this dataset and spends ε = {claimed:.4g} of its budget, but the "
                     "dataset has no budget in the ledger yet. Register it first with a total that covers the audit "
                     "and your real runs (`privtune budget init`), pass --public-data if the data is public, or run "
-                    "the white-box audit only (--no-blackbox), which uses no data."
-                ) from None
-            with led.spend(fp, planned, command="audit", config={"audit": config}, delta=delta) as reservation:
-                result = training.train(union, ledger=scratch, **kwargs)
+                    "the white-box audit only (--no-blackbox), which uses no data.")) from None
+            mine = [e for e in status.entries if resume_key is not None and e.resume_key == resume_key]
+            if resume and any(e.state == "committed" for e in mine) and not any(e.state == "reserved" for e in mine):
+                reservation = None  # killed after its commit: the same seeds repeat the charged run, no new charge
+            else:
+                try:
+                    reservation = led.reserve(fp, planned, command="audit", config={"audit": config}, delta=delta,
+                                              resume_key=resume_key)
+                except BudgetExceededError as exc:
+                    raise _Unreserved(exc) from None
+            result = training.train(union, ledger=scratch, **kwargs)
+            if reservation is not None:
                 reservation.commit(result.events)
             privacy = (f"trained on the user's data: charged to the ledger like train (ε = {claimed:.4g}, "
                        f"δ = {delta:g}); no model released")

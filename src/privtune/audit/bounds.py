@@ -57,7 +57,13 @@ def p_value(num_canaries: int, num_guesses: int, correct: int, epsilon: float, d
         delta: δ in [0, 1] of the null hypothesis.
 
     Returns:
-        The upper bound of Steinke et al. (2023, Theorem 3.1) on P[correct ≥ v], capped at 1.
+        The expression of Steinke et al. (2023, Theorem 3.1 as computed by their Appendix D) for
+        P[correct ≥ v], capped at 1.  With δ = 0 it is an upper bound.  With δ > 0 it is NOT an upper
+        bound for every v: when v is at or below about r·p_ε (p_ε = e^ε / (1 + e^ε)), some (ε, δ)-DP
+        mechanisms exceed it (a linear program over all such mechanisms on m = 2 canaries, r = 2, v = 1,
+        ε = 1, δ = 0.05 reaches 0.9447 against 0.9421).  Those are p-values near 1, which reject
+        nothing; :func:`epsilon_lower_bound` only uses p-values ≤ β, where no such case is known (a search
+        over every case with m ≤ 5 and a p-value ≤ 0.3 found the worst mechanism below the expression).
     """
     m, r, v = _check_counts(num_canaries, num_guesses, correct)
     eps = check_real(epsilon, "epsilon", low=0.0, low_inclusive=True, fix="Pass ε ≥ 0.")

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import importlib
 import sys
+import warnings
 
 import click
 
-from privtune.errors import PrivtuneError
+from privtune.errors import PrivtuneError, PrivtuneWarning
 
 # sub-command name -> (module, attribute, one-line help)
 _COMMANDS: dict[str, tuple[str, str, str]] = {
@@ -64,8 +65,25 @@ def _one_line_click_message(exc: click.ClickException) -> str:
     return msg
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """privtune's own warnings as one ``warning:`` line on stderr; any other warning as Python prints it."""
+    if isinstance(category, type) and issubclass(category, PrivtuneWarning):
+        click.echo(f"warning: {message}", err=True)
+    else:
+        _python_showwarning(message, category, filename, lineno, file, line)
+
+
+_python_showwarning = warnings.showwarning
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``privtune`` executable; returns the exit status."""
+    with warnings.catch_warnings():
+        warnings.showwarning = _show_warning
+        return _main(argv)
+
+
+def _main(argv: list[str] | None) -> int:
     try:
         rv = cli.main(args=argv, prog_name="privtune", standalone_mode=False)
     except click.exceptions.Abort:

@@ -4,7 +4,7 @@
 
     privtune audit --data FILE --mode {full,bitfit,last-layer,lora} (--epsilon E [--delta D] | --noise-multiplier S)
                    [--epochs N | --steps N] [--batch-size B] [--canaries M] [--no-blackbox] [--public-data]
-                   [--labels neg,pos] [--ledger URL] [--output DIR]
+                   [--labels neg,pos] [--ledger URL] [--output DIR [--resume]]
 
 Prints, per audit (white-box and black-box): the claimed ε, the empirical lower bound at 95 %
 confidence, m, the number of guesses and of correct guesses, and a verdict.  Exit status 0 when every
@@ -16,6 +16,7 @@ from __future__ import annotations
 import click
 
 from privtune.accounting.accountant import ACCOUNTANTS
+from privtune.cli.options import data_options
 from privtune.engine.private_gradient import CLIPPINGS
 from privtune.finetune.modes import MODES as TRAIN_MODES
 from privtune.optim import OPTIMIZERS
@@ -50,13 +51,12 @@ MODES = tuple(m for m in TRAIN_MODES if m != "two-phase")
 @click.option("--output", type=str, help="Write whitebox/ and blackbox/ (audit.json, audit.png, audit.html) here.")
 @click.option("--confidence", type=float, default=0.95, help="Confidence 1 − β of the lower bounds.")
 @click.option("--seed", type=int, help="Seed for canaries, membership and training (experiments).")
-@click.option("--text-column", type=str, help="Text column name (auto-detected).")
-@click.option("--label-column", type=str, help="Label column name (auto-detected).")
-@click.option("--labels", type=str,
-              help="The label set (public), comma-separated in class-index order, e.g. neg,pos or 0,1 for integer "
-                   "classes. Default: the model's own labels; never read from the private data.")
+@data_options()
 @click.option("--max-physical-batch-size", type=int, default=32, help="Micro-batch size in memory.")
 @click.option("--device", type=str, help="cpu, cuda, cuda:N or mps (default: cuda when available, else cpu).")
+@click.option("--resume", is_flag=True, default=False,
+              help="Finish an interrupted audit in --output (same arguments): its ledger reservation is reused, "
+                   "never charged twice.")
 @click.option("--quiet", is_flag=True, default=False, help="No progress display.")
 def audit(**opts) -> int:
     """Measure an empirical lower bound on ε of a training configuration in one run (Steinke et al. 2023).

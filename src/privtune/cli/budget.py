@@ -62,10 +62,12 @@ def _console():
 def _status_table(st) -> object:
     from rich.table import Table
 
-    t = Table(title=f"Privacy budget of {st.name or 'dataset'} ({st.dataset_id})", show_header=False)
+    t = Table(title=f"Privacy budget of {st.name or st.file_name or 'dataset'} ({st.dataset_id})", show_header=False)
     t.add_column("", style="bold")
     t.add_column("")
     t.add_row("ledger", st.ledger_url)
+    if st.file_name:
+        t.add_row("registered as", st.file_name)
     t.add_row("total ε", f"{st.total_epsilon:.6g}")
     t.add_row("δ", f"{st.delta:g}")
     t.add_row("accountant", st.accountant)
@@ -141,7 +143,8 @@ def init(dataset: str, epsilon: float, delta: float, name: str | None, accountan
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @ledger_option
 def show(dataset: str | None, as_json: bool, ledger_url: str | None) -> None:
-    """Show a dataset's total, spent, reserved and remaining ε (or list all datasets)."""
+    """Show a dataset's total, spent, reserved and remaining ε (or list all datasets, with the local file name
+    each was registered under: kept in the ledger only)."""
     ledger = _open(ledger_url)
     if dataset is None:
         rows = ledger.datasets()
@@ -151,11 +154,11 @@ def show(dataset: str | None, as_json: bool, ledger_url: str | None) -> None:
         from rich.table import Table
 
         t = Table(title=f"Datasets in {ledger.url}")
-        for col in ("dataset id", "name", "total ε", "δ", "accountant", "created"):
+        for col in ("dataset id", "registered as", "name", "total ε", "δ", "accountant", "created"):
             t.add_column(col)
         for r in rows:
-            t.add_row(r["dataset_id"] or "", r["name"] or "", f"{r['total_epsilon']:g}", f"{r['delta']:g}",
-                      r["accountant"], r["created_at"][:19])
+            t.add_row(r["dataset_id"] or "", r["file_name"] or "", r["name"] or "", f"{r['total_epsilon']:g}",
+                      f"{r['delta']:g}", r["accountant"], r["created_at"][:19])
         _console().print(t)
         return
     st = ledger.status(dataset)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from privtune.config import COMMANDS, check_config_file, template
+from privtune.cli.config_file import COMMANDS, check_config_file, template
 
 
 @click.group("config")

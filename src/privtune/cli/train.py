@@ -22,11 +22,14 @@ import click
 # importing them costs the torch import, which `privtune train` pays anyway.
 from privtune.accounting.accountant import ACCOUNTANTS
 from privtune.accounting.events import SAMPLING_SCHEMES
-from privtune.config import explicit_cli_values, resolve_options
+from privtune.cli.config_file import explicit_cli_values, resolve_options
+from privtune.cli.notices import registration_notice
+from privtune.cli.options import data_options
 from privtune.engine.private_gradient import CLIPPINGS
 from privtune.finetune.modes import MODES
 from privtune.models.classifier import POOLING_CHOICES
 from privtune.optim import OPTIMIZERS
+from privtune.training import REGISTERED_NOTE
 from privtune.training import train as run_train
 
 _TRAIN_DEFAULTS = {name: p.default for name, p in inspect.signature(run_train).parameters.items()}
@@ -46,7 +49,8 @@ _TRAIN_DEFAULTS = {name: p.default for name, p in inspect.signature(run_train).p
 @click.option("--learning-rate", type=float, help="Learning rate (default by mode).")
 @click.option("--backbone-lr-scale", type=float,
               help="α in (0, 1]: the head trains at --learning-rate, every other trainable parameter at α times it "
-                   "(seed 002's pre-trained-layer multiplier; default 0.1 for --mode full, else 1: one rate).")
+                   "(Mehta et al.'s pre-trained-layer multiplier, large-scale transfer; default 0.1 for --mode full, "
+                   "else 1: one rate).")
 @click.option("--clip", type=float, help=f"Per-example clipping norm C (default {_TRAIN_DEFAULTS['clip']}).")
 @click.option("--optimizer", type=click.Choice(OPTIMIZERS), help=f"Optimizer (default {_TRAIN_DEFAULTS['optimizer']}).")
 @click.option("--ledger", type=str, help="Budget ledger URL (default $PRIVTUNE_LEDGER or ~/.privtune/ledger.db).")
@@ -74,11 +78,7 @@ _TRAIN_DEFAULTS = {name: p.default for name, p in inspect.signature(run_train).p
               help=f"Privacy accountant (default {_TRAIN_DEFAULTS['accountant']}).")
 @click.option("--max-physical-batch-size", type=int,
               help=f"Micro-batch size in memory (default {_TRAIN_DEFAULTS['max_physical_batch_size']}).")
-@click.option("--text-column", type=str, help="Text column name (auto-detected).")
-@click.option("--label-column", type=str, help="Label column name (auto-detected).")
-@click.option("--labels", type=str,
-              help="The label set (public), comma-separated in class-index order, e.g. neg,pos or 0,1 for integer "
-                   "classes. Default: the model's own labels; never read from the private data.")
+@data_options()
 @click.option("--seed", type=int, help="Seed for head init, sampling and noise (experiments; recorded).")
 @click.option("--phase1-epochs", type=float, help="two-phase: epochs of DP full fine-tuning first (default 1).")
 @click.option("--pooling", type=click.Choice(POOLING_CHOICES),
@@ -126,10 +126,16 @@ def train(**kwargs) -> None:
         f"trained {m['mode']} for {m['steps']} steps: ε = {m['epsilon']:.4g}, δ = {m['delta']:.3g}; "
         f"accuracy on {m.get('reported_split') or 'eval data'}: {acc}"
     )
+    registered = bool(m.get("ledger_registered_new_dataset"))
+    if registered:
+        status_total = m["epsilon"] if opts.get("epsilon") is None else opts["epsilon"]
+        click.echo(registration_notice(str(opts["data"]), dataset_id=m.get("dataset_id"), total_epsilon=status_total,
+                                       delta=m["delta"], ledger_url=m.get("ledger_url") if opts.get("ledger") else None))
     if m.get("ledger_remaining_epsilon") is not None:
         click.echo(f"ledger: remaining ε for this dataset = {m['ledger_remaining_epsilon']:.4g}")
     for note in result.certificate.metadata.get("notes", []):
-        click.echo(f"note: {note}")
+        if not (registered and note.startswith(REGISTERED_NOTE)):  # said above, with the command that raises it
+            click.echo(f"note: {note}")
     if m.get("seeded"):
         from privtune.report.release import seeded_notice
 
@@ -141,8 +147,7 @@ def train(**kwargs) -> None:
 @click.option("--model", "model_dir", required=True, type=str, help="A trained model: RUN_DIR/model (or RUN_DIR).")
 @click.option("--data", required=True, type=str, help="A .tsv/.csv/.jsonl file (or image folder) to predict.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (key `accuracy` when labels are present).")
-@click.option("--text-column", type=str, help="Text column name (auto-detected).")
-@click.option("--label-column", type=str, help="Label column name (auto-detected; optional).")
+@data_options(labels_default=None, label_column_help="Label column name (auto-detected; optional).")
 @click.option("--batch-size", type=int, default=64, show_default=True, help="Examples per forward pass.")
 @click.option("--device", type=str, help="cpu, cuda, cuda:N or mps (default: cuda when available, else cpu).")
 def predict(model_dir: str, data: str, as_json: bool, text_column: str | None, label_column: str | None,

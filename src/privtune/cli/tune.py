@@ -3,7 +3,7 @@ and :func:`privtune.hpo.recommend`.
 
 ::
 
-    privtune tune [--data FILE] [--labels neg,pos] [--eval-data FILE] [--model PATH] [--mode M|auto] [--strategy S] [--epsilon E]
+    privtune tune [--data FILE] [--labels neg,pos] [--text-column C] [--label-column C] [--eval-data FILE] [--model PATH] [--mode M|auto] [--strategy S] [--epsilon E]
                   [--delta D] [--ledger URL] [--config FILE] [--output RUN_DIR] [--device D] [--resume] [--quiet]
                   [--executor local|ray] [--ray-address auto|HOST:PORT|ray://HOST:PORT]
     privtune recommend --epsilon E --delta D --dataset-size N --epochs K [--json]
@@ -14,25 +14,35 @@ privtune, the bundled MiniLM, total ε = 1, δ = 1e-5, its ledger inside the run
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 
 import click
 
-# The choices and defaults shown here are read from the modules that own them (one declaration each): a
-# default lives only in tune()'s signature, which applies it when neither a flag nor the file sets the option.
-from privtune.config import explicit_cli_values, resolve_options
-from privtune.hpo.common import SELECTIONS
-from privtune.hpo.executors import EXECUTORS
-from privtune.hpo.recommend import PREFERENCES
-from privtune.hpo.recommend import recommend as run_recommend
-from privtune.hpo.registry import STRATEGIES
-from privtune.hpo.tune import MODES
-from privtune.hpo.tune import tune as run_tune
+# The choices and the defaults shown here come from privtune.choices, which imports nothing, so that
+# `privtune tune --help` does not import torch; tests/test_choices.py checks them against tune()'s own
+# signature and the strategy registry.  A default is applied by tune() itself: the CLI passes only what
+# the user set (flag or file).
+from privtune.choices import EXECUTORS, PREFERENCES, SELECTIONS, STRATEGIES, TUNE_MODES as MODES
+from privtune.choices import RECOMMEND_DEFAULTS as _RECOMMEND_DEFAULTS
+from privtune.choices import TUNE_DEFAULTS as _TUNE_DEFAULTS
+from privtune.cli.config_file import explicit_cli_values, resolve_options
+from privtune.cli.notices import registration_notice
+from privtune.cli.options import data_options
 
-_TUNE_DEFAULTS = {name: p.default for name, p in inspect.signature(run_tune).parameters.items()}
-_RECOMMEND_DEFAULTS = {name: p.default for name, p in inspect.signature(run_recommend).parameters.items()}
+
+def run_tune(data=None, **kwargs):
+    """:func:`privtune.hpo.tune`, imported when a run starts (it imports torch; ``--help`` must not)."""
+    from privtune.hpo.tune import tune
+
+    return tune(data, **kwargs)
+
+
+def run_recommend(*args, **kwargs):
+    """:func:`privtune.hpo.recommend`, imported when called (the hpo package imports torch)."""
+    from privtune.hpo.recommend import recommend
+
+    return recommend(*args, **kwargs)
 
 
 def _number(x: float) -> str:
@@ -45,10 +55,7 @@ def _number(x: float) -> str:
 @click.option("--eval-data", type=str, help="Reported split: accuracy is computed on it, never used for selection.")
 @click.option("--public-eval-data", type=str,
               help="Validation split you declare PUBLIC: scores trials at no privacy cost.")
-@click.option("--labels", type=str,
-              help="The label set (public), comma-separated in class-index order, e.g. neg,pos or 0,1 for integer "
-                   "classes. Default: the labels of --public-eval-data, else the model's; never read from the "
-                   "private data.")
+@data_options(labels_default="the labels of --public-eval-data, else the model's")
 @click.option("--model", type=str, help="Backbone directory (Hugging Face format). Default: bundled all-MiniLM-L6-v2.")
 @click.option("--mode", type=click.Choice(MODES), help="What is trained; auto compares last-layer/bitfit/lora "
               "(bitfit/full when N·ε ≥ 20,000; full/bitfit from N = 60,000) with charged pilots; ties keep the first. "
@@ -63,7 +70,7 @@ def _number(x: float) -> str:
               "number, two sweeps of trials/2 runs).")
 @click.option("--epochs", type=float, help="Epochs of mini-batch runs (hyperfree, bitfit/lora modes).")
 @click.option("--steps", type=int, help="Steps of mini-batch runs, instead of --epochs.")
-@click.option("--batch-size", type=int, help="Expected batch size; unset = recommended (seed 003).")
+@click.option("--batch-size", type=int, help="Expected batch size; unset = recommended from the budget (Rehn et al., optimal clipping and batch size).")
 @click.option("--ledger", type=str, help="Budget ledger URL (default $PRIVTUNE_LEDGER or ~/.privtune/ledger.db; "
               "the embedded demo keeps its ledger in the run directory).")
 @click.option("--config", type=str, help="YAML configuration file (flags override it).")
@@ -86,7 +93,7 @@ def tune(**kwargs) -> None:
     opts = resolve_options("tune", kwargs.get("config"), explicit_cli_values(ctx))
     mapping = {"output": "output_dir"}
     call = {mapping.get(k, k): v for k, v in opts.items() if v is not None}
-    result = run_tune(call.pop("data", None), **call)
+    result = run_tune(call.get("data"), **{k: v for k, v in call.items() if k != "data"})
     m = result.metrics
     click.echo(f"run directory: {result.run_dir}")
     if m.get("resumed"):
@@ -111,7 +118,11 @@ def tune(**kwargs) -> None:
         click.echo(f"accuracy on {m.get('reported_split')}: {acc:.4f}{label}")
     label = " (NOT PRIVATE: chosen by an uncharged selection)" if m.get("not_private") else ""
     click.echo(f"hyperparameters{label}: {json.dumps(m['hyperparameters'], default=str)}")
-    if m.get("ledger_registered_new_dataset"):
+    if m.get("ledger_registered_new_dataset") and call.get("data") is not None:
+        click.echo(registration_notice(str(call["data"]), dataset_id=m.get("dataset_id"),
+                                       total_epsilon=m["total_epsilon"], delta=m["delta"],
+                                       ledger_url=m.get("ledger_url") if call.get("ledger") else None))
+    elif m.get("ledger_registered_new_dataset"):  # the embedded demo: its ledger lives in the run directory
         click.echo(f"ledger: new dataset {m.get('dataset_id')} registered with total ε = "
                    f"{m['total_epsilon']:g}, δ = {m['delta']:g}")
     if m.get("ledger_remaining_epsilon") is not None:
@@ -133,7 +144,8 @@ def tune(**kwargs) -> None:
 @click.option("--candidates", type=str, help="Comma-separated batch sizes (default: powers of two and N).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def recommend(epsilon, delta, dataset_size, epochs, min_steps, plateau_tol, prefer, candidates, as_json) -> None:
-    """Recommend batch size, σ, q, T and clipping guidance for a budget (seed 003)."""
+    """Recommend batch size, σ, q, T and clipping guidance for a budget (Rehn et al., optimal clipping
+    and batch size for DP transfer learning)."""
     from privtune.errors import InvalidParameterError
 
     cands = None

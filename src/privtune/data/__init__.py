@@ -7,7 +7,9 @@ not whole numbers in ``[0, num_labels)``.
 * :func:`load_text_dataset` reads ``.tsv``/``.csv``/``.jsonl`` files (or a ``datasets.Dataset``) into a
   :class:`TextDataset`; text and label columns are auto-detected and can be overridden.
 * :func:`load_image_folder` reads ``ROOT/<class name>/<image>`` into an :class:`ImageDataset`.
-* :func:`load_dataset` dispatches on the path (directory → images, file → text).
+* :func:`load_idx_dataset` reads MNIST-style IDX image and label files (:mod:`privtune.data.idx`) into an
+  :class:`ImageDataset`.
+* :func:`load_dataset` dispatches on the path (directory → images, IDX file → images, other file → text).
 * :func:`embedded_sst2` returns the small SST-2 subset shipped with the package (the default data of
   ``privtune tune``).
 """
@@ -17,6 +19,7 @@ from privtune.data.datasets import (
     TextDataset,
     embedded_sst2,
     load_dataset,
+    load_idx_dataset,
     load_image_folder,
     load_text_dataset,
 )
@@ -26,6 +29,7 @@ __all__ = [
     "ImageDataset",
     "load_text_dataset",
     "load_image_folder",
+    "load_idx_dataset",
     "load_dataset",
     "embedded_sst2",
 ]

@@ -48,6 +48,7 @@ class TextDataset:
             raise DataError(
                 f"`labels` has {len(self.labels)} entries but `texts` has {len(self.texts)}; pass one label per text."
             )
+        _check_texts_not_blank(self.texts, "`texts`")
         if self.labels is not None and self.num_labels is None and self.labels:
             _check_contiguous(self.labels, "TextDataset")
             self.num_labels = max(self.labels) + 1
@@ -140,6 +141,17 @@ class ImageDataset:
 
 
 # --------------------------------------------------------------------------------------------- labels
+
+
+def _check_texts_not_blank(texts: Sequence[Any], where: str) -> None:
+    """Refuse texts that are empty or only whitespace (they would train as examples without content).  The
+    message gives the first row's number and the count, never a text (it reads private data)."""
+    bad = [i for i, t in enumerate(texts) if isinstance(t, str) and not t.strip()]
+    if bad:
+        raise DataError(
+            f"{where}: row {bad[0] + 1} has an empty text (empty or only spaces; {len(bad)} row(s) affected). "
+            "Fill in the text or remove the row."
+        )
 
 
 def _as_int_label(value: Any) -> int | None:
@@ -452,6 +464,7 @@ def _build_text(rows, columns, where, text_column, label_column, num_labels, lab
         if not isinstance(t, str):
             t = str(t)
         texts.append(t)
+    _check_texts_not_blank(texts, f"{where}: text column {tcol!r}")
     labels = None
     k = num_labels
     names = list(label_names) if label_names is not None else None
@@ -561,13 +574,84 @@ def load_image_folder(path: str | os.PathLike, *, label_names: Sequence[str] | N
                         label_names=None if declared and label_names is None else names, source=str(root.resolve()))
 
 
+def load_idx_dataset(images_file: str | os.PathLike, labels_file: str | os.PathLike | None = None, *,
+                     labels: Sequence[str | int] | str | None = None, num_labels: int | None = None,
+                     label_names: Sequence[str] | None = None, require_labels: bool = True) -> ImageDataset:
+    """Load an IDX images file (and its labels file) as an :class:`ImageDataset` (the format, the labels file's
+    name and the label conventions: :mod:`privtune.data.idx`).
+
+    Parameters
+    ----------
+    images_file : path
+        An unsigned-byte IDX file of N greyscale images, ``.gz``-compressed or not.
+    labels_file : path, optional
+        The matching labels file.  Default: the file found by the standard naming (module docstring).
+    labels, num_labels, label_names
+        The declared (public) label set: integer classes ``0..K-1`` (``labels=[0, ..., K-1]`` or
+        ``num_labels=K``).  Every label in the file must be one of them.  Undeclared (public files only):
+        K = largest label + 1, and every index below it must occur.
+    require_labels : bool, default True
+        False: images without a labels file load unlabelled (for prediction).
+
+    Raises
+    ------
+    DataError
+        A file that is missing, truncated, damaged or of the wrong kind (magic number); image and label
+        counts that differ; a label outside the declared classes; declared class names (the format has none).
+    """
+    # Lazy: numpy and the IDX reader only for IDX files.
+    from privtune.data.idx import IDX_IMAGES_MAGIC, IDX_LABELS_MAGIC, idx_labels_path, read_idx
+
+    num_labels, label_names = _declared(labels, num_labels, label_names)
+    images_path = Path(images_file).expanduser()
+    where = str(images_path)
+    if label_names is not None and any(label_kind(n)[0] != "int" for n in label_names):
+        raise DataError(
+            f"{where!r}: IDX label files hold class indices and no class names, but the declared labels are the names "
+            f"{describe_label_set(len(label_names), list(label_names))} (names are never mapped onto integers). "
+            "Declare the classes as integers, e.g. --labels 0,1,...,9 (Python: num_labels=10)."
+        )
+    pixels = read_idx(images_path, IDX_IMAGES_MAGIC, "images")
+    lab_path = Path(labels_file).expanduser() if labels_file is not None else idx_labels_path(images_path)
+    values = None
+    if lab_path is None:
+        if require_labels:
+            raise DataError(
+                f"No labels file found for the IDX images {where!r}: looked for the standard name (images → labels, "
+                "idx3 → idx1, e.g. train-labels-idx1-ubyte.gz) in the same folder. Put the labels file there under "
+                "that name, or pass it: load_idx_dataset(images_file, labels_file)."
+            )
+    else:
+        values = read_idx(lab_path, IDX_LABELS_MAGIC, "labels")
+        if values.shape[0] != pixels.shape[0]:
+            raise DataError(
+                f"The IDX images file {where!r} holds {pixels.shape[0]} images but the labels file {str(lab_path)!r} "
+                f"holds {values.shape[0]} labels; pass the labels file of these images."
+            )
+    # Lazy: Pillow only for image data: keeps privtune.data light for text.
+    from PIL import Image
+
+    images: list[Any] = [Image.fromarray(a) for a in pixels]
+    if values is None:
+        k = num_labels if label_names is None else len(label_names)
+        return ImageDataset(images=images, labels=None, num_labels=k, label_names=None,
+                            source=str(images_path.resolve()))
+    encoded, k, _ = _encode_labels(values.tolist(), f"IDX labels file {str(lab_path)!r}", "label", num_labels,
+                                   label_names, contiguous=True)
+    if num_labels is None and label_names is None:
+        k = max(k, 2)
+    # the images file identifies the data set for the ledger (one budget, whichever labels file is used)
+    return ImageDataset(images=images, labels=encoded, num_labels=k, label_names=None,
+                        source=str(images_path.resolve()))
+
+
 def load_dataset(data: Any, text_column: str | None = None, label_column: str | None = None, *,
                  label_names: Sequence[str] | None = None, num_labels: int | None = None,
                  require_labels: bool = True,
                  labels: Sequence[str | int] | str | None = None) -> TextDataset | ImageDataset:
-    """Load any supported dataset: a directory is an image folder, a file is a text table, a
-    ``datasets.Dataset`` is converted.  An existing TextDataset/ImageDataset is returned unchanged,
-    or, with a declared label set (``labels``, ``label_names`` or ``num_labels``), checked against it
+    """Load any supported dataset: a directory is an image folder, an IDX file (``*-ubyte[.gz]``, see
+    :mod:`privtune.data.idx`) holds images, another file is a text table, a ``datasets.Dataset`` is converted.
+    An existing TextDataset/ImageDataset is returned unchanged, or, with a declared label set (``labels``, ``label_names`` or ``num_labels``), checked against it
     and re-indexed in the declared order (:func:`with_label_set`)."""
     num_labels, label_names = _declared(labels, num_labels, label_names)
     if isinstance(data, (TextDataset, ImageDataset)):
@@ -576,6 +660,13 @@ def load_dataset(data: Any, text_column: str | None = None, label_column: str | 
         return with_label_set(data, num_labels if label_names is None else len(label_names), label_names)
     if isinstance(data, (str, os.PathLike)) and Path(data).expanduser().is_dir():
         return load_image_folder(data, label_names=label_names, num_labels=num_labels)
+    if isinstance(data, (str, os.PathLike)):
+        # Lazy: numpy and the IDX reader only for IDX files.
+        from privtune.data.idx import is_idx_path
+
+        if is_idx_path(data):  # MNIST-style IDX images; the labels file by the standard naming
+            return load_idx_dataset(data, label_names=label_names, num_labels=num_labels,
+                                    require_labels=require_labels)
     return load_text_dataset(data, text_column, label_column, num_labels=num_labels, label_names=label_names,
                              require_labels=require_labels)
 
@@ -610,9 +701,10 @@ def with_label_set(ds: TextDataset | ImageDataset, num_labels: int, label_names:
     return dataclasses.replace(ds, labels=new, num_labels=k, label_names=names)
 
 
-def check_disjoint(train: Any, other: Any, what: str) -> None:
+def check_disjoint(train: Any, other: Any, what: str, against: str | None = None) -> None:
     """Refuse a split that shares an example with the training data (text compared after stripping
-    whitespace; images by content).
+    whitespace; images by content); ``against`` names ``train`` when it is another split than the
+    training data (e.g. ``"public_eval_data"``).
 
     This check reads the private data and can abort the run; it happens before anything is reserved
     or written, and its message gives the number of shared examples, never their text.  The abort
@@ -624,6 +716,11 @@ def check_disjoint(train: Any, other: Any, what: str) -> None:
     if getattr(other, "labels", None) is None:
         raise DataError(f"`{what}` has no labels; accuracy cannot be computed. Add a label column.")
     overlap = _rows(train) & _rows(other)
+    if overlap and against is not None:
+        raise DataError(
+            f"`{what}` overlaps `{against}`: {len(overlap)} example(s) appear in both. The reported accuracy must "
+            "come from examples the selection did not see; remove the shared examples from one of the files."
+        )
     if overlap:
         raise DataError(
             f"`{what}` overlaps the training data: {len(overlap)} example(s) appear in both. Selection and "
@@ -672,8 +769,8 @@ def declared_label_set(labels: Any = None, *, model: Any = None, public_data: An
     raise InvalidParameterError(
         "The label set is not declared. privtune does not read it from the private training data, because "
         "the class count and names are written into the released model. " + LABELS_HOWTO
-        + " (tune also takes it from --public-eval-data; both take it from a model whose config names its "
-        "classes.)"
+        + " (`privtune tune --public-eval-data FILE` also takes it from the public split; every command takes "
+        "it from a model whose config names its classes.)"
     )
 
 

@@ -1,4 +1,4 @@
-"""Clipping diagnostics (Rehn et al., seed 003). **NOT PRIVATE.**
+"""Clipping diagnostics (Rehn et al.). **NOT PRIVATE.**
 
 Everything here reads private gradients *without noise*. Use it to understand a run (e.g. on a
 public split or in a benchmark), never to choose what is released, and label every output
@@ -79,7 +79,7 @@ def _retained(n: torch.Tensor, C: float, clipping: str, gamma: float, layer_norm
 
 def retained_weight(grad_norms, labels, max_grad_norm: float, num_classes: int, *, clipping: str = "flat",
                     gamma: float = 0.01, layer_norms=None) -> torch.Tensor:
-    """Per-class mean retained factor (seed 003 Eq. 3: mean of min(1, C/‖g_i‖)); NaN for empty classes. NOT PRIVATE.
+    """Per-class mean retained factor (Rehn et al., Eq. 3: mean of min(1, C/‖g_i‖)); NaN for empty classes. NOT PRIVATE.
 
     The factor follows the clipping actually used: ``clipping="automatic"`` uses C/(‖g_i‖ + γ) (AUTO-S,
     which can exceed 1), and ``layer_norms`` ((n, K) per-layer norms, per-layer clipping at C/√K) gives
@@ -115,7 +115,7 @@ def clipping_diagnostics(
     Every statistic follows the clipping that was actually applied:
 
     * flat clipping of the whole gradient (default): an example is clipped when ‖g_i‖ > C and keeps
-      min(1, C/‖g_i‖) of its gradient (seed 003);
+      min(1, C/‖g_i‖) of its gradient (Rehn et al.);
     * ``clipping="automatic"`` (AUTO-S): every example is rescaled by C/(‖g_i‖ + γ), so "fraction clipped"
       is not defined and is reported as ``None`` with a note; ``fraction_scaled_down`` counts the examples
       whose factor is below 1, and the retained factors may exceed 1;
@@ -181,7 +181,7 @@ def _check_grads(grads) -> torch.Tensor:
 
 
 def clip_mse(grads, max_grad_norm: float, noise_multiplier: float) -> float:
-    """Exact MSE of the noisy clipped *sum* vs the true sum (seed 003 Eq. 5). NOT PRIVATE.
+    """Exact MSE of the noisy clipped *sum* vs the true sum (Rehn et al., Eq. 5). NOT PRIVATE.
 
     MSE(C) = C²σ²d + ‖Σ_{‖g_i‖>C} (‖g_i‖−C)/‖g_i‖ · g_i‖².
     """
@@ -195,7 +195,7 @@ def clip_mse(grads, max_grad_norm: float, noise_multiplier: float) -> float:
 
 
 def optimal_clip_mse(grads, noise_multiplier: float) -> dict:
-    """MSE-optimal clipping norm C* for given per-example gradients (seed 003 Thm 5.2). NOT PRIVATE.
+    """MSE-optimal clipping norm C* for given per-example gradients (Rehn et al., Thm 5.2). NOT PRIVATE.
 
     Exact: on each interval between sorted norms the MSE is a convex quadratic in C; the minimiser
     is a breakpoint ‖g_i‖ or the stationary point C = N_CᵀG_C / (N_CᵀN_C + σ²d) (Eq. 8).

@@ -26,9 +26,10 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 from torch.autograd.graph import get_gradient_edge
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import tree_flatten, tree_map
 
 from privtune._validation import check_choice, check_int, check_real
+from privtune.choices import CLIPPINGS
 from privtune.errors import InvalidParameterError, UnsupportedModuleError
 from privtune.engine._layers import (
     ConvHandler,
@@ -41,11 +42,12 @@ from privtune.engine._layers import (
     Record,
     hf_conv1d_type,
 )
+from privtune.engine._vision_layers import has_own_forward, vision_handler
+from privtune.engine._rmsnorm import RMSNormHandler, is_rmsnorm
+from privtune.engine._tied import tied_pair, tied_sq_norms
 
 __all__ = ["PrivateGradient", "ReleaseInfo"]
 
-#: the clipping rules (flat: Abadi min(1, C/||g||); automatic: AUTO-S); the one declaration of this choice set
-CLIPPINGS = ("flat", "automatic")
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,9 @@ class ReleaseInfo:
             (averaged) gradient, σ·C / expected_batch_size.
         sensitivity: L2 sensitivity of the clipped sum under adding/removing one example (= C).
         expected_batch_size: the public divisor (q·N) used instead of the realised batch size.
+        nonfinite_examples: examples whose loss or gradient norm was NaN or infinite; their term was
+            dropped (clip factor 0: they add exactly nothing to the sum, so the sensitivity stays C and the
+            release stays finite). **NOT PRIVATE**.
     """
 
     step: int
@@ -73,10 +78,11 @@ class ReleaseInfo:
     noise_std: float
     sensitivity: float
     expected_batch_size: float
+    nonfinite_examples: int = 0
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        d["not_private"] = ["batch_size", "clipped_fraction"]
+        d["not_private"] = ["batch_size", "clipped_fraction", "nonfinite_examples"]
         return d
 
 
@@ -91,10 +97,16 @@ def _is_batchnorm(m: nn.Module) -> bool:
     return isinstance(m, nn.modules.batchnorm._BatchNorm)
 
 
+def _plain(module: nn.Module, base: type) -> bool:
+    """``module`` is a ``base`` whose forward is ``base``'s own (so ``base``'s per-example rule holds)."""
+    return isinstance(module, base) and not has_own_forward(module, base)
+
+
 def _batchnorm_error(name: str) -> UnsupportedModuleError:
     return UnsupportedModuleError(
-        f"`model` contains BatchNorm module {name!r} in train mode. Train-mode BatchNorm mixes examples "
-        "through batch statistics, so per-example gradients (and DP) are undefined. Fix: replace it with "
+        f"`model` contains BatchNorm module {name!r} in train mode (or without running statistics). Such "
+        "BatchNorm mixes examples through batch statistics, so per-example gradients (and DP) are undefined. "
+        "Fix: replace it with "
         "GroupNorm (e.g. nn.GroupNorm(min(32, C), C)), or put it in eval mode and freeze it "
         "(module.eval(); module.requires_grad_(False)) before building PrivateGradient and after every model.train()."
     )
@@ -109,6 +121,26 @@ def clip_factors(norms: torch.Tensor, C: float, clipping: str, gamma: float) -> 
     if clipping == "flat":  # a zero norm gets factor 1 (C/tiny clamps to 1, also when it overflows to inf)
         return (C / norms.clamp_min(torch.finfo(norms.dtype).tiny)).clamp(max=1.0)
     return C / (norms + gamma)
+
+
+def zero_rows(t: Any, keep: torch.Tensor) -> Any:
+    """``t`` with the rows (dimension 0) where ``keep`` is False set to exactly 0, when ``t`` is a floating
+    tensor with one row per example; anything else unchanged.  ``torch.where``, not a product: a NaN or inf
+    row times 0 would stay NaN."""
+    if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dim() > 0 and t.shape[0] == keep.shape[0]:
+        mask = keep.to(t.device).reshape(-1, *([1] * (t.dim() - 1)))
+        return torch.where(mask, t, torch.zeros((), dtype=t.dtype, device=t.device))
+    return t
+
+
+def finite_terms(losses: torch.Tensor | None, norms: torch.Tensor) -> torch.Tensor:
+    """(B,) bool: the examples whose loss (when given) and gradient norm are finite.  The others get clip
+    factor 0 (their term is dropped): one non-finite row must neither make the release NaN nor stop the run
+    after its budget was reserved (either would reveal that the row was sampled)."""
+    ok = torch.isfinite(norms)
+    if losses is not None:
+        ok = ok & torch.isfinite(losses.detach()).to(ok.device)
+    return ok
 
 
 def privatise_sum(clipped_sums: torch.Tensor | list[torch.Tensor], std: float, expected_batch_size: float,
@@ -163,9 +195,15 @@ class PrivateGradient:
     Layers handled without materialising per-example gradients (book-keeping, one backward):
     ``nn.Linear`` (2-D and N-D inputs; ghost T×T or per-example form chosen per layer by cost
     2T² vs p·d), HF ``Conv1D``, ``nn.Embedding`` (ghost, padding_idx respected), ``nn.Conv1d/2d``
-    (unfold), ``nn.LayerNorm``, ``nn.GroupNorm``; bias-only layers keep no activation
-    (DP-BiTFiT). Any other module owning a trainable parameter (and ``nn.MultiheadAttention``
-    as a whole) uses a ``torch.func`` per-example fallback, announced by one warning.
+    (unfold; depthwise and grouped too; timm's TF-"same" padded ``Conv2dSame``), ``nn.LayerNorm``,
+    ``nn.GroupNorm``, RMSNorm (``nn.RMSNorm``, HF ``LlamaRMSNorm``), eval-mode BatchNorm (also timm's
+    ``BatchNormAct2d``); bias-only layers keep no activation (DP-BiTFiT).  A weight tied between an
+    ``nn.Embedding`` and an ``nn.Linear`` LM head (GPT-2, SmolLM2) is one parameter with one per-example
+    gradient, the sum of both uses; its norm adds a ghost cross term (engine/_tied.py), so no vocabulary-sized
+    per-example gradient is formed.  Any other module owning a trainable parameter (and
+    ``nn.MultiheadAttention`` as a whole, and a subclass of these layers that overrides ``forward``) uses a
+    ``torch.func``
+    per-example fallback, announced by one warning.
     """
 
     def __init__(
@@ -248,11 +286,17 @@ class PrivateGradient:
         """One handler per module that owns trainable parameters (``nn.MultiheadAttention`` as a whole).
 
         Returns the handlers, the descriptions of the modules that use the per-example fallback, and each
-        trainable parameter's owning module name; tied trainable weights are refused.
+        trainable parameter's owning module name.  A weight tied between an ``nn.Embedding`` and an
+        ``nn.Linear`` LM head is one parameter with one per-example gradient, the sum of both uses (recorded in
+        ``self._ties``; engine/_tied.py); any other tied trainable weight is refused.
         """
         handlers: list[Handler] = []
         fallback_modules: list[str] = []
         owner: dict[nn.Parameter, str] = {}
+        handler_of: dict[nn.Parameter, Handler] = {}
+        tied: set[nn.Parameter] = set()
+        self._ties: list[tuple[Handler, Handler]] = []
+        self._handler_name: dict[int, str] = {}  # the module each handler hooks (a tied weight has two)
         covered: set[int] = set()
         for mname, module in model.named_modules():
             if id(module) in covered:
@@ -265,15 +309,24 @@ class PrivateGradient:
                 own = [(n, p) for n, p in module.named_parameters(recurse=False) if p.requires_grad]
             if not own:
                 continue
+            handler = self._make_handler(module, dict(own))
+            self._handler_name[id(handler)] = mname or "<model>"
             for n, p in own:
-                if p in owner:
+                # one embedding + one head only: a third use would need more cross terms
+                tie = tied_pair(handler_of[p], handler, p) if p in handler_of and p not in tied else None
+                if p in owner and (tie is None or self.per_layer):
                     raise UnsupportedModuleError(
                         f"`model` parameter {self._param_names[p]!r} is shared by modules {owner[p]!r} and "
-                        f"{mname!r} (tied weights). Per-example clipping of tied trainable weights is not supported. "
-                        "Fix: freeze it (requires_grad_(False)) or untie the weights."
+                        f"{mname!r} (tied weights). Per-example clipping supports a weight tied between an "
+                        "nn.Embedding and an nn.Linear LM head only, and not with per_layer=True. "
+                        "Fix: freeze it (requires_grad_(False)), untie the weights, or use per_layer=False."
                     )
+                if tie is not None:
+                    self._ties.append(tie)
+                    tied.add(p)
+                    continue
                 owner[p] = mname or "<model>"
-            handler = self._make_handler(module, dict(own))
+                handler_of[p] = handler
             if isinstance(handler, FallbackHandler):
                 fallback_modules.append(f"{mname or '<model>'} ({type(module).__name__})")
             handlers.append(handler)
@@ -281,12 +334,15 @@ class PrivateGradient:
 
     def _make_handler(self, module: nn.Module, own: dict[str, nn.Parameter]) -> Handler:
         roles = set(own)
-        if isinstance(module, nn.Linear) and roles <= {"weight", "bias"}:
+        special = vision_handler(module, own)  # eval-mode BatchNorm, timm's TF-"same" convolutions
+        if special is not None:
+            return special
+        if _plain(module, nn.Linear) and roles <= {"weight", "bias"}:
             return LinearHandler(module, own)
         conv1d = hf_conv1d_type()
         if conv1d is not None and isinstance(module, conv1d) and roles <= {"weight", "bias"}:
             return LinearHandler(module, own, transposed=True)
-        if isinstance(module, (nn.Conv1d, nn.Conv2d)) and roles <= {"weight", "bias"}:
+        if (_plain(module, nn.Conv1d) or _plain(module, nn.Conv2d)) and roles <= {"weight", "bias"}:
             return ConvHandler(module, own)
         if isinstance(module, nn.Embedding) and roles == {"weight"}:
             if module.scale_grad_by_freq:
@@ -300,19 +356,21 @@ class PrivateGradient:
                     "Fix: set max_norm=None or freeze the embedding."
                 )
             return EmbeddingHandler(module, own)
-        if isinstance(module, nn.LayerNorm) and roles <= {"weight", "bias"}:
+        if _plain(module, nn.LayerNorm) and roles <= {"weight", "bias"}:
             return LayerNormHandler(module, own)
-        if isinstance(module, nn.GroupNorm) and roles <= {"weight", "bias"}:
+        if _plain(module, nn.GroupNorm) and roles <= {"weight", "bias"}:
             return GroupNormHandler(module, own)
-        if _is_batchnorm(module):
-            # eval-mode BatchNorm is a per-example affine map; its parameters go through the fallback
-            pass
+        if roles == {"weight"} and is_rmsnorm(module):
+            return RMSNormHandler(module, own)
+        # anything else, including subclasses whose forward computes something else than their base class
+        # (timm's LayerNorm2d, StdConv2d, GroupNormAct, ...): the exact per-example fallback
         names = {p: n for n, p in own.items()}
         return FallbackHandler(module, {n: p for n, p in own.items()}, names)
 
     def _check_batchnorm(self) -> None:
         for name, m in self._batchnorms:
-            if m.training:
+            # without running statistics, BatchNorm normalises by batch statistics in eval mode too
+            if m.training or m.running_mean is None or m.running_var is None:
                 raise _batchnorm_error(name)
 
     # ------------------------------------------------------------------ hooks
@@ -393,6 +451,9 @@ class PrivateGradient:
         self._edges.append(get_gradient_edge(t))
 
     def _owner_of(self, handler: Handler) -> str:
+        name = self._handler_name.get(id(handler))
+        if name is not None:
+            return name
         p = next(iter(handler.params.values()))
         return self._owner_name.get(p, "?")
 
@@ -420,6 +481,9 @@ class PrivateGradient:
         Args:
             losses: shape (B,), ``losses[i]`` the loss of example i of the micro-batch that was just
                 forwarded through ``model`` (``reduction="none"``). Must be sum-decomposable (see module doc).
+                An example whose loss or gradient norm is NaN or infinite gets clip factor 0: its term adds
+                exactly nothing (counted in :attr:`ReleaseInfo.nonfinite_examples`, NOT PRIVATE), so the run
+                neither stops nor releases NaN because of one row.
 
         Returns:
             Detached (B,) tensor of per-example gradient L2 norms (before clipping). **NOT PRIVATE.**
@@ -454,12 +518,16 @@ class PrivateGradient:
             out_dtype = torch.float64 if self._params[0].dtype == torch.float64 else torch.float32
             sq, active = self._squared_norms(B, losses.device)
             norms = sq.clamp_min(0).sqrt()
-            clipped = self._accumulate_clipped(norms, active, out_dtype)
+            ok = finite_terms(losses, norms)
+            if not bool(ok.all()):
+                self._drop_terms(active, ok)
+            clipped = self._accumulate_clipped(norms, active, out_dtype, ok)
         finally:
             gram_cache.clear()
             for h in self.handlers:
                 h.clear()
         self._count += B
+        self._nonfinite += int((~ok).sum())
         self._clipped += int(clipped.sum())
         self._microbatches += 1
         return norms.detach().to(out_dtype)
@@ -490,10 +558,6 @@ class PrivateGradient:
                 f"`losses` must have one entry per example of the forwarded batch ({self._batch}). Got {B}. "
                 "Do not reduce or reshape the per-example loss."
             )
-        if not torch.isfinite(losses.detach()).all():
-            raise InvalidParameterError(
-                "`losses` must be finite. Got NaN or inf values. Check the learning rate and the inputs."
-            )
 
     def _backpropagate(self, losses: torch.Tensor) -> None:
         """One autograd pass of Σ_i losses[i] to the recorded layer outputs (the hooks capture their gradients).
@@ -503,7 +567,8 @@ class PrivateGradient:
         Their ``.grad`` is restored afterwards.
         """
         fired = {id(h) for h in self.handlers if h.records}
-        guard = [p for h in self.handlers if id(h) not in fired for p in h.params.values()]
+        used = {p for h in self.handlers if id(h) in fired for p in h.params.values()}  # tied: one use fired
+        guard = [p for h in self.handlers if id(h) not in fired for p in h.params.values() if p not in used]
         saved = {p: p.grad for p in guard}
         for p in guard:
             p.grad = None
@@ -528,6 +593,7 @@ class PrivateGradient:
         (summed over those handlers, units of C²) and the list of those handlers."""
         sq = torch.zeros(B, dtype=torch.float64, device=device)
         active: list[Handler] = []
+        tied = {id(h) for pair in self._ties for h in pair}
         for h in self.handlers:
             recs = [r for r in h.records if any(g is not None for g in r.grads)]
             for r in recs:
@@ -536,8 +602,13 @@ class PrivateGradient:
                 continue
             h.records = recs
             self._finish_handler(h)
-            sq = sq + h.sq.to(sq.dtype)
+            if id(h) not in tied:
+                sq = sq + h.sq.to(sq.dtype)
             active.append(h)
+        reached = {id(h) for h in active}
+        for emb, lin in self._ties:  # one norm for the tied weight: both uses plus their cross term
+            if id(emb) in reached or id(lin) in reached:
+                sq = sq + tied_sq_norms(emb if id(emb) in reached else None, lin if id(lin) in reached else None)
         return sq, active
 
     def _check_record_grads(self, h: Handler, rec: Record, B: int) -> None:
@@ -571,17 +642,36 @@ class PrivateGradient:
         finally:
             self._suspended = was_suspended
 
-    def _accumulate_clipped(self, norms: torch.Tensor, active: list[Handler], out_dtype: torch.dtype) -> torch.Tensor:
+    @staticmethod
+    def _drop_terms(active: list[Handler], ok: torch.Tensor) -> None:
+        """Zero every stored per-example quantity (inputs, output gradients, materialised per-example
+        gradients) of the examples where ``ok`` is False, so that their clip factor 0 gives exactly 0."""
+        for h in active:
+            for r in h.records:
+                r.act = tree_map(lambda t: zero_rows(t, ok), r.act)
+                r.grads = [zero_rows(g, ok) for g in r.grads]
+            for attr in ("_pe", "_bias_pe"):  # the handlers' per-example caches (_layers.py)
+                cached = getattr(h, attr, None)
+                if isinstance(cached, dict):
+                    setattr(h, attr, {p: zero_rows(t, ok) for p, t in cached.items()})
+                elif isinstance(cached, torch.Tensor):
+                    setattr(h, attr, zero_rows(cached, ok))
+
+    def _accumulate_clipped(self, norms: torch.Tensor, active: list[Handler], out_dtype: torch.dtype,
+                            ok: torch.Tensor | None = None) -> torch.Tensor:
         """Add Σ_i c_i g_i of the ``active`` handlers to the running sum; return the (B,) bool mask of examples
         whose norm exceeded the threshold (C, or C/√K per module with ``per_layer``).
 
-        ``norms`` are the (B,) per-example gradient norms in the units of C.
+        ``norms`` are the (B,) per-example gradient norms in the units of C; ``ok`` (B,) bool, optional: the
+        examples whose term is kept (the others get clip factor 0, :func:`finite_terms`).
         """
         C = self.max_grad_norm
         if self.per_layer:  # one threshold C/√K per module: Σ_k (C/√K)² = C², sensitivity stays C
             C_layer = C / math.sqrt(len(self.handlers))
             layer_norms = [h.sq.to(norms.dtype).clamp_min(0).sqrt() for h in active]
             layer_factors = [self._clip_factors(n, C_layer) for n in layer_norms]
+            if ok is not None:
+                layer_factors = [torch.where(ok.to(f.device), f, torch.zeros_like(f)) for f in layer_factors]
             clipped = torch.stack([n > C_layer for n in layer_norms]).any(0) if active else norms > C
             table = torch.zeros(norms.shape[0], len(self.handlers), dtype=out_dtype, device=norms.device)
             pos = {id(h): k for k, h in enumerate(self.handlers)}
@@ -590,6 +680,8 @@ class PrivateGradient:
             self._last_layer_norms = table.detach()
         else:
             factors = self._clip_factors(norms, C)
+            if ok is not None:
+                factors = torch.where(ok.to(factors.device), factors, torch.zeros_like(factors))
             layer_factors = [factors] * len(active)
             clipped = norms > C
         for h, factors in zip(active, layer_factors):
@@ -633,6 +725,7 @@ class PrivateGradient:
             noise_std=std / self.expected_batch_size,
             sensitivity=self.max_grad_norm,
             expected_batch_size=self.expected_batch_size,
+            nonfinite_examples=self._nonfinite,
         )
         self._reset_accumulators()
         return info
@@ -641,6 +734,7 @@ class PrivateGradient:
         self._sum: dict[nn.Parameter, torch.Tensor] = {}
         self._count = 0
         self._clipped = 0
+        self._nonfinite = 0
         self._microbatches = 0
 
     @property
@@ -715,7 +809,7 @@ class PrivateGradient:
         out: dict[str, str] = {}
         for h in self.handlers:
             mode = h.kind
-            if h.kind in ("linear", "conv", "layernorm", "groupnorm") and not h.needs_input:
+            if h.kind in ("linear", "conv", "layernorm", "groupnorm", "batchnorm") and not h.needs_input:
                 mode += " (bias only, no activations)"
             out[self._owner_of(h)] = mode
         return out

@@ -6,11 +6,11 @@ injects adapters through ``peft``) and returns a :class:`ModeInfo` describing wh
 * ``"full"``: every parameter;
 * ``"bitfit"``: every bias found **by module type** (Linear, Conv1d/2d/3d, ConvTranspose, LayerNorm,
   GroupNorm, InstanceNorm, HF ``Conv1D``) plus the classification head (``train_head=True``, the
-  default, as the head is new); a backbone without such biases is an error (DP-BiTFiT, seed 004);
-* ``"last-layer"``: the classification head only, **zero-initialised** (seed 002); train it fast on
+  default, as the head is new); a backbone without such biases is an error (DP-BiTFiT, Bu et al.);
+* ``"last-layer"``: the classification head only, **zero-initialised** (Mehta et al.); train it fast on
   cached features with :mod:`privtune.finetune.last_layer`;
 * ``"lora"``: LoRA adapters through ``peft`` (per-architecture default target modules) plus the head;
-* ``"two-phase"``: DP full fine-tuning for the first phase, then DP-BiTFiT (seed 004 "X+BiTFiT");
+* ``"two-phase"``: DP full fine-tuning for the first phase, then DP-BiTFiT (Bu et al., "X+BiTFiT");
   :func:`apply_mode` sets up phase 1, :func:`privtune.training.fit` switches to phase 2.
 """
 

@@ -26,7 +26,14 @@ from typing import Any, Callable, Iterable, Iterator
 import torch
 
 from privtune._validation import check_choice, check_int, check_real
-from privtune.engine.private_gradient import CLIPPINGS, ReleaseInfo, clip_factors, privatise_sum
+from privtune.engine.private_gradient import (
+    CLIPPINGS,
+    ReleaseInfo,
+    clip_factors,
+    finite_terms,
+    privatise_sum,
+    zero_rows,
+)
 from privtune.errors import DataError, InvalidParameterError
 from privtune.models.classifier import length_order
 
@@ -84,6 +91,9 @@ def _cache_key(model: Any, dataset: Any) -> str:
     h = hashlib.sha256()
     h.update(str(getattr(model, "source", "")).encode())
     h.update(f"|{model.pooling}|{model.normalize}|{model.max_length}|".encode())
+    to_dict = getattr(getattr(model, "processor", None), "to_dict", None)
+    if to_dict is not None:  # image preprocessing (resolution, normalisation) changes the features too
+        h.update(repr(sorted(to_dict().items())).encode())
     # the backbone weights themselves (cheap relative to a forward pass over the data)
     for name, p in sorted(model.backbone.state_dict().items()):
         h.update(name.encode())
@@ -164,6 +174,25 @@ def cache_features(
     return fs
 
 
+def check_finite_features(data: Any, what: str) -> None:
+    """Refuse a :class:`FeatureSet` with a NaN or infinite value (other data: nothing to check; texts and
+    image files give finite inputs).
+
+    Called before anything is reserved or trained.  The message gives the number of such rows, never a
+    row's values; like every refusal that reads the private data, whether it happens is outside ε
+    (docs/privacy-model.md, "Refusals that read the private data")."""
+    if getattr(data, "kind", None) != "features" or not isinstance(getattr(data, "features", None), torch.Tensor):
+        return
+    feats = data.features
+    if not feats.is_floating_point() or bool(torch.isfinite(feats).all()):
+        return
+    bad = int((~torch.isfinite(feats)).any(dim=1).sum())
+    raise DataError(
+        f"`{what}` has {bad} feature row(s) with NaN or infinite values. Features must be finite: drop or "
+        "recompute those rows (e.g. cache the features in float32 from a model that does not overflow) before "
+        "training.")
+
+
 class LinearHeadGradient:
     """The DP step of :class:`privtune.engine.PrivateGradient`, specialised to one ``nn.Linear`` head
     on cached features, with per-example gradients in closed form.
@@ -210,6 +239,7 @@ class LinearHeadGradient:
         self._sum_b: torch.Tensor | None = None
         self._count = 0
         self._clipped = 0
+        self._nonfinite = 0
         self._microbatches = 0
 
     @property
@@ -246,6 +276,14 @@ class LinearHeadGradient:
             xsq = sq_norms.to(features.dtype) if sq_norms is not None else (features * features).sum(1)
         norms = resid.norm(dim=1) * torch.sqrt(xsq + (1.0 if train_b else 0.0))
         factors = clip_factors(norms, self.max_grad_norm, self.clipping, self.gamma)
+        # a row with a NaN/inf loss or norm gets clip factor 0 and adds exactly nothing (torch.where: NaN·0 is
+        # NaN), as in PrivateGradient: the release stays finite and the sensitivity C.  A NaN/inf feature
+        # always shows here: it makes ‖x_i‖² (hence the norm) non-finite, or, without a trained weight, the loss
+        ok = finite_terms(losses, norms)
+        if not bool(ok.all()):
+            factors = torch.where(ok, factors, torch.zeros_like(factors))
+            resid, features = zero_rows(resid, ok), zero_rows(features, ok)
+            self._nonfinite += int((~ok).sum())
         scaled = resid * factors[:, None]
         if train_w:
             sw = scaled.T @ features
@@ -273,7 +311,8 @@ class LinearHeadGradient:
         info = ReleaseInfo(step=self._releases, batch_size=self._count,
                            clipped_fraction=(self._clipped / self._count) if self._count else 0.0,
                            microbatches=self._microbatches, noise_std=std / self.expected_batch_size,
-                           sensitivity=self.max_grad_norm, expected_batch_size=self.expected_batch_size)
+                           sensitivity=self.max_grad_norm, expected_batch_size=self.expected_batch_size,
+                           nonfinite_examples=self._nonfinite)
         self._reset()
         return info
 

@@ -10,13 +10,14 @@ import torch
 from torch import nn
 
 from privtune._validation import check_choice, check_int, check_real
+from privtune.choices import TRAIN_MODES
 from privtune.errors import InvalidParameterError, ModelError
 
-#: what can be trained (the one declaration of this choice set; train(), tune(), the CLI and config read it)
-MODES = ("full", "bitfit", "last-layer", "lora", "two-phase")
+#: what can be trained (declared in privtune.choices, which the CLI and the config schema read)
+MODES = TRAIN_MODES
 #: train()'s learning rate for each mode when none is given (the head's rate where the mode has an α below)
 DEFAULT_LEARNING_RATES = {"full": 1e-2, "bitfit": 5e-3, "lora": 2e-3, "last-layer": 5e-2, "two-phase": 5e-3}
-#: α, the learning-rate multiplier of every trainable parameter outside the head (seed 002's pre-trained-layer
+#: α, the learning-rate multiplier of every trainable parameter outside the head (Mehta et al.'s pre-trained-layer
 #: multiplier), for each mode when none is given; 1 (one rate) where not listed.  Full fine-tuning: under DP
 #: noise Adam moves every weight by about η per step, so one rate is either too slow for the zero head or a
 #: random walk for the 22.7 M pre-trained weights.  Measured (one epoch of DP full fine-tuning of MiniLM on
@@ -35,6 +36,8 @@ def _bias_module_types() -> tuple[type, ...]:
     types: list[type] = [
         nn.Linear, nn.Bilinear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d,
         nn.ConvTranspose3d, nn.LayerNorm, nn.GroupNorm, nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d,
+        # BatchNorm's shift β (privtune trains BatchNorm in eval mode only: a per-example affine map)
+        nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d,
     ]
     try:
         # Lazy: transformers only when a model is adapted: keeps import light.
@@ -48,7 +51,7 @@ def _bias_module_types() -> tuple[type, ...]:
 
 BIAS_MODULE_TYPES = _bias_module_types()
 """Module types whose ``bias`` is added by broadcasting, so its per-example gradient is the summed
-output gradient (digest 004 §3).  Biases of other modules (``nn.MultiheadAttention.in_proj_bias``,
+output gradient (Bu et al., DP-BiTFiT).  Biases of other modules (``nn.MultiheadAttention.in_proj_bias``,
 relative-position "bias" tables, ...) are not selected by BiTFiT and are reported in ``ModeInfo.notes``."""
 
 _LORA_TARGETS = {
@@ -203,7 +206,7 @@ def _train_biases(model: nn.Module, head: nn.Module, *, train_head: bool) -> lis
     if not chosen:
         raise ModelError(
             f"mode='bitfit' needs bias terms, but the backbone {type(model.backbone).__name__} has no biases in "
-            "Linear/Conv/LayerNorm/GroupNorm/Conv1D modules. Use mode='lora', 'full' or 'two-phase'."
+            "Linear/Conv/LayerNorm/GroupNorm/BatchNorm/Conv1D modules. Use mode='lora', 'full' or 'two-phase'."
         )
     params = dict(model.backbone.named_parameters())
     for n in chosen:
@@ -295,7 +298,7 @@ def apply_mode(
     train_head : bool, default True
         Train the classification head together with the biases (bitfit) or adapters (lora).
     zero_init_head : bool, optional
-        Zero the head's weight and bias; default True for "last-layer" (seed 002), False otherwise.
+        Zero the head's weight and bias; default True for "last-layer" (Mehta et al.), False otherwise.
     lora_target_modules : list of str, optional
         Module names for LoRA; default per architecture (:func:`default_lora_target_modules`).
     lora_rank, lora_alpha : LoRA rank r and scaling α (update = α/r · B A).

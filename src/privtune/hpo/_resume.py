@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from privtune.cli.config_file import save_effective_config
 from privtune.errors import InvalidParameterError, PrivtuneError
 from privtune.hpo import common
 from privtune.hpo.common import BudgetPlan, Selector, as_plain
@@ -250,7 +251,10 @@ class _Journal:
 
     def flush(self) -> None:
         if self.pending and self.path is not None:
-            _write_state_lines(self.path, [self.pending])
+            from privtune._release import charged_write
+
+            with charged_write("the run's state", self.path.parent, "it continues from the last trial recorded"):
+                _write_state_lines(self.path, [self.pending])
         self.pending = []
 
     # -------------------------------------------------------------- progress
@@ -564,8 +568,6 @@ def _open_journal(run_dir, header, entries, run_seed, run_id, cfg, unsaved, fing
     journal.reservation = reservation
     if path is not None:
         try:
-            from privtune.config import save_effective_config
-
             save_effective_config(cfg, run_dir, command="tune")
             journal.config_written = not unsaved
         except Exception as exc:  # informative; the run does not depend on it

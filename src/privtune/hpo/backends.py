@@ -22,7 +22,7 @@ from privtune.finetune import apply_mode
 from privtune.finetune.last_layer import FeatureSet
 from privtune.hpo import _heads
 from privtune.hpo.hyperfree import train_hyperfree, train_model_hyperfree
-from privtune.training import LoopHook, evaluate, fit
+from privtune.training import LoopHook, declare_public_size, evaluate, fit, public_size
 
 
 @dataclass
@@ -65,13 +65,15 @@ class FeatureBackend:
     ``X`` (N, d) float32 and ``y`` (N,) int64 are the *private* training features.  A public
     split may be given as ``curve_data=(X, y)`` to draw accuracy curves of the final run at
     no privacy cost; never pass the reported split here.  ``device``: where the heads train
-    (None = CUDA when available, else CPU); the returned heads live on the CPU.
+    (None = CUDA when available, else CPU); the returned heads live on the CPU.  ``public_n``: the
+    public number of training rows when the realised one is private (a private-validation split);
+    the expected batch size and :attr:`n` use it (:func:`privtune.training.public_size`).
     """
 
     kind = "features"
 
     def __init__(self, X: torch.Tensor, y: torch.Tensor, num_classes: int, *, curve_data=None,
-                 center: torch.Tensor | None = None, device: Any = None):
+                 center: torch.Tensor | None = None, device: Any = None, public_n: int | None = None):
         self.center = None if center is None else center.float()
         self.X = self._c(X.float())
         self.y = y.long()
@@ -79,6 +81,8 @@ class FeatureBackend:
         self.curve_data = None if curve_data is None else (self._c(curve_data[0].float()), curve_data[1])
         self.device = device
         self.features = FeatureSet(self.X, self.y, self.num_classes)
+        if public_n is not None:
+            declare_public_size(self.features, public_n)
         self.runs = 0
 
     def _zero_head(self, bias: bool) -> nn.Linear:
@@ -104,7 +108,8 @@ class FeatureBackend:
 
     @property
     def n(self) -> int:
-        return int(self.X.shape[0])
+        """Training rows as published (:func:`privtune.training.public_size`)."""
+        return public_size(self.features)
 
     def run(self, hp: dict, *, noise_multiplier: float, sample_rate: float, steps: int, learning_rate: float,
             optimizer: str = "sgd", momentum: float = 0.9, clip: float = 1.0, free_step: bool = False,
@@ -122,7 +127,7 @@ class FeatureBackend:
         fit(lin, self.features, noise_multiplier=noise_multiplier, sample_rate=sample_rate, steps=int(steps),
             learning_rate=learning_rate, clip=clip, clipping=clipping, optimizer=optimizer,
             momentum=momentum if optimizer == "sgd" else 0.0, eps=eps_adam, seed=seed, hooks=hooks,
-            device=self.device)
+            device=self.device, nonfinite_features="drop")  # features cached after the reservation
         # the events of a head trial as planned by the strategies: a full batch is exactly √T/σ-GDP
         if sample_rate >= 1.0:
             events = [GaussianEvent(noise_multiplier=noise_multiplier, count=int(steps), label=label)]
@@ -206,7 +211,8 @@ class ModelBackend:
 
     @property
     def n(self) -> int:
-        return len(self.train_set)
+        """Training rows as published (:func:`privtune.training.public_size`)."""
+        return public_size(self.train_set)
 
     def _fresh(self):
         m = copy.deepcopy(self.base)

@@ -29,6 +29,7 @@ import torch
 import privtune.accounting as acct
 from privtune._validation import check_delta, check_epsilon, check_int, check_real
 from privtune.accounting.events import DPSGDEvent, Event, GaussianEvent, event_to_dict
+from privtune.choices import SELECTIONS, TUNABLE_MODES
 from privtune.engine.sampling import make_generator
 from privtune.errors import InfeasibleBudgetError, InvalidParameterError
 from privtune.hpo.recommend import recommend, steps_for_epochs
@@ -42,8 +43,6 @@ SELECTION_SOURCE_OF = {
     "train-accuracy": "train_noisy",
     "train-loss": "train_loss_noisy",
 }
-#: the selections a user can choose (the one declaration of this choice set; tune(), the CLI and config read it)
-SELECTIONS = tuple(SELECTION_SOURCE_OF)
 
 _SOURCE_TEXT = {
     "public_validation": "accuracy on a validation split the user declared PUBLIC (not charged)",
@@ -301,7 +300,9 @@ class Selector:
       ``noise_std``); each score is a :class:`GaussianEvent` that is charged.
 
     ``data`` is whatever the backend's ``predict`` takes (a feature matrix or a dataset);
-    ``name`` identifies it in the selection log used by the honesty tests.
+    ``name`` identifies it in the selection log used by the honesty tests.  ``public_size``: the
+    number of scored rows as published, when the realised one is private (a private validation
+    split drawn at random): scores are normalised by it, never by ``len(labels)``.
     """
 
     source: str
@@ -312,6 +313,7 @@ class Selector:
     seed: int | None = None
     loss_clip: float = 3.0
     log: list = field(default_factory=list)
+    public_size: int | None = None
 
     def __post_init__(self) -> None:
         if self.source not in SELECTION_SOURCES or self.source == "none":
@@ -344,11 +346,15 @@ class Selector:
         Without it, short trials at chance look different by noise alone (measured: three η trials on
         2,000 public phrases scored 57.95 %, 56.10 % and 56.00 %, and the first picked an η 10× too small).
         """
-        n = max(1, int(self.labels.shape[0]))
+        n = self._normaliser()
         noise = (self.noise_std * (self.loss_clip if self.source == "train_loss_noisy" else 1.0) / n) ** 2
         p = min(max(float(score), 0.0), 1.0) if self.source != "train_loss_noisy" else 0.5
         sampling = p * (1.0 - p) / n if self.source != "train_loss_noisy" else 0.0
         return TIE_STANDARD_ERRORS * math.sqrt(2.0 * (sampling + noise))
+
+    def _normaliser(self) -> int:
+        """The number of scored rows a score is divided by: :attr:`public_size` when set, else the split's."""
+        return max(1, int(self.public_size if self.public_size is not None else self.labels.shape[0]))
 
     def score(self, outputs: torch.Tensor, label: str = "") -> tuple[float, list]:
         """Return (score, events charged) for a trial's outputs on ``data``.
@@ -359,7 +365,7 @@ class Selector:
         the negative privatised mean loss.  Public splits are scored exactly and free.
         """
         out = torch.as_tensor(outputs)
-        n = max(1, int(self.labels.shape[0]))
+        n = self._normaliser()
         if out.shape[0] != self.labels.shape[0]:
             raise InvalidParameterError(
                 f"outputs have {out.shape[0]} rows but the selection split has {self.labels.shape[0]}."
@@ -456,6 +462,9 @@ def as_plain(obj: Any) -> Any:
 
 __all__ = [
     "SELECTION_SOURCES",
+    "SELECTION_SOURCE_OF",
+    "SELECTIONS",
+    "TUNABLE_MODES",
     "BudgetPlan",
     "TrialRecord",
     "StrategyOutcome",
@@ -479,8 +488,6 @@ __all__ = [
 # the strategy interface (the registry of implementations is privtune.hpo.registry)
 # --------------------------------------------------------------------------------------
 
-#: the fine-tuning modes tune() can train (privtune.finetune.MODES without two-phase)
-TUNABLE_MODES = ("last-layer", "bitfit", "lora", "full")
 #: every tune() override a strategy may take; each strategy lists the ones it uses in ``overrides``
 OVERRIDE_NAMES = ("trials", "epochs", "steps", "batch_size", "optimizer")
 

@@ -41,10 +41,9 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 
 from privtune._validation import check_choice
+from privtune.choices import EXECUTORS
 from privtune.errors import InvalidParameterError, PrivtuneError
 
-#: ``tune(executor=...)`` / ``--executor``: where independent trials run (the one declaration of this choice set)
-EXECUTORS = ("local", "ray")
 #: test seam: a file path; the first Ray trial task that creates it kills its own worker (os._exit), once
 KILL_ONCE_ENV = "PRIVTUNE_TEST_RAY_KILL_WORKER_ONCE"
 #: accepted shapes of ``ray_address`` besides "auto" and "local": HOST:PORT (the cluster's GCS) or
@@ -173,6 +172,10 @@ class RayExecutor(Executor):
         ray = import_ray()
         if self.address not in (None, "auto", "local"):
             _check_reachable(self.address)
+        env = os.environ.get("RAY_ADDRESS", "").strip()
+        if self.address in (None, "auto") and env not in ("", "auto", "local") and not ray.is_initialized():
+            # Ray joins $RAY_ADDRESS then, and retries an unreachable one for many minutes: probe it first
+            _check_reachable(check_ray_address(env, name="$RAY_ADDRESS"), name="$RAY_ADDRESS")
         if ray.is_initialized():
             if self.address is not None:
                 raise InvalidParameterError(
@@ -247,28 +250,35 @@ def import_ray():
     return ray
 
 
-def check_ray_address(address: Any) -> str | None:
-    """``address`` when it has one of the accepted shapes (see :class:`RayExecutor`), else one clear error."""
+def check_ray_address(address: Any, name: str = "`ray_address`") -> str | None:
+    """``address`` when it has one of the accepted shapes (see :class:`RayExecutor`), else one clear error
+    naming where it came from (``name``)."""
     if address is None:
         return None
     text = str(address).strip() if isinstance(address, str) else None
     if text in ("auto", "local") or (text and _ADDRESS.match(text) and 0 < int(_ADDRESS.match(text)["port"]) < 65536):
         return text
+    fix = ("Set it to the address of a running Ray cluster, or unset it (`unset RAY_ADDRESS`) for a local Ray "
+           "instance." if name == "$RAY_ADDRESS" else "Pass e.g. --ray-address auto (the cluster this machine "
+           "belongs to) or --ray-address ray://head-node:10001.")
     raise InvalidParameterError(
-        f"`ray_address` must be 'auto', 'local', HOST:PORT or ray://HOST:PORT. Got {address!r}. Pass e.g. "
-        "--ray-address auto (the cluster this machine belongs to) or --ray-address ray://head-node:10001.")
+        f"{name} must be 'auto', 'local', HOST:PORT or ray://HOST:PORT. Got {address!r}. {fix}")
 
 
-def _check_reachable(address: str, timeout: float = 5.0) -> None:
-    """Fail at once when nothing listens at HOST:PORT (Ray itself retries an unreachable GCS for minutes)."""
+def _check_reachable(address: str, timeout: float = 5.0, name: str = "`ray_address`") -> None:
+    """Fail at once when nothing listens at HOST:PORT (Ray itself retries an unreachable GCS for minutes);
+    ``name`` says where the address came from (the argument or ``$RAY_ADDRESS``)."""
     m = _ADDRESS.match(address)
     host, port = m["host"].strip("[]"), int(m["port"])
+    fix = ("Set $RAY_ADDRESS to the address of the Ray head node (`ray status` on it), or unset it "
+           "(`unset RAY_ADDRESS`) for a local Ray instance." if name == "$RAY_ADDRESS" else
+           "Check the address of the Ray head node (`ray status` on it), or leave --ray-address unset for a local "
+           "Ray instance.")
     try:
         socket.create_connection((host, port), timeout=timeout).close()
     except OSError as exc:
         raise PrivtuneError(
-            f"`ray_address`={address!r}: nothing answers at {host}:{port} ({_one_line(exc)}). Check the address "
-            "of the Ray head node (`ray status` on it), or leave --ray-address unset for a local Ray instance.") from None
+            f"{name}={address!r}: nothing answers at {host}:{port} ({_one_line(exc)}). {fix}") from None
 
 
 def _check_resource(value: Any, name: str, low_inclusive: bool = False) -> float:

@@ -64,7 +64,7 @@ from privtune.hpo.common import (
     set_override,
     statistical_ties,
 )
-from privtune.training import LoopHook, fit
+from privtune.training import LoopHook, fit, public_size
 
 NAME = "hyperfree"
 #: base optimizers whose direction d the learning-rate rule scales (see :class:`HyperfreeConfig`)
@@ -145,12 +145,13 @@ def gen_lr_update(L0: float, Lm: float, Lp: float, lr: float, *, clamp_factor: f
 
 def privatize_loss(losses: torch.Tensor, R_l: float, noise_multiplier: float, expected_batch_size: float,
                    generator: torch.Generator | None = None) -> float:
-    """Eq. (7) of seed 001: (Σ clamp(ℓ_i, −R_l, R_l) + σ_l·R_l·N(0, 1)) / B.
+    """Eq. (7) of seed 001: (Σ clamp(ℓ_i, −R_l, R_l) + σ_l·R_l·N(0, 1)) / B (a NaN or inf ℓ_i counts 0).
 
     The clipped sum has add/remove sensitivity R_l, so this is a Gaussian mechanism with
     noise multiplier ``noise_multiplier`` (σ_l).  B is the *expected* batch size.
     """
-    s = float(losses.clamp(-R_l, R_l).sum().item())
+    # a NaN/inf loss adds nothing (as its gradient term in the engine): the sum stays in [−B·R_l, B·R_l]
+    s = float(torch.where(torch.isfinite(losses), losses, 0.0).clamp(-R_l, R_l).sum().item())
     if noise_multiplier > 0:
         s += noise_multiplier * R_l * float(torch.randn((), generator=generator, dtype=torch.float64).item())
     return s / expected_batch_size
@@ -498,12 +499,13 @@ def train_hyperfree(model, train_set, *, steps: int, sample_rate: float, sigma_g
     privatised losses L0, the acceptance log, public-split accuracy from ``evaluate``).
     """
     on_features = getattr(train_set, "kind", None) == "features"
-    probe = LearningRateProbe(config, lr0=lr0, sigma_l=sigma_l, expected_batch_size=sample_rate * len(train_set),
+    probe = LearningRateProbe(config, lr0=lr0, sigma_l=sigma_l, expected_batch_size=sample_rate * public_size(train_set),
                               steps=steps, seed=seed, evaluate=evaluate, eval_every=eval_every, progress=progress)
     fit(model, train_set, noise_multiplier=sigma_g, sample_rate=sample_rate, steps=int(steps), learning_rate=lr0,
         clip=1.0, clipping=config.clipping_for(on_features), gamma=config.auto_gamma, optimizer=config.optimizer,
         weight_decay=config.weight_decay, seed=seed, max_physical_batch_size=max_physical_batch_size,
-        hooks=[probe], device=device, backbone_lr_scale=backbone_lr_scale)
+        hooks=[probe], device=device, backbone_lr_scale=backbone_lr_scale,
+        nonfinite_features="drop")  # features (if any) were cached after the reservation
     return probe.history
 
 
@@ -603,7 +605,7 @@ def run(backend, config: HyperfreeConfig, p: BudgetPlan, *, mode: str = "last-la
         lt = d["lr_trials"]
         data["lr_placement"] = {"default_lr0": lr_default, "chosen_lr0": lr0,
                                 "scores": {f"{t.hyperparameters['learning_rate']:.4g}": t.score for t in trials},
-                                "transfer": {"rule": "r ∝ ε (seed 000), capped at the trial's η",
+                                "transfer": {"rule": "r ∝ ε (Panda, Tang et al.'s linear scaling), capped at the trial's η",
                                              "scale": lt["final_scale"], "trial_epsilon": lt["trial_epsilon"],
                                              "final_epsilon": lt["final_epsilon"]}}
     return StrategyOutcome(state=state, final_events=list(p.final_events), final_hyperparameters=hp, trials=trials,

@@ -16,9 +16,8 @@ from dataclasses import asdict, dataclass, field
 
 from privtune._validation import check_choice, check_delta, check_epsilon, check_int, check_real
 from privtune.accounting import calibrate_noise_multiplier
+from privtune.choices import PREFERENCES
 
-#: recommend(prefer=...): "smallest" (the paper's rule) or "cap" (largest batch with T >= min_steps)
-PREFERENCES = ("smallest", "cap")
 
 #: Table 1 of seed 003 (practical implications), printed with every recommendation.
 CLIPPING_GUIDANCE = [
@@ -65,7 +64,8 @@ class Recommendation:
     def format(self) -> str:
         lines = [
             f"recommended for ε = {self.epsilon:g}, δ = {self.delta:g}, N = {self.dataset_size}, "
-            f"epochs = {self.epochs:g} (seed 003 rule: min_steps = {self.min_steps}, plateau_tol = {self.plateau_tol:g})",
+            f"epochs = {self.epochs:g} (the noise-plateau rule of Rehn et al., optimal clipping and batch size: "
+            f"min_steps = {self.min_steps}, plateau_tol = {self.plateau_tol:g})",
             f"  batch size B = {self.batch_size}  (q = {self.sample_rate:.4g})",
             f"  steps T = {self.steps}",
             f"  noise multiplier σ = {self.noise_multiplier:.4g}  (σ√T = {self.cumulative_noise:.4g})",
@@ -75,7 +75,7 @@ class Recommendation:
             mark = "*" if r["batch_size"] == self.batch_size else (" " if r["feasible"] else "x")
             lines.append(f"   {mark} B={r['batch_size']:>7} T={r['steps']:>6} σ={r['noise_multiplier']:.4g} "
                          f"σ√T={r['cumulative_noise']:.4g}")
-        lines.append("  clipping and batch guidance (seed 003, Table 1):")
+        lines.append("  clipping and batch guidance (Rehn et al., Table 1):")
         lines += [f"   - {g}" for g in self.clipping_guidance]
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)

@@ -26,13 +26,14 @@ import contextlib
 import datetime as _dt
 import difflib
 import inspect
+import math
 import os
 import secrets
 import sys
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -45,8 +46,9 @@ from privtune.accounting.events import GaussianEvent, event_to_dict
 from privtune.data import ImageDataset, TextDataset, embedded_sst2, load_dataset
 from privtune.data.datasets import EMBEDDED_LABELS, check_disjoint, declared_label_set
 from privtune.engine import distributed
-from privtune.engine.sampling import make_generator
-from privtune.errors import DataError, InvalidParameterError, PrivtuneError
+from privtune.engine.sampling import make_generator, poisson_mask
+from privtune.errors import DataError, InfeasibleBudgetError, InvalidParameterError, PrivtuneError
+from privtune.finetune.last_layer import check_finite_features
 from privtune.finetune.modes import DEFAULT_LEARNING_RATES, default_backbone_lr_scale
 from privtune.hpo import common, grid_oracle
 from privtune.hpo.executors import for_tune
@@ -72,6 +74,7 @@ from privtune.models import load_classifier, resolve_device
 from privtune.models.classifier import check_model_label_set
 from privtune.report.progress import Progress
 from privtune.report.release import mark_seeded, split_release
+from privtune.training import declare_public_size, public_size
 from privtune.specs import DEFAULT_CLIPPING, DEFAULT_OPTIMIZER, ClippingSpec, OptimizerSpec, PrivacySpec, ScheduleSpec
 
 #: what tune() releases into RUN_DIR (checked before the reservation: an entry of the wrong kind is an error)
@@ -252,6 +255,11 @@ def tune(
         scored with a charged Gaussian count), ``"train-accuracy"`` or ``"train-loss"``
         (privatised statistics of the training data, charged).  Default: public validation
         when available, else ``"train-accuracy"``.
+    validation_fraction : f in (0, 0.5], with ``"private-validation"``: each training row goes to the
+        held-out split independently with probability f (so adding a row changes exactly one side).
+        q, the steps, the score's divisor and ``n_train`` come from the planned sizes round(f·n) and
+        n − round(f·n) of the file's n, never from the realised split; min(f, 1 − f)·n must be at
+        least ln(100/δ) rows.
     selection_noise : σ of a charged score (noise std of the correct-count); default
         max(5, 0.5 % of the scored examples).
     trials, epochs, steps, batch_size, clip, clipping, optimizer : strategy overrides.
@@ -285,9 +293,11 @@ def tune(
                           model=model, text_column=text_column, label_column=label_column,
                           validation_fraction=validation_fraction)
     files = _open_run_files(args, req, inputs)
+    inputs = _split_private_validation(inputs, files.run_seed)
     prog = _progress(quiet, files.run_dir, req.privacy.epsilon)
     log = prog.log
     journal = None
+    reserved = refused = False
     try:
         clf = _load_model(model, inputs, files.run_seed)
         log(f"privtune tune: strategy={req.strategy.name}, mode={req.mode}, total ε={req.privacy.epsilon:g}, "
@@ -298,6 +308,7 @@ def tune(
         if tplan.hide_timing:
             prog.log_timing = False
         budget = _reserve(req, inputs, files, tplan, ledger, log)
+        reserved = True
         # ------------------------------------------------------------ run
         with budget.reservation as reservation:
             if not req.strategy.not_private:  # seeds, completed trials and replay (see _Journal)
@@ -318,7 +329,7 @@ def tune(
                if not req.strategy.not_private else
                f"NOT PRIVATE reference (composition of the grid runs: ε = {cert.epsilon:.4g}, δ = {cert.delta:g})")
             + (f", accuracy {metrics['accuracy']:.4f}" if metrics.get("accuracy") is not None else "")
-            + (f" → {files.run_dir}" if files.run_dir else ""))
+            + (f" → {files.run_dir.name}" if files.run_dir else ""))  # log.txt is released: no machine path
         return TuneResult(model=ran.model, certificate=cert, trials=history["trials"], metrics=metrics,
                           history=history, run_dir=files.run_dir, plan=tplan.plan)
     except KeyboardInterrupt:
@@ -328,6 +339,7 @@ def tune(
             print(hint, file=sys.stderr)
         raise
     except Exception as exc:
+        refused = not reserved and isinstance(exc, PrivtuneError)
         if journal is not None and journal.path is not None:
             prog.runlog.write(f"failed after the ledger reservation ({type(exc).__name__}): the reservation stays "
                               f"charged; once the cause is fixed, `--resume` continues this run. "
@@ -335,6 +347,8 @@ def tune(
         raise
     finally:
         prog.close()
+        if refused and files.run_dir is not None:  # refused before the reservation: leave no RUN_DIR behind
+            _release.discard_unreserved(files.created_dirs, [] if files.log_existed else [files.run_dir / "log.txt"])
 
 
 # --------------------------------------------------------------------------------------
@@ -421,7 +435,7 @@ def _check_arguments(args: dict, unknown: dict) -> _Request:
 class _Inputs:
     """The splits, loaded and checked before any budget is spent (:func:`_load_inputs`)."""
 
-    train: Any  # the rows trained on (without a private validation split)
+    train: Any  # the rows trained on (without the private validation split once it is drawn)
     eval_set: Any  # the reported split: never given to a selector
     public_set: Any  # the split the user declares public
     private_val: Any  # the held-out private validation split (selection="private-validation"), else None
@@ -431,18 +445,30 @@ class _Inputs:
     label_names: Any
     label_source: Any
     fingerprint: str  # of the WHOLE training file: the ledger's key, never published
-    ledger_name: str | None
+    file_name: str | None  # the training file's local name: recorded with a registration, in the ledger only
     embedded: bool
     train_source: str  # how log.txt names the training data
     reported_split: str | None  # how the release names the reported split
+    # selection="private-validation": every row of the file goes to the validation split independently with
+    # probability validation_fraction (drawn by _split_private_validation), so a dataset and its neighbour
+    # differ on exactly one side.  The realised sizes are private: the plan (q, steps), the divisors and
+    # everything written use the sizes planned from the file's public n (_planned_split_sizes) instead.
+    validation_fraction: float | None = None
+    n_train_public: int | None = None  # planned training rows (None: no split, all n rows train)
+    n_val_public: int | None = None  # planned validation rows
+    whole: Any = None  # the whole training file, once split (its features are cached once, n rows: public)
+    val_mask: Any = None  # (n,) bool, True for the validation rows (PRIVATE: never written)
 
     @property
     def n_train(self) -> int:
-        return len(self.train)
+        """Training rows as planned and published: public (never the realised size of a random split)."""
+        return self.n_train_public if self.n_train_public is not None else len(self.train)
 
     @property
     def selector_data(self) -> Any:
-        return self.public_set if self.selection == "public_validation" else (self.private_val or self.train)
+        if self.selection == "public_validation":
+            return self.public_set
+        return self.private_val if self.private_val is not None else self.train
 
 
 def _load_inputs(req: _Request, data, *, eval_data, public_eval_data, labels, model, text_column, label_column,
@@ -466,31 +492,67 @@ def _load_inputs(req: _Request, data, *, eval_data, public_eval_data, labels, mo
     _check_train(train)
     eval_set = _load(eval_data, "eval_data", text_column, label_column, num_labels, names)
     public_set = _load(public_eval_data, "public_eval_data", text_column, label_column, num_labels, names)
+    for split, what in ((train, "data"), (eval_set, "eval_data"), (public_set, "public_eval_data")):
+        check_finite_features(split, what)  # cached features: NaN/inf refused before anything is reserved
     check_disjoint(train, public_set, "public_eval_data")
     if not embedded:
         check_disjoint(train, eval_set, "eval_data")
     if public_set is not None and eval_set is not None:
-        check_disjoint(public_set, eval_set, "eval_data (vs public_eval_data)")
+        check_disjoint(public_set, eval_set, "eval_data", against="public_eval_data")
     privacy = req.privacy.for_dataset(len(train))
     # the ledger's dataset is the WHOLE training file: fingerprint it before any private-validation split
     # (a split's rows would hash to a new fingerprint, i.e. a fresh budget for the same data)
-    fingerprint, ledger_name = _dataset_identity(train)
+    fingerprint, file_name = _dataset_identity(train)
     selection = req.selection or ("public_validation" if public_set is not None else "train_noisy")
     if selection == "public_validation" and public_set is None:
         raise InvalidParameterError(
             "`selection`='public-validation' needs a split you declare public: pass public_eval_data=PATH "
             "(--public-eval-data), or use selection='private-validation' or 'train-accuracy' (charged)."
         )
-    private_val = None
-    if selection == "private_validation_noisy":
+    frac = n_train_public = n_val_public = None
+    if selection == "private_validation_noisy":  # drawn later, from the run's seed (_split_private_validation)
         frac = check_real(validation_fraction, "validation_fraction", low=0.0, high=0.5)
-        perm = torch.randperm(len(train), generator=make_generator(req.seed, offset=1)).tolist()
-        k = max(1, int(round(frac * len(train))))
-        private_val, train = train.subset(perm[:k]), train.subset(perm[k:])
-    return _Inputs(train=train, eval_set=eval_set, public_set=public_set, private_val=private_val,
+        n_train_public, n_val_public = _planned_split_sizes(len(train), frac, privacy.delta)
+    return _Inputs(train=train, eval_set=eval_set, public_set=public_set, private_val=None,
                    selection=selection, privacy=privacy, num_labels=num_labels, label_names=names,
-                   label_source=label_source, fingerprint=fingerprint, ledger_name=ledger_name, embedded=embedded,
-                   train_source=train_source, reported_split=_split_name(eval_data, embedded))
+                   label_source=label_source, fingerprint=fingerprint, file_name=file_name, embedded=embedded,
+                   train_source=train_source, reported_split=_split_name(eval_data, embedded),
+                   validation_fraction=frac, n_train_public=n_train_public, n_val_public=n_val_public)
+
+
+def _planned_split_sizes(n: int, frac: float, delta: float) -> tuple[int, int]:
+    """(training rows, validation rows) of selection="private-validation" as planned: functions of the file's
+    size n (public by declaration) and the fraction f only, never of the realised random split.
+
+    Refused (before anything is read beyond n) when a side's expected size min(f, 1 − f)·n is below
+    ln(100/δ): then a random split could leave a side empty with probability above δ/100."""
+    n_val = max(1, round(frac * n))
+    need = math.log(100.0 / delta)
+    if min(frac, 1.0 - frac) * n < need:
+        raise InvalidParameterError(
+            f"selection='private-validation' with validation_fraction={frac:g} holds out about {frac * n:.3g} of the "
+            f"{n} training rows; at least {need:.3g} expected rows (ln(100/δ)) are needed on each side of the random "
+            "split. Use a larger validation_fraction, more data, or selection='train-accuracy'.")
+    return n - n_val, n_val
+
+
+def _split_private_validation(inputs: _Inputs, run_seed: int) -> _Inputs:
+    """Draw the private validation split: each row independently with probability f (the exact integer
+    Poisson draw of privtune.engine.sampling), from the run's seed (OS entropy unless the user seeded the
+    run; kept for --resume in the private state file).  Adding a row changes exactly one side; the realised
+    sizes are never published (the training split carries the planned size, ``declare_public_size``)."""
+    if inputs.validation_fraction is None:
+        return inputs
+    whole = inputs.train
+    in_val = poisson_mask(len(whole), inputs.validation_fraction,
+                          make_generator(derive_seed(run_seed, "private-validation split")))
+    rows = torch.arange(len(whole))
+    train, val = whole.subset(rows[~in_val].tolist()), whole.subset(rows[in_val].tolist())
+    if len(train) == 0 or len(val) == 0:  # probability below δ/100 (_planned_split_sizes)
+        raise PrivtuneError("the random private-validation split left one side empty; nothing was reserved. "
+                            "Run again, or use a larger validation_fraction.")
+    return replace(inputs, train=declare_public_size(train, inputs.n_train_public), private_val=val, whole=whole,
+                   val_mask=in_val)
 
 
 def _selection_of_strategy(req: _Request, inputs: _Inputs) -> str:
@@ -528,9 +590,13 @@ def _open_run_files(args: dict, req: _Request, inputs: _Inputs) -> _RunFiles:
                 f"`output` {str(run_dir)!r} already holds a finished run (certificate.json). Pass a new directory.")
         log_existed = (run_dir / "log.txt").exists()
         created_dirs = _release.prepare_output_dir(run_dir, _RELEASED_FILES, _RELEASED_DIRS)
-    config, unsaved = _effective_config(args, run_dir)
-    header, entries = _resume_state(args["resume"], run_dir, args["output_dir"], req.strategy.name, config,
-                                    inputs.fingerprint)
+    try:
+        config, unsaved = _effective_config(args, run_dir)
+        header, entries = _resume_state(args["resume"], run_dir, args["output_dir"], req.strategy.name, config,
+                                        inputs.fingerprint)
+    except PrivtuneError:  # e.g. --resume with nothing to resume: leave no RUN_DIR behind
+        _release.discard_unreserved(created_dirs)
+        raise
     # every noise and sampling generator of the run derives from run_seed: the user's seed, or OS entropy
     # kept only in the private state file until the run finishes (never in config, metrics or certificate)
     run_seed = int(header["seed"]) if header else (req.seed if req.seed is not None else secrets.randbits(62))
@@ -582,11 +648,18 @@ def _plan_run(req: _Request, inputs: _Inputs, log) -> _TunePlan:
     pilot_events, pilot_eps = [], min(0.1, 0.1 * req.privacy.epsilon)
     sel_sigma = None
     if inputs.selection != "public_validation":
-        n_scored = len(inputs.private_val) if inputs.private_val is not None else n_train
+        n_scored = inputs.n_val_public if inputs.n_val_public is not None else n_train  # public sizes only
         sel_sigma = (float(req.selection_noise) if req.selection_noise is not None
                      else common.default_selection_noise(n_scored))
     if pilot_modes:
-        pilot_events = _plan_pilots(pilot_modes, pilot_eps, delta, n_train, sel_sigma, accountant)
+        try:
+            pilot_events = _plan_pilots(pilot_modes, pilot_eps, delta, n_train, sel_sigma, accountant)
+        except InfeasibleBudgetError:  # the pilot's ε is a share of the total: name both
+            raise InfeasibleBudgetError(
+                f"Budget plan infeasible: --mode auto runs each mode pilot at ε = {pilot_eps:g} (a tenth of the "
+                f"total `epsilon` = {req.privacy.epsilon:g}, at most 0.1), and a pilot cannot meet that ε at "
+                f"δ = {delta:g} without noise above the ceiling. Raise `epsilon`, or choose the mode (--mode "
+                f"{' / '.join(pilot_modes)}) so that no pilots run.") from None
     options = dict(req.options)
     center_sigma = None
     if "last-layer" in candidates and inputs.public_set is None:
@@ -642,7 +715,7 @@ def _reserve(req: _Request, inputs: _Inputs, files: _RunFiles, tplan: _TunePlan,
     eps_total, delta, fp = req.privacy.epsilon, inputs.privacy.delta, inputs.fingerprint
     run_dir, fresh_state = files.run_dir, False
     try:
-        led, fp, ledger_url, registered = _ledger_for(ledger, inputs.embedded, run_dir, fp, inputs.ledger_name,
+        led, fp, ledger_url, registered = _ledger_for(ledger, inputs.embedded, run_dir, fp, inputs.file_name,
                                                       eps_total, delta, req.privacy.accountant)
         if registered:
             log(f"ledger: new dataset {led.status(fp).dataset_id} registered with total ε = {eps_total:g}, "
@@ -933,7 +1006,11 @@ def _execute(req: _Request, inputs: _Inputs, tplan: _TunePlan, clf, prog, seed: 
         if not feats:
             # the frozen-backbone features (a model pilot may have switched the shared model's pooling before)
             clf.normalize = finetune.head_input_normalization(clf, "last-layer")
-            for name, ds in (("train", train), ("select", selector_data if sel_name == "public_validation" else None),
+            # a private-validation split: the whole file's n rows (public) are cached once, then split by rows, so
+            # neither the progress lines nor log.txt show the realised sizes
+            split = inputs.whole is not None
+            for name, ds in (("train", inputs.whole if split else train),
+                             ("select", selector_data if sel_name == "public_validation" else None),
                              ("public", public_set)):
                 if ds is None or name in feats:
                     continue
@@ -944,6 +1021,9 @@ def _execute(req: _Request, inputs: _Inputs, tplan: _TunePlan, clf, prog, seed: 
                 fs = finetune.cache_features(clf, ds, cache_dir=feature_cache_dir, progress=lambda k: prog.advance(k, examples=k))
                 prog.end_phase()
                 feats[name] = (fs.features.float(), fs.labels)
+            if split:
+                (X_all, y_all), m = feats.pop("train"), inputs.val_mask
+                feats["train"], feats["_private_val"] = (X_all[~m], y_all[~m]), (X_all[m], y_all[m])
             if "public" in feats:
                 feats["_center"] = feats["public"][0].mean(dim=0)
                 feats["_center_note"] = "features centred by the mean of the PUBLIC validation split (free)"
@@ -952,10 +1032,13 @@ def _execute(req: _Request, inputs: _Inputs, tplan: _TunePlan, clf, prog, seed: 
                 Xc = X * (1.0 / X.norm(dim=1, keepdim=True).clamp_min(1.0))  # norm ≤ 1: sensitivity 1
                 g = make_generator(seed, offset=4242)  # noise of the private centring
                 noisy = Xc.sum(0) + tplan.center_sigma * torch.randn(X.shape[1], generator=g)
-                feats["_center"] = noisy / X.shape[0]
+                feats["_center"] = noisy / inputs.n_train  # public n (a random split's realised size is private)
                 feats["_center_note"] = (f"features centred by a PRIVATE mean (Gaussian, σ = {tplan.center_sigma:.3g}, "
                                          "charged)")
         return feats
+
+    # a score on the private validation split is normalised by its planned size, never its realised one
+    scored_size = inputs.n_val_public if sel_name == "private_validation_noisy" else None
 
     def make_selector(source, data_kind: str):
         if source == "none":
@@ -965,15 +1048,14 @@ def _execute(req: _Request, inputs: _Inputs, tplan: _TunePlan, clf, prog, seed: 
             if source == "public_validation":
                 X, y = f["select"]
             elif sel_name == "private_validation_noisy":
-                clf.normalize = finetune.head_input_normalization(clf, "last-layer")
-                fs = finetune.cache_features(clf, selector_data)
-                X, y = fs.features.float(), fs.labels
+                X, y = f["_private_val"]
             else:
                 X, y = f["train"]
             return _journaled(Selector(source, X, y, noise_std=tplan.selection_sigma or 0.0,
-                                       name=f"selection:{source}", seed=seed), kw)
+                                       name=f"selection:{source}", seed=seed, public_size=scored_size), kw)
         return _journaled(Selector(source, selector_data, _labels_tensor(selector_data),
-                                   noise_std=tplan.selection_sigma or 0.0, name=f"selection:{source}", seed=seed), kw)
+                                   noise_std=tplan.selection_sigma or 0.0, name=f"selection:{source}", seed=seed,
+                                   public_size=scored_size), kw)
 
     # ---------------------------------------------------------------- --mode auto pilots
     pilot_records = []
@@ -992,7 +1074,7 @@ def _execute(req: _Request, inputs: _Inputs, tplan: _TunePlan, clf, prog, seed: 
         f = features()
         X, y = f["train"]
         backend = _journaled(FeatureBackend(X, y, clf.num_labels, curve_data=f.get("public"), center=f.get("_center"),
-                                            device=req.device), kw)
+                                            device=req.device, public_n=inputs.n_train), kw)
         selector = make_selector(sel_eff, "features")
         prog.start_phase(f"{strat.name} on cached features", None, unit="runs")
         if journal is not None and plan.details.get("accounting") == "repeat-and-select":
@@ -1045,7 +1127,7 @@ def _run_pilots(modes, clf, train, features, make_selector, source, pilot_eps, d
     from privtune.hpo.common import TrialRecord
     records = []
     # time left for the whole tune while the pilots run: the pilots plus the costliest candidate's plan (public)
-    n = len(train)
+    n = public_size(train)  # the planned size under a private-validation split (its realised one is private)
     ahead = [common.planned_examples([e for e in p.events
                                       if not str(getattr(e, "label", "")).startswith("planned pilot")], n)
              for p in (kw.get("mode_plans") or {}).values()]
@@ -1057,7 +1139,8 @@ def _run_pilots(modes, clf, train, features, make_selector, source, pilot_eps, d
         if m == "last-layer":
             f = features()
             X, y = f["train"]
-            be = _journaled(FeatureBackend(X, y, clf.num_labels, center=f.get("_center"), device=kw.get("device")), kw)
+            be = _journaled(FeatureBackend(X, y, clf.num_labels, center=f.get("_center"), device=kw.get("device"),
+                                           public_n=n), kw)
             sel = make_selector(source, "features")
             sigma = common.calibrate_final(pilot_eps, delta, [], sample_rate=1.0, steps=1, sampling="full_batch",
                                            accountant=kw.get("accountant", "pld"), what="a mode pilot")
@@ -1069,7 +1152,6 @@ def _run_pilots(modes, clf, train, features, make_selector, source, pilot_eps, d
                                          device=kw.get("device")),
                             kw)
             sel = make_selector(source, "model")
-            n = len(train)
             q, T = _pilot_batch(n) / n, _PILOT_STEPS  # a short, cheap pilot on a Poisson subsample
             sigma = common.calibrate_final(pilot_eps, delta, [], sample_rate=q, steps=T, what="a mode pilot",
                                            accountant=kw.get("accountant", "pld"))
@@ -1123,16 +1205,17 @@ class _null_reservation:
 
 
 def _dataset_identity(train) -> tuple[str, str | None]:
-    """(content SHA-256, ledger name) of the whole training set, exactly as ``privtune train`` identifies it.
+    """(content SHA-256, local file name) of the whole training set, exactly as ``privtune train`` identifies it.
 
     The file's content is fingerprinted (in-memory data: its canonical rows); the digest stays in
-    this process and the private state file, the ledger keys it.  No name: the ledger assigns the
-    dataset a random id, which is what the run directory publishes."""
+    this process and the private state file, the ledger keys it.  The file name is recorded with a
+    registration, in the ledger only; the run directory publishes the dataset's random id."""
     return dataset_identity(train)
 
 
-def _ledger_for(url, embedded, run_dir, fp, name, eps, delta, accountant):
+def _ledger_for(url, embedded, run_dir, fp, file_name, eps, delta, accountant):
     if embedded and url is None:
+        file_name = None  # this ledger lives in the run directory, which holds no data file name of the ledger's
         if run_dir is None:
             run_dir = Path(tempfile.mkdtemp(prefix="privtune-demo-"))
         url = f"sqlite:///{(Path(run_dir) / 'ledger.db').resolve()}"
@@ -1140,8 +1223,8 @@ def _ledger_for(url, embedded, run_dir, fp, name, eps, delta, accountant):
         led = Ledger(url, key_file=demo_key_path(Path(run_dir) / "ledger.db"))
     else:
         led = Ledger(url)
-    _, registered = pipeline.register_dataset(led, fp, total_epsilon=eps, delta=delta, name=name, command="tune",
-                                              accountant=accountant)
+    _, registered = pipeline.register_dataset(led, fp, total_epsilon=eps, delta=delta, name=None, command="tune",
+                                              accountant=accountant, file_name=file_name)
     # published in metrics.json: a password in the URL (PostgreSQL) is masked, as privtune train does
     display = mask_url(str(url or os.environ.get("PRIVTUNE_LEDGER") or "~/.privtune/ledger.db"))
     return led, fp, display, registered

@@ -33,9 +33,12 @@ import hmac
 import os
 import re
 import secrets
+import shlex
+import stat
+import warnings
 from pathlib import Path
 
-from privtune.errors import LedgerError
+from privtune.errors import LedgerError, PrivtuneWarning
 from privtune.ledger._backend import privtune_home
 
 KEY_ENV = "PRIVTUNE_LEDGER_KEY_FILE"
@@ -118,7 +121,27 @@ def read_key(path: Path) -> bytes | None:
             f"The ledger key file {str(path)!r} does not hold a privtune ledger key (64 hexadecimal digits). "
             "Restore it from your backup, or point $PRIVTUNE_LEDGER_KEY_FILE at the right file."
         )
+    _warn_if_others_can_read(path)
     return bytes.fromhex(text)
+
+
+def _warn_if_others_can_read(path: Path) -> None:
+    """Warn (once per file) when group or others have any access to the key file: whoever can read it can
+    forge the ledger's records consistently and match its fingerprints against candidate datasets."""
+    try:
+        mode = stat.S_IMODE(path.stat().st_mode)
+    except OSError:
+        return
+    if os.name != "posix" or not mode & 0o077 or path in _warned:
+        return
+    _warned.add(path)
+    warnings.warn(
+        f"the ledger key file {str(path)!r} is accessible to other users (mode {mode:04o}); whoever can read it "
+        f"can rewrite the ledger undetected. Restrict it: chmod 600 {shlex.quote(str(path))}",
+        PrivtuneWarning, stacklevel=2)
+
+
+_warned: set[Path] = set()
 
 
 def create_key(path: Path) -> bytes:

@@ -126,18 +126,17 @@ __all__ = ["dataset_fingerprint", "dataset_identity", "is_fingerprint"]
 
 
 def dataset_identity(data) -> tuple[str, str | None]:
-    """(content SHA-256, ledger name) of a loaded privtune dataset, as ``train`` and ``tune`` charge it.
+    """(content SHA-256, local file name) of a loaded privtune dataset, as ``train`` and ``tune`` charge it.
 
     The SHA-256 is that of the file the dataset was read from (so renaming or moving the file does
     not reset its budget) or, for in-memory data, of its canonical rows.  It is private: pass it to
     the ledger, which stores only its keyed fingerprint, and never publish it (nor a prefix of it).
-    The name is always ``None``: the ledger gives a dataset it registers a random ``dataset_id``,
-    which is what a run directory may publish.  Fingerprint the *whole* training set, before any
-    split, or each part would get a budget of its own.
+    The file name (without its directory; None for in-memory data) is what the ledger records with a
+    registration so that ``privtune budget show`` can tell datasets apart; it stays in the ledger, and
+    a run directory publishes the dataset's random ``dataset_id`` instead.  Fingerprint the *whole*
+    training set, before any split, or each part would get a budget of its own.
     """
     src = getattr(data, "source", None)
     if src is not None and Path(src).exists():
-        fp = dataset_fingerprint(src)
-    else:
-        fp = dataset_fingerprint(data.canonical_rows())
-    return fp, None
+        return dataset_fingerprint(src), Path(src).name
+    return dataset_fingerprint(data.canonical_rows()), None

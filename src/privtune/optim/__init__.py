@@ -13,12 +13,12 @@ from typing import Iterable
 import torch
 
 from privtune._validation import check_choice, check_real
+from privtune.choices import OPTIMIZERS
 from privtune.errors import InvalidParameterError
 from privtune.optim.lamb import DPLAMB
 
 __all__ = ["make_optimizer", "DPLAMB", "OPTIMIZERS"]
 
-OPTIMIZERS = ("sgd", "adam", "adamw", "lamb")
 
 
 def make_optimizer(
@@ -35,7 +35,7 @@ def make_optimizer(
 
     Args:
         name: ``"sgd"`` (heavy-ball momentum ``momentum``), ``"adam"``, ``"adamw"`` (decoupled weight
-            decay) or ``"lamb"`` (:class:`DPLAMB`, seed 002 trust ratio).
+            decay) or ``"lamb"`` (:class:`DPLAMB`, Mehta et al.'s trust ratio).
         params: parameters (e.g. ``pg.trainable_parameters``) or parameter groups.
         learning_rate: step size η > 0.
         momentum: SGD momentum μ in [0, 1) (ignored by the adaptive optimizers).

@@ -1,4 +1,4 @@
-"""DP-LAMB (Mehta et al., seed 002 §2.5): LAMB applied to the privatised gradient in ``param.grad``.
+"""DP-LAMB (Mehta et al., §2.5): LAMB applied to the privatised gradient in ``param.grad``.
 
 Everything is computed from the noisy gradient and the parameters only, so it is post-processing
 of the DP release (no extra privacy cost). For each tensor θ_ℓ at step t::

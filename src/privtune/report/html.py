@@ -26,19 +26,21 @@ from privtune.accounting.events import describe_event
 from privtune.audit.result import AuditResult
 from privtune.errors import PrivtuneError
 from privtune.report import plots as P
-from privtune.report.release import NOT_PRIVATE_DIR, seeded_notice
+from privtune.report.release import NOT_PRIVATE_DIR, PublicPaths, load_not_private, seeded_notice
 from privtune.report.run import RunData, load_events, load_run
 
 PNG_NAMES = ("budget.png", "strategy.png", "trials.png", "learning_curves.png", "accuracy_vs_reference.png",
              "clipping.png")
 
 STRATEGY_TEXT = {
-    "linear-scaling": "Linear scaling (Panda et al., seed 000): cheap low-ε trials find the best total step size "
-                      "r = η·T at each trial budget; a line r(ε) is fitted and extrapolated to the final run's ε.",
-    "hyperfree": "Hyperparameter-free (seed 001): a learning rate set at each update from privatised losses, whose "
-                 "cost is accounted jointly with the gradient releases, and a clipping with no threshold to tune.",
-    "single-step": "Single step (seed 002): a zero-initialised head trained with one full-batch DP step on cached "
-                   "features of a public backbone.",
+    "linear-scaling": "Linear scaling (Panda, Tang et al., a linear scaling rule for private HPO): cheap low-ε "
+                      "trials find the best total step size r = η·T at each trial budget; a line r(ε) is fitted and "
+                      "extrapolated to the final run's ε.",
+    "hyperfree": "Hyperparameter-free DP (Liu & Bu, HyFreeDP): a learning rate set at each update from privatised "
+                 "losses, whose cost is accounted jointly with the gradient releases, and a clipping with no "
+                 "threshold to tune.",
+    "single-step": "Single step (Mehta et al., large-scale transfer): a zero-initialised head trained with one "
+                   "full-batch DP step on cached features of a public backbone.",
     "random-search": "Random search: trials with random hyperparameters, the best one selected; the selection is "
                      "charged (repeat-and-select or plain composition of all trials, whichever is tighter).",
     "grid-oracle": "Grid oracle: a grid search whose tuning is NOT charged. It is NOT PRIVATE and exists only as the "
@@ -58,7 +60,8 @@ h3 { font-size: 15px; margin: 18px 0 6px; }
 section { background:#fff; border:1px solid var(--line); border-radius:10px; padding:18px 22px; margin:16px 0; }
 .cards { display:grid; grid-template-columns: repeat(auto-fit, minmax(150px, 1fr)); gap:12px; margin:18px 0 4px; }
 .card { background:#fff; border:1px solid var(--line); border-radius:10px; padding:12px 14px; }
-.card .k { color:var(--muted); font-size:12px; text-transform:uppercase; letter-spacing:.04em; }
+/* no text-transform on labels: upper-casing turns ε into Ε, which reads as a Latin E */
+.card .k { color:var(--muted); font-size:12.5px; font-weight:600; letter-spacing:.01em; }
 .card .v { font-size:22px; font-weight:650; margin-top:2px; }
 .card .d { color:var(--muted); font-size:12.5px; }
 img.plot { display:block; max-width:100%; height:auto; margin:8px auto 4px; }
@@ -147,7 +150,7 @@ def _summary_cards(run: RunData, b: Any) -> str:
         cards.append(("mode", m["mode"], "what was trained"))
     rem = m.get("ledger_remaining_epsilon")
     if isinstance(rem, (int, float)):
-        cards.append(("ledger: ε left", f"{rem:.3g}", "for this dataset"))
+        cards.append(("ledger: ε left", f"{rem:.3g}", "of this dataset's lifetime budget"))
     return '<div class="cards">' + "".join(
         f'<div class="card"><div class="k">{_e(k)}</div><div class="v">{_e(v)}</div><div class="d">{_e(d)}</div>'
         f"</div>" for k, v, d in cards) + "</div>"
@@ -262,9 +265,10 @@ def _strategy_section(run: RunData, b: _Builder, bp: P.BudgetPoints | None) -> s
         head = "<tr><th>trial</th>" + "".join(f"<th class='num'>{_e(k)}</th>" for k in keys) + \
                "<th class='num'>score</th><th>score from</th></tr>"
         rows = []
-        for i, t in enumerate(run.trials):
+        for t, name in zip(run.trials, P.trial_labels(run.trials)):  # the names the charts use
             h = t.get("hyperparameters") or {}
-            rows.append(f"<tr><td>{_e(t.get('index', i + 1))}{' ' + _e(t['phase']) if t.get('phase') else ''}</td>"
+            phase = t.get("phase") if t.get("phase") and "pilot" not in str(t.get("phase")) else None
+            rows.append(f"<tr><td>{_e(name.removeprefix('trial '))}{' (' + _e(phase) + ')' if phase else ''}</td>"
                         + "".join(f"<td class='num'>{_e(_fmt(h.get(k, '')))}</td>" for k in keys)
                         + f"<td class='num'>{_e(_fmt(t.get('score', '')))}</td>"
                         f"<td>{_e(t.get('score_source', ''))}</td></tr>")
@@ -390,8 +394,9 @@ def _certificate_section(run: RunData) -> str:
              "failed": "<span class='badge np'>VERIFICATION FAILED</span>"}.get(status, "")
     out = [f"<section id='certificate'><h2>Certificate {badge}</h2>"]
     out.append(f"<p class='{'note' if status == 'ok' else 'bad'}'>{_e(msg)}</p>")
-    out.append("<p>Re-verify it yourself (recomputes ε from the events; exits with an error on a mismatch):</p>")
-    out.append(f"<pre>privtune account --certificate {_e(run.run_dir / 'certificate.json')}</pre>")
+    out.append("<p>Re-verify it yourself in the run directory (recomputes ε from the events; exits with an error "
+               "on a mismatch):</p>")
+    out.append("<pre>privtune account --certificate certificate.json</pre>")
     md = run.metadata
     rows = [("ε", cert.get("epsilon")), ("δ", cert.get("delta")), ("accountant", cert.get("accountant")),
             ("neighbouring relation", cert.get("neighbouring")),
@@ -426,11 +431,19 @@ def _files_section(run: RunData) -> str:
         if (rd / rel.rstrip("/")).exists():
             items.append(f"<li><a href='{_e(rel)}'>{_e(rel)}</a> — {_e(what)}</li>")
     cfg = ""
-    if (rd / "config.yaml").is_file():
-        cfg = "<h3>Configuration</h3><pre>" + _e((rd / "config.yaml").read_text(encoding="utf-8")) + "</pre>"
+    if (rd / "config.yaml").is_file():  # as the run released it: its paths are names (older runs: made so here)
+        public = PublicPaths(rd, [v for v in run.config.values() if isinstance(v, str)])
+        text = "".join(public.text(line) for line in
+                       (rd / "config.yaml").read_text(encoding="utf-8").splitlines(keepends=True))
+        cfg = "<h3>Configuration</h3><pre>" + _e(text) + "</pre>"
     if (rd / "not_private").is_dir():
-        items.append("<li><code>not_private/</code> — figures computed without noise, for you only; not part of "
-                     "the release (<code>privtune report --include-non-private</code> draws them)</li>")
+        kept = ["the configuration with the paths of your machine (rerun with <code>--config "
+                "not_private/config.yaml</code>)"] if (rd / "not_private" / "config.yaml").is_file() else []
+        if load_not_private(rd):
+            kept.append("figures computed without noise (<code>privtune report --include-non-private</code> draws "
+                        "them)")
+        items.append(f"<li><code>not_private/</code> — for you only, not part of the release: {'; '.join(kept)}"
+                     "</li>" if kept else "<li><code>not_private/</code> — for you only, not part of the release</li>")
     if not items and not cfg:
         return ""
     return f"<section id='files'><h2>Files</h2><ul>{''.join(items)}</ul>{cfg}</section>"
@@ -438,7 +451,11 @@ def _files_section(run: RunData) -> str:
 
 # ======================================================================================= entry
 def render_report(run: RunData) -> tuple[str, dict[str, bytes]]:
-    """Build the HTML text and the PNG images (name -> bytes) of a run."""
+    """Build the HTML text and the PNG images (name -> bytes) of a run.
+
+    The page is meant to be shared: it names the run directory, the data and the model by their names,
+    never by a path of the machine that ran it (:meth:`RunData.public`)."""
+    run = run.public()
     b = _Builder(run)
     try:
         bp = P.budget_points(run)
@@ -478,12 +495,12 @@ def render_report(run: RunData) -> tuple[str, dict[str, bytes]]:
 <style>{CSS}</style></head>
 <body><main>
 <header><h1>{_e(title)}</h1>
-<div class="sub">{_e(kind)} · <code>{_e(run.run_dir)}</code> · generated {_e(when)}</div></header>
+<div class="sub">{_e(kind)} · <code>{_e(run.run_dir.name)}</code> · generated {_e(when)}</div></header>
 {np_banner}{problems}
 {_summary_cards(run, b)}
 {''.join(s for s in sections if s)}
 <footer>Generated by privtune. This page is self-contained: images are inlined, nothing is loaded from the
-network. Regenerate it with <code>privtune report {_e(run.run_dir)}</code>.</footer>
+network. Regenerate it with <code>privtune report {_e(run.run_dir.name)}</code>.</footer>
 </main></body></html>
 """
     return doc, b.images

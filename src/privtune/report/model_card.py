@@ -10,6 +10,7 @@ to re-verify the certificate.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -17,10 +18,12 @@ from typing import Any
 import yaml
 
 from privtune.accounting.events import describe_event
-from privtune.report.release import seeded_notice
+from privtune.report.release import load_not_private, seeded_notice
 from privtune.report.run import RunData, load_events, load_run
 
 BUNDLED_BASE_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+#: the saved model's own description (privtune.models.classifier.CLASSIFIER_CONFIG), read without torch
+CLASSIFIER_FILE = "privtune_classifier.json"
 EMBEDDED_DATASET = "stanfordnlp/sst2"
 
 
@@ -37,10 +40,18 @@ def _is_bundled(model: str) -> bool:
 
 def _base_model(run: RunData) -> tuple[str, str]:
     """(front-matter value, words)."""
-    model = run.config.get("model") or run.metrics.get("base_model") or run.metadata.get("base_model")
-    if not model or _is_bundled(str(model)):
+    saved = None  # the name the saved model gives its base model (never a path): privtune_classifier.json
+    try:
+        saved = json.loads((run.run_dir / "model" / CLASSIFIER_FILE).read_text(encoding="utf-8")).get("base_model")
+    except (OSError, ValueError, AttributeError):
+        pass
+    model = ((saved if isinstance(saved, str) and saved and not os.path.isabs(saved) else None)
+             or run.config.get("model") or run.metrics.get("base_model") or run.metadata.get("base_model"))
+    if not model or model == BUNDLED_BASE_MODEL or _is_bundled(str(model)):
         return BUNDLED_BASE_MODEL, f"`{BUNDLED_BASE_MODEL}` (bundled with privtune)"
-    return Path(str(model)).name if os.sep in str(model) else str(model), f"`{model}`"
+    # a path of the trainer's machine does not belong in a published card: the model's directory name
+    name = Path(str(model)).name if os.path.isabs(str(model)) or os.path.exists(str(model)) else str(model)
+    return name, f"`{name}`"
 
 
 def _file_name(value: Any) -> str:
@@ -124,7 +135,8 @@ def _public_items(run: RunData, base_words: str) -> list[str]:
 
 def render_model_card(run: RunData) -> str:
     """The model card text of a run (front matter + Markdown)."""
-    base, base_words = _base_model(run)
+    base, base_words = _base_model(run)  # before the paths become names: the bundled model is known by its path
+    run = run.public()
     dataset, dataset_words = _dataset(run)
     eps, delta = run.epsilon, run.delta
     n_trials = len(run.trials)
@@ -182,7 +194,7 @@ def render_model_card(run: RunData) -> str:
     if isinstance(run.history.get("clipping_diagnostics"), dict):
         np_items.append("clipping diagnostics (gradient-norm statistics) were computed without noise; they are "
                         "NOT PRIVATE and are not part of this release")
-    if (run.run_dir / "not_private").is_dir():
+    if load_not_private(run.run_dir):  # figures, not just the configuration with its paths
         np_items.append("figures computed from the private data without noise (the per-step batch loss, clipping "
                         "diagnostics, the exact number of examples processed) stay with the trainer in "
                         "`not_private/`; they are NOT PRIVATE and not part of this release")
@@ -191,9 +203,10 @@ def render_model_card(run: RunData) -> str:
         lines += [f"- {i}" for i in np_items]
         lines.append("")
     lines.append("### Certificate\n")
+    # the copy in this directory: the model directory can be shared (or uploaded to a hub) on its own
     lines.append("Every privacy event (each tuning trial and the final run) is listed in "
-                 "[`certificate.json`](../certificate.json), one directory up. Re-verify the total with:\n")
-    lines.append("```bash\nprivtune account --certificate ../certificate.json\n```\n")
+                 "[`certificate.json`](certificate.json), in this directory. Re-verify the total here with:\n")
+    lines.append("```bash\nprivtune account --certificate certificate.json\n```\n")
     try:
         events = [describe_event(e) for e in load_events(run.certificate.get("events"))]
     except Exception:  # a malformed certificate is reported by `privtune account`, not hidden here
@@ -215,7 +228,8 @@ def render_model_card(run: RunData) -> str:
     lines.append("| | |\n|---|---|")
     lines += [f"| {k} | {v} |" for k, v in rows if v is not None]
     lines.append("")
-    lines.append("A full report with plots of how the budget was spent is in [`report.html`](../report.html).\n")
+    lines.append("The run that produced this model also wrote `report.html`, a report with plots of how the budget "
+                 "was spent, into its run directory (beside this directory, not inside it).\n")
     lines.append("## How to use\n")
     lines.append("```bash\nprivtune predict --model path/to/this/model --data examples.tsv --json\n```\n")
     lines.append("Produced by privtune (differentially private fine-tuning with privately chosen hyperparameters).\n")

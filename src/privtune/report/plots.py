@@ -144,6 +144,25 @@ def _units(event: Any) -> int | None:
     return None
 
 
+def trial_labels(trials: Sequence[dict]) -> list[str]:
+    """One name per trial, the same in every chart and table of the report: ``"trial 1"``, ``"trial 2"``, …
+    (numbered from 1 in the order run, over all phases and sweeps), and ``"pilot <mode>"`` for a
+    ``--mode auto`` pilot (pilots are not numbered)."""
+    out, k = [], 0
+    for t in trials:
+        if "pilot" in str(t.get("phase", "")):
+            out.append(f"pilot {(t.get('hyperparameters') or {}).get('mode', '')}".strip())
+        else:
+            k += 1
+            out.append(f"trial {k}")
+    return out
+
+
+def _tick(label: str) -> str:
+    """A trial's name on a chart's x axis: its number, or ``P:<mode>`` for a pilot."""
+    return label.replace("trial ", "").replace("pilot ", "P:")
+
+
 def budget_points(run: RunData, max_points: int = 40) -> BudgetPoints | None:
     """ε after each trial and after the final run (or, without trials, along the final run's steps)."""
     delta = run.delta
@@ -157,7 +176,9 @@ def budget_points(run: RunData, max_points: int = 40) -> BudgetPoints | None:
     cert_events = load_events(cert_dicts)
     bp.total_epsilon = _compute_epsilon(cert_events, delta, acc) if cert_events else None
 
-    trials = [t for t in run.trials if isinstance(t.get("events"), list)]
+    names = trial_labels(run.trials)
+    named = [(t, name) for t, name in zip(run.trials, names) if isinstance(t.get("events"), list)]
+    trials = [t for t, _ in named]
     if trials:
         idx = list(range(len(trials)))
         if len(idx) > max_points:  # keep the cost bounded: evenly spaced checkpoints, always the last
@@ -166,16 +187,12 @@ def budget_points(run: RunData, max_points: int = 40) -> BudgetPoints | None:
         cum: list = []
         trial_dicts: list = []
         marks = set(idx)
-        k = 0  # trials are numbered from 1; --mode auto pilots are named by their mode
-        for i, t in enumerate(trials):
+        for i, (t, name) in enumerate(named):
             ev = load_events(t["events"])
             cum += ev
             trial_dicts += t["events"]
-            pilot = "pilot" in str(t.get("phase", ""))
-            k += not pilot
             if i in marks:
-                bp.labels.append(f"pilot {(t.get('hyperparameters') or {}).get('mode', '')}".strip() if pilot
-                                 else f"trial {k}")
+                bp.labels.append(name)
                 bp.cumulative.append(_compute_epsilon(cum, delta, acc))
                 bp.individual.append(_compute_epsilon(ev, delta, acc) if ev else 0.0)
         bp.tuning_epsilon = bp.cumulative[-1] if bp.cumulative else 0.0
@@ -236,7 +253,7 @@ def plot_budget(run: RunData, bp: BudgetPoints) -> Figure | None:
             ax.plot(x, naive, "--", color=GREY, lw=1.3, label="sum of per-step ε (naive; not how ε composes)")
         ticks = x if len(x) <= 14 else x[:: max(1, len(x) // 10)] + [x[-1]]
         ax.set_xticks(ticks)
-        ax.set_xticklabels([bp.labels[i - 1].replace("trial ", "").replace("pilot ", "P:")
+        ax.set_xticklabels([_tick(bp.labels[i - 1])
                             if bp.labels[i - 1] != "final run" else "final" for i in ticks])
         ax.set_xlabel("after trial k (P: mode-auto pilot)  →  final run")
         ax.set_title("Privacy spent: ε after each trial, composed by the accountant")
@@ -384,6 +401,8 @@ def plot_lr_trajectory(run: RunData) -> Figure | None:
     ax.plot(xs, lr, "-", color=BLUE, lw=1.8, drawstyle="steps-post")
     if min(lr) > 0 and max(lr) / min(lr) > 10:
         ax.set_yscale("log")
+    elif min(lr) >= 0:  # from 0: a ±5 % wobble around η₀ must not fill the picture and look dramatic
+        ax.set_ylim(0, 1.15 * max(lr) if max(lr) > 0 else 1.0)
     ax.set_xlabel("step")
     ax.set_ylabel("learning rate η")
     ax.set_title("Hyperparameter-free: learning rate set from privatised losses")
@@ -393,9 +412,11 @@ def plot_lr_trajectory(run: RunData) -> Figure | None:
 @_styled
 def plot_trial_scores(run: RunData) -> Figure | None:
     """Each trial's selection score, the chosen trial highlighted."""
-    trials = [t for t in run.trials if isinstance(t.get("score"), (int, float))]
-    if not trials:
+    scored = [(t, name) for t, name in zip(run.trials, trial_labels(run.trials))
+              if isinstance(t.get("score"), (int, float))]
+    if not scored:
         return None
+    trials = [t for t, _ in scored]
     scores = [float(t["score"]) for t in trials]
     best = max(range(len(scores)), key=scores.__getitem__)
     sources = {str(t.get("score_source")) for t in trials if t.get("score_source")}
@@ -406,7 +427,8 @@ def plot_trial_scores(run: RunData) -> Figure | None:
     ax.set_ylim(min(scores) - 0.1 * (max(scores) - min(scores) + 1e-3) - 0.02, max(scores) + 0.03)
     ax.set_xlabel("trial")
     ax.set_ylabel("score" + (f" ({', '.join(sorted(sources))})" if sources else ""))
-    ax.set_xticks(xs if len(xs) <= 25 else xs[:: max(1, len(xs) // 12)])
+    ticks = xs if len(xs) <= 25 else xs[:: max(1, len(xs) // 12)]
+    ax.set_xticks(ticks, [_tick(scored[x - 1][1]) for x in ticks])  # the trial names of the Trials table
     ax.annotate(f"chosen: {scores[best]:.3g}", (best + 1, scores[best]), textcoords="offset points",
                 xytext=(0, 4), ha="center", color=ORANGE, fontweight="bold")
     title = "Trial scores used for selection"
@@ -472,7 +494,10 @@ def _accuracy_panel(run: RunData, fr: dict, ax2: Any, evals: list) -> None:
         # tune evaluates the PUBLIC validation split during the final run (eval_split says so); train evaluates
         # its evaluation split, which is also the reported one
         split = fr.get("eval_split") or run.metrics.get("reported_split")
-        ax2.set_title("Evaluation accuracy" + (f"\n({_short(str(split), 60)})" if split else ""))
+        # wrapped to the panel's width (about 45 characters at the title's size on the narrowest panel): a
+        # title wider than its figure is cut at the picture's edge
+        ax2.set_title("Evaluation accuracy" + ("\n" + textwrap.fill(f"({_short(str(split), 135)})", 45)
+                                               if split else ""))
         ax2.set_xlabel("step")
         ax2.set_ylabel("accuracy (%)")
     else:

@@ -10,21 +10,29 @@ says it is NOT PRIVATE and not part of the release.  docs/privacy-model.md ("Wha
 lists every file and field.
 
 :func:`split_release` does the sorting; :func:`write_not_private` writes the private side;
-:func:`seeded_notice` is the banner of a run whose noise was seeded.
+:func:`seeded_notice` is the banner of a run whose noise was seeded.  :class:`PublicPaths` writes the
+paths of the trainer's machine (the data, the base model, the ledger, RUN_DIR itself) as names, so that
+nothing released says where the files lay or whose home directory it was.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import site
+import sys
+import sysconfig
+import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 #: the sub-directory of RUN_DIR that holds the NOT PRIVATE figures (never part of the release)
 NOT_PRIVATE_DIR = "not_private"
 
 #: metrics keys whose values are deterministic functions of the private data (no noise)
-NON_PRIVATE_METRICS = ("examples_per_second", "examples_processed", "nonprivate_reference")
+NON_PRIVATE_METRICS = ("examples_per_second", "examples_processed", "nonprivate_reference",
+                       "nonfinite_examples_dropped")
 
 #: history keys that are NOT PRIVATE wherever they appear
 NON_PRIVATE_HISTORY = ("clipping_diagnostics",)
@@ -36,6 +44,10 @@ person who trains the model: the per-step batch loss of the final run, clipping 
 the exact number of examples processed, a non-private reference.  None of it is covered by the
 (epsilon, delta) of certificate.json, and none of it is part of the release (the rest of the run
 directory is).  `privtune report RUN_DIR --include-non-private` draws it, into this directory.
+
+config.yaml is the run's effective configuration with the paths of this machine (the data, the
+model, the ledger): the released RUN_DIR/config.yaml names those files only.  Rerun the run with
+`privtune tune --config RUN_DIR/not_private/config.yaml` (or `privtune train`, as its header says).
 """
 
 SEEDED_LABEL = "NOT PRIVATE: seeded"
@@ -89,11 +101,13 @@ def split_release(metrics: dict, history: dict) -> tuple[dict, dict, dict]:
     return pub_m, pub_h, private
 
 
-def write_not_private(run_dir: str | os.PathLike, private: dict) -> Path | None:
+def write_not_private(run_dir: str | os.PathLike, private: dict, *, keep_config: bool = False) -> Path | None:
     """Write ``RUN_DIR/not_private/{README.txt,metrics.json,history.json}`` (0700 dir, 0600 files).
 
-    Returns the directory, or None when there is nothing NOT PRIVATE to keep."""
-    if not private:
+    ``keep_config``: the directory is also made when ``private`` is empty, for the run's configuration
+    with its paths (``config.yaml``, written by the caller).  Returns the directory, or None when there
+    is nothing to keep."""
+    if not private and not keep_config:
         return None
     d = Path(run_dir) / NOT_PRIVATE_DIR
     d.mkdir(mode=0o700, exist_ok=True)
@@ -141,3 +155,92 @@ def mark_seeded(cert: Any, metrics: dict, seed: Any) -> None:
     cert.metadata["seeded"] = notice
     metrics.setdefault("label", SEEDED_LABEL)
     metrics["seeded"] = True
+
+
+#: the characters that end a path inside a line of text (a log line, a YAML value, a message)
+_PATH_TOKEN = re.compile(r"(?<![\w.~/:])/[^\s'\"<>(),;`|]+")
+
+
+def _machine_roots() -> list[str]:
+    """Directories whose paths say something about this machine: the home directory, the temporary
+    directory, the Python installation and its site-packages, privtune's own package directory."""
+    roots = [os.path.expanduser("~"), tempfile.gettempdir(), sys.prefix, sys.base_prefix,
+             sysconfig.get_paths().get("purelib", ""), str(Path(__file__).resolve().parents[1])]
+    try:
+        roots += site.getsitepackages() + [site.getusersitepackages()]
+    except AttributeError:  # pragma: no cover - a virtualenv's old site module
+        pass
+    return [r for r in roots if r and r != os.sep]
+
+
+class PublicPaths:
+    """How paths of the trainer's machine appear in what a run releases.
+
+    An absolute path becomes its last component: the data file ``mine.csv``, the base model's
+    directory name, ``l.db`` for a ledger.  A path inside ``run_dir`` becomes relative to it (``run_dir``
+    itself: its name); privtune's own ledger directory ``~/.privtune`` keeps its home-relative name.
+    Relative paths, names and everything else are kept as written.
+
+    :meth:`text` rewrites the absolute paths inside a line of text (a log line, a URL such as
+    ``sqlite:////home/me/l.db``): every path given to the constructor wherever it occurs, and any other
+    absolute path under the home, temporary, Python or privtune directories.  :meth:`value` does the same
+    throughout a JSON-like value (dicts, lists, strings).
+    """
+
+    def __init__(self, run_dir: str | os.PathLike | None = None, paths: Iterable[Any] = ()) -> None:
+        self.run_dir = Path(os.path.abspath(run_dir)) if run_dir is not None else None
+        self.home = os.path.expanduser("~")
+        known: set[str] = set()
+        for p in paths:
+            if isinstance(p, (str, os.PathLike)) and str(p).strip():
+                text = os.fspath(p)
+                if text.startswith("sqlite:///"):
+                    text = text[len("sqlite:///"):]
+                if os.path.isabs(text) or os.path.exists(text):
+                    known |= {os.path.abspath(text), os.path.realpath(text)}
+        if self.run_dir is not None:
+            known |= {str(self.run_dir), os.path.realpath(self.run_dir)}
+        # longest first: a file inside a known directory is named before its directory is
+        self.known = sorted((k for k in known if k != os.sep), key=len, reverse=True)
+        roots = set(_machine_roots()) | {os.path.dirname(k) for k in self.known} | set(self.known)
+        self.roots = sorted((r.rstrip(os.sep) for r in roots if r.rstrip(os.sep)), key=len, reverse=True)
+
+    def name(self, path: str) -> str:
+        """The public form of one absolute ``path``."""
+        p = os.path.normpath(path)
+        for base in filter(None, (self.run_dir, self.run_dir and os.path.realpath(self.run_dir))):
+            base = str(base)
+            if p == base:
+                return Path(base).name
+            if p.startswith(base + os.sep):
+                return os.path.relpath(p, base)
+        own = os.path.join(self.home, ".privtune")
+        if p == own or p.startswith(own + os.sep):
+            return "~" + p[len(self.home):]
+        return Path(p).name or p
+
+    def _is_machine_path(self, token: str) -> bool:
+        return any(token == r or token.startswith(r + os.sep) for r in self.roots)
+
+    def text(self, text: str) -> str:
+        """``text`` with every absolute path of this machine in it written by its public name."""
+        for k in self.known:
+            if k in text:
+                text = re.sub(re.escape(k) + r"(?=$|[^\w.\-/])", lambda m: self.name(m.group(0)), text)
+        if os.path.isabs(text) and "\n" not in text and not text[1:2].isspace():  # a whole value that is a path
+            return self.name(text)
+        text = re.sub(r"sqlite:///(/[^\s'\"<>(),;`|]+)", lambda m: "sqlite:///" + self.name(m.group(1)), text)
+        return _PATH_TOKEN.sub(lambda m: self.name(m.group(0)) if self._is_machine_path(m.group(0))
+                               else m.group(0), text)
+
+    def value(self, value: Any) -> Any:
+        """A copy of a JSON-like ``value`` with :meth:`text` applied to every string (keys included)."""
+        if isinstance(value, str):
+            return self.text(value)
+        if isinstance(value, os.PathLike):
+            return self.text(os.fspath(value))
+        if isinstance(value, dict):
+            return {self.text(k) if isinstance(k, str) else k: self.value(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [self.value(v) for v in value]
+        return value

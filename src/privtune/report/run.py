@@ -12,6 +12,7 @@ when an older run directory still holds it in ``history.json`` / ``metrics.json`
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import dataclass, field
@@ -22,7 +23,7 @@ import yaml
 
 from privtune.accounting.events import event_from_dict
 from privtune.errors import InvalidParameterError
-from privtune.report.release import SEEDED_LABEL, load_not_private, split_release
+from privtune.report.release import SEEDED_LABEL, PublicPaths, load_not_private, split_release
 
 RUN_FILES = ("certificate.json", "metrics.json", "history.json", "config.yaml")
 
@@ -91,6 +92,14 @@ class RunData:
         """True for runs whose tuning was not charged (grid oracle)."""
         name = (self.strategy_name or "").lower()
         return name in ("grid-oracle", "grid_oracle") or bool(self.metrics.get("not_private"))
+
+    def public(self) -> RunData:
+        """A copy in which every path of this machine is written by its name (:class:`PublicPaths`): what
+        the report and the model card show, also for a run directory written before its files were."""
+        pub = PublicPaths(self.run_dir, [v for v in self.config.values() if isinstance(v, str)])
+        return dataclasses.replace(self, certificate=pub.value(self.certificate), metrics=pub.value(self.metrics),
+                                   history=pub.value(self.history), config=pub.value(self.config),
+                                   problems=pub.value(self.problems))
 
 
 def _read_json(path: Path, problems: list[str]) -> dict:

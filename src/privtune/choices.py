@@ -1,0 +1,45 @@
+"""The names a user chooses among, declared once, importing nothing.
+
+The YAML schema (:mod:`privtune.cli.config_file`) and the command line read their choices and
+the defaults their help shows from here, so that ``privtune tune --help`` and ``privtune config
+check`` do not import torch, SciPy or the tuning stack.  The modules that implement each choice
+import its tuple from here (``privtune.optim.OPTIMIZERS`` is this module's ``OPTIMIZERS``), and
+``tests/test_choices.py`` checks that each implementation covers exactly these names.
+"""
+
+from __future__ import annotations
+
+#: privacy accountants (privtune.accounting.accountant)
+ACCOUNTANTS = ("pld", "rdp")
+#: how batches are drawn (privtune.accounting.events)
+SAMPLING_SCHEMES = ("poisson", "shuffle", "full_batch")
+#: clipping rules: flat (Abadi, min(1, C/||g||)) or automatic (AUTO-S) (privtune.engine.private_gradient)
+CLIPPINGS = ("flat", "automatic")
+#: optimizers applied to the privatised gradient (privtune.optim)
+OPTIMIZERS = ("sgd", "adam", "adamw", "lamb")
+#: what ``train`` can train (privtune.finetune.modes)
+TRAIN_MODES = ("full", "bitfit", "last-layer", "lora", "two-phase")
+#: the fine-tuning modes ``tune`` can train (TRAIN_MODES without two-phase; privtune.hpo.common)
+TUNABLE_MODES = ("last-layer", "bitfit", "lora", "full")
+#: ``tune(mode=...)``: a tunable mode, or "auto" (privtune.hpo.tune)
+TUNE_MODES = ("auto", *TUNABLE_MODES)
+#: tuning strategies, in the order of ``--strategy``'s choices and of the docs (privtune.hpo.registry)
+STRATEGIES = ("linear-scaling", "hyperfree", "single-step", "random-search", "grid-oracle")
+#: how ``tune`` scores trials (privtune.hpo.common.SELECTION_SOURCE_OF maps each to its score source)
+SELECTIONS = ("public-validation", "private-validation", "train-accuracy", "train-loss")
+#: where independent trials run (privtune.hpo.executors)
+EXECUTORS = ("local", "ray")
+#: ``recommend(prefer=...)``: the smallest batch on the noise plateau (the paper's rule) or the largest batch
+#: with at least min_steps steps (privtune.hpo.recommend)
+PREFERENCES = ("smallest", "cap")
+
+#: the defaults of ``privtune.tune`` that ``privtune tune --help`` shows (tests/test_choices.py checks that
+#: they are tune()'s own)
+TUNE_DEFAULTS = {"mode": "auto", "strategy": "hyperfree", "epsilon": 1.0, "delta": 1e-5, "executor": "local"}
+#: the defaults of ``privtune.recommend`` that ``privtune recommend`` uses (checked like TUNE_DEFAULTS)
+RECOMMEND_DEFAULTS = {"min_steps": 20, "plateau_tol": 0.10, "prefer": "smallest"}
+
+__all__ = [
+    "ACCOUNTANTS", "SAMPLING_SCHEMES", "CLIPPINGS", "OPTIMIZERS", "TRAIN_MODES", "TUNABLE_MODES", "TUNE_MODES",
+    "STRATEGIES", "SELECTIONS", "EXECUTORS", "PREFERENCES", "TUNE_DEFAULTS", "RECOMMEND_DEFAULTS",
+]

