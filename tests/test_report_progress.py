@@ -220,13 +220,15 @@ def test_time_left_prices_each_kind_of_work_at_its_own_rate(tmp_path, monkeypatc
         clock[0] += 5
         pr.advance(1, examples=10)
         # bitfit measured: 0.5 s per example, its own pilot's; the head steps stay priced as head steps
-        expect = 45 + 5000 * forward * progress_module.RELATIVE_COST["features"] + 200 * forward * 1.5
+        after = (5000 * forward * progress_module.RELATIVE_COST["features"]
+                 + 200 * forward * progress_module.RELATIVE_COST["predict"])
+        expect = 45 + after
         assert pr.time_left() == pytest.approx((45.0, expect))
         assert pr.time_left()[1] < 60  # one rate for all (0.5 s per example) would say 2,500 s
         clock[0] += 45
         pr.advance(9, examples=90)
         pr.end_phase()
-    assert "done pilot bitfit: 10/10 steps, 0s left, run 6s left" in log.read_text()
+    assert f"done pilot bitfit: 10/10 steps, 0s left, run {round(after)}s left" in log.read_text()
 
 
 def test_plain_lines_as_they_come_when_the_output_is_not_a_terminal(tmp_path):

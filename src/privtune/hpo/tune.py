@@ -792,8 +792,10 @@ def _reported_accuracy(ran: _Ran, inputs: _Inputs, prog) -> float | None:
     eval_set = inputs.eval_set
     if eval_set is None or getattr(eval_set, "labels", None) is None or ran.model is None:
         return None
-    prog.start_phase("evaluating on the reported split", None, work=len(eval_set), kind="predict")
+    prog.start_phase("evaluating on the reported split", len(eval_set), unit="examples", work=len(eval_set),
+                     kind="predict")
     logits = ran.model.predict_logits(eval_set)
+    prog.advance(len(eval_set))
     acc = float((logits.argmax(1) == _labels_tensor(eval_set)).float().mean().item())
     prog.end_phase()
     prog.log(f"accuracy on the reported split ({inputs.reported_split}): {acc:.4f}")
@@ -881,8 +883,8 @@ def _work_kind(mode: str) -> str:
 def _work_ahead(tplan: _TunePlan, inputs: _Inputs, pilots_left, mode: str, *, cached: bool) -> list:
     """The work still ahead of a tune, as (kind, expected examples) pairs from public sizes and the plan only:
     feature caching (when a last-layer run is still ahead and nothing is cached), the ``pilots_left`` with their
-    scores, the planned runs of ``mode`` with the scores of its η trials, and the evaluation on the reported
-    split.  For the time-left estimate of :class:`privtune.report.progress.Progress`."""
+    scores, the planned runs of ``mode`` with the scores of its η trials, the evaluation on the reported split
+    and the release.  For the time-left estimate of :class:`privtune.report.progress.Progress`."""
     n = inputs.n_train
     n_select = len(inputs.selector_data) if inputs.selector_data is not None else 0
     out = []
@@ -903,6 +905,7 @@ def _work_ahead(tplan: _TunePlan, inputs: _Inputs, pilots_left, mode: str, *, ca
         out.append(("predict", scored * n_select))
     if inputs.eval_set is not None and getattr(inputs.eval_set, "labels", None) is not None:
         out.append(("predict", len(inputs.eval_set)))
+    out.append(("release", 1))  # the model, the report and its plots
     return out
 
 

@@ -123,12 +123,13 @@ def _count_column():
 
 
 #: seconds per example of each kind of work relative to a forward pass through the model (feature caching),
-#: used for a kind only until this run has measured it.  Measured on the CPU with MiniLM: a DP-BiTFiT or LoRA
-#: pilot step ≈ 3.3× a forward pass per example (the embedded demo), DP full fine-tuning ≈ 1.7× DP-BiTFiT
-#: (bench/results/sst2_full), predicting (scores, the reported split) ≈ 1.5× caching (smaller batches), and a
-#: step of a head on cached features ≈ nothing.
-RELATIVE_COST = {"forward": 1.0, "predict": 1.5, "features": 0.001,
-                 "model:bitfit": 3.3, "model:lora": 3.3, "model:full": 5.5}
+#: used for a kind only until this run has measured it.  Measured on the CPU with MiniLM (the embedded demo, three
+#: runs at different loads): a DP-BiTFiT or LoRA pilot step ≈ 3.3× a forward pass per example, predicting (scores,
+#: the reported split) 1.3–2×; DP full fine-tuning ≈ 1.7× DP-BiTFiT (bench/results/sst2_full); a step of a head
+#: on cached features ≈ nothing.  ``"release"`` counts releases, not examples: writing the model, the report and
+#: its plots takes about as long as 200 forward passes.
+RELATIVE_COST = {"forward": 1.0, "predict": 1.8, "features": 0.001,
+                 "model:bitfit": 3.3, "model:lora": 3.3, "model:full": 5.5, "release": 200.0}
 _DEFAULT_MODEL_COST = 3.3  # a model mode not listed above
 
 
@@ -263,7 +264,8 @@ class Progress:
         it will run (public: from the plan), so that the display also shows the time left for the whole run.
 
         Kinds: ``"forward"`` (forward passes: feature caching), ``"predict"`` (scores, evaluation),
-        ``"features"`` (steps of a head on cached features), ``"model:<mode>"`` (DP steps of that mode).  Each
+        ``"features"`` (steps of a head on cached features), ``"model:<mode>"`` (DP steps of that mode),
+        ``"release"`` (writing the released files; counted in releases, not examples).  Each
         kind's seconds per example are measured in this run as its phases finish (until then estimated from a
         measured kind and :data:`RELATIVE_COST`).  A phase started with ``work=`` and ``kind=`` takes its work
         off the first items of its kind; calling this again replaces the whole list."""
