@@ -290,3 +290,21 @@ def test_a_held_line_keeps_the_time_it_was_made(tmp_path):
         pr.log("second")
     lines = log.read_text().splitlines()
     assert lines[0].endswith("  first") and lines[0][:4].isdigit() and lines[1].endswith("  second")
+
+
+def test_redirected_train_prints_its_progress_lines(tmp_path, capsys):
+    """`privtune train` with its output redirected printed nothing until the end (13 minutes on a real run)."""
+    from privtune.models.testing import make_toy_text_files
+    from privtune.training import train
+
+    files = make_toy_text_files(tmp_path / "data", {"train": ("train.tsv", 120, 0), "dev": ("dev.tsv", 30, 2)})
+    capsys.readouterr()
+    train(files["train"], eval_data=files["dev"], model=files["model"], mode="bitfit", epsilon=2.0, delta=1e-3,
+          steps=4, batch_size=20, learning_rate=1e-2, ledger=f"sqlite:///{tmp_path / 'l.db'}",
+          output_dir=tmp_path / "run", progress=True, labels=[0, 1])
+    err = capsys.readouterr().err  # captured: not a terminal
+    assert "start DP bitfit (4 steps)" in err and "done DP bitfit: 4/4 steps" in err
+    log = (tmp_path / "run" / "log.txt").read_text()
+    progress_lines = [line for line in log.splitlines() if "DP bitfit" in line]
+    assert progress_lines and all(line in err for line in progress_lines)  # the log's lines, as they were written
+    assert "\x1b[" not in err and "━" not in err  # plain lines, no live display

@@ -21,9 +21,9 @@ from privtune.errors import InvalidParameterError, PrivtuneError
 from privtune.hpo import common
 from privtune.hpo.common import BudgetPlan, Selector, as_plain
 from privtune.hpo.executors import seeded_torch as _seeded_torch
-from privtune.report.progress import BATCH_LOSS_LABEL
 from privtune.hpo.registry import get as get_strategy
 from privtune.ledger import url_without_password
+from privtune.report.progress import BATCH_LOSS_LABEL
 
 # --------------------------------------------------------------------------------------
 # resumable runs: the run's seeds, the private state file, replay of completed trials
