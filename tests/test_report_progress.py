@@ -157,7 +157,7 @@ def test_tune_reports_steps_examples_loss_and_epsilon(tmp_path, monkeypatch):
     first, last = {k for k, _ in pr.plans[0]}, {k for k, _ in pr.plans[-1]}
     assert {"forward", "features", "model:bitfit", "model:lora", "predict"} <= first
     chosen = r.metrics["mode"]
-    assert last <= {"features" if chosen == "last-layer" else f"model:{chosen}", "predict"}
+    assert last <= {"features" if chosen == "last-layer" else f"model:{chosen}", "predict", "release"}
 
 
 def test_time_left_for_the_phase_and_the_whole_run_from_the_plan_and_the_clock(tmp_path, monkeypatch):
@@ -219,12 +219,15 @@ def test_time_left_prices_each_kind_of_work_at_its_own_rate(tmp_path, monkeypatc
         pr.start_phase("pilot bitfit", total=10, work=100, kind="model:bitfit")
         clock[0] += 5
         pr.advance(1, examples=10)
-        # bitfit measured: 0.5 s per example, its own pilot's; the head steps stay priced as head steps
-        after = (5000 * forward * progress_module.RELATIVE_COST["features"]
-                 + 200 * forward * progress_module.RELATIVE_COST["predict"])
+        # bitfit measured: 0.5 s per example, its own pilot's; the head steps stay priced as head steps; the kinds
+        # not measured yet are scaled from the rate measured last (the machine's load may have changed since the
+        # caching: here a forward pass now costs 0.5 / 3.3 s, not 0.02 s)
+        cost = progress_module.RELATIVE_COST
+        now_forward = 0.5 / cost["model:bitfit"]
+        after = 5000 * now_forward * cost["features"] + 200 * now_forward * cost["predict"]
         expect = 45 + after
         assert pr.time_left() == pytest.approx((45.0, expect))
-        assert pr.time_left()[1] < 60  # one rate for all (0.5 s per example) would say 2,500 s
+        assert pr.time_left()[1] < 150  # one rate for all (0.5 s per example) would say 2,645 s
         clock[0] += 45
         pr.advance(9, examples=90)
         pr.end_phase()

@@ -282,24 +282,24 @@ class Progress:
         return self._work_done
 
     def _measured(self) -> dict[str, tuple[float, float]]:
-        """(seconds, examples) of each kind of work measured so far, the current phase's part included."""
+        """(seconds, examples) of each kind of work measured so far, the current phase's part included, the
+        kind measured last at the end."""
         out = {k: (s, e) for k, (s, e) in self._cost.items()}
         if self.phase is not None and self._phase_kind and self._phase_work and self._total and self._done:
-            s, e = out.get(self._phase_kind, (0.0, 0.0))
+            s, e = out.pop(self._phase_kind, (0.0, 0.0))
             out[self._phase_kind] = (s + time.monotonic() - self._t0,
                                      e + self._phase_work * min(1.0, self._done / self._total))
         return out
 
     def seconds_per_example(self, kind: str) -> float | None:
-        """Seconds per example of ``kind`` of work: measured in this run, else scaled from the kind measured on
-        the most examples by :data:`RELATIVE_COST`; ``None`` before anything is measured."""
-        done = self._measured()
-        measured = {k: s / e for k, (s, e) in done.items() if e > 0}
+        """Seconds per example of ``kind`` of work: measured in this run, else scaled by :data:`RELATIVE_COST`
+        from the kind measured last (the machine's load changes during a run: the latest rate is the best guess
+        of the next one); ``None`` before anything is measured."""
+        measured = {k: s / e for k, (s, e) in self._measured().items() if e > 0}
         if kind in measured:
             return measured[kind]
-        # the reference: a forward pass if measured, else the kind measured on the most examples; a head on
-        # cached features only when nothing else ran (it takes too little time to scale from)
-        refs = sorted(measured, key=lambda k: (k == "forward", k != "features", done[k][1]))
+        # a head on cached features only when nothing else ran: it takes too little time to scale from
+        refs = [k for k in measured if k != "features"] or list(measured)
         if not refs:
             return None
         return measured[refs[-1]] / _relative_cost(refs[-1]) * _relative_cost(kind)
@@ -464,9 +464,10 @@ class Progress:
             self._ending = False
         if self._phase_work is not None:
             self._work_done += self._phase_work
-            cost = self._cost.setdefault(self._phase_kind or "run", [0.0, 0.0])
+            cost = self._cost.pop(self._phase_kind or "run", [0.0, 0.0])  # re-inserted: the kind measured last
             cost[0] += time.monotonic() - self._t0
             cost[1] += self._phase_work
+            self._cost[self._phase_kind or "run"] = cost
             self._phase_work = self._phase_kind = None
         if self._rich is not None and self._task is not None:
             task = self._rich.tasks[-1]
