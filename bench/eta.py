@@ -77,9 +77,13 @@ def check_log(text: str) -> dict:
 
 def _machine() -> dict:
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
-    return {"cpus": os.cpu_count(), "load_average_1_5_15": [round(x, 2) for x in load] if load else None,
-            "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "python": platform.python_version(),
-            "platform": platform.platform()}
+    out = {"cpus": os.cpu_count(), "load_average_1_5_15": [round(x, 2) for x in load] if load else None,
+           "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "python": platform.python_version(),
+           "platform": platform.platform()}
+    if load and os.cpu_count() and load[0] > os.cpu_count():
+        out["note"] = (f"other processes shared the machine: 1-minute load average {load[0]:.1f} on "
+                       f"{os.cpu_count()} CPU cores")
+    return out
 
 
 def run_demo(workdir: Path) -> Path:
