@@ -12,6 +12,7 @@ both within :data:`SLACK_S` seconds of each other also passes (log times have a 
     python bench/eta.py --full               # also the full-size SST-2 run, as bench/sst2_full.py runs its
                                              # default cell at ε = 1 (about 35 min alone on 2 CPU cores)
     python bench/eta.py --log RUN_DIR/log.txt --name mine   # check an existing log, run nothing
+    python bench/eta.py --name demo-bitfit --tune-args "--mode bitfit --epochs 1"   # the demo's data, other options
 
 Results: ``bench/results/eta/<name>.json`` (every checked line, the summary, the machine and its load) and a
 table on stdout.  A measurement, not a test: the ratios depend on the machine and on what else runs on it.
@@ -25,6 +26,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -86,10 +88,11 @@ def _machine() -> dict:
     return out
 
 
-def run_demo(workdir: Path) -> Path:
-    """``privtune tune`` with no arguments (the embedded demo) in ``workdir``: the path of its log.txt."""
+def run_demo(workdir: Path, tune_args: list[str] = ()) -> Path:
+    """``privtune tune`` with no data (the embedded demo) and ``tune_args`` in ``workdir``: the path of its
+    log.txt."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
-    code = "import sys; from privtune.cli import main; sys.exit(main(['tune']))"
+    code = f"import sys; from privtune.cli import main; sys.exit(main({['tune', *tune_args]!r}))"
     subprocess.run([sys.executable, "-c", code], cwd=workdir, env=env, check=True)
     (log,) = sorted(workdir.glob("runs/*/log.txt"))
     return log
@@ -129,12 +132,14 @@ def main(argv=None) -> int:
     ap.add_argument("--full", action="store_true", help="also the full-size SST-2 run (bench/sst2_full.py's default)")
     ap.add_argument("--log", type=Path, help="check this log.txt instead of running anything")
     ap.add_argument("--name", default=None, help="result name (default: demo / full-size / the log's folder)")
+    ap.add_argument("--tune-args", default="", help="more `privtune tune` options for the demo, e.g. \"--mode bitfit\"")
     args = ap.parse_args(argv)
     if args.log is not None:
         report(args.name or args.log.parent.name, check_log(args.log.read_text(encoding="utf-8")), _machine(),
                str(args.log))
         return 0
-    runs = [("demo", run_demo)] + ([("full-size", run_full)] if args.full else [])
+    tune_args = shlex.split(args.tune_args)
+    runs = [("demo", lambda d: run_demo(d, tune_args))] + ([("full-size", run_full)] if args.full else [])
     for name, run in runs:
         machine = _machine()
         with tempfile.TemporaryDirectory(prefix=f"privtune-eta-{name}-") as tmp:
@@ -143,7 +148,7 @@ def main(argv=None) -> int:
             text = log.read_text(encoding="utf-8")
             print(f"{name}: ran in {time.time() - t0:.0f} s")
             report(args.name or name, check_log(text), machine,
-                   "privtune tune (the embedded demo)" if name == "demo"
+                   f"privtune tune {' '.join(tune_args)} (the embedded demo)".replace("  ", " ") if name == "demo"
                    else "bench/sst2_full.py default cell, ε = 1, unseeded")
             (RESULTS / f"{args.name or name}.log.txt").write_text(text, encoding="utf-8")
     return 0

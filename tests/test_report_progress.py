@@ -311,3 +311,17 @@ def test_redirected_train_prints_its_progress_lines(tmp_path, capsys):
     progress_lines = [line for line in log.splitlines() if "DP bitfit" in line]
     assert progress_lines and all(line in err for line in progress_lines)  # the log's lines, as they were written
     assert "\x1b[" not in err and "━" not in err  # plain lines, no live display
+
+
+def test_work_done_outside_a_phase_is_taken_off_the_plan_and_measured(tmp_path, monkeypatch):
+    """The scores of η trials are forward passes outside any phase: planned, they stayed ahead for ever and the
+    estimate at the end of a bitfit tune was 16× the time left."""
+    import privtune.report.progress as progress_module
+
+    clock = [0.0]
+    monkeypatch.setattr(progress_module.time, "monotonic", lambda: clock[0])
+    with Progress(quiet=True, log_path=tmp_path / "log.txt") as pr:
+        pr.plan_ahead([("predict", 500), ("predict", 1000)])
+        pr.record_work("predict", 500, 10.0)  # a score: 0.02 s per example
+        pr.start_phase("evaluating", total=1000, unit="examples", work=1000, kind="predict")
+        assert pr.time_left() == pytest.approx((20.0, 20.0))  # only the evaluation is left

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -440,7 +441,12 @@ class _JournalBackend:
     def logits(self, state: Any, data: Any) -> Any:
         if isinstance(state, _Replayed):
             return _REPLAYED_OUTPUTS
-        return self._inner.logits(state, data)
+        if getattr(self._inner, "kind", "") != "model":
+            return self._inner.logits(state, data)
+        t0 = time.monotonic()  # a score's forward passes: planned work of the time-left estimate, done now
+        out = self._inner.logits(state, data)
+        self._j.prog.record_work("predict", len(data), time.monotonic() - t0)
+        return out
 
     def predict(self, state: Any, data: Any) -> Any:
         if isinstance(state, _Replayed):

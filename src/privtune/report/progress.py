@@ -276,6 +276,24 @@ class Progress:
         the work still ahead is ``total`` less the phases finished so far.  See :meth:`plan_ahead`."""
         self.plan_ahead([("run", max(0.0, float(total) - self._work_done))])
 
+    def _take_off(self, kind: str, work: float) -> None:
+        """Remove ``work`` examples of ``kind`` from the first planned items of that kind."""
+        if not self._ahead:
+            return
+        for item in self._ahead:
+            if item[0] == kind and work > 0:
+                take = min(item[1], work)
+                item[1] -= take
+                work -= take
+        self._ahead = [item for item in self._ahead if item[1] > 0]
+
+    def record_work(self, kind: str, work: float, seconds: float) -> None:
+        """Planned work done outside any phase (e.g. the forward passes of a score): taken off the plan, and its
+        ``seconds`` counted in the rate of ``kind``.  Writes nothing."""
+        self._take_off(kind, float(work))
+        cost = self._cost.pop(kind, [0.0, 0.0])  # re-inserted: the kind measured last
+        self._cost[kind] = [cost[0] + float(seconds), cost[1] + float(work)]
+
     @property
     def work_done(self) -> float:
         """Planned work (expected training examples) of the phases finished so far."""
@@ -354,14 +372,8 @@ class Progress:
             self.end_phase(silent=self._total is None and self._done == 0)
         self._phase_work = None if work is None else float(work)
         self._phase_kind = None if work is None else (kind or "run")
-        if self._phase_work and self._ahead:
-            left = self._phase_work  # this phase's work is no longer ahead
-            for item in self._ahead:
-                if item[0] == self._phase_kind and left > 0:
-                    take = min(item[1], left)
-                    item[1] -= take
-                    left -= take
-            self._ahead = [item for item in self._ahead if item[1] > 0]
+        if self._phase_work:
+            self._take_off(self._phase_kind, self._phase_work)  # this phase's work is no longer ahead
         self.phase = name
         self._examples = 0
         self._done = 0.0
