@@ -266,9 +266,10 @@ class Progress:
         Kinds: ``"forward"`` (forward passes: feature caching), ``"predict"`` (scores, evaluation),
         ``"features"`` (steps of a head on cached features), ``"model:<mode>"`` (DP steps of that mode),
         ``"release"`` (writing the released files; counted in releases, not examples).  Each
-        kind's seconds per example are measured in this run as its phases finish (until then estimated from a
-        measured kind and :data:`RELATIVE_COST`).  A phase started with ``work=`` and ``kind=`` takes its work
-        off the first items of its kind; calling this again replaces the whole list."""
+        kind's seconds per example are measured in this run as its phases finish (until then scaled from the
+        kind measured last by :data:`RELATIVE_COST`).  A phase started with ``work=`` and ``kind=`` takes its
+        work off the first items of its kind, so does :meth:`record_work`; calling this again replaces the
+        whole list."""
         self._ahead = [[str(k), float(w)] for k, w in items if w and w > 0]
 
     def plan_work(self, total: float) -> None:
