@@ -11,8 +11,12 @@ both within :data:`SLACK_S` seconds of each other also passes (log times have a 
     python bench/eta.py                      # the embedded demo (``privtune tune`` with no arguments)
     python bench/eta.py --full               # also the full-size SST-2 run, as bench/sst2_full.py runs its
                                              # default cell at ε = 1 (about 35 min alone on 2 CPU cores)
+    python bench/eta.py --quick              # only that run on 20,000 private phrases (its --quick)
     python bench/eta.py --log RUN_DIR/log.txt --name mine   # check an existing log, run nothing
     python bench/eta.py --name demo-bitfit --tune-args "--mode bitfit --epochs 1"   # the demo's data, other options
+
+The SST-2 runs read the data where bench/sst2_full.py does (``$PRIVTUNE_SST2``, default ``../shared/data/sst2``
+from the repository's parent).
 
 Results: ``bench/results/eta/<name>.json`` (every checked line, the summary, the machine and its load) and a
 table on stdout.  A measurement, not a test: the ratios depend on the machine and on what else runs on it.
@@ -98,13 +102,15 @@ def run_demo(workdir: Path, tune_args: list[str] = ()) -> Path:
     return log
 
 
-def run_full(workdir: Path) -> Path:
+def run_full(workdir: Path, subset: int | None = None) -> Path:
     """The full-size run: bench/sst2_full.py's default cell at ε = 1 (its split, its call), unseeded, in
-    ``workdir``: the path of its log.txt."""
-    sys.path.insert(0, str(ROOT / "bench"))
+    ``workdir`` (``subset``: on that many private phrases, as its ``--quick``): the path of its log.txt."""
+    sys.path[:0] = [str(ROOT / "src"), str(ROOT / "bench")]  # this checkout's privtune, in this process
     import sst2_full
+    import torch
 
-    split = sst2_full.make_split(2000, None, sst2_full.RESULTS / "full")
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))  # as bench/sst2_full.py
+    split = sst2_full.make_split(2000, subset, sst2_full.RESULTS / ("full" if subset is None else "quick"))
     sst2_full._tune_cell(split, 1.0, None, workdir)
     return workdir / "run" / "log.txt"
 
@@ -130,6 +136,8 @@ def report(name: str, checked: dict, machine_before: dict, source: str) -> Path:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--full", action="store_true", help="also the full-size SST-2 run (bench/sst2_full.py's default)")
+    ap.add_argument("--quick", action="store_true", help="also bench/sst2_full.py's --quick run (ε = 1, 20,000 "
+                    "private phrases: fine-tuning scale, BiTFiT and full pilots)")
     ap.add_argument("--log", type=Path, help="check this log.txt instead of running anything")
     ap.add_argument("--name", default=None, help="result name (default: demo / full-size / the log's folder)")
     ap.add_argument("--tune-args", default="", help="more `privtune tune` options for the demo, e.g. \"--mode bitfit\"")
@@ -140,6 +148,8 @@ def main(argv=None) -> int:
         return 0
     tune_args = shlex.split(args.tune_args)
     runs = [("demo", lambda d: run_demo(d, tune_args))] + ([("full-size", run_full)] if args.full else [])
+    if args.quick:
+        runs = [("quick", lambda d: run_full(d, 20_000))] + (runs if args.full or args.tune_args else [])
     for name, run in runs:
         machine = _machine()
         with tempfile.TemporaryDirectory(prefix=f"privtune-eta-{name}-") as tmp:
@@ -149,7 +159,8 @@ def main(argv=None) -> int:
             print(f"{name}: ran in {time.time() - t0:.0f} s")
             report(args.name or name, check_log(text), machine,
                    f"privtune tune {' '.join(tune_args)} (the embedded demo)".replace("  ", " ") if name == "demo"
-                   else "bench/sst2_full.py default cell, ε = 1, unseeded")
+                   else "bench/sst2_full.py default cell, ε = 1, unseeded"
+                   + (", 20,000 private phrases (its --quick)" if name == "quick" else ""))
             (RESULTS / f"{args.name or name}.log.txt").write_text(text, encoding="utf-8")
     return 0
 
