@@ -445,7 +445,9 @@ class _JournalBackend:
             return self._inner.logits(state, data)
         t0 = time.monotonic()  # a score's forward passes: planned work of the time-left estimate, done now
         out = self._inner.logits(state, data)
-        self._j.prog.record_work("predict", len(data), time.monotonic() - t0)
+        # the rows as published (a declared public size): the estimate is printed and logged
+        rows = getattr(data, "public_size", None)
+        self._j.prog.record_work("predict", len(data) if rows is None else int(rows), time.monotonic() - t0)
         return out
 
     def predict(self, state: Any, data: Any) -> Any:

@@ -875,6 +875,13 @@ def _auto_candidates(supported_modes, n: int, eps_total: float) -> list:
     return [m for m in AUTO_MODES if m in supported_modes]
 
 
+def _public_len(data: Any) -> int:
+    """Rows of ``data`` as privtune may publish them: its declared ``public_size`` if it has one, else its
+    length (n is public by declaration)."""
+    declared = getattr(data, "public_size", None)
+    return int(declared) if declared is not None else len(data)
+
+
 def _work_kind(mode: str) -> str:
     """The kind of work of a run in ``mode`` for the time-left estimate (Progress.plan_ahead)."""
     return "features" if mode == "last-layer" else f"model:{mode}"
@@ -886,12 +893,17 @@ def _work_ahead(tplan: _TunePlan, inputs: _Inputs, pilots_left, mode: str, *, ca
     scores, the planned runs of ``mode`` with the scores of its η trials, the evaluation on the reported split
     and the release.  For the time-left estimate of :class:`privtune.report.progress.Progress`."""
     n = inputs.n_train
-    n_select = len(inputs.selector_data) if inputs.selector_data is not None else 0
+    # sizes privtune may publish (the estimate is printed and logged): a split's declared public size where it
+    # has one, the planned size of a private validation split where that is planned, else its length
+    sel = inputs.selector_data
+    n_select = 0 if sel is None else _public_len(sel)
+    if inputs.selection == "private_validation_noisy" and getattr(inputs, "n_val_public", None) is not None:
+        n_select = int(inputs.n_val_public)
     out = []
     if not cached and ("last-layer" in pilots_left or mode == "last-layer"):
         public = inputs.public_set if inputs.public_set is not inputs.selector_data else None
         out.append(("forward", n + (n_select if inputs.selection == "public_validation" else 0)
-                    + (len(public) if public is not None else 0)))
+                    + (_public_len(public) if public is not None else 0)))
     for m in pilots_left:
         if m == "last-layer":
             out.append(("features", n))
@@ -904,7 +916,7 @@ def _work_ahead(tplan: _TunePlan, inputs: _Inputs, pilots_left, mode: str, *, ca
         scored = sum(str(getattr(e, "label", "")).startswith("planned η trial") for e in events)
         out.append(("predict", scored * n_select))
     if inputs.eval_set is not None and getattr(inputs.eval_set, "labels", None) is not None:
-        out.append(("predict", len(inputs.eval_set)))
+        out.append(("predict", _public_len(inputs.eval_set)))
     out.append(("release", 1))  # the model, the report and its plots
     return out
 
@@ -978,7 +990,8 @@ def _execute(req: _Request, inputs: _Inputs, tplan: _TunePlan, clf, prog, seed: 
                 if name == "public" and ds is selector_data and "select" in feats:
                     feats["public"] = feats["select"]
                     continue
-                prog.start_phase(f"caching features ({name})", len(ds), unit="examples", work=len(ds), kind="forward")
+                prog.start_phase(f"caching features ({name})", len(ds), unit="examples", work=_public_len(ds),
+                                 kind="forward")
                 fs = finetune.cache_features(clf, ds, cache_dir=feature_cache_dir, progress=lambda k: prog.advance(k, examples=k))
                 prog.end_phase()
                 feats[name] = (fs.features.float(), fs.labels)
