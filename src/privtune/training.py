@@ -57,6 +57,7 @@ from privtune.finetune.modes import MODES
 from privtune.ledger import check_ledger_argument, open_ledger
 from privtune.models import resolve_device
 from privtune.optim import OPTIMIZERS
+from privtune.report.progress import BATCH_LOSS_LABEL
 from privtune.specs import ClippingSpec, LoraSpec, OptimizerSpec, PrivacySpec, ScheduleSpec
 
 NOT_PRIVATE_LOSS = (
@@ -898,7 +899,7 @@ def _run_loop(loop: _Loop, own_progress: Any) -> None:
         loop.run()
         return
     with own_progress:
-        own_progress.start_phase("DP training (batch loss NOT PRIVATE)", total=loop.total_steps, unit="steps")
+        own_progress.start_phase("DP training", total=loop.total_steps, unit="steps", loss_label=BATCH_LOSS_LABEL)
         loop.run()
 
 
@@ -1431,7 +1432,7 @@ def _run_training(clf, train_set, eval_set, hyper: dict, phases: list, *, state,
         elif out is not None:
             save_checkpoint(loop)  # the full step-0 state: the resumed run draws the same noise
         if prog is not None:
-            prog.start_phase(f"DP {mode} (batch loss NOT PRIVATE)", total=T, unit="steps")
+            prog.start_phase(f"DP {mode}", total=T, unit="steps", loss_label=BATCH_LOSS_LABEL)
             if loop.step:
                 prog.advance(loop.step)
             loop.progress = prog

@@ -295,6 +295,7 @@ def tune(
     files = _open_run_files(args, req, inputs)
     inputs = _split_private_validation(inputs, files.run_seed)
     prog = _progress(quiet, files.run_dir, req.privacy.epsilon)
+    prog.hold_lines()  # until the plan says whether this run's timing may be shown
     log = prog.log
     journal = None
     reserved = refused = False
@@ -305,8 +306,9 @@ def tune(
             f"selection={common.describe_selection(_selection_of_strategy(req, inputs))}")
         # ------------------------------------------------------------ plan, reserve (no data read yet)
         tplan = _plan_run(req, inputs, log)
-        if tplan.hide_timing:
-            prog.log_timing = False
+        if tplan.hide_timing:  # no time on any line: the time the search's lines span would tell its K
+            prog.hide_timing()
+        prog.release_lines()
         budget = _reserve(req, inputs, files, tplan, ledger, log)
         reserved = True
         # ------------------------------------------------------------ run
@@ -863,8 +865,10 @@ def _reported_accuracy(ran: _Ran, inputs: _Inputs, prog) -> float | None:
     eval_set = inputs.eval_set
     if eval_set is None or getattr(eval_set, "labels", None) is None or ran.model is None:
         return None
-    prog.start_phase("evaluating on the reported split", None)
+    prog.start_phase("evaluating on the reported split", len(eval_set), unit="examples", work=len(eval_set),
+                     kind="predict")
     logits = ran.model.predict_logits(eval_set)
+    prog.advance(len(eval_set))
     acc = float((logits.argmax(1) == _labels_tensor(eval_set)).float().mean().item())
     prog.end_phase()
     prog.log(f"accuracy on the reported split ({inputs.reported_split}): {acc:.4f}")
@@ -944,6 +948,45 @@ def _auto_candidates(supported_modes, n: int, eps_total: float) -> list:
     return [m for m in AUTO_MODES if m in supported_modes]
 
 
+def _work_kind(mode: str) -> str:
+    """The kind of work of a run in ``mode`` for the time-left estimate (Progress.plan_ahead)."""
+    return "features" if mode == "last-layer" else f"model:{mode}"
+
+
+def _work_ahead(tplan: _TunePlan, inputs: _Inputs, pilots_left, mode: str, *, cached: bool) -> list:
+    """The work still ahead of a tune, as (kind, expected examples) pairs from public sizes and the plan only:
+    feature caching (when a last-layer run is still ahead and nothing is cached), the ``pilots_left`` with their
+    scores, the planned runs of ``mode`` with the scores of its η trials, the evaluation on the reported split
+    and the release.  For the time-left estimate of :class:`privtune.report.progress.Progress`."""
+    n = inputs.n_train
+    # sizes privtune may publish (the estimate is printed and logged): a split's declared public size where it
+    # has one, the planned size of a private validation split where that is planned, else its length
+    sel = inputs.selector_data
+    n_select = 0 if sel is None else public_size(sel)
+    if inputs.selection == "private_validation_noisy" and getattr(inputs, "n_val_public", None) is not None:
+        n_select = int(inputs.n_val_public)
+    out = []
+    if not cached and ("last-layer" in pilots_left or mode == "last-layer"):
+        public = inputs.public_set if inputs.public_set is not inputs.selector_data else None
+        out.append(("forward", n + (n_select if inputs.selection == "public_validation" else 0)
+                    + (public_size(public) if public is not None else 0)))
+    for m in pilots_left:
+        if m == "last-layer":
+            out.append(("features", n))
+        else:
+            out += [(_work_kind(m), _PILOT_STEPS * _pilot_batch(n)), ("predict", n_select)]
+    plan = tplan.mode_plans.get(mode, tplan.plan)
+    events = [e for e in plan.events if not str(getattr(e, "label", "")).startswith("planned pilot")]
+    out.append((_work_kind(mode), common.planned_examples(events, n)))
+    if mode != "last-layer":
+        scored = sum(str(getattr(e, "label", "")).startswith("planned η trial") for e in events)
+        out.append(("predict", scored * n_select))
+    if inputs.eval_set is not None and getattr(inputs.eval_set, "labels", None) is not None:
+        out.append(("predict", public_size(inputs.eval_set)))
+    out.append(("release", 1))  # the model, the report and its plots
+    return out
+
+
 def _pilot_batch(n: int) -> int:
     """Expected batch of a model-mode pilot: 64, or 256 at fine-tuning scale (n ≥ _FINETUNE_SCALE; still
     ≤ 2,560 examples per pilot), never above n/4."""
@@ -1017,7 +1060,8 @@ def _execute(req: _Request, inputs: _Inputs, tplan: _TunePlan, clf, prog, seed: 
                 if name == "public" and ds is selector_data and "select" in feats:
                     feats["public"] = feats["select"]
                     continue
-                prog.start_phase(f"caching features ({name})", len(ds), unit="examples")
+                prog.start_phase(f"caching features ({name})", len(ds), unit="examples", work=public_size(ds),
+                                 kind="forward")
                 fs = finetune.cache_features(clf, ds, cache_dir=feature_cache_dir, progress=lambda k: prog.advance(k, examples=k))
                 prog.end_phase()
                 feats[name] = (fs.features.float(), fs.labels)
@@ -1057,14 +1101,18 @@ def _execute(req: _Request, inputs: _Inputs, tplan: _TunePlan, clf, prog, seed: 
                                    noise_std=tplan.selection_sigma or 0.0, name=f"selection:{source}", seed=seed,
                                    public_size=scored_size), kw)
 
+    def plan_time(pilots_left, mode):  # the work ahead, for the time left of the whole tune
+        prog.plan_ahead(_work_ahead(tplan, inputs, pilots_left, mode, cached=bool(feats)))
+
     # ---------------------------------------------------------------- --mode auto pilots
     pilot_records = []
     used_mode = tplan.run_mode
     if tplan.pilot_modes:
         used_mode, pilot_records = _run_pilots(tplan.pilot_modes, clf, train, features, make_selector, sel_eff
                                                if sel_eff != "none" else sel_name, tplan.pilot_eps, delta, seed, prog,
-                                               dict(kw, mode_plans=tplan.mode_plans))
+                                               dict(kw, plan_time=plan_time))
         _adopt_pilots_choice(tplan, used_mode, pilot_records, delta, accountant, prog.log)
+    plan_time([], used_mode)
     plan = tplan.plan
     cfg = plan.details["config"]
     seed_s = None if seed is None else seed + 17
@@ -1126,13 +1174,11 @@ def _run_pilots(modes, clf, train, features, make_selector, source, pilot_eps, d
     from privtune.hpo.backends import FeatureBackend, ModelBackend
     from privtune.hpo.common import TrialRecord
     records = []
-    # time left for the whole tune while the pilots run: the pilots plus the costliest candidate's plan (public)
     n = public_size(train)  # the planned size under a private-validation split (its realised one is private)
-    ahead = [common.planned_examples([e for e in p.events
-                                      if not str(getattr(e, "label", "")).startswith("planned pilot")], n)
-             for p in (kw.get("mode_plans") or {}).values()]
-    prog.plan_work(prog.work_done + _PILOT_STEPS * _pilot_batch(n) * sum(m != "last-layer" for m in modes)
-                   + max(ahead, default=0.0))
+    # time left for the whole tune while the pilots run: the pilots still to run, then the plan of the mode that
+    # leads so far by the rule that chooses (before any score: the first candidate, which wins ties)
+    plan_time = kw.pop("plan_time", None) or (lambda pilots_left, mode: None)
+    plan_time(modes, modes[0])
     for i, m in enumerate(modes):
         label = f"mode-auto pilot {m}"
         prog.log(f"pilot {i + 1}/{len(modes)}: {m} at per-run ε = {pilot_eps:g}")
@@ -1164,6 +1210,8 @@ def _run_pilots(modes, clf, train, features, make_selector, source, pilot_eps, d
         score, evs = sel.score(be.logits(run.state, sel.data), label=label + " score")
         records.append(TrialRecord(index=i, phase="mode-auto pilot", hyperparameters=hp,
                                    events=list(run.events) + evs, score=score, score_source=sel.source))
+        leader = common.choose_best(common.statistical_ties(records, sel), key=lambda r: 0.0, tie=lambda r: r.index)
+        plan_time(modes[i + 1:], leader.hyperparameters["mode"])
     # pilots the selection split cannot tell apart (Selector.tie_margin) are ties, won by the earlier candidate
     # (_auto_candidates: the cheaper mode first, except full first from _FULL_FIRST_N examples);
     # measured at ε = 1 on 60,957 SST-2 phrases, bitfit 56.20 % and full 56.30 % on 2,000 public phrases: both at
