@@ -116,7 +116,10 @@ def test_tune_reports_steps_examples_loss_and_epsilon(tmp_path, monkeypatch):
     import importlib
 
     import privtune
+    from privtune.finetune import usefulness
     from privtune.models.testing import make_tiny_text_model, make_toy_text_dataset
+
+    monkeypatch.setattr(usefulness, "FINETUNE_AT_CHANCE_N_EPS", 0)  # toy data (n·ε = 320): still pilot every mode
 
     def write(path, ds):
         path.write_text("label\tsentence\n" + "".join(f"{y}\t{t}\n" for t, y in zip(ds.texts, ds.labels)))

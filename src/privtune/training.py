@@ -52,7 +52,9 @@ from privtune.accounting.events import DPSGDEvent, NonPrivateEvent
 from privtune.engine import distributed
 from privtune.engine.private_gradient import CLIPPINGS
 from privtune.engine.sampling import check_shuffle_batching
-from privtune.errors import DataError, InvalidParameterError, ModelError, PrivtuneError
+from privtune.errors import (DataError, InvalidParameterError, ModelError, OneClassModelWarning, PrivtuneError,
+                             UnlikelyToLearnWarning)
+from privtune.finetune import usefulness
 from privtune.finetune.modes import MODES
 from privtune.ledger import check_ledger_argument, open_ledger
 from privtune.models import resolve_device
@@ -106,7 +108,7 @@ class FitResult:
     steps : optimizer steps taken (fewer than planned when the callback stopped early).  noise_multiplier,
         sample_rate, sampling: the DP parameters.
     seeds : ``{"sampler": int|None, "noise": int|None}`` (None: drawn from the OS, not recorded).
-    eval : final evaluation on ``eval_set`` (``{"accuracy", "loss"}``) or None.
+    eval : final evaluation on ``eval_set`` (``{"accuracy", "loss", "n", "predicted_class_counts"}``) or None.
     private : False when σ = 0 (then ``events`` is one ``NonPrivateEvent``, ε = ∞, and ``label`` says
         NOT PRIVATE).
     seconds, examples_per_second : wall time and sampled examples processed per second.
@@ -207,8 +209,9 @@ def _forward(model: nn.Module, module: nn.Module, data: Any, idx: torch.Tensor) 
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, data: Any, *, batch_size: int = 128) -> dict:
-    """Accuracy and mean cross-entropy of ``model`` on a labelled dataset (or FeatureSet)."""
+def evaluate(model: nn.Module, data: Any, *, batch_size: int = 128, per_class: bool = False) -> dict:
+    """Accuracy and mean cross-entropy of ``model`` on a labelled dataset (or FeatureSet); with ``per_class``
+    also ``predicted_class_counts``, how many examples the model assigns to each class."""
     labels = _labels_tensor(data)
     if _is_features(data):
         head = getattr(model, "classification_head", model)
@@ -222,7 +225,10 @@ def evaluate(model: nn.Module, data: Any, *, batch_size: int = 128) -> dict:
         )
     loss = F.cross_entropy(logits, labels).item()
     acc = (logits.argmax(1) == labels).float().mean().item()
-    return {"accuracy": acc, "loss": loss, "n": int(labels.numel())}
+    out = {"accuracy": acc, "loss": loss, "n": int(labels.numel())}
+    if per_class:
+        out["predicted_class_counts"] = torch.bincount(logits.argmax(1), minlength=logits.shape[1]).tolist()
+    return out
 
 
 def _make_optimizer(name: str, params: list, lr: float, momentum: float, weight_decay: float, eps: float = 1e-8):
@@ -911,8 +917,9 @@ def _check_assume_poisson(assume_poisson: Any, sampling: str) -> bool:
 def _result(loop: _Loop) -> FitResult:
     final = None
     if loop.eval_set is not None:
-        final = evaluate(loop.model, loop.eval_set)
-        loop.history["eval"].append({"step": loop.step, **final})
+        final = evaluate(loop.model, loop.eval_set, per_class=True)
+        loop.history["eval"].append({"step": loop.step, **{k: v for k, v in final.items()
+                                                           if k != "predicted_class_counts"}})
     return FitResult(
         # an early stop is charged for the plan: the stopping time is not a public number of steps
         model=loop.model, events=loop.events(planned=loop.stopped_early), history=loop.history, steps=loop.step,
@@ -1044,7 +1051,10 @@ def train(
         Backbone directory (default: bundled all-MiniLM-L6-v2) or a loaded Classifier.
     mode : {"full", "bitfit", "last-layer", "lora", "two-phase"}, default "bitfit"
         ``"last-layer"`` caches the frozen backbone's features once (after the reservation) and trains
-        the zero-initialised head on them.
+        the zero-initialised head on them.  A mode that trains the backbone at n·ε ≤ 4,000 (n training rows)
+        issues :class:`privtune.errors.UnlikelyToLearnWarning` before the reservation; a released model that
+        puts ≥ 95 % of its predictions on ``eval_data`` into one class, :class:`privtune.errors.OneClassModelWarning`
+        (both in ``metrics["warnings"]``; docs/training.md).
     epsilon, delta : target (ε, δ); σ is calibrated so the run's events compose to ε at δ.
         δ defaults to min(1e-5, a power of ten below 1/(10·N)).
     noise_multiplier : σ instead of ε (then ε is computed and reported).
@@ -1136,6 +1146,7 @@ def train(
     sched = _plan_schedule(n, mode, privacy, schedule, optim, phase1_epochs=phase1_epochs,
                            phase1_learning_rate=phase1_learning_rate)
     planned, planned_eps = sched.planned, sched.planned_epsilon
+    pre_run_warning = usefulness.unlikely_to_learn_message(mode, n, privacy.epsilon or planned_eps, command="train")
     hyper = _hyperparameters(mode, sched, privacy, schedule, optim, clipping_spec, mode_info, lora, seed)
     from privtune.ledger import dataset_identity
 
@@ -1151,6 +1162,7 @@ def train(
         log(f"{'resume' if resume else 'start'} privtune train: mode={mode} N={n} q={sched.sample_rate:.5g} "
             f"T={sched.steps} σ={sched.noise_multiplier:.5g} planned ε={planned_eps:.4g} δ={delta:g}"
             + (f" on {group.world_size} processes" if group else ""))
+        usefulness.warn(pre_run_warning, UnlikelyToLearnWarning, log)  # before the reservation: nothing spent yet
 
         # ------------------------------------------------------------ 5. ledger reservation, then training
         led, reservation, registered_now = _reserve_for_train(
@@ -1172,7 +1184,7 @@ def train(
     def certify_and_release():  # on rank 0 only in a data-parallel run; the other ranks get its outcome
         cert, metrics, history, not_private = _certify(
             loop, actual, hyper, reservation=reservation, led=led, fp=fp, run_id=run_id, delta=delta,
-            eval_data=eval_data, eval_set=eval_set, mode_info=mode_info,
+            eval_data=eval_data, eval_set=eval_set, mode_info=mode_info, pre_run_warning=pre_run_warning, log=log,
             registered_note=(f"{REGISTERED_NOTE} with total ε={privacy.epsilon or planned_eps:.4g}"
                              if registered_now else None))
         run_config = None if out is None else config if config is not None else _effective_config(
@@ -1450,9 +1462,10 @@ def _run_training(clf, train_set, eval_set, hyper: dict, phases: list, *, state,
 
 
 def _certify(loop, actual, hyper: dict, *, reservation, led, fp, run_id, delta, eval_data, eval_set, mode_info,
-             registered_note):
+             registered_note, pre_run_warning=None, log=None):
     """The run's certificate (over ``actual``), metrics and history, split into what is released and
-    the NOT PRIVATE figures (``split_release``)."""
+    the NOT PRIVATE figures (``split_release``); warns when the model predicts nearly one class on the
+    evaluation split (public by declaration)."""
     mode, seed, sampling = hyper["mode"], hyper["seed"], hyper["sampling"]
     accountant, assume_poisson = hyper["accountant"], hyper["assume_poisson"]
     result = _result(loop)
@@ -1496,6 +1509,7 @@ def _certify(loop, actual, hyper: dict, *, reservation, led, fp, run_id, delta, 
         "nonfinite_examples_dropped": result.nonfinite_examples,  # NOT PRIVATE: moved to not_private/
         "steps": loop.step, "device": str(loop.device),
     }
+    _check_predictions(metrics, result.eval, getattr(loop.model, "label_names", None), pre_run_warning, log)
     history = {"final_run": result.history, "trials": [], "strategy": {"name": "fixed"}}
     if result.clipping_diagnostics is not None:
         history["clipping_diagnostics"] = result.clipping_diagnostics
@@ -1504,6 +1518,23 @@ def _certify(loop, actual, hyper: dict, *, reservation, led, fp, run_id, delta, 
     mark_seeded(cert, metrics, seed)
     metrics, history, not_private = split_release(metrics, history)
     return cert, metrics, history, not_private
+
+
+def _check_predictions(metrics: dict, final_eval: dict | None, label_names, pre_run_warning: str | None,
+                       log) -> None:
+    """``metrics["majority_prediction"]``: the released model's most predicted class on the evaluation split
+    (public by declaration; never the training data), with a warning when it is nearly every prediction;
+    ``metrics["warnings"]``: that warning and the one issued before the run."""
+    check = None
+    if final_eval is not None and final_eval.get("predicted_class_counts") is not None:
+        check = usefulness.majority_prediction(final_eval["predicted_class_counts"], label_names,
+                                               metrics.get("reported_split"))
+        metrics["majority_prediction"] = check
+    after = usefulness.one_class_message(check)
+    usefulness.warn(after, OneClassModelWarning, log)
+    found = [w for w in (pre_run_warning, after) if w]
+    if found:
+        metrics["warnings"] = found
 
 
 def _reserve_for_train(ledger, fp, planned, hyper: dict, *, total_epsilon, delta, data_file_name, out, run_id,

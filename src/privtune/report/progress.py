@@ -451,7 +451,7 @@ class Progress:
             parts.append(left)
         return ", ".join(parts)
 
-    def _write(self, line: str, *, rich: bool = False) -> None:
+    def _write(self, line: str, *, rich: bool | None = False) -> None:
         """A line for the log file, also printed when the output is not a terminal (no live display there)
         and, with ``rich``, above the live display."""
         if self._held is not None:
@@ -459,8 +459,10 @@ class Progress:
         else:
             self._emit(line, None, rich)
 
-    def _emit(self, line: str, when: _dt.datetime | None, rich: bool) -> None:
+    def _emit(self, line: str, when: _dt.datetime | None, rich: bool | None) -> None:
         self.runlog.write(line, when)
+        if rich is None:  # the log file alone (log_to_file)
+            return
         if self._plain is not None:
             print(self.runlog.format(line, when), file=self._plain, flush=True)
         elif rich and self._rich is not None:
@@ -494,6 +496,11 @@ class Progress:
     def log(self, message: str) -> None:
         """Write ``message`` to the log file and (unless quiet) print it above the bar."""
         self._write(message, rich=True)
+
+    def log_to_file(self, message: str) -> None:
+        """Write ``message`` to the log file alone (held and timed like every line), never printed: for what is
+        shown another way, e.g. a Python warning, which the command line prints as one ``warning:`` line."""
+        self._write(message, rich=None)
 
     # ----------------------------------------------------------------- lifetime
     def close(self, interrupted: bool = False) -> None:
