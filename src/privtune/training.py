@@ -1146,7 +1146,6 @@ def train(
     sched = _plan_schedule(n, mode, privacy, schedule, optim, phase1_epochs=phase1_epochs,
                            phase1_learning_rate=phase1_learning_rate)
     planned, planned_eps = sched.planned, sched.planned_epsilon
-    pre_run_warning = usefulness.unlikely_to_learn_message(mode, n, privacy.epsilon or planned_eps, command="train")
     hyper = _hyperparameters(mode, sched, privacy, schedule, optim, clipping_spec, mode_info, lora, seed)
     from privtune.ledger import dataset_identity
 
@@ -1162,7 +1161,7 @@ def train(
         log(f"{'resume' if resume else 'start'} privtune train: mode={mode} N={n} q={sched.sample_rate:.5g} "
             f"T={sched.steps} σ={sched.noise_multiplier:.5g} planned ε={planned_eps:.4g} δ={delta:g}"
             + (f" on {group.world_size} processes" if group else ""))
-        usefulness.warn(pre_run_warning, UnlikelyToLearnWarning, log)  # before the reservation: nothing spent yet
+        usefulness.warn(sched.unlikely_to_learn, UnlikelyToLearnWarning, log)  # before the reservation: nothing spent
 
         # ------------------------------------------------------------ 5. ledger reservation, then training
         led, reservation, registered_now = _reserve_for_train(
@@ -1184,7 +1183,7 @@ def train(
     def certify_and_release():  # on rank 0 only in a data-parallel run; the other ranks get its outcome
         cert, metrics, history, not_private = _certify(
             loop, actual, hyper, reservation=reservation, led=led, fp=fp, run_id=run_id, delta=delta,
-            eval_data=eval_data, eval_set=eval_set, mode_info=mode_info, pre_run_warning=pre_run_warning, log=log,
+            eval_data=eval_data, eval_set=eval_set, mode_info=mode_info, pre_run_warning=sched.unlikely_to_learn, log=log,
             registered_note=(f"{REGISTERED_NOTE} with total ε={privacy.epsilon or planned_eps:.4g}"
                              if registered_now else None))
         run_config = None if out is None else config if config is not None else _effective_config(
@@ -1284,6 +1283,7 @@ class _Schedule:
     phase1_steps: int | None
     planned: list
     planned_epsilon: float
+    unlikely_to_learn: str | None = None  # the pre-run warning (privtune.finetune.usefulness), from n, ε and mode
 
 
 def _plan_schedule(n: int, mode: str, privacy: PrivacySpec, schedule: ScheduleSpec, optim: OptimizerSpec, *,
@@ -1323,9 +1323,11 @@ def _plan_schedule(n: int, mode: str, privacy: PrivacySpec, schedule: ScheduleSp
         sigma = privacy.noise_multiplier
     planned = [DPSGDEvent(sigma, q, ph.steps, sampling=sampling, assume_poisson=assume_poisson, label=ph.label)
                for ph in phases]
+    planned_epsilon = compute_epsilon(planned, privacy.delta, accountant=privacy.accountant)
     return _Schedule(batch_size=B, sample_rate=q, steps=T, noise_multiplier=sigma, phases=phases,
-                     phase1_steps=phase1_steps, planned=planned,
-                     planned_epsilon=compute_epsilon(planned, privacy.delta, accountant=privacy.accountant))
+                     phase1_steps=phase1_steps, planned=planned, planned_epsilon=planned_epsilon,
+                     unlikely_to_learn=usefulness.unlikely_to_learn_message(
+                         mode, n, privacy.epsilon or planned_epsilon, command="train"))
 
 
 def _hyperparameters(mode: str, sched: _Schedule, privacy: PrivacySpec, schedule: ScheduleSpec, optim: OptimizerSpec,

@@ -654,8 +654,6 @@ def _plan_run(req: _Request, inputs: _Inputs, log, warning_log=None) -> _TunePla
     pilot_modes = candidates if len(candidates) > 1 else []
     run_mode = candidates[0] if not pilot_modes else "auto"
     auto_note = _auto_without_pilots_note(req, strat, n_train, run_mode) if not pilot_modes else None
-    if auto_note:
-        log(auto_note)
     usefulness.warn(usefulness.unlikely_to_learn_message(run_mode, n_train, req.privacy.epsilon, command="tune"),
                     UnlikelyToLearnWarning, warning_log or log)
     if pilot_modes and inputs.selection == "public_validation":
@@ -700,7 +698,7 @@ def _plan_run(req: _Request, inputs: _Inputs, log, warning_log=None) -> _TunePla
             raise type(exc)(f"mode='auto': candidate mode {m!r} cannot be planned with strategy {strat.name!r}: "
                             f"{exc} Pass an explicit mode (e.g. mode='last-layer') to skip it.") from None
     plan = mode_plans[candidates[0]]
-    if auto_note:
+    if auto_note:  # printed with the plan, and kept in the certificate's plan notes
         plan.notes.append(auto_note)
     log(plan.describe())
     for m in candidates[1:]:
