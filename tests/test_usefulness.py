@@ -173,6 +173,9 @@ def test_tune_warns_after_the_run_when_the_model_predicts_one_class(files, tmp_p
         r = _tune(files, tmp_path, mode="last-layer")
     m = json.loads((r.run_dir / "metrics.json").read_text())
     assert m["majority_prediction"]["one_class"] and m["majority_prediction"]["split"] == m["reported_split"]
+    log = (r.run_dir / "log.txt").read_text()  # released: the warning names the split, not a path of this machine
+    assert "warning: the released model predicts class '0' for 100.0% of dev.tsv" in log
+    assert str(files["root"]) not in log and str(files["root"]) not in json.dumps(m)
     # without a reported split: the public split (declared public), never the training data
     with pytest.warns(OneClassModelWarning, match="the public validation split"):
         r = _tune(files, tmp_path, mode="last-layer", eval_data=None, output_dir=None, write_files=False,

@@ -1183,7 +1183,7 @@ def train(
     def certify_and_release():  # on rank 0 only in a data-parallel run; the other ranks get its outcome
         cert, metrics, history, not_private = _certify(
             loop, actual, hyper, reservation=reservation, led=led, fp=fp, run_id=run_id, delta=delta,
-            eval_data=eval_data, eval_set=eval_set, mode_info=mode_info, pre_run_warning=sched.unlikely_to_learn, log=log,
+            eval_data=eval_data, eval_set=eval_set, mode_info=mode_info, pre_run_warning=sched.unlikely_to_learn,
             registered_note=(f"{REGISTERED_NOTE} with total ε={privacy.epsilon or planned_eps:.4g}"
                              if registered_now else None))
         run_config = None if out is None else config if config is not None else _effective_config(
@@ -1464,9 +1464,9 @@ def _run_training(clf, train_set, eval_set, hyper: dict, phases: list, *, state,
 
 
 def _certify(loop, actual, hyper: dict, *, reservation, led, fp, run_id, delta, eval_data, eval_set, mode_info,
-             registered_note, pre_run_warning=None, log=None):
+             registered_note, pre_run_warning=None):
     """The run's certificate (over ``actual``), metrics and history, split into what is released and
-    the NOT PRIVATE figures (``split_release``); warns when the model predicts nearly one class on the
+    the NOT PRIVATE figures (``split_release``), with the released model's majority prediction on the
     evaluation split (public by declaration)."""
     mode, seed, sampling = hyper["mode"], hyper["seed"], hyper["sampling"]
     accountant, assume_poisson = hyper["accountant"], hyper["assume_poisson"]
@@ -1511,7 +1511,7 @@ def _certify(loop, actual, hyper: dict, *, reservation, led, fp, run_id, delta, 
         "nonfinite_examples_dropped": result.nonfinite_examples,  # NOT PRIVATE: moved to not_private/
         "steps": loop.step, "device": str(loop.device),
     }
-    _check_predictions(metrics, result.eval, getattr(loop.model, "label_names", None), pre_run_warning, log)
+    _check_predictions(metrics, result.eval, getattr(loop.model, "label_names", None), pre_run_warning)
     history = {"final_run": result.history, "trials": [], "strategy": {"name": "fixed"}}
     if result.clipping_diagnostics is not None:
         history["clipping_diagnostics"] = result.clipping_diagnostics
@@ -1522,18 +1522,16 @@ def _certify(loop, actual, hyper: dict, *, reservation, led, fp, run_id, delta, 
     return cert, metrics, history, not_private
 
 
-def _check_predictions(metrics: dict, final_eval: dict | None, label_names, pre_run_warning: str | None,
-                       log) -> None:
+def _check_predictions(metrics: dict, final_eval: dict | None, label_names, pre_run_warning: str | None) -> None:
     """``metrics["majority_prediction"]``: the released model's most predicted class on the evaluation split
-    (public by declaration; never the training data), with a warning when it is nearly every prediction;
-    ``metrics["warnings"]``: that warning and the one issued before the run."""
+    (public by declaration; never the training data); ``metrics["warnings"]``: the pre-run warning and, when
+    that class is nearly every prediction, the post-run one."""
     check = None
     if final_eval is not None and final_eval.get("predicted_class_counts") is not None:
         check = usefulness.majority_prediction(final_eval["predicted_class_counts"], label_names,
                                                metrics.get("reported_split"))
         metrics["majority_prediction"] = check
-    after = usefulness.one_class_message(check)
-    usefulness.warn(after, OneClassModelWarning, log)
+    after = usefulness.one_class_message(check)  # issued once the release is in place (_release_and_commit)
     found = [w for w in (pre_run_warning, after) if w]
     if found:
         metrics["warnings"] = found
@@ -1582,6 +1580,8 @@ def _release_and_commit(out, ckpt_path, clf, cert, metrics, history, not_private
     # the ledger commit comes only once the release is in place: a crash before it leaves the reservation
     # charged (never refunded) and `--resume` writes the files again from the final checkpoint
     pipeline.commit(reservation, actual, [ckpt_path] if out is not None else [])
+    # released: now say when the model predicts nearly one class (after a failed write the error comes alone)
+    usefulness.warn(usefulness.one_class_message(metrics.get("majority_prediction")), OneClassModelWarning, log)
     if out is not None:
         log(f"done: ε={cert.epsilon:.4g} δ={cert.delta:g} accuracy={metrics['accuracy']}")
 

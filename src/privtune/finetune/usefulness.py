@@ -16,6 +16,7 @@ the private training data.  ``--mode auto`` uses the same line to leave the fine
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Callable, Sequence
 
@@ -78,7 +79,9 @@ def one_class_message(check: dict | None) -> str | None:
     """The post-run warning for a :func:`majority_prediction` result (None: no warning)."""
     if not check or not check["one_class"]:
         return None
-    return (f"the released model predicts class {check['class']!r} for {check['share']:.1%} of {check['split']}: "
+    # the split by its file name: this line goes to log.txt after the release, so it names no machine path
+    split = os.path.basename(str(check["split"]).rstrip("/\\")) or check["split"]
+    return (f"the released model predicts class {check['class']!r} for {check['share']:.1%} of {split}: "
             "it has learnt (nearly) nothing beyond one class. Use more data or a larger ε, or `--mode last-layer` "
             "or `privtune tune --mode auto`, before relying on this model.")
 

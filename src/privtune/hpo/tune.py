@@ -333,6 +333,9 @@ def tune(
         if journal is not None and journal.replayed and not journal.hide_trials:
             metrics["resumed"] = {"replayed_trials": journal.replayed}
         _write_and_commit(req, files, ran, cert, metrics, history, not_private, reservation, log)
+        # released: now say when the model predicts nearly one class (after a failed write the error comes alone)
+        usefulness.warn(usefulness.one_class_message(metrics.get("majority_prediction")), OneClassModelWarning,
+                        prog.log_to_file)
         log(("done: " if tplan.hide_timing else f"done in {time.time() - t_start:.0f} s: ")
             + (f"ε = {cert.epsilon:.4f} (≤ {req.privacy.epsilon:g}), δ = {cert.delta:g}"
                if not req.strategy.not_private else
@@ -654,8 +657,6 @@ def _plan_run(req: _Request, inputs: _Inputs, log, warning_log=None) -> _TunePla
     pilot_modes = candidates if len(candidates) > 1 else []
     run_mode = candidates[0] if not pilot_modes else "auto"
     auto_note = _auto_without_pilots_note(req, strat, n_train, run_mode) if not pilot_modes else None
-    usefulness.warn(usefulness.unlikely_to_learn_message(run_mode, n_train, req.privacy.epsilon, command="tune"),
-                    UnlikelyToLearnWarning, warning_log or log)
     if pilot_modes and inputs.selection == "public_validation":
         _check_public_split_can_compare(inputs.public_set, pilot_modes)
     pilot_events, pilot_eps = [], min(0.1, 0.1 * req.privacy.epsilon)
@@ -703,6 +704,9 @@ def _plan_run(req: _Request, inputs: _Inputs, log, warning_log=None) -> _TunePla
     log(plan.describe())
     for m in candidates[1:]:
         log(f"  if the pilots choose {m}: planned ε = {mode_plans[m].planned_epsilon():.4g}")
+    # a plan that works but cannot learn: warned of before the reservation (nothing spent yet)
+    usefulness.warn(usefulness.unlikely_to_learn_message(run_mode, n_train, req.privacy.epsilon, command="tune"),
+                    UnlikelyToLearnWarning, warning_log or log)
     # under repeat-and-select the number of trials is random and not published; durations grow with it
     hide_timing = any(p.details.get("accounting") == "repeat-and-select" for p in mode_plans.values())
     return _TunePlan(plan=plan, mode_plans=mode_plans, candidates=candidates, pilot_modes=pilot_modes,
@@ -833,7 +837,7 @@ def _certify(req: _Request, inputs: _Inputs, tplan: _TunePlan, ran: _Ran, budget
         # under repeat-and-select the wall time grows with the hidden number of trials: not published
         "wall_time_s": None if ran.outcome.certificate_events is not None else round(time.time() - started, 1),
     }
-    _warn_of_useless_model(metrics, req, inputs, tplan, prog.log_to_file)
+    _list_warnings(metrics, req, inputs, tplan)
     if strat.not_private:
         metrics["not_private"] = True
         metrics["label"] = "NOT PRIVATE"
@@ -902,11 +906,11 @@ def _reported_accuracy(ran: _Ran, inputs: _Inputs, prog) -> tuple:
     return acc, usefulness.majority_prediction(counts, names, inputs.reported_split)
 
 
-def _warn_of_useless_model(metrics: dict, req: _Request, inputs: _Inputs, tplan: _TunePlan, log) -> None:
-    """After the run: warn when the released model predicts nearly one class (``metrics["majority_prediction"]``)
-    and list in ``metrics["warnings"]`` that warning and the pre-run one (public quantities only)."""
+def _list_warnings(metrics: dict, req: _Request, inputs: _Inputs, tplan: _TunePlan) -> None:
+    """After the run: list in ``metrics["warnings"]`` the pre-run warning and, when the released model predicts
+    nearly one class (``metrics["majority_prediction"]``), the post-run one, issued once the release is in place
+    (:func:`tune`).  Public quantities only."""
     after = usefulness.one_class_message(metrics.get("majority_prediction"))
-    usefulness.warn(after, OneClassModelWarning, log)
     before = usefulness.unlikely_to_learn_message(tplan.run_mode, inputs.n_train, req.privacy.epsilon, command="tune")
     found = [w for w in (before, after) if w]
     if found:
