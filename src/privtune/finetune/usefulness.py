@@ -26,9 +26,11 @@ from privtune.errors import OneClassModelWarning, UnlikelyToLearnWarning
 #: to learn.  Measured on SST-2 with the bundled MiniLM (majority class: 50.9 % of the 872 dev sentences):
 #:
 #: * n·ε = 2,000 (2,000 phrases, ε = 1): DP-BiTFiT tuned by hyperfree 52.6 ± 1.1 %, with the fixed setting of
-#:   Bu et al. (DP-BiTFiT) 51.0 ± 0.1 %, 3 seeds each (README, "Tuned DP-BiTFiT", ``bench/hpo.py --bitfit``);
-#: * n·ε = 3,000 (the demo's 3,000 phrases, ε = 1): the 10-step BiTFiT and LoRA pilots scored 0.53-0.60 on the
-#:   public split against 0.66-0.67 for the DP linear probe, which reached 76-77 % dev (README, the demo);
+#:   Bu et al. (DP-BiTFiT) 51.0 ± 0.1 %, 3 seeds each (docs/strategies.md, "Tuned DP-BiTFiT on 2,000 phrases",
+#:   ``bench/hpo.py --bitfit``);
+#: * n·ε = 3,000 (the demo's 3,000 phrases, ε = 1, seed 0): the 10-step BiTFiT and LoRA pilots scored 0.546 and
+#:   0.586 on the public split against 0.662 for the DP linear probe, which reached 76.0 % dev after them and
+#:   77.3 % without them (docs/training.md, "Warnings");
 #: * n·ε = 4,000 (4,000 phrases, ε = 1): DP-BiTFiT 55.7 %, DP full fine-tuning 50.9 %: one class
 #:   (docs/training.md "Benchmark", ``bench/sst2.py``).
 #:
