@@ -47,11 +47,12 @@ from privtune.data import ImageDataset, TextDataset, embedded_sst2, load_dataset
 from privtune.data.datasets import EMBEDDED_LABELS, check_disjoint, declared_label_set
 from privtune.engine import distributed
 from privtune.engine.sampling import make_generator, poisson_mask
-from privtune.errors import (DataError, InfeasibleBudgetError, InvalidParameterError, OneClassModelWarning,
+from privtune.errors import (DataError, InfeasibleBudgetError, InvalidParameterError, ModelError,
+                             OneClassModelWarning,
                              PrivtuneError, UnlikelyToLearnWarning)
 from privtune.finetune import usefulness
 from privtune.finetune.last_layer import check_finite_features
-from privtune.finetune.modes import DEFAULT_LEARNING_RATES, default_backbone_lr_scale
+from privtune.finetune.modes import DEFAULT_LEARNING_RATES, default_backbone_lr_scale, default_lora_target_modules
 from privtune.hpo import common, grid_oracle
 from privtune.hpo.executors import for_tune
 from privtune.hpo._resume import (  # noqa: F401  (STATE_FILE is part of this module's interface)
@@ -86,6 +87,8 @@ _RELEASED_DIRS = ("model",)
 #: tune(mode=...): a tunable mode, or "auto" (the one declaration of this choice set)
 MODES = ("auto", *TUNABLE_MODES)
 AUTO_MODES = ("last-layer", "bitfit", "lora")
+#: the small-data set for a backbone LoRA has no default targets in (a convolutional network)
+AUTO_MODES_WITHOUT_LORA = ("last-layer", "bitfit", "full")
 #: --mode auto at fine-tuning scale (n·ε ≥ _FINETUNE_SCALE): the two fine-tuning modes, compared by pilots on
 #: a charged Poisson subsample.  Measured: DP-BiTFiT beats the tuned linear probe from 20,000 phrases at ε = 1
 #: (81.7 % against the probe's 80.4 % on 65,000), and every DP fine-tuning run on 2,000-4,000 phrases at
@@ -312,7 +315,7 @@ def tune(
             f"δ={inputs.privacy.delta:g}, data={inputs.train_source} (n={inputs.n_train}), "
             f"selection={common.describe_selection(_selection_of_strategy(req, inputs))}")
         # ------------------------------------------------------------ plan, reserve (no data read yet)
-        tplan = _plan_run(req, inputs, log, warning_log=prog.log_to_file)
+        tplan = _plan_run(req, inputs, log, warning_log=prog.log_to_file, lora_capable=_lora_capable(clf))
         if tplan.hide_timing:  # no time on any line: the time the search's lines span would tell its K
             prog.hide_timing()
         prog.release_lines()
@@ -645,15 +648,15 @@ class _TunePlan:
         return self.pilot_events[:1] if self.center_sigma else []
 
 
-def _plan_run(req: _Request, inputs: _Inputs, log, warning_log=None) -> _TunePlan:
+def _plan_run(req: _Request, inputs: _Inputs, log, warning_log=None, lora_capable: bool = True) -> _TunePlan:
     """Plan every candidate mode (and the --mode auto pilots) before anything is reserved: a combination
     that cannot work fails here, with the numbers and a fix; one that cannot learn is warned of (a Python
     warning, written to ``warning_log``: the log file alone, the console shows the warning itself)."""
     strat, n_train, delta, accountant = req.strategy, inputs.n_train, inputs.privacy.delta, req.privacy.accountant
     # --mode auto: pilot only the modes this strategy can train; with one candidate there is nothing to
     # choose and nothing is spent on pilots
-    candidates = (_auto_candidates(strat.modes, n_train, req.privacy.epsilon) if req.mode == "auto"
-                  else [req.mode])
+    candidates = (_auto_candidates(strat.modes, n_train, req.privacy.epsilon, lora_capable=lora_capable)
+                  if req.mode == "auto" else [req.mode])
     pilot_modes = candidates if len(candidates) > 1 else []
     run_mode = candidates[0] if not pilot_modes else "auto"
     auto_note = _auto_without_pilots_note(req, strat, n_train, run_mode) if not pilot_modes else None
@@ -979,21 +982,34 @@ def _trial_section(trial_list, outcome, not_private: bool) -> dict:
 # --------------------------------------------------------------------------------------
 
 
-def _auto_candidates(supported_modes, n: int, eps_total: float) -> list:
+def _auto_candidates(supported_modes, n: int, eps_total: float, lora_capable: bool = True) -> list:
     """The modes ``--mode auto`` compares, in the order that breaks their ties, from public sizes only: at
     fine-tuning scale (n·ε ≥ :data:`_FINETUNE_SCALE`) the fine-tuning modes the strategy trains (full first
     from n ≥ :data:`_FULL_FIRST_N`); where DP fine-tuning was measured at chance (n·ε ≤
     :data:`privtune.finetune.usefulness.FINETUNE_AT_CHANCE_N_EPS`) last-layer alone, with no pilot: a
-    fine-tuning pilot there cannot win and only costs time and ε; else the small-data set."""
+    fine-tuning pilot there cannot win and only costs time and ε; else the small-data set.  A backbone with
+    no attention projections for LoRA (``lora_capable=False``: a convolutional network) pilots full in its
+    place, so that no pilot is charged for a mode that cannot be built."""
+    if not lora_capable:
+        supported_modes = [m for m in supported_modes if m != "lora"]
     order = AUTO_MODES_FROM_FULL_FIRST_N if n >= _FULL_FIRST_N else AUTO_MODES_AT_SCALE
     at_scale = [m for m in order if m in supported_modes]
     if n * eps_total >= _FINETUNE_SCALE and at_scale:
         return at_scale
-    small = [m for m in AUTO_MODES if m in supported_modes]
+    small = [m for m in (AUTO_MODES if lora_capable else AUTO_MODES_WITHOUT_LORA) if m in supported_modes]
     if "last-layer" in small and all(usefulness.backbone_cannot_learn(m, n, eps_total) for m in small
                                      if m != "last-layer"):
         return ["last-layer"]
     return small
+
+
+def _lora_capable(clf) -> bool:
+    """Whether LoRA finds its default target modules in the classifier's backbone (mode="lora" can run)."""
+    try:
+        default_lora_target_modules(clf)
+    except ModelError:
+        return False
+    return True
 
 
 def _auto_without_pilots_note(req: _Request, strat, n: int, run_mode: str) -> str | None:
