@@ -9,7 +9,9 @@ and :func:`privtune.hpo.recommend`.
     privtune recommend --epsilon E --delta D --dataset-size N --epochs K [--json]
 
 With no arguments ``privtune tune`` runs the embedded demo: the SST-2 subset shipped with
-privtune, the bundled MiniLM, total ε = 1, δ = 1e-5, its ledger inside the run directory.
+privtune, the bundled MiniLM, total ε = 1, δ = 1e-5, its ledger inside the run directory;
+``privtune tune --data embedded:fashion-mnist`` runs the image demo the same way (3,000 Fashion-MNIST images,
+ImageNet EfficientNet-Lite0).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from privtune.choices import RECOMMEND_DEFAULTS as _RECOMMEND_DEFAULTS
 from privtune.choices import TUNE_DEFAULTS as _TUNE_DEFAULTS
 from privtune.cli.config_file import explicit_cli_values, resolve_options
 from privtune.cli.notices import registration_notice
+from privtune.data.datasets import EMBEDDED_IMAGE_DEMO
 from privtune.cli.options import data_options
 
 
@@ -51,7 +54,8 @@ def _number(x: float) -> str:
 
 
 @click.command("tune", context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--data", type=str, help="Private training data (.tsv/.csv/.jsonl). Default: the embedded SST-2 demo.")
+@click.option("--data", type=str, help="Private training data (.tsv/.csv/.jsonl, an image folder or IDX images). Default: "
+              "the embedded SST-2 demo; embedded:fashion-mnist runs the embedded image demo (EfficientNet-Lite0).")
 @click.option("--eval-data", type=str, help="Reported split: accuracy is computed on it, never used for selection.")
 @click.option("--public-eval-data", type=str,
               help="Validation split you declare PUBLIC: scores trials at no privacy cost.")
@@ -119,7 +123,8 @@ def tune(**kwargs) -> None:
         click.echo(f"accuracy on {m.get('reported_split')}: {acc:.4f}{label}")
     label = " (NOT PRIVATE: chosen by an uncharged selection)" if m.get("not_private") else ""
     click.echo(f"hyperparameters{label}: {json.dumps(m['hyperparameters'], default=str)}")
-    if m.get("ledger_registered_new_dataset") and call.get("data") is not None:
+    demo = call.get("data") is None or call.get("data") == EMBEDDED_IMAGE_DEMO  # ledger in the run directory
+    if m.get("ledger_registered_new_dataset") and not demo:
         click.echo(registration_notice(str(call["data"]), dataset_id=m.get("dataset_id"),
                                        total_epsilon=m["total_epsilon"], delta=m["delta"],
                                        ledger_url=m.get("ledger_url") if call.get("ledger") else None))

@@ -11,12 +11,14 @@ not whole numbers in ``[0, num_labels)``.
   :class:`ImageDataset`.
 * :func:`load_dataset` dispatches on the path (directory → images, IDX file → images, other file → text).
 * :func:`embedded_sst2` returns the small SST-2 subset shipped with the package (the default data of
-  ``privtune tune``).
+  ``privtune tune``); :func:`embedded_fashion_mnist` the small Fashion-MNIST subset of the image demo
+  (``privtune tune --data embedded:fashion-mnist``).
 """
 
 from privtune.data.datasets import (
     ImageDataset,
     TextDataset,
+    embedded_fashion_mnist,
     embedded_sst2,
     load_dataset,
     load_idx_dataset,
@@ -32,4 +34,5 @@ __all__ = [
     "load_idx_dataset",
     "load_dataset",
     "embedded_sst2",
+    "embedded_fashion_mnist",
 ]

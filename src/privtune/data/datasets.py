@@ -802,3 +802,30 @@ def embedded_sst2() -> tuple[TextDataset, TextDataset, TextDataset]:
     """
     names = ("train", "public_validation", "test")
     return tuple(load_text_dataset(embedded_path(s), labels=EMBEDDED_LABELS) for s in names)  # type: ignore[return-value]
+
+
+#: ``--data`` value of the image demo: the Fashion-MNIST subset shipped with privtune
+EMBEDDED_IMAGE_DEMO = "embedded:fashion-mnist"
+#: the image demo's backbone (``--model`` unset): ImageNet EfficientNet-Lite0 (privtune.models.vision)
+EMBEDDED_IMAGE_MODEL = "efficientnet-lite0"
+#: the image demo's label set, declared (public): Fashion-MNIST's ten classes, by their integers 0-9
+EMBEDDED_IMAGE_LABELS = tuple(range(10))
+EMBEDDED_IMAGE_FILES = {"train": "fashion_train-images-idx3-ubyte.gz",
+                        "public_validation": "fashion_public-images-idx3-ubyte.gz",
+                        "test": "fashion_test-images-idx3-ubyte.gz"}
+
+
+def embedded_fashion_mnist() -> tuple[ImageDataset, ImageDataset, ImageDataset]:
+    """The Fashion-MNIST subset shipped with privtune: ``(train, public_validation, test)``, 28 × 28 greyscale.
+
+    * ``train``: 3,000 Fashion-MNIST training images (the private data of the image demo);
+    * ``public_validation``: 500 other training images, which the demo *declares public* for selection;
+    * ``test``: 1,000 test-set images, the reported split (never used for selection).
+
+    Labels 0-9 (0 T-shirt/top, 1 Trouser, 2 Pullover, 3 Dress, 4 Coat, 5 Sandal, 6 Shirt, 7 Sneaker, 8 Bag,
+    9 Ankle boot).  Fashion-MNIST: Xiao, Rasul and Vollgraf (2017), Zalando SE, MIT licence.  Built by
+    ``scripts/make_embedded_fashion_mnist.py`` (seeded).
+    """
+    folder = resources.files("privtune.data").joinpath("embedded")
+    return tuple(load_dataset(str(folder.joinpath(EMBEDDED_IMAGE_FILES[s])), labels=EMBEDDED_IMAGE_LABELS)  # type: ignore[return-value]
+                 for s in ("train", "public_validation", "test"))

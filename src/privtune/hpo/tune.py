@@ -43,8 +43,9 @@ from privtune import _release, finetune, pipeline  # finetune.cache_features: a 
 from privtune._validation import check_choice, check_int, check_real
 from privtune.accounting import Certificate
 from privtune.accounting.events import GaussianEvent, event_to_dict
-from privtune.data import ImageDataset, TextDataset, embedded_sst2, load_dataset
-from privtune.data.datasets import EMBEDDED_LABELS, check_disjoint, declared_label_set
+from privtune.data import ImageDataset, TextDataset, embedded_fashion_mnist, embedded_sst2, load_dataset
+from privtune.data.datasets import (EMBEDDED_IMAGE_DEMO, EMBEDDED_IMAGE_LABELS, EMBEDDED_IMAGE_MODEL, EMBEDDED_LABELS,
+                                    check_disjoint, declared_label_set)
 from privtune.engine import distributed
 from privtune.engine.sampling import make_generator, poisson_mask
 from privtune.errors import (DataError, InfeasibleBudgetError, InvalidParameterError, ModelError,
@@ -236,7 +237,9 @@ def tune(
     data : path or dataset, optional
         Private training data (.tsv/.csv/.jsonl).  ``None`` runs the embedded demo: the
         SST-2 subset shipped with privtune (train 3,000 / public validation 500 / dev 872)
-        and the bundled MiniLM, with the ledger kept inside the run directory.
+        and the bundled MiniLM, with the ledger kept inside the run directory.  ``"embedded:fashion-mnist"``
+        runs the image demo the same way: the Fashion-MNIST subset shipped with privtune (train 3,000 / public
+        validation 500 / test 1,000, labels 0-9) and ImageNet EfficientNet-Lite0 (``model="efficientnet-lite0"``).
     eval_data : path or dataset, optional
         The **reported** split: accuracy in ``metrics.json`` is computed on it, after the
         final model is fixed.  It is never given to any selector.
@@ -299,6 +302,8 @@ def tune(
     t_start = time.time()
     # ---------------------------------------------------------------- validate, load (no budget yet)
     req = _check_arguments(args, unknown)
+    if model is None and isinstance(data, str) and data == EMBEDDED_IMAGE_DEMO:
+        model = EMBEDDED_IMAGE_MODEL  # the image demo's backbone
     inputs = _load_inputs(req, data, eval_data=eval_data, public_eval_data=public_eval_data, labels=labels,
                           model=model, text_column=text_column, label_column=label_column,
                           validation_fraction=validation_fraction)
@@ -489,17 +494,20 @@ class _Inputs:
 def _load_inputs(req: _Request, data, *, eval_data, public_eval_data, labels, model, text_column, label_column,
                  validation_fraction) -> _Inputs:
     """Load and check every split (declared label set, overlaps, δ < 1/n); ``data=None`` is the demo."""
-    embedded = data is None
+    image_demo = isinstance(data, str) and data == EMBEDDED_IMAGE_DEMO
+    embedded = data is None or image_demo
     if embedded:
-        train, pub, test = embedded_sst2()
+        train, pub, test = embedded_fashion_mnist() if image_demo else embedded_sst2()
+        reported_split = _split_name(eval_data, embedded, image_demo)
         public_eval_data = pub if public_eval_data is None else public_eval_data
         eval_data = test if eval_data is None else eval_data
-        train_source = "embedded SST-2 subset (train 3,000)"
-        if labels is None:
-            labels = list(EMBEDDED_LABELS)  # declared by the demo (public), not read from its rows
+        train_source = f"embedded {'Fashion-MNIST' if image_demo else 'SST-2'} subset (train 3,000)"
+        if labels is None:  # declared by the demo (public), not read from its rows
+            labels = list(EMBEDDED_IMAGE_LABELS if image_demo else EMBEDDED_LABELS)
     else:
         train = data
         train_source = str(data) if isinstance(data, (str, os.PathLike)) else "in-memory dataset"
+        reported_split = _split_name(eval_data, embedded)
     # the label set is public input: declared, or a public split's, or the model's; never the private rows'
     public_probe = _load(public_eval_data, "public_eval_data", text_column, label_column) if labels is None else None
     num_labels, names, label_source = declared_label_set(labels, model=model, public_data=public_probe)
@@ -531,7 +539,7 @@ def _load_inputs(req: _Request, data, *, eval_data, public_eval_data, labels, mo
     return _Inputs(train=train, eval_set=eval_set, public_set=public_set, private_val=None,
                    selection=selection, privacy=privacy, num_labels=num_labels, label_names=names,
                    label_source=label_source, fingerprint=fingerprint, file_name=file_name, embedded=embedded,
-                   train_source=train_source, reported_split=_split_name(eval_data, embedded),
+                   train_source=train_source, reported_split=reported_split,
                    validation_fraction=frac, n_train_public=n_train_public, n_val_public=n_val_public)
 
 
@@ -1398,7 +1406,9 @@ def _progress(quiet, run_dir, eps):
     return Progress(quiet=quiet, log_path=(run_dir / "log.txt") if run_dir else None, total_epsilon=eps)
 
 
-def _split_name(eval_data, embedded) -> str | None:
+def _split_name(eval_data, embedded, image_demo=False) -> str | None:
+    if eval_data is None and image_demo:
+        return "embedded Fashion-MNIST test (1,000 test-set images)"
     if eval_data is None:
         return "embedded SST-2 dev (872 GLUE dev sentences)" if embedded else None
     if isinstance(eval_data, (str, os.PathLike)):

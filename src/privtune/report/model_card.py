@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from privtune.accounting.events import describe_event
+from privtune.data.datasets import EMBEDDED_IMAGE_DEMO
 from privtune.report.release import load_not_private, seeded_notice
 from privtune.report.run import RunData, load_events, load_run
 
@@ -25,6 +26,7 @@ BUNDLED_BASE_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 #: the saved model's own description (privtune.models.classifier.CLASSIFIER_CONFIG), read without torch
 CLASSIFIER_FILE = "privtune_classifier.json"
 EMBEDDED_DATASET = "stanfordnlp/sst2"
+EMBEDDED_IMAGE_DATASET = "zalando-datasets/fashion_mnist"
 
 
 def _is_bundled(model: str) -> bool:
@@ -74,6 +76,8 @@ def _dataset(run: RunData) -> tuple[str, str]:
     fp_txt = f" (ledger dataset id `{dataset_id}`)" if dataset_id else ""
     if name:
         return str(name), f"`{name}`{fp_txt}"
+    if data == EMBEDDED_IMAGE_DEMO:  # `privtune tune --data embedded:fashion-mnist`: the image demo
+        return EMBEDDED_IMAGE_DATASET, f"the Fashion-MNIST subset embedded in privtune{fp_txt}"
     if data:
         return Path(str(data)).stem, f"`{data}`{fp_txt}"
     if run.metrics.get("strategy") or run.strategy_name:  # `privtune tune` without --data: the embedded demo
@@ -110,7 +114,11 @@ def _public_items(run: RunData, base_words: str) -> list[str]:
     items = [f"the pretrained weights of {base_words}, assumed not to contain the private training data"]
     sel = str(run.metrics.get("selection") or run.metadata.get("selection") or "")
     if "public" in sel.lower():
-        if _is_demo(run):
+        if run.config.get("data") == EMBEDDED_IMAGE_DEMO:
+            items.append("the 500 images of the image demo's public validation split, declared public by the demo "
+                         "(see privtune's data/embedded/README.md), not by the user; trials were scored on it at no "
+                         "privacy cost. They are other Fashion-MNIST training images than the private ones")
+        elif _is_demo(run):
             items.append("the 500 phrases of the embedded demo's public validation split, declared public by the demo "
                          "(see privtune's data/embedded/README.md), not by the user; trials were scored on it at no privacy cost. "
                          "They are containment-disjoint from the private phrases")
@@ -121,7 +129,8 @@ def _public_items(run: RunData, base_words: str) -> list[str]:
                          "no privacy cost")
     labels = run.config.get("labels")
     shown = f" ({', '.join(map(str, labels))})" if isinstance(labels, list) and labels else ""
-    who = "the demo (0 = negative, 1 = positive)" if _is_demo(run) else "the user, a public split or the base model"
+    who = ("the demo (Fashion-MNIST's classes 0-9)" if run.config.get("data") == EMBEDDED_IMAGE_DEMO
+           else "the demo (0 = negative, 1 = positive)" if _is_demo(run) else "the user, a public split or the base model")
     items.append(f"the label set{shown}: the classes and their number (the classifier head's shape), declared by "
                  f"{who}; never read from the private training data")
     if run.trials or run.strategy_name:

@@ -1,0 +1,212 @@
+"""Fashion-MNIST bench: private tuning and fine-tuning of an ImageNet-pretrained EfficientNet-Lite0 on real images.
+
+Split (seed 0): private = 58,000 Fashion-MNIST training images, public = the other 2,000 (declared public for
+selection), reported = the 10,000 test images (scored once per cell, after its model is fixed; never selected
+on).  Rows ε ∈ {1, 3, 8}, δ = 1e-5.  Cells (``--cells``):
+
+* ``default``: ``privtune tune`` as a user runs it (hyperfree, every event charged) with ``--mode last-layer``,
+  Mehta et al.'s zero-initialised head on cached features;
+* ``auto``: ``privtune tune --mode auto`` (at n·ε ≥ 20,000 it pilots bitfit and full on the backbone);
+* ``random``: charged random search over the same space (``--strategy random-search``);
+* ``oracle``: the grid oracle, **NOT PRIVATE** (tuning not charged; a reference, never released);
+* ``nonpriv-last-layer``: non-private multinomial logistic regression on the same cached features (the ceiling
+  of the last-layer mode; its regularisation chosen on the public split);
+* ``opacus-last-layer``: Opacus (DP-SGD, RDP accountant) training the same head on the same features with one
+  fixed setting (the typical untuned user), for a comparison with a well-kept library.
+
+Features are computed once per split and backbone (privtune's feature cache, ``features/``) and reused by every
+cell.  Each cell writes ``bench/results/fashion_mnist/<cell>_eps<ε>.json`` (test accuracy, certificate ε, wall
+time in seconds).  Usage::
+
+    OMP_NUM_THREADS=2 python bench/fashion_mnist.py --cells default,nonpriv-last-layer --epsilons 1,3,8
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results" / "fashion_mnist"
+SOURCE = Path("/usr/share/datasets/fashion-mnist")
+MODEL = "efficientnet-lite0"
+DELTA = 1e-5
+LABELS = list(range(10))
+CELLS = ("default", "auto", "random", "oracle", "nonpriv-last-layer", "opacus-last-layer")
+#: what a cell that was not run costs, measured or estimated on a 2-core CPU (docs/benchmarks.md quotes it)
+NOT_RUN_COST = {
+    "auto": "pilots bitfit and full (10 steps each), then DP fine-tuning of the whole backbone on 58,000 64-pixel "
+            "images: about 2-3 s per 256 examples per step on 2 CPU cores, some hours per ε on a CPU; minutes on a GPU",
+    "random": "one cached-feature run per trial: about a minute per ε on a CPU after the features are cached",
+    "oracle": "the grid on cached features: minutes per ε on a CPU (NOT PRIVATE reference)",
+    "opacus-last-layer": "Opacus on the cached features: about a minute per ε on a CPU",
+}
+
+
+def _read_idx(path: Path) -> np.ndarray:
+    raw = gzip.decompress(path.read_bytes())
+    dims = [int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], "big") for i in range(raw[3])]
+    return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * raw[3]).reshape(dims)
+
+
+def _write_idx(path: Path, array: np.ndarray) -> None:
+    header = bytes([0, 0, 8, array.ndim]) + b"".join(int(d).to_bytes(4, "big") for d in array.shape)
+    path.write_bytes(header + np.ascontiguousarray(array, dtype=np.uint8).tobytes())
+
+
+def make_split(public_size: int = 2000, seed: int = 0) -> dict:
+    """Private/public IDX files (uncompressed, standard naming) under RESULTS/split/, rebuilt when absent."""
+    folder = RESULTS / "split"
+    paths = {"train": folder / "private-images-idx3-ubyte", "public": folder / "public-images-idx3-ubyte",
+             "test": SOURCE / "t10k-images-idx3-ubyte.gz"}
+    if not paths["public"].with_name("public-labels-idx1-ubyte").exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        x = _read_idx(SOURCE / "train-images-idx3-ubyte.gz")
+        y = _read_idx(SOURCE / "train-labels-idx1-ubyte.gz")
+        public = np.zeros(len(x), dtype=bool)
+        public[np.random.default_rng(seed).choice(len(x), public_size, replace=False)] = True
+        for name, rows in (("private", ~public), ("public", public)):
+            _write_idx(folder / f"{name}-images-idx3-ubyte", x[rows])
+            _write_idx(folder / f"{name}-labels-idx1-ubyte", y[rows])
+    return {k: str(v) for k, v in paths.items()}
+
+
+def _tune_cell(split, eps, seed, **kw) -> dict:
+    import privtune
+
+    folder = RESULTS / "runs" / f"{kw.get('strategy', 'default')}_{kw.get('mode', 'auto')}_eps{eps:g}"
+    if folder.exists():
+        import shutil
+
+        shutil.rmtree(folder)
+    r = privtune.tune(split["train"], eval_data=split["test"], public_eval_data=split["public"], labels=LABELS,
+                      model=MODEL, epsilon=eps, delta=DELTA, ledger=f"sqlite:///{folder}.db", output_dir=folder,
+                      seed=seed, quiet=True, feature_cache_dir=str(RESULTS / "features"), **kw)
+    return {"test_accuracy": float(r.metrics["accuracy"]),
+            "certificate_epsilon": None if r.certificate is None else float(r.certificate.epsilon),
+            "not_private": bool(r.metrics.get("not_private")), "mode": r.metrics["mode"],
+            "strategy": r.metrics["strategy"], "hyperparameters": r.metrics.get("hyperparameters"),
+            "trials": len(r.trials or [])}
+
+
+def _features(split) -> dict:
+    """The cached features of the three splits (computed by the first cell, loaded by the others)."""
+    from privtune.data import load_dataset
+    from privtune.finetune.last_layer import cache_features
+    from privtune.models import load_classifier
+
+    clf = load_classifier(MODEL, num_labels=10, seed=0)
+    out = {}
+    for name, path in split.items():
+        fs = cache_features(clf, load_dataset(path, num_labels=10), cache_dir=RESULTS / "features")
+        out[name] = (fs.features.numpy(), fs.labels.numpy())
+    return out
+
+
+def _nonprivate_cell(split) -> dict:
+    """NOT PRIVATE: logistic regression on the cached features; C chosen on the public split."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.preprocessing import StandardScaler
+
+    f = _features(split)
+    scaler = StandardScaler().fit(f["train"][0])
+    best = None
+    for c in (0.01, 0.1, 1.0):
+        m = LogisticRegression(C=c, max_iter=300).fit(scaler.transform(f["train"][0]), f["train"][1])
+        score = m.score(scaler.transform(f["public"][0]), f["public"][1])
+        if best is None or score > best[0]:
+            best = (score, c, m)
+    acc = best[2].score(scaler.transform(f["test"][0]), f["test"][1])
+    return {"test_accuracy": float(acc), "certificate_epsilon": None, "not_private": True,
+            "mode": "last-layer", "strategy": "non-private logistic regression",
+            "hyperparameters": {"C": best[1], "public_accuracy": float(best[0])}}
+
+
+def _opacus_cell(split, eps, seed) -> dict:
+    """Opacus DP-SGD on the cached features, one fixed setting (batch 1,024, 10 epochs, lr 0.1, clip 1)."""
+    import torch
+    from opacus import PrivacyEngine
+
+    f = _features(split)
+    x, y = torch.tensor(f["train"][0]), torch.tensor(f["train"][1])
+    torch.manual_seed(seed)
+    head = torch.nn.Linear(x.shape[1], 10)
+    torch.nn.init.zeros_(head.weight)
+    torch.nn.init.zeros_(head.bias)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=1024, shuffle=True)
+    opt = torch.optim.SGD(head.parameters(), lr=0.1, momentum=0.9)
+    engine = PrivacyEngine(accountant="rdp")
+    head, opt, loader = engine.make_private_with_epsilon(module=head, optimizer=opt, data_loader=loader,
+                                                          target_epsilon=eps, target_delta=DELTA, epochs=10,
+                                                          max_grad_norm=1.0)
+    for _ in range(10):
+        for xb, yb in loader:
+            if len(yb) == 0:
+                continue
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(head(xb), yb).backward()
+            opt.step()
+    with torch.no_grad():
+        acc = (head(torch.tensor(f["test"][0])).argmax(1).numpy() == f["test"][1]).mean()
+    return {"test_accuracy": float(acc), "certificate_epsilon": float(engine.get_epsilon(DELTA)),
+            "not_private": False, "mode": "last-layer", "strategy": "Opacus DP-SGD, fixed setting",
+            "hyperparameters": {"batch_size": 1024, "epochs": 10, "learning_rate": 0.1, "momentum": 0.9,
+                                "max_grad_norm": 1.0}}
+
+
+def run_cell(cell, split, eps, seed) -> dict:
+    if cell == "default":
+        return _tune_cell(split, eps, seed, mode="last-layer")
+    if cell == "auto":
+        return _tune_cell(split, eps, seed, mode="auto")
+    if cell == "random":
+        return _tune_cell(split, eps, seed, mode="last-layer", strategy="random-search")
+    if cell == "oracle":
+        return _tune_cell(split, eps, seed, mode="last-layer", strategy="grid-oracle")
+    if cell == "opacus-last-layer":
+        return _opacus_cell(split, eps, seed)
+    return _nonprivate_cell(split)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--epsilons", type=str, default="1,3,8")
+    ap.add_argument("--cells", type=str, default="default,nonpriv-last-layer")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    cells = [c.strip() for c in args.cells.split(",") if c.strip()]
+    bad = [c for c in cells if c not in CELLS]
+    if bad:
+        ap.error(f"unknown cell(s) {bad}; choose from {', '.join(CELLS)}")
+    import torch
+
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    split = make_split()
+    log = open(RESULTS / "log.txt", "a", encoding="utf-8")
+    for eps in [float(e) for e in args.epsilons.split(",")]:
+        for cell in cells:
+            if cell == "nonpriv-last-layer" and (RESULTS / "nonpriv-last-layer.json").exists():
+                continue
+            key = cell if cell == "nonpriv-last-layer" else f"{cell}_eps{eps:g}"
+            t0 = time.time()
+            res = run_cell(cell, split, eps, args.seed)
+            res.update(cell=cell, epsilon=None if cell == "nonpriv-last-layer" else eps, seed=args.seed,
+                       wall_s=round(time.time() - t0, 1), n_private=58_000, n_public=2_000, n_test=10_000,
+                       device=torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu")
+            (RESULTS / f"{key}.json").write_text(json.dumps(res, indent=2) + "\n", encoding="utf-8")
+            msg = f"{key}: test {res['test_accuracy']:.4f}, certificate ε {res['certificate_epsilon']}, {res['wall_s']} s"
+            print(msg, flush=True)
+            log.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')}  {msg}\n")
+            log.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
