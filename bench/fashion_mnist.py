@@ -39,14 +39,7 @@ MODEL = "efficientnet-lite0"
 DELTA = 1e-5
 LABELS = list(range(10))
 CELLS = ("default", "auto", "random", "oracle", "nonpriv-last-layer", "opacus-last-layer")
-#: what a cell that was not run costs, measured or estimated on a 2-core CPU (docs/benchmarks.md quotes it)
-NOT_RUN_COST = {
-    "auto": "pilots bitfit and full (10 steps each), then DP fine-tuning of the whole backbone on 58,000 64-pixel "
-            "images: about 2-3 s per 256 examples per step on 2 CPU cores, some hours per ε on a CPU; minutes on a GPU",
-    "random": "one cached-feature run per trial: about a minute per ε on a CPU after the features are cached",
-    "oracle": "the grid on cached features: minutes per ε on a CPU (NOT PRIVATE reference)",
-    "opacus-last-layer": "Opacus on the cached features: about a minute per ε on a CPU",
-}
+
 
 
 def _read_idx(path: Path) -> np.ndarray:

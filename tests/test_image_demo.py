@@ -10,7 +10,6 @@ import importlib
 import json
 from pathlib import Path
 
-import pytest
 
 from privtune.data import embedded_fashion_mnist
 from privtune.data.datasets import EMBEDDED_IMAGE_FILES
@@ -82,3 +81,30 @@ def test_image_demo_end_to_end_then_predict(tmp_path, monkeypatch, capsys):
     assert main(["predict", "--model", str(run / "model"), "--data", str(tmp_path / "images"), "--json"]) == 0
     pred = json.loads(capsys.readouterr().out)
     assert pred["n"] == 12 and 0.0 <= pred["accuracy"] <= 1.0 and set(pred["predictions"]) <= set(range(10))
+
+
+def test_benchmarks_page_renders_the_fashion_mnist_cells_from_their_files(tmp_path):
+    """docs/benchmarks.md's Fashion-MNIST section comes from bench/results/fashion_mnist/*.json."""
+    import importlib.util
+    import sys
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "make_benchmarks.py"
+    spec = importlib.util.spec_from_file_location("make_benchmarks_fm", script)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    try:
+        spec.loader.exec_module(module)
+        folder = tmp_path / "fashion_mnist"
+        folder.mkdir()
+        sizes = {"n_private": 58000, "n_public": 2000, "n_test": 10000, "device": "cpu"}
+        (folder / "default_eps3.json").write_text(json.dumps(
+            {"cell": "default", "test_accuracy": 0.9012, "certificate_epsilon": 2.9998, "wall_s": 120, **sizes}))
+        (folder / "nonpriv-last-layer.json").write_text(json.dumps(
+            {"cell": "nonpriv-last-layer", "test_accuracy": 0.9234, "certificate_epsilon": None, "not_private": True,
+             "wall_s": 60, **sizes}))
+        page = module.render_page(tmp_path)
+    finally:
+        sys.modules.pop(spec.name, None)
+    assert "## Fashion-MNIST" in page and "58,000" in page
+    assert "| 3 | 90.1 % (ε 3; 2.0 min) | – |" in page
+    assert "92.3 %" in page and "Not run yet: `auto`" in page
