@@ -68,6 +68,8 @@ def test_image_demo_end_to_end_then_predict(tmp_path, monkeypatch, capsys):
     cert = json.loads((run / "certificate.json").read_text(encoding="utf-8"))
     assert metrics["mode"] == "last-layer" and metrics["strategy"] == "hyperfree"
     assert cert["epsilon"] <= 1.0 + 1e-9
+    # --mode auto explains its choice with the modes this backbone can train (no LoRA in a CNN)
+    assert "DP fine-tuning of the backbone (bitfit, full)" in (run / "log.txt").read_text(encoding="utf-8")
     assert (run / "ledger.db").exists()  # the demo's ledger lives in its run directory
     assert (run / "report.html").exists() and (run / "model" / "privtune_image_preprocessor.json").exists()
     card = (run / "model" / "README.md").read_text(encoding="utf-8")

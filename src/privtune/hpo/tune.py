@@ -667,7 +667,7 @@ def _plan_run(req: _Request, inputs: _Inputs, log, warning_log=None, lora_capabl
                   if req.mode == "auto" else [req.mode])
     pilot_modes = candidates if len(candidates) > 1 else []
     run_mode = candidates[0] if not pilot_modes else "auto"
-    auto_note = _auto_without_pilots_note(req, strat, n_train, run_mode) if not pilot_modes else None
+    auto_note = _auto_without_pilots_note(req, strat, n_train, run_mode, lora_capable) if not pilot_modes else None
     if pilot_modes and inputs.selection == "public_validation":
         _check_public_split_can_compare(inputs.public_set, pilot_modes)
     pilot_events, pilot_eps = [], min(0.1, 0.1 * req.privacy.epsilon)
@@ -1020,11 +1020,12 @@ def _lora_capable(clf) -> bool:
     return True
 
 
-def _auto_without_pilots_note(req: _Request, strat, n: int, run_mode: str) -> str | None:
+def _auto_without_pilots_note(req: _Request, strat, n: int, run_mode: str, lora_capable: bool = True) -> str | None:
     """Why ``--mode auto`` runs no pilot (None when the mode was given): public quantities only."""
     if req.mode != "auto":
         return None
-    skipped = [m for m in AUTO_MODES if m in strat.modes and m != run_mode]
+    small = AUTO_MODES if lora_capable else AUTO_MODES_WITHOUT_LORA
+    skipped = [m for m in small if m in strat.modes and m != run_mode]
     if not skipped:
         return f"mode auto: strategy {strat.name} trains {run_mode} only; no mode pilots are run"
     eps = req.privacy.epsilon
