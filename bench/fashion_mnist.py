@@ -80,7 +80,8 @@ def _tune_cell(split, eps, seed, **kw) -> dict:
         shutil.rmtree(folder)
     # last-layer: the test split is scored by the bench on the shared cached features (_test_accuracy), after the
     # run, exactly as privtune would score it; a mode that trains the backbone is scored by privtune itself
-    frozen = kw.get("mode") == "last-layer"
+    # (the grid oracle releases no model: privtune scores its selected point on the test split itself)
+    frozen = kw.get("mode") == "last-layer" and kw.get("strategy") != "grid-oracle"
     r = privtune.tune(split["train"], eval_data=None if frozen else split["test"], public_eval_data=split["public"],
                       labels=LABELS, model=MODEL, epsilon=eps, delta=DELTA, ledger=f"sqlite:///{folder}.db",
                       output_dir=folder, seed=seed, quiet=True, feature_cache_dir=str(RESULTS / "features"), **kw)
