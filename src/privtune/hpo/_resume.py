@@ -24,6 +24,7 @@ from privtune.hpo.common import BudgetPlan, Selector, as_plain
 from privtune.hpo.executors import seeded_torch as _seeded_torch
 from privtune.hpo.registry import get as get_strategy
 from privtune.ledger import url_without_password
+from privtune.run.release import effective_config
 
 # --------------------------------------------------------------------------------------
 # resumable runs: the run's seeds, the private state file, replay of completed trials
@@ -57,20 +58,11 @@ def _effective_config(args: dict, run_dir: Path | None) -> tuple[dict, list]:
     appear as a non-existent path naming the problem).
     The OS-drawn seed of a run without ``seed`` is never part of it (it is secret)."""
     out: dict = {}
-    unsaved: list = []
     for k, v in args.items():
         if k in _NOT_CONFIG or v is None:
             continue
         key = "output" if k == "output_dir" else k
-        if k in _PATH_ARGS:
-            if not isinstance(v, (str, os.PathLike)):
-                # written as a path that does not exist, so that a rerun from the file fails loudly instead of
-                # silently running without it (e.g. `data` missing would run the embedded demo)
-                unsaved.append(key)
-                v = f"<in-memory {type(v).__name__}: not reproducible from this file; pass it again>"
-            else:
-                v = os.fspath(v)
-        elif k == "selection":
+        if k == "selection":
             v = _SELECTION_FLAG.get(str(v), v)  # a source given as selection= is written as its flag
         elif k == "executor":
             v = getattr(v, "name", v)  # an Executor instance is written as its --executor name
@@ -79,7 +71,7 @@ def _effective_config(args: dict, run_dir: Path | None) -> tuple[dict, list]:
         out[key] = v
     if run_dir is not None:
         out["output"] = str(run_dir)
-    return out, unsaved
+    return effective_config(out, path_keys=[("output" if k == "output_dir" else k) for k in _PATH_ARGS])
 
 
 def _compared(cfg: dict) -> dict:
@@ -594,24 +586,3 @@ def _label_curves(final_run: dict, public: bool) -> None:
         final_run["eval_note"] = ("no accuracy curve: it needs a validation split declared public "
                                   "(--public-eval-data); evaluating private data would spend budget, and the "
                                   "reported split is never looked at before the model is final")
-
-
-def _check_open_reservation(led, fp: str, run_id: str, run_dir: Path, completed: list = ()) -> Any:
-    """On resume, before reserving: the interrupted run's reservation must still be open in this ledger
-    (otherwise the replayed trials would sit under no reservation, or the finished run be charged twice).
-
-    Returns None when it is open (the run continues it) or was never made (killed between writing its
-    state file and reserving, with no completed call: the resumed run reserves now), or the committed
-    ledger entry of a run that was interrupted after its commit but before its files were all in place
-    (its release is written again, without a new charge)."""
-    entries = [e for e in led.status(fp).entries if e.resume_key == run_id]
-    if any(e.state == "reserved" for e in entries):
-        return None
-    if not entries and not completed:
-        return None
-    committed = [e for e in entries if e.state == "committed"]
-    if committed:
-        return committed[-1]
-    raise InvalidParameterError(
-        f"`resume`: the ledger has no open reservation for the run in {str(run_dir)!r} (it was released, or this is "
-        "another ledger). Resume with the ledger of the interrupted run, or start a new run in a new directory.")
