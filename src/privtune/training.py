@@ -62,6 +62,7 @@ from privtune.run import pipeline as run_pipeline
 from privtune.run import release
 from privtune.run.budget import BudgetRequest
 from privtune.specs import ClippingSpec, LoraSpec, OptimizerSpec, PrivacySpec, ScheduleSpec
+from privtune.tasks import task_for
 
 NOT_PRIVATE_LOSS = (
     "NOT PRIVATE: mean loss of each sampled batch, computed without noise (monitoring only; "
@@ -1299,11 +1300,7 @@ class TrainJob:
         r, out = self.request, inputs.out
         prog = _make_progress(r.progress, out / "log.txt" if out is not None else None,
                               plan.schedule.planned_epsilon)
-        loop, actual = _run_training(
-            inputs.clf, inputs.train_set, inputs.eval_set, plan.hyper, plan.schedule.phases, state=files.state,
-            out=out, ckpt_path=inputs.ckpt_path, run_id=files.run_id, fp=inputs.fingerprint, prog=prog,
-            log=files.log, delta=inputs.privacy.delta, eval_every=r.eval_every, device=inputs.device,
-            clipping_diagnostics=r.clipping_diagnostics, checkpoint_every=r.checkpoint_every)
+        loop, actual = _run_training(r, inputs, plan, files, prog)
         return _Trained(loop=loop, events=actual, hyper=plan.hyper)
 
     # ------------------------------------------------------------------ certify
@@ -1437,27 +1434,24 @@ def _load_train_inputs(data, eval_data, model, labels, privacy: PrivacySpec, *, 
     Returns ``(train_set, eval_set, classifier, privacy)``; δ defaults from the training set size."""
     from privtune.data import load_dataset
     from privtune.data.datasets import check_disjoint, declared_label_set
-    from privtune.models import load_classifier
     from privtune.models.classifier import check_model_label_set
 
     num_labels, label_names, label_source = declared_label_set(labels, model=model)
     train_set = load_dataset(data, text_column, label_column, num_labels=num_labels, label_names=label_names)
     if not train_set.has_labels:
         raise DataError("The training data has no labels. Pass a file with a label column.")
+    task = task_for(train_set)  # the training data's input kind picks the task: its splits, model, metrics
     n = len(train_set)
     eval_set = None
     if eval_data is not None:
-        eval_set = load_dataset(eval_data, text_column, label_column, num_labels=num_labels,
-                                label_names=label_names)
+        eval_set = task.load_split(eval_data, "eval_data", text_column=text_column, label_column=label_column,
+                                   num_labels=num_labels, label_names=label_names, labelled=False)
         if not eval_set.has_labels:
             raise DataError("`eval_data` has no labels; evaluation needs a label column.")
         check_disjoint(train_set, eval_set, "eval_data")  # accuracy on training rows is not held-out (nor private)
     privacy = privacy.for_dataset(n)
-    if isinstance(model, nn.Module):
-        clf = model
-    else:
-        clf = load_classifier(model, num_labels=num_labels, pooling=pooling,
-                              label_names=label_names, max_length=max_length, seed=seed)
+    clf = task.build_model(model, num_labels=num_labels, pooling=pooling, label_names=label_names,
+                           max_length=max_length, seed=seed)
     check_model_label_set(clf, num_labels, label_names, label_source)
     if getattr(clf, "kind", "text") != train_set.kind:
         raise DataError(f"The model takes {clf.kind} inputs but the training data is {train_set.kind}.")
@@ -1593,10 +1587,13 @@ def _prepare_run_dir(out: Path | None, ckpt_path: Path | None, resume: bool, fp:
     return run_id, state, created, fresh_files
 
 
-def _run_training(clf, train_set, eval_set, hyper: dict, phases: list, *, state, out, ckpt_path, run_id, fp,
-                  prog, log, delta, eval_every, device, clipping_diagnostics, checkpoint_every):
+def _run_training(r: _TrainRequest, inputs: _TrainInputs, plan: _TrainPlan, files: _TrainFiles, prog: Any):
     """Train under the reservation (from the checkpoint ``state`` of a resumed run), saving checkpoints
     into ``ckpt_path``; returns the loop and the events it actually ran."""
+    clf, train_set, eval_set, out, ckpt_path = inputs.clf, inputs.train_set, inputs.eval_set, inputs.out, inputs.ckpt_path
+    hyper, phases, state, run_id, log = plan.hyper, plan.schedule.phases, files.state, files.run_id, files.log
+    fp, delta, device, eval_every = inputs.fingerprint, inputs.privacy.delta, inputs.device, r.eval_every
+    clipping_diagnostics, checkpoint_every = r.clipping_diagnostics, r.checkpoint_every
     mode, T, sigma, q = hyper["mode"], hyper["steps"], hyper["noise_multiplier"], hyper["sample_rate"]
     clip, clipping, per_layer_clipping = hyper["clip"], hyper["clipping"], hyper["per_layer_clipping"]
     optimizer, momentum, weight_decay = hyper["optimizer"], hyper["momentum"], hyper["weight_decay"]

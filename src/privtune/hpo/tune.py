@@ -77,9 +77,6 @@ from privtune.run.pipeline import Described, ReleaseTarget
 from privtune.training import declare_public_size, public_size
 from privtune.specs import DEFAULT_CLIPPING, DEFAULT_OPTIMIZER, ClippingSpec, OptimizerSpec, PrivacySpec, ScheduleSpec
 
-#: what tune() releases into RUN_DIR (checked before the reservation: an entry of the wrong kind is an error)
-_RELEASED_FILES = ("certificate.json", "metrics.json", "history.json", "config.yaml", "report.html", "log.txt")
-_RELEASED_DIRS = ("model",)
 #: STRATEGIES (re-exported): the tuning strategies, read from the registry (privtune.hpo.registry)
 #: tune(mode=...): a tunable mode, or "auto" (the one declaration of this choice set)
 MODES = ("auto", *TUNABLE_MODES)
@@ -579,13 +576,13 @@ def _open_run_files(args: TuneArguments, req: _Request, inputs: _Inputs) -> _Run
         output_dir = args.output_dir
         run_dir = Path(output_dir) if output_dir is not None else Path("runs") / _dt.datetime.now().strftime(
             "%Y%m%d-%H%M%S")
-        _release.check_output_path(run_dir, _RELEASED_FILES, _RELEASED_DIRS)
+        _release.check_output_path(run_dir, release.RELEASED_FILES, release.RELEASED_DIRS)
         if (run_dir / "certificate.json").exists() and not _state_path(run_dir).exists():
             # with the state file, an interrupted release (certificate in place, ledger not yet committed)
             raise InvalidParameterError(
                 f"`output` {str(run_dir)!r} already holds a finished run (certificate.json). Pass a new directory.")
         log_existed = (run_dir / "log.txt").exists()
-        created_dirs = _release.prepare_output_dir(run_dir, _RELEASED_FILES, _RELEASED_DIRS)
+        created_dirs = _release.prepare_output_dir(run_dir, release.RELEASED_FILES, release.RELEASED_DIRS)
     try:
         config, unsaved = _effective_config(args.options(), run_dir)
         header, entries = _resume_state(args.resume, run_dir, args.output_dir, req.strategy.name, config,

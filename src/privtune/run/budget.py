@@ -80,6 +80,9 @@ class BudgetRequest:
     strict_resume: bool = False
     replayed: bool = False  # the resumed run replays completed work recorded under its reservation
     run_dir: Any = None  # named in the refusal of a resume that finds no reservation
+    #: False: the dataset must already be registered (an unknown one raises UnknownDatasetError); the audit
+    #: charges a budget the user set up, never one it registers itself
+    register: bool = True
 
 
 def resumed_entry(status: Any, request: BudgetRequest) -> Any | None:
@@ -88,6 +91,8 @@ def resumed_entry(status: Any, request: BudgetRequest) -> Any | None:
 
     With ``request.strict_resume``, refuses a run that has neither an open nor a committed entry in this
     ledger but another entry or replayed work."""
+    if request.resume_key is None:
+        return None
     mine = [e for e in status.entries if e.resume_key == request.resume_key]
     if any(e.state == "reserved" for e in mine):
         return None
@@ -131,9 +136,12 @@ def reserve(ledger: Any, request: BudgetRequest, *, before_reserving=None) -> Re
     again (``Reserved.reservation`` is None, ``Reserved.committed`` its entry).  ``before_reserving()``
     runs after the checks and before the reservation (tune writes its state file there).
     """
-    status, registered = register_dataset(ledger, request.fingerprint, total_epsilon=request.total_epsilon,
-                                          delta=request.delta, name=None, command=request.command,
-                                          accountant=request.accountant, file_name=request.file_name)
+    if request.register:
+        status, registered = register_dataset(ledger, request.fingerprint, total_epsilon=request.total_epsilon,
+                                              delta=request.delta, name=None, command=request.command,
+                                              accountant=request.accountant, file_name=request.file_name)
+    else:
+        status, registered = ledger.status(request.fingerprint), False
     events = request.events(ledger) if callable(request.events) else list(request.events)
     if request.resuming and (not registered or request.strict_resume):
         committed = resumed_entry(status, request)
