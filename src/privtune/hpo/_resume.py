@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from privtune.hpo.common import BudgetPlan, Selector, as_plain
 from privtune.hpo.executors import seeded_torch as _seeded_torch
 from privtune.hpo.registry import get as get_strategy
 from privtune.ledger import url_without_password
+from privtune.report.progress import BATCH_LOSS_LABEL
 from privtune.run.release import effective_config
 
 # --------------------------------------------------------------------------------------
@@ -222,11 +224,6 @@ class _Journal:
             self.trials_expected = int(d.get("trials") or 0) or None
         if d.get("accounting") == "repeat-and-select":
             self.show_epsilon = False
-        if d.get("n_train"):  # time left for the whole tune: the planned examples still ahead (mode pilots done)
-            from privtune.hpo.common import planned_examples
-
-            ahead = [e for e in plan.events if not str(getattr(e, "label", "")).startswith("planned pilot")]
-            self.prog.plan_work(self.prog.work_done + planned_examples(ahead, int(d["n_train"])))
 
     # -------------------------------------------------------------- file
     def next(self, kind: str, key: dict) -> dict | None:
@@ -324,8 +321,8 @@ class _JournalBackend:
         if model:
             steps = int(kw.get("steps") or 1)
             sigma, q = float(kw["noise_multiplier"]), float(kw["sample_rate"])
-            j.prog.start_phase(f"{name}, batch loss NOT PRIVATE", total=steps, unit="steps",
-                               work=q * self._inner.n * steps)
+            j.prog.start_phase(name, total=steps, unit="steps", work=q * self._inner.n * steps,
+                               kind=f"model:{self._inner.mode}", loss_label=BATCH_LOSS_LABEL)
             kw["progress"] = _StepProgress(j, lambda k: _run_events(sigma, q, k), steps)
         try:
             with _seeded_torch(derive_seed(j.seed, "torch", index)):
@@ -427,8 +424,10 @@ class _JournalBackend:
             n_upd = math.ceil(k / cfg.interval)
             return _run_events(sg, q, k - n_upd) + _run_events(s_eff, q, n_upd)
 
-        j.prog.start_phase(f"final run (hyperfree, {getattr(self._inner, 'kind', '')}; privatised loss)", total=T,
-                           unit="steps", work=q * self._inner.n * T)
+        j.prog.start_phase(f"final run (hyperfree, {getattr(self._inner, 'kind', '')})", total=T,
+                           unit="steps", work=q * self._inner.n * T,
+                           kind="features" if self._inner.kind == "features" else f"model:{self._inner.mode}",
+                           loss_label="privatised loss")
         try:
             with _seeded_torch(derive_seed(j.seed, "torch", index)):
                 return self._inner.run_hyperfree(progress=_StepProgress(j, events_at, T), **kw)
@@ -438,7 +437,14 @@ class _JournalBackend:
     def logits(self, state: Any, data: Any) -> Any:
         if isinstance(state, _Replayed):
             return _REPLAYED_OUTPUTS
-        return self._inner.logits(state, data)
+        if getattr(self._inner, "kind", "") != "model":
+            return self._inner.logits(state, data)
+        t0 = time.monotonic()  # a score's forward passes: planned work of the time-left estimate, done now
+        out = self._inner.logits(state, data)
+        # the rows as published (a declared public size): the estimate is printed and logged
+        rows = getattr(data, "public_size", None)
+        self._j.prog.record_work("predict", len(data) if rows is None else int(rows), time.monotonic() - t0)
+        return out
 
     def predict(self, state: Any, data: Any) -> Any:
         if isinstance(state, _Replayed):
