@@ -64,6 +64,7 @@ from privtune.report.progress import BATCH_LOSS_LABEL
 from privtune.run import pipeline as run_pipeline
 from privtune.run import release
 from privtune.run.budget import BudgetRequest
+from privtune.run.inputs import check_training_split, load_split
 from privtune.specs import ClippingSpec, LoraSpec, OptimizerSpec, PrivacySpec, ScheduleSpec
 from privtune.tasks import task_for
 
@@ -1450,21 +1451,22 @@ def _load_train_inputs(data, eval_data, model, labels, privacy: PrivacySpec, *, 
     """Load and check the training and evaluation splits and the classifier (no budget spent).
 
     Returns ``(train_set, eval_set, classifier, privacy)``; δ defaults from the training set size."""
-    from privtune.data import load_dataset
     from privtune.data.datasets import check_disjoint, declared_label_set
     from privtune.models.classifier import check_model_label_set
 
     num_labels, label_names, label_source = declared_label_set(labels, model=model)
-    train_set = load_dataset(data, text_column, label_column, num_labels=num_labels, label_names=label_names)
-    if not train_set.has_labels:
-        raise DataError("The training data has no labels. Pass a file with a label column.")
+    if data is None:
+        raise InvalidParameterError("`data` is required: the private training data (a file or a dataset).")
+    train_set = load_split(data, "data", text_column=text_column, label_column=label_column, num_labels=num_labels,
+                           label_names=label_names)
+    check_training_split(train_set)
     task = task_for(train_set)  # the training data's input kind picks the task: its splits, model, metrics
     n = len(train_set)
     eval_set = None
     if eval_data is not None:
         eval_set = task.load_split(eval_data, "eval_data", text_column=text_column, label_column=label_column,
                                    num_labels=num_labels, label_names=label_names, labelled=False)
-        if not eval_set.has_labels:
+        if getattr(eval_set, "labels", None) is None:
             raise DataError("`eval_data` has no labels; evaluation needs a label column.")
         check_disjoint(train_set, eval_set, "eval_data")  # accuracy on training rows is not held-out (nor private)
     privacy = privacy.for_dataset(n)

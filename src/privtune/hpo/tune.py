@@ -41,11 +41,11 @@ import torch
 from privtune import _release, finetune  # finetune.cache_features: a test seam, read at call time
 from privtune._validation import check_choice, check_int, check_real
 from privtune.accounting.events import GaussianEvent, event_to_dict
-from privtune.data import ImageDataset, TextDataset, embedded_sst2, load_dataset
+from privtune.data import embedded_sst2
 from privtune.data.datasets import EMBEDDED_LABELS, check_disjoint, declared_label_set
 from privtune.engine import distributed
 from privtune.engine.sampling import make_generator, poisson_mask
-from privtune.errors import (DataError, InfeasibleBudgetError, InvalidParameterError, OneClassModelWarning,
+from privtune.errors import (InfeasibleBudgetError, InvalidParameterError, OneClassModelWarning,
                              PrivtuneError, UnlikelyToLearnWarning)
 from privtune.finetune import usefulness
 from privtune.finetune.last_layer import check_finite_features
@@ -75,6 +75,7 @@ from privtune.report.progress import Progress
 from privtune.run import pipeline as run_pipeline
 from privtune.run import release
 from privtune.run.budget import BudgetRequest, open_ledger_for
+from privtune.run.inputs import check_training_split, load_split
 from privtune.run.pipeline import Described, ReleaseTarget
 from privtune.training import declare_public_size, public_size
 from privtune.specs import DEFAULT_CLIPPING, DEFAULT_OPTIMIZER, ClippingSpec, OptimizerSpec, PrivacySpec, ScheduleSpec
@@ -145,33 +146,6 @@ class TuneResult:
 # --------------------------------------------------------------------------------------
 # data helpers
 # --------------------------------------------------------------------------------------
-
-
-def _load(data: Any, what: str, text_column=None, label_column=None, num_labels=None, label_names=None):
-    """Load a split; with a declared label set (``num_labels``/``label_names``) its labels must be in it."""
-    if data is None:
-        return None
-    if isinstance(data, (TextDataset, ImageDataset)):
-        return load_dataset(data, num_labels=num_labels, label_names=label_names)
-    if hasattr(data, "__len__") and hasattr(data, "kind"):
-        return data
-    if isinstance(data, (str, os.PathLike)):
-        p = Path(data).expanduser()
-        if not p.exists():
-            raise DataError(f"`{what}` file {str(p)!r} does not exist. Check the path.")
-        return load_dataset(str(p), text_column=text_column, label_column=label_column, num_labels=num_labels,
-                            label_names=label_names)
-    raise InvalidParameterError(f"`{what}` must be a path or a privtune dataset. Got {type(data).__name__}.")
-
-
-def _check_train(ds) -> None:
-    if ds is None or len(ds) == 0:
-        raise DataError("The training data is empty. Pass a file with at least two labelled examples per class.")
-    labels = getattr(ds, "labels", None)
-    if labels is None:
-        raise DataError("The training data has no labels. Add a label column (e.g. `label`).")
-    # no check of which classes the rows contain: the label set is declared (public), and a refusal that
-    # depends on the rows' classes would tell whoever sees it something about the private data
 
 
 def _labels_tensor(ds) -> torch.Tensor:
@@ -484,12 +458,16 @@ def _load_inputs(req: _Request, data, *, eval_data, public_eval_data, labels, mo
         train = data
         train_source = str(data) if isinstance(data, (str, os.PathLike)) else "in-memory dataset"
     # the label set is public input: declared, or a public split's, or the model's; never the private rows'
-    public_probe = _load(public_eval_data, "public_eval_data", text_column, label_column) if labels is None else None
+    public_probe = (load_split(public_eval_data, "public_eval_data", text_column=text_column,
+                               label_column=label_column) if labels is None else None)
     num_labels, names, label_source = declared_label_set(labels, model=model, public_data=public_probe)
-    train = _load(train, "data", text_column, label_column, num_labels, names)
-    _check_train(train)
-    eval_set = _load(eval_data, "eval_data", text_column, label_column, num_labels, names)
-    public_set = _load(public_eval_data, "public_eval_data", text_column, label_column, num_labels, names)
+    train = load_split(train, "data", text_column=text_column, label_column=label_column,
+                       num_labels=num_labels, label_names=names)
+    check_training_split(train)
+    eval_set = load_split(eval_data, "eval_data", text_column=text_column, label_column=label_column,
+                          num_labels=num_labels, label_names=names)
+    public_set = load_split(public_eval_data, "public_eval_data", text_column=text_column, label_column=label_column,
+                            num_labels=num_labels, label_names=names)
     for split, what in ((train, "data"), (eval_set, "eval_data"), (public_set, "public_eval_data")):
         check_finite_features(split, what)  # cached features: NaN/inf refused before anything is reserved
     check_disjoint(train, public_set, "public_eval_data")

@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from privtune.data import load_dataset
-from privtune.errors import DataError
+from privtune.errors import DataError, InvalidParameterError
 from privtune.models import load_classifier
+from privtune.run.inputs import load_split
 
 
 class TextClassification:
@@ -23,10 +23,13 @@ class TextClassification:
     def load_split(self, data: Any, what: str, *, text_column: str | None = None, label_column: str | None = None,
                    num_labels: int | None = None, label_names: Sequence[str] | None = None,
                    labelled: bool = True) -> Any:
-        split = load_dataset(data, text_column, label_column, num_labels=num_labels, label_names=label_names)
-        if split.kind != self.kind:
+        split = load_split(data, what, text_column=text_column, label_column=label_column, num_labels=num_labels,
+                           label_names=label_names)
+        if split is None:
+            raise InvalidParameterError(f"`{what}` is required for a {self.name} split.")
+        if getattr(split, "kind", self.kind) != self.kind:
             raise DataError(f"`{what}` holds {split.kind} inputs, but this is a {self.name} run on {self.kind} data.")
-        if labelled and not split.has_labels:
+        if labelled and getattr(split, "labels", None) is None:
             raise DataError(f"`{what}` has no labels. Pass a file with a label column.")
         return split
 
