@@ -26,7 +26,6 @@ jobs (:class:`privtune.training.TrainJob`, :class:`privtune.hpo.tune.TuneJob`) s
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Protocol, Sequence
@@ -247,10 +246,5 @@ def commit(target: ReleaseTarget, budget: Budget, events: Sequence[Any]) -> None
     _files.commit(pending, events, target.private_files)
 
 
-def nothing_to_guard(inputs: Any) -> ContextManager[Any]:
-    """A :meth:`Job.session` for a job that needs none."""
-    return contextlib.nullcontext()
-
-
 __all__ = ["STAGES", "Budget", "Described", "Job", "ReleaseTarget", "Released", "certify", "commit", "execute",
-           "load", "nothing_to_guard", "plan", "prepare", "reserve", "run", "write"]
+           "load", "plan", "prepare", "reserve", "run", "write"]
