@@ -6,7 +6,7 @@
   N(0, σ²C²) once per logical batch, division by the expected batch size q·N), gradient accumulation
   over physical micro-batches.  No ledger, no files: it returns a :class:`FitResult` with the privacy
   events of what it did.  Hyperparameter tuning (:mod:`privtune.hpo`) calls it for every trial.
-* :func:`train` is a complete run: validate every argument, load and check the data and the model,
+* :func:`train` is a complete run (a :class:`TrainJob` run by :func:`privtune.run.pipeline.execute`): validate every argument, load and check the data and the model,
   calibrate σ from (ε, δ) when asked, **reserve the planned events in the ledger before any
   computation on the data**, fit with progress and checkpoints (exact resume), evaluate, release
   ``RUN_DIR`` (model, certificate, metrics, history, config, log: staged, then moved into place)

@@ -1,6 +1,7 @@
 """``privtune.tune``: private tuning plus training under one total (ε, δ).
 
-The flow (each step happens before the next touches more data):
+``tune`` is a :class:`TuneJob` run by :func:`privtune.run.pipeline.execute`, the stage order every
+budget-spending command shares.  The flow (each step happens before the next touches more data):
 
 1. validate every argument and the data (the declared label set, labels outside it, empty data,
    overlapping splits, model path) — errors here cost no budget;
