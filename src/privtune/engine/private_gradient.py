@@ -44,6 +44,7 @@ from privtune.engine._layers import (
 from privtune.engine._vision_layers import has_own_forward, vision_handler
 from privtune.engine._rmsnorm import RMSNormHandler, is_rmsnorm
 from privtune.engine._tied import tied_pair, tied_sq_norms
+from privtune.engine.mechanisms import privatise_sum
 from privtune.engine.step import MicroBatch, ReleaseInfo
 
 __all__ = ["PrivateGradient", "ReleaseInfo"]
@@ -104,27 +105,6 @@ def finite_terms(losses: torch.Tensor | None, norms: torch.Tensor) -> torch.Tens
     if losses is not None:
         ok = ok & torch.isfinite(losses.detach()).to(ok.device)
     return ok
-
-
-def privatise_sum(clipped_sums: torch.Tensor | list[torch.Tensor], std: float, expected_batch_size: float,
-                  generator: torch.Generator, group: Any = None) -> torch.Tensor | list[torch.Tensor]:
-    """``(clipped_sum + N(0, std² I)) / expected_batch_size`` for each part of one logical batch's gradient (one
-    tensor, or a list of them): the one place privtune adds Gaussian noise to a gradient.  The noise is drawn on
-    the CPU ``generator`` in each sum's dtype, part after part (the same stream on every device), then moved to
-    its device; the sums are updated in place and returned (a tensor for a tensor, a list for a list).
-
-    ``group`` (a :class:`privtune.engine.distributed.ProcessGroup`, data-parallel runs): every rank passes its
-    own clipped sums; only ``group.adds_noise`` (rank 0) adds the noise, then the sums are all-reduced, so the
-    released gradient has the noise of one process exactly once, whatever the number of processes."""
-    if isinstance(clipped_sums, torch.Tensor):
-        return privatise_sum([clipped_sums], std, expected_batch_size, generator, group)[0]
-    if std > 0 and (group is None or group.adds_noise):
-        for s in clipped_sums:
-            z = torch.empty(s.shape, dtype=s.dtype).normal_(generator=generator)
-            s.add_(z.to(s.device), alpha=std)
-    if group is not None:
-        group.all_reduce_sum_(clipped_sums)
-    return [s.mul_(1.0 / expected_batch_size) for s in clipped_sums]
 
 
 def per_example_gradients(losses: torch.Tensor, params: Sequence[torch.nn.Parameter]) -> torch.Tensor:
@@ -701,7 +681,8 @@ class PrivateGradient:
             elif not s.is_contiguous():
                 s = s.contiguous()
             sums.append(s)
-        released = privatise_sum(sums, std, self.expected_batch_size, self._generator, self.process_group)
+        released = privatise_sum(sums, self.noise_multiplier, self.max_grad_norm, self.expected_batch_size,
+                                 self._generator, self.process_group).value
         for p, g in zip(self._params, released):
             p.grad = g.detach()
         self._releases += 1

@@ -31,9 +31,9 @@ from privtune.engine.private_gradient import (
     ReleaseInfo,
     clip_factors,
     finite_terms,
-    privatise_sum,
     zero_rows,
 )
+from privtune.engine.mechanisms import privatise_sum
 from privtune.engine.step import MicroBatch
 from privtune.errors import DataError, InvalidParameterError
 from privtune.models.classifier import length_order
@@ -204,7 +204,7 @@ class LinearHeadGradient:
     :meth:`release` noise once per logical batch (returns a :class:`~privtune.engine.ReleaseInfo`),
     :meth:`state_dict` / :meth:`load_state_dict`, :meth:`paused`, :meth:`close`.  The clip factors are
     :func:`privtune.engine.private_gradient.clip_factors` and the noise is added by
-    :func:`privtune.engine.private_gradient.privatise_sum`, the same functions PrivateGradient uses.
+    :func:`privtune.engine.mechanisms.privatise_sum`, the same functions PrivateGradient uses.
 
     For ``logits = x Wᵀ + b`` and softmax cross-entropy, example i has ``∂ℓ/∂W = (p_i − e_{y_i}) x_iᵀ`` and
     ``∂ℓ/∂b = p_i − e_{y_i}``, so ``‖g_i‖ = ‖p_i − e_{y_i}‖ · sqrt(‖x_i‖² + 1)`` (without the 1 when the head
@@ -337,7 +337,8 @@ class LinearHeadGradient:
         for p in self._params:
             s = self._sum_w if p is self.head.weight else self._sum_b
             sums.append(torch.zeros_like(p) if s is None else s.to(p.dtype))
-        released = privatise_sum(sums, std, self.expected_batch_size, self._generator, self.process_group)
+        released = privatise_sum(sums, self.noise_multiplier, self.max_grad_norm, self.expected_batch_size,
+                                 self._generator, self.process_group).value
         for p, g in zip(self._params, released):
             p.grad = g.detach()
         self._releases += 1

@@ -30,6 +30,7 @@ import privtune.accounting as acct
 from privtune._validation import check_delta, check_epsilon, check_int, check_real
 from privtune.accounting.events import DPSGDEvent, Event, GaussianEvent, event_to_dict
 from privtune.choices import SELECTIONS, TUNABLE_MODES
+from privtune.engine.mechanisms import noisy_scalar
 from privtune.engine.sampling import make_generator
 from privtune.errors import InfeasibleBudgetError, InvalidParameterError
 from privtune.hpo.recommend import recommend, steps_for_epochs
@@ -331,10 +332,13 @@ class Selector:
         return self.source != "public_validation"
 
     def score_event(self, label: str = "") -> GaussianEvent | None:
-        """The event one score costs (None when the split is public)."""
+        """The event one score costs (None when the split is public): what :meth:`score` returns with it."""
         if not self.charged:
             return None
-        return GaussianEvent(noise_multiplier=self.noise_std, count=1, label=label or f"score ({self.source})")
+        return GaussianEvent(noise_multiplier=self.noise_std, count=1, label=self._label(label))
+
+    def _label(self, label: str) -> str:
+        return label or f"score ({self.source})"
 
     def tie_margin(self, score: float) -> float:
         """How far apart two scores near ``score`` must be before one is better than the other, in score
@@ -371,20 +375,19 @@ class Selector:
                 f"outputs have {out.shape[0]} rows but the selection split has {self.labels.shape[0]}."
             )
         self.log.append(self.name)
-        noise = 0.0
-        if self.charged:
-            noise = self.noise_std * float(torch.randn((), generator=self._gen, dtype=torch.float64).item())
         if self.source == "train_loss_noisy":
             if out.dim() != 2:
                 raise InvalidParameterError("selection='train-loss' needs logits, not labels.")
             losses = torch.nn.functional.cross_entropy(out.float(), self.labels, reduction="none")
-            total = float(losses.clamp(0.0, self.loss_clip).sum().item()) + noise * self.loss_clip
-            return -total / n, [self.score_event(label)]
+            total = float(losses.clamp(0.0, self.loss_clip).sum().item())
+            released = noisy_scalar(total, self.noise_std, self.loss_clip, self._gen, label=self._label(label))
+            return -released.value / n, [released.event]
         pred = out.argmax(dim=1) if out.dim() == 2 else out.long().view(-1)
         correct = float((pred == self.labels).sum().item())
         if not self.charged:
             return correct / n, []
-        return (correct + noise) / n, [self.score_event(label)]
+        released = noisy_scalar(correct, self.noise_std, 1.0, self._gen, label=self._label(label))
+        return released.value / n, [released.event]
 
 
 #: score differences within this many standard errors of a difference are ties (:meth:`Selector.tie_margin`)

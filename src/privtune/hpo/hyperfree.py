@@ -46,6 +46,7 @@ import torch
 import privtune.accounting as acct
 from privtune._validation import check_backbone_lr_scale, check_choice, check_int, check_real
 from privtune.accounting.events import DPSGDEvent, GaussianEvent
+from privtune.engine.mechanisms import noisy_scalar
 from privtune.engine.private_gradient import CLIPPINGS
 from privtune.engine.sampling import make_generator
 from privtune.finetune.modes import default_backbone_lr_scale
@@ -148,13 +149,13 @@ def privatize_loss(losses: torch.Tensor, R_l: float, noise_multiplier: float, ex
     """Eq. (7) of seed 001: (Σ clamp(ℓ_i, −R_l, R_l) + σ_l·R_l·N(0, 1)) / B (a NaN or inf ℓ_i counts 0).
 
     The clipped sum has add/remove sensitivity R_l, so this is a Gaussian mechanism with
-    noise multiplier ``noise_multiplier`` (σ_l).  B is the *expected* batch size.
+    noise multiplier ``noise_multiplier`` (σ_l), :func:`privtune.engine.mechanisms.noisy_scalar`.  B is the
+    *expected* batch size.
     """
     # a NaN/inf loss adds nothing (as its gradient term in the engine): the sum stays in [−B·R_l, B·R_l]
     s = float(torch.where(torch.isfinite(losses), losses, 0.0).clamp(-R_l, R_l).sum().item())
-    if noise_multiplier > 0:
-        s += noise_multiplier * R_l * float(torch.randn((), generator=generator, dtype=torch.float64).item())
-    return s / expected_batch_size
+    # its event is not charged on its own: the release shares the update step's batch (joint accounting, σ_eff)
+    return noisy_scalar(s, noise_multiplier, R_l, generator, label="hyperfree loss").value / expected_batch_size
 
 
 # --------------------------------------------------------------------------------------

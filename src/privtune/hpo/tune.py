@@ -46,6 +46,7 @@ from privtune.accounting.events import GaussianEvent, event_to_dict
 from privtune.data import ImageDataset, TextDataset, embedded_sst2, load_dataset
 from privtune.data.datasets import EMBEDDED_LABELS, check_disjoint, declared_label_set
 from privtune.engine import distributed
+from privtune.engine.mechanisms import noisy_feature_sum
 from privtune.engine.sampling import make_generator, poisson_mask
 from privtune.errors import DataError, InfeasibleBudgetError, InvalidParameterError, PrivtuneError
 from privtune.finetune.last_layer import check_finite_features
@@ -1028,10 +1029,8 @@ def _execute(req: _Request, inputs: _Inputs, tplan: _TunePlan, clf, prog, seed: 
                 feats["_center"] = feats["public"][0].mean(dim=0)
                 feats["_center_note"] = "features centred by the mean of the PUBLIC validation split (free)"
             elif tplan.center_sigma:
-                X = feats["train"][0]
-                Xc = X * (1.0 / X.norm(dim=1, keepdim=True).clamp_min(1.0))  # norm ≤ 1: sensitivity 1
                 g = make_generator(seed, offset=4242)  # noise of the private centring
-                noisy = Xc.sum(0) + tplan.center_sigma * torch.randn(X.shape[1], generator=g)
+                noisy = noisy_feature_sum(feats["train"][0], tplan.center_sigma, g).value  # planned: tplan's event
                 feats["_center"] = noisy / inputs.n_train  # public n (a random split's realised size is private)
                 feats["_center_note"] = (f"features centred by a PRIVATE mean (Gaussian, σ = {tplan.center_sigma:.3g}, "
                                          "charged)")
