@@ -3,7 +3,10 @@
 Parametrised over :data:`privtune.hpo.registry.REGISTRY`, so a new strategy is checked as soon as it is
 registered: its plan exists before any data is read or anything reserved, what it runs is covered by that
 plan, the certificate stays within the total, unknown options are refused before anything is spent, and the
-reported split never reaches a selector.  Tiny model, last-layer mode on cached features: seconds each.
+reported split never reaches a selector; the backend and selector a strategy gets implement the declared
+protocols (:class:`privtune.hpo.backends.Backend`, :class:`privtune.hpo.common.Scorer`).  Tiny model
+(:mod:`privtune.models.testing`), last-layer mode on cached features and every model mode a strategy offers
+among BiTFiT and LoRA: seconds each.
 """
 
 from __future__ import annotations
@@ -22,6 +25,11 @@ from privtune.models.testing import make_toy_text_dataset, make_toy_text_files
 TOTAL_EPSILON, DELTA = 2.0, 1e-3
 #: keeps the runs small (a strategy's defaults are sized for real data); every other option is its default
 FAST_OPTIONS = {"random-search": {"trials": 3}}
+#: tune() overrides that keep a model-mode run small (one epoch of a few batches; two trials a sweep)
+FAST_MODEL = {"epochs": 1, "batch_size": 40}
+MODEL_MODES = ("bitfit", "lora")
+CASES = [(name, "last-layer") for name in STRATEGIES] + [
+    (name, mode) for name in STRATEGIES for mode in MODEL_MODES if mode in REGISTRY[name].modes]
 
 
 @pytest.fixture(scope="module")
@@ -30,10 +38,14 @@ def files(tmp_path_factory):
         "train": ("train.tsv", 120, 0), "public": ("public.tsv", 40, 1), "dev": ("dev.tsv", 30, 2)})
 
 
-def _tune(files, tmp_path, name, **kw):
-    args = dict(eval_data=files["dev"], public_eval_data=files["public"], model=files["model"], mode="last-layer",
+def _tune(files, tmp_path, name, mode="last-layer", **kw):
+    args = dict(eval_data=files["dev"], public_eval_data=files["public"], model=files["model"], mode=mode,
                 strategy=name, epsilon=TOTAL_EPSILON, delta=DELTA, ledger=f"sqlite:///{tmp_path / 'l.db'}",
                 output_dir=tmp_path / "run", seed=0, quiet=True, strategy_options=dict(FAST_OPTIONS.get(name, {})))
+    if mode != "last-layer":
+        args.update(FAST_MODEL)
+        if "trials" in REGISTRY[name].overrides.get("model", ()):
+            args["trials"] = 2
     args.update(kw)
     return privtune.tune(files["train"], **args)
 
@@ -46,9 +58,10 @@ def test_the_registry_is_the_one_list_of_strategies():
         assert all(set(v) <= set(common.OVERRIDE_NAMES) for v in strategy.overrides.values())
 
 
-@pytest.mark.parametrize("name", STRATEGIES)
-def test_strategy_contract(files, tmp_path, monkeypatch, name):
+@pytest.mark.parametrize("name, mode", CASES)
+def test_strategy_contract(files, tmp_path, monkeypatch, name, mode):
     import privtune.finetune as ft
+    from privtune.hpo import backends
     from privtune.ledger import Ledger
     from privtune.models.classifier import Classifier
 
@@ -61,7 +74,7 @@ def test_strategy_contract(files, tmp_path, monkeypatch, name):
         return bool(set(getattr(data, "texts", None) or []) & dev_texts)
 
     orig_plan, orig_run = strategy.plan, strategy.run
-    orig_cache, orig_pred = ft.cache_features, Classifier.predict_logits
+    orig_cache, orig_pred, orig_fit = ft.cache_features, Classifier.predict_logits, backends.fit
     orig_sel_init, orig_score, orig_reserve = common.Selector.__init__, common.Selector.score, Ledger.reserve
 
     def plan(cfg, mode, request):
@@ -71,12 +84,18 @@ def test_strategy_contract(files, tmp_path, monkeypatch, name):
 
     def run(backend, selector, cfg, p, **kw):
         log.append(("run", False))
+        assert isinstance(backend, backends.Backend), type(backend)
+        assert selector is None or isinstance(selector, common.Scorer), type(selector)
         outcomes.append(orig_run(backend, selector, cfg, p, **kw))
         return outcomes[-1]
 
     def cache(model, ds, **kw):
         log.append(("read data", touches_dev(ds)))
         return orig_cache(model, ds, **kw)
+
+    def fit(model, train_set, **kw):  # a model mode reads the private rows when it first trains
+        log.append(("read data", touches_dev(train_set)))
+        return orig_fit(model, train_set, **kw)
 
     def pred(self, ds, **kw):
         log.append(("predict", touches_dev(ds)))
@@ -97,12 +116,14 @@ def test_strategy_contract(files, tmp_path, monkeypatch, name):
     monkeypatch.setattr(strategy, "plan", plan)
     monkeypatch.setattr(strategy, "run", run)
     monkeypatch.setattr(ft, "cache_features", cache)
+    monkeypatch.setattr(backends, "fit", fit)
     monkeypatch.setattr(Classifier, "predict_logits", pred)
     monkeypatch.setattr(common.Selector, "__init__", sel_init)
     monkeypatch.setattr(common.Selector, "score", score)
     monkeypatch.setattr(Ledger, "reserve", reserve)
 
-    r = _tune(files, tmp_path, name)
+    r = _tune(files, tmp_path, name, mode)
+    assert r.metrics["mode"] == mode
     kinds = [k for k, _ in log]
 
     # 1. the plan exists before any data is read (features cached) and before anything is reserved

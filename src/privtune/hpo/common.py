@@ -22,7 +22,7 @@ import dataclasses
 import difflib
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 import torch
 
@@ -390,6 +390,31 @@ class Selector:
         return released.value / n, [released.event]
 
 
+@runtime_checkable
+class Scorer(Protocol):
+    """What strategies need of a selector: :class:`Selector`, or the run journal's wrapper of one."""
+
+    #: one of :data:`SELECTION_SOURCES`
+    source: str
+    #: what the backend's ``predict``/``logits`` take (a feature matrix or a dataset)
+    data: Any
+    #: (n,) labels of the scored split
+    labels: torch.Tensor
+
+    @property
+    def charged(self) -> bool:
+        """Whether a score costs privacy (False on a public split)."""
+
+    def score(self, outputs: torch.Tensor, label: str = "") -> tuple[float, list]:
+        """(score, events charged) of a trial's outputs on :attr:`data`."""
+
+    def score_event(self, label: str = "") -> GaussianEvent | None:
+        """The event one score costs (None when the split is public)."""
+
+    def tie_margin(self, score: float) -> float:
+        """Score difference below which two scores near ``score`` are a tie."""
+
+
 #: score differences within this many standard errors of a difference are ties (:meth:`Selector.tie_margin`)
 TIE_STANDARD_ERRORS = 2.0
 
@@ -471,6 +496,7 @@ __all__ = [
     "BudgetPlan",
     "TrialRecord",
     "StrategyOutcome",
+    "Scorer",
     "Selector",
     "calibrate_final",
     "calibrate_in_plan",

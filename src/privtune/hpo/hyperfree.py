@@ -65,6 +65,7 @@ from privtune.hpo.common import (
     set_override,
     statistical_ties,
 )
+from privtune.hpo.backends import HookContext, RunHooks
 from privtune.training import LoopHook, fit, public_size
 
 NAME = "hyperfree"
@@ -503,11 +504,47 @@ def train_hyperfree(model, train_set, *, steps: int, sample_rate: float, sigma_g
     probe = LearningRateProbe(config, lr0=lr0, sigma_l=sigma_l, expected_batch_size=sample_rate * public_size(train_set),
                               steps=steps, seed=seed, evaluate=evaluate, eval_every=eval_every, progress=progress)
     fit(model, train_set, noise_multiplier=sigma_g, sample_rate=sample_rate, steps=int(steps), learning_rate=lr0,
-        clip=1.0, clipping=config.clipping_for(on_features), gamma=config.auto_gamma, optimizer=config.optimizer,
-        weight_decay=config.weight_decay, seed=seed, max_physical_batch_size=max_physical_batch_size,
-        hooks=[probe], device=device, backbone_lr_scale=backbone_lr_scale,
-        nonfinite_features="drop")  # features (if any) were cached after the reservation
+        seed=seed, max_physical_batch_size=max_physical_batch_size, hooks=[probe], device=device,
+        backbone_lr_scale=backbone_lr_scale, nonfinite_features="drop",  # features were cached after the reservation
+        **final_run_options(config, on_features))
     return probe.history
+
+
+def final_run_options(config: HyperfreeConfig, on_features: bool) -> dict:
+    """The loop options of a HyFreeDP run (gradient clipping at C = 1, the base optimizer, no momentum): the same
+    for :func:`train_hyperfree` and for the strategy's run through a backend."""
+    return {"clip": 1.0, "clipping": config.clipping_for(on_features), "gamma": config.auto_gamma,
+            "optimizer": config.optimizer, "weight_decay": config.weight_decay, "momentum": 0.0}
+
+
+def final_run_hooks(config: HyperfreeConfig, *, lr0: float, sigma_g: float, sigma_l: float, sample_rate: float,
+                    steps: int, phase: str) -> tuple[RunHooks, list]:
+    """The :class:`~privtune.hpo.backends.RunHooks` of a HyFreeDP run through a backend: one
+    :class:`LearningRateProbe` (seeded by the run's seed), its joint events, and a list that receives the probe
+    (read its ``history`` after the run)."""
+    made: list = []
+    s_eff = float(acct.joint_noise_multiplier(sigma_g, sigma_l, config.probes))
+
+    def make(ctx: HookContext) -> list:
+        probe = LearningRateProbe(config, lr0=lr0, sigma_l=sigma_l, expected_batch_size=ctx.expected_batch_size,
+                                  steps=steps, seed=ctx.seed, evaluate=ctx.evaluate, eval_every=ctx.eval_every,
+                                  progress=ctx.progress)
+        made.append(probe)
+        return [probe]
+
+    def events_at(k: int) -> list:
+        """The first k steps: plain gradient steps at σ_g, and the update steps (one in ``interval``) as one
+        Poisson Gaussian at σ_eff (gradient and the probe's loss releases of the same batch, joint)."""
+        n_upd = math.ceil(k / config.interval)
+        return _steps_events(sigma_g, sample_rate, k - n_upd) + _steps_events(s_eff, sample_rate, n_upd)
+
+    return RunHooks(make=make, events_at=events_at, phase=phase), made
+
+
+def _steps_events(sigma: float, q: float, k: int) -> list:
+    if k <= 0:
+        return []
+    return [GaussianEvent(sigma, k)] if q >= 1.0 else [DPSGDEvent(sigma, q, k)]
 
 
 def train_model_hyperfree(model, train_set, *, steps: int, sample_rate: float, sigma_g: float, sigma_l: float,
@@ -583,8 +620,15 @@ def run(backend, config: HyperfreeConfig, p: BudgetPlan, *, mode: str = "last-la
     if progress:
         progress(f"hyperfree: T={d['steps']} q={d['sample_rate']:.4g} σ_g={d['sigma_g']:.4g} σ_l={d['sigma_l']:.4g} "
                  f"η0={lr0:g}")
-    state, hist = backend.run_hyperfree(steps=d["steps"], sample_rate=d["sample_rate"], sigma_g=d["sigma_g"],
-                                        sigma_l=d["sigma_l"], config=config, lr0=lr0, seed=seed)
+    on_features = backend.kind != "model"
+    hooks, probes = final_run_hooks(config, lr0=lr0, sigma_g=d["sigma_g"], sigma_l=d["sigma_l"],
+                                    sample_rate=d["sample_rate"], steps=d["steps"],
+                                    phase=f"final run (hyperfree, {backend.kind}; privatised loss)")
+    alpha = {} if on_features else {"backbone_lr_scale": config.backbone_lr_scale_for(backend.mode)}
+    final = backend.run({"learning_rate": lr0}, noise_multiplier=d["sigma_g"], sample_rate=d["sample_rate"],
+                        steps=d["steps"], learning_rate=lr0, bias=True, seed=seed, label="final run (hyperfree)",
+                        hooks=hooks, **alpha, **final_run_options(config, on_features))
+    state, hist = final.state, probes[0].history
     lr_final = hist["lr"][-1] if hist["lr"] else lr0
     if progress:
         progress(f"hyperfree: η {lr0:g} → {lr_final:.4g}, acceptance {hist.get('acceptance_rate', 0):.0%}")
