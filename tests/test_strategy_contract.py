@@ -11,6 +11,7 @@ among BiTFiT and LoRA: seconds each.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -68,7 +69,7 @@ def test_strategy_contract(files, tmp_path, monkeypatch, name, mode):
     strategy = REGISTRY[name]
     dev_texts = set(make_toy_text_dataset(30, seed=2).texts)
     log: list[tuple[str, bool]] = []  # (what happened, whether it touched the reported split's rows)
-    plans, outcomes = [], []
+    plans, run_plans, outcomes = [], [], []
 
     def touches_dev(data) -> bool:
         return bool(set(getattr(data, "texts", None) or []) & dev_texts)
@@ -82,11 +83,12 @@ def test_strategy_contract(files, tmp_path, monkeypatch, name, mode):
         plans.append(orig_plan(cfg, mode, request))
         return plans[-1]
 
-    def run(backend, selector, cfg, p, **kw):
+    def run(backend, selector, p, **kw):
         log.append(("run", False))
+        run_plans.append(p)
         assert isinstance(backend, backends.Backend), type(backend)
         assert selector is None or isinstance(selector, common.Scorer), type(selector)
-        outcomes.append(orig_run(backend, selector, cfg, p, **kw))
+        outcomes.append(orig_run(backend, selector, p, **kw))
         return outcomes[-1]
 
     def cache(model, ds, **kw):
@@ -126,6 +128,13 @@ def test_strategy_contract(files, tmp_path, monkeypatch, name, mode):
     assert r.metrics["mode"] == mode
     kinds = [k for k, _ in log]
 
+    # 0. plans are immutable: a strategy's plan is its own frozen dataclass, without an untyped details dict
+    for planned in plans:
+        assert dataclasses.is_dataclass(planned) and not hasattr(planned, "details")
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            planned.notes = []
+        assert planned.config is not None  # the strategy config the run executes rides in the typed plan
+
     # 1. the plan exists before any data is read (features cached) and before anything is reserved
     assert "plan" in kinds and "read data" in kinds, log
     first_plan = kinds.index("plan")
@@ -154,12 +163,14 @@ def test_strategy_contract(files, tmp_path, monkeypatch, name, mode):
     # 2. what ran is covered by the plan that was reserved
     (p,) = plans
     (outcome,) = outcomes
+    (armed,) = run_plans  # what runs is the reserved plan, a copy armed with the reservation's cover
+    assert armed.events == p.events and armed.planned_epsilon() == p.planned_epsilon() and p.covered is None
     planned = p.planned_epsilon()
     assert compute_epsilon(events, DELTA, accountant=p.accountant) <= planned * (1 + 1e-9)
     ran = (list(outcome.certificate_events) if outcome.certificate_events is not None
            else [e for t in outcome.trials for e in t.events] + list(outcome.final_events))
     assert common.epsilon_of(ran, DELTA, p.accountant) <= planned * (1 + 1e-9)
-    assert p.covered is not None and p.covered(events)
+    assert armed.covered is not None and armed.covered(events)
 
     # 3. certificate ε ≤ the total, and the ledger was charged exactly the certificate's events
     assert r.certificate.epsilon <= TOTAL_EPSILON * (1 + 1e-9) and cert["epsilon"] <= TOTAL_EPSILON * (1 + 1e-9)

@@ -221,18 +221,14 @@ class _Journal:
     def set_plan(self, plan: BudgetPlan) -> None:
         """Trial count for the display; no running ε where the accounting is not a composition of the
         runs (repeat-and-select: one event for all trials, shown when the run ends)."""
-        d = plan.details or {}
-        if "runs_per_sweep" in d:
-            self.trials_expected = 2 * int(d["runs_per_sweep"])
-        elif d.get("accounting") == "composition":
-            self.trials_expected = int(d.get("trials") or 0) or None
-        if d.get("accounting") == "repeat-and-select":
+        self.trials_expected = plan.trials_expected()
+        if plan.accounting == "repeat-and-select":
             self.show_epsilon = False
-        if d.get("n_train"):  # time left for the whole tune: the planned examples still ahead (mode pilots done)
+        if plan.n_train:  # time left for the whole tune: the planned examples still ahead (mode pilots done)
             from privtune.hpo.common import planned_examples
 
             ahead = [e for e in plan.events if not str(getattr(e, "label", "")).startswith("planned pilot")]
-            self.prog.plan_work(self.prog.work_done + planned_examples(ahead, int(d["n_train"])))
+            self.prog.plan_work(self.prog.work_done + planned_examples(ahead, int(plan.n_train)))
 
     # -------------------------------------------------------------- file
     def next(self, kind: str, key: dict) -> dict | None:

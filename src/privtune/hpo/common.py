@@ -145,17 +145,26 @@ def calibrate_final(
 # --------------------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(frozen=True, kw_only=True)
 class BudgetPlan:
-    """What a strategy will spend, fixed before any data is read.
+    """What a strategy will spend, fixed before any data is read; immutable (a changed plan is a new object,
+    :func:`dataclasses.replace`).  Each strategy plans a subclass holding its own typed fields.
 
     Attributes
     ----------
+    strategy : the strategy's name.
     total_epsilon, delta : the user's total target.
+    accountant : the accountant the plan was composed with.
     trial_events : planned events of all trials and scoring releases (data-independent).
     final_events : planned events of the final run.
     final_noise_multiplier : σ of the final run (multiplier of the clipping norm) as planned.
     notes : human-readable lines (budget split, per-trial ε, ...), printed before spending.
+    config : the strategy's config the plan was made with (what its ``run`` executes).
+    n_train : the public number of training rows, when the progress display may use it for the time left.
+    accounting : how the trials compose, when the strategy chooses (random search); "" otherwise.
+    epsilon_cap, covered : set on a copy by :meth:`covered_by` once the plan is reserved: the ε (at ``delta``,
+        with ``accountant``) that in-run calibrations must not exceed, and a predicate telling whether a list of
+        events is covered by the ledger reservation (the ledger refuses larger commits).
     """
 
     strategy: str
@@ -166,12 +175,25 @@ class BudgetPlan:
     final_events: list = field(default_factory=list)
     final_noise_multiplier: float | None = None
     notes: list = field(default_factory=list)
-    details: dict = field(default_factory=dict)
-    #: set by :func:`privtune.hpo.tune` once the plan is reserved: the ε (at ``delta``, with
-    #: ``accountant``) that in-run calibrations must not exceed, and a predicate telling whether a
-    #: list of events is covered by the ledger reservation (the ledger refuses larger commits)
+    config: Any = field(default=None, repr=False, compare=False)
+    n_train: int | None = None
     epsilon_cap: float | None = field(default=None, repr=False)
     covered: Callable[[list], bool] | None = field(default=None, repr=False, compare=False)
+    #: how the trials compose, when the strategy chooses it: ``"composition"`` or ``"repeat-and-select"``
+    accounting: str = ""
+
+    def covered_by(self, epsilon_cap: float, covered: Callable[[list], bool]) -> "BudgetPlan":
+        """A copy of this plan armed with the reservation's cap and cover predicate."""
+        return dataclasses.replace(self, epsilon_cap=epsilon_cap, covered=covered)
+
+    def trials_expected(self) -> int | None:
+        """The number of trial runs, for the progress display (None: unknown, none, or not published)."""
+        return None
+
+    def strategy_details(self) -> dict[str, Any]:
+        """The strategy's own planned quantities, as plain data (the plan's ``details`` in ``history.json``)."""
+        base = {f.name for f in dataclasses.fields(BudgetPlan)}
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in base}
 
     def run_target(self) -> float:
         """The ε an in-run calibration targets: the total, or the reserved ε when that is smaller."""
@@ -205,6 +227,13 @@ class BudgetPlan:
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
+        details = self.strategy_details()
+        if self.accounting:
+            details["accounting"] = self.accounting
+        if self.config is not None:
+            details["config"] = self.config
+        if self.n_train is not None:
+            details["n_train"] = self.n_train
         return {
             "strategy": self.strategy,
             "total_epsilon": self.total_epsilon,
@@ -214,7 +243,7 @@ class BudgetPlan:
             "final_events": [event_to_dict(e) for e in self.final_events],
             "final_noise_multiplier": self.final_noise_multiplier,
             "notes": list(self.notes),
-            "details": dict(self.details),
+            "details": details,
         }
 
 
@@ -598,9 +627,11 @@ class Strategy(abc.ABC):
         """The privacy events of the whole strategy, from public sizes only (before any data is read)."""
 
     @abc.abstractmethod
-    def run(self, backend, selector, cfg, plan: BudgetPlan, *, mode: str, seed: int | None = None,
+    def run(self, backend, selector, plan: BudgetPlan, *, mode: str, seed: int | None = None,
             progress=None) -> StrategyOutcome:
-        """Run the planned trials and final run through ``backend`` (the one loop); return their events."""
+        """Run the planned trials and final run through ``backend`` (the one loop; a
+        :class:`~privtune.hpo.backends.Backend`), scored by ``selector`` (a :class:`Scorer`), as ``plan`` (made by
+        :meth:`plan`; its ``config`` is the strategy config it was planned with); return their events."""
 
 
 def config_from_options(cls, options: dict):

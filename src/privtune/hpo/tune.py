@@ -690,7 +690,7 @@ def _plan_run(req: _Request, inputs: _Inputs, log) -> _TunePlan:
     for m in candidates[1:]:
         log(f"  if the pilots choose {m}: planned ε = {mode_plans[m].planned_epsilon():.4g}")
     # under repeat-and-select the number of trials is random and not published; durations grow with it
-    hide_timing = any(p.details.get("accounting") == "repeat-and-select" for p in mode_plans.values())
+    hide_timing = any(p.accounting == "repeat-and-select" for p in mode_plans.values())
     return _TunePlan(plan=plan, mode_plans=mode_plans, candidates=candidates, pilot_modes=pilot_modes,
                      run_mode=run_mode, pilot_eps=pilot_eps, pilot_events=pilot_events, center_sigma=center_sigma,
                      selection_sigma=sel_sigma, hide_timing=hide_timing)
@@ -1063,9 +1063,10 @@ def _execute(req: _Request, inputs: _Inputs, tplan: _TunePlan, clf, prog, seed: 
         used_mode, pilot_records = _run_pilots(tplan.pilot_modes, clf, train, features, make_selector, sel_eff
                                                if sel_eff != "none" else sel_name, tplan.pilot_eps, delta, seed, prog,
                                                dict(kw, mode_plans=tplan.mode_plans))
-        _adopt_pilots_choice(tplan, used_mode, pilot_records, delta, accountant, prog.log)
+        tplan.plan = _adopt_pilots_choice(tplan, used_mode, pilot_records, delta, accountant, prog.log)
+    else:
+        tplan.plan = tplan.mode_plans[used_mode]  # the plan as reserved (armed by _cover_candidates)
     plan = tplan.plan
-    cfg = plan.details["config"]
     seed_s = None if seed is None else seed + 17
     if journal is not None:
         journal.set_plan(plan)
@@ -1076,9 +1077,9 @@ def _execute(req: _Request, inputs: _Inputs, tplan: _TunePlan, clf, prog, seed: 
                                             device=req.device, public_n=inputs.n_train), kw)
         selector = make_selector(sel_eff, "features")
         prog.start_phase(f"{strat.name} on cached features", None, unit="runs")
-        if journal is not None and plan.details.get("accounting") == "repeat-and-select":
+        if journal is not None and plan.accounting == "repeat-and-select":
             journal.hide_trials = True  # not even the count of trials goes to log.txt
-        out = strat.run(backend, selector, cfg, plan, mode=used_mode, seed=seed_s, progress=prog.log)
+        out = strat.run(backend, selector, plan, mode=used_mode, seed=seed_s, progress=prog.log)
         prog.end_phase()
         final_model = None
         if not strat.not_private:  # the NOT PRIVATE reference releases no model
@@ -1096,16 +1097,17 @@ def _execute(req: _Request, inputs: _Inputs, tplan: _TunePlan, clf, prog, seed: 
         prog.start_phase(f"{strat.name} ({used_mode})", None, unit="runs")
         if used_mode not in strat.modes:  # refused in tune() before anything is reserved; kept as a guard
             raise InvalidParameterError(f"strategy={strat.name!r} is not available for mode={used_mode!r}.")
-        out = strat.run(backend, selector, cfg, plan, mode=used_mode, seed=seed_s, progress=prog.log)
+        out = strat.run(backend, selector, plan, mode=used_mode, seed=seed_s, progress=prog.log)
         prog.end_phase()
         final_model = out.state
     return _ran(out, final_model, used_mode, pilot_records, selector, feats, tplan, delta, accountant)
 
 
 def _adopt_pilots_choice(tplan: _TunePlan, mode: str, pilot_records: list, delta: float, accountant: str,
-                         log) -> None:
-    """Continue with the plan of the mode the pilots chose, made before the reservation with the pilots'
-    planned events (which are exactly the events the pilots ran: checked here) and covered by it."""
+                         log) -> BudgetPlan:
+    """The plan to continue with: the one of the mode the pilots chose, made before the reservation with the
+    pilots' planned events (which are exactly the events the pilots ran: checked here) and covered by it; its
+    notes follow the reserved plan's."""
     log(f"mode auto: chose {mode} (pilot scores: "
         + ", ".join(f"{r.hyperparameters['mode']}={r.score:.4f}" for r in pilot_records) + ")")
     actual = tplan.center_events + [e for r in pilot_records for e in r.events]
@@ -1113,11 +1115,10 @@ def _adopt_pilots_choice(tplan: _TunePlan, mode: str, pilot_records: list, delta
                                                                         accountant) * (1 + 1e-9):
         raise PrivtuneError("internal error: the mode pilots cost more than planned; the reservation stays "
                             "charged and nothing is released.")
-    plan, chosen = tplan.plan, tplan.mode_plans[mode]
-    plan.trial_events, plan.final_events, plan.details = chosen.trial_events, chosen.final_events, chosen.details
-    plan.final_noise_multiplier, plan.accountant = chosen.final_noise_multiplier, chosen.accountant
-    plan.epsilon_cap, plan.covered = chosen.epsilon_cap, chosen.covered
-    plan.notes += [f"after the pilots: mode {mode}, planned before the reservation:"] + chosen.notes
+    chosen = tplan.mode_plans[mode]
+    notes = (list(tplan.plan.notes) + [f"after the pilots: mode {mode}, planned before the reservation:"]
+             + list(chosen.notes))
+    return replace(chosen, notes=notes)
 
 
 def _run_pilots(modes, clf, train, features, make_selector, source, pilot_eps, delta, seed, prog, kw):
@@ -1230,7 +1231,8 @@ def _ledger_for(url, embedded, run_dir, fp, file_name, eps, delta, accountant):
 
 
 def _cover_candidates(led, fp, plans: dict, eps_total, delta, accountant) -> list:
-    """The events to reserve, and each candidate plan armed so that what runs stays inside the reservation.
+    """The events to reserve; each candidate plan in ``plans`` is replaced by a copy armed so that what runs
+    stays inside the reservation (:meth:`BudgetPlan.covered_by`; the plans themselves are immutable).
 
     The ledger refuses a commit that costs more than its reservation (measured at the dataset's δ
     with the dataset's accountant).  With ``--mode auto`` the mode, hence the plan, is chosen after
@@ -1246,9 +1248,10 @@ def _cover_candidates(led, fp, plans: dict, eps_total, delta, accountant) -> lis
     scored = [(ledger_eps(p.events), p.planned_epsilon(), m) for m, p in plans.items()]
     reserved_ledger, _, worst = max(scored)
     reserved = list(plans[worst].events)
-    for p in plans.values():
-        p.epsilon_cap = common.epsilon_of(reserved, p.delta, p.accountant)
-        p.covered = lambda evs, _cap=reserved_ledger: ledger_eps(evs) <= _cap
+    del eps_total, delta, accountant  # the ledger's own δ and accountant measure the cover
+    for m, p in plans.items():
+        plans[m] = p.covered_by(common.epsilon_of(reserved, p.delta, p.accountant),
+                                lambda evs, _cap=reserved_ledger: ledger_eps(evs) <= _cap)
     return reserved
 
 
