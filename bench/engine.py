@@ -6,12 +6,19 @@ B = 32, max length 64, real SST-2 sentences from ``../shared/data/sst2/train.tsv
 
     python bench/engine.py            # full run (lead, quiet machine)
     python bench/engine.py --quick    # a few steps per configuration, to check it works
+    python bench/engine.py ... --out bench/results/engine/cpu.json   # also write the table as JSON
+
+The JSON keeps the command, the machine (CPU model, cores, torch/Opacus versions, git commit), the load
+average before every configuration and at the end, every run's raw figures, and per mode and method the
+medians and ratios that the printed table shows.
 
 Methods per mode (full / bitfit / lora):
   nondp          plain training: mean loss, loss.backward(), Adam
   privtune       PrivateGradient (flat clipping, σ = 1) + Adam, plain HF call
   opacus-ghost   Opacus 1.6 grad_sample_mode="ghost" (full and lora only; needs (B, T) position_ids)
   opacus-hooks   Opacus 1.6 grad_sample_mode="hooks" (needs (B, T) position_ids)
+  privtune-uncertified  (not in the default list) privtune with float32 linear-layer norms and no rounding
+                 bound, NOT a DP guarantee: next to privtune it shows what the certified norms cost
 Mode ``head`` (last-layer on cached features): a zero-initialised nn.Linear(384, 2) on 67,349 cached
 384-d feature vectors (random here: speed does not depend on their values), expected batch 1024, as
 example-gradients per second, through the closed-form LinearHeadGradient and through the generic
@@ -71,7 +78,8 @@ def _load_sentences(n: int) -> tuple[list[str], list[int]]:
     return texts, labels
 
 
-def child(mode: str, method: str, steps: int, warmup: int, batch_size: int, max_length: int) -> dict:
+def child(mode: str, method: str, steps: int, warmup: int, batch_size: int, max_length: int,
+          padding: str = "max_length") -> dict:
     import torch
     import torch.nn.functional as F
     from torch import nn
@@ -87,8 +95,11 @@ def child(mode: str, method: str, steps: int, warmup: int, batch_size: int, max_
     tok = AutoTokenizer.from_pretrained(path)
     n = batch_size * (steps + warmup)
     texts, labels = _load_sentences(n)
-    enc = tok(texts, padding="max_length", truncation=True, max_length=max_length, return_tensors="pt")
-    ids, mask, y = enc["input_ids"], enc["attention_mask"], torch.tensor(labels)
+    y = torch.tensor(labels)
+    # "max_length": every batch padded to T (the default); "longest": each batch to its longest sentence
+    # (what privtune's own classifiers do), so the padding left is that of the shorter sentences
+    encs = [tok(texts[s * batch_size:(s + 1) * batch_size], padding=padding, truncation=True, max_length=max_length,
+                return_tensors="pt") for s in range(steps + warmup)]
 
     class MeanPoolClassifier(nn.Module):
         """Backbone + masked mean pooling (how MiniLM was trained) + zero-initialised linear head."""
@@ -125,7 +136,7 @@ def child(mode: str, method: str, steps: int, warmup: int, batch_size: int, max_
     def batches():
         for s in range(steps + warmup):
             sl = slice(s * batch_size, (s + 1) * batch_size)
-            yield ids[sl], mask[sl], y[sl]
+            yield encs[s]["input_ids"], encs[s]["attention_mask"], y[sl]
 
     if method == "nondp":
         def step(b):
@@ -133,8 +144,14 @@ def child(mode: str, method: str, steps: int, warmup: int, batch_size: int, max_
             F.cross_entropy(logits, b[2]).backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
-    elif method == "privtune":
+    elif method in ("privtune", "privtune-uncertified"):
         from privtune.engine import PrivateGradient
+
+        if method == "privtune-uncertified":  # timing reference only: float32 norms without the certificate
+            import privtune.engine._layers as layers
+            from engine_norm_micro import uncertified_float32_sq
+
+            layers._linear_weight_sq = uncertified_float32_sq
 
         pg = PrivateGradient(model, max_grad_norm=1.0, noise_multiplier=1.0, expected_batch_size=batch_size, seed=0)
 
@@ -150,7 +167,7 @@ def child(mode: str, method: str, steps: int, warmup: int, batch_size: int, max_
         from opacus import PrivacyEngine
 
         warnings.filterwarnings("ignore")
-        ds = torch.utils.data.TensorDataset(ids, mask, y)
+        ds = torch.utils.data.TensorDataset(torch.zeros(len(y), 1), y)  # make_private needs a loader; steps use encs
         dl = torch.utils.data.DataLoader(ds, batch_size=batch_size)
         engine = PrivacyEngine()
         gmode = "ghost" if method == "opacus-ghost" else "hooks"
@@ -163,7 +180,7 @@ def child(mode: str, method: str, steps: int, warmup: int, batch_size: int, max_
             model, opt, dl = engine.make_private(**kwargs)
 
         def step(b):
-            logits = model(b[0], b[1], position_ids=pos[: len(b[0])])
+            logits = model(b[0], b[1], position_ids=pos[: b[0].shape[0], : b[0].shape[1]])
             loss = crit(logits, b[2])
             loss.backward()
             opt.step()
@@ -240,9 +257,33 @@ def head_child(method: str, steps: int, warmup: int, batch_size: int = 1024) -> 
 HEAD_METHODS = ("nondp", "privtune", "privtune-hooks")
 
 
+def _machine() -> dict:
+    """What the figures depend on: CPU model and cores, library versions, the checkout's commit."""
+    import platform
+
+    import torch
+
+    cpu = platform.processor() or "?"
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+    except OSError:
+        pass
+    try:
+        import opacus
+
+        opacus_version = opacus.__version__
+    except ImportError:
+        opacus_version = None
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=HERE, capture_output=True, text=True).stdout.strip()
+    return {"cpu": cpu, "cpu_count": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
+            "opacus": opacus_version, "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "git_commit": commit or None}
+
+
 def run_one(mode, method, args) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", mode, method, "--steps", str(args.steps),
-           "--warmup", str(args.warmup), "--batch-size", str(args.batch_size), "--max-length", str(args.max_length)]
+           "--warmup", str(args.warmup), "--batch-size", str(args.batch_size), "--max-length", str(args.max_length),
+           "--padding", args.padding]
     p = subprocess.run(cmd, capture_output=True, text=True)
     for line in p.stdout.splitlines()[::-1]:
         if line.startswith("RESULT "):
@@ -263,6 +304,9 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=1, help="run every configuration this many times (median)")
     ap.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
                     help="throughput from process CPU time (default; robust on a shared machine) or wall time")
+    ap.add_argument("--padding", choices=("max_length", "longest"), default="max_length",
+                    help="pad every batch to --max-length (default) or to its longest sentence")
+    ap.add_argument("--out", default=None, help="also write the results as JSON to this path")
     ap.add_argument("--child", nargs=2, metavar=("MODE", "METHOD"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.steps is None:
@@ -272,17 +316,20 @@ def main(argv=None) -> int:
     if args.child:
         mode, method = args.child
         res = (head_child(method, args.steps * 10, args.warmup) if mode == "head"
-               else child(mode, method, args.steps, args.warmup, args.batch_size, args.max_length))
+               else child(mode, method, args.steps, args.warmup, args.batch_size, args.max_length, args.padding))
         print("RESULT " + json.dumps(res))
         return 0
 
     modes = [m for m in args.modes.split(",") if m]
     methods = [m for m in args.methods.split(",") if m]
     results: dict[tuple[str, str], list[dict]] = {}
+    started, t_start = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), time.perf_counter()
     for rep in range(args.repeats):  # interleave repeats so machine noise spreads over methods
         for mode in modes:
             for method in (HEAD_METHODS if mode == "head" else methods):
+                load = os.getloadavg()
                 r = run_one(mode, method, args)
+                r["repeat"], r["load_average_before"] = rep + 1, list(load)
                 results.setdefault((mode, method), []).append(r)
                 print(f"  [{rep + 1}/{args.repeats}] {mode:6s} {method:13s} "
                       + (f"{r['examples_per_s']:.1f} ex/s wall, {r['examples_per_cpu_s']:.1f} ex/CPU-s, "
@@ -295,9 +342,11 @@ def main(argv=None) -> int:
         vals = [r[key] for r in rs if "error" not in r]
         return statistics.median(vals) if vals else None
 
-    print(f"\nMiniLM-L6 + SST-2, B={args.batch_size}, T={args.max_length}, 1 CPU thread, {args.steps} timed steps"
+    pad = "padded to T" if args.padding == "max_length" else "each batch padded to its longest sentence, at most T"
+    print(f"\nMiniLM-L6 + SST-2, B={args.batch_size}, T={args.max_length} ({pad}), 1 CPU thread, {args.steps} timed steps"
           f"{' (QUICK: indicative only)' if args.quick else ''}, median of {args.repeats}; "
           f"throughput = examples per {'CPU' if args.clock == 'cpu' else 'wall-clock'} second")
+    table: list[dict] = []
     hdr = f"{'mode':7s} {'method':13s} {'ex/s':>8s} {'×nonDP':>7s} {'peak MiB':>9s} {'×nonDP':>7s} {'privtune ×':>10s}"
     print(hdr)
     print("-" * len(hdr))
@@ -319,6 +368,11 @@ def main(argv=None) -> int:
             r_mem = f"{mem / b_mem:.2f}" if b_mem and b_mem > 0 else "-"
             vs = f"{p_tp / tp:.2f}" if (p_tp and method.startswith("opacus")) else ""
             print(f"{mode:7s} {method:13s} {tp:8.1f} {r_tp:>7s} {mem:9.0f} {r_mem:>7s} {vs:>10s}")
+            table.append({"mode": mode, "method": method, tkey: tp, "peak_growth_mib": mem,
+                          "throughput_vs_nondp": tp / b_tp if b_tp else None,
+                          "memory_vs_nondp": mem / b_mem if b_mem and b_mem > 0 else None,
+                          "privtune_vs_this": p_tp / tp if p_tp else None,
+                          "runs": [r.get(tkey) for r in rs]})
     print("privtune × = privtune throughput / this method's throughput (same mode, same run).")
     print("Opacus is called with contiguous (B, T) position_ids; privtune and non-DP use the plain HF call.")
     if "head" in modes:
@@ -329,6 +383,23 @@ def main(argv=None) -> int:
             tp = med(results.get(("head", method), []), tkey)
             ratio = f"{tp / base:.2f}× non-DP" if (tp and base) else ""
             print(f"  {method:15s} " + (f"{tp:12,.0f} example-gradients/s  {ratio}" if tp else "fails"))
+            table.append({"mode": "head", "method": method, tkey: tp, "throughput_vs_nondp": tp / base if (tp and base)
+                          else None})
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        doc = {"command": "OMP_NUM_THREADS=" + str(os.environ.get("OMP_NUM_THREADS")) + " python bench/engine.py "
+               + " ".join(sys.argv[1:] if argv is None else argv),
+               "started_utc": started, "minutes": round((time.perf_counter() - t_start) / 60, 1),
+               "machine": _machine(), "load_average_end": list(os.getloadavg()),
+               "setup": {"model": "all-MiniLM-L6-v2 + mean pooling + linear head", "data": "SST-2 train sentences",
+                         "batch_size": args.batch_size, "max_length": args.max_length, "padding": args.padding,
+                         "threads": 1, "steps": args.steps, "warmup": args.warmup, "repeats": args.repeats,
+                         "clock": args.clock, "statistic": "median over repeats"},
+               "table": table,
+               "runs": [r for rs in results.values() for r in rs]}
+        out.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+        print(f"wrote {out}")
     return 0
 
 

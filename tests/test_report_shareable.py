@@ -228,7 +228,7 @@ def test_report_names_papers_by_authors_not_by_internal_numbers(tmp_path):
         assert not re.search(r"seed \d{3}", html), strategy
     from privtune.report.html import STRATEGY_TEXT
 
-    assert "Panda et al." in STRATEGY_TEXT["linear-scaling"] and "Liu & Bu" in STRATEGY_TEXT["hyperfree"]
+    assert "Panda, Tang et al." in STRATEGY_TEXT["linear-scaling"] and "Liu & Bu" in STRATEGY_TEXT["hyperfree"]
 
 
 def test_model_card_names_the_base_model_the_saved_model_names(tmp_path):

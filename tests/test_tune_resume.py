@@ -14,6 +14,7 @@ import privtune
 import privtune.hpo.backends as backends
 from privtune.cli import main
 from privtune.errors import InvalidParameterError
+from privtune.finetune import usefulness
 from privtune.hpo.tune import STATE_FILE
 from privtune.hpo.registry import REGISTRY
 from privtune.ledger import Ledger
@@ -107,6 +108,7 @@ def test_interrupted_tune_resumes_exactly(files, tmp_path, monkeypatch, capfd, s
 def test_resume_model_modes_mode_auto_hyperfree(files, tmp_path, monkeypatch):
     """The default strategy with --mode auto: Ctrl-C in the bitfit pilot (the 2nd charged pilot); the resumed
     run replays the completed pilots, recomputes the rest with the same seeds and releases the same model."""
+    monkeypatch.setattr(usefulness, "FINETUNE_AT_CHANCE_N_EPS", 0)  # toy data (n·ε = 320): still pilot every mode
     fit = _Interrupt(monkeypatch, backends, "fit")  # every pilot runs through fit (heads on features too)
     args = _args(files, tmp_path, mode="auto", strategy="hyperfree", epochs=1, batch_size=40, seed=None)
     url, out = f"sqlite:///{tmp_path / 'l.db'}", tmp_path / "run"

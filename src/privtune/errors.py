@@ -51,4 +51,15 @@ class UnsupportedModuleError(ModelError):
 
 
 class PrivtuneWarning(UserWarning):
-    """Something works but is unsafe or surprising; the command line prints it as one ``warning:`` line."""
+    """Something works but is unsafe or surprising; the command line prints it as one ``warning:`` line.
+    ``warnings.simplefilter("error", PrivtuneWarning)`` turns privtune's warnings into exceptions (a warning issued
+    before the ledger reservation then stops the run with nothing charged)."""
+
+
+class UnlikelyToLearnWarning(PrivtuneWarning):
+    """Issued before the ledger reservation: the mode was measured not to learn at this n·ε
+    (:mod:`privtune.finetune.usefulness`)."""
+
+
+class OneClassModelWarning(PrivtuneWarning):
+    """Issued after a run: the released model predicts nearly one class on a split that is not private."""

@@ -53,11 +53,14 @@ from privtune.engine import distributed
 from privtune.engine.private_gradient import CLIPPINGS
 from privtune.engine.sampling import check_shuffle_batching
 from privtune.engine.step import DPStep, MicroBatch
-from privtune.errors import DataError, InvalidParameterError, ModelError, PrivtuneError
+from privtune.errors import (DataError, InvalidParameterError, ModelError, OneClassModelWarning, PrivtuneError,
+                             UnlikelyToLearnWarning)
+from privtune.finetune import usefulness
 from privtune.finetune.modes import MODES
 from privtune.ledger import check_ledger_argument, open_ledger
 from privtune.models import resolve_device
 from privtune.optim import OPTIMIZERS
+from privtune.report.progress import BATCH_LOSS_LABEL
 from privtune.specs import ClippingSpec, LoraSpec, OptimizerSpec, PrivacySpec, ScheduleSpec
 
 NOT_PRIVATE_LOSS = (
@@ -106,7 +109,7 @@ class FitResult:
     steps : optimizer steps taken (fewer than planned when the callback stopped early).  noise_multiplier,
         sample_rate, sampling: the DP parameters.
     seeds : ``{"sampler": int|None, "noise": int|None}`` (None: drawn from the OS, not recorded).
-    eval : final evaluation on ``eval_set`` (``{"accuracy", "loss"}``) or None.
+    eval : final evaluation on ``eval_set`` (``{"accuracy", "loss", "n", "predicted_class_counts"}``) or None.
     private : False when σ = 0 (then ``events`` is one ``NonPrivateEvent``, ε = ∞, and ``label`` says
         NOT PRIVATE).
     seconds, examples_per_second : wall time and sampled examples processed per second.
@@ -207,8 +210,9 @@ def _forward(model: nn.Module, module: nn.Module, data: Any, idx: torch.Tensor) 
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, data: Any, *, batch_size: int = 128) -> dict:
-    """Accuracy and mean cross-entropy of ``model`` on a labelled dataset (or FeatureSet)."""
+def evaluate(model: nn.Module, data: Any, *, batch_size: int = 128, per_class: bool = False) -> dict:
+    """Accuracy and mean cross-entropy of ``model`` on a labelled dataset (or FeatureSet); with ``per_class``
+    also ``predicted_class_counts``, how many examples the model assigns to each class."""
     labels = _labels_tensor(data)
     if _is_features(data):
         head = getattr(model, "classification_head", model)
@@ -222,7 +226,10 @@ def evaluate(model: nn.Module, data: Any, *, batch_size: int = 128) -> dict:
         )
     loss = F.cross_entropy(logits, labels).item()
     acc = (logits.argmax(1) == labels).float().mean().item()
-    return {"accuracy": acc, "loss": loss, "n": int(labels.numel())}
+    out = {"accuracy": acc, "loss": loss, "n": int(labels.numel())}
+    if per_class:
+        out["predicted_class_counts"] = torch.bincount(logits.argmax(1), minlength=logits.shape[1]).tolist()
+    return out
 
 
 def _make_optimizer(name: str, params: list, lr: float, momentum: float, weight_decay: float, eps: float = 1e-8):
@@ -884,7 +891,7 @@ def _run_loop(loop: _Loop, own_progress: Any) -> None:
         loop.run()
         return
     with own_progress:
-        own_progress.start_phase("DP training (batch loss NOT PRIVATE)", total=loop.total_steps, unit="steps")
+        own_progress.start_phase("DP training", total=loop.total_steps, unit="steps", loss_label=BATCH_LOSS_LABEL)
         loop.run()
 
 
@@ -896,8 +903,9 @@ def _check_assume_poisson(assume_poisson: Any, sampling: str) -> bool:
 def _result(loop: _Loop) -> FitResult:
     final = None
     if loop.eval_set is not None:
-        final = evaluate(loop.model, loop.eval_set)
-        loop.history["eval"].append({"step": loop.step, **final})
+        final = evaluate(loop.model, loop.eval_set, per_class=True)
+        loop.history["eval"].append({"step": loop.step, **{k: v for k, v in final.items()
+                                                           if k != "predicted_class_counts"}})
     return FitResult(
         # an early stop is charged for the plan: the stopping time is not a public number of steps
         model=loop.model, events=loop.events(planned=loop.stopped_early), history=loop.history, steps=loop.step,
@@ -1029,7 +1037,10 @@ def train(
         Backbone directory (default: bundled all-MiniLM-L6-v2) or a loaded Classifier.
     mode : {"full", "bitfit", "last-layer", "lora", "two-phase"}, default "bitfit"
         ``"last-layer"`` caches the frozen backbone's features once (after the reservation) and trains
-        the zero-initialised head on them.
+        the zero-initialised head on them.  A mode that trains the backbone at n·ε ≤ 4,000 (n training rows)
+        issues :class:`privtune.errors.UnlikelyToLearnWarning` before the reservation; a released model that
+        puts ≥ 95 % of its predictions on ``eval_data`` into one class, :class:`privtune.errors.OneClassModelWarning`
+        (both in ``metrics["warnings"]``; docs/training.md).
     epsilon, delta : target (ε, δ); σ is calibrated so the run's events compose to ε at δ.
         δ defaults to min(1e-5, a power of ten below 1/(10·N)).
     noise_multiplier : σ instead of ε (then ε is computed and reported).
@@ -1136,6 +1147,7 @@ def train(
         log(f"{'resume' if resume else 'start'} privtune train: mode={mode} N={n} q={sched.sample_rate:.5g} "
             f"T={sched.steps} σ={sched.noise_multiplier:.5g} planned ε={planned_eps:.4g} δ={delta:g}"
             + (f" on {group.world_size} processes" if group else ""))
+        usefulness.warn(sched.unlikely_to_learn, UnlikelyToLearnWarning, log)  # before the reservation: nothing spent
 
         # ------------------------------------------------------------ 5. ledger reservation, then training
         led, reservation, registered_now = _reserve_for_train(
@@ -1157,7 +1169,7 @@ def train(
     def certify_and_release():  # on rank 0 only in a data-parallel run; the other ranks get its outcome
         cert, metrics, history, not_private = _certify(
             loop, actual, hyper, reservation=reservation, led=led, fp=fp, run_id=run_id, delta=delta,
-            eval_data=eval_data, eval_set=eval_set, mode_info=mode_info,
+            eval_data=eval_data, eval_set=eval_set, mode_info=mode_info, pre_run_warning=sched.unlikely_to_learn,
             registered_note=(f"{REGISTERED_NOTE} with total ε={privacy.epsilon or planned_eps:.4g}"
                              if registered_now else None))
         run_config = None if out is None else config if config is not None else _effective_config(
@@ -1257,6 +1269,7 @@ class _Schedule:
     phase1_steps: int | None
     planned: list
     planned_epsilon: float
+    unlikely_to_learn: str | None = None  # the pre-run warning (privtune.finetune.usefulness), from n, ε and mode
 
 
 def _plan_schedule(n: int, mode: str, privacy: PrivacySpec, schedule: ScheduleSpec, optim: OptimizerSpec, *,
@@ -1296,9 +1309,11 @@ def _plan_schedule(n: int, mode: str, privacy: PrivacySpec, schedule: ScheduleSp
         sigma = privacy.noise_multiplier
     planned = [DPSGDEvent(sigma, q, ph.steps, sampling=sampling, assume_poisson=assume_poisson, label=ph.label)
                for ph in phases]
+    planned_epsilon = compute_epsilon(planned, privacy.delta, accountant=privacy.accountant)
     return _Schedule(batch_size=B, sample_rate=q, steps=T, noise_multiplier=sigma, phases=phases,
-                     phase1_steps=phase1_steps, planned=planned,
-                     planned_epsilon=compute_epsilon(planned, privacy.delta, accountant=privacy.accountant))
+                     phase1_steps=phase1_steps, planned=planned, planned_epsilon=planned_epsilon,
+                     unlikely_to_learn=usefulness.unlikely_to_learn_message(
+                         mode, n, privacy.epsilon or planned_epsilon, command="train"))
 
 
 def _hyperparameters(mode: str, sched: _Schedule, privacy: PrivacySpec, schedule: ScheduleSpec, optim: OptimizerSpec,
@@ -1417,7 +1432,7 @@ def _run_training(clf, train_set, eval_set, hyper: dict, phases: list, *, state,
         elif out is not None:
             save_checkpoint(loop)  # the full step-0 state: the resumed run draws the same noise
         if prog is not None:
-            prog.start_phase(f"DP {mode} (batch loss NOT PRIVATE)", total=T, unit="steps")
+            prog.start_phase(f"DP {mode}", total=T, unit="steps", loss_label=BATCH_LOSS_LABEL)
             if loop.step:
                 prog.advance(loop.step)
             loop.progress = prog
@@ -1435,9 +1450,10 @@ def _run_training(clf, train_set, eval_set, hyper: dict, phases: list, *, state,
 
 
 def _certify(loop, actual, hyper: dict, *, reservation, led, fp, run_id, delta, eval_data, eval_set, mode_info,
-             registered_note):
+             registered_note, pre_run_warning=None):
     """The run's certificate (over ``actual``), metrics and history, split into what is released and
-    the NOT PRIVATE figures (``split_release``)."""
+    the NOT PRIVATE figures (``split_release``), with the released model's majority prediction on the
+    evaluation split (public by declaration)."""
     mode, seed, sampling = hyper["mode"], hyper["seed"], hyper["sampling"]
     accountant, assume_poisson = hyper["accountant"], hyper["assume_poisson"]
     result = _result(loop)
@@ -1481,6 +1497,7 @@ def _certify(loop, actual, hyper: dict, *, reservation, led, fp, run_id, delta, 
         "nonfinite_examples_dropped": result.nonfinite_examples,  # NOT PRIVATE: moved to not_private/
         "steps": loop.step, "device": str(loop.device),
     }
+    _check_predictions(metrics, result.eval, getattr(loop.model, "label_names", None), pre_run_warning)
     history = {"final_run": result.history, "trials": [], "strategy": {"name": "fixed"}}
     if result.clipping_diagnostics is not None:
         history["clipping_diagnostics"] = result.clipping_diagnostics
@@ -1489,6 +1506,21 @@ def _certify(loop, actual, hyper: dict, *, reservation, led, fp, run_id, delta, 
     mark_seeded(cert, metrics, seed)
     metrics, history, not_private = split_release(metrics, history)
     return cert, metrics, history, not_private
+
+
+def _check_predictions(metrics: dict, final_eval: dict | None, label_names, pre_run_warning: str | None) -> None:
+    """``metrics["majority_prediction"]``: the released model's most predicted class on the evaluation split
+    (public by declaration; never the training data); ``metrics["warnings"]``: the pre-run warning and, when
+    that class is nearly every prediction, the post-run one."""
+    check = None
+    if final_eval is not None and final_eval.get("predicted_class_counts") is not None:
+        check = usefulness.majority_prediction(final_eval["predicted_class_counts"], label_names,
+                                               metrics.get("reported_split"))
+        metrics["majority_prediction"] = check
+    after = usefulness.one_class_message(check)  # issued once the release is in place (_release_and_commit)
+    found = [w for w in (pre_run_warning, after) if w]
+    if found:
+        metrics["warnings"] = found
 
 
 def _reserve_for_train(ledger, fp, planned, hyper: dict, *, total_epsilon, delta, data_file_name, out, run_id,
@@ -1534,6 +1566,8 @@ def _release_and_commit(out, ckpt_path, clf, cert, metrics, history, not_private
     # the ledger commit comes only once the release is in place: a crash before it leaves the reservation
     # charged (never refunded) and `--resume` writes the files again from the final checkpoint
     pipeline.commit(reservation, actual, [ckpt_path] if out is not None else [])
+    # released: now say when the model predicts nearly one class (after a failed write the error comes alone)
+    usefulness.warn(usefulness.one_class_message(metrics.get("majority_prediction")), OneClassModelWarning, log)
     if out is not None:
         log(f"done: ε={cert.epsilon:.4g} δ={cert.delta:g} accuracy={metrics['accuracy']}")
 

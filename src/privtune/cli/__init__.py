@@ -79,6 +79,9 @@ _python_showwarning = warnings.showwarning
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``privtune`` executable; returns the exit status."""
     with warnings.catch_warnings():
+        # every time (not once per process); appended, so that a filter the user set (e.g.
+        # ``python -W error::privtune.errors.UnlikelyToLearnWarning``) still wins
+        warnings.filterwarnings("always", category=PrivtuneWarning, append=True)
         warnings.showwarning = _show_warning
         return _main(argv)
 
@@ -93,7 +96,7 @@ def _main(argv: list[str] | None) -> int:
         # click's own usage errors (bad choice, not an integer, unknown option, ...) as one line, like ours
         click.echo(f"error: {_one_line_click_message(exc)}", err=True)
         return exc.exit_code
-    except PrivtuneError as exc:
+    except (PrivtuneError, PrivtuneWarning) as exc:  # a warning the user turned into an error (python -W error::...)
         click.echo(f"error: {exc}", err=True)
         return 2
     except KeyboardInterrupt:

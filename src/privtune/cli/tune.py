@@ -58,7 +58,8 @@ def _number(x: float) -> str:
 @data_options(labels_default="the labels of --public-eval-data, else the model's")
 @click.option("--model", type=str, help="Backbone directory (Hugging Face format). Default: bundled all-MiniLM-L6-v2.")
 @click.option("--mode", type=click.Choice(MODES), help="What is trained; auto compares last-layer/bitfit/lora "
-              "(bitfit/full when N·ε ≥ 20,000; full/bitfit from N = 60,000) with charged pilots; ties keep the first. "
+              "(bitfit/full when N·ε ≥ 20,000; full/bitfit from N = 60,000) with charged pilots; ties keep the first; "
+              "at N·ε ≤ 4,000 it trains last-layer without pilots. "
               f"[default: {_TUNE_DEFAULTS['mode']}]")
 @click.option("--strategy", type=click.Choice(STRATEGIES), help="Tuning strategy (grid-oracle is NOT PRIVATE, "
               f"reference only). [default: {_TUNE_DEFAULTS['strategy']}]")

@@ -18,6 +18,11 @@ A handler provides two things:
 Bias-only layers store no input activation at all (DP-BiTFiT, Bu et al. 2024): their
 output gradient is reduced to ``(B, p)`` inside the backward hook.
 
+Sequence layers (linear, embedding) drop, in the backward hook, the positions whose output gradient is
+exactly zero (:func:`drop_zero_rows`: padding behind an attention mask), and the ghost norms of linear
+layers run over groups of examples of similar length (:func:`length_groups`): a padded batch costs what its
+real tokens cost, with the same results (a dropped position adds exactly zero everywhere).
+
 **Norms are certified upper bounds, computed in float64.**  A ghost norm is a sum of T² terms of
 both signs; in float32 an example whose token contributions nearly cancel could get a reported norm of
 0 and go in unclipped (issue 13, item 5: 10⁴·C measured).  So every ``sq`` a handler returns is an
@@ -83,6 +88,7 @@ class Record:
     n_outputs: int = 1
     leaf_index: list = field(default_factory=list)  # fallback: positions of captured outputs
     ready: bool = False
+    keep: Any = None  # linear layers: (B, T) bool, the stored positions whose output gradient is not 0
 
 
 def hf_conv1d_type():
@@ -108,6 +114,7 @@ class Handler(ABC):
         self.records: list[Record] = []
         self.sq: torch.Tensor | None = None  # per-example squared norm, filled when all records are ready
         self.gram_cache: dict | None = None   # shared across handlers for one backward pass
+        self.pack_cache: dict | None = None   # shared packed layer inputs, during one backward pass
 
     @property
     def needs_input(self) -> bool:
@@ -121,6 +128,10 @@ class Handler(ABC):
     def reduce_grad(self, g: torch.Tensor) -> torch.Tensor:
         """Shrink the output gradient right away when only the bias is trainable."""
         return g
+
+    def receive_grad(self, rec: Record, k: int, g: torch.Tensor) -> None:
+        """Called from the backward hook with output ``k``'s gradient: store what the norms and sums need."""
+        rec.grads[k] = self.reduce_grad(g)
 
     def finish(self) -> None:
         """All records have gradients: compute per-example squared norms."""
@@ -172,12 +183,15 @@ def _token_norm_sum(a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     return (na.double() * ng.double()).sum(1) * (1.0 + slack)
 
 
-def _linear_weight_sq(a: torch.Tensor, g: torch.Tensor, cache: dict | None = None) -> torch.Tensor:
+def _linear_weight_sq(a: torch.Tensor, g: torch.Tensor, cache: dict | None = None,
+                      U: torch.Tensor | None = None, cache_key: Any = None) -> torch.Tensor:
     """Per-example upper bound on ‖g_iᵀ a_i‖²_F for a (B, T, d), g (B, T, p): float64, shape (B,).
 
     Computed in float64 with the cheaper form (:func:`linear_norm_form`: ghost when 2T² < p·d) plus that
     form's worst-case float64 rounding error (module docstring), so it is ≥ the exact squared norm
-    whatever the data; for natural data it exceeds it by ~1e-12 relative."""
+    whatever the data; for natural data it exceeds it by ~1e-12 relative.  ``U``: :func:`_token_norm_sum`
+    of (a, g) when the caller has it already; ``cache_key``: the Gram cache's key for ``a`` when ``a`` is a
+    temporary (default: its address)."""
     _, T, d = a.shape
     p = g.shape[-1]
     form = linear_norm_form(T, p, d)
@@ -185,9 +199,9 @@ def _linear_weight_sq(a: torch.Tensor, g: torch.Tensor, cache: dict | None = Non
     if form == "rank-one":  # ‖a‖²‖g‖²: no cancellation
         a64 = a.to(torch.float64)
         return _inflate(a64.pow(2).sum((1, 2)), d) * _inflate(g64.pow(2).sum((1, 2)), p) * (1.0 + 4 * _U64)
-    U = _token_norm_sum(a, g)
+    U = _token_norm_sum(a, g) if U is None else U
     if form == "ghost":
-        key = (a.data_ptr(), tuple(a.shape), tuple(a.stride()), a.dtype)
+        key = (a.data_ptr(), tuple(a.shape), tuple(a.stride()), a.dtype) if cache_key is None else cache_key
         hit = cache.get(key) if cache is not None else None
         if hit is not None:  # layers sharing one input (Q, K, V; LoRA A and its base) share the Gram matrix
             aa = hit[1]
@@ -205,12 +219,77 @@ def _linear_weight_sq(a: torch.Tensor, g: torch.Tensor, cache: dict | None = Non
     return norm.pow(2) * (1.0 + 8 * _U64)
 
 
-def _ill_conditioned(sq: torch.Tensor, a: torch.Tensor, g: torch.Tensor) -> bool:
-    """Whether some example's weight-gradient norm is below ILL_CONDITIONED · Σ_t ‖a_t‖‖g_t‖."""
+def length_groups(counts: torch.Tensor) -> list[tuple[torch.Tensor, int]]:
+    """Examples grouped by their number of kept positions (``counts``, (B,)), for ghost norms whose cost is
+    Σ_groups n·width² instead of B·T'²: sorted by count and cut at B/2, 3B/4 and 7B/8 (natural lengths
+    have a long upper tail), each group with its largest count as width; neighbours of equal width merge.
+    Returns (example indices, width) pairs."""
+    order = torch.argsort(counts, stable=True)
+    ordered = counts[order].tolist()
+    B = len(ordered)
+    cuts = sorted({0, B // 2, 3 * B // 4, 7 * B // 8, B})
+    groups: list[tuple[int, int, int]] = []
+    for lo, hi in zip(cuts, cuts[1:]):
+        width = max(int(ordered[hi - 1]), 1)
+        if groups and groups[-1][2] == width:
+            groups[-1] = (groups[-1][0], hi, width)
+        else:
+            groups.append((lo, hi, width))
+    return [(order[lo:hi], width) for lo, hi, width in groups]
+
+
+def _ill_conditioned(sq: torch.Tensor, a: torch.Tensor, g: torch.Tensor, U: torch.Tensor | None = None) -> bool:
+    """Whether some example's weight-gradient norm is below ILL_CONDITIONED · Σ_t ‖a_t‖‖g_t‖ (``U``)."""
     if a.shape[1] == 1:
         return False  # one token: nothing can cancel
-    U = _token_norm_sum(a, g)
+    U = _token_norm_sum(a, g) if U is None else U
     return bool((sq < (ILL_CONDITIONED * U).pow(2)).any())
+
+
+def _pack_rows(x: torch.Tensor, keep: torch.Tensor, counts: torch.Tensor, width: int) -> torch.Tensor:
+    """The rows ``x[b, t]`` with ``keep[b, t]``, moved to the front of each example in their order, the
+    remaining slots zero: shape (B, width, *x.shape[2:])."""
+    out = x.new_zeros((x.shape[0], width) + tuple(x.shape[2:]))
+    slots = torch.arange(width, device=x.device) < counts[:, None]
+    out[slots] = x[keep]  # both sides enumerate examples in order, then positions in order
+    return out
+
+
+def drop_zero_rows(act: torch.Tensor, g: torch.Tensor,
+                   cache: dict | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Remove the positions whose output gradient is exactly zero from a (B, T, ·) input ``act`` and output
+    gradient ``g``: returns (B, T', ·) tensors holding each example's other positions first (same order),
+    zero-filled after, with T' the largest number an example keeps, and the (B, T') bool mask of the
+    filled slots; ``act``, ``g`` and an all-true mask when every position is kept (None: one position, or
+    input and gradient not aligned position by position).
+
+    A position with g_t = 0 adds g_t a_tᵀ = 0 to the weight gradient and g_t = 0 to the bias gradient, and
+    a zero-filled slot (a_t = 0 and g_t = 0) adds 0 to every Gram term and to U = Σ_t ‖a_t‖‖g_t‖: per-example
+    norms, their certified rounding bounds and clipped sums are those of the full tensors, at the cost of
+    T' instead of T positions.  Padding tokens behind an attention mask are such positions (their outputs
+    reach no loss), as are masked-out targets.  A non-finite row is kept.
+
+    ``cache`` (one backward pass): layers fed the same input with the same kept positions (Q, K and V)
+    share one packed input.  It is keyed by the input's address; every input looked up is held by a
+    record made in the same forward pass, so two inputs alive together with one address are one tensor."""
+    if g.shape[1] <= 1 or act.shape[:2] != g.shape[:2]:
+        return act, g, None
+    # a row is zero iff its max and min are (NaN propagates: a non-finite row is kept); two cheap reductions
+    keep = (g.amax(-1) != 0) | (g.amin(-1) != 0) if g.dim() > 2 else g != 0
+    if bool(keep.all()):
+        return act, g, keep
+    counts = keep.sum(1)
+    width = max(int(counts.max()), 1)
+    key = ("rows", act.data_ptr(), act.device, tuple(act.shape), tuple(act.stride()), act.dtype)
+    hit = cache.get(key) if cache is not None else None
+    if hit is not None and torch.equal(hit[0], keep):
+        packed_act = hit[1]
+    else:
+        packed_act = _pack_rows(act, keep, counts, width)
+        if cache is not None:
+            cache[key] = (keep, packed_act)
+    slots = torch.arange(width, device=g.device) < counts[:, None]
+    return packed_act, _pack_rows(g, keep, counts, width), slots
 
 
 def _cat3(ts: list[torch.Tensor]) -> torch.Tensor:
@@ -233,6 +312,20 @@ class LinearHandler(Handler):
             return g.reshape(g.shape[0], -1, g.shape[-1]).sum(1)  # (B, p): DP-BiTFiT
         return g
 
+    def receive_grad(self, rec, k, g):
+        if not self.needs_input:
+            rec.grads[k] = self.reduce_grad(g)
+            return
+        a = rec.act
+        if a.dim() < 3:  # (B, d): one position
+            rec.grads[k] = g
+            return
+        if a.dim() > 3:  # (B, *, d): packed as (B, T, d), without the shared cache (the reshape may copy)
+            a, g, cache = a.reshape(a.shape[0], -1, a.shape[-1]), g.reshape(g.shape[0], -1, g.shape[-1]), None
+        else:
+            cache = self.pack_cache
+        rec.act, rec.grads[k], rec.keep = drop_zero_rows(a, g, cache)
+
     def _cat(self, records):
         a = _cat3([r.act for r in records])
         g = _cat3([r.grads[0] for r in records])
@@ -244,8 +337,19 @@ class LinearHandler(Handler):
             gb = sum(r.grads[0] for r in records)  # the (B, p) vectors that clipped_sum adds
             return _inflate(gb.to(torch.float64).pow(2).sum(1), gb.shape[1])
         a, g = self._cat(records)
-        sq = _linear_weight_sq(a, g, self.gram_cache)
-        self.ill = _ill_conditioned(sq, a, g)
+        U = _token_norm_sum(a, g) if a.shape[1] > 1 else None  # shared by the bound and the conditioning test
+        keep = records[0].keep if len(records) == 1 else None
+        if keep is not None and keep.shape[1] > 1 and not bool(keep.all()):
+            # packed (drop_zero_rows): example i's positions are its first counts[i] slots, so groups of
+            # examples of similar length need only their own width (the other slots are zero)
+            sq = torch.empty(a.shape[0], dtype=torch.float64, device=a.device)
+            base = (a.data_ptr(), tuple(a.shape), tuple(a.stride()), a.dtype)
+            for j, (idx, width) in enumerate(length_groups(keep.sum(1))):
+                sq[idx] = _linear_weight_sq(a[idx, :width], g[idx, :width], self.gram_cache, U=U[idx],
+                                            cache_key=base + (j, width))
+        else:
+            sq = _linear_weight_sq(a, g, self.gram_cache, U=U)
+        self.ill = _ill_conditioned(sq, a, g, U)
         if "bias" in self.params:
             # the per-example bias gradients Σ_t g_t; clipped_sum adds exactly these (B, p) vectors
             self._bias_pe = g.sum(1)
@@ -259,16 +363,23 @@ class LinearHandler(Handler):
             out[self.params["bias"]] = factors_as(c, gb.dtype) @ gb
             return out
         a, g = self._cat(records)
+        p, d = g.shape[-1], a.shape[-1]
+        cf = c[:, None].expand(g.shape[:2])
+        # positions with g_t = 0 (padding, zero-filled slots) add nothing: the matmul skips them
+        keeps = [r.keep for r in records]
+        keep = None if any(k is None for k in keeps) else keeps[0] if len(keeps) == 1 else torch.cat(keeps, 1)
+        if keep is None or bool(keep.all()):
+            a, g, cf = a.reshape(-1, d), g.reshape(-1, p), cf.reshape(-1)
+        else:
+            a, g, cf = a[keep], g[keep], cf[keep]
         if getattr(self, "ill", False):  # heavy cancellation inside an example: accumulate in float64
             a, g = a.to(torch.float64), g.to(torch.float64)
-        gc = g * factors_as(c, g.dtype)[:, None, None]
-        p, d = g.shape[-1], a.shape[-1]
-        gw = gc.reshape(-1, p).t() @ a.reshape(-1, d)  # (p, d)
+        gw = (g * factors_as(cf, g.dtype)[:, None]).t() @ a  # (p, d)
         out[self.params["weight"]] = gw.t() if self.transposed else gw
         if "bias" in self.params:
             bias_pe = getattr(self, "_bias_pe", None)
             if bias_pe is None or bias_pe.shape[0] != c.shape[0]:
-                bias_pe = g.sum(1)
+                bias_pe = self._cat(records)[1].sum(1)
             out[self.params["bias"]] = factors_as(c, bias_pe.dtype) @ bias_pe
         return out
 
@@ -282,6 +393,8 @@ class ConvHandler(LinearHandler):
     """nn.Conv1d / nn.Conv2d: unfold the (padded) input so the layer is a linear map per position."""
 
     kind = "conv"
+
+    receive_grad = Handler.receive_grad  # the unfolded positions are made in _cat, after backward
 
     def reduce_grad(self, g):
         if not self.needs_input:
@@ -358,6 +471,13 @@ class EmbeddingHandler(Handler):
 
     def store_input(self, args, kwargs):
         return _first_input(args, kwargs).detach()
+
+    def receive_grad(self, rec, k, g):
+        ids = rec.act.reshape(rec.act.shape[0], -1)
+        g = g.reshape(g.shape[0], -1, g.shape[-1])
+        if self.module.padding_idx is not None:  # a padding lookup has no gradient: its rows can be dropped
+            g = g * (ids != self.module.padding_idx).unsqueeze(-1).to(g.dtype)
+        rec.act, rec.grads[k], _ = drop_zero_rows(ids, g)
 
     def _cat(self, records):
         ids = [r.act.reshape(r.act.shape[0], -1) for r in records]

@@ -400,7 +400,10 @@ class PrivateGradient:
 
     def _capture(self, handler: Handler, rec: Record, k: int, t: torch.Tensor) -> None:
         def on_grad(g):
-            rec.grads[k] = g if isinstance(handler, FallbackHandler) else handler.reduce_grad(g)
+            if isinstance(handler, FallbackHandler):
+                rec.grads[k] = g
+            else:
+                handler.receive_grad(rec, k, g)
             return None
 
         t.register_hook(on_grad)
@@ -467,11 +470,14 @@ class PrivateGradient:
             self._edges = []
             return losses.detach()
         self._check_losses_have_grad(losses, B)
-        self._backpropagate(losses)
-
         gram_cache: dict = {}
+        pack_cache: dict = {}  # packed layer inputs shared by the backward hooks (Q, K, V)
         for h in self.handlers:
-            h.gram_cache = gram_cache
+            h.gram_cache, h.pack_cache = gram_cache, pack_cache
+        try:
+            self._backpropagate(losses)
+        finally:
+            pack_cache.clear()
         if not any(g is not None for h in self.handlers for r in h.records for g in r.grads):
             for h in self.handlers:
                 h.clear()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from privtune.hpo.common import BudgetPlan, Selector, as_plain
 from privtune.hpo.executors import seeded_torch as _seeded_torch
 from privtune.hpo.registry import get as get_strategy
 from privtune.ledger import url_without_password
+from privtune.report.progress import BATCH_LOSS_LABEL
 
 # --------------------------------------------------------------------------------------
 # resumable runs: the run's seeds, the private state file, replay of completed trials
@@ -224,11 +226,6 @@ class _Journal:
         self.trials_expected = plan.trials_expected()
         if plan.accounting == "repeat-and-select":
             self.show_epsilon = False
-        if plan.n_train:  # time left for the whole tune: the planned examples still ahead (mode pilots done)
-            from privtune.hpo.common import planned_examples
-
-            ahead = [e for e in plan.events if not str(getattr(e, "label", "")).startswith("planned pilot")]
-            self.prog.plan_work(self.prog.work_done + planned_examples(ahead, int(plan.n_train)))
 
     # -------------------------------------------------------------- file
     def next(self, kind: str, key: dict) -> dict | None:
@@ -346,9 +343,11 @@ class _JournalBackend:
         if stepwise:
             steps = int(kw.get("steps") or 1)
             sigma, q = float(kw["noise_multiplier"]), float(kw["sample_rate"])
-            phase = hooks.phase if hooks is not None else f"{name}, batch loss NOT PRIVATE"
             events_at = hooks.events_at if hooks is not None else (lambda k: _run_events(sigma, q, k))
-            j.prog.start_phase(phase, total=steps, unit="steps", work=q * self._inner.n * steps)
+            j.prog.start_phase(hooks.phase if hooks is not None else name, total=steps, unit="steps",
+                               work=q * self._inner.n * steps,
+                               kind="features" if self._inner.kind == "features" else f"model:{self._inner.mode}",
+                               loss_label=hooks.loss_label if hooks is not None else BATCH_LOSS_LABEL)
             kw["progress"] = _StepProgress(j, events_at, steps)
         try:
             with _seeded_torch(derive_seed(j.seed, "torch", index)):
@@ -435,7 +434,14 @@ class _JournalBackend:
     def logits(self, state: Any, data: Any) -> Any:
         if isinstance(state, _Replayed):
             return _REPLAYED_OUTPUTS
-        return self._inner.logits(state, data)
+        if getattr(self._inner, "kind", "") != "model":
+            return self._inner.logits(state, data)
+        t0 = time.monotonic()  # a score's forward passes: planned work of the time-left estimate, done now
+        out = self._inner.logits(state, data)
+        # the rows as published (a declared public size): the estimate is printed and logged
+        rows = getattr(data, "public_size", None)
+        self._j.prog.record_work("predict", len(data) if rows is None else int(rows), time.monotonic() - t0)
+        return out
 
     def predict(self, state: Any, data: Any) -> Any:
         if isinstance(state, _Replayed):

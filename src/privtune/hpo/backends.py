@@ -65,11 +65,13 @@ class RunHooks:
         events_at: the privacy events of the run's first k steps with the hooks' own releases included
             (e.g. hyperfree's joint σ_eff update steps); ``events_at(steps)`` are the run's events.
         phase: how the progress display names the run.
+        loss_label: what the loss the hooks report per step is (e.g. "privatised loss").
     """
 
     make: Callable[[HookContext], Sequence[LoopHook]]
     events_at: Callable[[int], list]
     phase: str
+    loss_label: str
 
 
 @runtime_checkable

@@ -160,7 +160,6 @@ class BudgetPlan:
     final_noise_multiplier : σ of the final run (multiplier of the clipping norm) as planned.
     notes : human-readable lines (budget split, per-trial ε, ...), printed before spending.
     config : the strategy's config the plan was made with (what its ``run`` executes).
-    n_train : the public number of training rows, when the progress display may use it for the time left.
     accounting : how the trials compose, when the strategy chooses (random search); "" otherwise.
     epsilon_cap, covered : set on a copy by :meth:`covered_by` once the plan is reserved: the ε (at ``delta``,
         with ``accountant``) that in-run calibrations must not exceed, and a predicate telling whether a list of
@@ -176,7 +175,6 @@ class BudgetPlan:
     final_noise_multiplier: float | None = None
     notes: list = field(default_factory=list)
     config: Any = field(default=None, repr=False, compare=False)
-    n_train: int | None = None
     epsilon_cap: float | None = field(default=None, repr=False)
     covered: Callable[[list], bool] | None = field(default=None, repr=False, compare=False)
     #: how the trials compose, when the strategy chooses it: ``"composition"`` or ``"repeat-and-select"``
@@ -232,8 +230,6 @@ class BudgetPlan:
             details["accounting"] = self.accounting
         if self.config is not None:
             details["config"] = self.config
-        if self.n_train is not None:
-            details["n_train"] = self.n_train
         return {
             "strategy": self.strategy,
             "total_epsilon": self.total_epsilon,

@@ -557,7 +557,7 @@ def final_run_hooks(config: HyperfreeConfig, *, lr0: float, sigma_g: float, sigm
         n_upd = math.ceil(k / config.interval)
         return _steps_events(sigma_g, sample_rate, k - n_upd) + _steps_events(s_eff, sample_rate, n_upd)
 
-    return RunHooks(make=make, events_at=events_at, phase=phase), made
+    return RunHooks(make=make, events_at=events_at, phase=phase, loss_label="privatised loss"), made
 
 
 def _steps_events(sigma: float, q: float, k: int) -> list:
@@ -641,7 +641,7 @@ def run(backend, config: HyperfreeConfig, p: HyperfreePlan, *, mode: str = "last
     on_features = backend.kind != "model"
     hooks, probes = final_run_hooks(config, lr0=lr0, sigma_g=p.sigma_g, sigma_l=p.sigma_l,
                                     sample_rate=p.sample_rate, steps=p.steps,
-                                    phase=f"final run (hyperfree, {backend.kind}; privatised loss)")
+                                    phase=f"final run (hyperfree, {backend.kind})")
     alpha = {} if on_features else {"backbone_lr_scale": config.backbone_lr_scale_for(backend.mode)}
     final = backend.run({"learning_rate": lr0}, noise_multiplier=p.sigma_g, sample_rate=p.sample_rate,
                         steps=p.steps, learning_rate=lr0, bias=True, seed=seed, label="final run (hyperfree)",
@@ -703,8 +703,7 @@ class Hyperfree(Strategy):
                                 score_sigma=r.score_sigma, accountant=r.accountant)
         p = plan(cfg, r.total_epsilon, r.delta, sample_rate=q, steps=T, accountant=r.accountant,
                  prefix_events=r.prefix_events, lr_trials=trials)
-        # n_train, a public size: the progress display's time left for the whole tune
-        return dataclasses.replace(p, config=cfg, n_train=r.n_train)
+        return dataclasses.replace(p, config=cfg)
 
     def run(self, backend, selector, plan: HyperfreePlan, *, mode: str, seed=None, progress=None):
         return run(backend, plan.config, plan, mode=mode, seed=seed, progress=progress, selector=selector)

@@ -48,7 +48,9 @@ from privtune.data.datasets import EMBEDDED_LABELS, check_disjoint, declared_lab
 from privtune.engine import distributed
 from privtune.engine.mechanisms import noisy_feature_sum
 from privtune.engine.sampling import make_generator, poisson_mask
-from privtune.errors import DataError, InfeasibleBudgetError, InvalidParameterError, PrivtuneError
+from privtune.errors import (DataError, InfeasibleBudgetError, InvalidParameterError, OneClassModelWarning,
+                             PrivtuneError, UnlikelyToLearnWarning)
+from privtune.finetune import usefulness
 from privtune.finetune.last_layer import check_finite_features
 from privtune.finetune.modes import DEFAULT_LEARNING_RATES, default_backbone_lr_scale
 from privtune.hpo import common, grid_oracle
@@ -243,7 +245,12 @@ def tune(
         last-layer, bitfit and lora (bitfit and full when n·ε ≥ 20,000; full first from n ≥ 60,000) with
         one charged pilot run each (per-run ε = min(0.1, 0.1·ε)) and continues with the best (pilots the
         public split cannot tell apart are ties, won by the first candidate listed); single-step, random-search and
-        grid-oracle train the last layer only, so for them ``"auto"`` is last-layer, no pilots.
+        grid-oracle train the last layer only, so for them ``"auto"`` is last-layer, no pilots; so it is at
+        n·ε ≤ 4,000, where DP fine-tuning was measured at chance
+        (:data:`privtune.finetune.usefulness.FINETUNE_AT_CHANCE_N_EPS`).  Pilots scored on a public split
+        whose examples are all of one class are refused before the reservation.  A mode that trains the
+        backbone at n·ε ≤ 4,000 is warned of before the reservation, and a released model that predicts
+        nearly one class after the run (``metrics["warnings"]``, ``metrics["majority_prediction"]``).
     strategy : {"linear-scaling", "hyperfree", "single-step", "random-search", "grid-oracle"}
         See ``docs/strategies.md``.  Default ``"hyperfree"``: no search, and the best strategy
         at every ε in ``bench/hpo.py`` (README table).  ``"grid-oracle"`` is NOT PRIVATE
@@ -296,6 +303,7 @@ def tune(
     files = _open_run_files(args, req, inputs)
     inputs = _split_private_validation(inputs, files.run_seed)
     prog = _progress(quiet, files.run_dir, req.privacy.epsilon)
+    prog.hold_lines()  # until the plan says whether this run's timing may be shown
     log = prog.log
     journal = None
     reserved = refused = False
@@ -305,9 +313,10 @@ def tune(
             f"δ={inputs.privacy.delta:g}, data={inputs.train_source} (n={inputs.n_train}), "
             f"selection={common.describe_selection(_selection_of_strategy(req, inputs))}")
         # ------------------------------------------------------------ plan, reserve (no data read yet)
-        tplan = _plan_run(req, inputs, log)
-        if tplan.hide_timing:
-            prog.log_timing = False
+        tplan = _plan_run(req, inputs, log, warning_log=prog.log_to_file)
+        if tplan.hide_timing:  # no time on any line: the time the search's lines span would tell its K
+            prog.hide_timing()
+        prog.release_lines()
         budget = _reserve(req, inputs, files, tplan, ledger, log)
         reserved = True
         # ------------------------------------------------------------ run
@@ -325,6 +334,9 @@ def tune(
         if journal is not None and journal.replayed and not journal.hide_trials:
             metrics["resumed"] = {"replayed_trials": journal.replayed}
         _write_and_commit(req, files, ran, cert, metrics, history, not_private, reservation, log)
+        # released: now say when the model predicts nearly one class (after a failed write the error comes alone)
+        usefulness.warn(usefulness.one_class_message(metrics.get("majority_prediction")), OneClassModelWarning,
+                        prog.log_to_file)
         log(("done: " if tplan.hide_timing else f"done in {time.time() - t_start:.0f} s: ")
             + (f"ε = {cert.epsilon:.4f} (≤ {req.privacy.epsilon:g}), δ = {cert.delta:g}"
                if not req.strategy.not_private else
@@ -634,9 +646,10 @@ class _TunePlan:
         return self.pilot_events[:1] if self.center_sigma else []
 
 
-def _plan_run(req: _Request, inputs: _Inputs, log) -> _TunePlan:
+def _plan_run(req: _Request, inputs: _Inputs, log, warning_log=None) -> _TunePlan:
     """Plan every candidate mode (and the --mode auto pilots) before anything is reserved: a combination
-    that cannot work fails here, with the numbers and a fix."""
+    that cannot work fails here, with the numbers and a fix; one that cannot learn is warned of (a Python
+    warning, written to ``warning_log``: the log file alone, the console shows the warning itself)."""
     strat, n_train, delta, accountant = req.strategy, inputs.n_train, inputs.privacy.delta, req.privacy.accountant
     # --mode auto: pilot only the modes this strategy can train; with one candidate there is nothing to
     # choose and nothing is spent on pilots
@@ -644,8 +657,9 @@ def _plan_run(req: _Request, inputs: _Inputs, log) -> _TunePlan:
                   else [req.mode])
     pilot_modes = candidates if len(candidates) > 1 else []
     run_mode = candidates[0] if not pilot_modes else "auto"
-    if req.mode == "auto" and not pilot_modes:
-        log(f"mode auto: strategy {strat.name} trains {run_mode} only; no mode pilots are run")
+    auto_note = _auto_without_pilots_note(req, strat, n_train, run_mode) if not pilot_modes else None
+    if pilot_modes and inputs.selection == "public_validation":
+        _check_public_split_can_compare(inputs.public_set, pilot_modes)
     pilot_events, pilot_eps = [], min(0.1, 0.1 * req.privacy.epsilon)
     sel_sigma = None
     if inputs.selection != "public_validation":
@@ -686,9 +700,14 @@ def _plan_run(req: _Request, inputs: _Inputs, log) -> _TunePlan:
             raise type(exc)(f"mode='auto': candidate mode {m!r} cannot be planned with strategy {strat.name!r}: "
                             f"{exc} Pass an explicit mode (e.g. mode='last-layer') to skip it.") from None
     plan = mode_plans[candidates[0]]
+    if auto_note:  # printed with the plan, and kept in the certificate's plan notes
+        plan.notes.append(auto_note)
     log(plan.describe())
     for m in candidates[1:]:
         log(f"  if the pilots choose {m}: planned ε = {mode_plans[m].planned_epsilon():.4g}")
+    # a plan that works but cannot learn: warned of before the reservation (nothing spent yet)
+    usefulness.warn(usefulness.unlikely_to_learn_message(run_mode, n_train, req.privacy.epsilon, command="tune"),
+                    UnlikelyToLearnWarning, warning_log or log)
     # under repeat-and-select the number of trials is random and not published; durations grow with it
     hide_timing = any(p.accounting == "repeat-and-select" for p in mode_plans.values())
     return _TunePlan(plan=plan, mode_plans=mode_plans, candidates=candidates, pilot_modes=pilot_modes,
@@ -799,7 +818,7 @@ def _certify(req: _Request, inputs: _Inputs, tplan: _TunePlan, ran: _Ran, budget
     if not strat.not_private and cert.epsilon > req.privacy.epsilon * (1 + 1e-6):
         raise PrivtuneError(f"internal error: certificate ε = {cert.epsilon:.6g} exceeds the total "
                             f"{req.privacy.epsilon:g}; nothing was released.")
-    acc = _reported_accuracy(ran, inputs, prog) if not strat.not_private else None
+    acc, majority = _reported_accuracy(ran, inputs, prog) if not strat.not_private else (None, None)
     if strat.not_private and inputs.eval_set is not None:
         acc = ran.outcome.strategy_data.get("reported_accuracy")
     remaining = None
@@ -815,10 +834,11 @@ def _certify(req: _Request, inputs: _Inputs, tplan: _TunePlan, ran: _Ran, budget
         "selection_description": common.describe_selection(selection),
         "dataset_id": dataset_id, "ledger_url": budget.ledger_url, "ledger_remaining_epsilon": remaining,
         "total_epsilon": req.privacy.epsilon, "n_train": inputs.n_train, "trials": ran.published_trial_count,
-        "ledger_registered_new_dataset": budget.registered,
+        "ledger_registered_new_dataset": budget.registered, "majority_prediction": majority,
         # under repeat-and-select the wall time grows with the hidden number of trials: not published
         "wall_time_s": None if ran.outcome.certificate_events is not None else round(time.time() - started, 1),
     }
+    _list_warnings(metrics, req, inputs, tplan)
     if strat.not_private:
         metrics["not_private"] = True
         metrics["label"] = "NOT PRIVATE"
@@ -859,17 +879,43 @@ def _certificate_metadata(req: _Request, inputs: _Inputs, tplan: _TunePlan, ran:
     return metadata
 
 
-def _reported_accuracy(ran: _Ran, inputs: _Inputs, prog) -> float | None:
-    """Accuracy of the released model on the reported split (None without a labelled one)."""
-    eval_set = inputs.eval_set
-    if eval_set is None or getattr(eval_set, "labels", None) is None or ran.model is None:
-        return None
-    prog.start_phase("evaluating on the reported split", None)
+def _reported_accuracy(ran: _Ran, inputs: _Inputs, prog) -> tuple:
+    """``(accuracy, majority prediction)`` of the released model on the reported split (public by declaration):
+    :func:`privtune.finetune.usefulness.majority_prediction`; without a labelled reported split no accuracy
+    and the majority prediction on the public split (never on private data).  ``(None, None)`` without either."""
+    eval_set, names = inputs.eval_set, inputs.label_names
+    if ran.model is None:
+        return None, None
+    if eval_set is None or getattr(eval_set, "labels", None) is None:
+        public_set = inputs.public_set
+        if public_set is None:
+            return None, None
+        prog.start_phase("predicting the public split", len(public_set), unit="examples", work=len(public_set),
+                         kind="predict")
+        counts = torch.bincount(ran.model.predict_logits(public_set).argmax(1), minlength=inputs.num_labels)
+        prog.advance(len(public_set))
+        prog.end_phase()
+        return None, usefulness.majority_prediction(counts.tolist(), names, "the public validation split")
+    prog.start_phase("evaluating on the reported split", len(eval_set), unit="examples", work=len(eval_set),
+                     kind="predict")
     logits = ran.model.predict_logits(eval_set)
+    prog.advance(len(eval_set))
     acc = float((logits.argmax(1) == _labels_tensor(eval_set)).float().mean().item())
     prog.end_phase()
     prog.log(f"accuracy on the reported split ({inputs.reported_split}): {acc:.4f}")
-    return acc
+    counts = torch.bincount(logits.argmax(1), minlength=logits.shape[1]).tolist()
+    return acc, usefulness.majority_prediction(counts, names, inputs.reported_split)
+
+
+def _list_warnings(metrics: dict, req: _Request, inputs: _Inputs, tplan: _TunePlan) -> None:
+    """After the run: list in ``metrics["warnings"]`` the pre-run warning and, when the released model predicts
+    nearly one class (``metrics["majority_prediction"]``), the post-run one, issued once the release is in place
+    (:func:`tune`).  Public quantities only."""
+    after = usefulness.one_class_message(metrics.get("majority_prediction"))
+    before = usefulness.unlikely_to_learn_message(tplan.run_mode, inputs.n_train, req.privacy.epsilon, command="tune")
+    found = [w for w in (before, after) if w]
+    if found:
+        metrics["warnings"] = found
 
 
 def _write_and_commit(req: _Request, files: _RunFiles, ran: _Ran, cert, metrics: dict, history: dict,
@@ -937,12 +983,86 @@ def _trial_section(trial_list, outcome, not_private: bool) -> dict:
 def _auto_candidates(supported_modes, n: int, eps_total: float) -> list:
     """The modes ``--mode auto`` compares, in the order that breaks their ties, from public sizes only: at
     fine-tuning scale (n·ε ≥ :data:`_FINETUNE_SCALE`) the fine-tuning modes the strategy trains (full first
-    from n ≥ :data:`_FULL_FIRST_N`), else the small-data set."""
+    from n ≥ :data:`_FULL_FIRST_N`); where DP fine-tuning was measured at chance (n·ε ≤
+    :data:`privtune.finetune.usefulness.FINETUNE_AT_CHANCE_N_EPS`) last-layer alone, with no pilot: a
+    fine-tuning pilot there cannot win and only costs time and ε; else the small-data set."""
     order = AUTO_MODES_FROM_FULL_FIRST_N if n >= _FULL_FIRST_N else AUTO_MODES_AT_SCALE
     at_scale = [m for m in order if m in supported_modes]
     if n * eps_total >= _FINETUNE_SCALE and at_scale:
         return at_scale
-    return [m for m in AUTO_MODES if m in supported_modes]
+    small = [m for m in AUTO_MODES if m in supported_modes]
+    if "last-layer" in small and all(usefulness.backbone_cannot_learn(m, n, eps_total) for m in small
+                                     if m != "last-layer"):
+        return ["last-layer"]
+    return small
+
+
+def _auto_without_pilots_note(req: _Request, strat, n: int, run_mode: str) -> str | None:
+    """Why ``--mode auto`` runs no pilot (None when the mode was given): public quantities only."""
+    if req.mode != "auto":
+        return None
+    skipped = [m for m in AUTO_MODES if m in strat.modes and m != run_mode]
+    if not skipped:
+        return f"mode auto: strategy {strat.name} trains {run_mode} only; no mode pilots are run"
+    eps = req.privacy.epsilon
+    return (f"mode auto: {run_mode} without mode pilots: at n·ε = {n * eps:,.0f} (n = {n:,}, ε = {eps:g}), at or "
+            f"below {usefulness.FINETUNE_AT_CHANCE_N_EPS:,}, DP fine-tuning of the backbone ({', '.join(skipped)}) "
+            "was measured at chance (SST-2, MiniLM), so its pilots could not win and are not run")
+
+
+def _check_public_split_can_compare(public_set, pilot_modes) -> None:
+    """Refuse, before the reservation, mode pilots scored on a public split whose examples are all of one class:
+    its accuracy rewards the pilot that predicts that class most often, not the better mode.  The split is
+    public, so looking at its labels costs nothing."""
+    labels = getattr(public_set, "labels", None)
+    if labels is None or len(set(int(y) for y in labels)) > 1:
+        return
+    names = getattr(public_set, "label_names", None)
+    only = labels[0] if not names else names[int(labels[0])]
+    raise InvalidParameterError(
+        f"`public_eval_data`: all {len(labels)} of its examples are of class {str(only)!r}, so accuracy on it "
+        f"cannot compare the mode pilots ({', '.join(pilot_modes)}) of mode='auto': it rewards whichever "
+        "predicts that class most often. Pass a public split with examples of at least two classes, or choose "
+        "the mode yourself (e.g. --mode last-layer). Nothing was charged.")
+
+
+def _work_kind(mode: str) -> str:
+    """The kind of work of a run in ``mode`` for the time-left estimate (Progress.plan_ahead)."""
+    return "features" if mode == "last-layer" else f"model:{mode}"
+
+
+def _work_ahead(tplan: _TunePlan, inputs: _Inputs, pilots_left, mode: str, *, cached: bool) -> list:
+    """The work still ahead of a tune, as (kind, expected examples) pairs from public sizes and the plan only:
+    feature caching (when a last-layer run is still ahead and nothing is cached), the ``pilots_left`` with their
+    scores, the planned runs of ``mode`` with the scores of its η trials, the evaluation on the reported split
+    and the release.  For the time-left estimate of :class:`privtune.report.progress.Progress`."""
+    n = inputs.n_train
+    # sizes privtune may publish (the estimate is printed and logged): a split's declared public size where it
+    # has one, the planned size of a private validation split where that is planned, else its length
+    sel = inputs.selector_data
+    n_select = 0 if sel is None else public_size(sel)
+    if inputs.selection == "private_validation_noisy" and getattr(inputs, "n_val_public", None) is not None:
+        n_select = int(inputs.n_val_public)
+    out = []
+    if not cached and ("last-layer" in pilots_left or mode == "last-layer"):
+        public = inputs.public_set if inputs.public_set is not inputs.selector_data else None
+        out.append(("forward", n + (n_select if inputs.selection == "public_validation" else 0)
+                    + (public_size(public) if public is not None else 0)))
+    for m in pilots_left:
+        if m == "last-layer":
+            out.append(("features", n))
+        else:
+            out += [(_work_kind(m), _PILOT_STEPS * _pilot_batch(n)), ("predict", n_select)]
+    plan = tplan.mode_plans.get(mode, tplan.plan)
+    events = [e for e in plan.events if not str(getattr(e, "label", "")).startswith("planned pilot")]
+    out.append((_work_kind(mode), common.planned_examples(events, n)))
+    if mode != "last-layer":
+        scored = sum(str(getattr(e, "label", "")).startswith("planned η trial") for e in events)
+        out.append(("predict", scored * n_select))
+    if inputs.eval_set is not None and getattr(inputs.eval_set, "labels", None) is not None:
+        out.append(("predict", public_size(inputs.eval_set)))
+    out.append(("release", 1))  # the model, the report and its plots
+    return out
 
 
 def _pilot_batch(n: int) -> int:
@@ -1018,7 +1138,8 @@ def _execute(req: _Request, inputs: _Inputs, tplan: _TunePlan, clf, prog, seed: 
                 if name == "public" and ds is selector_data and "select" in feats:
                     feats["public"] = feats["select"]
                     continue
-                prog.start_phase(f"caching features ({name})", len(ds), unit="examples")
+                prog.start_phase(f"caching features ({name})", len(ds), unit="examples", work=public_size(ds),
+                                 kind="forward")
                 fs = finetune.cache_features(clf, ds, cache_dir=feature_cache_dir, progress=lambda k: prog.advance(k, examples=k))
                 prog.end_phase()
                 feats[name] = (fs.features.float(), fs.labels)
@@ -1056,16 +1177,20 @@ def _execute(req: _Request, inputs: _Inputs, tplan: _TunePlan, clf, prog, seed: 
                                    noise_std=tplan.selection_sigma or 0.0, name=f"selection:{source}", seed=seed,
                                    public_size=scored_size), kw)
 
+    def plan_time(pilots_left, mode):  # the work ahead, for the time left of the whole tune
+        prog.plan_ahead(_work_ahead(tplan, inputs, pilots_left, mode, cached=bool(feats)))
+
     # ---------------------------------------------------------------- --mode auto pilots
     pilot_records = []
     used_mode = tplan.run_mode
     if tplan.pilot_modes:
         used_mode, pilot_records = _run_pilots(tplan.pilot_modes, clf, train, features, make_selector, sel_eff
                                                if sel_eff != "none" else sel_name, tplan.pilot_eps, delta, seed, prog,
-                                               dict(kw, mode_plans=tplan.mode_plans))
+                                               dict(kw, plan_time=plan_time))
         tplan.plan = _adopt_pilots_choice(tplan, used_mode, pilot_records, delta, accountant, prog.log)
     else:
         tplan.plan = tplan.mode_plans[used_mode]  # the plan as reserved (armed by _cover_candidates)
+    plan_time([], used_mode)
     plan = tplan.plan
     seed_s = None if seed is None else seed + 17
     if journal is not None:
@@ -1126,13 +1251,11 @@ def _run_pilots(modes, clf, train, features, make_selector, source, pilot_eps, d
     from privtune.hpo.backends import FeatureBackend, ModelBackend
     from privtune.hpo.common import TrialRecord
     records = []
-    # time left for the whole tune while the pilots run: the pilots plus the costliest candidate's plan (public)
     n = public_size(train)  # the planned size under a private-validation split (its realised one is private)
-    ahead = [common.planned_examples([e for e in p.events
-                                      if not str(getattr(e, "label", "")).startswith("planned pilot")], n)
-             for p in (kw.get("mode_plans") or {}).values()]
-    prog.plan_work(prog.work_done + _PILOT_STEPS * _pilot_batch(n) * sum(m != "last-layer" for m in modes)
-                   + max(ahead, default=0.0))
+    # time left for the whole tune while the pilots run: the pilots still to run, then the plan of the mode that
+    # leads so far by the rule that chooses (before any score: the first candidate, which wins ties)
+    plan_time = kw.pop("plan_time", None) or (lambda pilots_left, mode: None)
+    plan_time(modes, modes[0])
     for i, m in enumerate(modes):
         label = f"mode-auto pilot {m}"
         prog.log(f"pilot {i + 1}/{len(modes)}: {m} at per-run ε = {pilot_eps:g}")
@@ -1164,6 +1287,8 @@ def _run_pilots(modes, clf, train, features, make_selector, source, pilot_eps, d
         score, evs = sel.score(be.logits(run.state, sel.data), label=label + " score")
         records.append(TrialRecord(index=i, phase="mode-auto pilot", hyperparameters=hp,
                                    events=list(run.events) + evs, score=score, score_source=sel.source))
+        leader = common.choose_best(common.statistical_ties(records, sel), key=lambda r: 0.0, tie=lambda r: r.index)
+        plan_time(modes[i + 1:], leader.hyperparameters["mode"])
     # pilots the selection split cannot tell apart (Selector.tie_margin) are ties, won by the earlier candidate
     # (_auto_candidates: the cheaper mode first, except full first from _FULL_FIRST_N examples);
     # measured at ε = 1 on 60,957 SST-2 phrases, bitfit 56.20 % and full 56.30 % on 2,000 public phrases: both at

@@ -473,7 +473,10 @@ def render_report(run: RunData) -> tuple[str, dict[str, bytes]]:
     ]
     title = "privtune run report"
     kind = "tuning + training run" if run.trials else "training run"
-    when = _dt.datetime.now().strftime("%Y-%m-%d %H:%M")
+    # no time under repeat-and-select: the report is made when the run ends, and the run's duration grows with
+    # its secret number of trials
+    hide_time = run.strategy.get("accounting") == "repeat-and-select"
+    when = "" if hide_time else " · generated " + _dt.datetime.now().strftime("%Y-%m-%d %H:%M")
     problems = ""
     if b.notes:
         problems = "<div class='warn'><b>Parts of this report are missing:</b><ul>" + "".join(
@@ -495,7 +498,7 @@ def render_report(run: RunData) -> tuple[str, dict[str, bytes]]:
 <style>{CSS}</style></head>
 <body><main>
 <header><h1>{_e(title)}</h1>
-<div class="sub">{_e(kind)} · <code>{_e(run.run_dir.name)}</code> · generated {_e(when)}</div></header>
+<div class="sub">{_e(kind)} · <code>{_e(run.run_dir.name)}</code> {_e(when)}</div></header>
 {np_banner}{problems}
 {_summary_cards(run, b)}
 {''.join(s for s in sections if s)}
