@@ -53,6 +53,7 @@ from privtune.accounting.events import DPSGDEvent, NonPrivateEvent
 from privtune.engine import distributed
 from privtune.engine.private_gradient import CLIPPINGS
 from privtune.engine.sampling import check_shuffle_batching
+from privtune.engine.step import DPStep, MicroBatch
 from privtune.errors import (DataError, InvalidParameterError, ModelError, OneClassModelWarning, PrivtuneError,
                              UnlikelyToLearnWarning)
 from privtune.finetune import usefulness
@@ -420,7 +421,7 @@ class _Loop:
         self.stopped_early = False  # a callback stopped the run before its planned steps
         self.seconds = 0.0
         self.diag = {"norms": [], "labels": [], "layer_norms": []} if clipping_diagnostics else None
-        self.pg = None
+        self.pg: DPStep | None = None
         self.opt = None
         self._setup_phase(0, first=True)
 
@@ -567,6 +568,16 @@ class _Loop:
         return compute_epsilon(self.events(), self.delta, accountant=self.accountant)
 
     # -- one step
+    def _micro_batch(self, chunk: torch.Tensor, y: torch.Tensor, start: int | None = None) -> MicroBatch:
+        """The rows ``chunk`` as the DP step sees them; ``start``: the rows are ``start, start + 1, …`` (a full
+        batch), so cached features are read as a view (no gather copy: head trials are many and short)."""
+        def features() -> tuple[torch.Tensor, torch.Tensor]:
+            rows = slice(start, start + chunk.numel()) if start is not None else chunk
+            return self.data.features[rows].to(self.device), self.feature_sq_norms[rows].to(self.device)
+
+        return MicroBatch(labels=y, logits=lambda: _forward(self.model, self.module, self.data, chunk),
+                          features=features if _is_features(self.data) else None)
+
     def _one_step(self) -> StepInfo:
         t0 = time.perf_counter()
         idx = self.stream.next()
@@ -577,15 +588,7 @@ class _Loop:
             chunk = idx[s : s + self.max_phys]
             full = self.sampler_is_full_batch
             y = (self.labels[s : s + self.max_phys] if full else self.labels[chunk]).to(self.device)
-            if hasattr(self.pg, "accumulate"):  # closed-form linear head on cached features
-                # a full batch reads a view of the features (no gather copy: head trials are many and short)
-                X = self.data.features[s : s + self.max_phys] if full else self.data.features[chunk]
-                sq = self.feature_sq_norms[s : s + self.max_phys] if full else self.feature_sq_norms[chunk]
-                losses, norms = self.pg.accumulate(X.to(self.device), y, sq_norms=sq.to(self.device))
-            else:
-                logits = _forward(self.model, self.module, self.data, chunk)
-                losses = F.cross_entropy(logits, y, reduction="none")
-                norms = self.pg.backward(losses)
+            losses, norms = self.pg.accumulate_batch(self._micro_batch(chunk, y, s if full else None))
             # NOT PRIVATE monitoring: a NaN/inf loss (its term was dropped by the DP step) is not summed
             loss_sum += float(losses.detach().nan_to_num(0.0, 0.0, 0.0).sum())
             if self.hooks:  # a hook may need the losses at these parameters (hyperfree's L0): no second forward
@@ -594,7 +597,7 @@ class _Loop:
             if self.diag is not None:
                 self.diag["norms"].append(norms.detach().double().cpu())
                 self.diag["labels"].append(self.labels[chunk].clone())
-                layer = getattr(self.pg, "last_layer_norms", None) if self.per_layer else None
+                layer = self.pg.last_layer_norms if self.per_layer else None
                 if layer is not None and chunk.numel():
                     self.diag.setdefault("layer_norms", []).append(layer.detach().double().cpu())
         released = self.pg.release()
@@ -655,17 +658,14 @@ class _Loop:
         """Seed 003 diagnostics from the norms seen during training (+ MSE-optimal C on a sample). NOT PRIVATE."""
         if self.diag is None or not self.diag["norms"]:
             return None
-        from privtune.engine import clipping_diagnostics, optimal_clip_mse, per_example_gradients
+        from privtune.engine import clipping_diagnostics, optimal_clip_mse
 
         norms = torch.cat(self.diag["norms"]).double()
         labels = torch.cat(self.diag["labels"])
-        gamma = float(getattr(self.pg, "gamma", 0.01))
+        gamma = float(self.pg.gamma)
         layer_norms = None
-        if self.per_layer:
-            if hasattr(self.pg, "accumulate"):  # one nn.Linear head is one layer: C/sqrt(1) = C
-                layer_norms = norms[:, None]
-            elif self.diag.get("layer_norms"):
-                layer_norms = torch.cat(self.diag["layer_norms"])
+        if self.per_layer and self.diag.get("layer_norms"):
+            layer_norms = torch.cat(self.diag["layer_norms"])
         out = clipping_diagnostics(norms, self.clip, labels=labels, num_classes=int(self.labels.max()) + 1,
                                    clipping=self.clipping, gamma=gamma, layer_norms=layer_norms)
         out["note"] = ("per-example gradient norms of private training examples seen during training, without "
@@ -693,21 +693,7 @@ class _Loop:
             self.data) else 32)]]
         if n_params * sample.numel() <= 5e7:
             with torch.enable_grad():
-                if hasattr(self.pg, "accumulate"):
-                    X, y = self.data.features[sample].to(self.device), self.labels[sample].to(self.device)
-                    resid = torch.softmax(self.module(X), 1).detach()
-                    resid[torch.arange(y.numel(), device=y.device), y] -= 1.0
-                    parts = []
-                    if self.module.weight.requires_grad:
-                        parts.append((resid[:, :, None] * X[:, None, :]).flatten(1))
-                    if self.module.bias is not None and self.module.bias.requires_grad:
-                        parts.append(resid)
-                    G = torch.cat(parts, 1)
-                else:
-                    with self.pg.paused():
-                        logits = _forward(self.model, self.module, self.data, sample)
-                        losses = F.cross_entropy(logits, self.labels[sample].to(logits.device), reduction="none")
-                        G = per_example_gradients(losses, params)
+                G = self.pg.example_gradients(self._micro_batch(sample, self.labels[sample].to(self.device)))
             opt = optimal_clip_mse(G, self.sigma)
             out["mse_optimal_clip"] = {"C": opt["C"], "sample_size": int(sample.numel()),
                                        "noise_multiplier": self.sigma, "label": "NOT PRIVATE"}

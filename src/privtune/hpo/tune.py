@@ -45,6 +45,7 @@ from privtune.accounting.events import GaussianEvent, event_to_dict
 from privtune.data import embedded_sst2
 from privtune.data.datasets import EMBEDDED_LABELS, check_disjoint, declared_label_set
 from privtune.engine import distributed
+from privtune.engine.mechanisms import noisy_feature_sum
 from privtune.engine.sampling import make_generator, poisson_mask
 from privtune.errors import (InfeasibleBudgetError, InvalidParameterError, OneClassModelWarning,
                              PrivtuneError, UnlikelyToLearnWarning)
@@ -675,7 +676,7 @@ def _plan_run(req: _Request, inputs: _Inputs, log, warning_log=None) -> _TunePla
     usefulness.warn(usefulness.unlikely_to_learn_message(run_mode, n_train, req.privacy.epsilon, command="tune"),
                     UnlikelyToLearnWarning, warning_log or log)
     # under repeat-and-select the number of trials is random and not published; durations grow with it
-    hide_timing = any(p.details.get("accounting") == "repeat-and-select" for p in mode_plans.values())
+    hide_timing = any(p.accounting == "repeat-and-select" for p in mode_plans.values())
     return _TunePlan(plan=plan, mode_plans=mode_plans, candidates=candidates, pilot_modes=pilot_modes,
                      run_mode=run_mode, pilot_eps=pilot_eps, pilot_events=pilot_events, center_sigma=center_sigma,
                      selection_sigma=sel_sigma, hide_timing=hide_timing)
@@ -1241,10 +1242,8 @@ def _execute(req: _Request, inputs: _Inputs, tplan: _TunePlan, clf, prog, seed: 
                 feats["_center"] = feats["public"][0].mean(dim=0)
                 feats["_center_note"] = "features centred by the mean of the PUBLIC validation split (free)"
             elif tplan.center_sigma:
-                X = feats["train"][0]
-                Xc = X * (1.0 / X.norm(dim=1, keepdim=True).clamp_min(1.0))  # norm ≤ 1: sensitivity 1
                 g = make_generator(seed, offset=4242)  # noise of the private centring
-                noisy = Xc.sum(0) + tplan.center_sigma * torch.randn(X.shape[1], generator=g)
+                noisy = noisy_feature_sum(feats["train"][0], tplan.center_sigma, g).value  # planned: tplan's event
                 feats["_center"] = noisy / inputs.n_train  # public n (a random split's realised size is private)
                 feats["_center_note"] = (f"features centred by a PRIVATE mean (Gaussian, σ = {tplan.center_sigma:.3g}, "
                                          "charged)")
@@ -1280,10 +1279,11 @@ def _execute(req: _Request, inputs: _Inputs, tplan: _TunePlan, clf, prog, seed: 
         used_mode, pilot_records = _run_pilots(tplan.pilot_modes, clf, train, features, make_selector, sel_eff
                                                if sel_eff != "none" else sel_name, tplan.pilot_eps, delta, seed, prog,
                                                dict(kw, plan_time=plan_time))
-        _adopt_pilots_choice(tplan, used_mode, pilot_records, delta, accountant, prog.log)
+        tplan.plan = _adopt_pilots_choice(tplan, used_mode, pilot_records, delta, accountant, prog.log)
+    else:
+        tplan.plan = tplan.mode_plans[used_mode]  # the plan as reserved (armed by _cover_candidates)
     plan_time([], used_mode)
     plan = tplan.plan
-    cfg = plan.details["config"]
     seed_s = None if seed is None else seed + 17
     if journal is not None:
         journal.set_plan(plan)
@@ -1294,9 +1294,9 @@ def _execute(req: _Request, inputs: _Inputs, tplan: _TunePlan, clf, prog, seed: 
                                             device=req.device, public_n=inputs.n_train), kw)
         selector = make_selector(sel_eff, "features")
         prog.start_phase(f"{strat.name} on cached features", None, unit="runs")
-        if journal is not None and plan.details.get("accounting") == "repeat-and-select":
+        if journal is not None and plan.accounting == "repeat-and-select":
             journal.hide_trials = True  # not even the count of trials goes to log.txt
-        out = strat.run(backend, selector, cfg, plan, mode=used_mode, seed=seed_s, progress=prog.log)
+        out = strat.run(backend, selector, plan, mode=used_mode, seed=seed_s, progress=prog.log)
         prog.end_phase()
         final_model = None
         if not strat.not_private:  # the NOT PRIVATE reference releases no model
@@ -1314,16 +1314,17 @@ def _execute(req: _Request, inputs: _Inputs, tplan: _TunePlan, clf, prog, seed: 
         prog.start_phase(f"{strat.name} ({used_mode})", None, unit="runs")
         if used_mode not in strat.modes:  # refused in tune() before anything is reserved; kept as a guard
             raise InvalidParameterError(f"strategy={strat.name!r} is not available for mode={used_mode!r}.")
-        out = strat.run(backend, selector, cfg, plan, mode=used_mode, seed=seed_s, progress=prog.log)
+        out = strat.run(backend, selector, plan, mode=used_mode, seed=seed_s, progress=prog.log)
         prog.end_phase()
         final_model = out.state
     return _ran(out, final_model, used_mode, pilot_records, selector, feats, tplan, delta, accountant)
 
 
 def _adopt_pilots_choice(tplan: _TunePlan, mode: str, pilot_records: list, delta: float, accountant: str,
-                         log) -> None:
-    """Continue with the plan of the mode the pilots chose, made before the reservation with the pilots'
-    planned events (which are exactly the events the pilots ran: checked here) and covered by it."""
+                         log) -> BudgetPlan:
+    """The plan to continue with: the one of the mode the pilots chose, made before the reservation with the
+    pilots' planned events (which are exactly the events the pilots ran: checked here) and covered by it; its
+    notes follow the reserved plan's."""
     log(f"mode auto: chose {mode} (pilot scores: "
         + ", ".join(f"{r.hyperparameters['mode']}={r.score:.4f}" for r in pilot_records) + ")")
     actual = tplan.center_events + [e for r in pilot_records for e in r.events]
@@ -1331,11 +1332,10 @@ def _adopt_pilots_choice(tplan: _TunePlan, mode: str, pilot_records: list, delta
                                                                         accountant) * (1 + 1e-9):
         raise PrivtuneError("internal error: the mode pilots cost more than planned; the reservation stays "
                             "charged and nothing is released.")
-    plan, chosen = tplan.plan, tplan.mode_plans[mode]
-    plan.trial_events, plan.final_events, plan.details = chosen.trial_events, chosen.final_events, chosen.details
-    plan.final_noise_multiplier, plan.accountant = chosen.final_noise_multiplier, chosen.accountant
-    plan.epsilon_cap, plan.covered = chosen.epsilon_cap, chosen.covered
-    plan.notes += [f"after the pilots: mode {mode}, planned before the reservation:"] + chosen.notes
+    chosen = tplan.mode_plans[mode]
+    notes = (list(tplan.plan.notes) + [f"after the pilots: mode {mode}, planned before the reservation:"]
+             + list(chosen.notes))
+    return replace(chosen, notes=notes)
 
 
 def _run_pilots(modes, clf, train, features, make_selector, source, pilot_eps, delta, seed, prog, kw):
@@ -1431,7 +1431,8 @@ def _dataset_identity(train) -> tuple[str, str | None]:
 
 
 def _cover_candidates(led, fp, plans: dict, eps_total, delta, accountant) -> list:
-    """The events to reserve, and each candidate plan armed so that what runs stays inside the reservation.
+    """The events to reserve; each candidate plan in ``plans`` is replaced by a copy armed so that what runs
+    stays inside the reservation (:meth:`BudgetPlan.covered_by`; the plans themselves are immutable).
 
     The ledger refuses a commit that costs more than its reservation (measured at the dataset's δ
     with the dataset's accountant).  With ``--mode auto`` the mode, hence the plan, is chosen after
@@ -1447,9 +1448,10 @@ def _cover_candidates(led, fp, plans: dict, eps_total, delta, accountant) -> lis
     scored = [(ledger_eps(p.events), p.planned_epsilon(), m) for m, p in plans.items()]
     reserved_ledger, _, worst = max(scored)
     reserved = list(plans[worst].events)
-    for p in plans.values():
-        p.epsilon_cap = common.epsilon_of(reserved, p.delta, p.accountant)
-        p.covered = lambda evs, _cap=reserved_ledger: ledger_eps(evs) <= _cap
+    del eps_total, delta, accountant  # the ledger's own δ and accountant measure the cover
+    for m, p in plans.items():
+        plans[m] = p.covered_by(common.epsilon_of(reserved, p.delta, p.accountant),
+                                lambda evs, _cap=reserved_ledger: ledger_eps(evs) <= _cap)
     return reserved
 
 
