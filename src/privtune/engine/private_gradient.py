@@ -39,6 +39,7 @@ from privtune.engine._layers import (
     LayerNormHandler,
     LinearHandler,
     Record,
+    _MaterialisingHandler,
     hf_conv1d_type,
 )
 
@@ -156,6 +157,55 @@ def privatise_sum(clipped_sums: torch.Tensor | list[torch.Tensor], std: float, e
     return [s.mul_(1.0 / expected_batch_size) for s in clipped_sums]
 
 
+class _BucketTableHandler(_MaterialisingHandler):
+    """A small embedding table looked up many times per example (MPNet's relative-position bias: 32 buckets ×
+    heads, T² lookups per example): per-example gradients (B, rows, dim) by one scatter-add.  The ghost norm of
+    EmbeddingHandler would compare all T² × T² pairs of ids per example instead."""
+
+    kind = "embedding (per-example table)"
+
+    def per_example(self, records):
+        w = self.params["weight"]
+        pad = self.module.padding_idx
+        out = None
+        for r in records:
+            ids = r.act.reshape(r.act.shape[0], -1)
+            g = r.grads[0].reshape(ids.shape[0], ids.shape[1], -1)
+            if pad is not None:
+                g = g * (ids != pad).unsqueeze(-1).to(g.dtype)
+            pe = torch.zeros(ids.shape[0], *w.shape, dtype=g.dtype, device=g.device)
+            pe.scatter_add_(1, ids.unsqueeze(-1).expand(-1, -1, g.shape[-1]), g)
+            out = pe if out is None else out + pe
+        return {w: out}
+
+
+def _mpnet_bias_encoders(model: nn.Module) -> list[nn.Module]:
+    """The MPNet encoders of ``model`` whose relative-position bias table is trainable.
+
+    MPNet looks the table up once per forward pass with (T, T) bucket ids, without the batch dimension, and
+    broadcasts the result over the batch, so autograd holds only the batch's summed gradient for it (a
+    per-example rule would see a wrong "batch" of T rows).  :func:`_per_example_position_bias` replaces that
+    lookup while the step is attached."""
+    return [m for m in model.modules()
+            if type(m).__name__ == "MPNetEncoder" and isinstance(getattr(m, "relative_attention_bias", None), nn.Embedding)
+            and m.relative_attention_bias.weight.requires_grad and hasattr(m, "relative_position_bucket")]
+
+
+def _per_example_position_bias(encoder: nn.Module) -> Any:
+    """MPNet's ``compute_position_bias`` with the bucket ids expanded to (B, T, T) before the lookup: the same
+    values (B, heads, T, T), but each example has its own output gradient for the table."""
+
+    def compute_position_bias(x, position_ids=None, num_buckets=32):
+        bsz, qlen = x.size(0), x.size(1)
+        pos = position_ids if position_ids is not None else \
+            torch.arange(qlen, dtype=torch.long, device=x.device).expand(bsz, qlen)
+        relative_position = pos[:, None, :] - pos[:, :, None]  # memory position − context position
+        bucket = encoder.relative_position_bucket(relative_position, num_buckets=num_buckets)
+        return encoder.relative_attention_bias(bucket).permute(0, 3, 1, 2).contiguous()
+
+    return compute_position_bias
+
+
 class PrivateGradient:
     """Clipped, noised gradient of a sum of per-example losses (the DP-SGD step, Abadi et al. 2016).
 
@@ -188,7 +238,8 @@ class PrivateGradient:
     ``nn.Linear`` (2-D and N-D inputs; ghost T×T or per-example form chosen per layer by cost
     2T² vs p·d), HF ``Conv1D``, ``nn.Embedding`` (ghost, padding_idx respected), ``nn.Conv1d/2d``
     (unfold), ``nn.LayerNorm``, ``nn.GroupNorm``; bias-only layers keep no activation
-    (DP-BiTFiT). Any other module owning a trainable parameter (and ``nn.MultiheadAttention``
+    (DP-BiTFiT); MPNet's relative-position bias table (per-example gradients of its buckets ×
+    heads entries, the lookup batched while the step is attached). Any other module owning a trainable parameter (and ``nn.MultiheadAttention``
     as a whole) uses a ``torch.func`` per-example fallback, announced by one warning.
     """
 
@@ -231,6 +282,8 @@ class PrivateGradient:
         self._params, self._param_names = self._trainable_parameters(model)
         self._batchnorms = [(n, m) for n, m in model.named_modules() if _is_batchnorm(m)]
         self._check_batchnorm()
+        self._mpnet_encoders = _mpnet_bias_encoders(model)
+        self._bucket_tables = {id(m.relative_attention_bias) for m in self._mpnet_encoders}
         self.handlers, self.fallback_modules, self._owner_name = self._build_handlers(model)
         if self.fallback_modules:
             warnings.warn(
@@ -240,6 +293,8 @@ class PrivateGradient:
                 stacklevel=2,
             )
 
+        for m in self._mpnet_encoders:  # an instance attribute; close() removes it
+            m.compute_position_bias = _per_example_position_bias(m)
         self._hooks: list[Any] = []
         self._batch: int | None = None
         self._suspended = False
@@ -289,6 +344,11 @@ class PrivateGradient:
                 own = [(n, p) for n, p in module.named_parameters(recurse=False) if p.requires_grad]
             if not own:
                 continue
+            if mname.endswith("relative_attention_bias") and id(module) not in self._bucket_tables:
+                raise UnsupportedModuleError(
+                    f"`model` has a trainable relative-position bias table {mname!r} ({type(model).__name__}) that "
+                    "is looked up without the batch dimension and broadcast over the batch, so its per-example "
+                    "gradients cannot be separated (MPNet's is supported). Fix: freeze it (requires_grad_(False)).")
             for n, p in own:
                 if p in owner:
                     raise UnsupportedModuleError(
@@ -312,6 +372,8 @@ class PrivateGradient:
             return LinearHandler(module, own, transposed=True)
         if isinstance(module, (nn.Conv1d, nn.Conv2d)) and roles <= {"weight", "bias"}:
             return ConvHandler(module, own)
+        if id(module) in self._bucket_tables:
+            return _BucketTableHandler(module, own)
         if isinstance(module, nn.Embedding) and roles == {"weight"}:
             if module.scale_grad_by_freq:
                 raise UnsupportedModuleError(
@@ -745,6 +807,8 @@ class PrivateGradient:
         for h in self._hooks:
             h.remove()
         self._hooks = []
+        for m in self._mpnet_encoders:
+            m.__dict__.pop("compute_position_bias", None)
         for h in self.handlers:
             h.clear()
 
