@@ -33,3 +33,24 @@ def test_sorted_dynamic_padding_matches_one_padded_batch(tmp_path, arch):
     head = torch.nn.Linear(fs.num_features, 2)
     head(fs.features).sum().backward()
     assert head.weight.grad is not None
+
+
+def test_caching_threads_use_only_idle_cores(monkeypatch, tmp_path):
+    import privtune.finetune.last_layer as ll
+
+    monkeypatch.setattr(ll.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(4)
+        monkeypatch.setattr(ll.os, "getloadavg", lambda: (0.1, 0.1, 0.1))
+        assert ll.caching_threads() == 4  # idle: torch's setting
+        monkeypatch.setattr(ll.os, "getloadavg", lambda: (2.2, 2.0, 2.0))
+        assert ll.caching_threads() == 2
+        monkeypatch.setattr(ll.os, "getloadavg", lambda: (7.5, 8.0, 8.0))
+        assert ll.caching_threads() == 1  # oversubscribed: one thread
+        seen = []
+        model = load_classifier(make_tiny_text_model(tmp_path / "bert", sentence_transformers=True))
+        cache_features(model, _data(), progress=lambda k: seen.append(torch.get_num_threads()))
+        assert set(seen) == {1} and torch.get_num_threads() == 4  # restored afterwards
+    finally:
+        torch.set_num_threads(before)

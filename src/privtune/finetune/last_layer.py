@@ -152,8 +152,14 @@ def cache_features(
     try:
         # allocated outside inference mode: a normal tensor (the head's training saves it for backward)
         feats = torch.empty(len(dataset), model.num_features, dtype=torch.float32)
-        with torch.inference_mode():
-            _compute_features(model, dataset, batch_size, progress, feats)
+        threads = torch.get_num_threads()
+        if model.device.type == "cpu":
+            torch.set_num_threads(caching_threads())
+        try:
+            with torch.inference_mode():
+                _compute_features(model, dataset, batch_size, progress, feats)
+        finally:
+            torch.set_num_threads(threads)
     finally:
         model.train(was_training)
     labels = None
@@ -167,6 +173,22 @@ def cache_features(
         torch.save({"features": feats, "labels": labels, "num_labels": num_labels}, tmp)
         os.replace(tmp, path)
     return fs
+
+
+def caching_threads() -> int:
+    """Intra-op threads for feature caching on the CPU: torch's setting, lowered to the cores that are idle (the
+    cores this process may use minus the 1-minute load average, at least 1).
+
+    On an oversubscribed machine the threads of one parallel region wait for each other at its end, and one of them
+    is often descheduled: on 2 cores at load 5–9, one thread embedded MiniLM features about 4× faster per CPU second
+    (and faster in wall time) than two (bench/feature_cache.py).  The features are the same up to float rounding."""
+    current = torch.get_num_threads()
+    try:
+        cores = len(os.sched_getaffinity(0))
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):  # platforms without them: keep torch's setting
+        return current
+    return max(1, min(current, int(cores - load + 0.5)))
 
 
 def _compute_features(model: Any, dataset: Any, batch_size: int, progress: Callable[[int], None] | None,
