@@ -12,6 +12,7 @@ Rows: total ε (``--epsilons``, default 1,3,8; δ = 1e-5).  Columns (``--cells``
   default        ``privtune.tune`` with no strategy or mode given (hyperfree, mode auto)
   bitfit         ``privtune.tune(mode="bitfit")``
   full           ``privtune.tune(mode="full")``
+  last-layer     ``privtune.tune(mode="last-layer")``: the head on cached features of the frozen backbone
   default-no-eta-trials  ablation: the default with ``strategy_options={"lr_trials": []}`` (no η placement)
   full-no-eta-trials     the same ablation of ``full``
   full-batch4096         ``full`` at expected batch 4,096 (the planner's choice at ε = 3; at ε = 1 it plans 2,048)
@@ -99,7 +100,8 @@ CELLS = ("default", "bitfit", "full", "random", "oracle", "nonpriv-bitfit", "non
          "default-public-warm-start",
          "full-no-eta-trials", "full-batch4096", "random-full", "oracle-full",
          "default-lr0-1e-2", "fixed-bitfit", "fixed-bitfit-normalised", "fixed-bitfit-normalised-lr3e-2",
-         "fixed-full", "fixed-full-lr2e-3", "fixed-full-lr2e-3-epochs3", "fixed-full-lr5e-3", "fixed-full-lr1e-2")
+         "fixed-full", "fixed-full-lr2e-3", "fixed-full-lr2e-3-epochs3", "fixed-full-lr5e-3", "fixed-full-lr1e-2",
+         "last-layer")
 #: the fixed, uncharged DP references (one setting each, its choice not charged)
 class Fixed(NamedTuple):
     mode: str
@@ -523,7 +525,7 @@ def run_cell(cell, split, eps, seed, folder, epochs=None, trials=None):
     extra = {} if epochs is None else {"epochs": epochs}
     if cell == "default":
         return _tune_cell(split, eps, seed, folder, **extra)
-    if cell in ("bitfit", "full"):
+    if cell in ("bitfit", "full", "last-layer"):
         return _tune_cell(split, eps, seed, folder, mode=cell, **extra)
     if cell == "default-no-eta-trials":  # ablation: the default without hyperfree's η-placement trials
         return _tune_cell(split, eps, seed, folder, strategy_options={"lr_trials": []}, **extra)
