@@ -7,6 +7,7 @@ attached.  B == T is the case where a per-example rule applied to the unbatched 
 
 from __future__ import annotations
 
+import copy
 import warnings
 
 import pytest
@@ -97,6 +98,11 @@ def test_batched_bias_lookup_gives_the_same_logits_and_is_removed_on_close():
     with pg.paused(), torch.no_grad():
         during = model(ids, attention_mask=mask).logits
     assert pg.describe()["mpnet.encoder.relative_attention_bias"] == "embedding (per-example table)"
+    twin = copy.deepcopy(model)  # a copy made while attached looks its own table up, not the original's
+    with torch.no_grad():
+        twin.mpnet.encoder.relative_attention_bias.weight.zero_()
+        assert not torch.equal(twin(ids, attention_mask=mask).logits, before)
+        assert torch.equal(model(ids, attention_mask=mask).logits, before)
     pg.close()
     assert "compute_position_bias" not in vars(model.mpnet.encoder)
     assert torch.equal(before, during)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import math
 import secrets
+import types
 import warnings
 from dataclasses import asdict, dataclass
 from typing import Any, Iterator
@@ -191,19 +192,17 @@ def _mpnet_bias_encoders(model: nn.Module) -> list[nn.Module]:
             and m.relative_attention_bias.weight.requires_grad and hasattr(m, "relative_position_bucket")]
 
 
-def _per_example_position_bias(encoder: nn.Module) -> Any:
+def _per_example_position_bias(encoder: nn.Module, x: torch.Tensor, position_ids: torch.Tensor | None = None,
+                               num_buckets: int = 32) -> torch.Tensor:
     """MPNet's ``compute_position_bias`` with the bucket ids expanded to (B, T, T) before the lookup: the same
-    values (B, heads, T, T), but each example has its own output gradient for the table."""
-
-    def compute_position_bias(x, position_ids=None, num_buckets=32):
-        bsz, qlen = x.size(0), x.size(1)
-        pos = position_ids if position_ids is not None else \
-            torch.arange(qlen, dtype=torch.long, device=x.device).expand(bsz, qlen)
-        relative_position = pos[:, None, :] - pos[:, :, None]  # memory position − context position
-        bucket = encoder.relative_position_bucket(relative_position, num_buckets=num_buckets)
-        return encoder.relative_attention_bias(bucket).permute(0, 3, 1, 2).contiguous()
-
-    return compute_position_bias
+    values (B, heads, T, T), but each example has its own output gradient for the table.  Bound to the encoder
+    as a method (``types.MethodType``), so that a deep copy of the model binds it to the copy."""
+    bsz, qlen = x.size(0), x.size(1)
+    pos = position_ids if position_ids is not None else \
+        torch.arange(qlen, dtype=torch.long, device=x.device).expand(bsz, qlen)
+    relative_position = pos[:, None, :] - pos[:, :, None]  # memory position − context position
+    bucket = encoder.relative_position_bucket(relative_position, num_buckets=num_buckets)
+    return encoder.relative_attention_bias(bucket).permute(0, 3, 1, 2).contiguous()
 
 
 class PrivateGradient:
@@ -294,7 +293,7 @@ class PrivateGradient:
             )
 
         for m in self._mpnet_encoders:  # an instance attribute; close() removes it
-            m.compute_position_bias = _per_example_position_bias(m)
+            m.compute_position_bias = types.MethodType(_per_example_position_bias, m)
         self._hooks: list[Any] = []
         self._batch: int | None = None
         self._suspended = False
