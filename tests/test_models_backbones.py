@@ -12,7 +12,14 @@ import pytest
 
 from privtune.errors import ModelError
 from privtune.models import backbones
-from privtune.models.backbones import MPNET_INSTALL, MPNET_PARTS, file_sha256, mpnet_path, resolve_backbone
+from privtune.models.backbones import (
+    MPNET_INSTALL,
+    MPNET_PARTS,
+    file_sha256,
+    mpnet_path,
+    public_backbone_name,
+    resolve_backbone,
+)
 from privtune.models.classifier import check_model, default_model_path, load_classifier
 from privtune.models.testing import make_tiny_text_model
 
@@ -142,3 +149,8 @@ def test_real_mpnet_when_its_parts_are_installed():
     assert clf.pooling == "mean" and clf.max_length == 128
     feats = clf.features(**clf.encode_texts(["a gripping, funny film", "dull and far too long"]))
     assert feats.shape == (2, 768) and bool(feats.isfinite().all())
+
+
+def test_the_assembled_backbone_has_a_public_name(fake_parts, tmp_path):
+    assert public_backbone_name(mpnet_path()) == "sentence-transformers/all-mpnet-base-v2"
+    assert public_backbone_name(tmp_path / "tiny") is None  # any other directory: not a cached backbone

