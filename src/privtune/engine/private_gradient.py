@@ -19,9 +19,9 @@ from __future__ import annotations
 import contextlib
 import math
 import secrets
+import types
 import warnings
-from dataclasses import asdict, dataclass
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -40,50 +40,16 @@ from privtune.engine._layers import (
     LayerNormHandler,
     LinearHandler,
     Record,
+    _MaterialisingHandler,
     hf_conv1d_type,
 )
 from privtune.engine._vision_layers import has_own_forward, vision_handler
 from privtune.engine._rmsnorm import RMSNormHandler, is_rmsnorm
 from privtune.engine._tied import tied_pair, tied_sq_norms
+from privtune.engine.mechanisms import privatise_sum
+from privtune.engine.step import MicroBatch, ReleaseInfo
 
 __all__ = ["PrivateGradient", "ReleaseInfo"]
-
-
-
-@dataclass(frozen=True)
-class ReleaseInfo:
-    """What :meth:`PrivateGradient.release` did for one logical batch.
-
-    Attributes:
-        step: 1-based index of this release (logical batch) since construction / resume.
-        batch_size: realised number of examples that went into the clipped sum. **NOT PRIVATE**
-            (it is the size of a Poisson sample of the private data): log it for debugging only.
-        clipped_fraction: fraction of those examples whose gradient norm exceeded the clipping
-            norm C (for ``clipping="automatic"`` every example is rescaled; this still counts
-            ‖g‖ > C). **NOT PRIVATE**.
-        microbatches: number of :meth:`PrivateGradient.backward` calls in this logical batch.
-        noise_std: standard deviation of the Gaussian noise per coordinate of the *released*
-            (averaged) gradient, σ·C / expected_batch_size.
-        sensitivity: L2 sensitivity of the clipped sum under adding/removing one example (= C).
-        expected_batch_size: the public divisor (q·N) used instead of the realised batch size.
-        nonfinite_examples: examples whose loss or gradient norm was NaN or infinite; their term was
-            dropped (clip factor 0: they add exactly nothing to the sum, so the sensitivity stays C and the
-            release stays finite). **NOT PRIVATE**.
-    """
-
-    step: int
-    batch_size: int
-    clipped_fraction: float
-    microbatches: int
-    noise_std: float
-    sensitivity: float
-    expected_batch_size: float
-    nonfinite_examples: int = 0
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["not_private"] = ["batch_size", "clipped_fraction", "nonfinite_examples"]
-        return d
 
 
 def _in_backward() -> bool:
@@ -143,25 +109,67 @@ def finite_terms(losses: torch.Tensor | None, norms: torch.Tensor) -> torch.Tens
     return ok
 
 
-def privatise_sum(clipped_sums: torch.Tensor | list[torch.Tensor], std: float, expected_batch_size: float,
-                  generator: torch.Generator, group: Any = None) -> torch.Tensor | list[torch.Tensor]:
-    """``(clipped_sum + N(0, std² I)) / expected_batch_size`` for each part of one logical batch's gradient (one
-    tensor, or a list of them): the one place privtune adds Gaussian noise to a gradient.  The noise is drawn on
-    the CPU ``generator`` in each sum's dtype, part after part (the same stream on every device), then moved to
-    its device; the sums are updated in place and returned (a tensor for a tensor, a list for a list).
+def per_example_gradients(losses: torch.Tensor, params: Sequence[torch.nn.Parameter]) -> torch.Tensor:
+    """(B, d) matrix of flattened per-example gradients by a plain loop (slow; small samples). NOT PRIVATE.
 
-    ``group`` (a :class:`privtune.engine.distributed.ProcessGroup`, data-parallel runs): every rank passes its
-    own clipped sums; only ``group.adds_noise`` (rank 0) adds the noise, then the sums are all-reduced, so the
-    released gradient has the noise of one process exactly once, whatever the number of processes."""
-    if isinstance(clipped_sums, torch.Tensor):
-        return privatise_sum([clipped_sums], std, expected_batch_size, generator, group)[0]
-    if std > 0 and (group is None or group.adds_noise):
-        for s in clipped_sums:
-            z = torch.empty(s.shape, dtype=s.dtype).normal_(generator=generator)
-            s.add_(z.to(s.device), alpha=std)
-    if group is not None:
-        group.all_reduce_sum_(clipped_sums)
-    return [s.mul_(1.0 / expected_batch_size) for s in clipped_sums]
+    ``losses`` is the (B,) per-example loss vector of a forward pass; ``params`` the trainable parameters.
+    Call it inside ``PrivateGradient.paused()`` or on a model without a PrivateGradient attached.
+    """
+    if not isinstance(losses, torch.Tensor) or losses.dim() != 1:
+        raise InvalidParameterError("`losses` must be a (B,) tensor of per-example losses. Got something else. Use reduction='none'.")
+    params = list(params)
+    rows = []
+    for i in range(losses.shape[0]):
+        gs = torch.autograd.grad(losses[i], params, retain_graph=True, allow_unused=True)
+        rows.append(torch.cat([(torch.zeros_like(p) if g is None else g).reshape(-1) for g, p in zip(gs, params)]))
+    return torch.stack(rows)
+
+
+class _BucketTableHandler(_MaterialisingHandler):
+    """A small embedding table looked up many times per example (MPNet's relative-position bias: 32 buckets ×
+    heads, T² lookups per example): per-example gradients (B, rows, dim) by one scatter-add.  The ghost norm of
+    EmbeddingHandler would compare all T² × T² pairs of ids per example instead."""
+
+    kind = "embedding (per-example table)"
+
+    def per_example(self, records):
+        w = self.params["weight"]
+        pad = self.module.padding_idx
+        out = None
+        for r in records:
+            ids = r.act.reshape(r.act.shape[0], -1)
+            g = r.grads[0].reshape(ids.shape[0], ids.shape[1], -1)
+            if pad is not None:
+                g = g * (ids != pad).unsqueeze(-1).to(g.dtype)
+            pe = torch.zeros(ids.shape[0], *w.shape, dtype=g.dtype, device=g.device)
+            pe.scatter_add_(1, ids.unsqueeze(-1).expand(-1, -1, g.shape[-1]), g)
+            out = pe if out is None else out + pe
+        return {w: out}
+
+
+def _mpnet_bias_encoders(model: nn.Module) -> list[nn.Module]:
+    """The MPNet encoders of ``model`` whose relative-position bias table is trainable.
+
+    MPNet looks the table up once per forward pass with (T, T) bucket ids, without the batch dimension, and
+    broadcasts the result over the batch, so autograd holds only the batch's summed gradient for it (a
+    per-example rule would see a wrong "batch" of T rows).  :func:`_per_example_position_bias` replaces that
+    lookup while the step is attached."""
+    return [m for m in model.modules()
+            if type(m).__name__ == "MPNetEncoder" and isinstance(getattr(m, "relative_attention_bias", None), nn.Embedding)
+            and m.relative_attention_bias.weight.requires_grad and hasattr(m, "relative_position_bucket")]
+
+
+def _per_example_position_bias(encoder: nn.Module, x: torch.Tensor, position_ids: torch.Tensor | None = None,
+                               num_buckets: int = 32) -> torch.Tensor:
+    """MPNet's ``compute_position_bias`` with the bucket ids expanded to (B, T, T) before the lookup: the same
+    values (B, heads, T, T), but each example has its own output gradient for the table.  Bound to the encoder
+    as a method (``types.MethodType``), so that a deep copy of the model binds it to the copy."""
+    bsz, qlen = x.size(0), x.size(1)
+    pos = position_ids if position_ids is not None else \
+        torch.arange(qlen, dtype=torch.long, device=x.device).expand(bsz, qlen)
+    relative_position = pos[:, None, :] - pos[:, :, None]  # memory position − context position
+    bucket = encoder.relative_position_bucket(relative_position, num_buckets=num_buckets)
+    return encoder.relative_attention_bias(bucket).permute(0, 3, 1, 2).contiguous()
 
 
 class PrivateGradient:
@@ -203,7 +211,8 @@ class PrivateGradient:
     per-example gradient is formed.  Any other module owning a trainable parameter (and
     ``nn.MultiheadAttention`` as a whole, and a subclass of these layers that overrides ``forward``) uses a
     ``torch.func``
-    per-example fallback, announced by one warning.
+    per-example fallback, announced by one warning.  MPNet's relative-position bias table gets per-example
+    gradients of its buckets × heads entries (the lookup batched while the step is attached).
     """
 
     def __init__(
@@ -245,6 +254,8 @@ class PrivateGradient:
         self._params, self._param_names = self._trainable_parameters(model)
         self._batchnorms = [(n, m) for n, m in model.named_modules() if _is_batchnorm(m)]
         self._check_batchnorm()
+        self._mpnet_encoders = _mpnet_bias_encoders(model)
+        self._bucket_tables = {id(m.relative_attention_bias) for m in self._mpnet_encoders}
         self.handlers, self.fallback_modules, self._owner_name = self._build_handlers(model)
         if self.fallback_modules:
             warnings.warn(
@@ -254,6 +265,8 @@ class PrivateGradient:
                 stacklevel=2,
             )
 
+        for m in self._mpnet_encoders:  # an instance attribute; close() removes it
+            m.compute_position_bias = types.MethodType(_per_example_position_bias, m)
         self._hooks: list[Any] = []
         self._batch: int | None = None
         self._suspended = False
@@ -309,6 +322,11 @@ class PrivateGradient:
                 own = [(n, p) for n, p in module.named_parameters(recurse=False) if p.requires_grad]
             if not own:
                 continue
+            if mname.endswith("relative_attention_bias") and id(module) not in self._bucket_tables:
+                raise UnsupportedModuleError(
+                    f"`model` has a trainable relative-position bias table {mname!r} ({type(model).__name__}) that "
+                    "is looked up without the batch dimension and broadcast over the batch, so its per-example "
+                    "gradients cannot be separated (MPNet's is supported). Fix: freeze it (requires_grad_(False)).")
             handler = self._make_handler(module, dict(own))
             self._handler_name[id(handler)] = mname or "<model>"
             for n, p in own:
@@ -344,6 +362,8 @@ class PrivateGradient:
             return LinearHandler(module, own, transposed=True)
         if (_plain(module, nn.Conv1d) or _plain(module, nn.Conv2d)) and roles <= {"weight", "bias"}:
             return ConvHandler(module, own)
+        if id(module) in self._bucket_tables:
+            return _BucketTableHandler(module, own)
         if isinstance(module, nn.Embedding) and roles == {"weight"}:
             if module.scale_grad_by_freq:
                 raise UnsupportedModuleError(
@@ -474,6 +494,21 @@ class PrivateGradient:
     def trainable_parameters(self) -> list[nn.Parameter]:
         """The parameters this step privatises (requires_grad at construction), in model order."""
         return list(self._params)
+
+    def accumulate_batch(self, batch: MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """The :class:`~privtune.engine.step.DPStep` form of :meth:`backward`: forward ``batch`` through the
+        model (hooks record the activations), then add the clipped per-example gradients of its cross-entropy
+        losses.  Returns the (B,) losses and (B,) per-example gradient norms (NOT PRIVATE)."""
+        losses = torch.nn.functional.cross_entropy(batch.logits(), batch.labels, reduction="none")
+        return losses, self.backward(losses)
+
+    def example_gradients(self, batch: MicroBatch) -> torch.Tensor:
+        """(B, P) per-example gradients of the trainable parameters on ``batch``, engine paused: no clipping,
+        no noise, nothing accumulated (NOT PRIVATE: clipping diagnostics only)."""
+        with self.paused():
+            logits = batch.logits()
+            losses = torch.nn.functional.cross_entropy(logits, batch.labels.to(logits.device), reduction="none")
+            return per_example_gradients(losses, self._params)
 
     def backward(self, losses: torch.Tensor) -> torch.Tensor:
         """Back-propagate per-example losses once and add their clipped gradients to the running sum.
@@ -713,7 +748,8 @@ class PrivateGradient:
             elif not s.is_contiguous():
                 s = s.contiguous()
             sums.append(s)
-        released = privatise_sum(sums, std, self.expected_batch_size, self._generator, self.process_group)
+        released = privatise_sum(sums, self.noise_multiplier, self.max_grad_norm, self.expected_batch_size,
+                                 self._generator, self.process_group).value
         for p, g in zip(self._params, released):
             p.grad = g.detach()
         self._releases += 1
@@ -795,6 +831,8 @@ class PrivateGradient:
         for h in self._hooks:
             h.remove()
         self._hooks = []
+        for m in self._mpnet_encoders:
+            m.__dict__.pop("compute_position_bias", None)
         for h in self.handlers:
             h.clear()
 
