@@ -87,6 +87,9 @@ def _tune_cell(split, eps, seed, **kw) -> dict:
                       output_dir=folder, seed=seed, quiet=True, feature_cache_dir=str(RESULTS / "features"), **kw)
     if frozen and r.metrics["mode"] != "last-layer":
         raise RuntimeError(f"mode last-layer ran {r.metrics['mode']}")
+    if r.metrics.get("accuracy") is None and not frozen:  # the grid oracle: no model, so no test accuracy
+        raise RuntimeError(f"{r.metrics['strategy']} reported no test accuracy (it releases no model); the bench "
+                           "cannot score this cell")
     return {"test_accuracy": _test_accuracy(r.model, split) if frozen else float(r.metrics["accuracy"]),
             "certificate_epsilon": None if r.certificate is None else float(r.certificate.epsilon),
             "not_private": bool(r.metrics.get("not_private")), "mode": r.metrics["mode"],

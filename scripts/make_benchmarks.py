@@ -261,8 +261,9 @@ FASHION_NOT_RUN = {
             "hours per ε on a 2-core CPU, minutes on a GPU",
     "random": "one cached-feature run per trial after the shared features: minutes per ε on a CPU",
     "opacus-last-layer": "Opacus DP-SGD on the shared cached features: about a minute per ε on a CPU",
-    "oracle": "42 grid runs on the shared cached features, about 9 min per ε on this CPU, plus one backbone pass "
-              "over the test images (NOT PRIVATE reference)",
+    "oracle": "42 grid runs on the shared cached features, 4.5-9 min per ε on this CPU (NOT PRIVATE reference); "
+              "privtune's grid oracle releases no model and reports no test accuracy, so the bench cannot score it "
+              "yet",
 }
 
 
