@@ -52,6 +52,7 @@ from privtune.accounting.events import DPSGDEvent, NonPrivateEvent
 from privtune.engine import distributed
 from privtune.engine.private_gradient import CLIPPINGS
 from privtune.engine.sampling import check_shuffle_batching
+from privtune.engine.units import DEFAULT_MAX_ROWS_PER_UNIT, checked_units
 from privtune.errors import (DataError, InvalidParameterError, ModelError, OneClassModelWarning, PrivtuneError,
                              UnlikelyToLearnWarning)
 from privtune.finetune import usefulness
@@ -269,9 +270,15 @@ class _BatchStream:
     same seed, so all ranks draw the same global batch of the whole data set; each rank then keeps the
     examples of it that it owns (``group.partition``), and the union of the shares is the global batch."""
 
-    def __init__(self, sampling: str, n: int, q: float, seed: int | None, group: Any = None):
+    def __init__(self, sampling: str, n: int, q: float, seed: int | None, group: Any = None, units: Any = None,
+                 max_rows_per_unit: int | None = None):
         self.sampling, self.n, self.group = sampling, n, group
-        self.sampler = _make_sampler(sampling, n, q, seed)
+        if units is not None:  # Poisson over privacy units, ≤ k rows each (engine/units.py; q = 1: every unit)
+            from privtune.engine.units import UnitSampler
+
+            self.sampling, self.sampler = "poisson", UnitSampler(units, q, max_rows_per_unit, seed=seed)
+        else:
+            self.sampler = _make_sampler(sampling, n, q, seed)
         self._it = None
         self._epoch_state = None  # sampler state before the current epoch's permutation (shuffle)
         self._consumed = 0  # batches taken from the current epoch (shuffle)
@@ -362,8 +369,10 @@ class _Loop:
     def __init__(self, model, data, *, noise_multiplier, sample_rate, phases: list[_Phase], clip, clipping,
                  optimizer, per_layer_clipping=False, momentum, weight_decay, sampling, max_physical_batch_size, seed, eval_set,
                  eval_every, callback, progress, delta, accountant, clipping_diagnostics, fast_head=True,
-                 assume_poisson=False, device=None, hooks=(), gamma=0.01, eps=1e-8, backbone_lr_scale=1.0):
+                 assume_poisson=False, device=None, hooks=(), gamma=0.01, eps=1e-8, backbone_lr_scale=1.0,
+                 units=None, max_rows_per_unit=None):
         self.model, self.data = model, data
+        self.units, self.max_rows_per_unit = units, max_rows_per_unit  # privacy unit (None: one example)
         self.backbone_lr_scale = float(backbone_lr_scale)
         self.hooks = list(hooks)
         self.gamma, self.eps = gamma, eps
@@ -397,7 +406,12 @@ class _Loop:
         stream_seed = self.sampler_seed
         if self.group is not None:
             stream_seed = self._join_group(hooks, stream_seed)
-        self.stream = _BatchStream(sampling, self.n, sample_rate, stream_seed, group=self.group)
+        if units is not None and self.group is not None:
+            raise InvalidParameterError(
+                "A privacy unit needs the whole batch in one process (a unit's rows are weighted together). Run "
+                "user-level training in one process (without torchrun / a torch.distributed process group).")
+        self.stream = _BatchStream(sampling, self.n, sample_rate, stream_seed, group=self.group, units=units,
+                                   max_rows_per_unit=max_rows_per_unit)
         # every step is torch.arange(n) (in one process: a data-parallel rank gets a share of it)
         self.sampler_is_full_batch = self.stream.sampler is None and self.group is None
         # ‖x_i‖² of cached features, once per run (the closed-form head step needs them every step)
@@ -461,7 +475,8 @@ class _Loop:
             step_cls, extra = LinearHeadGradient, {}
         self.pg = step_cls(
             self.module, max_grad_norm=self.clip, noise_multiplier=self.sigma,
-            expected_batch_size=self.q * public_size(self.data), clipping=self.clipping, gamma=self.gamma, seed=self.noise_seed,
+            expected_batch_size=self.q * (public_size(self.data) if self.units is None else self.units.num_units),
+            clipping=self.clipping, gamma=self.gamma, seed=self.noise_seed,
             process_group=self.group, **extra,
         )
         if noise_state is not None:
@@ -568,20 +583,23 @@ class _Loop:
         idx = self.stream.next()
         if self.lengths is not None and idx.numel() > self.max_phys:
             idx = idx[torch.argsort(self.lengths[idx], stable=True)]
+        # user level: weight 1/m_u per row, so each sampled unit adds the mean of its clipped gradients
+        weights = self.units.row_weights(idx) if self.units is not None else None
         loss_sum, count, batch_losses = 0.0, 0, []
         for s in range(0, idx.numel(), self.max_phys):
             chunk = idx[s : s + self.max_phys]
+            w = None if weights is None else weights[s : s + self.max_phys]
             full = self.sampler_is_full_batch
             y = (self.labels[s : s + self.max_phys] if full else self.labels[chunk]).to(self.device)
             if hasattr(self.pg, "accumulate"):  # closed-form linear head on cached features
                 # a full batch reads a view of the features (no gather copy: head trials are many and short)
                 X = self.data.features[s : s + self.max_phys] if full else self.data.features[chunk]
                 sq = self.feature_sq_norms[s : s + self.max_phys] if full else self.feature_sq_norms[chunk]
-                losses, norms = self.pg.accumulate(X.to(self.device), y, sq_norms=sq.to(self.device))
+                losses, norms = self.pg.accumulate(X.to(self.device), y, sq_norms=sq.to(self.device), row_weights=w)
             else:
                 logits = _forward(self.model, self.module, self.data, chunk)
                 losses = F.cross_entropy(logits, y, reduction="none")
-                norms = self.pg.backward(losses)
+                norms = self.pg.backward(losses, row_weights=w)
             # NOT PRIVATE monitoring: a NaN/inf loss (its term was dropped by the DP step) is not summed
             loss_sum += float(losses.detach().nan_to_num(0.0, 0.0, 0.0).sum())
             if self.hooks:  # a hook may need the losses at these parameters (hyperfree's L0): no second forward
@@ -741,6 +759,7 @@ def fit(
     delta: float | None = None, accountant: str = "pld", clipping_diagnostics: bool = False, fast_head: bool = True,
     assume_poisson: bool = False, device: Any = None, hooks: Sequence[LoopHook] = (), gamma: float = 0.01,
     eps: float = 1e-8, backbone_lr_scale: float = 1.0, nonfinite_features: str = "refuse",
+    privacy_unit: Any = None, max_rows_per_unit: int = DEFAULT_MAX_ROWS_PER_UNIT,
 ) -> FitResult:
     """Train ``model`` privately for ``steps`` DP steps and return a :class:`FitResult`; no ledger, no files.
 
@@ -832,12 +851,21 @@ def fit(
         factor 0 (it adds nothing; sensitivity C), as it does for whatever turns non-finite in training
         (counted in ``FitResult.nonfinite_examples``, NOT PRIVATE).  ``"drop"`` is for features
         computed after a budget was reserved, where a refusal would come too late.
+    privacy_unit : sequence, callable or UnitIndex, optional
+        User-level DP (docs/privacy-unit.md): one unit key per row (a user id, ...), a callable
+        ``f(row_index) -> key``, or a :class:`privtune.engine.units.UnitIndex`.  Then ``sample_rate`` is the
+        inclusion probability of a *unit* (expected units per step q·N_u), each sampled unit adds the mean of
+        the clipped gradients of at most ``max_rows_per_unit`` of its rows (norm ≤ C), and the events are
+        (ε, δ)-DP with respect to adding or removing all rows of one unit.  Needs ``sampling="poisson"``.
+    max_rows_per_unit : int, default 8
+        k, the public cap on the rows of one unit used in a step (a fresh random k each step).
     """
     backbone_lr_scale = check_backbone_lr_scale(backbone_lr_scale)
     if check_choice(nonfinite_features, "nonfinite_features", ("refuse", "drop")) == "refuse":
         from privtune.finetune.last_layer import check_finite_features
 
         check_finite_features(train_set, "train_set")
+    units = checked_units(privacy_unit, len(train_set), max_rows_per_unit, sampling)  # before the row-level checks
     options = _checked_loop_options(
         train_set, noise_multiplier=noise_multiplier, sample_rate=sample_rate, steps=steps, learning_rate=learning_rate,
         clip=clip, clipping=clipping, optimizer=optimizer, sampling=sampling, assume_poisson=assume_poisson, gamma=gamma,
@@ -848,7 +876,7 @@ def fit(
                  weight_decay=weight_decay, seed=seed, eval_set=eval_set, callback=callback, delta=delta, eps=eps,
                  progress=own_progress if progress is True else None if progress is False else progress, hooks=hooks,
                  accountant=accountant, clipping_diagnostics=clipping_diagnostics, fast_head=fast_head,
-                 backbone_lr_scale=backbone_lr_scale)
+                 backbone_lr_scale=backbone_lr_scale, units=units, max_rows_per_unit=max_rows_per_unit)
     _run_loop(loop, own_progress)
     return _result(loop)
 
