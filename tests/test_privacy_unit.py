@@ -205,3 +205,39 @@ def test_delta_must_be_below_one_over_the_number_of_units():
     check_unit_delta(1e-3, 999, "user_id")
     with pytest.raises(InvalidParameterError, match="1/N_u"):
         check_unit_delta(1e-3, 1000, "user_id")
+
+
+def test_the_default_cap_is_one_constant():
+    import inspect
+
+    from privtune.engine.units import DEFAULT_MAX_ROWS_PER_UNIT
+    from privtune.training import train
+
+    for fn in (fit, train):
+        assert inspect.signature(fn).parameters["max_rows_per_unit"].default == DEFAULT_MAX_ROWS_PER_UNIT
+
+
+# ------------------------------------------------------------------------------------------ the statement
+
+
+def test_certificate_states_the_unit_and_round_trips(tmp_path):
+    from privtune.accounting import Certificate, verify_certificate
+    from privtune.accounting.certificate import neighbouring_relation, privacy_statement
+    from privtune.accounting.events import DPSGDEvent
+    from privtune.errors import CertificateError
+
+    cert = Certificate.from_events([DPSGDEvent(1.0, 0.05, 100)], 1e-6,
+                                   neighbouring=neighbouring_relation("patient_id"))
+    assert cert.neighbouring == "add/remove all rows of one patient_id"
+    back = verify_certificate(cert.save(tmp_path / "c.json"))
+    assert back.neighbouring == cert.neighbouring and back.epsilon == pytest.approx(cert.epsilon)
+    assert privacy_statement(back.neighbouring) == (
+        "(ε, δ)-DP with respect to adding or removing all rows of one patient_id")
+    assert privacy_statement(neighbouring_relation()) == (
+        "(ε, δ)-DP with respect to adding or removing one training example")
+    with pytest.raises(CertificateError, match="neighbouring"):
+        Certificate.from_events([DPSGDEvent(1.0, 0.05, 100)], 1e-6, neighbouring="replace one example")
+    data = cert.to_dict()
+    data["neighbouring"] = "replace one row"
+    with pytest.raises(CertificateError, match="not supported"):
+        Certificate.from_dict(data)

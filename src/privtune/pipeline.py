@@ -228,12 +228,13 @@ class Reserved:
 
 def reserve(ledger: Any, fingerprint: str, planned_events: Sequence[Any], *, total_epsilon: float, delta: float,
             name: str | None, command: str, config: Any, resume_key: str | None, accountant: str = "pld",
-            resuming: bool = False, file_name: str | None = None) -> Reserved:
+            resuming: bool = False, file_name: str | None = None, privacy_unit: str | None = None) -> Reserved:
     """Register the dataset if new (:func:`register_dataset`), then reserve ``planned_events``.
 
     With ``resuming``, a run whose ``resume_key`` is committed in the ledger and has no open
     reservation is not charged again (``Reserved.reservation`` is None).  ``delta`` is the dataset's
-    total δ when this call registers it; the reservation is measured at the dataset's δ.
+    total δ when this call registers it; the reservation is measured at the dataset's δ.  ``privacy_unit``:
+    the unit the events protect (None: one example), recorded with the spend (:meth:`Ledger.reserve`).
     """
     status, registered = register_dataset(ledger, fingerprint, total_epsilon=total_epsilon, delta=delta,
                                           name=name, command=command, accountant=accountant, file_name=file_name)
@@ -242,5 +243,5 @@ def reserve(ledger: Any, fingerprint: str, planned_events: Sequence[Any], *, tot
         if any(e.state == "committed" for e in mine) and not any(e.state == "reserved" for e in mine):
             return Reserved(reservation=None, status=status, registered=registered)
     reservation = ledger.reserve(fingerprint, planned_events, command=command, config=config,
-                                 resume_key=resume_key)
+                                 resume_key=resume_key, privacy_unit=privacy_unit)
     return Reserved(reservation=reservation, status=status, registered=registered)

@@ -52,7 +52,7 @@ from privtune.accounting.events import DPSGDEvent, NonPrivateEvent
 from privtune.engine import distributed
 from privtune.engine.private_gradient import CLIPPINGS
 from privtune.engine.sampling import check_shuffle_batching
-from privtune.engine.units import DEFAULT_MAX_ROWS_PER_UNIT, checked_units
+from privtune.engine.units import DEFAULT_MAX_ROWS_PER_UNIT, checked_units, unit_description
 from privtune.errors import (DataError, InvalidParameterError, ModelError, OneClassModelWarning, PrivtuneError,
                              UnlikelyToLearnWarning)
 from privtune.finetune import usefulness
@@ -754,12 +754,11 @@ def fit(
     clip: float = 1.0, clipping: str = "flat", per_layer_clipping: bool = False, optimizer: str = "adam",
     eval_set: Any = None, seed: int | None = None, max_physical_batch_size: int | None = None,
     callback: Callable[[StepInfo], bool | None] | None = None, sampling: str = "poisson", momentum: float = 0.0,
-    weight_decay: float = 0.0, mode: str | None = None, phase1_steps: int | None = None,
+    weight_decay: float = 0.0, mode: str | None = None, phase1_steps: int | None = None, privacy_unit: Any = None,
     phase1_learning_rate: float | None = None, eval_every: int | None = None, progress: Any = None,
     delta: float | None = None, accountant: str = "pld", clipping_diagnostics: bool = False, fast_head: bool = True,
     assume_poisson: bool = False, device: Any = None, hooks: Sequence[LoopHook] = (), gamma: float = 0.01,
-    eps: float = 1e-8, backbone_lr_scale: float = 1.0, nonfinite_features: str = "refuse",
-    privacy_unit: Any = None, max_rows_per_unit: int = DEFAULT_MAX_ROWS_PER_UNIT,
+    eps: float = 1e-8, backbone_lr_scale: float = 1.0, nonfinite_features: str = "refuse", max_rows_per_unit: int = 8,
 ) -> FitResult:
     """Train ``model`` privately for ``steps`` DP steps and return a :class:`FitResult`; no ledger, no files.
 
@@ -851,32 +850,23 @@ def fit(
         factor 0 (it adds nothing; sensitivity C), as it does for whatever turns non-finite in training
         (counted in ``FitResult.nonfinite_examples``, NOT PRIVATE).  ``"drop"`` is for features
         computed after a budget was reserved, where a refusal would come too late.
-    privacy_unit : sequence, callable or UnitIndex, optional
-        User-level DP (docs/privacy-unit.md): one unit key per row (a user id, ...), a callable
-        ``f(row_index) -> key``, or a :class:`privtune.engine.units.UnitIndex`.  Then ``sample_rate`` is the
-        inclusion probability of a *unit* (expected units per step q·N_u), each sampled unit adds the mean of
-        the clipped gradients of at most ``max_rows_per_unit`` of its rows (norm ≤ C), and the events are
-        (ε, δ)-DP with respect to adding or removing all rows of one unit.  Needs ``sampling="poisson"``.
-    max_rows_per_unit : int, default 8
-        k, the public cap on the rows of one unit used in a step (a fresh random k each step).
+    privacy_unit, max_rows_per_unit : user-level DP with cap k (docs/privacy-unit.md, engine/units.py)
     """
-    backbone_lr_scale = check_backbone_lr_scale(backbone_lr_scale)
     if check_choice(nonfinite_features, "nonfinite_features", ("refuse", "drop")) == "refuse":
         from privtune.finetune.last_layer import check_finite_features
 
         check_finite_features(train_set, "train_set")
-    units = checked_units(privacy_unit, len(train_set), max_rows_per_unit, sampling)  # before the row-level checks
     options = _checked_loop_options(
         train_set, noise_multiplier=noise_multiplier, sample_rate=sample_rate, steps=steps, learning_rate=learning_rate,
         clip=clip, clipping=clipping, optimizer=optimizer, sampling=sampling, assume_poisson=assume_poisson, gamma=gamma,
         device=device, max_physical_batch_size=max_physical_batch_size, eval_every=eval_every, mode=mode,
-        phase1_steps=phase1_steps, phase1_learning_rate=phase1_learning_rate)
+        phase1_steps=phase1_steps, phase1_learning_rate=phase1_learning_rate, units=(privacy_unit, max_rows_per_unit))
     own_progress = _make_progress(True, None, None) if progress is True else None
     loop = _Loop(model, train_set, **options, per_layer_clipping=per_layer_clipping, momentum=momentum,
                  weight_decay=weight_decay, seed=seed, eval_set=eval_set, callback=callback, delta=delta, eps=eps,
                  progress=own_progress if progress is True else None if progress is False else progress, hooks=hooks,
                  accountant=accountant, clipping_diagnostics=clipping_diagnostics, fast_head=fast_head,
-                 backbone_lr_scale=backbone_lr_scale, units=units, max_rows_per_unit=max_rows_per_unit)
+                 backbone_lr_scale=check_backbone_lr_scale(backbone_lr_scale))
     _run_loop(loop, own_progress)
     return _result(loop)
 
@@ -884,11 +874,13 @@ def fit(
 def _checked_loop_options(
     train_set: Any, *, noise_multiplier: Any, sample_rate: Any, steps: Any, learning_rate: Any, clip: Any,
     clipping: Any, optimizer: Any, sampling: Any, assume_poisson: Any, device: Any, max_physical_batch_size: Any,
-    eval_every: Any, mode: Any, phase1_steps: Any, phase1_learning_rate: Any, gamma: Any,
+    eval_every: Any, mode: Any, phase1_steps: Any, phase1_learning_rate: Any, gamma: Any, units: tuple = (None, 8),
 ) -> dict[str, Any]:
     """Validate :func:`fit`'s privacy, schedule and clipping options (in this order, so the first bad one is the
     one reported) and return them as :class:`_Loop` keyword arguments.
 
+    ``units`` is ``(privacy_unit, max_rows_per_unit)`` (:func:`privtune.engine.units.checked_units`, checked before
+    the row-level sampling checks: a privacy unit refuses shuffling whatever N and B).
     The sample rate q is returned as the rate the sampler really uses: ``round(q·N)/N`` for ``sampling="shuffle"``
     and ``sampling="full_batch"`` for Poisson sampling with q = 1.
     """
@@ -901,6 +893,7 @@ def _checked_loop_options(
     clipping = check_choice(clipping, "clipping", CLIPPINGS)
     optimizer = check_choice(optimizer, "optimizer", OPTIMIZERS)
     sampling = check_choice(sampling, "sampling", SAMPLINGS)
+    unit_index = checked_units(units[0], len(train_set), units[1], sampling)
     if sampling == "full_batch" and q != 1.0:
         raise InvalidParameterError(f"`sample_rate` must be 1.0 for sampling='full_batch'. Got {q!r}.")
     if q == 1.0 and sampling == "poisson":
@@ -923,7 +916,8 @@ def _checked_loop_options(
     phases = _phases_for(mode, steps, lr, phase1_steps, phase1_learning_rate)
     return dict(noise_multiplier=sigma, sample_rate=q, phases=phases, clip=clip, clipping=clipping,
                 optimizer=optimizer, sampling=sampling, max_physical_batch_size=max_phys, eval_every=eval_every,
-                assume_poisson=assume_poisson, device=device, gamma=check_real(gamma, "gamma", low=0.0))
+                assume_poisson=assume_poisson, device=device, gamma=check_real(gamma, "gamma", low=0.0),
+                units=unit_index, max_rows_per_unit=units[1])
 
 
 def _run_loop(loop: _Loop, own_progress: Any) -> None:
@@ -1066,6 +1060,8 @@ def train(
     device: Any = None,
     labels: Sequence[str | int] | str | None = None,
     backbone_lr_scale: float | None = None,
+    privacy_unit: Any = None,
+    max_rows_per_unit: int = DEFAULT_MAX_ROWS_PER_UNIT,
 ) -> TrainResult:
     """Fine-tune a classifier privately with fixed hyperparameters: one complete, accounted run.
 
@@ -1120,6 +1116,15 @@ def train(
         Hugging Face config that names its classes); otherwise an error: it is never inferred from the
         private data.  A row whose label is not in the set is an error (row number, not its content);
         ``eval_data`` must use the same labels.
+    privacy_unit : str, sequence or callable, optional
+        User-level DP (docs/privacy-unit.md): the column of ``data`` that names the person (document,
+        conversation) owning each row, or one key per row, or ``f(row_index) -> key``.  Units are Poisson
+        sampled (``batch_size`` is then the expected number of *units* per step, q = B/N_u), each contributes
+        the mean of the clipped gradients of at most ``max_rows_per_unit`` of its rows, δ must be below 1/N_u,
+        and the certificate states (ε, δ)-DP with respect to adding or removing all rows of one unit.  The
+        number of units N_u is public by declaration, like N; how many rows a unit has is not released.
+    max_rows_per_unit : int, default 8
+        k, the public cap on the rows of one unit used in a step.
 
     Returns
     -------
@@ -1162,19 +1167,20 @@ def train(
     # ---------------------------------------------------------------- 2. data and model (validated, no budget)
     # the label set is public input (released as the head's shape and names): never read from private rows,
     # and no check depends on which classes the rows happen to contain
-    train_set, eval_set, clf, privacy = _load_train_inputs(
+    train_set, eval_set, clf, privacy, units = _load_train_inputs(
         data, eval_data, model, labels, privacy, text_column=text_column, label_column=label_column,
-        pooling=pooling, max_length=max_length, seed=seed)
+        pooling=pooling, max_length=max_length, seed=seed, privacy_unit=(privacy_unit, max_rows_per_unit, sampling))
     n, delta = len(train_set), privacy.delta
     mode_info = apply_mode(clf, mode, **_lora_arguments(lora))
     _dry_run_engine(clf, clipping_spec)  # unsupported modules fail here, before the ledger reservation
     clf.to(device)
 
     # ---------------------------------------------------------------- 3. plan: q, T, σ, events
-    sched = _plan_schedule(n, mode, privacy, schedule, optim, phase1_epochs=phase1_epochs,
+    sched = _plan_schedule(n if units is None else units.num_units, mode, privacy, schedule, optim, phase1_epochs=phase1_epochs,
                            phase1_learning_rate=phase1_learning_rate)
     planned, planned_eps = sched.planned, sched.planned_epsilon
-    hyper = _hyperparameters(mode, sched, privacy, schedule, optim, clipping_spec, mode_info, lora, seed)
+    hyper = _hyperparameters(mode, sched, privacy, schedule, optim, clipping_spec, mode_info, lora, seed,
+                             units and unit_description(units, max_rows_per_unit))
     from privtune.ledger import dataset_identity
 
     fp, data_file_name = dataset_identity(train_set)
@@ -1206,7 +1212,7 @@ def train(
     loop, actual = _run_training(
         clf, train_set, eval_set, hyper, sched.phases, state=state, out=out, ckpt_path=ckpt_path, run_id=run_id,
         fp=fp, prog=prog, log=log, delta=delta, eval_every=eval_every, device=device,
-        clipping_diagnostics=clipping_diagnostics, checkpoint_every=checkpoint_every)
+        clipping_diagnostics=clipping_diagnostics, checkpoint_every=checkpoint_every, units=units)
 
     def certify_and_release():  # on rank 0 only in a data-parallel run; the other ranks get its outcome
         cert, metrics, history, not_private = _certify(
@@ -1265,10 +1271,11 @@ def _check_run_dir_args(output_dir: Any, resume: bool) -> tuple[Path | None, Pat
 
 
 def _load_train_inputs(data, eval_data, model, labels, privacy: PrivacySpec, *, text_column, label_column, pooling,
-                       max_length, seed):
+                       max_length, seed, privacy_unit=(None, None, "poisson")):
     """Load and check the training and evaluation splits and the classifier (no budget spent).
 
-    Returns ``(train_set, eval_set, classifier, privacy)``; δ defaults from the training set size."""
+    ``privacy_unit`` is ``(unit, k, sampling)`` (unit None: example level).  Returns ``(train_set, eval_set,
+    classifier, privacy, units)``; δ defaults from the training set size, or the number of units N_u."""
     from privtune.data import load_dataset
     from privtune.data.datasets import check_disjoint, declared_label_set
     from privtune.models import load_classifier
@@ -1286,6 +1293,14 @@ def _load_train_inputs(data, eval_data, model, labels, privacy: PrivacySpec, *, 
         if not eval_set.has_labels:
             raise DataError("`eval_data` has no labels; evaluation needs a label column.")
         check_disjoint(train_set, eval_set, "eval_data")  # accuracy on training rows is not held-out (nor private)
+    units = None
+    if privacy_unit[0] is not None:  # user level: N_u replaces n in δ < 1/N_u and the sampling rate
+        from privtune.engine.units import check_unit_delta, load_units
+
+        units = checked_units(load_units(data, privacy_unit[0], n), n, privacy_unit[1], privacy_unit[2])
+        if privacy.delta is not None:
+            check_unit_delta(privacy.delta, units.num_units, units.name)
+        n = units.num_units
     privacy = privacy.for_dataset(n)
     if isinstance(model, nn.Module):
         clf = model
@@ -1295,7 +1310,7 @@ def _load_train_inputs(data, eval_data, model, labels, privacy: PrivacySpec, *, 
     check_model_label_set(clf, num_labels, label_names, label_source)
     if getattr(clf, "kind", "text") != train_set.kind:
         raise DataError(f"The model takes {clf.kind} inputs but the training data is {train_set.kind}.")
-    return train_set, eval_set, clf, privacy
+    return train_set, eval_set, clf, privacy, units
 
 
 @dataclass(frozen=True)
@@ -1359,8 +1374,10 @@ def _plan_schedule(n: int, mode: str, privacy: PrivacySpec, schedule: ScheduleSp
 
 
 def _hyperparameters(mode: str, sched: _Schedule, privacy: PrivacySpec, schedule: ScheduleSpec, optim: OptimizerSpec,
-                     clipping: ClippingSpec, mode_info: Any, lora: LoraSpec | None, seed: int | None) -> dict:
-    """The run's hyperparameters as published (metrics, certificate) and compared on resume."""
+                     clipping: ClippingSpec, mode_info: Any, lora: LoraSpec | None, seed: int | None,
+                     privacy_unit: dict | None = None) -> dict:
+    """The run's hyperparameters as published (metrics, certificate) and compared on resume; ``privacy_unit``
+    (:func:`privtune.engine.units.unit_description`: the unit's name, k and N_u, all public) at user level."""
     hyper = {
         "mode": mode, "epochs": schedule.epochs, "steps": sched.steps, "batch_size": sched.batch_size,
         "sample_rate": sched.sample_rate, "sampling": schedule.sampling, "learning_rate": optim.learning_rate,
@@ -1372,6 +1389,8 @@ def _hyperparameters(mode: str, sched: _Schedule, privacy: PrivacySpec, schedule
         "max_physical_batch_size": schedule.max_physical_batch_size, "accountant": privacy.accountant, "seed": seed,
         "assume_poisson": schedule.assume_poisson,
     }
+    if privacy_unit is not None:
+        hyper["privacy_unit"] = privacy_unit
     if lora is not None:
         hyper.update({"lora_rank": lora.rank, "lora_alpha": lora.alpha,
                       "lora_target_modules": list(mode_info.lora_target_modules or [])})
@@ -1431,7 +1450,7 @@ def _prepare_run_dir(out: Path | None, ckpt_path: Path | None, resume: bool, fp:
 
 
 def _run_training(clf, train_set, eval_set, hyper: dict, phases: list, *, state, out, ckpt_path, run_id, fp,
-                  prog, log, delta, eval_every, device, clipping_diagnostics, checkpoint_every):
+                  prog, log, delta, eval_every, device, clipping_diagnostics, checkpoint_every, units=None):
     """Train under the reservation (from the checkpoint ``state`` of a resumed run), saving checkpoints
     into ``ckpt_path``; returns the loop and the events it actually ran."""
     mode, T, sigma, q = hyper["mode"], hyper["steps"], hyper["noise_multiplier"], hyper["sample_rate"]
@@ -1467,7 +1486,8 @@ def _run_training(clf, train_set, eval_set, hyper: dict, phases: list, *, state,
                      sampling=sampling, max_physical_batch_size=phys, seed=seed, eval_set=fit_eval,
                      eval_every=eval_every, callback=None, progress=None, delta=delta, accountant=accountant,
                      clipping_diagnostics=clipping_diagnostics, assume_poisson=assume_poisson, device=device,
-                     backbone_lr_scale=hyper.get("backbone_lr_scale", 1.0))
+                     backbone_lr_scale=hyper.get("backbone_lr_scale", 1.0), units=units,
+                     max_rows_per_unit=(hyper.get("privacy_unit") or {}).get("max_rows_per_unit"))
         if state is not None and "model" in state:
             loop.load_state_dict(state)
             log(f"resumed from step {loop.step}")
@@ -1500,6 +1520,7 @@ def _certify(loop, actual, hyper: dict, *, reservation, led, fp, run_id, delta, 
     accountant, assume_poisson = hyper["accountant"], hyper["assume_poisson"]
     result = _result(loop)
     from privtune.accounting import Certificate
+    from privtune.accounting.certificate import neighbouring_relation
 
     import privtune
 
@@ -1519,7 +1540,8 @@ def _certify(loop, actual, hyper: dict, *, reservation, led, fp, run_id, delta, 
         "selection": "none (fixed hyperparameters)",
         "notes": ([registered_note] if registered_note else []) + mode_info.notes,
     }
-    cert = Certificate.from_events(actual, delta, accountant=accountant, metadata=metadata)
+    cert = Certificate.from_events(actual, delta, accountant=accountant, metadata=metadata,
+                                   neighbouring=neighbouring_relation((hyper.get("privacy_unit") or {}).get("unit")))
     try:
         remaining = led.status(fp).remaining_epsilon
     except PrivtuneError:
@@ -1577,7 +1599,8 @@ def _reserve_for_train(ledger, fp, planned, hyper: dict, *, total_epsilon, delta
         led = open_ledger(ledger)
         reserved = pipeline.reserve(led, fp, planned, total_epsilon=total_epsilon,
                                     delta=delta, name=None, command="train", config=cfg_for_ledger,
-                                    resume_key=run_id, resuming=bool(resume), file_name=data_file_name)
+                                    resume_key=run_id, resuming=bool(resume), file_name=data_file_name,
+                                    privacy_unit=(hyper.get("privacy_unit") or {}).get("unit"))
         registered_now, reservation = reserved.registered, reserved.reservation
         if registered_now:
             log(f"dataset {reserved.status.dataset_id} registered in the ledger with total ε="

@@ -25,12 +25,15 @@ them; N_u (the number of units) is public by the user's declaration, like N is a
 
 from __future__ import annotations
 
+import difflib
+import os
+from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 
 from privtune._validation import check_int, check_sample_rate
-from privtune.engine.sampling import _check_seed, make_generator, poisson_mask
+from privtune.engine.sampling import make_generator, poisson_mask
 from privtune.errors import DataError, InvalidParameterError
 
 __all__ = ["DEFAULT_MAX_ROWS_PER_UNIT", "UnitIndex", "UnitSampler", "unit_index"]
@@ -146,7 +149,8 @@ class UnitSampler:
         self.units = units
         self.sample_rate = check_sample_rate(sample_rate)
         self.max_rows_per_unit = check_max_rows_per_unit(max_rows_per_unit)
-        self.seed = _check_seed(seed)
+        self.seed = None if seed is None else check_int(seed, "seed", low=0, high=2**62,
+                                                         fix="Pass a non-negative integer or None (OS entropy).")
         self._g = make_generator(self.seed)
         self._g_rows = make_generator(self.seed, offset=2)
         # rows grouped by unit, for the choice of k rows in over-cap units
@@ -207,6 +211,12 @@ class UnitSampler:
         self._g_rows.set_state(state["row_generator_state"])
 
 
+def unit_description(units: UnitIndex, max_rows_per_unit: int) -> dict:
+    """What a run publishes about its privacy unit: the unit's name, the cap k and N_u (public by
+    declaration, like N).  No row count of any unit."""
+    return {"unit": units.name, "max_rows_per_unit": int(max_rows_per_unit), "num_units": units.num_units}
+
+
 def check_max_rows_per_unit(k: Any) -> int:
     """k, the public cap on one unit's rows per step: an integer ≥ 1."""
     return check_int(k, "max_rows_per_unit", low=1,
@@ -238,3 +248,42 @@ def checked_units(privacy_unit: Any, num_rows: int, max_rows_per_unit: Any, samp
             "it. Use sampling='poisson' (the default, CLI --sampling poisson)."
         )
     return unit_index(privacy_unit, num_rows)
+
+
+def load_units(data: Any, privacy_unit: Any, num_rows: int) -> UnitIndex:
+    """The :class:`UnitIndex` of a loaded training set: ``privacy_unit`` a column name of the text table
+    ``data`` (.tsv/.csv/.jsonl file or a ``datasets.Dataset``), or anything :func:`unit_index` takes.
+
+    Raises one clear error for a column that is not there or a file type without columns; a message names
+    the column and row numbers, never a unit's value."""
+    if not isinstance(privacy_unit, str):
+        return unit_index(privacy_unit, num_rows)
+    column = privacy_unit
+    if isinstance(data, (str, os.PathLike)):
+        from privtune.data.datasets import TEXT_SUFFIXES, read_table
+
+        path = Path(data).expanduser()
+        fmt = TEXT_SUFFIXES.get(path.suffix.lower())
+        if fmt is None or path.is_dir():
+            raise DataError(
+                f"--privacy-unit {column!r}: {str(path)!r} has no columns; a privacy-unit column is read from a text "
+                "table (.tsv/.csv/.jsonl). For images or other data pass privacy_unit=[one key per row] in Python."
+            )
+        columns, rows = read_table(path, fmt)
+        keys = [row.get(column) for row in rows]
+        where = str(path)
+    elif hasattr(data, "column_names"):  # a datasets.Dataset
+        columns, where = list(data.column_names), "the dataset"
+        keys = list(data[column]) if column in columns else []
+    else:
+        raise InvalidParameterError(
+            f"`privacy_unit` {column!r} names a column, but the data is a {type(data).__name__} without columns. Pass "
+            "one key per row (privacy_unit=[...]) or a callable f(row_index) -> key."
+        )
+    if column not in columns:
+        close = difflib.get_close_matches(column, columns, n=1)
+        raise DataError(
+            f"{where}: privacy-unit column {column!r} (from `--privacy-unit`) not found; the columns are {columns}."
+            + (f" Did you mean {close[0]!r}?" if close else " Pass the column that names the person (or document).")
+        )
+    return unit_index(keys, num_rows, name=column)

@@ -1,0 +1,67 @@
+"""The ledger records the privacy unit of every spend and keeps one dataset's budget in one unit (SQLite and
+PostgreSQL: the ``pg_url`` fixture of conftest.py)."""
+
+from __future__ import annotations
+
+import pytest
+import sqlalchemy as sa
+
+from privtune.accounting.events import GaussianEvent
+from privtune.errors import LedgerError
+from privtune.ledger import Ledger
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def url(request, tmp_path):
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'ledger.db'}"
+    return request.getfixturevalue("pg_url")
+
+
+def test_the_unit_is_recorded_with_every_spend(url):
+    ledger = Ledger(url)
+    fp = ledger.init_dataset(b"chat rows", 20.0, 1e-6, accountant="rdp").fingerprint
+    with ledger.spend(fp, [GaussianEvent(4.0)], command="train", privacy_unit="sender"):
+        pass
+    ledger.record_spend(fp, [GaussianEvent(5.0)], command="elsewhere", privacy_unit="sender")
+    entries = Ledger(url).status(fp).entries  # a fresh handle: read back from the records
+    assert [e.privacy_unit for e in entries] == ["sender", "sender"]
+    assert entries[0].to_dict()["privacy_unit"] == "sender"
+    assert Ledger(url).verify().ok  # the unit is part of the MACed record
+
+
+@pytest.mark.parametrize("first, second", [(None, "sender"), ("sender", None), ("sender", "conversation")])
+def test_mixing_privacy_units_on_one_dataset_is_refused_before_any_charge(url, first, second):
+    ledger = Ledger(url)
+    fp = ledger.init_dataset(b"mixed rows", 20.0, 1e-6, accountant="rdp").fingerprint
+    with ledger.spend(fp, [GaussianEvent(4.0)], command="first", privacy_unit=first):
+        pass
+    before = ledger.status(fp)
+    with pytest.raises(LedgerError, match="cannot be composed") as info:
+        ledger.reserve(fp, [GaussianEvent(4.0)], command="second", privacy_unit=second)
+    assert "Nothing was charged" in str(info.value)
+    with pytest.raises(LedgerError, match="cannot be composed"):
+        ledger.record_spend(fp, [GaussianEvent(4.0)], command="external", privacy_unit=second)
+    after = ledger.status(fp)
+    assert len(after.entries) == len(before.entries) and after.spent_epsilon == before.spent_epsilon
+
+
+def test_a_released_spend_does_not_fix_the_unit(url):
+    ledger = Ledger(url)
+    fp = ledger.init_dataset(b"released rows", 20.0, 1e-6, accountant="rdp").fingerprint
+    ledger.reserve(fp, [GaussianEvent(4.0)], command="abandoned").release("never ran")
+    with ledger.spend(fp, [GaussianEvent(4.0)], command="user level", privacy_unit="user_id"):
+        pass
+    assert [e.privacy_unit for e in ledger.status(fp).entries] == [None, "user_id"]
+
+
+def test_an_edited_unit_is_detected(url):
+    ledger = Ledger(url)
+    fp = ledger.init_dataset(b"edited unit", 20.0, 1e-6, name="edited", accountant="rdp").fingerprint
+    with ledger.spend(fp, [GaussianEvent(4.0)], command="train", privacy_unit="user_id"):
+        pass
+    eng = sa.create_engine(url.replace("postgresql://", "postgresql+psycopg://", 1))
+    with eng.begin() as c:
+        c.execute(sa.text("UPDATE privtune_records SET payload = REPLACE(payload, 'user_id', 'xuser_id')"))
+    eng.dispose()
+    assert not ledger.verify("edited").ok
