@@ -38,9 +38,9 @@ from privtune.errors import DataError, InvalidParameterError
 
 __all__ = ["DEFAULT_MAX_ROWS_PER_UNIT", "UnitIndex", "UnitSampler", "unit_index"]
 
-#: The default public cap k on the rows one unit contributes to a step (Chua et al., "Mind the privacy unit!",
-#: find small caps work best for the clipped mean of per-example gradients; 8 keeps a step's cost near the
-#: example-level step of the same rows).
+#: The default public cap k on the rows one unit contributes to a step: it bounds a step's work per unit (a
+#: unit with thousands of rows costs at most k rows' forward and backward passes) while averaging enough rows
+#: to lower the variance of the unit's contribution (docs/privacy-unit.md, "The cap k").
 DEFAULT_MAX_ROWS_PER_UNIT = 8
 
 
