@@ -26,10 +26,10 @@ def files(tmp_path_factory):
     return f
 
 
-def _train(capsys, files, tmp_path, *extra):
+def _train(capsys, files, tmp_path, *extra, seeded=True):
     argv = ["train", "--data", files["train"], "--eval-data", files["eval"], "--model", str(files["model"]),
             "--mode", "bitfit", "--epsilon", "3", "--steps", "3", "--batch-size", "5", "--learning-rate", "0.01",
-            "--labels", "0,1", "--seed", "0", "--quiet", "--ledger", f"sqlite:///{tmp_path / 'l.db'}",
+            "--labels", "0,1", *(["--seed", "0"] if seeded else []), "--quiet", "--ledger", f"sqlite:///{tmp_path / 'l.db'}",
             "--output", str(tmp_path / "run"), *extra]
     code = main(argv)
     out, err = capsys.readouterr()
@@ -61,6 +61,21 @@ def test_train_with_a_privacy_unit_states_the_unit_everywhere(capsys, files, tmp
     entries = Ledger(f"sqlite:///{tmp_path / 'l.db'}").status(json.loads((run / "metrics.json").read_text())
                                                               ["dataset_id"]).entries
     assert [e.privacy_unit for e in entries] == ["user_id"]
+
+
+def test_the_report_and_model_card_of_an_unseeded_run_state_the_unit(capsys, files, tmp_path):
+    code, _, err = _train(capsys, files, tmp_path, "--privacy-unit", "user_id", "--delta", "1e-3", seeded=False)
+    assert code == 0, err
+    from privtune.report.html import render_report
+    from privtune.report.model_card import render_model_card
+    from privtune.report.run import load_run
+
+    run = load_run(tmp_path / "run")
+    page = render_report(run)[0]
+    assert "with respect to adding or removing all rows of one user_id" in page
+    assert "add/remove all rows of one user_id" in page and "one training example" not in page
+    card = render_model_card(run)
+    assert "**all rows of one user_id are added or removed** (add/remove all rows of one user_id" in card
 
 
 def test_example_level_certificate_keeps_its_statement(capsys, files, tmp_path):
