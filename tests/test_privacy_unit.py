@@ -241,3 +241,32 @@ def test_certificate_states_the_unit_and_round_trips(tmp_path):
     data["neighbouring"] = "replace one row"
     with pytest.raises(CertificateError, match="not supported"):
         Certificate.from_dict(data)
+
+
+def test_a_data_parallel_run_is_refused_before_anything_runs(monkeypatch):
+    from privtune.engine.units import checked_units
+
+    for key, value in {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(InvalidParameterError, match="one process"):
+        checked_units([0, 0, 1], 3, 8, "poisson")
+    assert checked_units(None, 3, 8, "poisson") is None
+
+
+def test_units_on_cached_features_match_example_level_and_cap_rows():
+    from privtune.finetune import FeatureSet
+
+    g = torch.Generator().manual_seed(0)
+    feats = FeatureSet(features=torch.randn(60, 5, generator=g), labels=torch.randint(0, 3, (60,), generator=g), num_labels=3)
+    out = []
+    for unit in (None, list(range(60))):
+        head = _zero_head(5)
+        fit(head, feats, noise_multiplier=1.0, sample_rate=0.2, steps=4, learning_rate=0.1, seed=3, device="cpu",
+            privacy_unit=unit)
+        out.append([p.detach().clone() for p in head.parameters()])
+    for a, b in zip(*out):
+        assert torch.equal(a, b)
+    sizes = []
+    fit(_zero_head(5), feats, noise_multiplier=1.0, sample_rate=1.0, steps=2, learning_rate=0.1, seed=3, device="cpu",
+        privacy_unit=[i % 6 for i in range(60)], max_rows_per_unit=3, callback=lambda info: sizes.append(info.batch_size))
+    assert sizes == [18, 18]

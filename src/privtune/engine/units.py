@@ -238,10 +238,18 @@ def check_unit_delta(delta: float, num_units: int, unit: str) -> None:
 def checked_units(privacy_unit: Any, num_rows: int, max_rows_per_unit: Any, sampling: str) -> UnitIndex | None:
     """``fit``'s privacy-unit options checked: the :class:`UnitIndex` (None for example level) after refusing a
     sampling scheme other than Poisson or full batch (shuffled fixed-size batches of units have no accounting
-    here) and a cap k that is not an integer ≥ 1."""
+    here), a cap k that is not an integer ≥ 1 and a data-parallel run."""
     if privacy_unit is None:
         return None
     check_max_rows_per_unit(max_rows_per_unit)
+    from privtune.engine.distributed import data_parallel_world_size
+
+    if data_parallel_world_size() > 1:  # refused here, before a ledger reservation (the loop would refuse later)
+        raise InvalidParameterError(
+            f"A privacy unit needs the whole batch in one process (a unit's rows are weighted together); this run has "
+            f"{data_parallel_world_size()} data-parallel processes. Run user-level training in one process (without "
+            "torchrun / a torch.distributed process group)."
+        )
     if sampling not in ("poisson", "full_batch"):
         raise InvalidParameterError(
             f"A privacy unit is sampled by Poisson sampling over units; sampling={sampling!r} is not supported with "
