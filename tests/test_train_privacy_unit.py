@@ -89,6 +89,7 @@ def test_example_level_certificate_keeps_its_statement(capsys, files, tmp_path):
     (("--privacy-unit", "user_id", "--delta", "0.05"), "not below 1/N_u = 1/20"),
     (("--privacy-unit", "user_id", "--sampling", "shuffle", "--delta", "1e-3"), "Poisson sampling over units"),
     (("--privacy-unit", "user_id", "--max-rows-per-unit", "0", "--delta", "1e-3"), "max_rows_per_unit"),
+    (("--max-rows-per-unit", "4", "--delta", "1e-3"), "applies only with --privacy-unit"),
 ])
 def test_refusals_come_before_the_reservation(capsys, files, tmp_path, extra, words):
     code, _, err = _train(capsys, files, tmp_path, *extra)
@@ -106,3 +107,28 @@ def test_mixing_example_and_user_level_spends_on_one_file_is_refused(capsys, fil
     code, _, err = _train(capsys, files, tmp_path, "--privacy-unit", "user_id", "--delta", "1e-3", "--output",
                           str(tmp_path / "run2"))
     assert code != 0 and "cannot be composed" in err and "Nothing was charged" in err
+
+
+def test_a_user_level_run_resumes_exactly(files, tmp_path, monkeypatch):
+    """Last-layer (cached features) at user level, interrupted after a mid-training checkpoint and resumed: the
+    release equals an uninterrupted run's (the unit sampler's two generators are in the checkpoint)."""
+    import torch
+
+    from privtune._release import FAULT_ENV, InjectedFault
+    from privtune.training import train
+
+    def args(tag):
+        return dict(device="cpu", eval_data=files["eval"], model=str(files["model"]), mode="last-layer",
+                    labels=["0", "1"], epsilon=2.0, delta=1e-3, steps=4, batch_size=6, seed=0, progress=False,
+                    ledger=f"sqlite:///{tmp_path / (tag + '.db')}", output_dir=str(tmp_path / tag),
+                    checkpoint_every=1, privacy_unit="user_id", max_rows_per_unit=2)
+
+    ref = train(files["train"], **args("ref"))
+    monkeypatch.setenv(FAULT_ENV, "mid-training")
+    with pytest.raises(InjectedFault):
+        train(files["train"], **args("cut"))
+    monkeypatch.delenv(FAULT_ENV)
+    res = train(files["train"], resume=True, **args("cut"))
+    a, b = ref.model.state_dict(), res.model.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert res.certificate.neighbouring == "add/remove all rows of one user_id"

@@ -106,6 +106,9 @@ def train(**kwargs) -> None:
     for key, flag in (("data", "--data"), ("mode", "--mode"), ("output", "--output")):
         if opts.get(key) in (None, ""):
             raise click.UsageError(f"Missing option '{flag}' (give it as a flag or in --config).")
+    if opts.get("max_rows_per_unit") is not None and opts.get("privacy_unit") in (None, ""):
+        raise click.UsageError("--max-rows-per-unit applies only with --privacy-unit COLUMN (user-level DP). Add "
+                               "--privacy-unit, or drop --max-rows-per-unit.")
     # everything else (epsilon XOR noise_multiplier, epochs XOR steps, ranges) is checked once, by train()
     args = dict(
         data=opts["data"], eval_data=opts.get("eval_data"), model=opts.get("model"), mode=opts["mode"],
