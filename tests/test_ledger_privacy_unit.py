@@ -28,6 +28,8 @@ def test_the_unit_is_recorded_with_every_spend(url):
     assert [e.privacy_unit for e in entries] == ["sender", "sender"]
     assert entries[0].to_dict()["privacy_unit"] == "sender"
     assert Ledger(url).verify().ok  # the unit is part of the MACed record
+    reserve = [r for r in Ledger(url).history(fp) if r.action == "reserve"]
+    assert all("[privacy unit: all rows of one sender]" in r.summary() for r in reserve)
 
 
 @pytest.mark.parametrize("first, second", [(None, "sender"), ("sender", None), ("sender", "conversation")])

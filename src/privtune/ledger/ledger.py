@@ -170,6 +170,8 @@ class Record:
             text = "; ".join(describe_event(e) for e in self.events)
             if self.action == "commit" and p.get("closed_orphan"):
                 text += f" (orphaned reservation closed, charged in full: {p.get('reason', '')})"
+            if p.get("privacy_unit"):  # user level: what the events protect (docs/privacy-unit.md)
+                text += f" [privacy unit: all rows of one {p['privacy_unit']}]"
             return text
         if self.action == "init":
             return f"total ε={p['total_epsilon']:g}, δ={p['delta']:g}, accountant={p['accountant']}"
