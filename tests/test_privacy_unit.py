@@ -198,6 +198,10 @@ def test_refusals(model_path):
         fit(m, data, **common, privacy_unit="user_id")
     with pytest.raises(DataError, match="no privacy unit"):
         unit_index(["a", "", "b"], 3)
+    for missing in (None, float("nan"), " ", "NaN", "null", "None"):
+        with pytest.raises(DataError, match="Row 2 has no privacy unit"):
+            unit_index(["a", missing, "b"], 3)
+    assert unit_index(["u1", " u1", "u1 "], 3).num_units == 1
     assert unit_index(lambda i: i // 3, 12).num_units == 4
 
 

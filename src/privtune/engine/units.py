@@ -26,6 +26,7 @@ them; N_u (the number of units) is public by the user's declaration, like N is a
 from __future__ import annotations
 
 import difflib
+import math
 import os
 from pathlib import Path
 from typing import Any, Sequence
@@ -59,8 +60,7 @@ class UnitIndex:
         ids: dict[Any, int] = {}
         unit_of_row = []
         for i, key in enumerate(keys):
-            if key is None or (isinstance(key, str) and not key.strip()):
-                raise DataError(f"Row {i + 1} has no privacy unit ({name!r} is empty). Fill it in or remove the row.")
+            key = _checked_key(key, i, name)
             try:
                 unit_of_row.append(ids.setdefault(key, len(ids)))
             except TypeError:
@@ -96,6 +96,21 @@ class UnitIndex:
         """The index of the rows ``rows`` (a split of the data keeps its rows' units)."""
         keys = self.unit_of_row[torch.as_tensor(rows, dtype=torch.long)].tolist()
         return UnitIndex(keys, name=self.name)
+
+
+def _checked_key(key: Any, row: int, name: str) -> Any:
+    """A row's unit key, with surrounding spaces removed from a string (``" u1"`` and ``"u1"`` are one unit);
+    a missing value (empty, nan, null, None: the spellings a missing label has) is an error naming the row."""
+    from privtune.data.labels import MISSING_LABEL_SPELLINGS
+
+    if isinstance(key, str):
+        key = key.strip()
+    missing = (key is None or (isinstance(key, float) and math.isnan(key))
+               or (isinstance(key, str) and (not key or key.lower() in MISSING_LABEL_SPELLINGS)))
+    if missing:
+        raise DataError(f"Row {row + 1} has no privacy unit ({name!r} is empty, nan, null or None). Fill it in or "
+                        "remove the row: a row without its owner cannot be protected with the owner's other rows.")
+    return key
 
 
 def unit_index(privacy_unit: Any, num_rows: int, name: str | None = None) -> UnitIndex:
