@@ -274,3 +274,17 @@ def test_units_on_cached_features_match_example_level_and_cap_rows():
     fit(_zero_head(5), feats, noise_multiplier=1.0, sample_rate=1.0, steps=2, learning_rate=0.1, seed=3, device="cpu",
         privacy_unit=[i % 6 for i in range(60)], max_rows_per_unit=3, callback=lambda info: sizes.append(info.batch_size))
     assert sizes == [18, 18]
+
+
+def test_per_layer_clipping_keeps_a_unit_within_C():
+    k, C = 6, 0.7
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3))
+    x = torch.randn(1, 4).repeat(k, 1) * 50.0  # k identical rows: their clipped gradients add up in one direction
+    y = torch.zeros(k, dtype=torch.long)
+    pg = PrivateGradient(model, max_grad_norm=C, noise_multiplier=0.0, expected_batch_size=1.0, per_layer=True)
+    pg.backward(nn.functional.cross_entropy(model(x), y, reduction="none"),
+                row_weights=UnitIndex(["bob"] * k).row_weights(torch.arange(k)))
+    pg.release()
+    norm = float(torch.sqrt(sum((p.grad ** 2).sum() for p in model.parameters())))
+    assert 0.5 * C < norm <= C * (1 + 1e-6)
