@@ -46,7 +46,12 @@ def test_train_with_a_privacy_unit_states_the_unit_everywhere(capsys, files, tmp
     event = cert["events"][0]
     assert event["sample_rate"] == pytest.approx(5 / USERS)  # q over units: expected units per batch / N_u
     hyper = json.loads((run / "metrics.json").read_text())["hyperparameters"]
-    assert hyper["privacy_unit"] == {"unit": "user_id", "max_rows_per_unit": 2, "num_units": USERS}
+    assert hyper["privacy_unit"] == {"unit": "user_id", "column": "user_id", "max_rows_per_unit": 2,
+                                     "num_units": USERS}
+    import yaml
+
+    config = yaml.safe_load((run / "config.yaml").read_text())  # reloadable with --config
+    assert config["privacy_unit"] == "user_id" and config["max_rows_per_unit"] == 2
     # privtune account re-verifies it and says what it protects
     code = main(["account", "--certificate", str(run / "certificate.json")])
     shown = capsys.readouterr().out

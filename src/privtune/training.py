@@ -1733,6 +1733,9 @@ def _effective_config(data, eval_data, model, clf, mode, epsilon, noise_multipli
             cfg[key] = hyper.get(key)
     if hyper.get("assume_poisson"):
         cfg["assume_poisson"] = True
+    unit = hyper.get("privacy_unit")
+    if unit and unit.get("column"):  # a unit read from a column reloads (keys or a callable passed in Python do not)
+        cfg.update(privacy_unit=unit["column"], max_rows_per_unit=unit["max_rows_per_unit"])
     if device_arg is not None:  # only when asked for: a config written on a GPU machine must run elsewhere
         cfg["device"] = str(device_arg)
     return {k: v for k, v in cfg.items() if v is not None}

@@ -71,6 +71,7 @@ class UnitIndex:
         if not unit_of_row:
             raise DataError("The training data is empty. Pass at least one row with a privacy unit.")
         self.name = str(name)
+        self.column: str | None = None  # the data column the keys were read from (load_units), if any
         #: (N,) unit number of every row
         self.unit_of_row = torch.tensor(unit_of_row, dtype=torch.long)
         self.num_units = len(ids)
@@ -229,7 +230,8 @@ class UnitSampler:
 def unit_description(units: UnitIndex, max_rows_per_unit: int) -> dict:
     """What a run publishes about its privacy unit: the unit's name, the cap k and N_u (public by
     declaration, like N).  No row count of any unit."""
-    return {"unit": units.name, "max_rows_per_unit": int(max_rows_per_unit), "num_units": units.num_units}
+    return {"unit": units.name, "column": units.column, "max_rows_per_unit": int(max_rows_per_unit),
+            "num_units": units.num_units}
 
 
 def check_max_rows_per_unit(k: Any) -> int:
@@ -309,4 +311,6 @@ def load_units(data: Any, privacy_unit: Any, num_rows: int) -> UnitIndex:
             f"{where}: privacy-unit column {column!r} (from `--privacy-unit`) not found; the columns are {columns}."
             + (f" Did you mean {close[0]!r}?" if close else " Pass the column that names the person (or document).")
         )
-    return unit_index(keys, num_rows, name=column)
+    index = unit_index(keys, num_rows, name=column)
+    index.column = column
+    return index
