@@ -3,6 +3,8 @@ PostgreSQL: the ``pg_url`` fixture of conftest.py)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import sqlalchemy as sa
 
@@ -67,3 +69,27 @@ def test_an_edited_unit_is_detected(url):
         c.execute(sa.text("UPDATE privtune_records SET payload = REPLACE(payload, 'user_id', 'xuser_id')"))
     eng.dispose()
     assert not ledger.verify("edited").ok
+
+
+def test_budget_spend_records_an_external_user_level_run(tmp_path, capsys):
+    from privtune.cli import main
+
+    data = tmp_path / "chats.csv"
+    data.write_text("text,label,sender\na,1,s1\nb,0,s2\n")
+    ledger = f"sqlite:///{tmp_path / 'ledger.db'}"
+
+    def run(*args):
+        capsys.readouterr()
+        rc = main(["budget", *args, "--ledger", ledger])
+        out = capsys.readouterr()
+        return rc, out.out, out.err
+
+    assert run("init", "--dataset", str(data), "--epsilon", "8", "--delta", "1e-6", "--name", "chats",
+               "--accountant", "rdp")[0] == 0
+    spend = ("spend", "--dataset", "chats", "--noise-multiplier", "1.0", "--sample-rate", "0.01", "--steps", "100")
+    assert run(*spend, "--privacy-unit", "sender")[0] == 0
+    assert [e.privacy_unit for e in Ledger(ledger).status("chats").entries] == ["sender"]
+    rc, _, err = run(*spend)  # an example-level spend on the same data
+    assert rc != 0 and err.startswith("error:") and "cannot be composed" in err
+    rc, out, _ = run("history", "--dataset", "chats", "--json")
+    assert rc == 0 and any("[privacy unit: all rows of one sender]" in r["events_summary"] for r in json.loads(out))
