@@ -288,3 +288,20 @@ def test_per_layer_clipping_keeps_a_unit_within_C():
     pg.release()
     norm = float(torch.sqrt(sum((p.grad ** 2).sum() for p in model.parameters())))
     assert 0.5 * C < norm <= C * (1 + 1e-6)
+
+
+def test_a_unit_column_needs_a_table(tmp_path):
+    from privtune.engine.units import load_units
+
+    folder = tmp_path / "images"
+    folder.mkdir()
+    with pytest.raises(DataError, match="has no columns"):
+        load_units(str(folder), "user_id", 3)
+    table = tmp_path / "rows.jsonl"
+    table.write_text('{"text": "a", "label": 0, "user": 7}\n{"text": "b", "label": 1, "user": 7}\n')
+    with pytest.raises(DataError, match="Did you mean 'user'"):
+        load_units(str(table), "users", 2)
+    units = load_units(str(table), "user", 2)
+    assert units.num_units == 1 and units.name == "user" and units.column == "user"
+    with pytest.raises(InvalidParameterError, match="without columns"):
+        load_units(object(), "user", 2)
