@@ -164,18 +164,17 @@ def _install_counter():
     from privtune.hpo import _heads
     from privtune.hpo.backends import FeatureBackend
 
-    orig_run, orig_hf = FeatureBackend.run, FeatureBackend.run_hyperfree
+    orig_run = FeatureBackend.run
 
     def run(self, hp, **kw):
-        self._work = getattr(self, "_work", 0.0) + kw["steps"] * kw.get("sample_rate", 1.0)
+        work = kw["steps"] * kw.get("sample_rate", 1.0)
+        if kw.get("hooks") is not None:  # hyperfree's probe: two extra forward passes (≈ 1/3 gradient) per update
+            updates = kw["hooks"].events_at(kw["steps"])[-1]
+            work += 2 / 3 * getattr(updates, "steps", getattr(updates, "count", 0)) * kw["sample_rate"]
+        self._work = getattr(self, "_work", 0.0) + work
         return orig_run(self, hp, **kw)
 
-    def run_hf(self, **kw):
-        self._work = getattr(self, "_work", 0.0) + kw["steps"] * kw["sample_rate"] * (1 + 2 / kw["config"].interval
-                                                                                        / 3)
-        return orig_hf(self, **kw)
-
-    FeatureBackend.run, FeatureBackend.run_hyperfree = run, run_hf
+    FeatureBackend.run = run
     del _heads
 
 

@@ -263,7 +263,7 @@ def test_ranks_that_disagree_on_the_plan_stop_with_one_error_naming_no_data():
 
 def test_privatise_sum_adds_the_noise_on_one_rank_only():
     from privtune.engine.distributed import ProcessGroup
-    from privtune.engine.private_gradient import privatise_sum
+    from privtune.engine.mechanisms import privatise_sum
 
     class Ranks(ProcessGroup):  # the all-reduce of a world where every other rank contributed zeros
         def all_reduce_sum_(self, tensors):
@@ -271,11 +271,11 @@ def test_privatise_sum_adds_the_noise_on_one_rank_only():
 
     for rank, noised in ((0, True), (1, False)):
         s = torch.zeros(1000)
-        out = privatise_sum([s], 2.0, 4.0, torch.Generator().manual_seed(0), Ranks(rank, 2, rank, "gloo"))[0]
+        out = privatise_sum([s], 2.0, 1.0, 4.0, torch.Generator().manual_seed(0), Ranks(rank, 2, rank, "gloo")).value[0]
         assert bool(out.ne(0).any()) is noised
-    torch.testing.assert_close(privatise_sum(torch.zeros(1000), 2.0, 4.0, torch.Generator().manual_seed(0)),
-                               privatise_sum([torch.zeros(1000)], 2.0, 4.0, torch.Generator().manual_seed(0),
-                                             Ranks(0, 2, 0, "gloo"))[0])
+    torch.testing.assert_close(privatise_sum(torch.zeros(1000), 2.0, 1.0, 4.0, torch.Generator().manual_seed(0)).value,
+                               privatise_sum([torch.zeros(1000)], 2.0, 1.0, 4.0, torch.Generator().manual_seed(0),
+                                             Ranks(0, 2, 0, "gloo")).value[0])
 
 
 def test_loop_hooks_are_refused_in_a_data_parallel_run(monkeypatch):

@@ -9,7 +9,7 @@ import errno
 import pytest
 from safetensors import SafetensorError
 
-import privtune.pipeline as pipeline
+import privtune.run.release as pipeline
 from privtune import _release
 from privtune.cli import main
 from privtune.errors import UnknownDatasetError

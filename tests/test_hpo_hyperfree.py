@@ -206,7 +206,7 @@ def test_eta_placement_on_a_model_is_planned_charged_and_starts_the_run_at_the_b
                                             trials[0]["hyperparameters"]["sample_rate"], t_steps)], 1e-3)
     eps_final = compute_epsilon(list(r.plan.final_events), 1e-3)
     scale = min(1.0, t_steps / hp["steps"] * eps_final / eps_trial)
-    assert r.plan.details["lr_trials"]["final_scale"] == pytest.approx(scale, rel=1e-6)
+    assert r.plan.lr_trials["final_scale"] == pytest.approx(scale, rel=1e-6)
     assert hp["learning_rate_initial"] == pytest.approx(lr0 * hf.DEFAULT_LR_TRIALS[1] * scale)
     assert r.history["strategy"]["lr_placement"]["transfer"]["scale"] == pytest.approx(scale, rel=1e-6)
     # the trials were planned (before any data was read) and their events are in the certificate
@@ -228,7 +228,7 @@ def test_eta_transfer_scales_the_total_step_with_epsilon_not_only_with_steps():
     q, T = 2048 / 60957, 90
     trials = hf.plan_lr_trials(cfg, 1.0, 1e-5, sample_rate=q, steps=T, multipliers=(1, 3, 10))
     p = hf.plan(cfg, 1.0, 1e-5, sample_rate=q, steps=T, lr_trials=trials)
-    lt = p.details["lr_trials"]
+    lt = p.lr_trials
     assert lt["steps"] == 9 and lt["trial_epsilon"] == pytest.approx(0.0868, abs=1e-3)
     assert lt["final_epsilon"] == pytest.approx(0.988, abs=2e-3)
     assert 9 / 90 * lt["final_epsilon"] / lt["trial_epsilon"] == pytest.approx(1.14, abs=0.01)
@@ -237,7 +237,7 @@ def test_eta_transfer_scales_the_total_step_with_epsilon_not_only_with_steps():
     # shorter trials (5 % of the steps) at the same ε: below the cap, the proportional rule itself
     cfg = hf.HyperfreeConfig(trial_fraction=0.05)
     trials = hf.plan_lr_trials(cfg, 1.0, 1e-5, sample_rate=q, steps=T, multipliers=(1, 3, 10))
-    lt = hf.plan(cfg, 1.0, 1e-5, sample_rate=q, steps=T, lr_trials=trials).details["lr_trials"]
+    lt = hf.plan(cfg, 1.0, 1e-5, sample_rate=q, steps=T, lr_trials=trials).lr_trials
     eps_t = compute_epsilon([DPSGDEvent(trials["noise_multiplier"], q, 5)], 1e-5)
     assert lt["trial_epsilon"] == pytest.approx(eps_t, rel=1e-6)
     assert lt["final_scale"] == pytest.approx(5 / 90 * lt["final_epsilon"] / eps_t, rel=1e-9)

@@ -81,8 +81,8 @@ def test_fit_on_synthetic_trials_recovers_a_linear_rule():
     # (η, T), training, scoring, argmax) and the line through their winners must recover r* = 40·ε_f
     cfg = ls.LinearScalingConfig(sweep_epsilons=(0.01, 0.02), runs_per_sweep=150)
     p = ls.plan(cfg, 3.0, 1e-5)
-    eps_f = p.details["final_epsilon"]
-    mus = p.details["mu"] + [p.details["final_mu"]]
+    eps_f = p.final_epsilon
+    mus = list(p.mu) + [p.final_mu]
     be = _LandscapeBackend(mus, [0.01, 0.02, eps_f])
     labels = torch.arange(1000) % 2
     out = ls.run(be, Selector("public_validation", labels, labels, name="public"), cfg, p, seed=0)
@@ -119,15 +119,15 @@ def test_sampling_and_decomposition():
 
 def test_plan_budget_split_matches_the_paper_and_fails_clearly():
     p = ls.plan(ls.LinearScalingConfig(sweep_epsilons=(0.1, 0.2)), 1.0, 1e-5)
-    assert p.details["final_epsilon"] == pytest.approx(0.8840, abs=2e-3)  # digest 000 §3.8
+    assert p.final_epsilon == pytest.approx(0.8840, abs=2e-3)  # digest 000 §3.8
     assert p.planned_epsilon() <= 1.0 + 1e-9
     p5 = ls.plan(ls.LinearScalingConfig(sweep_epsilons=(0.1, 0.2)), 0.5, 1e-5)
-    assert p5.details["final_epsilon"] == pytest.approx(0.2524, abs=3e-3)
+    assert p5.final_epsilon == pytest.approx(0.2524, abs=3e-3)
     with pytest.raises(InfeasibleBudgetError, match=r"ε = 0\.4"):
         ls.plan(ls.LinearScalingConfig(sweep_epsilons=(0.1, 0.2)), 0.25, 1e-5)
     # "auto" scales the sweeps down so small totals stay feasible
     pa = ls.plan(ls.LinearScalingConfig(), 0.25, 1e-5)
-    assert pa.details["sweep_epsilons"] == [pytest.approx(0.025), pytest.approx(0.05)]
+    assert list(pa.sweep_epsilons) == [pytest.approx(0.025), pytest.approx(0.05)]
 
 
 def _blobs(n, d=16, seed=0, shift=2.0):
@@ -205,7 +205,7 @@ def _minibatch(cfg, q=0.05, T=40, total=4.0):
 def test_minibatch_uses_the_given_lr_bounds_and_clamps_r_star_to_the_searched_range():
     cfg = ls.LinearScalingConfig(lr_bounds=(1e-3, 2e-2))
     p, be, out = _minibatch(cfg)
-    T = p.details["steps"]
+    T = p.steps
     sweeps, final = be.calls[:-1], be.calls[-1]
     assert len(sweeps) == 6 and all(c["steps"] == T for c in be.calls)
     assert all(1e-3 * (1 - 1e-9) <= c["lr"] <= 2e-2 * (1 + 1e-9) for c in be.calls)  # the user's box, not a default

@@ -188,7 +188,7 @@ def test_repeat_and_select_trial_count_is_not_truncated():
     with pytest.raises(InfeasibleBudgetError, match="limit 100"):
         rs.plan(rs.RandomSearchConfig(trials=150, accounting="repeat-and-select"), 4.0, 1e-5)
     p = rs.plan(rs.RandomSearchConfig(trials=10, accounting="repeat-and-select"), 4.0, 1e-5)
-    assert p.details["p_trials_above_10x_mean"] == pytest.approx(tail)
+    assert p.p_trials_above_10x_mean == pytest.approx(tail)
     assert any("never capped" in n for n in p.notes)
 
 
@@ -293,18 +293,20 @@ def test_the_reservation_covers_the_most_expensive_candidate_by_the_ledgers_meas
     led.init_dataset(fp, epsilon=5.0, delta=1e-2, accountant="rdp")  # not the run's δ nor its accountant
     cfg = single_step.SingleStepConfig()
     plans = {"cheap": single_step.plan(cfg, 1.0, 1e-5), "dear": single_step.plan(cfg, 1.5, 1e-5)}
+    originals = dict(plans)
     reserved = tune_mod._cover_candidates(led, fp, plans, 1.5, 1e-5, "pld")
     assert reserved == plans["dear"].events
+    assert all(originals[m].epsilon_cap is None for m in plans)  # armed copies replaced them; plans are immutable
     for p in plans.values():
         assert p.epsilon_cap == pytest.approx(plans["dear"].planned_epsilon())
         assert p.covered(plans["cheap"].events) and p.covered(plans["dear"].events)
         assert not p.covered(plans["dear"].events + [GaussianEvent(50.0, 1)])
     # an in-run calibration is pulled under the reservation when the ledger's measure needs it
-    p = plans["dear"]
-    p.covered = lambda evs: common.epsilon_of(evs, 1e-5) <= 1.5 * (1 - 3e-5)
+    dear = plans["dear"]
+    p = dear.covered_by(dear.epsilon_cap, lambda evs: common.epsilon_of(evs, 1e-5) <= 1.5 * (1 - 3e-5))
     sigma = common.calibrate_in_plan(p, [], sample_rate=1.0, steps=4, sampling="full_batch")
     assert common.epsilon_of([GaussianEvent(sigma, 4)], 1e-5) <= 1.5 * (1 - 3e-5)
-    p.covered = lambda evs: False
+    p = dear.covered_by(dear.epsilon_cap, lambda evs: False)
     with pytest.raises(InfeasibleBudgetError, match="reserved budget"):
         common.calibrate_in_plan(p, [], sample_rate=1.0, steps=4, sampling="full_batch")
 
@@ -332,9 +334,9 @@ def test_clip_and_clipping_reach_the_strategy_or_are_refused():
     request = PlanRequest(total_epsilon=1.0, delta=1e-5, n_train=500)
     ls, hf = REGISTRY["linear-scaling"], REGISTRY["hyperfree"]
     p = ls.plan(ls.make_config({}, clip=0.5), "last-layer", request)
-    assert isinstance(p.details["config"], linear_scaling.LinearScalingConfig) and p.details["config"].clip == 0.5
+    assert isinstance(p.config, linear_scaling.LinearScalingConfig) and p.config.clip == 0.5
     p = hf.plan(hf.make_config({}, clipping="automatic"), "bitfit", request)
-    assert isinstance(p.details["config"], hyperfree.HyperfreeConfig) and p.details["config"].clipping == "automatic"
+    assert isinstance(p.config, hyperfree.HyperfreeConfig) and p.config.clipping == "automatic"
     with pytest.raises(InvalidParameterError, match="conflicts"):
         hf.make_config({"clipping": "flat"}, clipping="automatic")
     with pytest.raises(InvalidParameterError, match="`clip`"):

@@ -213,17 +213,21 @@ def test_tune_run_directory_and_output_carry_only_the_random_dataset_id(toy_file
 
 
 def test_embedded_demo_ledger_keeps_its_key_outside_the_run_directory(tmp_path):
-    from privtune.hpo.tune import _ledger_for
+    from privtune.run.budget import open_ledger_for, register_dataset
+
+    def demo_ledger():
+        led, _ = open_ledger_for(None, run_dir=run_dir, in_run_dir=True)
+        return led, register_dataset(led, raw, total_epsilon=1.0, delta=1e-5, name=None, command="tune")[1]
 
     run_dir = tmp_path / "demo-run"
     run_dir.mkdir()
     raw = dataset_fingerprint(b"demo rows")
-    led, _, _, registered = _ledger_for(None, True, run_dir, raw, None, 1.0, 1e-5, "pld")
+    led, registered = demo_ledger()
     assert registered and (run_dir / "ledger.db").is_file()
     assert not any(p.name.endswith(".key") for p in run_dir.rglob("*"))
     keys = list((tmp_path / "privtune_home" / "demo-ledger-keys").glob("*.key"))  # $PRIVTUNE_HOME (conftest)
     assert len(keys) == 1 and _mode(keys[0]) == 0o600
-    again, _, _, registered = _ledger_for(None, True, run_dir, raw, None, 1.0, 1e-5, "pld")  # a resumed demo
+    again, registered = demo_ledger()  # a resumed demo
     assert not registered and again.status(raw).dataset_id == led.status(raw).dataset_id
 
 

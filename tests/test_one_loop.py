@@ -1,11 +1,13 @@
 """One DP loop: `train`, every `tune` mode and strategy, and hyperfree's learning-rate
-probe all run through `privtune.training._Loop`; Gaussian noise reaches a gradient in exactly one place;
+probe all run through `privtune.training._Loop`; every Gaussian release draws its noise in
+`engine/mechanisms.py`;
 one clip-factor rule; `device=` reaches tune's trials."""
 
 from __future__ import annotations
 
 import ast
 import pathlib
+import sys
 
 import pytest
 import torch
@@ -95,19 +97,45 @@ def _calls(path: pathlib.Path, names: set[str]) -> list[str]:
     return found
 
 
-def test_gaussian_noise_reaches_a_gradient_in_exactly_one_place():
+def test_only_the_mechanisms_module_draws_gaussian_noise():
+    """Outside ``audit/`` (which draws synthetic canaries and background rows, never a release of data), the only
+    Gaussian draws in privtune are the named mechanisms of ``engine/mechanisms.py``."""
     rel = lambda p: p.relative_to(SRC).as_posix()  # noqa: E731
-    draws = {f"{rel(p)}:{fn}" for p in sorted(SRC.rglob("*.py")) for fn in _calls(p, {"randn", "normal_", "normal"})}
-    # every other Gaussian draw in privtune privatises something that is not a gradient
-    not_gradients = {
-        "hpo/hyperfree.py:privatize_loss",  # hyperfree's loss releases (charged jointly with the gradient)
-        "hpo/common.py:Selector.score",  # a charged selection score
-        "hpo/tune.py:_execute.features",  # the charged feature centre
-        "audit/whitebox.py:_canary_directions",  # synthetic canary directions, not noise
-        "audit/whitebox.py:_probe_training_set",  # synthetic background rows, not noise
-    }
-    gradient_noise = draws - not_gradients
-    assert gradient_noise == {"engine/private_gradient.py:privatise_sum"}, draws
+    draws = {f"{rel(p)}:{fn}" for p in sorted(SRC.rglob("*.py")) for fn in _calls(p, {"randn", "normal_", "normal"})
+             if rel(p).split("/")[0] != "audit"}
+    assert {d.split(":")[0] for d in draws} == {"engine/mechanisms.py"}, draws
+
+
+@pytest.fixture
+def gaussian_callers(monkeypatch):
+    """The privtune files that call torch's Gaussian samplers directly, while the test runs."""
+    callers: set[str] = set()
+
+    def recording(real):
+        def draw(*args, **kwargs):
+            caller = pathlib.Path(sys._getframe(1).f_code.co_filename).resolve()
+            if SRC in caller.parents:
+                callers.add(caller.relative_to(SRC).as_posix())
+            return real(*args, **kwargs)
+        return draw
+
+    monkeypatch.setattr(torch, "randn", recording(torch.randn))
+    monkeypatch.setattr(torch, "normal", recording(torch.normal))
+    monkeypatch.setattr(torch.Tensor, "normal_", recording(torch.Tensor.normal_))
+    return callers
+
+
+def test_every_release_of_a_tune_run_draws_its_noise_in_the_mechanisms_module(files, tmp_path, gaussian_callers):
+    """A run with every kind of release: the private feature centre (no public split), charged selection scores,
+    clipped gradient sums of a head and of a model, and hyperfree's privatised losses."""
+    privtune.tune(files["train"], model=files["model"], mode="last-layer", strategy="random-search",
+                  strategy_options={"trials": 2}, selection="train-accuracy", epsilon=2.0, delta=1e-3,
+                  ledger=f"sqlite:///{tmp_path / 'head.db'}", output_dir=tmp_path / "head", seed=0, quiet=True,
+                  labels=[0, 1])
+    _cli_tune(files, tmp_path, "bitfit", "hyperfree", "--epochs", "1", "--batch-size", "40")
+    assert gaussian_callers == {"engine/mechanisms.py"}
+    cert = (tmp_path / "head" / "certificate.json").read_text()
+    assert "private feature mean (centering)" in cert and "score" in cert
 
 
 @pytest.mark.parametrize("mode, clipping", [("bitfit", "flat"), ("full", "automatic"), ("lora", "flat"),

@@ -100,9 +100,9 @@ def test_tune_release_does_not_depend_on_the_realised_split(files, tmp_path, mon
     divisors: list[float] = []
     real_sum, real_mask = last_layer.privatise_sum, tune_module.poisson_mask
 
-    def recording(sums, std, expected_batch_size, generator, group=None):
+    def recording(sums, noise_multiplier, sensitivity, expected_batch_size, generator, group=None):
         divisors.append(float(expected_batch_size))
-        return real_sum(sums, std, expected_batch_size, generator, group)
+        return real_sum(sums, noise_multiplier, sensitivity, expected_batch_size, generator, group)
 
     def one_more_validation_row(n, rate, generator):
         mask = real_mask(n, rate, generator)

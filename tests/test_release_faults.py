@@ -266,7 +266,7 @@ def test_full_disk_while_writing_is_one_error_and_resume_finishes(files, tmp_pat
     (not committed, never refunded), and --resume writes the files without a second charge."""
     import errno
 
-    import privtune.pipeline as pipeline
+    import privtune.run.release as pipeline
     from privtune.cli import main
 
     real = pipeline.write_json

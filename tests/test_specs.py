@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import privtune
-from privtune import pipeline, specs
+from privtune import specs
 from privtune.errors import InvalidParameterError, PrivtuneError
 from privtune.specs import ClippingSpec, LoraSpec, OptimizerSpec, PrivacySpec, ScheduleSpec
 
@@ -145,14 +145,16 @@ def test_train_and_tune_release_through_the_one_run_dir_writer(tmp_path, monkeyp
     from privtune.models.testing import make_toy_text_files
 
     files = make_toy_text_files(tmp_path / "data", {"train": ("train.tsv", 60, 0), "public": ("public.tsv", 20, 1)})
+    from privtune.run import release
+
     commands = []
-    real = pipeline.write_release
+    real = release.write_release
 
     def spy(run_dir, **kw):
         commands.append(kw["command"])
         return real(run_dir, **kw)
 
-    monkeypatch.setattr(pipeline, "write_release", spy)
+    monkeypatch.setattr(release, "write_release", spy)
     privtune.train(files["train"], model=files["model"], mode="last-layer", epsilon=2.0, delta=1e-3, steps=2,
                    batch_size=20, ledger=f"sqlite:///{tmp_path / 'train.db'}", output_dir=tmp_path / "train", progress=False, labels=[0, 1])
     privtune.tune(files["train"], public_eval_data=files["public"], model=files["model"], mode="last-layer",
@@ -172,7 +174,7 @@ def test_tune_publishes_the_ledger_url_with_its_password_masked(tmp_path, monkey
     from privtune.ledger import Ledger
     from privtune.models.testing import make_toy_text_files
 
-    tune_mod = importlib.import_module("privtune.hpo.tune")
+    ledger_mod = importlib.import_module("privtune.ledger.ledger")  # open_ledger builds the Ledger there
     files = make_toy_text_files(tmp_path / "data", {"train": ("train.tsv", 60, 0), "public": ("public.tsv", 20, 1)})
     local = f"sqlite:///{tmp_path / 'l.db'}"
 
@@ -180,7 +182,7 @@ def test_tune_publishes_the_ledger_url_with_its_password_masked(tmp_path, monkey
         def __init__(self, url, **kw):
             super().__init__(local, **kw)
 
-    monkeypatch.setattr(tune_mod, "Ledger", LocalLedger)
+    monkeypatch.setattr(ledger_mod, "Ledger", LocalLedger)
     r = privtune.tune(files["train"], public_eval_data=files["public"], model=files["model"], mode="last-layer",
                       strategy="single-step", epsilon=2.0, delta=1e-3, output_dir=tmp_path / "run", quiet=True,
                       labels=[0, 1], ledger="postgresql://alice:s3cret@db.example/privtune")

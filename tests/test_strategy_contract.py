@@ -3,11 +3,15 @@
 Parametrised over :data:`privtune.hpo.registry.REGISTRY`, so a new strategy is checked as soon as it is
 registered: its plan exists before any data is read or anything reserved, what it runs is covered by that
 plan, the certificate stays within the total, unknown options are refused before anything is spent, and the
-reported split never reaches a selector.  Tiny model, last-layer mode on cached features: seconds each.
+reported split never reaches a selector; the backend and selector a strategy gets implement the declared
+protocols (:class:`privtune.hpo.backends.Backend`, :class:`privtune.hpo.common.Scorer`).  Tiny model
+(:mod:`privtune.models.testing`), last-layer mode on cached features and every model mode a strategy offers
+among BiTFiT and LoRA: seconds each.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -22,6 +26,11 @@ from privtune.models.testing import make_toy_text_dataset, make_toy_text_files
 TOTAL_EPSILON, DELTA = 2.0, 1e-3
 #: keeps the runs small (a strategy's defaults are sized for real data); every other option is its default
 FAST_OPTIONS = {"random-search": {"trials": 3}}
+#: tune() overrides that keep a model-mode run small (one epoch of a few batches; two trials a sweep)
+FAST_MODEL = {"epochs": 1, "batch_size": 40}
+MODEL_MODES = ("bitfit", "lora")
+CASES = [(name, "last-layer") for name in STRATEGIES] + [
+    (name, mode) for name in STRATEGIES for mode in MODEL_MODES if mode in REGISTRY[name].modes]
 
 
 @pytest.fixture(scope="module")
@@ -30,10 +39,14 @@ def files(tmp_path_factory):
         "train": ("train.tsv", 120, 0), "public": ("public.tsv", 40, 1), "dev": ("dev.tsv", 30, 2)})
 
 
-def _tune(files, tmp_path, name, **kw):
-    args = dict(eval_data=files["dev"], public_eval_data=files["public"], model=files["model"], mode="last-layer",
+def _tune(files, tmp_path, name, mode="last-layer", **kw):
+    args = dict(eval_data=files["dev"], public_eval_data=files["public"], model=files["model"], mode=mode,
                 strategy=name, epsilon=TOTAL_EPSILON, delta=DELTA, ledger=f"sqlite:///{tmp_path / 'l.db'}",
                 output_dir=tmp_path / "run", seed=0, quiet=True, strategy_options=dict(FAST_OPTIONS.get(name, {})))
+    if mode != "last-layer":
+        args.update(FAST_MODEL)
+        if "trials" in REGISTRY[name].overrides.get("model", ()):
+            args["trials"] = 2
     args.update(kw)
     return privtune.tune(files["train"], **args)
 
@@ -46,22 +59,23 @@ def test_the_registry_is_the_one_list_of_strategies():
         assert all(set(v) <= set(common.OVERRIDE_NAMES) for v in strategy.overrides.values())
 
 
-@pytest.mark.parametrize("name", STRATEGIES)
-def test_strategy_contract(files, tmp_path, monkeypatch, name):
+@pytest.mark.parametrize("name, mode", CASES)
+def test_strategy_contract(files, tmp_path, monkeypatch, name, mode):
     import privtune.finetune as ft
+    from privtune.hpo import backends
     from privtune.ledger import Ledger
     from privtune.models.classifier import Classifier
 
     strategy = REGISTRY[name]
     dev_texts = set(make_toy_text_dataset(30, seed=2).texts)
     log: list[tuple[str, bool]] = []  # (what happened, whether it touched the reported split's rows)
-    plans, outcomes = [], []
+    plans, run_plans, outcomes = [], [], []
 
     def touches_dev(data) -> bool:
         return bool(set(getattr(data, "texts", None) or []) & dev_texts)
 
     orig_plan, orig_run = strategy.plan, strategy.run
-    orig_cache, orig_pred = ft.cache_features, Classifier.predict_logits
+    orig_cache, orig_pred, orig_fit = ft.cache_features, Classifier.predict_logits, backends.fit
     orig_sel_init, orig_score, orig_reserve = common.Selector.__init__, common.Selector.score, Ledger.reserve
 
     def plan(cfg, mode, request):
@@ -69,14 +83,21 @@ def test_strategy_contract(files, tmp_path, monkeypatch, name):
         plans.append(orig_plan(cfg, mode, request))
         return plans[-1]
 
-    def run(backend, selector, cfg, p, **kw):
+    def run(backend, selector, p, **kw):
         log.append(("run", False))
-        outcomes.append(orig_run(backend, selector, cfg, p, **kw))
+        run_plans.append(p)
+        assert isinstance(backend, backends.Backend), type(backend)
+        assert selector is None or isinstance(selector, common.Scorer), type(selector)
+        outcomes.append(orig_run(backend, selector, p, **kw))
         return outcomes[-1]
 
     def cache(model, ds, **kw):
         log.append(("read data", touches_dev(ds)))
         return orig_cache(model, ds, **kw)
+
+    def fit(model, train_set, **kw):  # a model mode reads the private rows when it first trains
+        log.append(("read data", touches_dev(train_set)))
+        return orig_fit(model, train_set, **kw)
 
     def pred(self, ds, **kw):
         log.append(("predict", touches_dev(ds)))
@@ -97,13 +118,22 @@ def test_strategy_contract(files, tmp_path, monkeypatch, name):
     monkeypatch.setattr(strategy, "plan", plan)
     monkeypatch.setattr(strategy, "run", run)
     monkeypatch.setattr(ft, "cache_features", cache)
+    monkeypatch.setattr(backends, "fit", fit)
     monkeypatch.setattr(Classifier, "predict_logits", pred)
     monkeypatch.setattr(common.Selector, "__init__", sel_init)
     monkeypatch.setattr(common.Selector, "score", score)
     monkeypatch.setattr(Ledger, "reserve", reserve)
 
-    r = _tune(files, tmp_path, name)
+    r = _tune(files, tmp_path, name, mode)
+    assert r.metrics["mode"] == mode
     kinds = [k for k, _ in log]
+
+    # 0. plans are immutable: a strategy's plan is its own frozen dataclass, without an untyped details dict
+    for planned in plans:
+        assert dataclasses.is_dataclass(planned) and not hasattr(planned, "details")
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            planned.notes = []
+        assert planned.config is not None  # the strategy config the run executes rides in the typed plan
 
     # 1. the plan exists before any data is read (features cached) and before anything is reserved
     assert "plan" in kinds and "read data" in kinds, log
@@ -133,12 +163,14 @@ def test_strategy_contract(files, tmp_path, monkeypatch, name):
     # 2. what ran is covered by the plan that was reserved
     (p,) = plans
     (outcome,) = outcomes
+    (armed,) = run_plans  # what runs is the reserved plan, a copy armed with the reservation's cover
+    assert armed.events == p.events and armed.planned_epsilon() == p.planned_epsilon() and p.covered is None
     planned = p.planned_epsilon()
     assert compute_epsilon(events, DELTA, accountant=p.accountant) <= planned * (1 + 1e-9)
     ran = (list(outcome.certificate_events) if outcome.certificate_events is not None
            else [e for t in outcome.trials for e in t.events] + list(outcome.final_events))
     assert common.epsilon_of(ran, DELTA, p.accountant) <= planned * (1 + 1e-9)
-    assert p.covered is not None and p.covered(events)
+    assert armed.covered is not None and armed.covered(events)
 
     # 3. certificate ε ≤ the total, and the ledger was charged exactly the certificate's events
     assert r.certificate.epsilon <= TOTAL_EPSILON * (1 + 1e-9) and cert["epsilon"] <= TOTAL_EPSILON * (1 + 1e-9)

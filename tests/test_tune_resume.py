@@ -119,8 +119,9 @@ def test_resume_model_modes_mode_auto_hyperfree(files, tmp_path, monkeypatch):
     assert "seed" not in (out / "config.yaml").read_text()  # the OS seed is never written to a shareable file
     fit.reset()
     res = privtune.tune(files["train"], ledger=url, output_dir=out, resume=True, **args)
-    # recomputed: the interrupted pilot, and hyperfree's three η-placement trials when a model mode won
-    assert fit.calls == 1 + (3 if res.metrics["mode"] != "last-layer" else 0)
+    # recomputed: the interrupted pilot, hyperfree's three η-placement trials when a model mode won, and the
+    # final run (never stored: recomputed from its seed; it runs through the backend too)
+    assert fit.calls == 1 + (3 if res.metrics["mode"] != "last-layer" else 0) + 1
     assert res.metrics["resumed"] == {"replayed_trials": 2}
     (entry,) = _entries(url, res.metrics["dataset_id"])
     assert entry.state == "committed" and entry.resumed == 1 and not (out / STATE_FILE).exists()

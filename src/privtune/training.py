@@ -6,7 +6,7 @@
   N(0, σ²C²) once per logical batch, division by the expected batch size q·N), gradient accumulation
   over physical micro-batches.  No ledger, no files: it returns a :class:`FitResult` with the privacy
   events of what it did.  Hyperparameter tuning (:mod:`privtune.hpo`) calls it for every trial.
-* :func:`train` is a complete run: validate every argument, load and check the data and the model,
+* :func:`train` is a complete run (a :class:`TrainJob` run by :func:`privtune.run.pipeline.execute`): validate every argument, load and check the data and the model,
   calibrate σ from (ε, δ) when asked, **reserve the planned events in the ledger before any
   computation on the data**, fit with progress and checkpoints (exact resume), evaluate, release
   ``RUN_DIR`` (model, certificate, metrics, history, config, log: staged, then moved into place)
@@ -25,6 +25,7 @@ sums some gradients in no fixed order).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import secrets
@@ -38,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from privtune import _release, pipeline
+from privtune import _release
 from privtune._validation import (
     check_backbone_lr_scale,
     check_choice,
@@ -48,10 +49,12 @@ from privtune._validation import (
     check_steps,
 )
 from privtune.accounting.events import SAMPLING_SCHEMES as SAMPLINGS
+from privtune.accounting.certificate import neighbouring_relation
 from privtune.accounting.events import DPSGDEvent, NonPrivateEvent
 from privtune.engine import distributed
 from privtune.engine.private_gradient import CLIPPINGS
 from privtune.engine.sampling import check_shuffle_batching
+from privtune.engine.step import DPStep, MicroBatch
 from privtune.engine.units import DEFAULT_MAX_ROWS_PER_UNIT, checked_units, unit_description
 from privtune.errors import (DataError, InvalidParameterError, ModelError, OneClassModelWarning, PrivtuneError,
                              UnlikelyToLearnWarning)
@@ -61,7 +64,12 @@ from privtune.ledger import check_ledger_argument, open_ledger
 from privtune.models import resolve_device
 from privtune.optim import OPTIMIZERS
 from privtune.report.progress import BATCH_LOSS_LABEL
+from privtune.run import pipeline as run_pipeline
+from privtune.run import release
+from privtune.run.budget import BudgetRequest
+from privtune.run.inputs import check_training_split, load_split
 from privtune.specs import ClippingSpec, LoraSpec, OptimizerSpec, PrivacySpec, ScheduleSpec
+from privtune.tasks import task_for
 
 NOT_PRIVATE_LOSS = (
     "NOT PRIVATE: mean loss of each sampled batch, computed without noise (monitoring only; "
@@ -72,8 +80,6 @@ CHECKPOINT_FILE = "checkpoint.pt"
 #: the certificate's note of a run that registered its dataset in the ledger (the CLI says it with the command
 #: that raises the total instead)
 REGISTERED_NOTE = "dataset registered in the ledger by this run"
-_RELEASED_FILES = ("certificate.json", "metrics.json", "history.json", "config.yaml", "report.html", "log.txt")
-_RELEASED_DIRS = ("model", "checkpoints")
 
 
 # ============================================================================================ results
@@ -430,7 +436,7 @@ class _Loop:
         self.stopped_early = False  # a callback stopped the run before its planned steps
         self.seconds = 0.0
         self.diag = {"norms": [], "labels": [], "layer_norms": []} if clipping_diagnostics else None
-        self.pg = None
+        self.pg: DPStep | None = None
         self.opt = None
         self._setup_phase(0, first=True)
 
@@ -578,6 +584,17 @@ class _Loop:
         return compute_epsilon(self.events(), self.delta, accountant=self.accountant)
 
     # -- one step
+    def _micro_batch(self, chunk: torch.Tensor, y: torch.Tensor, start: int | None = None,
+                     row_weights: torch.Tensor | None = None) -> MicroBatch:
+        """The rows ``chunk`` as the DP step sees them; ``start``: the rows are ``start, start + 1, …`` (a full
+        batch), so cached features are read as a view (no gather copy: head trials are many and short)."""
+        def features() -> tuple[torch.Tensor, torch.Tensor]:
+            rows = slice(start, start + chunk.numel()) if start is not None else chunk
+            return self.data.features[rows].to(self.device), self.feature_sq_norms[rows].to(self.device)
+
+        return MicroBatch(labels=y, logits=lambda: _forward(self.model, self.module, self.data, chunk),
+                          features=features if _is_features(self.data) else None, row_weights=row_weights)
+
     def _one_step(self) -> StepInfo:
         t0 = time.perf_counter()
         idx = self.stream.next()
@@ -588,18 +605,10 @@ class _Loop:
         loss_sum, count, batch_losses = 0.0, 0, []
         for s in range(0, idx.numel(), self.max_phys):
             chunk = idx[s : s + self.max_phys]
-            w = None if weights is None else weights[s : s + self.max_phys]
             full = self.sampler_is_full_batch
             y = (self.labels[s : s + self.max_phys] if full else self.labels[chunk]).to(self.device)
-            if hasattr(self.pg, "accumulate"):  # closed-form linear head on cached features
-                # a full batch reads a view of the features (no gather copy: head trials are many and short)
-                X = self.data.features[s : s + self.max_phys] if full else self.data.features[chunk]
-                sq = self.feature_sq_norms[s : s + self.max_phys] if full else self.feature_sq_norms[chunk]
-                losses, norms = self.pg.accumulate(X.to(self.device), y, sq_norms=sq.to(self.device), row_weights=w)
-            else:
-                logits = _forward(self.model, self.module, self.data, chunk)
-                losses = F.cross_entropy(logits, y, reduction="none")
-                norms = self.pg.backward(losses, row_weights=w)
+            w = None if weights is None else weights[s : s + self.max_phys]
+            losses, norms = self.pg.accumulate_batch(self._micro_batch(chunk, y, s if full else None, w))
             # NOT PRIVATE monitoring: a NaN/inf loss (its term was dropped by the DP step) is not summed
             loss_sum += float(losses.detach().nan_to_num(0.0, 0.0, 0.0).sum())
             if self.hooks:  # a hook may need the losses at these parameters (hyperfree's L0): no second forward
@@ -608,7 +617,7 @@ class _Loop:
             if self.diag is not None:
                 self.diag["norms"].append(norms.detach().double().cpu())
                 self.diag["labels"].append(self.labels[chunk].clone())
-                layer = getattr(self.pg, "last_layer_norms", None) if self.per_layer else None
+                layer = self.pg.last_layer_norms if self.per_layer else None
                 if layer is not None and chunk.numel():
                     self.diag.setdefault("layer_norms", []).append(layer.detach().double().cpu())
         released = self.pg.release()
@@ -669,17 +678,14 @@ class _Loop:
         """Seed 003 diagnostics from the norms seen during training (+ MSE-optimal C on a sample). NOT PRIVATE."""
         if self.diag is None or not self.diag["norms"]:
             return None
-        from privtune.engine import clipping_diagnostics, optimal_clip_mse, per_example_gradients
+        from privtune.engine import clipping_diagnostics, optimal_clip_mse
 
         norms = torch.cat(self.diag["norms"]).double()
         labels = torch.cat(self.diag["labels"])
-        gamma = float(getattr(self.pg, "gamma", 0.01))
+        gamma = float(self.pg.gamma)
         layer_norms = None
-        if self.per_layer:
-            if hasattr(self.pg, "accumulate"):  # one nn.Linear head is one layer: C/sqrt(1) = C
-                layer_norms = norms[:, None]
-            elif self.diag.get("layer_norms"):
-                layer_norms = torch.cat(self.diag["layer_norms"])
+        if self.per_layer and self.diag.get("layer_norms"):
+            layer_norms = torch.cat(self.diag["layer_norms"])
         out = clipping_diagnostics(norms, self.clip, labels=labels, num_classes=int(self.labels.max()) + 1,
                                    clipping=self.clipping, gamma=gamma, layer_norms=layer_norms)
         out["note"] = ("per-example gradient norms of private training examples seen during training, without "
@@ -707,21 +713,7 @@ class _Loop:
             self.data) else 32)]]
         if n_params * sample.numel() <= 5e7:
             with torch.enable_grad():
-                if hasattr(self.pg, "accumulate"):
-                    X, y = self.data.features[sample].to(self.device), self.labels[sample].to(self.device)
-                    resid = torch.softmax(self.module(X), 1).detach()
-                    resid[torch.arange(y.numel(), device=y.device), y] -= 1.0
-                    parts = []
-                    if self.module.weight.requires_grad:
-                        parts.append((resid[:, :, None] * X[:, None, :]).flatten(1))
-                    if self.module.bias is not None and self.module.bias.requires_grad:
-                        parts.append(resid)
-                    G = torch.cat(parts, 1)
-                else:
-                    with self.pg.paused():
-                        logits = _forward(self.model, self.module, self.data, sample)
-                        losses = F.cross_entropy(logits, self.labels[sample].to(logits.device), reduction="none")
-                        G = per_example_gradients(losses, params)
+                G = self.pg.example_gradients(self._micro_batch(sample, self.labels[sample].to(self.device)))
             opt = optimal_clip_mse(G, self.sigma)
             out["mse_optimal_clip"] = {"C": opt["C"], "sample_size": int(sample.numel()),
                                        "noise_multiplier": self.sigma, "label": "NOT PRIVATE"}
@@ -879,8 +871,6 @@ def _checked_loop_options(
     """Validate :func:`fit`'s privacy, schedule and clipping options (in this order, so the first bad one is the
     one reported) and return them as :class:`_Loop` keyword arguments.
 
-    ``units`` is ``(privacy_unit, max_rows_per_unit)`` (:func:`privtune.engine.units.checked_units`, checked before
-    the row-level sampling checks: a privacy unit refuses shuffling whatever N and B).
     The sample rate q is returned as the rate the sampler really uses: ``round(q·N)/N`` for ``sampling="shuffle"``
     and ``sampling="full_batch"`` for Poisson sampling with q = 1.
     """
@@ -893,7 +883,7 @@ def _checked_loop_options(
     clipping = check_choice(clipping, "clipping", CLIPPINGS)
     optimizer = check_choice(optimizer, "optimizer", OPTIMIZERS)
     sampling = check_choice(sampling, "sampling", SAMPLINGS)
-    unit_index = checked_units(units[0], len(train_set), units[1], sampling)
+    unit_index = checked_units(units[0], len(train_set), units[1], sampling)  # before the row-level sampling checks
     if sampling == "full_batch" and q != 1.0:
         raise InvalidParameterError(f"`sample_rate` must be 1.0 for sampling='full_batch'. Got {q!r}.")
     if q == 1.0 and sampling == "poisson":
@@ -1130,106 +1120,319 @@ def train(
     -------
     TrainResult
     """
-    from privtune.finetune import apply_mode
-
-    # ---------------------------------------------------------------- 1. arguments (no data yet)
+    # ---------------------------------------------------------------- validate (no data yet); then the pipeline
     mode = check_choice(mode, "mode", MODES)
-    privacy = PrivacySpec(epsilon=epsilon, delta=delta, noise_multiplier=noise_multiplier, accountant=accountant)
-    schedule = ScheduleSpec(epochs=epochs, steps=steps, batch_size=batch_size, sampling=sampling,
-                            assume_poisson=assume_poisson, max_physical_batch_size=max_physical_batch_size)
-    optim = OptimizerSpec(name=optimizer, learning_rate=learning_rate, momentum=momentum,
-                          weight_decay=weight_decay, backbone_lr_scale=backbone_lr_scale).for_mode(mode)
-    clipping_spec = ClippingSpec(clip=clip, clipping=clipping, per_layer=per_layer_clipping).with_defaults()
-    lora = LoraSpec.for_mode(mode, lora_rank, lora_alpha, lora_target_modules)
-    if checkpoint_every is not None:
-        checkpoint_every = check_int(checkpoint_every, "checkpoint_every", low=1)
-    if eval_every is not None:
-        eval_every = check_int(eval_every, "eval_every", low=1)
-    if seed is not None:
-        seed = check_int(seed, "seed", low=0, high=2**62)
-    if phase1_epochs is not None and mode != "two-phase":
-        raise InvalidParameterError(f"`phase1_epochs` only applies to mode='two-phase'. Got mode={mode!r}.")
-    if optim.backbone_lr_scale != 1.0 and mode == "last-layer":
-        raise InvalidParameterError(
-            f"`backbone_lr_scale` only applies to modes that train more than the head. Got mode='last-layer' with "
-            f"backbone_lr_scale={optim.backbone_lr_scale:g}. Drop it, or train mode 'full', 'bitfit', 'lora' or "
-            "'two-phase'.")
-    from privtune.models import resolve_device  # lazy: privtune.models imports this module
+    request = _TrainRequest(
+        data=data, eval_data=eval_data, model=model, mode=mode, labels=labels, text_column=text_column,
+        label_column=label_column, pooling=pooling, max_length=max_length,
+        privacy=PrivacySpec(epsilon=epsilon, delta=delta, noise_multiplier=noise_multiplier, accountant=accountant),
+        schedule=ScheduleSpec(epochs=epochs, steps=steps, batch_size=batch_size, sampling=sampling,
+                              assume_poisson=assume_poisson, max_physical_batch_size=max_physical_batch_size),
+        optim=OptimizerSpec(name=optimizer, learning_rate=learning_rate, momentum=momentum,
+                            weight_decay=weight_decay, backbone_lr_scale=backbone_lr_scale).for_mode(mode),
+        clipping=ClippingSpec(clip=clip, clipping=clipping, per_layer=per_layer_clipping).with_defaults(),
+        lora=LoraSpec.for_mode(mode, lora_rank, lora_alpha, lora_target_modules),
+        phase1_epochs=phase1_epochs, phase1_learning_rate=phase1_learning_rate,
+        checkpoint_every=None if checkpoint_every is None else check_int(checkpoint_every, "checkpoint_every", low=1),
+        eval_every=None if eval_every is None else check_int(eval_every, "eval_every", low=1),
+        seed=None if seed is None else check_int(seed, "seed", low=0, high=2**62),
+        ledger=ledger, output_dir=output_dir, resume=resume, progress=progress,
+        clipping_diagnostics=clipping_diagnostics, config=config, device=device,
+        privacy_unit=(privacy_unit, max_rows_per_unit))
+    return run_pipeline.execute(TrainJob(request))
 
-    device_arg, device = device, resolve_device(device)
-    check_ledger_argument(ledger)
-    group = distributed.current(device)  # a data-parallel run (torchrun, or inside a process group); None: one process
-    if group is not None:
-        device = group.local_device(device)
-    # only rank 0 of a data-parallel run has a RUN_DIR: it alone writes it, the ledger and the certificate
-    out, ckpt_path = _on_rank0(group, lambda: _check_run_dir_args(output_dir, resume), unshare=lambda _: (None, None))
 
-    # ---------------------------------------------------------------- 2. data and model (validated, no budget)
-    # the label set is public input (released as the head's shape and names): never read from private rows,
-    # and no check depends on which classes the rows happen to contain
-    train_set, eval_set, clf, privacy, units = _load_train_inputs(
-        data, eval_data, model, labels, privacy, text_column=text_column, label_column=label_column,
-        pooling=pooling, max_length=max_length, seed=seed, privacy_unit=(privacy_unit, max_rows_per_unit, sampling))
-    n, delta = len(train_set), privacy.delta
-    mode_info = apply_mode(clf, mode, **_lora_arguments(lora))
-    _dry_run_engine(clf, clipping_spec)  # unsupported modules fail here, before the ledger reservation
-    clf.to(device)
+@dataclass(frozen=True)
+class _TrainRequest:
+    """:func:`train`'s arguments as typed specs, built once at the front door (validated by
+    :meth:`TrainJob.load` before any data is read)."""
 
-    # ---------------------------------------------------------------- 3. plan: q, T, σ, events
-    sched = _plan_schedule(n if units is None else units.num_units, mode, privacy, schedule, optim, phase1_epochs=phase1_epochs,
-                           phase1_learning_rate=phase1_learning_rate)
-    planned, planned_eps = sched.planned, sched.planned_epsilon
-    hyper = _hyperparameters(mode, sched, privacy, schedule, optim, clipping_spec, mode_info, lora, seed,
-                             units and unit_description(units, max_rows_per_unit))
-    from privtune.ledger import dataset_identity
+    data: Any
+    eval_data: Any
+    model: Any
+    mode: str
+    labels: Any
+    text_column: str | None
+    label_column: str | None
+    pooling: str
+    max_length: int | None
+    privacy: PrivacySpec
+    schedule: ScheduleSpec
+    optim: OptimizerSpec
+    clipping: ClippingSpec
+    lora: LoraSpec | None
+    phase1_epochs: float | None
+    phase1_learning_rate: float | None
+    checkpoint_every: int | None
+    eval_every: int | None
+    seed: int | None
+    ledger: Any
+    output_dir: Any
+    resume: bool
+    progress: bool
+    clipping_diagnostics: bool
+    config: dict | None
+    device: Any  # as given (None: the default); the resolved device is TrainJob's
+    privacy_unit: tuple = (None, DEFAULT_MAX_ROWS_PER_UNIT)  # (unit column / keys / callable, k); None: one example
 
-    fp, data_file_name = dataset_identity(train_set)
-    if group is not None:  # every rank trains rank 0's plan on the same data, or none does
-        group.agree("the training data and plan", (fp, n, hyper, planned),
-                    describe=lambda v: f"N = {v[1]} and hyperparameters {v[2]}")
 
-    def prepare_and_reserve():  # on rank 0 only in a data-parallel run
-        # ------------------------------------------------------------ 4. run directory and resume state
-        run_id, state, created, fresh_files = _prepare_run_dir(out, ckpt_path, resume, fp, hyper)
-        log = pipeline.run_log(out / "log.txt" if out is not None else None)
-        log(f"{'resume' if resume else 'start'} privtune train: mode={mode} N={n} q={sched.sample_rate:.5g} "
-            f"T={sched.steps} σ={sched.noise_multiplier:.5g} planned ε={planned_eps:.4g} δ={delta:g}"
+@dataclass(frozen=True)
+class _TrainInputs:
+    """The loaded splits, classifier and run context (:meth:`TrainJob.load`)."""
+
+    train_set: Any
+    eval_set: Any
+    clf: Any
+    privacy: PrivacySpec  # δ checked (or defaulted) against the training set's size
+    mode_info: Any
+    fingerprint: str  # the ledger's key: never published
+    file_name: str | None  # the data file's local name (ledger only)
+    device: Any
+    group: Any  # the data-parallel group; None: one process
+    out: Path | None
+    ckpt_path: Path | None
+    units: Any = None  # the privacy units (privtune.engine.units.UnitIndex); None: one example
+
+
+@dataclass(frozen=True)
+class _TrainPlan:
+    schedule: _Schedule
+    hyper: dict  # the published hyperparameters (metrics, certificate, checkpoint comparison)
+
+
+@dataclass(frozen=True)
+class _TrainFiles:
+    """RUN_DIR of a train run (:meth:`TrainJob.prepare`); on ranks other than 0 of a data-parallel run,
+    only the run id and checkpoint state."""
+
+    run_id: str
+    state: Any  # the resumed checkpoint, else None
+    log: Callable[[str], None]
+    created: list = field(default_factory=list)  # removed if the reservation is refused
+    fresh_files: list = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _Trained:
+    loop: Any
+    events: list  # the events actually run (the certificate's)
+    hyper: dict  # the published hyperparameters
+
+
+class TrainJob:
+    """``privtune train`` as a :class:`privtune.run.pipeline.Job`: one DP fine-tuning run with fixed
+    hyperparameters (σ calibrated from (ε, δ), or given)."""
+
+    command = "train"
+
+    def __init__(self, request: _TrainRequest):
+        self.request = request
+        self._group = None  # the data-parallel group, once loaded
+
+    # ------------------------------------------------------------------ load
+    def load(self) -> _TrainInputs:
+        """Validate what needs no data, then load and check the data and model (no budget spent)."""
+        from privtune.finetune import apply_mode
+        from privtune.ledger import dataset_identity
+
+        r = self.request
+        if r.phase1_epochs is not None and r.mode != "two-phase":
+            raise InvalidParameterError(f"`phase1_epochs` only applies to mode='two-phase'. Got mode={r.mode!r}.")
+        if r.optim.backbone_lr_scale != 1.0 and r.mode == "last-layer":
+            raise InvalidParameterError(
+                f"`backbone_lr_scale` only applies to modes that train more than the head. Got mode='last-layer' "
+                f"with backbone_lr_scale={r.optim.backbone_lr_scale:g}. Drop it, or train mode 'full', 'bitfit', "
+                "'lora' or 'two-phase'.")
+        device = resolve_device(r.device)
+        check_ledger_argument(r.ledger)
+        group = distributed.current(device)  # a data-parallel run (torchrun, or a process group); None: one process
+        if group is not None:
+            device = group.local_device(device)
+        # only rank 0 of a data-parallel run has a RUN_DIR: it alone writes it, the ledger and the certificate
+        out, ckpt_path = _on_rank0(group, lambda: _check_run_dir_args(r.output_dir, r.resume),
+                                   unshare=lambda _: (None, None))
+        # the label set is public input (released as the head's shape and names): never read from private rows,
+        # and no check depends on which classes the rows happen to contain
+        train_set, eval_set, clf, privacy, units = _load_train_inputs(
+            r.data, r.eval_data, r.model, r.labels, r.privacy, text_column=r.text_column,
+            label_column=r.label_column, pooling=r.pooling, max_length=r.max_length, seed=r.seed,
+            privacy_unit=(*r.privacy_unit, r.schedule.sampling))
+        mode_info = apply_mode(clf, r.mode, **_lora_arguments(r.lora))
+        _dry_run_engine(clf, r.clipping)  # unsupported modules fail here, before the ledger reservation
+        clf.to(device)
+        fp, file_name = dataset_identity(train_set)
+        return _TrainInputs(train_set=train_set, eval_set=eval_set, clf=clf, privacy=privacy, mode_info=mode_info,
+                            fingerprint=fp, file_name=file_name, device=device, group=group, out=out,
+                            ckpt_path=ckpt_path, units=units)
+
+    # ------------------------------------------------------------------ plan, prepare, reserve
+    def plan(self, inputs: _TrainInputs) -> _TrainPlan:
+        """q, T, σ and the planned events (every rank of a data-parallel run agrees on them)."""
+        r = self.request
+        units = inputs.units  # user level: N_u units stand where the N rows stood (q = B/N_u)
+        sched = _plan_schedule(len(inputs.train_set) if units is None else units.num_units, r.mode, inputs.privacy,
+                               r.schedule, r.optim, phase1_epochs=r.phase1_epochs,
+                               phase1_learning_rate=r.phase1_learning_rate)
+        hyper = _hyperparameters(r.mode, sched, inputs.privacy, r.schedule, r.optim, r.clipping, inputs.mode_info,
+                                 r.lora, r.seed, units and unit_description(units, r.privacy_unit[1]))
+        if inputs.group is not None:  # every rank trains rank 0's plan on the same data, or none does
+            inputs.group.agree("the training data and plan",
+                               (inputs.fingerprint, len(inputs.train_set), hyper, sched.planned),
+                               describe=lambda v: f"N = {v[1]} and hyperparameters {v[2]}")
+        return _TrainPlan(schedule=sched, hyper=hyper)
+
+    def prepare(self, inputs: _TrainInputs, plan: _TrainPlan) -> _TrainFiles:
+        r, sched, out = self.request, plan.schedule, inputs.out
+        run_id, state, created, fresh_files = _prepare_run_dir(out, inputs.ckpt_path, r.resume, inputs.fingerprint,
+                                                               plan.hyper)
+        log = release.run_log(out / "log.txt" if out is not None else None)
+        group = inputs.group
+        log(f"{'resume' if r.resume else 'start'} privtune train: mode={r.mode} N={len(inputs.train_set)} "
+            f"q={sched.sample_rate:.5g} T={sched.steps} σ={sched.noise_multiplier:.5g} "
+            f"planned ε={sched.planned_epsilon:.4g} δ={inputs.privacy.delta:g}"
             + (f" on {group.world_size} processes" if group else ""))
         usefulness.warn(sched.unlikely_to_learn, UnlikelyToLearnWarning, log)  # before the reservation: nothing spent
+        return _TrainFiles(run_id=run_id, state=state, log=log, created=created, fresh_files=fresh_files)
 
-        # ------------------------------------------------------------ 5. ledger reservation, then training
-        led, reservation, registered_now = _reserve_for_train(
-            ledger, fp, planned, hyper, total_epsilon=privacy.epsilon or planned_eps, delta=delta,
-            data_file_name=data_file_name, out=out, run_id=run_id, resume=resume, state=state, log=log,
-            unreserved=(created, fresh_files))
-        return run_id, state, log, led, reservation, registered_now
+    def _total_epsilon(self, inputs: _TrainInputs, plan: _TrainPlan) -> float:
+        return inputs.privacy.epsilon or plan.schedule.planned_epsilon
 
-    run_id, state, log, led, reservation, registered_now = _on_rank0(
-        group, prepare_and_reserve, share=lambda r: (r[0], r[1], r[5]),
-        unshare=lambda s: (s[0], s[1], pipeline.run_log(None), None, None, s[2]))
-    _release.fault_point("after-reserve")
-    prog = _make_progress(progress, out / "log.txt" if out is not None else None, planned_eps)
-    loop, actual = _run_training(
-        clf, train_set, eval_set, hyper, sched.phases, state=state, out=out, ckpt_path=ckpt_path, run_id=run_id,
-        fp=fp, prog=prog, log=log, delta=delta, eval_every=eval_every, device=device,
-        clipping_diagnostics=clipping_diagnostics, checkpoint_every=checkpoint_every, units=units)
+    def budget_request(self, inputs: _TrainInputs, plan: _TrainPlan, files: _TrainFiles) -> BudgetRequest:
+        out = inputs.out
+        return BudgetRequest(
+            fingerprint=inputs.fingerprint, total_epsilon=self._total_epsilon(inputs, plan),
+            delta=inputs.privacy.delta, accountant="pld", command="train",
+            config={"hyperparameters": plan.hyper, "output_dir": str(out) if out else None},
+            resume_key=files.run_id, events=plan.schedule.planned, resuming=bool(self.request.resume),
+            file_name=inputs.file_name, run_dir=out,
+            privacy_unit=(plan.hyper.get("privacy_unit") or {}).get("unit"))
 
-    def certify_and_release():  # on rank 0 only in a data-parallel run; the other ranks get its outcome
-        cert, metrics, history, not_private = _certify(
-            loop, actual, hyper, reservation=reservation, led=led, fp=fp, run_id=run_id, delta=delta,
-            eval_data=eval_data, eval_set=eval_set, mode_info=mode_info, pre_run_warning=sched.unlikely_to_learn,
-            registered_note=(f"{REGISTERED_NOTE} with total ε={privacy.epsilon or planned_eps:.4g}"
-                             if registered_now else None))
-        run_config = None if out is None else config if config is not None else _effective_config(
-            data, eval_data, model, clf, mode, privacy.epsilon, privacy.noise_multiplier, delta, hyper, ledger, out, text_column,
-            label_column, clipping_diagnostics, phase1_epochs, progress, device_arg)
-        _release_and_commit(out, ckpt_path, clf, cert, metrics, history, not_private, run_config, reservation,
-                            actual, log)
-        return cert, metrics, history, not_private
+    def open_ledger(self, inputs: _TrainInputs, files: _TrainFiles) -> tuple[Any, str | None]:
+        led = open_ledger(self.request.ledger)
+        return led, _mask(getattr(led, "url", None))
 
-    cert, metrics, history, not_private = _on_rank0(group, certify_and_release)
-    return TrainResult(model=clf, certificate=cert, metrics=metrics, history=history, output_dir=out,
-                       events=actual, not_private=not_private)
+    def before_reserving(self, inputs: _TrainInputs, files: _TrainFiles) -> None:
+        return None
+
+    def refused(self, files: _TrainFiles) -> None:
+        _release.discard_unreserved(files.created, files.fresh_files)
+
+    def reserved(self, budget: run_pipeline.Budget, inputs: _TrainInputs, plan: _TrainPlan,
+                 files: _TrainFiles) -> None:
+        """Log a registration; a resumed run whose commit is already in the ledger must be at its last step."""
+        state, out, steps = files.state, inputs.out, plan.schedule.steps
+        if budget.registered:
+            st = budget.status
+            files.log(f"dataset {st.dataset_id} registered in the ledger with total ε={st.total_epsilon:.4g}, "
+                      f"δ={st.delta:g}")
+        if budget.reservation is None:  # resume of a run whose release was interrupted after its ledger commit
+            if int(state.get("step", 0)) != steps:
+                raise InvalidParameterError(
+                    f"`resume`: the run in {str(out)!r} is committed in the ledger but its "
+                    f"checkpoint is at step {state.get('step', 0)} of {steps}; it cannot be finished. Its budget is "
+                    "spent.")
+            files.log("resume: the ledger already holds this run's commit; writing its files from the final "
+                      "checkpoint, without a new charge")
+
+    # ------------------------------------------------------------------ run
+    def run(self, inputs: _TrainInputs, plan: _TrainPlan, files: _TrainFiles, budget: Any) -> _Trained:
+        r, out = self.request, inputs.out
+        prog = _make_progress(r.progress, out / "log.txt" if out is not None else None,
+                              plan.schedule.planned_epsilon)
+        loop, actual = _run_training(r, inputs, plan, files, prog)
+        return _Trained(loop=loop, events=actual, hyper=plan.hyper)
+
+    # ------------------------------------------------------------------ certify
+    def describe(self, inputs: _TrainInputs, plan: _TrainPlan, files: _TrainFiles, outcome: _Trained,
+                 budget: Any) -> run_pipeline.Described:
+        import privtune
+
+        r, hyper, loop, seed = self.request, plan.hyper, outcome.loop, self.request.seed
+        registered = ([f"{REGISTERED_NOTE} with total ε={self._total_epsilon(inputs, plan):.4g}"]
+                      if budget.registered else [])
+        metadata = {
+            # the ledger's random dataset id, never a hash of the data (which would let anyone holding the
+            # data minus one row test candidate rows)
+            "command": "train", "mode": r.mode, "hyperparameters": hyper, "dataset_id": budget.dataset_id,
+            "seeds": {"sampler": loop.sampler_seed, "noise": loop.noise_seed, "explicit_seed": seed,
+                      "noise_seed_source": (
+                          "explicit seed (experiments): the noise generator is seeded with seed + 1, the sampler "
+                          "with seed" if seed is not None else
+                          "OS entropy (secrets.randbits): the seeds are never stored or exposed")},
+            "sampling": hyper["sampling"], "assume_poisson": hyper["assume_poisson"], "device": str(loop.device),
+            "run_id": files.run_id, "privtune_version": privtune.__version__,
+            "selection": "none (fixed hyperparameters)", "notes": registered + inputs.mode_info.notes,
+        }
+        return run_pipeline.Described(events=outcome.events, delta=inputs.privacy.delta,
+                                      accountant=hyper["accountant"], metadata=metadata, seed=seed,
+                                      neighbouring=neighbouring_relation((hyper.get("privacy_unit") or {}).get("unit")))
+
+    def figures(self, inputs: _TrainInputs, plan: _TrainPlan, files: _TrainFiles, outcome: _Trained, budget: Any,
+                certificate: Any) -> tuple[dict, dict]:
+        loop, hyper, mode_info = outcome.loop, plan.hyper, inputs.mode_info
+        result = _result(loop)
+        try:
+            remaining = budget.ledger.status(inputs.fingerprint).remaining_epsilon
+        except (PrivtuneError, AttributeError):
+            remaining = None
+        metrics = {
+            "accuracy": result.eval["accuracy"] if result.eval else None,
+            "eval_loss": result.eval["loss"] if result.eval else None,
+            "epsilon": certificate.epsilon, "delta": inputs.privacy.delta, "mode": self.request.mode,
+            "strategy": None, "hyperparameters": hyper,
+            "reported_split": release.split_name(self.request.eval_data) if inputs.eval_set is not None else None,
+            "selection": "none (fixed hyperparameters)", "dataset_id": budget.dataset_id,
+            "ledger_url": budget.ledger_url, "ledger_remaining_epsilon": remaining,
+            "ledger_registered_new_dataset": budget.registered,
+            "trainable_parameters": mode_info.num_trainable, "total_parameters": mode_info.num_total,
+            # wall time and steps are data-independent; the exact example count is not (Σ_t |S_t|): NOT PRIVATE
+            "train_seconds": result.seconds,
+            "steps_per_second": loop.step / result.seconds if result.seconds else None,
+            "examples_per_second": result.examples_per_second,
+            "nonfinite_examples_dropped": result.nonfinite_examples,  # NOT PRIVATE: moved to not_private/
+            "steps": loop.step, "device": str(loop.device),
+        }
+        _check_predictions(metrics, result.eval, getattr(loop.model, "label_names", None),
+                           plan.schedule.unlikely_to_learn)
+        history = {"final_run": result.history, "trials": [], "strategy": {"name": "fixed"}}
+        if result.clipping_diagnostics is not None:
+            history["clipping_diagnostics"] = result.clipping_diagnostics
+        return metrics, history
+
+    # ------------------------------------------------------------------ write, commit
+    def release_target(self, inputs: _TrainInputs, files: _TrainFiles, outcome: _Trained) -> run_pipeline.ReleaseTarget:
+        r, out = self.request, inputs.out
+        config = None if out is None else r.config if r.config is not None else _effective_config(
+            r, inputs, outcome.hyper, out)
+        return run_pipeline.ReleaseTarget(run_dir=out, model=inputs.clf, config=config, log=files.log,
+                                          private_files=[inputs.ckpt_path] if out is not None else [])
+
+    # ------------------------------------------------------------------ around the stages
+    def session(self, inputs: _TrainInputs):
+        self._group = inputs.group  # the stages after load run on rank 0 only where on_main says so
+        return contextlib.nullcontext()
+
+    def on_main(self, stage: str, fn: Callable[[], Any]) -> Any:
+        group = self._group
+        if stage == "prepare":
+            return _on_rank0(group, fn, share=lambda f: (f.run_id, f.state),
+                             unshare=lambda s: _TrainFiles(run_id=s[0], state=s[1], log=release.run_log(None)))
+        if stage == "reserve":
+            return _on_rank0(group, fn, share=lambda b: b.registered,
+                             unshare=lambda registered: run_pipeline.Budget(registered=registered))
+        return _on_rank0(group, fn)
+
+    def result(self, inputs: _TrainInputs, plan: _TrainPlan, files: _TrainFiles, outcome: _Trained,
+               released: run_pipeline.Released) -> TrainResult:
+        cert, metrics = released.certificate, released.metrics
+        if inputs.group is None or inputs.group.is_main:  # the release and its log are rank 0's
+            # released: now say when the model predicts nearly one class (after a failed write the error comes alone)
+            usefulness.warn(usefulness.one_class_message(metrics.get("majority_prediction")), OneClassModelWarning,
+                            files.log)
+            if inputs.out is not None:
+                files.log(f"done: ε={cert.epsilon:.4g} δ={cert.delta:g} accuracy={metrics['accuracy']}")
+        return TrainResult(model=inputs.clf, certificate=cert, metrics=metrics, history=released.history,
+                           output_dir=inputs.out, events=outcome.events, not_private=released.not_private)
 
 
 def _on_rank0(group, fn: Callable[[], Any], share: Callable[[Any], Any] = lambda r: r,
@@ -1248,7 +1451,7 @@ def _check_run_dir_args(output_dir: Any, resume: bool) -> tuple[Path | None, Pat
     out = Path(output_dir).expanduser() if output_dir is not None else None
     ckpt_path = out / "checkpoints" / CHECKPOINT_FILE if out is not None else None
     if out is not None:
-        _release.check_output_path(out, _RELEASED_FILES, _RELEASED_DIRS)
+        _release.check_output_path(out, release.RELEASED_FILES, release.RELEASED_DIRS)
     if resume:
         if out is None:
             raise InvalidParameterError("`resume=True` needs `output_dir` (the RUN_DIR of the interrupted run).")
@@ -1276,21 +1479,22 @@ def _load_train_inputs(data, eval_data, model, labels, privacy: PrivacySpec, *, 
 
     ``privacy_unit`` is ``(unit, k, sampling)`` (unit None: example level).  Returns ``(train_set, eval_set,
     classifier, privacy, units)``; δ defaults from the training set size, or the number of units N_u."""
-    from privtune.data import load_dataset
     from privtune.data.datasets import check_disjoint, declared_label_set
-    from privtune.models import load_classifier
     from privtune.models.classifier import check_model_label_set
 
     num_labels, label_names, label_source = declared_label_set(labels, model=model)
-    train_set = load_dataset(data, text_column, label_column, num_labels=num_labels, label_names=label_names)
-    if not train_set.has_labels:
-        raise DataError("The training data has no labels. Pass a file with a label column.")
+    if data is None:
+        raise InvalidParameterError("`data` is required: the private training data (a file or a dataset).")
+    train_set = load_split(data, "data", text_column=text_column, label_column=label_column, num_labels=num_labels,
+                           label_names=label_names)
+    check_training_split(train_set)
+    task = task_for(train_set)  # the training data's input kind picks the task: its splits, model, metrics
     n = len(train_set)
     eval_set = None
     if eval_data is not None:
-        eval_set = load_dataset(eval_data, text_column, label_column, num_labels=num_labels,
-                                label_names=label_names)
-        if not eval_set.has_labels:
+        eval_set = task.load_split(eval_data, "eval_data", text_column=text_column, label_column=label_column,
+                                   num_labels=num_labels, label_names=label_names, labelled=False)
+        if getattr(eval_set, "labels", None) is None:
             raise DataError("`eval_data` has no labels; evaluation needs a label column.")
         check_disjoint(train_set, eval_set, "eval_data")  # accuracy on training rows is not held-out (nor private)
     units = None
@@ -1302,11 +1506,8 @@ def _load_train_inputs(data, eval_data, model, labels, privacy: PrivacySpec, *, 
             check_unit_delta(privacy.delta, units.num_units, units.name)
         n = units.num_units
     privacy = privacy.for_dataset(n)
-    if isinstance(model, nn.Module):
-        clf = model
-    else:
-        clf = load_classifier(model, num_labels=num_labels, pooling=pooling,
-                              label_names=label_names, max_length=max_length, seed=seed)
+    clf = task.build_model(model, num_labels=num_labels, pooling=pooling, label_names=label_names,
+                           max_length=max_length, seed=seed)
     check_model_label_set(clf, num_labels, label_names, label_source)
     if getattr(clf, "kind", "text") != train_set.kind:
         raise DataError(f"The model takes {clf.kind} inputs but the training data is {train_set.kind}.")
@@ -1417,7 +1618,7 @@ def _prepare_run_dir(out: Path | None, ckpt_path: Path | None, resume: bool, fp:
     if out is not None:
         # every output path is checked and the directory proven writable before anything is charged
         log_existed = (out / "log.txt").exists()
-        created = _release.prepare_output_dir(out, _RELEASED_FILES, _RELEASED_DIRS)
+        created = _release.prepare_output_dir(out, release.RELEASED_FILES, release.RELEASED_DIRS)
         if not log_existed:
             fresh_files.append(out / "log.txt")
         if not (out / "checkpoints").exists():
@@ -1449,10 +1650,13 @@ def _prepare_run_dir(out: Path | None, ckpt_path: Path | None, resume: bool, fp:
     return run_id, state, created, fresh_files
 
 
-def _run_training(clf, train_set, eval_set, hyper: dict, phases: list, *, state, out, ckpt_path, run_id, fp,
-                  prog, log, delta, eval_every, device, clipping_diagnostics, checkpoint_every, units=None):
+def _run_training(r: _TrainRequest, inputs: _TrainInputs, plan: _TrainPlan, files: _TrainFiles, prog: Any):
     """Train under the reservation (from the checkpoint ``state`` of a resumed run), saving checkpoints
     into ``ckpt_path``; returns the loop and the events it actually ran."""
+    clf, train_set, eval_set, out, ckpt_path = inputs.clf, inputs.train_set, inputs.eval_set, inputs.out, inputs.ckpt_path
+    hyper, phases, state, run_id, log = plan.hyper, plan.schedule.phases, files.state, files.run_id, files.log
+    fp, delta, device, eval_every = inputs.fingerprint, inputs.privacy.delta, inputs.device, r.eval_every
+    clipping_diagnostics, checkpoint_every = r.clipping_diagnostics, r.checkpoint_every
     mode, T, sigma, q = hyper["mode"], hyper["steps"], hyper["noise_multiplier"], hyper["sample_rate"]
     clip, clipping, per_layer_clipping = hyper["clip"], hyper["clipping"], hyper["per_layer_clipping"]
     optimizer, momentum, weight_decay = hyper["optimizer"], hyper["momentum"], hyper["weight_decay"]
@@ -1486,7 +1690,7 @@ def _run_training(clf, train_set, eval_set, hyper: dict, phases: list, *, state,
                      sampling=sampling, max_physical_batch_size=phys, seed=seed, eval_set=fit_eval,
                      eval_every=eval_every, callback=None, progress=None, delta=delta, accountant=accountant,
                      clipping_diagnostics=clipping_diagnostics, assume_poisson=assume_poisson, device=device,
-                     backbone_lr_scale=hyper.get("backbone_lr_scale", 1.0), units=units,
+                     backbone_lr_scale=hyper.get("backbone_lr_scale", 1.0), units=inputs.units,
                      max_rows_per_unit=(hyper.get("privacy_unit") or {}).get("max_rows_per_unit"))
         if state is not None and "model" in state:
             loop.load_state_dict(state)
@@ -1511,67 +1715,6 @@ def _run_training(clf, train_set, eval_set, hyper: dict, phases: list, *, state,
     return loop, actual
 
 
-def _certify(loop, actual, hyper: dict, *, reservation, led, fp, run_id, delta, eval_data, eval_set, mode_info,
-             registered_note, pre_run_warning=None):
-    """The run's certificate (over ``actual``), metrics and history, split into what is released and
-    the NOT PRIVATE figures (``split_release``), with the released model's majority prediction on the
-    evaluation split (public by declaration)."""
-    mode, seed, sampling = hyper["mode"], hyper["seed"], hyper["sampling"]
-    accountant, assume_poisson = hyper["accountant"], hyper["assume_poisson"]
-    result = _result(loop)
-    from privtune.accounting import Certificate
-    from privtune.accounting.certificate import neighbouring_relation
-
-    import privtune
-
-    try:  # a resumed, already committed run has no reservation object: ask the ledger
-        dataset_id = getattr(reservation, "dataset_id", None) or led.status(fp).dataset_id
-    except PrivtuneError:
-        dataset_id = None
-    metadata = {
-        # the ledger's random dataset id, never a hash of the data (which would let anyone holding the
-        # data minus one row test candidate rows)
-        "command": "train", "mode": mode, "hyperparameters": hyper, "dataset_id": dataset_id,
-        "seeds": {"sampler": loop.sampler_seed, "noise": loop.noise_seed, "explicit_seed": seed,
-                  "noise_seed_source": ("explicit seed (experiments): the noise generator is seeded with seed + 1, "
-                                        "the sampler with seed" if seed is not None else
-                                        "OS entropy (secrets.randbits): the seeds are never stored or exposed")},
-        "sampling": sampling, "assume_poisson": assume_poisson, "device": str(loop.device), "run_id": run_id, "privtune_version": privtune.__version__,
-        "selection": "none (fixed hyperparameters)",
-        "notes": ([registered_note] if registered_note else []) + mode_info.notes,
-    }
-    cert = Certificate.from_events(actual, delta, accountant=accountant, metadata=metadata,
-                                   neighbouring=neighbouring_relation((hyper.get("privacy_unit") or {}).get("unit")))
-    try:
-        remaining = led.status(fp).remaining_epsilon
-    except PrivtuneError:
-        remaining = None
-    metrics = {
-        "accuracy": result.eval["accuracy"] if result.eval else None,
-        "eval_loss": result.eval["loss"] if result.eval else None,
-        "epsilon": cert.epsilon, "delta": delta, "mode": mode, "strategy": None,
-        "hyperparameters": hyper, "reported_split": _split_name(eval_data) if eval_set is not None else None,
-        "selection": "none (fixed hyperparameters)", "dataset_id": dataset_id,
-        "ledger_url": _mask(getattr(led, "url", None)), "ledger_remaining_epsilon": remaining,
-        "ledger_registered_new_dataset": registered_note is not None,
-        "trainable_parameters": mode_info.num_trainable, "total_parameters": mode_info.num_total,
-        # wall time and steps are data-independent; the exact example count is not (Σ_t |S_t|): NOT PRIVATE
-        "train_seconds": result.seconds, "steps_per_second": loop.step / result.seconds if result.seconds else None,
-        "examples_per_second": result.examples_per_second,
-        "nonfinite_examples_dropped": result.nonfinite_examples,  # NOT PRIVATE: moved to not_private/
-        "steps": loop.step, "device": str(loop.device),
-    }
-    _check_predictions(metrics, result.eval, getattr(loop.model, "label_names", None), pre_run_warning)
-    history = {"final_run": result.history, "trials": [], "strategy": {"name": "fixed"}}
-    if result.clipping_diagnostics is not None:
-        history["clipping_diagnostics"] = result.clipping_diagnostics
-    from privtune.report.release import mark_seeded, split_release
-
-    mark_seeded(cert, metrics, seed)
-    metrics, history, not_private = split_release(metrics, history)
-    return cert, metrics, history, not_private
-
-
 def _check_predictions(metrics: dict, final_eval: dict | None, label_names, pre_run_warning: str | None) -> None:
     """``metrics["majority_prediction"]``: the released model's most predicted class on the evaluation split
     (public by declaration; never the training data); ``metrics["warnings"]``: the pre-run warning and, when
@@ -1585,56 +1728,6 @@ def _check_predictions(metrics: dict, final_eval: dict | None, label_names, pre_
     found = [w for w in (pre_run_warning, after) if w]
     if found:
         metrics["warnings"] = found
-
-
-def _reserve_for_train(ledger, fp, planned, hyper: dict, *, total_epsilon, delta, data_file_name, out, run_id,
-                       resume, state, log, unreserved):
-    """Reserve the planned events (:func:`privtune.pipeline.reserve`; a new dataset is registered with
-    ``total_epsilon``).  A refusal removes what this run created (``unreserved``: directories, files).
-
-    Returns ``(ledger, reservation, registered_now)``; the reservation is None for a resumed run
-    whose ledger commit already happened."""
-    cfg_for_ledger = {"hyperparameters": hyper, "output_dir": str(out) if out else None}
-    try:
-        led = open_ledger(ledger)
-        reserved = pipeline.reserve(led, fp, planned, total_epsilon=total_epsilon,
-                                    delta=delta, name=None, command="train", config=cfg_for_ledger,
-                                    resume_key=run_id, resuming=bool(resume), file_name=data_file_name,
-                                    privacy_unit=(hyper.get("privacy_unit") or {}).get("unit"))
-        registered_now, reservation = reserved.registered, reserved.reservation
-        if registered_now:
-            log(f"dataset {reserved.status.dataset_id} registered in the ledger with total ε="
-                f"{reserved.status.total_epsilon:.4g}, δ={reserved.status.delta:g}")
-        if reservation is None:  # resume of a run whose release was interrupted after its ledger commit
-            if int(state.get("step", 0)) != hyper["steps"]:
-                raise InvalidParameterError(
-                    f"`resume`: the run in {str(out)!r} is committed in the ledger but its checkpoint is at step "
-                    f"{state.get('step', 0)} of {hyper['steps']}; it cannot be finished. Its budget is spent."
-                )
-            log("resume: the ledger already holds this run's commit; writing its files from the final "
-                "checkpoint, without a new charge")
-    except PrivtuneError:
-        # refused before anything was charged: leave no half-made RUN_DIR behind
-        _release.discard_unreserved(*unreserved)
-        raise
-    return led, reservation, registered_now
-
-
-def _release_and_commit(out, ckpt_path, clf, cert, metrics, history, not_private, run_config, reservation,
-                        actual, log) -> None:
-    """Write the release into RUN_DIR (:func:`privtune.pipeline.write_release`: certificate last, a copy
-    inside model/), then commit the actual events in the ledger and delete the private checkpoint
-    (:func:`privtune.pipeline.commit`)."""
-    if out is not None:
-        pipeline.write_release(out, model=clf, certificate=cert, metrics=metrics, history=history,
-                               config=run_config, command="train", not_private=not_private, log=log)
-    # the ledger commit comes only once the release is in place: a crash before it leaves the reservation
-    # charged (never refunded) and `--resume` writes the files again from the final checkpoint
-    pipeline.commit(reservation, actual, [ckpt_path] if out is not None else [])
-    # released: now say when the model predicts nearly one class (after a failed write the error comes alone)
-    usefulness.warn(usefulness.one_class_message(metrics.get("majority_prediction")), OneClassModelWarning, log)
-    if out is not None:
-        log(f"done: ε={cert.epsilon:.4g} δ={cert.delta:g} accuracy={metrics['accuracy']}")
 
 
 def _cached_for_last_layer(clf, train_set, eval_set, prog, log):
@@ -1699,35 +1792,29 @@ def _mask(url: Any) -> Any:
         return str(url)
 
 
-def _effective_config(data, eval_data, model, clf, mode, epsilon, noise_multiplier, delta, hyper, ledger, out,
-                      text_column, label_column, clipping_diagnostics, phase1_epochs, progress,
-                      device_arg=None) -> dict:
+def _effective_config(r: _TrainRequest, inputs: _TrainInputs, hyper: dict, out: Path) -> dict:
     """The options of this run under the `privtune train` configuration keys (reloadable with --config)."""
-    def path_or_none(x):
-        return str(x) if isinstance(x, (str, os.PathLike)) else None
-
+    clf, mode = inputs.clf, r.mode
     cfg = {
-        "data": path_or_none(data) or "<in-memory dataset>",
-        "eval_data": path_or_none(eval_data),
-        "text_column": text_column, "label_column": label_column,
+        "data": r.data, "eval_data": r.eval_data, "text_column": r.text_column, "label_column": r.label_column,
         "labels": (list(clf.label_names) if getattr(clf, "label_names", None) is not None
                    else [str(i) for i in range(clf.num_labels)]) if hasattr(clf, "num_labels") else None,
-        "model": path_or_none(model) if not isinstance(model, nn.Module) else getattr(clf, "source", None),
-        "mode": mode, "delta": delta, "accountant": hyper["accountant"],
+        "model": r.model if not isinstance(r.model, nn.Module) else getattr(clf, "source", None),
+        "mode": mode, "delta": inputs.privacy.delta, "accountant": hyper["accountant"],
         "steps": hyper["steps"], "batch_size": hyper["batch_size"],
         "max_physical_batch_size": hyper["max_physical_batch_size"], "learning_rate": hyper["learning_rate"],
         "clip": hyper["clip"], "clipping": hyper["clipping"], "per_layer_clipping": hyper["per_layer_clipping"],
         "optimizer": hyper["optimizer"], "backbone_lr_scale": hyper["backbone_lr_scale"],
-        "sampling": hyper["sampling"], "clipping_diagnostics": bool(clipping_diagnostics),
-        "ledger": ledger if isinstance(ledger, str) else None, "output": str(out), "seed": hyper["seed"],
-        "quiet": not progress,
+        "sampling": hyper["sampling"], "clipping_diagnostics": bool(r.clipping_diagnostics),
+        "ledger": r.ledger if isinstance(r.ledger, str) else None, "output": out, "seed": hyper["seed"],
+        "quiet": not r.progress,
     }
-    if epsilon is not None:
-        cfg["epsilon"] = epsilon
+    if inputs.privacy.epsilon is not None:
+        cfg["epsilon"] = inputs.privacy.epsilon
     else:
-        cfg["noise_multiplier"] = noise_multiplier
+        cfg["noise_multiplier"] = inputs.privacy.noise_multiplier
     if mode == "two-phase":
-        cfg["phase1_epochs"] = phase1_epochs if phase1_epochs is not None else 1.0
+        cfg["phase1_epochs"] = r.phase1_epochs if r.phase1_epochs is not None else 1.0
     if mode == "lora":
         for key in ("lora_rank", "lora_alpha", "lora_target_modules"):
             cfg[key] = hyper.get(key)
@@ -1736,9 +1823,10 @@ def _effective_config(data, eval_data, model, clf, mode, epsilon, noise_multipli
     unit = hyper.get("privacy_unit")
     if unit and unit.get("column"):  # a unit read from a column reloads (keys or a callable passed in Python do not)
         cfg.update(privacy_unit=unit["column"], max_rows_per_unit=unit["max_rows_per_unit"])
-    if device_arg is not None:  # only when asked for: a config written on a GPU machine must run elsewhere
-        cfg["device"] = str(device_arg)
-    return {k: v for k, v in cfg.items() if v is not None}
+    if r.device is not None:  # only when asked for: a config written on a GPU machine must run elsewhere
+        cfg["device"] = str(r.device)
+    config, _ = release.effective_config(cfg, path_keys=("data", "eval_data", "model", "output"))
+    return config
 
 
 __all__ = ["fit", "fit_nonprivate", "train", "evaluate", "FitResult", "TrainResult", "StepInfo"]

@@ -56,6 +56,9 @@ from privtune import _release
 from privtune.errors import BudgetExceededError, DataError, InvalidParameterError, PrivtuneError, UnknownDatasetError
 from privtune.ledger import Ledger, dataset_identity, open_ledger
 from privtune.models.classifier import check_model
+from privtune.run import budget as run_budget
+from privtune.run import release as run_release
+from privtune.run.budget import BudgetRequest
 
 __all__ = ["audit", "AuditReport", "make_text_canaries", "AUDITED_MODES"]
 
@@ -438,26 +441,23 @@ def _blackbox(user, union, can_texts, can_labels, included, planned, claimed, de
         else:
             led = open_ledger(ledger)
             fp, _name = dataset_identity(user)
+            # the one reservation path (privtune.run.budget), on a budget the user registered: a run killed after
+            # its commit repeats the charged run with the same seeds, without a new charge
+            request = BudgetRequest(fingerprint=fp, total_epsilon=claimed, delta=delta, accountant=accountant,
+                                    command="audit", config={"audit": config}, resume_key=resume_key,
+                                    events=planned, resuming=bool(resume), reserve_delta=delta, register=False)
             try:
-                status = led.status(fp)
+                reservation = run_budget.reserve(led, request).reservation
             except UnknownDatasetError:
                 raise _Unreserved(UnknownDatasetError(
                     f"The black-box audit trains on this dataset and spends ε = {claimed:.4g} of its budget, but the "
                     "dataset has no budget in the ledger yet. Register it first with a total that covers the audit "
                     "and your real runs (`privtune budget init`), pass --public-data if the data is public, or run "
                     "the white-box audit only (--no-blackbox), which uses no data.")) from None
-            mine = [e for e in status.entries if resume_key is not None and e.resume_key == resume_key]
-            if resume and any(e.state == "committed" for e in mine) and not any(e.state == "reserved" for e in mine):
-                reservation = None  # killed after its commit: the same seeds repeat the charged run, no new charge
-            else:
-                try:
-                    reservation = led.reserve(fp, planned, command="audit", config={"audit": config}, delta=delta,
-                                              resume_key=resume_key)
-                except BudgetExceededError as exc:
-                    raise _Unreserved(exc) from None
+            except BudgetExceededError as exc:
+                raise _Unreserved(exc) from None
             result = training.train(union, ledger=scratch, **kwargs)
-            if reservation is not None:
-                reservation.commit(result.events)
+            run_release.commit(reservation, result.events)
             privacy = (f"trained on the user's data: charged to the ledger like train (ε = {claimed:.4g}, "
                        f"δ = {delta:g}); no model released")
     clf = result.model

@@ -14,7 +14,7 @@ import torch
 from privtune._validation import check_int, check_real
 from privtune.engine.private_gradient import CLIPPINGS
 from privtune.errors import InvalidParameterError
-from privtune.engine.private_gradient import clip_factors
+from privtune.engine.private_gradient import clip_factors, per_example_gradients
 
 __all__ = [
     "NOT_PRIVATE",
@@ -224,19 +224,3 @@ def optimal_clip_mse(grads, noise_multiplier: float) -> dict:
             cands.append(c)
     best = min(cands, key=lambda c: clip_mse(G, c, s))
     return {"C": best, "mse": clip_mse(G, best, s), "label": NOT_PRIVATE}
-
-
-def per_example_gradients(losses: torch.Tensor, params: Sequence[torch.nn.Parameter]) -> torch.Tensor:
-    """(B, d) matrix of flattened per-example gradients by a plain loop (slow; small samples). NOT PRIVATE.
-
-    ``losses`` is the (B,) per-example loss vector of a forward pass; ``params`` the trainable parameters.
-    Call it inside ``PrivateGradient.paused()`` or on a model without a PrivateGradient attached.
-    """
-    if not isinstance(losses, torch.Tensor) or losses.dim() != 1:
-        raise InvalidParameterError("`losses` must be a (B,) tensor of per-example losses. Got something else. Use reduction='none'.")
-    params = list(params)
-    rows = []
-    for i in range(losses.shape[0]):
-        gs = torch.autograd.grad(losses[i], params, retain_graph=True, allow_unused=True)
-        rows.append(torch.cat([(torch.zeros_like(p) if g is None else g).reshape(-1) for g, p in zip(gs, params)]))
-    return torch.stack(rows)

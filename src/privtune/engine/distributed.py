@@ -13,7 +13,7 @@ loop (:class:`privtune.training._Loop`) uses it in three places and nowhere else
   sees its own examples, last-layer training caches the features of those only (:meth:`owned`).
 * **Noise.** Each rank clips its own examples; the clipped sums are all-reduced (SUM) and Gaussian noise
   N(0, σ²C²) is added exactly once per logical batch, by rank 0 before the reduction, in
-  :func:`privtune.engine.private_gradient.privatise_sum` (still the only place noise reaches a gradient);
+  :func:`privtune.engine.mechanisms.privatise_sum` (still the only place noise reaches a gradient);
   the divisor is the global expected batch size q·N.  Per-example norms never leave their rank.
 * **State.** Parameters start from rank 0's (:meth:`ProcessGroup.broadcast_module_`); every rank then
   applies the same released gradient, so the replicas stay equal.

@@ -20,8 +20,7 @@ import contextlib
 import math
 import secrets
 import warnings
-from dataclasses import asdict, dataclass
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -45,45 +44,10 @@ from privtune.engine._layers import (
 from privtune.engine._vision_layers import has_own_forward, vision_handler
 from privtune.engine._rmsnorm import RMSNormHandler, is_rmsnorm
 from privtune.engine._tied import tied_pair, tied_sq_norms
+from privtune.engine.mechanisms import privatise_sum
+from privtune.engine.step import MicroBatch, ReleaseInfo
 
 __all__ = ["PrivateGradient", "ReleaseInfo"]
-
-
-
-@dataclass(frozen=True)
-class ReleaseInfo:
-    """What :meth:`PrivateGradient.release` did for one logical batch.
-
-    Attributes:
-        step: 1-based index of this release (logical batch) since construction / resume.
-        batch_size: realised number of examples that went into the clipped sum. **NOT PRIVATE**
-            (it is the size of a Poisson sample of the private data): log it for debugging only.
-        clipped_fraction: fraction of those examples whose gradient norm exceeded the clipping
-            norm C (for ``clipping="automatic"`` every example is rescaled; this still counts
-            ‖g‖ > C). **NOT PRIVATE**.
-        microbatches: number of :meth:`PrivateGradient.backward` calls in this logical batch.
-        noise_std: standard deviation of the Gaussian noise per coordinate of the *released*
-            (averaged) gradient, σ·C / expected_batch_size.
-        sensitivity: L2 sensitivity of the clipped sum under adding/removing one example (= C).
-        expected_batch_size: the public divisor (q·N) used instead of the realised batch size.
-        nonfinite_examples: examples whose loss or gradient norm was NaN or infinite; their term was
-            dropped (clip factor 0: they add exactly nothing to the sum, so the sensitivity stays C and the
-            release stays finite). **NOT PRIVATE**.
-    """
-
-    step: int
-    batch_size: int
-    clipped_fraction: float
-    microbatches: int
-    noise_std: float
-    sensitivity: float
-    expected_batch_size: float
-    nonfinite_examples: int = 0
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["not_private"] = ["batch_size", "clipped_fraction", "nonfinite_examples"]
-        return d
 
 
 def _in_backward() -> bool:
@@ -143,25 +107,20 @@ def finite_terms(losses: torch.Tensor | None, norms: torch.Tensor) -> torch.Tens
     return ok
 
 
-def privatise_sum(clipped_sums: torch.Tensor | list[torch.Tensor], std: float, expected_batch_size: float,
-                  generator: torch.Generator, group: Any = None) -> torch.Tensor | list[torch.Tensor]:
-    """``(clipped_sum + N(0, std² I)) / expected_batch_size`` for each part of one logical batch's gradient (one
-    tensor, or a list of them): the one place privtune adds Gaussian noise to a gradient.  The noise is drawn on
-    the CPU ``generator`` in each sum's dtype, part after part (the same stream on every device), then moved to
-    its device; the sums are updated in place and returned (a tensor for a tensor, a list for a list).
+def per_example_gradients(losses: torch.Tensor, params: Sequence[torch.nn.Parameter]) -> torch.Tensor:
+    """(B, d) matrix of flattened per-example gradients by a plain loop (slow; small samples). NOT PRIVATE.
 
-    ``group`` (a :class:`privtune.engine.distributed.ProcessGroup`, data-parallel runs): every rank passes its
-    own clipped sums; only ``group.adds_noise`` (rank 0) adds the noise, then the sums are all-reduced, so the
-    released gradient has the noise of one process exactly once, whatever the number of processes."""
-    if isinstance(clipped_sums, torch.Tensor):
-        return privatise_sum([clipped_sums], std, expected_batch_size, generator, group)[0]
-    if std > 0 and (group is None or group.adds_noise):
-        for s in clipped_sums:
-            z = torch.empty(s.shape, dtype=s.dtype).normal_(generator=generator)
-            s.add_(z.to(s.device), alpha=std)
-    if group is not None:
-        group.all_reduce_sum_(clipped_sums)
-    return [s.mul_(1.0 / expected_batch_size) for s in clipped_sums]
+    ``losses`` is the (B,) per-example loss vector of a forward pass; ``params`` the trainable parameters.
+    Call it inside ``PrivateGradient.paused()`` or on a model without a PrivateGradient attached.
+    """
+    if not isinstance(losses, torch.Tensor) or losses.dim() != 1:
+        raise InvalidParameterError("`losses` must be a (B,) tensor of per-example losses. Got something else. Use reduction='none'.")
+    params = list(params)
+    rows = []
+    for i in range(losses.shape[0]):
+        gs = torch.autograd.grad(losses[i], params, retain_graph=True, allow_unused=True)
+        rows.append(torch.cat([(torch.zeros_like(p) if g is None else g).reshape(-1) for g, p in zip(gs, params)]))
+    return torch.stack(rows)
 
 
 class PrivateGradient:
@@ -475,6 +434,21 @@ class PrivateGradient:
         """The parameters this step privatises (requires_grad at construction), in model order."""
         return list(self._params)
 
+    def accumulate_batch(self, batch: MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """The :class:`~privtune.engine.step.DPStep` form of :meth:`backward`: forward ``batch`` through the
+        model (hooks record the activations), then add the clipped per-example gradients of its cross-entropy
+        losses.  Returns the (B,) losses and (B,) per-example gradient norms (NOT PRIVATE)."""
+        losses = torch.nn.functional.cross_entropy(batch.logits(), batch.labels, reduction="none")
+        return losses, self.backward(losses, row_weights=batch.row_weights)
+
+    def example_gradients(self, batch: MicroBatch) -> torch.Tensor:
+        """(B, P) per-example gradients of the trainable parameters on ``batch``, engine paused: no clipping,
+        no noise, nothing accumulated (NOT PRIVATE: clipping diagnostics only)."""
+        with self.paused():
+            logits = batch.logits()
+            losses = torch.nn.functional.cross_entropy(logits, batch.labels.to(logits.device), reduction="none")
+            return per_example_gradients(losses, self._params)
+
     def backward(self, losses: torch.Tensor, row_weights: torch.Tensor | None = None) -> torch.Tensor:
         """Back-propagate per-example losses once and add their clipped gradients to the running sum.
 
@@ -719,7 +693,8 @@ class PrivateGradient:
             elif not s.is_contiguous():
                 s = s.contiguous()
             sums.append(s)
-        released = privatise_sum(sums, std, self.expected_batch_size, self._generator, self.process_group)
+        released = privatise_sum(sums, self.noise_multiplier, self.max_grad_norm, self.expected_batch_size,
+                                 self._generator, self.process_group).value
         for p, g in zip(self._params, released):
             p.grad = g.detach()
         self._releases += 1

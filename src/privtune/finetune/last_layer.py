@@ -31,9 +31,10 @@ from privtune.engine.private_gradient import (
     ReleaseInfo,
     clip_factors,
     finite_terms,
-    privatise_sum,
     zero_rows,
 )
+from privtune.engine.mechanisms import privatise_sum
+from privtune.engine.step import MicroBatch
 from privtune.errors import DataError, InvalidParameterError
 from privtune.models.classifier import length_order
 
@@ -197,12 +198,13 @@ class LinearHeadGradient:
     """The DP step of :class:`privtune.engine.PrivateGradient`, specialised to one ``nn.Linear`` head
     on cached features, with per-example gradients in closed form.
 
-    Same protocol as PrivateGradient (the DP step of the one training loop, :class:`privtune.training._Loop`):
-    accumulate clipped per-example terms per micro-batch (:meth:`accumulate` here, ``backward`` there),
+    Implements :class:`privtune.engine.step.DPStep`, as PrivateGradient does (the DP step of the one training
+    loop, :class:`privtune.training._Loop`): accumulate clipped per-example terms per micro-batch
+    (:meth:`accumulate_batch`; :meth:`accumulate` takes the tensors directly),
     :meth:`release` noise once per logical batch (returns a :class:`~privtune.engine.ReleaseInfo`),
     :meth:`state_dict` / :meth:`load_state_dict`, :meth:`paused`, :meth:`close`.  The clip factors are
     :func:`privtune.engine.private_gradient.clip_factors` and the noise is added by
-    :func:`privtune.engine.private_gradient.privatise_sum`, the same functions PrivateGradient uses.
+    :func:`privtune.engine.mechanisms.privatise_sum`, the same functions PrivateGradient uses.
 
     For ``logits = x Wᵀ + b`` and softmax cross-entropy, example i has ``∂ℓ/∂W = (p_i − e_{y_i}) x_iᵀ`` and
     ``∂ℓ/∂b = p_i − e_{y_i}``, so ``‖g_i‖ = ‖p_i − e_{y_i}‖ · sqrt(‖x_i‖² + 1)`` (without the 1 when the head
@@ -232,6 +234,7 @@ class LinearHeadGradient:
         if not self._params:
             raise InvalidParameterError("`head` has no parameter with requires_grad=True.")
         self._releases = 0
+        self._last_norms: torch.Tensor | None = None
         self._reset()
 
     def _reset(self) -> None:
@@ -298,7 +301,37 @@ class LinearHeadGradient:
         self._count += labels.numel()
         self._clipped += int((norms > self.max_grad_norm).sum())
         self._microbatches += 1
+        self._last_norms = norms[:, None]
         return losses, norms
+
+    @property
+    def last_layer_norms(self) -> torch.Tensor | None:
+        """(B, 1) norms of the last accumulated micro-batch: one ``nn.Linear`` head is one layer, so per-layer
+        clipping (C/√1 = C) is flat clipping here.  **NOT PRIVATE** (diagnostics only)."""
+        return self._last_norms
+
+    def accumulate_batch(self, batch: MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """The :class:`~privtune.engine.step.DPStep` form of :meth:`accumulate`: reads the batch's cached
+        features (no forward pass of a model)."""
+        if batch.features is None:
+            raise InvalidParameterError("LinearHeadGradient trains a head on cached features; this micro-batch "
+                                        "has none. Train the model with PrivateGradient instead.")
+        features, sq_norms = batch.features()
+        return self.accumulate(features, batch.labels, sq_norms=sq_norms, row_weights=batch.row_weights)
+
+    @torch.no_grad()
+    def example_gradients(self, batch: MicroBatch) -> torch.Tensor:
+        """(B, P) per-example gradients of the head on ``batch`` in closed form, ``(p_i − e_{y_i}) x_iᵀ`` then
+        ``p_i − e_{y_i}`` for a trained bias; no clipping, noise or accumulation (NOT PRIVATE: diagnostics)."""
+        features, _ = batch.features()
+        resid = torch.softmax(self.head(features), 1)
+        resid[torch.arange(batch.labels.numel(), device=batch.labels.device), batch.labels] -= 1.0
+        parts = []
+        if self.head.weight.requires_grad:
+            parts.append((resid[:, :, None] * features[:, None, :]).flatten(1))
+        if self.head.bias is not None and self.head.bias.requires_grad:
+            parts.append(resid)
+        return torch.cat(parts, 1)
 
     @torch.no_grad()
     def release(self) -> ReleaseInfo:
@@ -308,7 +341,8 @@ class LinearHeadGradient:
         for p in self._params:
             s = self._sum_w if p is self.head.weight else self._sum_b
             sums.append(torch.zeros_like(p) if s is None else s.to(p.dtype))
-        released = privatise_sum(sums, std, self.expected_batch_size, self._generator, self.process_group)
+        released = privatise_sum(sums, self.noise_multiplier, self.max_grad_norm, self.expected_batch_size,
+                                 self._generator, self.process_group).value
         for p, g in zip(self._params, released):
             p.grad = g.detach()
         self._releases += 1

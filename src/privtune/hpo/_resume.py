@@ -21,11 +21,13 @@ import torch
 from privtune.cli.config_file import save_effective_config
 from privtune.errors import InvalidParameterError, PrivtuneError
 from privtune.hpo import common
+from privtune.hpo.backends import Backend
 from privtune.hpo.common import BudgetPlan, Selector, as_plain
 from privtune.hpo.executors import seeded_torch as _seeded_torch
 from privtune.hpo.registry import get as get_strategy
 from privtune.ledger import url_without_password
 from privtune.report.progress import BATCH_LOSS_LABEL
+from privtune.run.release import effective_config
 
 # --------------------------------------------------------------------------------------
 # resumable runs: the run's seeds, the private state file, replay of completed trials
@@ -59,20 +61,11 @@ def _effective_config(args: dict, run_dir: Path | None) -> tuple[dict, list]:
     appear as a non-existent path naming the problem).
     The OS-drawn seed of a run without ``seed`` is never part of it (it is secret)."""
     out: dict = {}
-    unsaved: list = []
     for k, v in args.items():
         if k in _NOT_CONFIG or v is None:
             continue
         key = "output" if k == "output_dir" else k
-        if k in _PATH_ARGS:
-            if not isinstance(v, (str, os.PathLike)):
-                # written as a path that does not exist, so that a rerun from the file fails loudly instead of
-                # silently running without it (e.g. `data` missing would run the embedded demo)
-                unsaved.append(key)
-                v = f"<in-memory {type(v).__name__}: not reproducible from this file; pass it again>"
-            else:
-                v = os.fspath(v)
-        elif k == "selection":
+        if k == "selection":
             v = _SELECTION_FLAG.get(str(v), v)  # a source given as selection= is written as its flag
         elif k == "executor":
             v = getattr(v, "name", v)  # an Executor instance is written as its --executor name
@@ -81,7 +74,7 @@ def _effective_config(args: dict, run_dir: Path | None) -> tuple[dict, list]:
         out[key] = v
     if run_dir is not None:
         out["output"] = str(run_dir)
-    return out, unsaved
+    return effective_config(out, path_keys=[("output" if k == "output_dir" else k) for k in _PATH_ARGS])
 
 
 def _compared(cfg: dict) -> dict:
@@ -149,17 +142,14 @@ def _check_resume_config(header: dict, cfg: dict, path: Path) -> None:
 
 
 class _Replayed:
-    """The model of a trial replayed from the state file: not stored (only its score is needed).
-    Any other use is a bug and fails loudly instead of releasing something wrong."""
+    """The model of a trial replayed from the state file: not stored (only its score is needed).  It has no
+    attributes and is not a model: a backend answers its outputs with ``_REPLAYED_OUTPUTS``, and a selector
+    refuses to score those, so any use of it fails loudly instead of releasing something wrong."""
+
+    __slots__ = ("label",)
 
     def __init__(self, label: str):
-        self.__dict__["_label"] = label
-
-    def __getattr__(self, name: str):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        raise PrivtuneError(f"internal error: the model of replayed trial {self._label!r} was not stored and cannot "
-                            f"be used ({name!r}); nothing was released.")
+        self.label = label
 
 
 _REPLAYED_OUTPUTS = object()
@@ -225,12 +215,8 @@ class _Journal:
     def set_plan(self, plan: BudgetPlan) -> None:
         """Trial count for the display; no running ε where the accounting is not a composition of the
         runs (repeat-and-select: one event for all trials, shown when the run ends)."""
-        d = plan.details or {}
-        if "runs_per_sweep" in d:
-            self.trials_expected = 2 * int(d["runs_per_sweep"])
-        elif d.get("accounting") == "composition":
-            self.trials_expected = int(d.get("trials") or 0) or None
-        if d.get("accounting") == "repeat-and-select":
+        self.trials_expected = plan.trials_expected()
+        if plan.accounting == "repeat-and-select":
             self.show_epsilon = False
 
     # -------------------------------------------------------------- file
@@ -295,9 +281,6 @@ class _StepProgress:
             eps = self.j.epsilon(self.events_at(self.k))
         self.j.prog.advance(n, examples=examples, loss=loss, epsilon=eps)
 
-    def __getattr__(self, name: str):
-        return getattr(self.j.prog, name)
-
 
 def _run_events(sigma: float, q: float, k: int) -> list:
     from privtune.accounting.events import DPSGDEvent, GaussianEvent
@@ -308,13 +291,35 @@ def _run_events(sigma: float, q: float, k: int) -> list:
 
 
 class _JournalBackend:
-    """A backend whose runs are seeded from the journal, replayed when completed, and shown."""
+    """A :class:`~privtune.hpo.backends.Backend` whose runs are seeded from the journal, replayed when
+    completed, and shown; everything else is the wrapped backend's."""
 
-    def __init__(self, inner, journal: _Journal):
+    def __init__(self, inner: Backend, journal: _Journal):
         self._inner, self._j = inner, journal
 
-    def __getattr__(self, name: str):
-        return getattr(self._inner, name)
+    @property
+    def kind(self) -> str:
+        return self._inner.kind
+
+    @property
+    def mode(self) -> str:
+        return self._inner.mode
+
+    @property
+    def n(self) -> int:
+        return self._inner.n
+
+    @property
+    def runs(self) -> int:
+        return self._inner.runs
+
+    @property
+    def executor(self) -> Any:
+        return self._inner.executor
+
+    @property
+    def device(self) -> Any:
+        return self._inner.device
 
     def run(self, hp: dict, **kw) -> Any:
         j = self._j
@@ -325,20 +330,24 @@ class _JournalBackend:
             if e is not None:
                 return self._replay(e, label, name)
         kw["seed"] = derive_seed(j.seed, "run", index)
-        model = getattr(self._inner, "kind", "") == "model"
-        if model:
+        hooks = kw.get("hooks")
+        stepwise = self._inner.kind == "model" or hooks is not None  # per-step progress (a head trial: per run)
+        if stepwise:
             steps = int(kw.get("steps") or 1)
             sigma, q = float(kw["noise_multiplier"]), float(kw["sample_rate"])
-            j.prog.start_phase(name, total=steps, unit="steps", work=q * self._inner.n * steps,
-                               kind=f"model:{self._inner.mode}", loss_label=BATCH_LOSS_LABEL)
-            kw["progress"] = _StepProgress(j, lambda k: _run_events(sigma, q, k), steps)
+            events_at = hooks.events_at if hooks is not None else (lambda k: _run_events(sigma, q, k))
+            j.prog.start_phase(hooks.phase if hooks is not None else name, total=steps, unit="steps",
+                               work=q * self._inner.n * steps,
+                               kind="features" if self._inner.kind == "features" else f"model:{self._inner.mode}",
+                               loss_label=hooks.loss_label if hooks is not None else BATCH_LOSS_LABEL)
+            kw["progress"] = _StepProgress(j, events_at, steps)
         try:
             with _seeded_torch(derive_seed(j.seed, "torch", index)):
                 res = self._inner.run(hp, **kw)
         finally:
-            if model:
+            if stepwise:
                 j.prog.end_phase()
-        self._record(res, key, final, show=not model)
+        self._record(res, key, final, show=not stepwise)
         return res
 
     def run_trials(self, calls: list, score) -> list:
@@ -349,7 +358,7 @@ class _JournalBackend:
         recorded and scored here as their results come back, in call order (one state-file line per trial)."""
         from privtune.hpo.executors import TrialJob
 
-        executor = getattr(self._inner, "executor", None)
+        executor = self._inner.executor
         out: list = []
         if executor is None or executor.in_process:
             for call in calls:
@@ -414,34 +423,6 @@ class _JournalBackend:
         if show and j.prog.phase is not None and not j.hide_trials:
             j.prog.advance(1)
 
-    def run_hyperfree(self, **kw):
-        import math
-
-        from privtune.accounting import joint_noise_multiplier
-
-        j = self._j
-        j.flush()
-        index = j.n_run
-        j.n_run += 1
-        kw["seed"] = derive_seed(j.seed, "run", index)
-        cfg, T, q = kw["config"], int(kw["steps"]), float(kw["sample_rate"])
-        sg, sl = float(kw["sigma_g"]), float(kw["sigma_l"])
-        s_eff = float(joint_noise_multiplier(sg, sl, cfg.probes))
-
-        def events_at(k: int) -> list:
-            n_upd = math.ceil(k / cfg.interval)
-            return _run_events(sg, q, k - n_upd) + _run_events(s_eff, q, n_upd)
-
-        j.prog.start_phase(f"final run (hyperfree, {getattr(self._inner, 'kind', '')})", total=T,
-                           unit="steps", work=q * self._inner.n * T,
-                           kind="features" if self._inner.kind == "features" else f"model:{self._inner.mode}",
-                           loss_label="privatised loss")
-        try:
-            with _seeded_torch(derive_seed(j.seed, "torch", index)):
-                return self._inner.run_hyperfree(progress=_StepProgress(j, events_at, T), **kw)
-        finally:
-            j.prog.end_phase()
-
     def logits(self, state: Any, data: Any) -> Any:
         if isinstance(state, _Replayed):
             return _REPLAYED_OUTPUTS
@@ -461,14 +442,34 @@ class _JournalBackend:
 
 
 class _JournalSelector:
-    """A selector whose charged noise is seeded from (master seed, score index) and whose completed
-    scores are replayed on resume (never drawn twice)."""
+    """A :class:`~privtune.hpo.common.Scorer` whose charged noise is seeded from (master seed, score index) and
+    whose completed scores are replayed on resume (never drawn twice); everything else is the wrapped
+    :class:`~privtune.hpo.common.Selector`'s."""
 
-    def __init__(self, inner, journal: _Journal):
+    def __init__(self, inner: Selector, journal: _Journal):
         self._inner, self._j = inner, journal
 
-    def __getattr__(self, name: str):
-        return getattr(self._inner, name)
+    @property
+    def source(self) -> str:
+        return self._inner.source
+
+    @property
+    def data(self) -> Any:
+        return self._inner.data
+
+    @property
+    def labels(self) -> torch.Tensor:
+        return self._inner.labels
+
+    @property
+    def charged(self) -> bool:
+        return self._inner.charged
+
+    def tie_margin(self, score: float) -> float:
+        return self._inner.tie_margin(score)
+
+    def score_event(self, label: str = "") -> Any:
+        return self._inner.score_event(label)
 
     def score(self, outputs: Any, label: str = "") -> tuple[float, list]:
         import dataclasses
@@ -600,24 +601,3 @@ def _label_curves(final_run: dict, public: bool) -> None:
         final_run["eval_note"] = ("no accuracy curve: it needs a validation split declared public "
                                   "(--public-eval-data); evaluating private data would spend budget, and the "
                                   "reported split is never looked at before the model is final")
-
-
-def _check_open_reservation(led, fp: str, run_id: str, run_dir: Path, completed: list = ()) -> Any:
-    """On resume, before reserving: the interrupted run's reservation must still be open in this ledger
-    (otherwise the replayed trials would sit under no reservation, or the finished run be charged twice).
-
-    Returns None when it is open (the run continues it) or was never made (killed between writing its
-    state file and reserving, with no completed call: the resumed run reserves now), or the committed
-    ledger entry of a run that was interrupted after its commit but before its files were all in place
-    (its release is written again, without a new charge)."""
-    entries = [e for e in led.status(fp).entries if e.resume_key == run_id]
-    if any(e.state == "reserved" for e in entries):
-        return None
-    if not entries and not completed:
-        return None
-    committed = [e for e in entries if e.state == "committed"]
-    if committed:
-        return committed[-1]
-    raise InvalidParameterError(
-        f"`resume`: the ledger has no open reservation for the run in {str(run_dir)!r} (it was released, or this is "
-        "another ledger). Resume with the ledger of the interrupted run, or start a new run in a new directory.")

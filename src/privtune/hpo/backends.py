@@ -1,10 +1,11 @@
 """Where trials run: a linear head on cached features, or a model; both trained by
 :func:`privtune.training.fit`, the one DP loop (on the backend's ``device``).
 
-A backend exposes ``n`` (private training examples), ``run(...)`` (one DP run returning a
-:class:`TrialRun` with its events) and ``predict(state, data)`` (labels for a selection
-split).  Strategies only talk to this interface, so the same linear-scaling / random-search
-code tunes a head on features (milliseconds per trial) or a BiTFiT/LoRA model.
+Every backend implements :class:`Backend`: ``n`` (private training examples as published), ``run(...)``
+(one DP run returning a :class:`TrialRun` with its events; loop hooks such as hyperfree's learning-rate
+probe come in through ``hooks=``) and ``predict``/``logits`` (outputs on a selection split).  Strategies
+only talk to this interface, so the same linear-scaling / random-search / hyperfree code tunes a head on
+features (milliseconds per trial) or a BiTFiT/LoRA model.
 """
 
 from __future__ import annotations
@@ -12,16 +13,16 @@ from __future__ import annotations
 import copy
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 import torch
 from torch import nn
 
 from privtune.accounting.events import DPSGDEvent, GaussianEvent
+from privtune.errors import InvalidParameterError
 from privtune.finetune import apply_mode
 from privtune.finetune.last_layer import FeatureSet
 from privtune.hpo import _heads
-from privtune.hpo.hyperfree import train_hyperfree, train_model_hyperfree
 from privtune.training import LoopHook, declare_public_size, evaluate, fit, public_size
 
 
@@ -32,6 +33,76 @@ class TrialRun:
     state: Any
     events: list
     history: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class HookContext:
+    """What a run's loop hooks may use, known only when the run starts (after the journal seeded it).
+
+    Attributes:
+        seed: the run's seed (None: OS entropy); a hook derives its own noise stream from it.
+        expected_batch_size: q·N with the public N (the divisor of a privatised mean).
+        progress: per-step progress of the run (anything with ``advance``), or None.
+        evaluate: accuracy of the run's current state on the backend's PUBLIC curve split (no argument;
+            free: post-processing on public data), or None when the backend has none.
+        eval_every: steps between two calls of ``evaluate`` (and at the end).
+    """
+
+    seed: int | None
+    expected_batch_size: float
+    progress: Any = None
+    evaluate: Callable[[], float] | None = None
+    eval_every: int = 0
+
+
+@dataclass(frozen=True)
+class RunHooks:
+    """Loop hooks of one run (:class:`privtune.training.LoopHook`) and what they change about the run.
+
+    Attributes:
+        make: builds the hooks from the run's :class:`HookContext`; the hooks then report the run's per-step
+            progress (the loop reports none).
+        events_at: the privacy events of the run's first k steps with the hooks' own releases included
+            (e.g. hyperfree's joint σ_eff update steps); ``events_at(steps)`` are the run's events.
+        phase: how the progress display names the run.
+        loss_label: what the loss the hooks report per step is (e.g. "privatised loss").
+    """
+
+    make: Callable[[HookContext], Sequence[LoopHook]]
+    events_at: Callable[[int], list]
+    phase: str
+    loss_label: str
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """What strategies (and the run's journal, :mod:`privtune.hpo._resume`) need of a backend."""
+
+    #: ``"features"`` (a head on cached features) or ``"model"`` (a fine-tuned model)
+    kind: str
+    #: the fine-tuning mode of a model's runs (``"last-layer"`` on features)
+    mode: str
+    #: where independent trials run (:mod:`privtune.hpo.executors`); None: in this process
+    executor: Any
+    #: runs started so far (display and tests)
+    runs: int
+
+    @property
+    def n(self) -> int:
+        """Private training rows as published."""
+
+    def run(self, hp: dict, *, noise_multiplier: float, sample_rate: float, steps: int, learning_rate: float,
+            **options: Any) -> TrialRun:
+        """One DP run from the backend's fresh initial state.  ``options``: ``optimizer``, ``momentum``,
+        ``clip``, ``clipping``, ``gamma``, ``weight_decay``, ``eps_adam``, ``bias`` (a head's), ``free_step``,
+        ``backbone_lr_scale`` (a model's α), ``seed``, ``label``, ``record`` (public curve points),
+        ``progress`` and ``hooks`` (a :class:`RunHooks`)."""
+
+    def predict(self, state: Any, data: Any) -> torch.Tensor:
+        """Predicted labels of a run's ``state`` on ``data``."""
+
+    def logits(self, state: Any, data: Any) -> torch.Tensor:
+        """Logits of a run's ``state`` on ``data``."""
 
 
 class _PublicCurve(LoopHook):
@@ -71,6 +142,8 @@ class FeatureBackend:
     """
 
     kind = "features"
+    mode = "last-layer"
+    executor: Any = None
 
     def __init__(self, X: torch.Tensor, y: torch.Tensor, num_classes: int, *, curve_data=None,
                  center: torch.Tensor | None = None, device: Any = None, public_n: int | None = None):
@@ -114,22 +187,39 @@ class FeatureBackend:
     def run(self, hp: dict, *, noise_multiplier: float, sample_rate: float, steps: int, learning_rate: float,
             optimizer: str = "sgd", momentum: float = 0.9, clip: float = 1.0, free_step: bool = False,
             seed: int | None = None, label: str = "", eps_adam: float = 1e-8, record: bool = False,
-            clipping: str = "flat", bias: bool = False) -> TrialRun:
+            clipping: str = "flat", bias: bool = False, gamma: float = 0.01, weight_decay: float = 0.0,
+            backbone_lr_scale: float = 1.0, progress=None, hooks: RunHooks | None = None) -> TrialRun:
+        """One DP run of a zero head (with a bias when ``bias``).  ``momentum`` applies to SGD only.
+        ``backbone_lr_scale`` must be 1: a head on cached features is all head.  With ``hooks`` (e.g.
+        hyperfree's learning-rate probe), the hooks get ``progress`` and the public curve split's accuracy."""
+        if backbone_lr_scale != 1.0:
+            raise InvalidParameterError("`backbone_lr_scale` does not apply to a head on cached features (it is all "
+                                        f"head). Got {backbone_lr_scale!r}.")
         self.runs += 1
         lin = self._zero_head(bias)
-        hooks: list[LoopHook] = []
+        loop_hooks: list[LoopHook] = []
         curve = None
-        if record and self.curve_data is not None:
+        if hooks is not None:
+            evaluate_public = None
+            if self.curve_data is not None:
+                Xc, yc = self.curve_data
+                evaluate_public = lambda: _heads.accuracy(self._as_head(lin), Xc, yc)  # noqa: E731
+            loop_hooks += hooks.make(HookContext(seed, sample_rate * self.n, progress, evaluate_public,
+                                                 _eval_every(steps) if evaluate_public is not None else 0))
+        elif record and self.curve_data is not None:
             curve = self._curve(lin, steps, max(1, int(steps) // 20))
-            hooks.append(curve)
+            loop_hooks.append(curve)
         if free_step and optimizer == "sgd" and momentum > 0:
-            hooks.append(_FreeMomentumStep())
+            loop_hooks.append(_FreeMomentumStep())
         fit(lin, self.features, noise_multiplier=noise_multiplier, sample_rate=sample_rate, steps=int(steps),
             learning_rate=learning_rate, clip=clip, clipping=clipping, optimizer=optimizer,
-            momentum=momentum if optimizer == "sgd" else 0.0, eps=eps_adam, seed=seed, hooks=hooks,
-            device=self.device, nonfinite_features="drop")  # features cached after the reservation
+            momentum=momentum if optimizer == "sgd" else 0.0, eps=eps_adam, seed=seed, hooks=loop_hooks,
+            gamma=gamma, weight_decay=weight_decay, device=self.device,
+            nonfinite_features="drop")  # features cached after the reservation
         # the events of a head trial as planned by the strategies: a full batch is exactly √T/σ-GDP
-        if sample_rate >= 1.0:
+        if hooks is not None:
+            events = hooks.events_at(int(steps))
+        elif sample_rate >= 1.0:
             events = [GaussianEvent(noise_multiplier=noise_multiplier, count=int(steps), label=label)]
         else:
             events = [DPSGDEvent(noise_multiplier=noise_multiplier, sample_rate=sample_rate, steps=int(steps),
@@ -137,23 +227,6 @@ class FeatureBackend:
         history = {"step": list(range(1, int(steps) + 1)), "lr": [float(learning_rate)] * int(steps),
                    "eval": curve.points if curve is not None else []}
         return TrialRun(state=self._as_head(lin), events=events, history=history)
-
-    def run_hyperfree(self, *, steps: int, sample_rate: float, sigma_g: float, sigma_l: float, config, lr0: float,
-                      seed: int | None = None, progress=None):
-        """HyFreeDP on a zero head with a bias (:func:`privtune.hpo.hyperfree.train_hyperfree`); with
-        ``curve_data`` (a PUBLIC split) its accuracy is recorded at a few points for the learning curves
-        (free: post-processing of the released head on public data)."""
-        self.runs += 1
-        lin = self._zero_head(True)
-        evaluate_public, every = None, 0
-        if self.curve_data is not None:
-            Xc, yc = self.curve_data
-            evaluate_public = lambda: _heads.accuracy(self._as_head(lin), Xc, yc)  # noqa: E731
-            every = _eval_every(steps)
-        hist = train_hyperfree(lin, self.features, steps=steps, sample_rate=sample_rate, sigma_g=sigma_g,
-                               sigma_l=sigma_l, config=config, lr0=lr0, seed=seed, progress=progress,
-                               evaluate=evaluate_public, eval_every=every, device=self.device)
-        return self._as_head(lin), hist
 
     def predict(self, state: _heads.LinearHead, data: torch.Tensor) -> torch.Tensor:
         return state.predict(self._c(data.float()))
@@ -188,6 +261,7 @@ class ModelBackend:
     """
 
     kind = "model"
+    executor: Any = None
 
     def __init__(self, model: Any, train_set: Any, mode: str, *, optimizer: str = "adam", clipping: str = "flat",
                  max_physical_batch_size: int = 64, curve_data=None, lora_rank: int = 8,
@@ -223,42 +297,39 @@ class ModelBackend:
     def run(self, hp: dict, *, noise_multiplier: float, sample_rate: float, steps: int, learning_rate: float,
             optimizer: str | None = None, momentum: float = 0.0, clip: float = 1.0, free_step: bool = False,
             seed: int | None = None, label: str = "", eps_adam: float = 1e-8, record: bool = False,
-            clipping: str | None = None, bias: bool = True, progress=None,
-            backbone_lr_scale: float = 1.0) -> TrialRun:
-        """One DP run with :func:`privtune.training.fit` (``backbone_lr_scale``: its α).  ``progress`` (a
-        :class:`privtune.report.progress.Progress` or anything with its ``advance``) receives one
-        update per step: examples, the batch loss (computed WITHOUT noise: NOT PRIVATE) and no ε
-        (the caller adds the ε spent so far).  With ``record=True`` and ``curve_data`` (a PUBLIC
-        split) accuracy is evaluated at a few points for the learning curves."""
+            clipping: str | None = None, bias: bool = True, progress=None, backbone_lr_scale: float = 1.0,
+            gamma: float = 0.01, weight_decay: float = 0.0, hooks: RunHooks | None = None) -> TrialRun:
+        """One DP run with :func:`privtune.training.fit` (``backbone_lr_scale``: its α) on a fresh copy of the
+        model.  ``progress`` (a :class:`privtune.report.progress.Progress` or anything with its ``advance``)
+        receives one update per step: examples, the batch loss (computed WITHOUT noise: NOT PRIVATE) and no ε
+        (the caller adds the ε spent so far).  With ``record=True`` and ``curve_data`` (a PUBLIC split)
+        accuracy is evaluated at a few points for the learning curves.  With ``hooks`` (e.g. hyperfree's
+        learning-rate probe) the hooks get ``progress`` and the public curve accuracy instead of the loop.
+        ``momentum``, ``free_step``, ``eps_adam`` and ``bias`` are a head's options: a model's optimizer keeps
+        its defaults."""
         self.runs += 1
         model = self._fresh()
+        loop_hooks: Sequence[LoopHook] = ()
+        if hooks is not None:
+            curve_set = self.curve_data
+            evaluate_public = None if curve_set is None else (lambda: evaluate(model, curve_set)["accuracy"])
+            loop_hooks = hooks.make(HookContext(seed, sample_rate * self.n, progress, evaluate_public,
+                                                _eval_every(steps) if evaluate_public is not None else 0))
+            progress, record = None, False
         curve = self.curve_data if record else None
         res = fit(model, self.train_set, noise_multiplier=noise_multiplier, sample_rate=sample_rate, steps=int(steps),
                   learning_rate=learning_rate, clip=clip, clipping=clipping or self.clipping,
                   optimizer=optimizer or self.optimizer, eval_set=curve, seed=seed,
                   eval_every=_eval_every(steps) if curve is not None else None,
                   max_physical_batch_size=self.max_physical_batch_size, progress=progress, device=self.device,
-                  backbone_lr_scale=backbone_lr_scale)
-        events = list(res.events)
-        if label:
-            events = [_relabel(e, label) for e in events]
+                  backbone_lr_scale=backbone_lr_scale, gamma=gamma, weight_decay=weight_decay, hooks=loop_hooks)
+        if hooks is not None:
+            events = hooks.events_at(int(steps))
+        else:
+            events = list(res.events)
+            if label:
+                events = [_relabel(e, label) for e in events]
         return TrialRun(state=res.model, events=events, history=_as_history(res.history))
-
-    def run_hyperfree(self, *, steps: int, sample_rate: float, sigma_g: float, sigma_l: float, config, lr0: float,
-                      seed: int | None = None, progress=None):
-        """HyFreeDP on a fresh copy of the model; with ``curve_data`` (a PUBLIC split) its accuracy is
-        recorded at a few points for the learning curves (no privacy cost: public data)."""
-        self.runs += 1
-        eval_fn, every = None, 0
-        if self.curve_data is not None:
-            curve = self.curve_data
-            eval_fn = lambda m: evaluate(m, curve)["accuracy"]  # noqa: E731
-            every = _eval_every(steps)
-        return train_model_hyperfree(self._fresh(), self.train_set, steps=steps, sample_rate=sample_rate,
-                                     sigma_g=sigma_g, sigma_l=sigma_l, config=config, lr0=lr0, seed=seed,
-                                     max_physical_batch_size=self.max_physical_batch_size, progress=progress,
-                                     eval_fn=eval_fn, eval_every=every, device=self.device,
-                                     backbone_lr_scale=config.backbone_lr_scale_for(self.mode))
 
     def predict(self, state: Any, data: Any) -> torch.Tensor:
         return self.logits(state, data).argmax(dim=1)

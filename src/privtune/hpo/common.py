@@ -22,7 +22,7 @@ import dataclasses
 import difflib
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 import torch
 
@@ -30,6 +30,7 @@ import privtune.accounting as acct
 from privtune._validation import check_delta, check_epsilon, check_int, check_real
 from privtune.accounting.events import DPSGDEvent, Event, GaussianEvent, event_to_dict
 from privtune.choices import SELECTIONS, TUNABLE_MODES
+from privtune.engine.mechanisms import noisy_scalar
 from privtune.engine.sampling import make_generator
 from privtune.errors import InfeasibleBudgetError, InvalidParameterError
 from privtune.hpo.recommend import recommend, steps_for_epochs
@@ -144,17 +145,25 @@ def calibrate_final(
 # --------------------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(frozen=True, kw_only=True)
 class BudgetPlan:
-    """What a strategy will spend, fixed before any data is read.
+    """What a strategy will spend, fixed before any data is read; immutable (a changed plan is a new object,
+    :func:`dataclasses.replace`).  Each strategy plans a subclass holding its own typed fields.
 
     Attributes
     ----------
+    strategy : the strategy's name.
     total_epsilon, delta : the user's total target.
+    accountant : the accountant the plan was composed with.
     trial_events : planned events of all trials and scoring releases (data-independent).
     final_events : planned events of the final run.
     final_noise_multiplier : σ of the final run (multiplier of the clipping norm) as planned.
     notes : human-readable lines (budget split, per-trial ε, ...), printed before spending.
+    config : the strategy's config the plan was made with (what its ``run`` executes).
+    accounting : how the trials compose, when the strategy chooses (random search); "" otherwise.
+    epsilon_cap, covered : set on a copy by :meth:`covered_by` once the plan is reserved: the ε (at ``delta``,
+        with ``accountant``) that in-run calibrations must not exceed, and a predicate telling whether a list of
+        events is covered by the ledger reservation (the ledger refuses larger commits).
     """
 
     strategy: str
@@ -165,12 +174,24 @@ class BudgetPlan:
     final_events: list = field(default_factory=list)
     final_noise_multiplier: float | None = None
     notes: list = field(default_factory=list)
-    details: dict = field(default_factory=dict)
-    #: set by :func:`privtune.hpo.tune` once the plan is reserved: the ε (at ``delta``, with
-    #: ``accountant``) that in-run calibrations must not exceed, and a predicate telling whether a
-    #: list of events is covered by the ledger reservation (the ledger refuses larger commits)
+    config: Any = field(default=None, repr=False, compare=False)
     epsilon_cap: float | None = field(default=None, repr=False)
     covered: Callable[[list], bool] | None = field(default=None, repr=False, compare=False)
+    #: how the trials compose, when the strategy chooses it: ``"composition"`` or ``"repeat-and-select"``
+    accounting: str = ""
+
+    def covered_by(self, epsilon_cap: float, covered: Callable[[list], bool]) -> "BudgetPlan":
+        """A copy of this plan armed with the reservation's cap and cover predicate."""
+        return dataclasses.replace(self, epsilon_cap=epsilon_cap, covered=covered)
+
+    def trials_expected(self) -> int | None:
+        """The number of trial runs, for the progress display (None: unknown, none, or not published)."""
+        return None
+
+    def strategy_details(self) -> dict[str, Any]:
+        """The strategy's own planned quantities, as plain data (the plan's ``details`` in ``history.json``)."""
+        base = {f.name for f in dataclasses.fields(BudgetPlan)}
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in base}
 
     def run_target(self) -> float:
         """The ε an in-run calibration targets: the total, or the reserved ε when that is smaller."""
@@ -204,6 +225,11 @@ class BudgetPlan:
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
+        details = self.strategy_details()
+        if self.accounting:
+            details["accounting"] = self.accounting
+        if self.config is not None:
+            details["config"] = self.config
         return {
             "strategy": self.strategy,
             "total_epsilon": self.total_epsilon,
@@ -213,7 +239,7 @@ class BudgetPlan:
             "final_events": [event_to_dict(e) for e in self.final_events],
             "final_noise_multiplier": self.final_noise_multiplier,
             "notes": list(self.notes),
-            "details": dict(self.details),
+            "details": details,
         }
 
 
@@ -331,10 +357,13 @@ class Selector:
         return self.source != "public_validation"
 
     def score_event(self, label: str = "") -> GaussianEvent | None:
-        """The event one score costs (None when the split is public)."""
+        """The event one score costs (None when the split is public): what :meth:`score` returns with it."""
         if not self.charged:
             return None
-        return GaussianEvent(noise_multiplier=self.noise_std, count=1, label=label or f"score ({self.source})")
+        return GaussianEvent(noise_multiplier=self.noise_std, count=1, label=self._label(label))
+
+    def _label(self, label: str) -> str:
+        return label or f"score ({self.source})"
 
     def tie_margin(self, score: float) -> float:
         """How far apart two scores near ``score`` must be before one is better than the other, in score
@@ -371,20 +400,44 @@ class Selector:
                 f"outputs have {out.shape[0]} rows but the selection split has {self.labels.shape[0]}."
             )
         self.log.append(self.name)
-        noise = 0.0
-        if self.charged:
-            noise = self.noise_std * float(torch.randn((), generator=self._gen, dtype=torch.float64).item())
         if self.source == "train_loss_noisy":
             if out.dim() != 2:
                 raise InvalidParameterError("selection='train-loss' needs logits, not labels.")
             losses = torch.nn.functional.cross_entropy(out.float(), self.labels, reduction="none")
-            total = float(losses.clamp(0.0, self.loss_clip).sum().item()) + noise * self.loss_clip
-            return -total / n, [self.score_event(label)]
+            total = float(losses.clamp(0.0, self.loss_clip).sum().item())
+            released = noisy_scalar(total, self.noise_std, self.loss_clip, self._gen, label=self._label(label))
+            return -released.value / n, [released.event]
         pred = out.argmax(dim=1) if out.dim() == 2 else out.long().view(-1)
         correct = float((pred == self.labels).sum().item())
         if not self.charged:
             return correct / n, []
-        return (correct + noise) / n, [self.score_event(label)]
+        released = noisy_scalar(correct, self.noise_std, 1.0, self._gen, label=self._label(label))
+        return released.value / n, [released.event]
+
+
+@runtime_checkable
+class Scorer(Protocol):
+    """What strategies need of a selector: :class:`Selector`, or the run journal's wrapper of one."""
+
+    #: one of :data:`SELECTION_SOURCES`
+    source: str
+    #: what the backend's ``predict``/``logits`` take (a feature matrix or a dataset)
+    data: Any
+    #: (n,) labels of the scored split
+    labels: torch.Tensor
+
+    @property
+    def charged(self) -> bool:
+        """Whether a score costs privacy (False on a public split)."""
+
+    def score(self, outputs: torch.Tensor, label: str = "") -> tuple[float, list]:
+        """(score, events charged) of a trial's outputs on :attr:`data`."""
+
+    def score_event(self, label: str = "") -> GaussianEvent | None:
+        """The event one score costs (None when the split is public)."""
+
+    def tie_margin(self, score: float) -> float:
+        """Score difference below which two scores near ``score`` are a tie."""
 
 
 #: score differences within this many standard errors of a difference are ties (:meth:`Selector.tie_margin`)
@@ -468,6 +521,7 @@ __all__ = [
     "BudgetPlan",
     "TrialRecord",
     "StrategyOutcome",
+    "Scorer",
     "Selector",
     "calibrate_final",
     "calibrate_in_plan",
@@ -569,9 +623,11 @@ class Strategy(abc.ABC):
         """The privacy events of the whole strategy, from public sizes only (before any data is read)."""
 
     @abc.abstractmethod
-    def run(self, backend, selector, cfg, plan: BudgetPlan, *, mode: str, seed: int | None = None,
+    def run(self, backend, selector, plan: BudgetPlan, *, mode: str, seed: int | None = None,
             progress=None) -> StrategyOutcome:
-        """Run the planned trials and final run through ``backend`` (the one loop); return their events."""
+        """Run the planned trials and final run through ``backend`` (the one loop; a
+        :class:`~privtune.hpo.backends.Backend`), scored by ``selector`` (a :class:`Scorer`), as ``plan`` (made by
+        :meth:`plan`; its ``config`` is the strategy config it was planned with); return their events."""
 
 
 def config_from_options(cls, options: dict):

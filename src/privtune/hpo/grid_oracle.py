@@ -109,15 +109,14 @@ class GridOracle(Strategy):
 
     def plan(self, cfg, mode: str, request: PlanRequest) -> BudgetPlan:
         # nothing is planned against the budget (NOT PRIVATE)
-        p = BudgetPlan(strategy=self.name, total_epsilon=request.total_epsilon, delta=request.delta,
-                       accountant=request.accountant, trial_events=list(request.prefix_events))
-        p.notes = [f"NOT PRIVATE: {len(cfg.grid())} grid runs, each alone at ε = {request.total_epsilon:g}; "
-                   "their composition is NOT within the budget and no model is released"]
-        p.details["config"] = cfg
-        return p
+        notes = [f"NOT PRIVATE: {len(cfg.grid())} grid runs, each alone at ε = {request.total_epsilon:g}; "
+                 "their composition is NOT within the budget and no model is released"]
+        return BudgetPlan(strategy=self.name, total_epsilon=request.total_epsilon, delta=request.delta,
+                          accountant=request.accountant, trial_events=list(request.prefix_events), notes=notes,
+                          config=cfg)
 
-    def run(self, backend, selector, cfg, plan: BudgetPlan, *, mode: str, seed=None, progress=None):
-        res = run(backend, selector, cfg, plan.total_epsilon, plan.delta, seed=seed, accountant=plan.accountant,
+    def run(self, backend, selector, plan: BudgetPlan, *, mode: str, seed=None, progress=None):
+        res = run(backend, selector, plan.config, plan.total_epsilon, plan.delta, seed=seed, accountant=plan.accountant,
                   progress=progress)
         return StrategyOutcome(state=None, final_events=[], final_hyperparameters=res.hyperparameters,
                                trials=res.trials, strategy_data={"name": self.name, "label": "NOT PRIVATE",

@@ -46,6 +46,7 @@ import torch
 import privtune.accounting as acct
 from privtune._validation import check_backbone_lr_scale, check_choice, check_int, check_real
 from privtune.accounting.events import DPSGDEvent, GaussianEvent
+from privtune.engine.mechanisms import noisy_scalar
 from privtune.engine.private_gradient import CLIPPINGS
 from privtune.engine.sampling import make_generator
 from privtune.finetune.modes import default_backbone_lr_scale
@@ -64,6 +65,7 @@ from privtune.hpo.common import (
     set_override,
     statistical_ties,
 )
+from privtune.hpo.backends import HookContext, RunHooks
 from privtune.training import LoopHook, fit, public_size
 
 NAME = "hyperfree"
@@ -148,13 +150,13 @@ def privatize_loss(losses: torch.Tensor, R_l: float, noise_multiplier: float, ex
     """Eq. (7) of seed 001: (Σ clamp(ℓ_i, −R_l, R_l) + σ_l·R_l·N(0, 1)) / B (a NaN or inf ℓ_i counts 0).
 
     The clipped sum has add/remove sensitivity R_l, so this is a Gaussian mechanism with
-    noise multiplier ``noise_multiplier`` (σ_l).  B is the *expected* batch size.
+    noise multiplier ``noise_multiplier`` (σ_l), :func:`privtune.engine.mechanisms.noisy_scalar`.  B is the
+    *expected* batch size.
     """
     # a NaN/inf loss adds nothing (as its gradient term in the engine): the sum stays in [−B·R_l, B·R_l]
     s = float(torch.where(torch.isfinite(losses), losses, 0.0).clamp(-R_l, R_l).sum().item())
-    if noise_multiplier > 0:
-        s += noise_multiplier * R_l * float(torch.randn((), generator=generator, dtype=torch.float64).item())
-    return s / expected_batch_size
+    # its event is not charged on its own: the release shares the update step's batch (joint accounting, σ_eff)
+    return noisy_scalar(s, noise_multiplier, R_l, generator, label="hyperfree loss").value / expected_batch_size
 
 
 # --------------------------------------------------------------------------------------
@@ -347,8 +349,28 @@ def lr_transfer(lr_trials: dict, final_events, steps: int, delta: float, account
     return {"final_scale": scale, "trial_epsilon": eps_trial, "final_epsilon": eps_final}
 
 
+@dataclass(frozen=True, kw_only=True)
+class HyperfreePlan(BudgetPlan):
+    """A HyFreeDP plan: the final run's schedule and noise, and the η-placement trials (if any).
+
+    sigma : the gradient-only σ the joint calibration started from; sigma_g, sigma_l : the gradient and loss
+    noise multipliers of the run; sample_rate, steps : its Poisson schedule (q, T); interval, probes : a
+    learning-rate update every ``interval`` steps, with ``probes`` loss releases; lr_trials : the planned
+    η-placement trials (:func:`plan_lr_trials` with :func:`lr_transfer`'s scale), None when there are none.
+    """
+
+    sigma: float
+    sigma_g: float
+    sigma_l: float
+    sample_rate: float
+    steps: int
+    interval: int
+    probes: int
+    lr_trials: dict | None = None
+
+
 def plan(config: HyperfreeConfig, total_epsilon: float, delta: float, *, sample_rate: float, steps: int,
-         accountant: str = "pld", prefix_events=(), lr_trials: dict | None = None) -> BudgetPlan:
+         accountant: str = "pld", prefix_events=(), lr_trials: dict | None = None) -> HyperfreePlan:
     """Plan a HyFreeDP run (and its η-placement trials, from :func:`plan_lr_trials`); every event is
     fixed before data is read, the final run calibrated on what the prefix and the trials leave."""
     config.validate()
@@ -357,15 +379,11 @@ def plan(config: HyperfreeConfig, total_epsilon: float, delta: float, *, sample_
         total_epsilon, delta, sample_rate, steps, interval=config.interval, probes=config.probes,
         gamma_noise=config.gamma_noise, accountant=accountant, spent_events=trial_events,
         sampling="full_batch" if sample_rate >= 1.0 else "poisson")
-    p = BudgetPlan(strategy=NAME, total_epsilon=total_epsilon, delta=delta, accountant=accountant,
-                   trial_events=trial_events, final_events=events, final_noise_multiplier=sigma_g)
     if lr_trials:
         lr_trials = dict(lr_trials, **lr_transfer(lr_trials, events, steps, delta, accountant))
-    p.details = {"sigma": sigma, "sigma_g": sigma_g, "sigma_l": sigma_l, "sample_rate": sample_rate,
-                 "steps": steps, "interval": config.interval, "probes": config.probes, "lr_trials": lr_trials}
-    p.notes = []
+    notes = []
     if lr_trials:
-        p.notes.append(f"η placement: {len(lr_trials['multipliers'])} trials at η0 × "
+        notes.append(f"η placement: {len(lr_trials['multipliers'])} trials at η0 × "
                        f"{', '.join(f'{m:g}' for m in lr_trials['multipliers'])}, each T = {lr_trials['steps']} "
                        f"Poisson steps at q = {sample_rate:.4g}, σ = {lr_trials['noise_multiplier']:.4g} "
                        f"(ε of the trials with their scores = "
@@ -373,13 +391,16 @@ def plan(config: HyperfreeConfig, total_epsilon: float, delta: float, *, sample_
                        f"best trial's η × {lr_trials['final_scale']:.3g} (r ∝ ε: T_t/T = "
                        f"{lr_trials['steps']}/{steps}, ε_f/ε_t = {lr_trials['final_epsilon']:.3g}/"
                        f"{lr_trials['trial_epsilon']:.3g})")
-    p.notes += [
+    notes += [
         f"final run: T = {steps} Poisson steps at q = {sample_rate:.4g}; gradient-only σ = {sigma:.4g}",
         f"σ_g = {config.gamma_noise:g}·σ = {sigma_g:.4g}; loss releases σ_l = {sigma_l:.4g} every "
         f"{config.interval} steps ({config.probes} per update, joint accounting on the shared batch)",
         f"planned ε = {epsilon_of(trial_events + events, delta, accountant):.4g}",
     ]
-    return p
+    return HyperfreePlan(strategy=NAME, total_epsilon=total_epsilon, delta=delta, accountant=accountant,
+                         trial_events=trial_events, final_events=events, final_noise_multiplier=sigma_g, notes=notes,
+                         sigma=sigma, sigma_g=sigma_g, sigma_l=sigma_l, sample_rate=sample_rate, steps=steps,
+                         interval=config.interval, probes=config.probes, lr_trials=lr_trials)
 
 
 # --------------------------------------------------------------------------------------
@@ -502,11 +523,47 @@ def train_hyperfree(model, train_set, *, steps: int, sample_rate: float, sigma_g
     probe = LearningRateProbe(config, lr0=lr0, sigma_l=sigma_l, expected_batch_size=sample_rate * public_size(train_set),
                               steps=steps, seed=seed, evaluate=evaluate, eval_every=eval_every, progress=progress)
     fit(model, train_set, noise_multiplier=sigma_g, sample_rate=sample_rate, steps=int(steps), learning_rate=lr0,
-        clip=1.0, clipping=config.clipping_for(on_features), gamma=config.auto_gamma, optimizer=config.optimizer,
-        weight_decay=config.weight_decay, seed=seed, max_physical_batch_size=max_physical_batch_size,
-        hooks=[probe], device=device, backbone_lr_scale=backbone_lr_scale,
-        nonfinite_features="drop")  # features (if any) were cached after the reservation
+        seed=seed, max_physical_batch_size=max_physical_batch_size, hooks=[probe], device=device,
+        backbone_lr_scale=backbone_lr_scale, nonfinite_features="drop",  # features were cached after the reservation
+        **final_run_options(config, on_features))
     return probe.history
+
+
+def final_run_options(config: HyperfreeConfig, on_features: bool) -> dict:
+    """The loop options of a HyFreeDP run (gradient clipping at C = 1, the base optimizer, no momentum): the same
+    for :func:`train_hyperfree` and for the strategy's run through a backend."""
+    return {"clip": 1.0, "clipping": config.clipping_for(on_features), "gamma": config.auto_gamma,
+            "optimizer": config.optimizer, "weight_decay": config.weight_decay, "momentum": 0.0}
+
+
+def final_run_hooks(config: HyperfreeConfig, *, lr0: float, sigma_g: float, sigma_l: float, sample_rate: float,
+                    steps: int, phase: str) -> tuple[RunHooks, list]:
+    """The :class:`~privtune.hpo.backends.RunHooks` of a HyFreeDP run through a backend: one
+    :class:`LearningRateProbe` (seeded by the run's seed), its joint events, and a list that receives the probe
+    (read its ``history`` after the run)."""
+    made: list = []
+    s_eff = float(acct.joint_noise_multiplier(sigma_g, sigma_l, config.probes))
+
+    def make(ctx: HookContext) -> list:
+        probe = LearningRateProbe(config, lr0=lr0, sigma_l=sigma_l, expected_batch_size=ctx.expected_batch_size,
+                                  steps=steps, seed=ctx.seed, evaluate=ctx.evaluate, eval_every=ctx.eval_every,
+                                  progress=ctx.progress)
+        made.append(probe)
+        return [probe]
+
+    def events_at(k: int) -> list:
+        """The first k steps: plain gradient steps at σ_g, and the update steps (one in ``interval``) as one
+        Poisson Gaussian at σ_eff (gradient and the probe's loss releases of the same batch, joint)."""
+        n_upd = math.ceil(k / config.interval)
+        return _steps_events(sigma_g, sample_rate, k - n_upd) + _steps_events(s_eff, sample_rate, n_upd)
+
+    return RunHooks(make=make, events_at=events_at, phase=phase, loss_label="privatised loss"), made
+
+
+def _steps_events(sigma: float, q: float, k: int) -> list:
+    if k <= 0:
+        return []
+    return [GaussianEvent(sigma, k)] if q >= 1.0 else [DPSGDEvent(sigma, q, k)]
 
 
 def train_model_hyperfree(model, train_set, *, steps: int, sample_rate: float, sigma_g: float, sigma_l: float,
@@ -561,48 +618,54 @@ def place_learning_rate(backend, selector, config: HyperfreeConfig, trials_plan:
     return float(best.hyperparameters["learning_rate"]) * final_scale, records
 
 
-def run(backend, config: HyperfreeConfig, p: BudgetPlan, *, mode: str = "last-layer", seed: int | None = None,
+def run(backend, config: HyperfreeConfig, p: HyperfreePlan, *, mode: str = "last-layer", seed: int | None = None,
         progress=None, selector=None):
     """Execute a planned HyFreeDP run on ``backend`` (features or a model), after its η-placement
     trials when the plan has them (scored by ``selector``)."""
     lr0 = config.lr0 if config.lr0 is not None else DEFAULT_LR0.get(mode, 1e-4)
-    d = p.details
     trials: list = []
     lr_default = lr0
-    if d.get("lr_trials"):
+    if p.lr_trials:
         if selector is None:  # tune() always passes one to a selecting strategy; kept as a guard
             raise InvalidParameterError("hyperfree's η placement needs a selector (public split or charged score).")
-        lr0, trials = place_learning_rate(backend, selector, config, d["lr_trials"], lr0,
+        lr0, trials = place_learning_rate(backend, selector, config, p.lr_trials, lr0,
                                           seed=None if seed is None else seed + 5, progress=progress,
-                                          final_scale=d["lr_trials"]["final_scale"])
+                                          final_scale=p.lr_trials["final_scale"])
         if progress:
             progress("hyperfree η placement: scores "
                      + ", ".join(f"η={t.hyperparameters['learning_rate']:.3g}: {t.score:.4f}" for t in trials)
                      + f"; the run starts at η0 = {lr0:.3g}")
     if progress:
-        progress(f"hyperfree: T={d['steps']} q={d['sample_rate']:.4g} σ_g={d['sigma_g']:.4g} σ_l={d['sigma_l']:.4g} "
+        progress(f"hyperfree: T={p.steps} q={p.sample_rate:.4g} σ_g={p.sigma_g:.4g} σ_l={p.sigma_l:.4g} "
                  f"η0={lr0:g}")
-    state, hist = backend.run_hyperfree(steps=d["steps"], sample_rate=d["sample_rate"], sigma_g=d["sigma_g"],
-                                        sigma_l=d["sigma_l"], config=config, lr0=lr0, seed=seed)
+    on_features = backend.kind != "model"
+    hooks, probes = final_run_hooks(config, lr0=lr0, sigma_g=p.sigma_g, sigma_l=p.sigma_l,
+                                    sample_rate=p.sample_rate, steps=p.steps,
+                                    phase=f"final run (hyperfree, {backend.kind})")
+    alpha = {} if on_features else {"backbone_lr_scale": config.backbone_lr_scale_for(backend.mode)}
+    final = backend.run({"learning_rate": lr0}, noise_multiplier=p.sigma_g, sample_rate=p.sample_rate,
+                        steps=p.steps, learning_rate=lr0, bias=True, seed=seed, label="final run (hyperfree)",
+                        hooks=hooks, **alpha, **final_run_options(config, on_features))
+    state, hist = final.state, probes[0].history
     lr_final = hist["lr"][-1] if hist["lr"] else lr0
     if progress:
         progress(f"hyperfree: η {lr0:g} → {lr_final:.4g}, acceptance {hist.get('acceptance_rate', 0):.0%}")
     data = {"name": NAME, "lr_trajectory": hist["lr"], "R_l_trajectory": hist.get("R_l", []),
-            "acceptance_rate": hist.get("acceptance_rate"), "lr0": lr0, "sigma": d["sigma"],
-            "sigma_g": d["sigma_g"], "sigma_l": d["sigma_l"], "interval": config.interval, "probes": config.probes,
+            "acceptance_rate": hist.get("acceptance_rate"), "lr0": lr0, "sigma": p.sigma,
+            "sigma_g": p.sigma_g, "sigma_l": p.sigma_l, "interval": config.interval, "probes": config.probes,
             "accounting": "joint (shared batch): update steps are one Poisson Gaussian with σ_eff"}
     if hist.get("acceptance_rate", 1.0) < 0.25:
         data["warning"] = (f"only {hist.get('acceptance_rate', 0):.0%} of η fits accepted: the run was close to "
                            f"constant η ≈ η0 = {lr0:g}")
-    hp = {"learning_rate_initial": lr0, "learning_rate_final": lr_final, "steps": d["steps"],
-          "sample_rate": d["sample_rate"], "batch_size": round(d["sample_rate"] * backend.n),
-          "noise_multiplier": d["sigma_g"], "loss_noise_multiplier": d["sigma_l"],
+    hp = {"learning_rate_initial": lr0, "learning_rate_final": lr_final, "steps": p.steps,
+          "sample_rate": p.sample_rate, "batch_size": round(p.sample_rate * backend.n),
+          "noise_multiplier": p.sigma_g, "loss_noise_multiplier": p.sigma_l,
           "clipping": config.clipping_for(backend.kind != "model"),
           "optimizer": config.optimizer, "interval": config.interval}
     if backend.kind == "model":
         hp["backbone_lr_scale"] = config.backbone_lr_scale_for(backend.mode)
     if trials:
-        lt = d["lr_trials"]
+        lt = p.lr_trials
         data["lr_placement"] = {"default_lr0": lr_default, "chosen_lr0": lr0,
                                 "scores": {f"{t.hyperparameters['learning_rate']:.4g}": t.score for t in trials},
                                 "transfer": {"rule": "r ∝ ε (Panda, Tang et al.'s linear scaling), capped at the trial's η",
@@ -640,9 +703,7 @@ class Hyperfree(Strategy):
                                 score_sigma=r.score_sigma, accountant=r.accountant)
         p = plan(cfg, r.total_epsilon, r.delta, sample_rate=q, steps=T, accountant=r.accountant,
                  prefix_events=r.prefix_events, lr_trials=trials)
-        p.details["config"] = cfg
-        p.details["n_train"] = r.n_train  # public size: the progress display's time left for the whole tune
-        return p
+        return dataclasses.replace(p, config=cfg)
 
-    def run(self, backend, selector, cfg, plan: BudgetPlan, *, mode: str, seed=None, progress=None):
-        return run(backend, cfg, plan, mode=mode, seed=seed, progress=progress, selector=selector)
+    def run(self, backend, selector, plan: HyperfreePlan, *, mode: str, seed=None, progress=None):
+        return run(backend, plan.config, plan, mode=mode, seed=seed, progress=progress, selector=selector)

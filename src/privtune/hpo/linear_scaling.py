@@ -22,7 +22,8 @@ Fixes over the paper / reference code (digest 000 §7.4, §8):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
@@ -334,8 +335,39 @@ def _bounds(value: Any, default: tuple) -> tuple[float, float]:
     return lo, hi
 
 
+@dataclass(frozen=True, kw_only=True)
+class LinearScalingPlan(BudgetPlan):
+    """Two sweeps of ``runs_per_sweep`` runs at per-run ε ``sweep_epsilons`` (ε₁, ε₂), then the final run at
+    per-run ``final_epsilon``; the sweeps alone cost ``trial_epsilon``.  ``prefix_events``: what was spent before
+    the sweeps (``--mode auto`` pilots, a private feature centre).  Full-batch runs (cached features): ``mu``
+    (μ₁, μ₂) and ``final_mu`` are the runs' GDP parameters."""
+
+    sweep_epsilons: tuple[float, float]
+    runs_per_sweep: int
+    final_epsilon: float
+    trial_epsilon: float
+    prefix_events: list = field(default_factory=list)
+    mu: tuple[float, float] | None = None
+    final_mu: float | None = None
+
+    def trials_expected(self) -> int | None:
+        return 2 * int(self.runs_per_sweep)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LinearScalingMinibatchPlan(LinearScalingPlan):
+    """The mini-batch variant (a model): every run is ``DPSGDEvent(σᵢ, q, T)`` with σᵢ = ``sigmas``, at
+    ``sample_rate`` q and ``steps`` T; η searched within ``lr_bounds``."""
+
+    sigmas: tuple[float, float]
+    sample_rate: float
+    steps: int
+    lr_bounds: tuple[float, float]
+    minibatch: bool = True
+
+
 def plan(config: LinearScalingConfig, total_epsilon: float, delta: float, *, score_event: GaussianEvent | None = None,
-         accountant: str = "pld", prefix_events: Sequence = ()) -> BudgetPlan:
+         accountant: str = "pld", prefix_events: Sequence = ()) -> LinearScalingPlan:
     """Plan every release before data is read (full-batch runs: exact GDP in μ).
 
     Each sweep run is a μᵢ-GDP release (μᵢ = μ(εᵢ, δ)) whatever its (η, T), since
@@ -369,30 +401,30 @@ def plan(config: LinearScalingConfig, total_epsilon: float, delta: float, *, sco
             f"Budget plan infeasible: after the sweeps the final run would get a per-run ε_f = {eps_f:.4g}, below "
             f"sweep 2's ε₂ = {e2:g}, which defeats the purpose of tuning. {suggestion}"
         )
-    p = BudgetPlan(strategy=NAME, total_epsilon=total_epsilon, delta=delta, accountant=accountant,
-                   trial_events=trial_events, final_events=[GaussianEvent(sigma_f1, 1, label="planned final run")],
-                   final_noise_multiplier=sigma_f1)
-    p.details = {"sweep_epsilons": [e1, e2], "runs_per_sweep": n, "mu": [mu1, mu2], "final_mu": mu_f,
-                 "final_epsilon": eps_f, "trial_epsilon": eps_trials, "prefix_events": list(prefix_events)}
-    p.notes = [
+    notes = [
         f"sweep 1: {n} full-batch runs at per-run ε₁ = {e1:g} (μ = {mu1:.4g})",
         f"sweep 2: {n} full-batch runs at per-run ε₂ = {e2:g} (μ = {mu2:.4g})",
         f"final run: per-run ε_f = {eps_f:.4g} (μ = {mu_f:.4g}); the sweeps alone cost ε = {eps_trials:.4g}",
         "composition in μ (exact GDP for full batch), then PLD-verified by the certificate",
     ]
     if score_event is not None:
-        p.notes.append(f"each trial score is a charged Gaussian count (σ = {score_event.noise_multiplier:g})")
-    return p
+        notes.append(f"each trial score is a charged Gaussian count (σ = {score_event.noise_multiplier:g})")
+    return LinearScalingPlan(strategy=NAME, total_epsilon=total_epsilon, delta=delta, accountant=accountant,
+                             trial_events=trial_events,
+                             final_events=[GaussianEvent(sigma_f1, 1, label="planned final run")],
+                             final_noise_multiplier=sigma_f1, notes=notes, sweep_epsilons=(e1, e2),
+                             runs_per_sweep=n, final_epsilon=eps_f, trial_epsilon=eps_trials,
+                             prefix_events=list(prefix_events), mu=(mu1, mu2), final_mu=mu_f)
 
 
-def run(backend, selector, config: LinearScalingConfig, p: BudgetPlan, *, seed: int | None = None,
+def run(backend, selector, config: LinearScalingConfig, p: LinearScalingPlan, *, seed: int | None = None,
         progress=None) -> StrategyOutcome:
     """Execute the plan: two sweeps, the fit, the final run (full batch on ``backend``)."""
     rng = np.random.default_rng(seed)
     space = config.space()
-    n = p.details["runs_per_sweep"]
-    e1, e2 = p.details["sweep_epsilons"]
-    mus = p.details["mu"]
+    n = p.runs_per_sweep
+    e1, e2 = p.sweep_epsilons
+    mus = p.mu
     trials: list[TrialRecord] = []
     best_rs: list[float] = []
     lo = space.r_min
@@ -431,10 +463,10 @@ def run(backend, selector, config: LinearScalingConfig, p: BudgetPlan, *, seed: 
         run_trials(backend, calls, score_trial)
         best = choose_best(sweep_records, tie=lambda r: r.hyperparameters["r"])
         best_rs.append(float(best.hyperparameters["r"]))
-    ext = extrapolate_r([e1, e2], best_rs, p.details["final_epsilon"], delta=p.delta, fit_space=config.fit_space,
+    ext = extrapolate_r([e1, e2], best_rs, p.final_epsilon, delta=p.delta, fit_space=config.fit_space,
                         r_bounds=(lo, space.r_max), proportional_cap=config.proportional_cap)
     lr_f, T_f, note_f = decompose(ext.r_star, space, rng, config.decomposition)
-    spent = list(p.details.get("prefix_events", [])) + [e for t in trials for e in t.events]
+    spent = list(p.prefix_events) + [e for t in trials for e in t.events]
     sigma_f = calibrate_in_plan(p, spent, sample_rate=1.0, steps=T_f, sampling="full_batch")
     if progress:
         progress(f"fit ({ext.space}-space): r* = {ext.r_star:.4g} → final run η={lr_f:.3g}, T={T_f}, σ={sigma_f:.4g}")
@@ -450,7 +482,7 @@ def run(backend, selector, config: LinearScalingConfig, p: BudgetPlan, *, seed: 
         "fit": {"slope": ext.slope, "intercept": ext.intercept, "space": ext.space},
         "extrapolation": ext.to_dict(),
         "r_star": ext.r_star,
-        "final_epsilon": p.details["final_epsilon"],
+        "final_epsilon": p.final_epsilon,
         "search_space": {"lr_bounds": [space.lr_min, space.lr_max], "steps_grid": list(space.steps_grid),
                          "r_min": space.r_min, "r_max": space.r_max, "r_sampling": config.r_sampling},
         "notes": [x for x in (ext.fallback, ext.clamped, note_f) if x],
@@ -470,7 +502,7 @@ def run(backend, selector, config: LinearScalingConfig, p: BudgetPlan, *, seed: 
 
 def plan_minibatch(config: LinearScalingConfig, total_epsilon: float, delta: float, *, sample_rate: float,
                    steps: int, score_event: GaussianEvent | None = None, accountant: str = "pld",
-                   prefix_events: Sequence = ()) -> BudgetPlan:
+                   prefix_events: Sequence = ()) -> LinearScalingMinibatchPlan:
     """Plan for Poisson-subsampled runs: every sweep run is ``DPSGDEvent(σᵢ, q, T)`` with σᵢ
     calibrated to the per-run εᵢ; the final σ is calibrated inside the PLD composition.
 
@@ -499,32 +531,30 @@ def plan_minibatch(config: LinearScalingConfig, total_epsilon: float, delta: flo
     if eps_f < e2:
         raise InfeasibleBudgetError(f"Budget plan infeasible: the final run would get per-run ε_f = {eps_f:.4g} < "
                                     f"ε₂ = {e2:g}. {suggestion}")
-    p = BudgetPlan(strategy=NAME, total_epsilon=total_epsilon, delta=delta, accountant=accountant,
-                   trial_events=trial_events,
-                   final_events=[DPSGDEvent(sigma_f, sample_rate, steps, label="planned final run")],
-                   final_noise_multiplier=sigma_f)
-    p.details = {"sweep_epsilons": [e1, e2], "runs_per_sweep": n, "sigmas": sig, "final_epsilon": eps_f,
-                 "trial_epsilon": eps_trials, "prefix_events": list(prefix_events), "sample_rate": sample_rate,
-                 "steps": steps, "minibatch": True, "lr_bounds": [lr_lo, lr_hi]}
-    p.notes = [f"sweeps: {n} + {n} Poisson runs (q = {sample_rate:.4g}, T = {steps}) at per-run ε = {e1:g}, {e2:g} "
+    notes = [f"sweeps: {n} + {n} Poisson runs (q = {sample_rate:.4g}, T = {steps}) at per-run ε = {e1:g}, {e2:g} "
                f"(σ = {sig[0]:.4g}, {sig[1]:.4g})",
-               f"final run: per-run ε_f = {eps_f:.4g} (σ = {sigma_f:.4g}); the sweeps cost ε = {eps_trials:.4g}"]
-    return p
+             f"final run: per-run ε_f = {eps_f:.4g} (σ = {sigma_f:.4g}); the sweeps cost ε = {eps_trials:.4g}"]
+    return LinearScalingMinibatchPlan(
+        strategy=NAME, total_epsilon=total_epsilon, delta=delta, accountant=accountant, trial_events=trial_events,
+        final_events=[DPSGDEvent(sigma_f, sample_rate, steps, label="planned final run")],
+        final_noise_multiplier=sigma_f, notes=notes, sweep_epsilons=(e1, e2), runs_per_sweep=n, final_epsilon=eps_f,
+        trial_epsilon=eps_trials, prefix_events=list(prefix_events), sigmas=tuple(sig), sample_rate=sample_rate,
+        steps=steps, lr_bounds=(lr_lo, lr_hi))
 
 
-def run_minibatch(backend, selector, config: LinearScalingConfig, p: BudgetPlan, *, seed: int | None = None,
+def run_minibatch(backend, selector, config: LinearScalingConfig, p: LinearScalingMinibatchPlan, *, seed: int | None = None,
                   progress=None) -> StrategyOutcome:
     """Algorithm 2 with Poisson mini-batches on a model backend (T fixed in the sweeps)."""
     rng = np.random.default_rng(seed)
 
-    q, T = p.details["sample_rate"], p.details["steps"]
+    q, T = p.sample_rate, p.steps
     lr_lo, lr_hi = config.minibatch_lr_bounds()
     r_min, r_max = lr_lo * T, lr_hi * T
-    n = p.details["runs_per_sweep"]
-    e1, e2 = p.details["sweep_epsilons"]
+    n = p.runs_per_sweep
+    e1, e2 = p.sweep_epsilons
     trials: list[TrialRecord] = []
     best_rs: list[float] = []
-    for s, (eps_s, sig) in enumerate(zip((e1, e2), p.details["sigmas"]), start=1):
+    for s, (eps_s, sig) in enumerate(zip((e1, e2), p.sigmas), start=1):
         # sweep 1 on [r_min, sweep1_fraction·r_max] (the code's prior, as in the full-batch variant);
         # sweep 2 between sweep 1's best r and r_max (the issue's fix)
         lo, hi = (r_min, max(r_min, config.sweep1_fraction * r_max)) if s == 1 else (best_rs[0], r_max)
@@ -547,11 +577,11 @@ def run_minibatch(backend, selector, config: LinearScalingConfig, p: BudgetPlan,
 
         run_trials(backend, calls, score_trial)
         best_rs.append(float(choose_best(recs, tie=lambda r: r.hyperparameters["r"]).hyperparameters["r"]))
-    ext = extrapolate_r([e1, e2], best_rs, p.details["final_epsilon"], delta=p.delta, fit_space=config.fit_space,
+    ext = extrapolate_r([e1, e2], best_rs, p.final_epsilon, delta=p.delta, fit_space=config.fit_space,
                         r_bounds=(r_min, r_max), proportional_cap=config.proportional_cap)
     T_f = T  # r* lies in the searched range [η_min·T, η_max·T], so η = r*/T is inside the box
     lr_f = min(max(ext.r_star / T, lr_lo), lr_hi)
-    spent = list(p.details.get("prefix_events", [])) + [e for t in trials for e in t.events]
+    spent = list(p.prefix_events) + [e for t in trials for e in t.events]
     sigma_f = float(p.final_noise_multiplier)  # the planned final run (the trials ran exactly as planned)
     if not p.fits(spent + [DPSGDEvent(sigma_f, q, T_f)]):  # pragma: no cover - guard; trials differ from the plan
         sigma_f = calibrate_in_plan(p, spent, sample_rate=q, steps=T_f)
@@ -562,7 +592,7 @@ def run_minibatch(backend, selector, config: LinearScalingConfig, p: BudgetPlan,
         seed=int(rng.integers(2**31)), label="linear-scaling final run", record=True))])
     data = {"name": NAME, "trial_epsilons": [e1, e2], "best_r": best_rs, "r_star": ext.r_star,
             "fit": {"slope": ext.slope, "intercept": ext.intercept, "space": ext.space},
-            "extrapolation": ext.to_dict(), "final_epsilon": p.details["final_epsilon"], "minibatch": True,
+            "extrapolation": ext.to_dict(), "final_epsilon": p.final_epsilon, "minibatch": True,
             "search_space": {"lr_bounds": [lr_lo, lr_hi], "steps": T, "r_min": r_min, "r_max": r_max,
                              "r_sampling": config.r_sampling, "sweep1": [r_min, max(r_min, config.sweep1_fraction
                                                                                    * r_max)]},
@@ -605,10 +635,9 @@ class LinearScaling(Strategy):
             q, T = minibatch_schedule(r, r.epochs if r.epochs is not None else 1.0)
             p = plan_minibatch(cfg, r.total_epsilon, r.delta, sample_rate=q, steps=T, score_event=r.score_event(),
                                accountant=r.accountant, prefix_events=r.prefix_events)
-        p.details["config"] = cfg
-        return p
+        return dataclasses.replace(p, config=cfg)
 
-    def run(self, backend, selector, cfg, plan: BudgetPlan, *, mode: str, seed=None, progress=None):
+    def run(self, backend, selector, plan: LinearScalingPlan, *, mode: str, seed=None, progress=None):
         if mode == "last-layer":
-            return run(backend, selector, cfg, plan, seed=seed, progress=progress)
-        return run_minibatch(backend, selector, cfg, plan, seed=seed, progress=progress)
+            return run(backend, selector, plan.config, plan, seed=seed, progress=progress)
+        return run_minibatch(backend, selector, plan.config, plan, seed=seed, progress=progress)

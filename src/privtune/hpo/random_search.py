@@ -104,8 +104,26 @@ def _ps_mu(k: float, shape: float, score_sigma: float | None, total: float, delt
         return None
 
 
+@dataclass(frozen=True, kw_only=True)
+class RandomSearchPlan(BudgetPlan):
+    """``trials`` full-batch runs (the mean number under repeat-and-select, where the number is random), each at
+    per-run μ ``trial_mu``; ``accounting`` says which composition won (``composition_mu`` against
+    ``repeat_and_select_mu``, None when not feasible); ``shape`` and ``p_trials_above_10x_mean``: the
+    repeat-and-select distribution of the number of trials and its tail (None under composition)."""
+
+    trials: int
+    trial_mu: float
+    composition_mu: float | None
+    repeat_and_select_mu: float | None
+    shape: float
+    p_trials_above_10x_mean: float | None = None
+
+    def trials_expected(self) -> int | None:
+        return int(self.trials) if self.accounting == "composition" and self.trials else None
+
+
 def plan(config: RandomSearchConfig, total_epsilon: float, delta: float, *, score_sigma: float | None = None,
-         accountant: str = "pld", prefix_events=()) -> BudgetPlan:
+         accountant: str = "pld", prefix_events=()) -> RandomSearchPlan:
     """Choose the tighter accounting and the per-trial μ, before any data is read."""
     k = check_int(config.trials, "trials", low=1)
     check_real(config.shape, "shape", low=0.0, low_inclusive=True)
@@ -148,30 +166,30 @@ def plan(config: RandomSearchConfig, total_epsilon: float, delta: float, *, scor
             f"fit in ε = {total_epsilon:g}. Use fewer `trials`, a public validation split, or a larger `epsilon`."
         )
     use_ps = ps_mu is not None and (comp_mu is None or ps_mu > comp_mu)
-    p = BudgetPlan(strategy=NAME, total_epsilon=total_epsilon, delta=delta, accountant="rdp" if use_ps else accountant)
+    tail = None
     if use_ps:
         inner = [GaussianEvent(1.0 / ps_mu, 1)] + ([GaussianEvent(score_sigma, 1)] if score_sigma else [])
-        p.trial_events = prefix + [RepeatAndSelectEvent(events=tuple(inner), mean=float(k), shape=float(config.shape),
+        trial_events = prefix + [RepeatAndSelectEvent(events=tuple(inner), mean=float(k), shape=float(config.shape),
                                                label="random search (repeat-and-select)")]
         mu = ps_mu
         tail = _tail_probability(float(k), float(config.shape), 10 * k)
     else:
-        p.trial_events = comp_events(comp_mu)
+        trial_events = comp_events(comp_mu)
         mu = comp_mu
-    p.details = {"trials": k, "accounting": "repeat-and-select" if use_ps else "composition", "trial_mu": mu,
-                 "composition_mu": comp_mu, "repeat_and_select_mu": ps_mu, "shape": config.shape}
-    if use_ps:
-        p.details["p_trials_above_10x_mean"] = tail
-    p.notes = [
+    accounting = "repeat-and-select" if use_ps else "composition"
+    notes = [
         f"{k} {'expected ' if use_ps else ''}trials, each a full-batch run at per-run μ = {mu:.4g}",
-        f"accounting: {p.details['accounting']} (per-trial μ: composition {comp_mu or float('nan'):.4g}, "
+        f"accounting: {accounting} (per-trial μ: composition {comp_mu or float('nan'):.4g}, "
         f"repeat-and-select {ps_mu or float('nan'):.4g}; the larger μ, i.e. less noise, wins)",
         "the best trial is released; no separate final run",
     ]
     if use_ps:
-        p.notes.append(f"the number of trials K is random (mean {k}, never capped: the guarantee needs the whole "
-                       f"distribution); P(K > {10 * k}) = {tail:.2g}")
-    return p
+        notes.append(f"the number of trials K is random (mean {k}, never capped: the guarantee needs the whole "
+                     f"distribution); P(K > {10 * k}) = {tail:.2g}")
+    return RandomSearchPlan(strategy=NAME, total_epsilon=total_epsilon, delta=delta,
+                            accountant="rdp" if use_ps else accountant, trial_events=trial_events, notes=notes,
+                            accounting=accounting, trials=k, trial_mu=mu, composition_mu=comp_mu,
+                            repeat_and_select_mu=ps_mu, shape=config.shape, p_trials_above_10x_mean=tail)
 
 
 def _k_distribution(mean: float, shape: float):
@@ -210,14 +228,14 @@ def _draw_k(rng: np.random.Generator, mean: float, shape: float) -> int:
             return kk
 
 
-def run(backend, selector, config: RandomSearchConfig, p: BudgetPlan, *, seed: int | None = None,
+def run(backend, selector, config: RandomSearchConfig, p: RandomSearchPlan, *, seed: int | None = None,
         progress=None) -> StrategyOutcome:
     rng = np.random.default_rng(seed)
     space = config.space()
-    mu = p.details["trial_mu"]
-    use_ps = p.details["accounting"] == "repeat-and-select"
+    mu = p.trial_mu
+    use_ps = p.accounting == "repeat-and-select"
     # repeat-and-select: K drawn from the untruncated-above distribution the accounting assumes
-    k = _draw_k(rng, float(p.details["trials"]), float(config.shape)) if use_ps else p.details["trials"]
+    k = _draw_k(rng, float(p.trials), float(config.shape)) if use_ps else p.trials
     # every trial's hyperparameters and seed are drawn here, in the driver, in the order the one-by-one loop drew
     # them, so that where the trials run (hpo.executors) changes nothing they compute
     calls = []
@@ -252,14 +270,14 @@ def run(backend, selector, config: RandomSearchConfig, p: BudgetPlan, *, seed: i
         selected = TrialRecord(index=0, phase="selected trial (repeat-and-select)",
                                hyperparameters=dict(best.hyperparameters), events=selected_events,
                                score=best.score, score_source=best.score_source)
-        data = {"name": NAME, "accounting": p.details["accounting"], "trial_mu": mu, "published": PUBLISHED_UNDER_PS,
+        data = {"name": NAME, "accounting": p.accounting, "trial_mu": mu, "published": PUBLISHED_UNDER_PS,
                 "certificate_events": "repeat-and-select event replaces per-trial composition",
                 "notes": [PUBLISHED_UNDER_PS]}
         out = StrategyOutcome(state=fit.state, final_events=[], final_hyperparameters=final_hp, trials=[selected],
                               strategy_data=data, final_history=fit.history, selection_source=selector.source)
         out.certificate_events = [e for e in p.trial_events if isinstance(e, RepeatAndSelectEvent)]
         return out
-    data = {"name": NAME, "scores": [t.score for t in trials], "accounting": p.details["accounting"],
+    data = {"name": NAME, "scores": [t.score for t in trials], "accounting": p.accounting,
             "trial_mu": mu, "realised_trials": k, "best_index": best.index, "published": "every trial (composition)"}
     return StrategyOutcome(state=fit.state, final_events=[], final_hyperparameters=dict(final_hp,
                            selected_trial=best.index), trials=trials, strategy_data=data,
@@ -282,8 +300,7 @@ class RandomSearch(Strategy):
     def plan(self, cfg, mode: str, request: PlanRequest) -> BudgetPlan:
         p = plan(cfg, request.total_epsilon, request.delta, score_sigma=request.score_sigma,
                  accountant=request.accountant, prefix_events=request.prefix_events)
-        p.details["config"] = cfg
-        return p
+        return dataclasses.replace(p, config=cfg)
 
-    def run(self, backend, selector, cfg, plan: BudgetPlan, *, mode: str, seed=None, progress=None):
-        return run(backend, selector, cfg, plan, seed=seed, progress=progress)
+    def run(self, backend, selector, plan: RandomSearchPlan, *, mode: str, seed=None, progress=None):
+        return run(backend, selector, plan.config, plan, seed=seed, progress=progress)

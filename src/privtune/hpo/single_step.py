@@ -11,6 +11,7 @@ whole (ε, δ) goes to the one step.  This is the cheapest strong baseline at sm
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from privtune._validation import check_choice, check_real
@@ -52,24 +53,30 @@ class SingleStepConfig:
         check_real(self.clip, "clip", low=0.0)
 
 
+@dataclass(frozen=True, kw_only=True)
+class SingleStepPlan(BudgetPlan):
+    """One full-batch Gaussian release; ``noise_multiplier``: its σ."""
+
+    noise_multiplier: float
+
+
 def plan(config: SingleStepConfig, total_epsilon: float, delta: float, *, accountant: str = "pld",
-         prefix_events=()) -> BudgetPlan:
+         prefix_events=()) -> SingleStepPlan:
     """One full-batch Gaussian release at the whole budget: σ = calibrate(ε, δ, q = 1, T = 1)."""
     config.validate()
     sigma = calibrate_final(total_epsilon, delta, list(prefix_events), sample_rate=1.0, steps=1, sampling="full_batch",
                             accountant=accountant, what="the single step")
     ev = GaussianEvent(sigma, 1, label="single-step full-batch DP step")
-    p = BudgetPlan(strategy=NAME, total_epsilon=total_epsilon, delta=delta, accountant=accountant,
-                   trial_events=list(prefix_events), final_events=[ev], final_noise_multiplier=sigma)
-    p.details = {"noise_multiplier": sigma}
-    p.notes = [f"one full-batch DP-{config.optimizer.upper()} step from a zero head, σ = {sigma:.4g} "
-               f"(ε = {epsilon_of([ev], delta, accountant):.4g}); no trials, nothing spent on tuning"]
-    return p
+    notes = [f"one full-batch DP-{config.optimizer.upper()} step from a zero head, σ = {sigma:.4g} "
+             f"(ε = {epsilon_of([ev], delta, accountant):.4g}); no trials, nothing spent on tuning"]
+    return SingleStepPlan(strategy=NAME, total_epsilon=total_epsilon, delta=delta, accountant=accountant,
+                          trial_events=list(prefix_events), final_events=[ev], final_noise_multiplier=sigma,
+                          notes=notes, noise_multiplier=sigma)
 
 
-def run(backend, config: SingleStepConfig, p: BudgetPlan, *, seed: int | None = None, progress=None):
+def run(backend, config: SingleStepConfig, p: SingleStepPlan, *, seed: int | None = None, progress=None):
     """Execute the single step on a features backend."""
-    sigma = p.details["noise_multiplier"]
+    sigma = p.noise_multiplier
     if progress:
         progress(f"single step: full batch, σ = {sigma:.4g}, DP-{config.optimizer}")
     fit = backend.run({}, noise_multiplier=sigma, sample_rate=1.0, steps=1, learning_rate=config.learning_rate,
@@ -98,8 +105,7 @@ class SingleStep(Strategy):
     def plan(self, cfg, mode: str, request: PlanRequest) -> BudgetPlan:
         p = plan(cfg, request.total_epsilon, request.delta, accountant=request.accountant,
                  prefix_events=request.prefix_events)
-        p.details["config"] = cfg
-        return p
+        return dataclasses.replace(p, config=cfg)
 
-    def run(self, backend, selector, cfg, plan: BudgetPlan, *, mode: str, seed=None, progress=None):
-        return run(backend, cfg, plan, seed=seed, progress=progress)
+    def run(self, backend, selector, plan: SingleStepPlan, *, mode: str, seed=None, progress=None):
+        return run(backend, plan.config, plan, seed=seed, progress=progress)

@@ -1,6 +1,7 @@
 """``privtune.tune``: private tuning plus training under one total (ε, δ).
 
-The flow (each step happens before the next touches more data):
+``tune`` is a :class:`TuneJob` run by :func:`privtune.run.pipeline.execute`, the stage order every
+budget-spending command shares.  The flow (each step happens before the next touches more data):
 
 1. validate every argument and the data (the declared label set, labels outside it, empty data,
    overlapping splits, model path) — errors here cost no budget;
@@ -30,24 +31,23 @@ import math
 import os
 import secrets
 import sys
-import tempfile
 import time
 import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from privtune import _release, finetune, pipeline  # finetune.cache_features: a test seam, read at call time
+from privtune import _release, finetune  # finetune.cache_features: a test seam, read at call time
 from privtune._validation import check_choice, check_int, check_real
-from privtune.accounting import Certificate
 from privtune.accounting.events import GaussianEvent, event_to_dict
-from privtune.data import ImageDataset, TextDataset, embedded_sst2, load_dataset
+from privtune.data import embedded_sst2
 from privtune.data.datasets import EMBEDDED_LABELS, check_disjoint, declared_label_set
 from privtune.engine import distributed
+from privtune.engine.mechanisms import noisy_feature_sum
 from privtune.engine.sampling import make_generator, poisson_mask
-from privtune.errors import (DataError, InfeasibleBudgetError, InvalidParameterError, OneClassModelWarning,
+from privtune.errors import (InfeasibleBudgetError, InvalidParameterError, OneClassModelWarning,
                              PrivtuneError, UnlikelyToLearnWarning)
 from privtune.finetune import usefulness
 from privtune.finetune.last_layer import check_finite_features
@@ -56,7 +56,6 @@ from privtune.hpo import common, grid_oracle
 from privtune.hpo.executors import for_tune
 from privtune.hpo._resume import (  # noqa: F401  (STATE_FILE is part of this module's interface)
     STATE_FILE,
-    _check_open_reservation,
     _effective_config,
     _journaled,
     _label_curves,
@@ -71,17 +70,18 @@ from privtune.hpo.backends import FeatureBackend, ModelBackend, head_into_classi
 from privtune.hpo.common import TUNABLE_MODES, BudgetPlan, PlanRequest, Selector, as_plain, data_kind
 from privtune.hpo.registry import STRATEGIES
 from privtune.hpo.registry import get as get_strategy
-from privtune.ledger import Ledger, composed_epsilon, dataset_identity, demo_key_path, mask_url
+from privtune.ledger import composed_epsilon, dataset_identity
 from privtune.models import load_classifier, resolve_device
 from privtune.models.classifier import check_model_label_set
 from privtune.report.progress import Progress
-from privtune.report.release import mark_seeded, split_release
+from privtune.run import pipeline as run_pipeline
+from privtune.run import release
+from privtune.run.budget import BudgetRequest, open_ledger_for
+from privtune.run.inputs import check_training_split, load_split
+from privtune.run.pipeline import Described, ReleaseTarget
 from privtune.training import declare_public_size, public_size
 from privtune.specs import DEFAULT_CLIPPING, DEFAULT_OPTIMIZER, ClippingSpec, OptimizerSpec, PrivacySpec, ScheduleSpec
 
-#: what tune() releases into RUN_DIR (checked before the reservation: an entry of the wrong kind is an error)
-_RELEASED_FILES = ("certificate.json", "metrics.json", "history.json", "config.yaml", "report.html", "log.txt")
-_RELEASED_DIRS = ("model",)
 #: STRATEGIES (re-exported): the tuning strategies, read from the registry (privtune.hpo.registry)
 #: tune(mode=...): a tunable mode, or "auto" (the one declaration of this choice set)
 MODES = ("auto", *TUNABLE_MODES)
@@ -148,33 +148,6 @@ class TuneResult:
 # --------------------------------------------------------------------------------------
 # data helpers
 # --------------------------------------------------------------------------------------
-
-
-def _load(data: Any, what: str, text_column=None, label_column=None, num_labels=None, label_names=None):
-    """Load a split; with a declared label set (``num_labels``/``label_names``) its labels must be in it."""
-    if data is None:
-        return None
-    if isinstance(data, (TextDataset, ImageDataset)):
-        return load_dataset(data, num_labels=num_labels, label_names=label_names)
-    if hasattr(data, "__len__") and hasattr(data, "kind"):
-        return data
-    if isinstance(data, (str, os.PathLike)):
-        p = Path(data).expanduser()
-        if not p.exists():
-            raise DataError(f"`{what}` file {str(p)!r} does not exist. Check the path.")
-        return load_dataset(str(p), text_column=text_column, label_column=label_column, num_labels=num_labels,
-                            label_names=label_names)
-    raise InvalidParameterError(f"`{what}` must be a path or a privtune dataset. Got {type(data).__name__}.")
-
-
-def _check_train(ds) -> None:
-    if ds is None or len(ds) == 0:
-        raise DataError("The training data is empty. Pass a file with at least two labelled examples per class.")
-    labels = getattr(ds, "labels", None)
-    if labels is None:
-        raise DataError("The training data has no labels. Add a label column (e.g. `label`).")
-    # no check of which classes the rows contain: the label set is declared (public), and a refusal that
-    # depends on the rows' classes would tell whoever sees it something about the private data
 
 
 def _labels_tensor(ds) -> torch.Tensor:
@@ -290,83 +263,72 @@ def tune(
         ``None`` = Ray already initialised here, else ``$RAY_ADDRESS``, else a ``ray start`` instance on this
         machine, else a new local one.
     """
-    args = dict(locals())  # every argument as given: RUN_DIR/config.yaml and the resume check
-    if isinstance(labels, (str, list, tuple)):  # [0, 1], "0,1" and --labels 0,1 are one setting (config, resume)
-        args["labels"] = [str(x).strip() for x in (labels.split(",") if isinstance(labels, str) else labels)]
-    t_start = time.time()
-    # ---------------------------------------------------------------- validate, load (no budget yet)
-    req = _check_arguments(args, unknown)
-    inputs = _load_inputs(req, data, eval_data=eval_data, public_eval_data=public_eval_data, labels=labels,
-                          model=model, text_column=text_column, label_column=label_column,
-                          validation_fraction=validation_fraction)
-    files = _open_run_files(args, req, inputs)
-    inputs = _split_private_validation(inputs, files.run_seed)
-    prog = _progress(quiet, files.run_dir, req.privacy.epsilon)
-    prog.hold_lines()  # until the plan says whether this run's timing may be shown
-    log = prog.log
-    journal = None
-    reserved = refused = False
-    try:
-        clf = _load_model(model, inputs, files.run_seed)
-        log(f"privtune tune: strategy={req.strategy.name}, mode={req.mode}, total ε={req.privacy.epsilon:g}, "
-            f"δ={inputs.privacy.delta:g}, data={inputs.train_source} (n={inputs.n_train}), "
-            f"selection={common.describe_selection(_selection_of_strategy(req, inputs))}")
-        # ------------------------------------------------------------ plan, reserve (no data read yet)
-        tplan = _plan_run(req, inputs, log, warning_log=prog.log_to_file)
-        if tplan.hide_timing:  # no time on any line: the time the search's lines span would tell its K
-            prog.hide_timing()
-        prog.release_lines()
-        budget = _reserve(req, inputs, files, tplan, ledger, log)
-        reserved = True
-        # ------------------------------------------------------------ run
-        with budget.reservation as reservation:
-            if not req.strategy.not_private:  # seeds, completed trials and replay (see _Journal)
-                journal = _open_journal(files.run_dir, files.state_header, files.state_entries, files.run_seed,
-                                        files.run_id, files.config, files.unsaved, inputs.fingerprint, prog,
-                                        inputs.privacy.delta, req.privacy.accountant, tplan.center_events,
-                                        reservation)
-            ran = _execute(req, inputs, tplan, clf, prog, files.run_seed, journal, feature_cache_dir)
-            _release.fault_point("after-last-step")
-        # ------------------------------------------------------------ certify, write, commit
-        cert, metrics, history, not_private = _certify(req, inputs, tplan, ran, budget, reservation, prog,
-                                                       nonprivate_reference=nonprivate_reference, started=t_start)
-        if journal is not None and journal.replayed and not journal.hide_trials:
-            metrics["resumed"] = {"replayed_trials": journal.replayed}
-        _write_and_commit(req, files, ran, cert, metrics, history, not_private, reservation, log)
-        # released: now say when the model predicts nearly one class (after a failed write the error comes alone)
-        usefulness.warn(usefulness.one_class_message(metrics.get("majority_prediction")), OneClassModelWarning,
-                        prog.log_to_file)
-        log(("done: " if tplan.hide_timing else f"done in {time.time() - t_start:.0f} s: ")
-            + (f"ε = {cert.epsilon:.4f} (≤ {req.privacy.epsilon:g}), δ = {cert.delta:g}"
-               if not req.strategy.not_private else
-               f"NOT PRIVATE reference (composition of the grid runs: ε = {cert.epsilon:.4g}, δ = {cert.delta:g})")
-            + (f", accuracy {metrics['accuracy']:.4f}" if metrics.get("accuracy") is not None else "")
-            + (f" → {files.run_dir.name}" if files.run_dir else ""))  # log.txt is released: no machine path
-        return TuneResult(model=ran.model, certificate=cert, trials=history["trials"], metrics=metrics,
-                          history=history, run_dir=files.run_dir, plan=tplan.plan)
-    except KeyboardInterrupt:
-        if journal is not None:  # reserved: the reservation stays charged; say how to continue without a new one
-            hint = _resume_hint(files.run_dir if journal.path is not None else None, journal.config_written)
-            prog.runlog.write(hint)
-            print(hint, file=sys.stderr)
-        raise
-    except Exception as exc:
-        refused = not reserved and isinstance(exc, PrivtuneError)
-        if journal is not None and journal.path is not None:
-            prog.runlog.write(f"failed after the ledger reservation ({type(exc).__name__}): the reservation stays "
-                              f"charged; once the cause is fixed, `--resume` continues this run. "
-                              + _resume_hint(files.run_dir, journal.config_written).split("\n", 1)[-1])
-        raise
-    finally:
-        prog.close()
-        if refused and files.run_dir is not None:  # refused before the reservation: leave no RUN_DIR behind
-            _release.discard_unreserved(files.created_dirs, [] if files.log_existed else [files.run_dir / "log.txt"])
+    arguments = TuneArguments(
+        data=data, eval_data=eval_data, model=model, mode=mode, strategy=strategy,
+        epsilon=epsilon, delta=delta, ledger=ledger, output_dir=output_dir, seed=seed,
+        public_eval_data=public_eval_data, selection=selection, selection_noise=selection_noise, validation_fraction=validation_fraction, trials=trials,
+        epochs=epochs, steps=steps, batch_size=batch_size, clip=clip, clipping=clipping,
+        optimizer=optimizer, max_physical_batch_size=max_physical_batch_size, strategy_options=strategy_options, nonprivate_reference=nonprivate_reference, accountant=accountant,
+        text_column=text_column, label_column=label_column, quiet=quiet, write_files=write_files, feature_cache_dir=feature_cache_dir,
+        resume=resume, labels=labels, device=device, executor=executor, ray_address=ray_address)
+    return run_pipeline.execute(TuneJob(arguments, unknown))
 
 
 # --------------------------------------------------------------------------------------
 # the stages of a run (validate -> load -> plan -> reserve -> run -> certify -> write), and what each
 # hands to the next
 # --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TuneArguments:
+    """:func:`tune`'s keyword arguments as given, one typed record (checked by :func:`_check_arguments`
+    into a :class:`_Request`; written to ``config.yaml`` and compared on resume through :meth:`options`)."""
+
+    data: Any
+    eval_data: Any
+    model: Any
+    mode: str
+    strategy: str
+    epsilon: float
+    delta: float
+    ledger: Any
+    output_dir: Any
+    seed: int | None
+    public_eval_data: Any
+    selection: str | None
+    selection_noise: float | None
+    validation_fraction: float
+    trials: int | None
+    epochs: float | None
+    steps: int | None
+    batch_size: int | None
+    clip: float | None
+    clipping: str | None
+    optimizer: str | None
+    max_physical_batch_size: int
+    strategy_options: dict | None
+    nonprivate_reference: bool
+    accountant: str
+    text_column: str | None
+    label_column: str | None
+    quiet: bool
+    write_files: bool
+    feature_cache_dir: Any
+    resume: bool
+    labels: Any
+    device: Any
+    executor: Any
+    ray_address: str | None
+
+    def options(self) -> dict:
+        """Every argument by name, in :func:`tune`'s order; the label set as one spelling ([0, 1], "0,1" and
+        --labels 0,1 are one setting for config.yaml and the resume check)."""
+        options = {f.name: getattr(self, f.name) for f in fields(self)}
+        labels = self.labels
+        if isinstance(labels, (str, list, tuple)):
+            options["labels"] = [str(x).strip() for x in (labels.split(",") if isinstance(labels, str) else labels)]
+        return options
 
 
 @dataclass(frozen=True)
@@ -388,7 +350,7 @@ class _Request:
     executor: Any  # where independent trials run (hpo.executors; checked and connected before data is read)
 
 
-def _check_arguments(args: dict, unknown: dict) -> _Request:
+def _check_arguments(args: TuneArguments, unknown: dict) -> _Request:
     """Every argument of :func:`tune` checked (one clear error for the first bad one); no data is read."""
     world = distributed.data_parallel_world_size()
     if world > 1:  # every process would reserve, charge and write on its own: the budget spent `world` times
@@ -404,10 +366,10 @@ def _check_arguments(args: dict, unknown: dict) -> _Request:
             f"tune() got an unknown option {name!r}." + (f" Did you mean {close[0]!r}?" if close else "")
             + f" Valid options: {', '.join(valid)}."
         )
-    strategy = check_choice(args["strategy"], "strategy", STRATEGIES)
+    strategy = check_choice(args.strategy, "strategy", STRATEGIES)
     strat = get_strategy(strategy)
-    device = resolve_device(args["device"])  # one clear error for a bad or absent device, before any data is read
-    mode = check_choice(args["mode"], "mode", MODES)
+    device = resolve_device(args.device)  # one clear error for a bad or absent device, before any data is read
+    mode = check_choice(args.mode, "mode", MODES)
     # what the strategy can train; ``--mode auto`` pilots only these (none when only one is left), and any
     # other mode is refused before anything is reserved
     if mode != "auto" and mode not in strat.modes:
@@ -415,8 +377,8 @@ def _check_arguments(args: dict, unknown: dict) -> _Request:
             f"strategy={strategy!r} trains {' / '.join(strat.modes)} only; got mode={mode!r}. Use "
             f"mode={strat.modes[0]!r} (or 'auto'), or strategy='hyperfree' / 'linear-scaling' for {mode}."
         )
-    privacy = PrivacySpec.with_target(args["epsilon"], args["delta"], args["accountant"])
-    clipping = ClippingSpec(clip=args["clip"], clipping=args["clipping"])
+    privacy = PrivacySpec.with_target(args.epsilon, args.delta, args.accountant)
+    clipping = ClippingSpec(clip=args.clip, clipping=args.clipping)
     if clipping.clip is not None and strat.fixed_clip is not None and clipping.clip != strat.fixed_clip:
         raise InvalidParameterError(
             f"`clip`={clipping.clip!r} does not apply to strategy={strategy!r}: it clips at C = {strat.fixed_clip:g} "
@@ -428,19 +390,19 @@ def _check_arguments(args: dict, unknown: dict) -> _Request:
             f"`clipping` does not apply to strategy={strategy!r} with mode={mode!r}: its full-batch recipe on cached "
             "features clips flat at `clip`. Remove `clipping`, or use strategy='hyperfree' (any mode) or "
             "'linear-scaling' with mode=bitfit/lora/full.")
-    seed = None if args["seed"] is None else check_int(args["seed"], "seed", low=0)
+    seed = None if args.seed is None else check_int(args.seed, "seed", low=0)
     selection = None
-    if args["selection"] is not None:
-        selection = _SELECTION_SOURCE.get(str(args["selection"]))
+    if args.selection is not None:
+        selection = _SELECTION_SOURCE.get(str(args.selection))
         if selection is None:
-            check_choice(args["selection"], "selection", common.SELECTIONS)
-    schedule = ScheduleSpec(epochs=args["epochs"], steps=args["steps"], batch_size=args["batch_size"],
-                            max_physical_batch_size=args["max_physical_batch_size"])
+            check_choice(args.selection, "selection", common.SELECTIONS)
+    schedule = ScheduleSpec(epochs=args.epochs, steps=args.steps, batch_size=args.batch_size,
+                            max_physical_batch_size=args.max_physical_batch_size)
     return _Request(strategy=strat, mode=mode, privacy=privacy, schedule=schedule, clipping=clipping,
-                    optimizer=OptimizerSpec(name=args["optimizer"]), trials=args["trials"], seed=seed,
-                    selection=selection, selection_noise=args["selection_noise"],
-                    options=dict(args["strategy_options"] or {}), device=device,
-                    executor=for_tune(args["executor"], args["ray_address"], strat))
+                    optimizer=OptimizerSpec(name=args.optimizer), trials=args.trials, seed=seed,
+                    selection=selection, selection_noise=args.selection_noise,
+                    options=dict(args.strategy_options or {}), device=device,
+                    executor=for_tune(args.executor, args.ray_address, strat))
 
 
 @dataclass(frozen=True)
@@ -498,12 +460,16 @@ def _load_inputs(req: _Request, data, *, eval_data, public_eval_data, labels, mo
         train = data
         train_source = str(data) if isinstance(data, (str, os.PathLike)) else "in-memory dataset"
     # the label set is public input: declared, or a public split's, or the model's; never the private rows'
-    public_probe = _load(public_eval_data, "public_eval_data", text_column, label_column) if labels is None else None
+    public_probe = (load_split(public_eval_data, "public_eval_data", text_column=text_column,
+                               label_column=label_column) if labels is None else None)
     num_labels, names, label_source = declared_label_set(labels, model=model, public_data=public_probe)
-    train = _load(train, "data", text_column, label_column, num_labels, names)
-    _check_train(train)
-    eval_set = _load(eval_data, "eval_data", text_column, label_column, num_labels, names)
-    public_set = _load(public_eval_data, "public_eval_data", text_column, label_column, num_labels, names)
+    train = load_split(train, "data", text_column=text_column, label_column=label_column,
+                       num_labels=num_labels, label_names=names)
+    check_training_split(train)
+    eval_set = load_split(eval_data, "eval_data", text_column=text_column, label_column=label_column,
+                          num_labels=num_labels, label_names=names)
+    public_set = load_split(public_eval_data, "public_eval_data", text_column=text_column, label_column=label_column,
+                            num_labels=num_labels, label_names=names)
     for split, what in ((train, "data"), (eval_set, "eval_data"), (public_set, "public_eval_data")):
         check_finite_features(split, what)  # cached features: NaN/inf refused before anything is reserved
     check_disjoint(train, public_set, "public_eval_data")
@@ -528,7 +494,9 @@ def _load_inputs(req: _Request, data, *, eval_data, public_eval_data, labels, mo
     return _Inputs(train=train, eval_set=eval_set, public_set=public_set, private_val=None,
                    selection=selection, privacy=privacy, num_labels=num_labels, label_names=names,
                    label_source=label_source, fingerprint=fingerprint, file_name=file_name, embedded=embedded,
-                   train_source=train_source, reported_split=_split_name(eval_data, embedded),
+                   train_source=train_source,
+                   reported_split=None if eval_data is None else release.split_name(eval_data,
+                                                                                     "in-memory evaluation split"),
                    validation_fraction=frac, n_train_public=n_train_public, n_val_public=n_val_public)
 
 
@@ -587,24 +555,24 @@ class _RunFiles:
     run_id: str
 
 
-def _open_run_files(args: dict, req: _Request, inputs: _Inputs) -> _RunFiles:
+def _open_run_files(args: TuneArguments, req: _Request, inputs: _Inputs) -> _RunFiles:
     """Check and create RUN_DIR (every output path writable before anything is charged) and read the
     state of an interrupted run (``resume``)."""
     run_dir, created_dirs, log_existed = None, [], True
-    if args["write_files"]:
-        output_dir = args["output_dir"]
+    if args.write_files:
+        output_dir = args.output_dir
         run_dir = Path(output_dir) if output_dir is not None else Path("runs") / _dt.datetime.now().strftime(
             "%Y%m%d-%H%M%S")
-        _release.check_output_path(run_dir, _RELEASED_FILES, _RELEASED_DIRS)
+        _release.check_output_path(run_dir, release.RELEASED_FILES, release.RELEASED_DIRS)
         if (run_dir / "certificate.json").exists() and not _state_path(run_dir).exists():
             # with the state file, an interrupted release (certificate in place, ledger not yet committed)
             raise InvalidParameterError(
                 f"`output` {str(run_dir)!r} already holds a finished run (certificate.json). Pass a new directory.")
         log_existed = (run_dir / "log.txt").exists()
-        created_dirs = _release.prepare_output_dir(run_dir, _RELEASED_FILES, _RELEASED_DIRS)
+        created_dirs = _release.prepare_output_dir(run_dir, release.RELEASED_FILES, release.RELEASED_DIRS)
     try:
-        config, unsaved = _effective_config(args, run_dir)
-        header, entries = _resume_state(args["resume"], run_dir, args["output_dir"], req.strategy.name, config,
+        config, unsaved = _effective_config(args.options(), run_dir)
+        header, entries = _resume_state(args.resume, run_dir, args.output_dir, req.strategy.name, config,
                                         inputs.fingerprint)
     except PrivtuneError:  # e.g. --resume with nothing to resume: leave no RUN_DIR behind
         _release.discard_unreserved(created_dirs)
@@ -708,62 +676,10 @@ def _plan_run(req: _Request, inputs: _Inputs, log, warning_log=None) -> _TunePla
     usefulness.warn(usefulness.unlikely_to_learn_message(run_mode, n_train, req.privacy.epsilon, command="tune"),
                     UnlikelyToLearnWarning, warning_log or log)
     # under repeat-and-select the number of trials is random and not published; durations grow with it
-    hide_timing = any(p.details.get("accounting") == "repeat-and-select" for p in mode_plans.values())
+    hide_timing = any(p.accounting == "repeat-and-select" for p in mode_plans.values())
     return _TunePlan(plan=plan, mode_plans=mode_plans, candidates=candidates, pilot_modes=pilot_modes,
                      run_mode=run_mode, pilot_eps=pilot_eps, pilot_events=pilot_events, center_sigma=center_sigma,
                      selection_sigma=sel_sigma, hide_timing=hide_timing)
-
-
-@dataclass(frozen=True)
-class _Budget:
-    """The run's place in the ledger (:func:`_reserve`)."""
-
-    ledger: Any  # None: a NOT PRIVATE strategy, which does not touch the ledger
-    ledger_url: str | None  # as published (masked)
-    registered: bool  # this run registered the dataset
-    reservation: Any  # a context manager that gives the reservation to commit
-
-
-def _reserve(req: _Request, inputs: _Inputs, files: _RunFiles, tplan: _TunePlan, ledger: Any, log) -> _Budget:
-    """Register the dataset if new and reserve the most expensive candidate plan, before any training reads
-    the data; a refusal removes what this run created.  A resumed run continues its reservation."""
-    if req.strategy.not_private:  # NOT PRIVATE: spends and releases nothing, so the ledger is not touched
-        log(f"{req.strategy.name} is NOT PRIVATE: tuning is not charged, no model is released and the ledger is "
-            "not touched")
-        return _Budget(ledger=None, ledger_url=None, registered=False, reservation=_null_reservation())
-    eps_total, delta, fp = req.privacy.epsilon, inputs.privacy.delta, inputs.fingerprint
-    run_dir, fresh_state = files.run_dir, False
-    try:
-        led, fp, ledger_url, registered = _ledger_for(ledger, inputs.embedded, run_dir, fp, inputs.file_name,
-                                                      eps_total, delta, req.privacy.accountant)
-        if registered:
-            log(f"ledger: new dataset {led.status(fp).dataset_id} registered with total ε = {eps_total:g}, "
-                f"δ = {delta:g} ({ledger_url})")
-        reserved = _cover_candidates(led, fp, tplan.mode_plans, eps_total, delta, req.privacy.accountant)
-        committed = None
-        if files.state_header is not None:
-            committed = _check_open_reservation(led, fp, files.run_id, run_dir, files.state_entries)
-        elif run_dir is not None:
-            _write_state_header(run_dir, files.run_id, files.run_seed, fp, files.config)
-            fresh_state = True
-        if committed is not None:  # interrupted after its commit: write the release, charge nothing
-            log(f"resume: ledger entry {committed.entry_id} is already committed; the run is finished from its "
-                "state without a new charge")
-            cm = contextlib.nullcontext(_CommittedEntry(committed.entry_id))
-        else:
-            # the ledger commit comes only after the release is in place, never on leaving the run's block
-            cm = contextlib.nullcontext(led.reserve(
-                fp, reserved, command="tune", delta=delta, resume_key=files.run_id,
-                config={"strategy": req.strategy.name, "mode": req.mode, "epsilon": eps_total, "delta": delta,
-                        "output": str(run_dir) if run_dir is not None else None}))
-    except PrivtuneError:
-        # refused before anything was charged: leave no half-made RUN_DIR behind
-        if run_dir is not None:
-            _release.discard_unreserved(files.created_dirs, ([] if files.log_existed else [run_dir / "log.txt"])
-                                        + ([_state_path(run_dir)] if fresh_state else []))
-        raise
-    _release.fault_point("after-reserve")
-    return _Budget(ledger=led, ledger_url=ledger_url, registered=registered, reservation=cm)
 
 
 @dataclass(frozen=True)
@@ -799,60 +715,256 @@ def _ran(outcome, model, mode: str, pilot_records: list, selector, feats: dict, 
                 features=feats, trials=trial_list, events=events)
 
 
-def _certify(req: _Request, inputs: _Inputs, tplan: _TunePlan, ran: _Ran, budget: _Budget, reservation, prog, *,
-             nonprivate_reference: bool, started: float) -> tuple:
-    """The certificate over every event, the accuracy on the reported split (evaluated only now, after the
-    final model is fixed), metrics and history; returns ``(certificate, metrics, history, not_private)``
-    with the NOT PRIVATE figures split off the release."""
-    strat, delta, accountant = req.strategy, inputs.privacy.delta, req.privacy.accountant
-    # published: the ledger's random dataset id, never a hash of the data (grid-oracle: no ledger, none)
-    dataset_id = None
-    if not strat.not_private:  # a resumed, already committed run holds no reservation: ask the ledger
-        dataset_id = getattr(reservation, "dataset_id", None) or budget.ledger.status(inputs.fingerprint).dataset_id
+class TuneJob:
+    """``privtune tune`` as a :class:`privtune.run.pipeline.Job`: plan every candidate (and the ``--mode auto``
+    pilots), reserve the most expensive, run the strategy, certify every trial and the final run."""
+
+    command = "tune"
+
+    def __init__(self, arguments: TuneArguments, unknown: dict):
+        self.arguments, self.unknown = arguments, unknown
+        self._started = time.time()
+        self._journal = None  # the trial journal, once the reservation is in place (private strategies)
+        self._reserved = False  # the reservation stage is passed: a later failure is not a refusal
+        self._fresh_state = False  # this run wrote a new state file before reserving
+
+    # ------------------------------------------------------------------ load
+    def load(self) -> _Loaded:
+        """Every argument checked, every split loaded and checked, RUN_DIR opened (no budget spent)."""
+        args = self.arguments
+        req = _check_arguments(args, self.unknown)
+        inputs = _load_inputs(req, args.data, eval_data=args.eval_data, public_eval_data=args.public_eval_data,
+                              labels=args.labels, model=args.model, text_column=args.text_column,
+                              label_column=args.label_column, validation_fraction=args.validation_fraction)
+        # RUN_DIR is opened here, not in `prepare`: the private validation split is drawn from its run seed
+        files = _open_run_files(args, req, inputs)
+        inputs = _split_private_validation(inputs, files.run_seed)
+        prog = _progress(args.quiet, files.run_dir, req.privacy.epsilon)
+        prog.hold_lines()  # until the plan says whether this run's timing may be shown
+        return _Loaded(req=req, inputs=inputs, files=files, prog=prog)
+
+    @contextlib.contextmanager
+    def session(self, loaded: _Loaded):
+        """The progress display; on an interruption after the reservation, how to resume; on a refusal
+        before it, no RUN_DIR left behind."""
+        files, prog = loaded.files, loaded.prog
+        refused = False
+        try:
+            yield
+        except KeyboardInterrupt:
+            journal = self._journal
+            if journal is not None:  # reserved: the reservation stays charged; say how to continue without a new one
+                hint = _resume_hint(files.run_dir if journal.path is not None else None, journal.config_written)
+                prog.runlog.write(hint)
+                print(hint, file=sys.stderr)
+            raise
+        except Exception as exc:
+            refused = not self._reserved and isinstance(exc, PrivtuneError)
+            journal = self._journal
+            if journal is not None and journal.path is not None:
+                prog.runlog.write(f"failed after the ledger reservation ({type(exc).__name__}): the reservation stays "
+                                  f"charged; once the cause is fixed, `--resume` continues this run. "
+                                  + _resume_hint(files.run_dir, journal.config_written).split("\n", 1)[-1])
+            raise
+        finally:
+            prog.close()
+            if refused and files.run_dir is not None:  # refused before the reservation: leave no RUN_DIR behind
+                _release.discard_unreserved(files.created_dirs,
+                                            [] if files.log_existed else [files.run_dir / "log.txt"])
+
+    # ------------------------------------------------------------------ plan, prepare, reserve
+    def plan(self, loaded: _Loaded) -> _Planned:
+        """The classifier, then every candidate's plan (no data read yet)."""
+        req, inputs, log = loaded.req, loaded.inputs, loaded.prog.log
+        clf = _load_model(self.arguments.model, inputs, loaded.files.run_seed)
+        log(f"privtune tune: strategy={req.strategy.name}, mode={req.mode}, total ε={req.privacy.epsilon:g}, "
+            f"δ={inputs.privacy.delta:g}, data={inputs.train_source} (n={inputs.n_train}), "
+            f"selection={common.describe_selection(_selection_of_strategy(req, inputs))}")
+        tplan = _plan_run(req, inputs, log, warning_log=loaded.prog.log_to_file)
+        if tplan.hide_timing:  # no time on any line: the time the search's lines span would tell its K
+            loaded.prog.hide_timing()
+        loaded.prog.release_lines()
+        return _Planned(clf=clf, tplan=tplan)
+
+    def prepare(self, loaded: _Loaded, planned: _Planned) -> _RunFiles:
+        return loaded.files
+
+    def budget_request(self, loaded: _Loaded, planned: _Planned, files: _RunFiles) -> BudgetRequest | None:
+        """The most expensive candidate plan, by the ledger's own measure (:func:`_cover_candidates`); None for
+        a NOT PRIVATE strategy, which spends and releases nothing and does not touch the ledger."""
+        req, inputs = loaded.req, loaded.inputs
+        if req.strategy.not_private:
+            loaded.prog.log(f"{req.strategy.name} is NOT PRIVATE: tuning is not charged, no model is released and "
+                            "the ledger is not touched")
+            return None
+        eps_total, delta, fp, accountant = req.privacy.epsilon, inputs.privacy.delta, inputs.fingerprint, \
+            req.privacy.accountant
+        in_run_dir = inputs.embedded and self.arguments.ledger is None  # holds no data file name of the ledger's
+        return BudgetRequest(
+            fingerprint=fp, total_epsilon=eps_total, delta=delta, accountant=accountant, command="tune",
+            config={"strategy": req.strategy.name, "mode": req.mode, "epsilon": eps_total, "delta": delta,
+                    "output": str(files.run_dir) if files.run_dir is not None else None},
+            resume_key=files.run_id,
+            events=lambda led: _cover_candidates(led, fp, planned.tplan.mode_plans, eps_total, delta, accountant),
+            resuming=files.state_header is not None, file_name=None if in_run_dir else inputs.file_name,
+            reserve_delta=delta, strict_resume=True, replayed=bool(files.state_entries), run_dir=files.run_dir)
+
+    def open_ledger(self, loaded: _Loaded, files: _RunFiles) -> tuple[Any, str]:
+        return open_ledger_for(self.arguments.ledger, run_dir=files.run_dir, in_run_dir=loaded.inputs.embedded)
+
+    def before_reserving(self, loaded: _Loaded, files: _RunFiles):
+        """A new run's private state file, written before the reservation: a run killed at any later point
+        resumes under it."""
+        if files.state_header is not None or files.run_dir is None:
+            return None
+
+        def write_state() -> None:
+            _write_state_header(files.run_dir, files.run_id, files.run_seed, loaded.inputs.fingerprint,
+                                files.config)
+            self._fresh_state = True
+
+        return write_state
+
+    def refused(self, files: _RunFiles) -> None:
+        if files.run_dir is not None:
+            _release.discard_unreserved(files.created_dirs, ([] if files.log_existed else [files.run_dir / "log.txt"])
+                                        + ([_state_path(files.run_dir)] if self._fresh_state else []))
+
+    def reserved(self, budget: Any, loaded: _Loaded, planned: _Planned, files: _RunFiles) -> None:
+        log, req, inputs = loaded.prog.log, loaded.req, loaded.inputs
+        if budget.registered:
+            log(f"ledger: new dataset {budget.dataset_id} registered with total ε = {req.privacy.epsilon:g}, "
+                f"δ = {inputs.privacy.delta:g} ({budget.ledger_url})")
+        if budget.committed is not None:  # interrupted after its commit: write the release, charge nothing
+            log(f"resume: ledger entry {budget.committed.entry_id} is already committed; the run is finished from "
+                "its state without a new charge")
+        self._reserved = True
+
+    # ------------------------------------------------------------------ run
+    def run(self, loaded: _Loaded, planned: _Planned, files: _RunFiles, budget: Any) -> _Ran:
+        req, inputs, tplan, prog = loaded.req, loaded.inputs, planned.tplan, loaded.prog
+        reservation = (budget.reservation if budget.reservation is not None
+                       else _CommittedEntry(budget.committed.entry_id) if budget.committed is not None
+                       else _null_reservation())
+        if not req.strategy.not_private:  # seeds, completed trials and replay (see _Journal)
+            self._journal = _open_journal(files.run_dir, files.state_header, files.state_entries, files.run_seed,
+                                          files.run_id, files.config, files.unsaved, inputs.fingerprint, prog,
+                                          inputs.privacy.delta, req.privacy.accountant, tplan.center_events,
+                                          reservation)
+        ran = _execute(req, inputs, tplan, planned.clf, prog, files.run_seed, self._journal,
+                       self.arguments.feature_cache_dir)
+        _release.fault_point("after-last-step")
+        return ran
+
+    # ------------------------------------------------------------------ certify
+    def describe(self, loaded: _Loaded, planned: _Planned, files: _RunFiles, ran: _Ran, budget: Any) -> Described:
+        req, inputs = loaded.req, loaded.inputs
+        # published: the ledger's random dataset id, never a hash of the data (grid-oracle: no ledger, none)
+        metadata = _certificate_metadata(req, inputs, planned.tplan, ran, _selection_of_run(req, inputs, ran),
+                                         None if req.strategy.not_private else budget.dataset_id)
+        return Described(events=ran.events, delta=inputs.privacy.delta, accountant=req.privacy.accountant,
+                         metadata=as_plain(metadata), seed=req.seed,
+                         epsilon_limit=None if req.strategy.not_private else req.privacy.epsilon)
+
+    def figures(self, loaded: _Loaded, planned: _Planned, files: _RunFiles, ran: _Ran, budget: Any,
+                cert: Any) -> tuple[dict, dict]:
+        """The accuracy on the reported split (evaluated only now, after the final model is fixed), metrics
+        and history."""
+        req, inputs, prog, strat = loaded.req, loaded.inputs, loaded.prog, loaded.req.strategy
+        delta, accountant, selection = inputs.privacy.delta, req.privacy.accountant, _selection_of_run(req, inputs, ran)
+        acc, majority = _reported_accuracy(ran, inputs, prog) if not strat.not_private else (None, None)
+        if strat.not_private and inputs.eval_set is not None:
+            acc = ran.outcome.strategy_data.get("reported_accuracy")
+        remaining = None
+        try:
+            remaining = (float(budget.ledger.status(inputs.fingerprint).remaining_epsilon)
+                         if budget.ledger is not None else None)
+        except Exception:  # pragma: no cover - status is informative only
+            pass
+        metrics = {
+            "accuracy": acc, "epsilon": float(cert.epsilon), "delta": float(delta), "strategy": strat.name,
+            "mode": ran.mode, "hyperparameters": as_plain(ran.outcome.final_hyperparameters),
+            "reported_split": inputs.reported_split, "selection": selection,
+            "selection_description": common.describe_selection(selection),
+            "dataset_id": None if strat.not_private else budget.dataset_id, "ledger_url": budget.ledger_url,
+            "ledger_remaining_epsilon": remaining, "total_epsilon": req.privacy.epsilon, "n_train": inputs.n_train,
+            "trials": ran.published_trial_count, "ledger_registered_new_dataset": budget.registered,
+            "majority_prediction": majority,
+            # under repeat-and-select the wall time grows with the hidden number of trials: not published
+            "wall_time_s": (None if ran.outcome.certificate_events is not None
+                            else round(time.time() - self._started, 1)),
+        }
+        _list_warnings(metrics, req, inputs, planned.tplan)
+        if strat.not_private:
+            metrics["not_private"] = True
+            metrics["label"] = "NOT PRIVATE"
+        if self.arguments.nonprivate_reference and not strat.not_private and ran.features is not None:
+            metrics["nonprivate_reference"] = _oracle_reference(ran.features, ran.selector, req.privacy.epsilon,
+                                                                delta, accountant, req.seed, inputs.eval_set, prog)
+        history = {
+            "final_run": _final_curves(ran.outcome.final_history),
+            "trials": [as_plain(t.to_dict()) for t in ran.trials],
+            "strategy": as_plain(ran.outcome.strategy_data),
+            "plan": as_plain(planned.tplan.plan.to_dict()),
+        }
+        _label_curves(history["final_run"], inputs.public_set is not None)
+        journal = self._journal
+        if journal is not None and journal.replayed and not journal.hide_trials:
+            metrics["resumed"] = {"replayed_trials": journal.replayed}
+        return metrics, history
+
+    # ------------------------------------------------------------------ write, commit
+    def release_target(self, loaded: _Loaded, files: _RunFiles, ran: _Ran) -> ReleaseTarget:
+        run_dir, log = files.run_dir, loaded.prog.log
+        if run_dir is not None and files.unsaved:
+            log(f"note: config.yaml cannot hold {', '.join(files.unsaved)} (in-memory objects, not paths); "
+                "rerunning from it needs them passed again")
+        # the state file holds the noise seeds: with them anyone could subtract the noise from the released
+        # model, so it goes right after the commit
+        return ReleaseTarget(run_dir=run_dir, model=ran.model, config=files.config, log=log,
+                             private_files=[_state_path(run_dir)] if run_dir is not None else [], published=as_plain)
+
+    def on_main(self, stage: str, fn):
+        return fn()  # tune runs in one process (_check_arguments)
+
+    def result(self, loaded: _Loaded, planned: _Planned, files: _RunFiles, ran: _Ran, released: Any) -> TuneResult:
+        req, tplan, cert, metrics = loaded.req, planned.tplan, released.certificate, released.metrics
+        # released: now say when the model predicts nearly one class (after a failed write the error comes alone)
+        usefulness.warn(usefulness.one_class_message(metrics.get("majority_prediction")), OneClassModelWarning,
+                        loaded.prog.log_to_file)
+        loaded.prog.log(
+            ("done: " if tplan.hide_timing else f"done in {time.time() - self._started:.0f} s: ")
+            + (f"ε = {cert.epsilon:.4f} (≤ {req.privacy.epsilon:g}), δ = {cert.delta:g}"
+               if not req.strategy.not_private else
+               f"NOT PRIVATE reference (composition of the grid runs: ε = {cert.epsilon:.4g}, δ = {cert.delta:g})")
+            + (f", accuracy {metrics['accuracy']:.4f}" if metrics.get("accuracy") is not None else "")
+            + (f" → {files.run_dir.name}" if files.run_dir else ""))  # log.txt is released: no machine path
+        return TuneResult(model=ran.model, certificate=cert, trials=released.history["trials"], metrics=metrics,
+                          history=released.history, run_dir=files.run_dir, plan=tplan.plan)
+
+
+@dataclass(frozen=True)
+class _Loaded:
+    """What :meth:`TuneJob.load` hands on: the checked request, the splits, RUN_DIR and the progress display."""
+
+    req: _Request
+    inputs: _Inputs
+    files: _RunFiles
+    prog: Any
+
+
+@dataclass(frozen=True)
+class _Planned:
+    clf: Any  # the classifier with the declared label set
+    tplan: _TunePlan
+
+
+def _selection_of_run(req: _Request, inputs: _Inputs, ran: _Ran) -> str:
+    """How the released model was selected: the strategy's selection, or the --mode auto pilots' source."""
     selection = _selection_of_strategy(req, inputs)
     if ran.pilot_records and selection == "none":
         selection = inputs.selection  # the mode-auto pilots were scored with it
-    metadata = _certificate_metadata(req, inputs, tplan, ran, selection, dataset_id)
-    cert = Certificate.from_events(ran.events, delta, accountant, metadata=as_plain(metadata))
-    if not strat.not_private and cert.epsilon > req.privacy.epsilon * (1 + 1e-6):
-        raise PrivtuneError(f"internal error: certificate ε = {cert.epsilon:.6g} exceeds the total "
-                            f"{req.privacy.epsilon:g}; nothing was released.")
-    acc, majority = _reported_accuracy(ran, inputs, prog) if not strat.not_private else (None, None)
-    if strat.not_private and inputs.eval_set is not None:
-        acc = ran.outcome.strategy_data.get("reported_accuracy")
-    remaining = None
-    try:
-        remaining = (float(budget.ledger.status(inputs.fingerprint).remaining_epsilon)
-                     if budget.ledger is not None else None)
-    except Exception:  # pragma: no cover - status is informative only
-        pass
-    metrics = {
-        "accuracy": acc, "epsilon": float(cert.epsilon), "delta": float(delta), "strategy": strat.name,
-        "mode": ran.mode, "hyperparameters": as_plain(ran.outcome.final_hyperparameters),
-        "reported_split": inputs.reported_split, "selection": selection,
-        "selection_description": common.describe_selection(selection),
-        "dataset_id": dataset_id, "ledger_url": budget.ledger_url, "ledger_remaining_epsilon": remaining,
-        "total_epsilon": req.privacy.epsilon, "n_train": inputs.n_train, "trials": ran.published_trial_count,
-        "ledger_registered_new_dataset": budget.registered, "majority_prediction": majority,
-        # under repeat-and-select the wall time grows with the hidden number of trials: not published
-        "wall_time_s": None if ran.outcome.certificate_events is not None else round(time.time() - started, 1),
-    }
-    _list_warnings(metrics, req, inputs, tplan)
-    if strat.not_private:
-        metrics["not_private"] = True
-        metrics["label"] = "NOT PRIVATE"
-    if nonprivate_reference and not strat.not_private and ran.features is not None:
-        metrics["nonprivate_reference"] = _oracle_reference(ran.features, ran.selector, req.privacy.epsilon, delta,
-                                                            accountant, req.seed, inputs.eval_set, prog)
-    history = {
-        "final_run": _final_curves(ran.outcome.final_history),
-        "trials": [as_plain(t.to_dict()) for t in ran.trials],
-        "strategy": as_plain(ran.outcome.strategy_data),
-        "plan": as_plain(tplan.plan.to_dict()),
-    }
-    _label_curves(history["final_run"], inputs.public_set is not None)
-    mark_seeded(cert, metrics, req.seed)
-    return (cert, *split_release(metrics, history))
+    return selection
 
 
 def _certificate_metadata(req: _Request, inputs: _Inputs, tplan: _TunePlan, ran: _Ran, selection: str,
@@ -915,25 +1027,6 @@ def _list_warnings(metrics: dict, req: _Request, inputs: _Inputs, tplan: _TunePl
     found = [w for w in (before, after) if w]
     if found:
         metrics["warnings"] = found
-
-
-def _write_and_commit(req: _Request, files: _RunFiles, ran: _Ran, cert, metrics: dict, history: dict,
-                      not_private: dict, reservation, log) -> None:
-    """Release RUN_DIR (:func:`privtune.pipeline.write_release`), then commit the events in the ledger and
-    delete the private state file (:func:`privtune.pipeline.commit`)."""
-    run_dir = files.run_dir
-    if run_dir is not None:
-        if files.unsaved:
-            log(f"note: config.yaml cannot hold {', '.join(files.unsaved)} (in-memory objects, not paths); "
-                "rerunning from it needs them passed again")
-        pipeline.write_release(run_dir, model=ran.model, certificate=cert, metrics=as_plain(metrics),
-                               history=as_plain(history), config=files.config, command="tune",
-                               not_private=not_private, log=log)
-    # committed only once the release is in place: a crash before leaves the reservation charged (never
-    # refunded) and `--resume` writes the release again from the state file.  The state file holds the
-    # noise seeds: with them anyone could subtract the noise from the released model, so it goes then.
-    pending = None if req.strategy.not_private or reservation.state != "reserved" else reservation
-    pipeline.commit(pending, ran.events, [_state_path(run_dir)] if run_dir is not None else [])
 
 
 def _trial_section(trial_list, outcome, not_private: bool) -> dict:
@@ -1149,10 +1242,8 @@ def _execute(req: _Request, inputs: _Inputs, tplan: _TunePlan, clf, prog, seed: 
                 feats["_center"] = feats["public"][0].mean(dim=0)
                 feats["_center_note"] = "features centred by the mean of the PUBLIC validation split (free)"
             elif tplan.center_sigma:
-                X = feats["train"][0]
-                Xc = X * (1.0 / X.norm(dim=1, keepdim=True).clamp_min(1.0))  # norm ≤ 1: sensitivity 1
                 g = make_generator(seed, offset=4242)  # noise of the private centring
-                noisy = Xc.sum(0) + tplan.center_sigma * torch.randn(X.shape[1], generator=g)
+                noisy = noisy_feature_sum(feats["train"][0], tplan.center_sigma, g).value  # planned: tplan's event
                 feats["_center"] = noisy / inputs.n_train  # public n (a random split's realised size is private)
                 feats["_center_note"] = (f"features centred by a PRIVATE mean (Gaussian, σ = {tplan.center_sigma:.3g}, "
                                          "charged)")
@@ -1188,10 +1279,11 @@ def _execute(req: _Request, inputs: _Inputs, tplan: _TunePlan, clf, prog, seed: 
         used_mode, pilot_records = _run_pilots(tplan.pilot_modes, clf, train, features, make_selector, sel_eff
                                                if sel_eff != "none" else sel_name, tplan.pilot_eps, delta, seed, prog,
                                                dict(kw, plan_time=plan_time))
-        _adopt_pilots_choice(tplan, used_mode, pilot_records, delta, accountant, prog.log)
+        tplan.plan = _adopt_pilots_choice(tplan, used_mode, pilot_records, delta, accountant, prog.log)
+    else:
+        tplan.plan = tplan.mode_plans[used_mode]  # the plan as reserved (armed by _cover_candidates)
     plan_time([], used_mode)
     plan = tplan.plan
-    cfg = plan.details["config"]
     seed_s = None if seed is None else seed + 17
     if journal is not None:
         journal.set_plan(plan)
@@ -1202,9 +1294,9 @@ def _execute(req: _Request, inputs: _Inputs, tplan: _TunePlan, clf, prog, seed: 
                                             device=req.device, public_n=inputs.n_train), kw)
         selector = make_selector(sel_eff, "features")
         prog.start_phase(f"{strat.name} on cached features", None, unit="runs")
-        if journal is not None and plan.details.get("accounting") == "repeat-and-select":
+        if journal is not None and plan.accounting == "repeat-and-select":
             journal.hide_trials = True  # not even the count of trials goes to log.txt
-        out = strat.run(backend, selector, cfg, plan, mode=used_mode, seed=seed_s, progress=prog.log)
+        out = strat.run(backend, selector, plan, mode=used_mode, seed=seed_s, progress=prog.log)
         prog.end_phase()
         final_model = None
         if not strat.not_private:  # the NOT PRIVATE reference releases no model
@@ -1222,16 +1314,17 @@ def _execute(req: _Request, inputs: _Inputs, tplan: _TunePlan, clf, prog, seed: 
         prog.start_phase(f"{strat.name} ({used_mode})", None, unit="runs")
         if used_mode not in strat.modes:  # refused in tune() before anything is reserved; kept as a guard
             raise InvalidParameterError(f"strategy={strat.name!r} is not available for mode={used_mode!r}.")
-        out = strat.run(backend, selector, cfg, plan, mode=used_mode, seed=seed_s, progress=prog.log)
+        out = strat.run(backend, selector, plan, mode=used_mode, seed=seed_s, progress=prog.log)
         prog.end_phase()
         final_model = out.state
     return _ran(out, final_model, used_mode, pilot_records, selector, feats, tplan, delta, accountant)
 
 
 def _adopt_pilots_choice(tplan: _TunePlan, mode: str, pilot_records: list, delta: float, accountant: str,
-                         log) -> None:
-    """Continue with the plan of the mode the pilots chose, made before the reservation with the pilots'
-    planned events (which are exactly the events the pilots ran: checked here) and covered by it."""
+                         log) -> BudgetPlan:
+    """The plan to continue with: the one of the mode the pilots chose, made before the reservation with the
+    pilots' planned events (which are exactly the events the pilots ran: checked here) and covered by it; its
+    notes follow the reserved plan's."""
     log(f"mode auto: chose {mode} (pilot scores: "
         + ", ".join(f"{r.hyperparameters['mode']}={r.score:.4f}" for r in pilot_records) + ")")
     actual = tplan.center_events + [e for r in pilot_records for e in r.events]
@@ -1239,11 +1332,10 @@ def _adopt_pilots_choice(tplan: _TunePlan, mode: str, pilot_records: list, delta
                                                                         accountant) * (1 + 1e-9):
         raise PrivtuneError("internal error: the mode pilots cost more than planned; the reservation stays "
                             "charged and nothing is released.")
-    plan, chosen = tplan.plan, tplan.mode_plans[mode]
-    plan.trial_events, plan.final_events, plan.details = chosen.trial_events, chosen.final_events, chosen.details
-    plan.final_noise_multiplier, plan.accountant = chosen.final_noise_multiplier, chosen.accountant
-    plan.epsilon_cap, plan.covered = chosen.epsilon_cap, chosen.covered
-    plan.notes += [f"after the pilots: mode {mode}, planned before the reservation:"] + chosen.notes
+    chosen = tplan.mode_plans[mode]
+    notes = (list(tplan.plan.notes) + [f"after the pilots: mode {mode}, planned before the reservation:"]
+             + list(chosen.notes))
+    return replace(chosen, notes=notes)
 
 
 def _run_pilots(modes, clf, train, features, make_selector, source, pilot_eps, delta, seed, prog, kw):
@@ -1338,25 +1430,9 @@ def _dataset_identity(train) -> tuple[str, str | None]:
     return dataset_identity(train)
 
 
-def _ledger_for(url, embedded, run_dir, fp, file_name, eps, delta, accountant):
-    if embedded and url is None:
-        file_name = None  # this ledger lives in the run directory, which holds no data file name of the ledger's
-        if run_dir is None:
-            run_dir = Path(tempfile.mkdtemp(prefix="privtune-demo-"))
-        url = f"sqlite:///{(Path(run_dir) / 'ledger.db').resolve()}"
-        # the demo ledger sits in the run directory, its key never does
-        led = Ledger(url, key_file=demo_key_path(Path(run_dir) / "ledger.db"))
-    else:
-        led = Ledger(url)
-    _, registered = pipeline.register_dataset(led, fp, total_epsilon=eps, delta=delta, name=None, command="tune",
-                                              accountant=accountant, file_name=file_name)
-    # published in metrics.json: a password in the URL (PostgreSQL) is masked, as privtune train does
-    display = mask_url(str(url or os.environ.get("PRIVTUNE_LEDGER") or "~/.privtune/ledger.db"))
-    return led, fp, display, registered
-
-
 def _cover_candidates(led, fp, plans: dict, eps_total, delta, accountant) -> list:
-    """The events to reserve, and each candidate plan armed so that what runs stays inside the reservation.
+    """The events to reserve; each candidate plan in ``plans`` is replaced by a copy armed so that what runs
+    stays inside the reservation (:meth:`BudgetPlan.covered_by`; the plans themselves are immutable).
 
     The ledger refuses a commit that costs more than its reservation (measured at the dataset's δ
     with the dataset's accountant).  With ``--mode auto`` the mode, hence the plan, is chosen after
@@ -1372,22 +1448,15 @@ def _cover_candidates(led, fp, plans: dict, eps_total, delta, accountant) -> lis
     scored = [(ledger_eps(p.events), p.planned_epsilon(), m) for m, p in plans.items()]
     reserved_ledger, _, worst = max(scored)
     reserved = list(plans[worst].events)
-    for p in plans.values():
-        p.epsilon_cap = common.epsilon_of(reserved, p.delta, p.accountant)
-        p.covered = lambda evs, _cap=reserved_ledger: ledger_eps(evs) <= _cap
+    del eps_total, delta, accountant  # the ledger's own δ and accountant measure the cover
+    for m, p in plans.items():
+        plans[m] = p.covered_by(common.epsilon_of(reserved, p.delta, p.accountant),
+                                lambda evs, _cap=reserved_ledger: ledger_eps(evs) <= _cap)
     return reserved
 
 
 def _progress(quiet, run_dir, eps):
     return Progress(quiet=quiet, log_path=(run_dir / "log.txt") if run_dir else None, total_epsilon=eps)
-
-
-def _split_name(eval_data, embedded) -> str | None:
-    if eval_data is None:
-        return "embedded SST-2 dev (872 GLUE dev sentences)" if embedded else None
-    if isinstance(eval_data, (str, os.PathLike)):
-        return str(eval_data)
-    return getattr(eval_data, "source", None) or "in-memory evaluation split"
 
 
 def _final_curves(h: dict) -> dict:

@@ -1,0 +1,60 @@
+"""Sentence classification: the first :class:`~privtune.tasks.base.Task`."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from privtune.errors import DataError, InvalidParameterError
+from privtune.models import load_classifier
+from privtune.run.inputs import load_split
+
+
+class TextClassification:
+    """Classify texts into a declared label set: a Hugging Face encoder (or a loaded
+    :class:`privtune.models.Classifier`) with a linear head, trained with per-example cross-entropy."""
+
+    name = "text-classification"
+    kind = "text"
+
+    def load_split(self, data: Any, what: str, *, text_column: str | None = None, label_column: str | None = None,
+                   num_labels: int | None = None, label_names: Sequence[str] | None = None,
+                   labelled: bool = True) -> Any:
+        split = load_split(data, what, text_column=text_column, label_column=label_column, num_labels=num_labels,
+                           label_names=label_names)
+        if split is None:
+            raise InvalidParameterError(f"`{what}` is required for a {self.name} split.")
+        if getattr(split, "kind", self.kind) != self.kind:
+            raise DataError(f"`{what}` holds {split.kind} inputs, but this is a {self.name} run on {self.kind} data.")
+        if labelled and getattr(split, "labels", None) is None:
+            raise DataError(f"`{what}` has no labels. Pass a file with a label column.")
+        return split
+
+    def build_model(self, model: Any, *, num_labels: int, label_names: Sequence[str] | None = None,
+                    pooling: str = "auto", max_length: int | None = None, seed: int | None = None) -> nn.Module:
+        if isinstance(model, nn.Module):
+            return model
+        return load_classifier(model, num_labels=num_labels, pooling=pooling, label_names=label_names,
+                               max_length=max_length, seed=seed)
+
+    def per_example_loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(outputs, targets, reduction="none")
+
+    def evaluate(self, model: nn.Module, data: Any, *, batch_size: int = 128) -> dict:
+        """``{"accuracy", "loss", "n"}``: accuracy and mean cross-entropy over the labelled rows."""
+        logits = model.predict_logits(data, batch_size=batch_size)
+        labels = torch.as_tensor(list(data.labels), dtype=torch.long)
+        if logits.shape[1] <= int(labels.max()):
+            raise DataError(
+                f"The evaluation data has label {int(labels.max())} but the model has {logits.shape[1]} classes.")
+        return {"accuracy": (logits.argmax(1) == labels).float().mean().item(),
+                "loss": self.per_example_loss(logits, labels).mean().item(), "n": int(labels.numel())}
+
+    def predict(self, model: nn.Module, data: Any, *, batch_size: int = 64) -> list:
+        """The predicted label of every row: its name when the model names its classes, else its index."""
+        classes = model.predict_logits(data, batch_size=batch_size).argmax(1).tolist()
+        names = getattr(model, "label_names", None)
+        return [names[c] for c in classes] if names is not None else classes
