@@ -12,6 +12,7 @@ Rows: total ε (``--epsilons``, default 1,3,8; δ = 1e-5).  Columns (``--cells``
   default        ``privtune.tune`` with no strategy or mode given (hyperfree, mode auto)
   bitfit         ``privtune.tune(mode="bitfit")``
   full           ``privtune.tune(mode="full")``
+  last-layer     ``privtune.tune(mode="last-layer")``: the head on cached features of the frozen backbone
   default-no-eta-trials  ablation: the default with ``strategy_options={"lr_trials": []}`` (no η placement)
   full-no-eta-trials     the same ablation of ``full``
   full-batch4096         ``full`` at expected batch 4,096 (the planner's choice at ε = 3; at ε = 1 it plans 2,048)
@@ -60,6 +61,9 @@ file also holds ``iterate_averages``: the public and dev accuracy of two average
 second-half mean; post-processing kept beside the run to measure averaging, never selected or reported as the cell).  Logs: each tune run's
 ``log.txt`` in the same folder, the script's output in ``log.txt``.
 
+``--backbone NAME`` runs the cells on another backbone (a name such as ``all-mpnet-base-v2``, or a directory; default
+the bundled all-MiniLM-L6-v2); its results go to their own folder (``<tag>_<name>``) and record the backbone.
+
     OMP_NUM_THREADS=2 python bench/sst2_full.py --quick --cells default,bitfit   # ε = 1 on a 20k subset
     OMP_NUM_THREADS=2 python bench/sst2_full.py --cells default --epsilons 1 --seeds 3
     python bench/sst2_full.py --table                                          # reprint, run nothing
@@ -96,7 +100,8 @@ CELLS = ("default", "bitfit", "full", "random", "oracle", "nonpriv-bitfit", "non
          "default-public-warm-start",
          "full-no-eta-trials", "full-batch4096", "random-full", "oracle-full",
          "default-lr0-1e-2", "fixed-bitfit", "fixed-bitfit-normalised", "fixed-bitfit-normalised-lr3e-2",
-         "fixed-full", "fixed-full-lr2e-3", "fixed-full-lr2e-3-epochs3", "fixed-full-lr5e-3", "fixed-full-lr1e-2")
+         "fixed-full", "fixed-full-lr2e-3", "fixed-full-lr2e-3-epochs3", "fixed-full-lr5e-3", "fixed-full-lr1e-2",
+         "last-layer")
 #: the fixed, uncharged DP references (one setting each, its choice not charged)
 class Fixed(NamedTuple):
     mode: str
@@ -136,6 +141,8 @@ DELTA = 1e-5
 RS_TRIALS, RS_LR, RS_EPOCHS = 8, (1.25e-3, 8e-2), (1, 2, 3)
 GRID_LR, GRID_EPOCHS = (2.5e-3, 1e-2, 4e-2), (1, 3)
 DEV_RECORDED = "GLUE SST-2 dev.tsv (in ../shared/data/sst2, or $PRIVTUNE_SST2)"
+#: the backbone of every cell (``--backbone``): None is privtune's default, the bundled all-MiniLM-L6-v2
+BACKBONE: dict = {"model": None}
 
 
 # ----------------------------------------------------------------------------------------- data
@@ -245,6 +252,8 @@ def _relative(final_examples: float) -> float | None:
 def _tune_cell(split, eps, seed, folder, **kw):
     import privtune
 
+    if BACKBONE["model"] is not None:
+        kw.setdefault("model", BACKBONE["model"])
     r = privtune.tune(split["train"], eval_data=split["dev"], public_eval_data=split["public"], labels=[0, 1],
                       epsilon=eps, delta=DELTA, ledger=f"sqlite:///{folder / 'ledger.db'}",
                       output_dir=folder / "run", seed=seed, quiet=True, **PHYSICAL, **kw)
@@ -261,7 +270,7 @@ def _dp_model(seed, mode="bitfit", normalize_features=None, train_embeddings=Tru
     from privtune.finetune import apply_mode
     from privtune.models import load_classifier
 
-    m = load_classifier(None, num_labels=2, seed=seed)
+    m = load_classifier(BACKBONE["model"], num_labels=2, seed=seed)
     apply_mode(m, mode, zero_init_head=True, normalize_features=normalize_features)
     if not train_embeddings:
         m.backbone.get_input_embeddings().weight.requires_grad_(False)
@@ -478,7 +487,7 @@ def _nonprivate_cell(split, mode, seed):
     from privtune.training import evaluate, fit_nonprivate
 
     train = load_text_dataset(split["train"], num_labels=2)
-    m = load_classifier(None, num_labels=2, seed=seed)
+    m = load_classifier(BACKBONE["model"], num_labels=2, seed=seed)
     apply_mode(m, mode, zero_init_head=True)
     fit_nonprivate(m, train, epochs=1.0, batch_size=32, learning_rate=2e-3 if mode == "bitfit" else 5e-5, seed=seed)
     return {"dev_accuracy": evaluate(m, load_text_dataset(split["dev"], num_labels=2))["accuracy"],
@@ -500,7 +509,7 @@ def _public_warm_start(split, seed, folder):
     halves = {"public_warm.tsv": rows[: len(rows) // 2], "public_select.tsv": rows[len(rows) // 2:]}
     for name, part in halves.items():
         (folder / name).write_text(header + "".join(part), encoding="utf-8")
-    m = load_classifier(None, num_labels=2, seed=seed)
+    m = load_classifier(BACKBONE["model"], num_labels=2, seed=seed)
     apply_mode(m, "full", zero_init_head=True)
     fit_nonprivate(m, load_text_dataset(folder / "public_warm.tsv", num_labels=2), epochs=3.0, batch_size=32,
                    learning_rate=5e-5, seed=seed)
@@ -516,7 +525,7 @@ def run_cell(cell, split, eps, seed, folder, epochs=None, trials=None):
     extra = {} if epochs is None else {"epochs": epochs}
     if cell == "default":
         return _tune_cell(split, eps, seed, folder, **extra)
-    if cell in ("bitfit", "full"):
+    if cell in ("bitfit", "full", "last-layer"):
         return _tune_cell(split, eps, seed, folder, mode=cell, **extra)
     if cell == "default-no-eta-trials":  # ablation: the default without hyperfree's η-placement trials
         return _tune_cell(split, eps, seed, folder, strategy_options={"lr_trials": []}, **extra)
@@ -595,8 +604,11 @@ def main(argv=None) -> int:
     ap.add_argument("--max-physical-batch-size", type=int, default=None,
                     help="examples per forward/backward pass: memory and speed only (default 32 on a CPU, 256 on "
                          "a GPU)")
+    ap.add_argument("--backbone", type=str, default=None,
+                    help="backbone name (all-MiniLM-L6-v2, all-mpnet-base-v2) or directory; default the bundled MiniLM")
     ap.add_argument("--table", action="store_true", help="print the table of what exists; run nothing")
     args = ap.parse_args(argv)
+    BACKBONE["model"] = args.backbone
     try:
         trials = None if args.trials is None else {int(t) for t in args.trials.split(",") if t.strip()}
     except ValueError:
@@ -611,6 +623,8 @@ def main(argv=None) -> int:
     tag = "quick" if args.quick else ("full" if subset is None else f"subset{subset}")
     if args.epochs is not None:
         tag += f"_epochs{args.epochs:g}"
+    if args.backbone is not None and args.backbone.strip().lower() != "all-minilm-l6-v2":
+        tag += "_" + Path(args.backbone).name.lower()  # another backbone: its own table
     if cuda:  # GPU results are their own table (kept apart from the CPU's)
         tag += "_cuda"
     tag_dir = RESULTS / tag
@@ -673,6 +687,7 @@ def main(argv=None) -> int:
                     continue
                 seconds = res.pop("seconds", None) or time.time() - t0  # a resumable cell times all its sessions
                 res.update({"cell": cell, "epsilon": eps, "seed": seed, "seconds": round(seconds, 1),
+                            "backbone": args.backbone or "all-MiniLM-L6-v2",
                             "n_private": split["n_private"], "not_private": cell in NOT_PRIVATE,
                             "threads": torch.get_num_threads(), "device": device, **PHYSICAL})
                 res.setdefault("dp_examples", sum(COUNTER.loops))

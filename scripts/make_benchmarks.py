@@ -234,8 +234,31 @@ def render_sst2_full(files: list[Path]) -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
+BACKBONES_INTRO = """\
+## SST-2 with another backbone
+
+The same split and dev set as above, with `--model NAME` (`python bench/sst2_full.py --backbone NAME --cells CELL
+--epsilons E --seed S`); certificate ε covers every trial and the final run. One row per kept result.
+
+| backbone | cell | total ε | seed | dev accuracy | certificate ε | time |
+|---|---|---|---|---|---|---|
+"""
+
+
+def render_sst2_backbones(files: list[Path]) -> str:
+    rows = []
+    for path in files:
+        r = _load(path)
+        threads = r.get("threads", 1)
+        rows.append(f"| {r.get('backbone', path.parent.name)} | {r['cell']} | {r['epsilon']:g} | {r['seed']} | "
+                    f"{_pct(r['dev_accuracy'])} | {r['certificate_epsilon']:.5f} | {_minutes(r['seconds'])} "
+                    f"({threads} thread{'s' if threads > 1 else ''}) |")
+    return BACKBONES_INTRO + "\n".join(rows) + "\n"
+
+
 SECTIONS: list[Section] = [
     Section("sst2-full", ("sst2_full/full/*_eps*_seed*.json",), render_sst2_full),
+    Section("sst2-backbones", ("sst2_full/full_*/*_eps*_seed*.json",), render_sst2_backbones),
 ]
 
 PAGE_INTRO = """\

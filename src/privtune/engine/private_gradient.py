@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import math
 import secrets
+import types
 import warnings
 from typing import Any, Iterator, Sequence
 
@@ -39,6 +40,7 @@ from privtune.engine._layers import (
     LayerNormHandler,
     LinearHandler,
     Record,
+    _MaterialisingHandler,
     hf_conv1d_type,
 )
 from privtune.engine._vision_layers import has_own_forward, vision_handler
@@ -123,6 +125,53 @@ def per_example_gradients(losses: torch.Tensor, params: Sequence[torch.nn.Parame
     return torch.stack(rows)
 
 
+class _BucketTableHandler(_MaterialisingHandler):
+    """A small embedding table looked up many times per example (MPNet's relative-position bias: 32 buckets ×
+    heads, T² lookups per example): per-example gradients (B, rows, dim) by one scatter-add.  The ghost norm of
+    EmbeddingHandler would compare all T² × T² pairs of ids per example instead."""
+
+    kind = "embedding (per-example table)"
+
+    def per_example(self, records):
+        w = self.params["weight"]
+        pad = self.module.padding_idx
+        out = None
+        for r in records:
+            ids = r.act.reshape(r.act.shape[0], -1)
+            g = r.grads[0].reshape(ids.shape[0], ids.shape[1], -1)
+            if pad is not None:
+                g = g * (ids != pad).unsqueeze(-1).to(g.dtype)
+            pe = torch.zeros(ids.shape[0], *w.shape, dtype=g.dtype, device=g.device)
+            pe.scatter_add_(1, ids.unsqueeze(-1).expand(-1, -1, g.shape[-1]), g)
+            out = pe if out is None else out + pe
+        return {w: out}
+
+
+def _mpnet_bias_encoders(model: nn.Module) -> list[nn.Module]:
+    """The MPNet encoders of ``model`` whose relative-position bias table is trainable.
+
+    MPNet looks the table up once per forward pass with (T, T) bucket ids, without the batch dimension, and
+    broadcasts the result over the batch, so autograd holds only the batch's summed gradient for it (a
+    per-example rule would see a wrong "batch" of T rows).  :func:`_per_example_position_bias` replaces that
+    lookup while the step is attached."""
+    return [m for m in model.modules()
+            if type(m).__name__ == "MPNetEncoder" and isinstance(getattr(m, "relative_attention_bias", None), nn.Embedding)
+            and m.relative_attention_bias.weight.requires_grad and hasattr(m, "relative_position_bucket")]
+
+
+def _per_example_position_bias(encoder: nn.Module, x: torch.Tensor, position_ids: torch.Tensor | None = None,
+                               num_buckets: int = 32) -> torch.Tensor:
+    """MPNet's ``compute_position_bias`` with the bucket ids expanded to (B, T, T) before the lookup: the same
+    values (B, heads, T, T), but each example has its own output gradient for the table.  Bound to the encoder
+    as a method (``types.MethodType``), so that a deep copy of the model binds it to the copy."""
+    bsz, qlen = x.size(0), x.size(1)
+    pos = position_ids if position_ids is not None else \
+        torch.arange(qlen, dtype=torch.long, device=x.device).expand(bsz, qlen)
+    relative_position = pos[:, None, :] - pos[:, :, None]  # memory position − context position
+    bucket = encoder.relative_position_bucket(relative_position, num_buckets=num_buckets)
+    return encoder.relative_attention_bias(bucket).permute(0, 3, 1, 2).contiguous()
+
+
 class PrivateGradient:
     """Clipped, noised gradient of a sum of per-example losses (the DP-SGD step, Abadi et al. 2016).
 
@@ -162,7 +211,8 @@ class PrivateGradient:
     per-example gradient is formed.  Any other module owning a trainable parameter (and
     ``nn.MultiheadAttention`` as a whole, and a subclass of these layers that overrides ``forward``) uses a
     ``torch.func``
-    per-example fallback, announced by one warning.
+    per-example fallback, announced by one warning.  MPNet's relative-position bias table gets per-example
+    gradients of its buckets × heads entries (the lookup batched while the step is attached).
     """
 
     def __init__(
@@ -204,6 +254,8 @@ class PrivateGradient:
         self._params, self._param_names = self._trainable_parameters(model)
         self._batchnorms = [(n, m) for n, m in model.named_modules() if _is_batchnorm(m)]
         self._check_batchnorm()
+        self._mpnet_encoders = _mpnet_bias_encoders(model)
+        self._bucket_tables = {id(m.relative_attention_bias) for m in self._mpnet_encoders}
         self.handlers, self.fallback_modules, self._owner_name = self._build_handlers(model)
         if self.fallback_modules:
             warnings.warn(
@@ -213,6 +265,8 @@ class PrivateGradient:
                 stacklevel=2,
             )
 
+        for m in self._mpnet_encoders:  # an instance attribute; close() removes it
+            m.compute_position_bias = types.MethodType(_per_example_position_bias, m)
         self._hooks: list[Any] = []
         self._batch: int | None = None
         self._suspended = False
@@ -268,6 +322,11 @@ class PrivateGradient:
                 own = [(n, p) for n, p in module.named_parameters(recurse=False) if p.requires_grad]
             if not own:
                 continue
+            if mname.endswith("relative_attention_bias") and id(module) not in self._bucket_tables:
+                raise UnsupportedModuleError(
+                    f"`model` has a trainable relative-position bias table {mname!r} ({type(model).__name__}) that "
+                    "is looked up without the batch dimension and broadcast over the batch, so its per-example "
+                    "gradients cannot be separated (MPNet's is supported). Fix: freeze it (requires_grad_(False)).")
             handler = self._make_handler(module, dict(own))
             self._handler_name[id(handler)] = mname or "<model>"
             for n, p in own:
@@ -303,6 +362,8 @@ class PrivateGradient:
             return LinearHandler(module, own, transposed=True)
         if (_plain(module, nn.Conv1d) or _plain(module, nn.Conv2d)) and roles <= {"weight", "bias"}:
             return ConvHandler(module, own)
+        if id(module) in self._bucket_tables:
+            return _BucketTableHandler(module, own)
         if isinstance(module, nn.Embedding) and roles == {"weight"}:
             if module.scale_grad_by_freq:
                 raise UnsupportedModuleError(
@@ -776,6 +837,8 @@ class PrivateGradient:
         for h in self._hooks:
             h.remove()
         self._hooks = []
+        for m in self._mpnet_encoders:
+            m.__dict__.pop("compute_position_bias", None)
         for h in self.handlers:
             h.clear()
 

@@ -105,7 +105,6 @@ def _cache_key(model: Any, dataset: Any) -> str:
     return h.hexdigest()
 
 
-@torch.no_grad()
 def cache_features(
     model: Any,
     dataset: Any,
@@ -122,7 +121,9 @@ def cache_features(
         The (frozen) backbone and pooling; only its features are used.
     dataset : TextDataset or ImageDataset
     batch_size : int, default 64
-        Examples per forward pass (texts are grouped by length to reduce padding).
+        Examples per forward pass.  Texts are tokenized once, identical texts embedded once, and batched in
+        order of token count, each batch padded to its own longest text (the attention mask keeps padding out
+        of the features: the same features as one padded batch, up to float rounding).
     cache_dir : path, optional
         If given, features are stored in ``cache_dir/<sha256>.pt`` keyed by the backbone, the pooling
         and the data, and loaded from there on the next call.
@@ -153,13 +154,16 @@ def cache_features(
     was_training = model.training
     model.eval()
     try:
-        order = length_order(dataset)
+        # allocated outside inference mode: a normal tensor (the head's training saves it for backward)
         feats = torch.empty(len(dataset), model.num_features, dtype=torch.float32)
-        for s in range(0, len(order), batch_size):
-            idx = order[s : s + batch_size]
-            feats[idx] = model.features(**model.encode(dataset, idx)).float().cpu()
-            if progress is not None:
-                progress(len(idx))
+        threads = torch.get_num_threads()
+        if model.device.type == "cpu":
+            torch.set_num_threads(caching_threads())
+        try:
+            with torch.inference_mode():
+                _compute_features(model, dataset, batch_size, progress, feats)
+        finally:
+            torch.set_num_threads(threads)
     finally:
         model.train(was_training)
     labels = None
@@ -173,6 +177,70 @@ def cache_features(
         torch.save({"features": feats, "labels": labels, "num_labels": num_labels}, tmp)
         os.replace(tmp, path)
     return fs
+
+
+def caching_threads() -> int:
+    """Intra-op threads for feature caching on the CPU: torch's setting, lowered to the cores that are idle (the
+    cores this process may use minus the 1-minute load average, at least 1).
+
+    On an oversubscribed machine the threads of one parallel region wait for each other at its end, and one of them
+    is often descheduled: on 2 cores at load 5–9, one thread embedded MiniLM features about 4× faster per CPU second
+    (and faster in wall time) than two (bench/feature_cache.py).  The features are the same up to float rounding."""
+    current = torch.get_num_threads()
+    try:
+        cores = len(os.sched_getaffinity(0))
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):  # platforms without them: keep torch's setting
+        return current
+    return max(1, min(current, int(cores - load + 0.5)))
+
+
+def _compute_features(model: Any, dataset: Any, batch_size: int, progress: Callable[[int], None] | None,
+                      feats: torch.Tensor) -> None:
+    """Write the features of every row into ``feats`` (N, num_features), in the dataset's order."""
+    if getattr(dataset, "kind", None) != "text" or getattr(model, "kind", None) != "text":
+        order = length_order(dataset)
+        for s in range(0, len(order), batch_size):
+            idx = order[s : s + batch_size]
+            feats[idx] = model.features(**model.encode(dataset, idx)).float().cpu()
+            if progress is not None:
+                progress(len(idx))
+        return
+    rows_of: dict[str, list[int]] = {}
+    for i, text in enumerate(dataset.texts):
+        rows_of.setdefault(text, []).append(i)
+    texts = list(rows_of)
+    enc = dict(model.tokenizer(texts, truncation=True, max_length=model.max_length))
+    lengths = [len(ids) for ids in enc["input_ids"]]
+    enc["attention_mask"] = [[1] * n for n in lengths]  # always: padding must never enter the features
+    fields = [k for k in ("input_ids", "attention_mask", "token_type_ids") if k in enc]
+    order = sorted(range(len(texts)), key=lengths.__getitem__)
+    for s in range(0, len(order), batch_size):
+        idx = order[s : s + batch_size]
+        out = model.features(**_padded(model.tokenizer, enc, fields, idx, lengths[idx[-1]])).float().cpu()
+        for j, u in enumerate(idx):
+            feats[rows_of[texts[u]]] = out[j]
+        if progress is not None:
+            progress(sum(len(rows_of[texts[u]]) for u in idx))
+
+
+def _padded(tokenizer: Any, enc: Any, fields: list[str], idx: list[int], width: int) -> dict[str, torch.Tensor]:
+    """Rows ``idx`` of a batch tokenization without padding, padded to ``width`` tokens on the tokenizer's
+    padding side (pad id, attention mask 0, token type 0), as ``tokenizer(..., padding=True)`` would."""
+    fill = {"input_ids": tokenizer.pad_token_id, "attention_mask": 0,
+            "token_type_ids": getattr(tokenizer, "pad_token_type_id", 0)}
+    left = getattr(tokenizer, "padding_side", "right") == "left"
+    out = {}
+    for k in fields:
+        t = torch.full((len(idx), width), int(fill[k]), dtype=torch.long)
+        for r, i in enumerate(idx):
+            row = enc[k][i]
+            if left:
+                t[r, width - len(row):] = torch.tensor(row, dtype=torch.long)
+            else:
+                t[r, :len(row)] = torch.tensor(row, dtype=torch.long)
+        out[k] = t
+    return out
 
 
 def check_finite_features(data: Any, what: str) -> None:

