@@ -129,6 +129,31 @@ class _FreeMomentumStep(LoopHook):
                     p.add_(buf, alpha=-loop.learning_rate)
 
 
+@dataclass(frozen=True)
+class HeadRunOptions:
+    """The options of one :meth:`FeatureBackend.run` (a zero linear head on cached features), with their
+    defaults: the optimizer (``momentum`` applies to SGD; ``free_step``: one extra step along the momentum buffer
+    after training), clipping norm C and style, AUTO-S γ, weight decay, Adam's ε, whether the head has a bias,
+    ``backbone_lr_scale`` (1: a head is all head), the run's ``seed`` and ``label``, ``record`` (public curve
+    points), ``progress`` and ``hooks`` (a :class:`RunHooks`)."""
+
+    optimizer: str = "sgd"
+    momentum: float = 0.9
+    clip: float = 1.0
+    free_step: bool = False
+    seed: int | None = None
+    label: str = ""
+    eps_adam: float = 1e-8
+    record: bool = False
+    clipping: str = "flat"
+    bias: bool = False
+    gamma: float = 0.01
+    weight_decay: float = 0.0
+    backbone_lr_scale: float = 1.0
+    progress: Any = None
+    hooks: RunHooks | None = None
+
+
 class FeatureBackend:
     """Trials on cached features: zero-initialised linear heads trained by :func:`privtune.training.fit`
     (closed-form clipped head gradient, :class:`privtune.finetune.LinearHeadGradient`).
@@ -185,16 +210,17 @@ class FeatureBackend:
         return public_size(self.features)
 
     def run(self, hp: dict, *, noise_multiplier: float, sample_rate: float, steps: int, learning_rate: float,
-            optimizer: str = "sgd", momentum: float = 0.9, clip: float = 1.0, free_step: bool = False,
-            seed: int | None = None, label: str = "", eps_adam: float = 1e-8, record: bool = False,
-            clipping: str = "flat", bias: bool = False, gamma: float = 0.01, weight_decay: float = 0.0,
-            backbone_lr_scale: float = 1.0, progress=None, hooks: RunHooks | None = None) -> TrialRun:
-        """One DP run of a zero head (with a bias when ``bias``).  ``momentum`` applies to SGD only.
-        ``backbone_lr_scale`` must be 1: a head on cached features is all head.  With ``hooks`` (e.g.
-        hyperfree's learning-rate probe), the hooks get ``progress`` and the public curve split's accuracy."""
-        if backbone_lr_scale != 1.0:
+            **options: Any) -> TrialRun:
+        """One DP run of a zero head (with a bias when ``bias``); ``options`` are :class:`HeadRunOptions`'
+        fields.  ``momentum`` applies to SGD only.  With ``hooks`` (e.g. hyperfree's learning-rate probe), the
+        hooks get ``progress`` and the public curve split's accuracy."""
+        o = HeadRunOptions(**options)
+        optimizer, momentum, clip, clipping, seed, label = (o.optimizer, o.momentum, o.clip, o.clipping, o.seed,
+                                                            o.label)
+        if o.backbone_lr_scale != 1.0:
             raise InvalidParameterError("`backbone_lr_scale` does not apply to a head on cached features (it is all "
-                                        f"head). Got {backbone_lr_scale!r}.")
+                                        f"head). Got {o.backbone_lr_scale!r}.")
+        hooks, progress, record, free_step, bias = o.hooks, o.progress, o.record, o.free_step, o.bias
         self.runs += 1
         lin = self._zero_head(bias)
         loop_hooks: list[LoopHook] = []
@@ -213,8 +239,8 @@ class FeatureBackend:
             loop_hooks.append(_FreeMomentumStep())
         fit(lin, self.features, noise_multiplier=noise_multiplier, sample_rate=sample_rate, steps=int(steps),
             learning_rate=learning_rate, clip=clip, clipping=clipping, optimizer=optimizer,
-            momentum=momentum if optimizer == "sgd" else 0.0, eps=eps_adam, seed=seed, hooks=loop_hooks,
-            gamma=gamma, weight_decay=weight_decay, device=self.device,
+            momentum=momentum if optimizer == "sgd" else 0.0, eps=o.eps_adam, seed=seed, hooks=loop_hooks,
+            gamma=o.gamma, weight_decay=o.weight_decay, device=self.device,
             nonfinite_features="drop")  # features cached after the reservation
         # the events of a head trial as planned by the strategies: a full batch is exactly √T/σ-GDP
         if hooks is not None:
