@@ -3,8 +3,7 @@ commands that should not import torch), each a fresh process, as a user runs the
 
 The target is under one second for ``privtune tune --help``; the help reads its choices and defaults from
 ``privtune.choices`` and imports torch only when a run starts.  Timings are wall-clock on a possibly shared
-machine: quote the median, and the min-max spread says how noisy it was.  The same figure from outside:
-``farm-bench -n 5 -- python -m privtune tune --help``.
+machine: quote the median, and the min-max spread says how noisy it was.
 
 Usage: ``python bench/cli_startup.py [--runs N]`` (from the repository root; it runs ``src/`` first on the path).
 """

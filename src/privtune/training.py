@@ -49,11 +49,13 @@ from privtune._validation import (
     check_steps,
 )
 from privtune.accounting.events import SAMPLING_SCHEMES as SAMPLINGS
+from privtune.accounting.certificate import neighbouring_relation
 from privtune.accounting.events import DPSGDEvent, NonPrivateEvent
 from privtune.engine import distributed
 from privtune.engine.private_gradient import CLIPPINGS
 from privtune.engine.sampling import check_shuffle_batching
 from privtune.engine.step import DPStep, MicroBatch
+from privtune.engine.units import DEFAULT_MAX_ROWS_PER_UNIT, checked_units, unit_description
 from privtune.errors import (DataError, InvalidParameterError, ModelError, OneClassModelWarning, PrivtuneError,
                              UnlikelyToLearnWarning)
 from privtune.finetune import usefulness
@@ -274,9 +276,15 @@ class _BatchStream:
     same seed, so all ranks draw the same global batch of the whole data set; each rank then keeps the
     examples of it that it owns (``group.partition``), and the union of the shares is the global batch."""
 
-    def __init__(self, sampling: str, n: int, q: float, seed: int | None, group: Any = None):
+    def __init__(self, sampling: str, n: int, q: float, seed: int | None, group: Any = None, units: Any = None,
+                 max_rows_per_unit: int | None = None):
         self.sampling, self.n, self.group = sampling, n, group
-        self.sampler = _make_sampler(sampling, n, q, seed)
+        if units is not None:  # Poisson over privacy units, ≤ k rows each (engine/units.py; q = 1: every unit)
+            from privtune.engine.units import UnitSampler
+
+            self.sampling, self.sampler = "poisson", UnitSampler(units, q, max_rows_per_unit, seed=seed)
+        else:
+            self.sampler = _make_sampler(sampling, n, q, seed)
         self._it = None
         self._epoch_state = None  # sampler state before the current epoch's permutation (shuffle)
         self._consumed = 0  # batches taken from the current epoch (shuffle)
@@ -367,8 +375,10 @@ class _Loop:
     def __init__(self, model, data, *, noise_multiplier, sample_rate, phases: list[_Phase], clip, clipping,
                  optimizer, per_layer_clipping=False, momentum, weight_decay, sampling, max_physical_batch_size, seed, eval_set,
                  eval_every, callback, progress, delta, accountant, clipping_diagnostics, fast_head=True,
-                 assume_poisson=False, device=None, hooks=(), gamma=0.01, eps=1e-8, backbone_lr_scale=1.0):
+                 assume_poisson=False, device=None, hooks=(), gamma=0.01, eps=1e-8, backbone_lr_scale=1.0,
+                 units=None, max_rows_per_unit=None):
         self.model, self.data = model, data
+        self.units, self.max_rows_per_unit = units, max_rows_per_unit  # privacy unit (None: one example)
         self.backbone_lr_scale = float(backbone_lr_scale)
         self.hooks = list(hooks)
         self.gamma, self.eps = gamma, eps
@@ -402,7 +412,12 @@ class _Loop:
         stream_seed = self.sampler_seed
         if self.group is not None:
             stream_seed = self._join_group(hooks, stream_seed)
-        self.stream = _BatchStream(sampling, self.n, sample_rate, stream_seed, group=self.group)
+        if units is not None and self.group is not None:
+            raise InvalidParameterError(
+                "A privacy unit needs the whole batch in one process (a unit's rows are weighted together). Run "
+                "user-level training in one process (without torchrun / a torch.distributed process group).")
+        self.stream = _BatchStream(sampling, self.n, sample_rate, stream_seed, group=self.group, units=units,
+                                   max_rows_per_unit=max_rows_per_unit)
         # every step is torch.arange(n) (in one process: a data-parallel rank gets a share of it)
         self.sampler_is_full_batch = self.stream.sampler is None and self.group is None
         # ‖x_i‖² of cached features, once per run (the closed-form head step needs them every step)
@@ -466,7 +481,8 @@ class _Loop:
             step_cls, extra = LinearHeadGradient, {}
         self.pg = step_cls(
             self.module, max_grad_norm=self.clip, noise_multiplier=self.sigma,
-            expected_batch_size=self.q * public_size(self.data), clipping=self.clipping, gamma=self.gamma, seed=self.noise_seed,
+            expected_batch_size=self.q * (public_size(self.data) if self.units is None else self.units.num_units),
+            clipping=self.clipping, gamma=self.gamma, seed=self.noise_seed,
             process_group=self.group, **extra,
         )
         if noise_state is not None:
@@ -568,7 +584,8 @@ class _Loop:
         return compute_epsilon(self.events(), self.delta, accountant=self.accountant)
 
     # -- one step
-    def _micro_batch(self, chunk: torch.Tensor, y: torch.Tensor, start: int | None = None) -> MicroBatch:
+    def _micro_batch(self, chunk: torch.Tensor, y: torch.Tensor, start: int | None = None,
+                     row_weights: torch.Tensor | None = None) -> MicroBatch:
         """The rows ``chunk`` as the DP step sees them; ``start``: the rows are ``start, start + 1, …`` (a full
         batch), so cached features are read as a view (no gather copy: head trials are many and short)."""
         def features() -> tuple[torch.Tensor, torch.Tensor]:
@@ -576,19 +593,22 @@ class _Loop:
             return self.data.features[rows].to(self.device), self.feature_sq_norms[rows].to(self.device)
 
         return MicroBatch(labels=y, logits=lambda: _forward(self.model, self.module, self.data, chunk),
-                          features=features if _is_features(self.data) else None)
+                          features=features if _is_features(self.data) else None, row_weights=row_weights)
 
     def _one_step(self) -> StepInfo:
         t0 = time.perf_counter()
         idx = self.stream.next()
         if self.lengths is not None and idx.numel() > self.max_phys:
             idx = idx[torch.argsort(self.lengths[idx], stable=True)]
+        # user level: weight 1/m_u per row, so each sampled unit adds the mean of its clipped gradients
+        weights = self.units.row_weights(idx) if self.units is not None else None
         loss_sum, count, batch_losses = 0.0, 0, []
         for s in range(0, idx.numel(), self.max_phys):
             chunk = idx[s : s + self.max_phys]
             full = self.sampler_is_full_batch
             y = (self.labels[s : s + self.max_phys] if full else self.labels[chunk]).to(self.device)
-            losses, norms = self.pg.accumulate_batch(self._micro_batch(chunk, y, s if full else None))
+            w = None if weights is None else weights[s : s + self.max_phys]
+            losses, norms = self.pg.accumulate_batch(self._micro_batch(chunk, y, s if full else None, w))
             # NOT PRIVATE monitoring: a NaN/inf loss (its term was dropped by the DP step) is not summed
             loss_sum += float(losses.detach().nan_to_num(0.0, 0.0, 0.0).sum())
             if self.hooks:  # a hook may need the losses at these parameters (hyperfree's L0): no second forward
@@ -726,11 +746,11 @@ def fit(
     clip: float = 1.0, clipping: str = "flat", per_layer_clipping: bool = False, optimizer: str = "adam",
     eval_set: Any = None, seed: int | None = None, max_physical_batch_size: int | None = None,
     callback: Callable[[StepInfo], bool | None] | None = None, sampling: str = "poisson", momentum: float = 0.0,
-    weight_decay: float = 0.0, mode: str | None = None, phase1_steps: int | None = None,
+    weight_decay: float = 0.0, mode: str | None = None, phase1_steps: int | None = None, privacy_unit: Any = None,
     phase1_learning_rate: float | None = None, eval_every: int | None = None, progress: Any = None,
     delta: float | None = None, accountant: str = "pld", clipping_diagnostics: bool = False, fast_head: bool = True,
     assume_poisson: bool = False, device: Any = None, hooks: Sequence[LoopHook] = (), gamma: float = 0.01,
-    eps: float = 1e-8, backbone_lr_scale: float = 1.0, nonfinite_features: str = "refuse",
+    eps: float = 1e-8, backbone_lr_scale: float = 1.0, nonfinite_features: str = "refuse", max_rows_per_unit: int = 8,
 ) -> FitResult:
     """Train ``model`` privately for ``steps`` DP steps and return a :class:`FitResult`; no ledger, no files.
 
@@ -822,8 +842,8 @@ def fit(
         factor 0 (it adds nothing; sensitivity C), as it does for whatever turns non-finite in training
         (counted in ``FitResult.nonfinite_examples``, NOT PRIVATE).  ``"drop"`` is for features
         computed after a budget was reserved, where a refusal would come too late.
+    privacy_unit, max_rows_per_unit : user-level DP with cap k (docs/privacy-unit.md, engine/units.py)
     """
-    backbone_lr_scale = check_backbone_lr_scale(backbone_lr_scale)
     if check_choice(nonfinite_features, "nonfinite_features", ("refuse", "drop")) == "refuse":
         from privtune.finetune.last_layer import check_finite_features
 
@@ -832,13 +852,13 @@ def fit(
         train_set, noise_multiplier=noise_multiplier, sample_rate=sample_rate, steps=steps, learning_rate=learning_rate,
         clip=clip, clipping=clipping, optimizer=optimizer, sampling=sampling, assume_poisson=assume_poisson, gamma=gamma,
         device=device, max_physical_batch_size=max_physical_batch_size, eval_every=eval_every, mode=mode,
-        phase1_steps=phase1_steps, phase1_learning_rate=phase1_learning_rate)
+        phase1_steps=phase1_steps, phase1_learning_rate=phase1_learning_rate, units=(privacy_unit, max_rows_per_unit))
     own_progress = _make_progress(True, None, None) if progress is True else None
     loop = _Loop(model, train_set, **options, per_layer_clipping=per_layer_clipping, momentum=momentum,
                  weight_decay=weight_decay, seed=seed, eval_set=eval_set, callback=callback, delta=delta, eps=eps,
                  progress=own_progress if progress is True else None if progress is False else progress, hooks=hooks,
                  accountant=accountant, clipping_diagnostics=clipping_diagnostics, fast_head=fast_head,
-                 backbone_lr_scale=backbone_lr_scale)
+                 backbone_lr_scale=check_backbone_lr_scale(backbone_lr_scale))
     _run_loop(loop, own_progress)
     return _result(loop)
 
@@ -846,7 +866,7 @@ def fit(
 def _checked_loop_options(
     train_set: Any, *, noise_multiplier: Any, sample_rate: Any, steps: Any, learning_rate: Any, clip: Any,
     clipping: Any, optimizer: Any, sampling: Any, assume_poisson: Any, device: Any, max_physical_batch_size: Any,
-    eval_every: Any, mode: Any, phase1_steps: Any, phase1_learning_rate: Any, gamma: Any,
+    eval_every: Any, mode: Any, phase1_steps: Any, phase1_learning_rate: Any, gamma: Any, units: tuple = (None, 8),
 ) -> dict[str, Any]:
     """Validate :func:`fit`'s privacy, schedule and clipping options (in this order, so the first bad one is the
     one reported) and return them as :class:`_Loop` keyword arguments.
@@ -863,6 +883,7 @@ def _checked_loop_options(
     clipping = check_choice(clipping, "clipping", CLIPPINGS)
     optimizer = check_choice(optimizer, "optimizer", OPTIMIZERS)
     sampling = check_choice(sampling, "sampling", SAMPLINGS)
+    unit_index = checked_units(units[0], len(train_set), units[1], sampling)  # before the row-level sampling checks
     if sampling == "full_batch" and q != 1.0:
         raise InvalidParameterError(f"`sample_rate` must be 1.0 for sampling='full_batch'. Got {q!r}.")
     if q == 1.0 and sampling == "poisson":
@@ -885,7 +906,8 @@ def _checked_loop_options(
     phases = _phases_for(mode, steps, lr, phase1_steps, phase1_learning_rate)
     return dict(noise_multiplier=sigma, sample_rate=q, phases=phases, clip=clip, clipping=clipping,
                 optimizer=optimizer, sampling=sampling, max_physical_batch_size=max_phys, eval_every=eval_every,
-                assume_poisson=assume_poisson, device=device, gamma=check_real(gamma, "gamma", low=0.0))
+                assume_poisson=assume_poisson, device=device, gamma=check_real(gamma, "gamma", low=0.0),
+                units=unit_index, max_rows_per_unit=units[1])
 
 
 def _run_loop(loop: _Loop, own_progress: Any) -> None:
@@ -1028,6 +1050,8 @@ def train(
     device: Any = None,
     labels: Sequence[str | int] | str | None = None,
     backbone_lr_scale: float | None = None,
+    privacy_unit: Any = None,
+    max_rows_per_unit: int = DEFAULT_MAX_ROWS_PER_UNIT,
 ) -> TrainResult:
     """Fine-tune a classifier privately with fixed hyperparameters: one complete, accounted run.
 
@@ -1082,6 +1106,15 @@ def train(
         Hugging Face config that names its classes); otherwise an error: it is never inferred from the
         private data.  A row whose label is not in the set is an error (row number, not its content);
         ``eval_data`` must use the same labels.
+    privacy_unit : str, sequence or callable, optional
+        User-level DP (docs/privacy-unit.md): the column of ``data`` that names the person (document,
+        conversation) owning each row, or one key per row, or ``f(row_index) -> key``.  Units are Poisson
+        sampled (``batch_size`` is then the expected number of *units* per step, q = B/N_u), each contributes
+        the mean of the clipped gradients of at most ``max_rows_per_unit`` of its rows, δ must be below 1/N_u,
+        and the certificate states (ε, δ)-DP with respect to adding or removing all rows of one unit.  The
+        number of units N_u is public by declaration, like N; how many rows a unit has is not released.
+    max_rows_per_unit : int, default 8
+        k, the public cap on the rows of one unit used in a step.
 
     Returns
     -------
@@ -1104,7 +1137,8 @@ def train(
         eval_every=None if eval_every is None else check_int(eval_every, "eval_every", low=1),
         seed=None if seed is None else check_int(seed, "seed", low=0, high=2**62),
         ledger=ledger, output_dir=output_dir, resume=resume, progress=progress,
-        clipping_diagnostics=clipping_diagnostics, config=config, device=device)
+        clipping_diagnostics=clipping_diagnostics, config=config, device=device,
+        privacy_unit=(privacy_unit, max_rows_per_unit))
     return run_pipeline.execute(TrainJob(request))
 
 
@@ -1139,6 +1173,7 @@ class _TrainRequest:
     clipping_diagnostics: bool
     config: dict | None
     device: Any  # as given (None: the default); the resolved device is TrainJob's
+    privacy_unit: tuple = (None, DEFAULT_MAX_ROWS_PER_UNIT)  # (unit column / keys / callable, k); None: one example
 
 
 @dataclass(frozen=True)
@@ -1156,6 +1191,7 @@ class _TrainInputs:
     group: Any  # the data-parallel group; None: one process
     out: Path | None
     ckpt_path: Path | None
+    units: Any = None  # the privacy units (privtune.engine.units.UnitIndex); None: one example
 
 
 @dataclass(frozen=True)
@@ -1217,25 +1253,28 @@ class TrainJob:
                                    unshare=lambda _: (None, None))
         # the label set is public input (released as the head's shape and names): never read from private rows,
         # and no check depends on which classes the rows happen to contain
-        train_set, eval_set, clf, privacy = _load_train_inputs(
+        train_set, eval_set, clf, privacy, units = _load_train_inputs(
             r.data, r.eval_data, r.model, r.labels, r.privacy, text_column=r.text_column,
-            label_column=r.label_column, pooling=r.pooling, max_length=r.max_length, seed=r.seed)
+            label_column=r.label_column, pooling=r.pooling, max_length=r.max_length, seed=r.seed,
+            privacy_unit=(*r.privacy_unit, r.schedule.sampling))
         mode_info = apply_mode(clf, r.mode, **_lora_arguments(r.lora))
         _dry_run_engine(clf, r.clipping)  # unsupported modules fail here, before the ledger reservation
         clf.to(device)
         fp, file_name = dataset_identity(train_set)
         return _TrainInputs(train_set=train_set, eval_set=eval_set, clf=clf, privacy=privacy, mode_info=mode_info,
                             fingerprint=fp, file_name=file_name, device=device, group=group, out=out,
-                            ckpt_path=ckpt_path)
+                            ckpt_path=ckpt_path, units=units)
 
     # ------------------------------------------------------------------ plan, prepare, reserve
     def plan(self, inputs: _TrainInputs) -> _TrainPlan:
         """q, T, σ and the planned events (every rank of a data-parallel run agrees on them)."""
         r = self.request
-        sched = _plan_schedule(len(inputs.train_set), r.mode, inputs.privacy, r.schedule, r.optim,
-                               phase1_epochs=r.phase1_epochs, phase1_learning_rate=r.phase1_learning_rate)
+        units = inputs.units  # user level: N_u units stand where the N rows stood (q = B/N_u)
+        sched = _plan_schedule(len(inputs.train_set) if units is None else units.num_units, r.mode, inputs.privacy,
+                               r.schedule, r.optim, phase1_epochs=r.phase1_epochs,
+                               phase1_learning_rate=r.phase1_learning_rate)
         hyper = _hyperparameters(r.mode, sched, inputs.privacy, r.schedule, r.optim, r.clipping, inputs.mode_info,
-                                 r.lora, r.seed)
+                                 r.lora, r.seed, units and unit_description(units, r.privacy_unit[1]))
         if inputs.group is not None:  # every rank trains rank 0's plan on the same data, or none does
             inputs.group.agree("the training data and plan",
                                (inputs.fingerprint, len(inputs.train_set), hyper, sched.planned),
@@ -1265,7 +1304,8 @@ class TrainJob:
             delta=inputs.privacy.delta, accountant="pld", command="train",
             config={"hyperparameters": plan.hyper, "output_dir": str(out) if out else None},
             resume_key=files.run_id, events=plan.schedule.planned, resuming=bool(self.request.resume),
-            file_name=inputs.file_name, run_dir=out)
+            file_name=inputs.file_name, run_dir=out,
+            privacy_unit=(plan.hyper.get("privacy_unit") or {}).get("unit"))
 
     def open_ledger(self, inputs: _TrainInputs, files: _TrainFiles) -> tuple[Any, str | None]:
         led = open_ledger(self.request.ledger)
@@ -1324,7 +1364,8 @@ class TrainJob:
             "selection": "none (fixed hyperparameters)", "notes": registered + inputs.mode_info.notes,
         }
         return run_pipeline.Described(events=outcome.events, delta=inputs.privacy.delta,
-                                      accountant=hyper["accountant"], metadata=metadata, seed=seed)
+                                      accountant=hyper["accountant"], metadata=metadata, seed=seed,
+                                      neighbouring=neighbouring_relation((hyper.get("privacy_unit") or {}).get("unit")))
 
     def figures(self, inputs: _TrainInputs, plan: _TrainPlan, files: _TrainFiles, outcome: _Trained, budget: Any,
                 certificate: Any) -> tuple[dict, dict]:
@@ -1433,10 +1474,11 @@ def _check_run_dir_args(output_dir: Any, resume: bool) -> tuple[Path | None, Pat
 
 
 def _load_train_inputs(data, eval_data, model, labels, privacy: PrivacySpec, *, text_column, label_column, pooling,
-                       max_length, seed):
+                       max_length, seed, privacy_unit=(None, None, "poisson")):
     """Load and check the training and evaluation splits and the classifier (no budget spent).
 
-    Returns ``(train_set, eval_set, classifier, privacy)``; δ defaults from the training set size."""
+    ``privacy_unit`` is ``(unit, k, sampling)`` (unit None: example level).  Returns ``(train_set, eval_set,
+    classifier, privacy, units)``; δ defaults from the training set size, or the number of units N_u."""
     from privtune.data.datasets import check_disjoint, declared_label_set
     from privtune.models.classifier import check_model_label_set
 
@@ -1455,13 +1497,21 @@ def _load_train_inputs(data, eval_data, model, labels, privacy: PrivacySpec, *, 
         if getattr(eval_set, "labels", None) is None:
             raise DataError("`eval_data` has no labels; evaluation needs a label column.")
         check_disjoint(train_set, eval_set, "eval_data")  # accuracy on training rows is not held-out (nor private)
+    units = None
+    if privacy_unit[0] is not None:  # user level: N_u replaces n in δ < 1/N_u and the sampling rate
+        from privtune.engine.units import check_unit_delta, load_units
+
+        units = checked_units(load_units(data, privacy_unit[0], n), n, privacy_unit[1], privacy_unit[2])
+        if privacy.delta is not None:
+            check_unit_delta(privacy.delta, units.num_units, units.name)
+        n = units.num_units
     privacy = privacy.for_dataset(n)
     clf = task.build_model(model, num_labels=num_labels, pooling=pooling, label_names=label_names,
                            max_length=max_length, seed=seed)
     check_model_label_set(clf, num_labels, label_names, label_source)
     if getattr(clf, "kind", "text") != train_set.kind:
         raise DataError(f"The model takes {clf.kind} inputs but the training data is {train_set.kind}.")
-    return train_set, eval_set, clf, privacy
+    return train_set, eval_set, clf, privacy, units
 
 
 @dataclass(frozen=True)
@@ -1525,8 +1575,10 @@ def _plan_schedule(n: int, mode: str, privacy: PrivacySpec, schedule: ScheduleSp
 
 
 def _hyperparameters(mode: str, sched: _Schedule, privacy: PrivacySpec, schedule: ScheduleSpec, optim: OptimizerSpec,
-                     clipping: ClippingSpec, mode_info: Any, lora: LoraSpec | None, seed: int | None) -> dict:
-    """The run's hyperparameters as published (metrics, certificate) and compared on resume."""
+                     clipping: ClippingSpec, mode_info: Any, lora: LoraSpec | None, seed: int | None,
+                     privacy_unit: dict | None = None) -> dict:
+    """The run's hyperparameters as published (metrics, certificate) and compared on resume; ``privacy_unit``
+    (:func:`privtune.engine.units.unit_description`: the unit's name, k and N_u, all public) at user level."""
     hyper = {
         "mode": mode, "epochs": schedule.epochs, "steps": sched.steps, "batch_size": sched.batch_size,
         "sample_rate": sched.sample_rate, "sampling": schedule.sampling, "learning_rate": optim.learning_rate,
@@ -1538,6 +1590,8 @@ def _hyperparameters(mode: str, sched: _Schedule, privacy: PrivacySpec, schedule
         "max_physical_batch_size": schedule.max_physical_batch_size, "accountant": privacy.accountant, "seed": seed,
         "assume_poisson": schedule.assume_poisson,
     }
+    if privacy_unit is not None:
+        hyper["privacy_unit"] = privacy_unit
     if lora is not None:
         hyper.update({"lora_rank": lora.rank, "lora_alpha": lora.alpha,
                       "lora_target_modules": list(mode_info.lora_target_modules or [])})
@@ -1636,7 +1690,8 @@ def _run_training(r: _TrainRequest, inputs: _TrainInputs, plan: _TrainPlan, file
                      sampling=sampling, max_physical_batch_size=phys, seed=seed, eval_set=fit_eval,
                      eval_every=eval_every, callback=None, progress=None, delta=delta, accountant=accountant,
                      clipping_diagnostics=clipping_diagnostics, assume_poisson=assume_poisson, device=device,
-                     backbone_lr_scale=hyper.get("backbone_lr_scale", 1.0))
+                     backbone_lr_scale=hyper.get("backbone_lr_scale", 1.0), units=inputs.units,
+                     max_rows_per_unit=(hyper.get("privacy_unit") or {}).get("max_rows_per_unit"))
         if state is not None and "model" in state:
             loop.load_state_dict(state)
             log(f"resumed from step {loop.step}")
@@ -1765,6 +1820,9 @@ def _effective_config(r: _TrainRequest, inputs: _TrainInputs, hyper: dict, out: 
             cfg[key] = hyper.get(key)
     if hyper.get("assume_poisson"):
         cfg["assume_poisson"] = True
+    unit = hyper.get("privacy_unit")
+    if unit and unit.get("column"):  # a unit read from a column reloads (keys or a callable passed in Python do not)
+        cfg.update(privacy_unit=unit["column"], max_rows_per_unit=unit["max_rows_per_unit"])
     if r.device is not None:  # only when asked for: a config written on a GPU machine must run elsewhere
         cfg["device"] = str(r.device)
     config, _ = release.effective_config(cfg, path_keys=("data", "eval_data", "model", "output"))

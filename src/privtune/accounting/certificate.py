@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import platform
+import re
 from dataclasses import dataclass, field
 from importlib import metadata as importlib_metadata
 from pathlib import Path
@@ -31,6 +32,21 @@ from privtune.accounting.events import NonPrivateEvent, event_from_dict, event_t
 from privtune.errors import CertificateError, PrivtuneError
 
 NEIGHBOURING = "add/remove one example"
+#: The user-level relation, with the unit's name (docs/privacy-unit.md): ``UNIT_NEIGHBOURING.format(unit="user_id")``.
+UNIT_NEIGHBOURING = "add/remove all rows of one {unit}"
+_UNIT_RELATION = re.compile(r"add/remove all rows of one (\S.*)")
+
+
+def neighbouring_relation(unit: str | None = None) -> str:
+    """The neighbouring relation of a run: one example, or all rows of one ``unit`` (user-level DP)."""
+    return NEIGHBOURING if unit is None else UNIT_NEIGHBOURING.format(unit=unit)
+
+
+def privacy_statement(neighbouring: str) -> str:
+    """The sentence a report prints: "(ε, δ)-DP with respect to adding or removing ..." for a relation."""
+    m = _UNIT_RELATION.fullmatch(neighbouring)
+    what = f"all rows of one {m.group(1)}" if m else "one training example"
+    return f"(ε, δ)-DP with respect to adding or removing {what}"
 FORMAT_VERSION = 1
 #: Relative tolerance of :func:`verify_certificate` on ε.
 VERIFY_RTOL = 1e-6
@@ -87,8 +103,14 @@ class Certificate:
 
     @classmethod
     def from_events(cls, events, delta: float, accountant: str = "pld", metadata: dict | None = None,
-                    *, dataset_size: int | None = None) -> Certificate:
-        """Account ``events`` at ``delta`` and record the result (ε in add/remove DP)."""
+                    *, dataset_size: int | None = None, neighbouring: str = NEIGHBOURING) -> Certificate:
+        """Account ``events`` at ``delta`` and record the result (ε in add/remove DP).
+
+        ``neighbouring``: the relation the events are accounted under (:func:`neighbouring_relation`); the
+        accounting is the same for a unit whose clipped contribution has norm ≤ C (docs/privacy-unit.md)."""
+        if neighbouring != NEIGHBOURING and not _UNIT_RELATION.fullmatch(str(neighbouring)):
+            raise CertificateError(f"`neighbouring` must be {NEIGHBOURING!r} or {UNIT_NEIGHBOURING!r}. Got "
+                                   f"{neighbouring!r}.")
         events = acc.as_event_list(events)
         if not events:
             raise CertificateError("A certificate needs at least one event; got an empty list.")
@@ -108,6 +130,7 @@ class Certificate:
             epsilon=res.epsilon,
             delta=res.delta,
             accountant=res.accountant,
+            neighbouring=neighbouring,
             sampling_assumptions=list(res.sampling_assumptions),
             versions=library_versions(),
             metadata=md,
@@ -165,10 +188,10 @@ class Certificate:
                 f"of NOT PRIVATE events). Got {data['epsilon']!r}."
             )
         neigh = data.get("neighbouring", NEIGHBOURING)
-        if neigh != NEIGHBOURING:
+        if neigh != NEIGHBOURING and not (isinstance(neigh, str) and _UNIT_RELATION.fullmatch(neigh)):
             raise CertificateError(
                 f"Certificate neighbouring relation {neigh!r} is not supported; privtune accounts "
-                f"{NEIGHBOURING!r}."
+                f"{NEIGHBOURING!r} or {UNIT_NEIGHBOURING!r}."
             )
         vdi = data.get("value_discretization_interval")
         return cls(
@@ -245,4 +268,5 @@ def verify_certificate(path_or_certificate, *, rtol: float = VERIFY_RTOL, atol: 
 
 
 __all__ = ["Certificate", "verify_certificate", "recompute_epsilon", "library_versions", "NEIGHBOURING",
+           "UNIT_NEIGHBOURING", "neighbouring_relation", "privacy_statement",
            "VERIFY_RTOL", "VERIFY_ATOL", "INFINITE_EPSILON"]

@@ -34,6 +34,7 @@ from privtune.accounting.events import DPSGDEvent
 from privtune.audit.result import AuditResult, best_guesses
 from privtune.engine import PoissonSampler, PrivateGradient
 from privtune.engine.sampling import poisson_mask
+from privtune.engine.units import UnitIndex, UnitSampler
 from privtune.errors import InvalidParameterError
 from privtune.optim import make_optimizer
 
@@ -63,6 +64,8 @@ def audit_dp_step(
     confidence: float = 0.95,
     accountant: str = "pld",
     seed: int | None = None,
+    rows_per_unit: int = 1,
+    max_rows_per_unit: int = 8,
 ) -> AuditResult:
     """One-run white-box audit of the DP-SGD step for (σ, q, T, C).
 
@@ -83,6 +86,11 @@ def audit_dp_step(
         confidence: 1 − β of the lower bound.
         accountant: ``"pld"`` or ``"rdp"`` for the claimed ε.
         seed: seeds canaries, membership, sampling and noise; None draws from the OS.
+        rows_per_unit: r ≥ 1: audit the user-level step (docs/privacy-unit.md) with canary *units* of r rows
+            each, all with the canary's direction (the worst case: their clipped gradients add up); units are
+            Poisson sampled and each contributes at most ``max_rows_per_unit`` rows weighted 1/m_u, so a
+            canary unit must enter the sum as one vector of norm C, like one canary row at r = 1.
+        max_rows_per_unit: k, the user-level cap (used when r > 1).
 
     Returns:
         :class:`AuditResult` with kind ``"white-box"``.
@@ -104,6 +112,7 @@ def audit_dp_step(
     phys = check_int(max_physical_batch_size, "max_physical_batch_size", low=1)
     lr = check_real(learning_rate, "learning_rate", low=0.0)
     d = _probe_width(num_features, m, K, canary)
+    r = check_int(rows_per_unit, "rows_per_unit", low=1, fix="Pass the rows of each canary unit, e.g. 4.")
     sampling = "full_batch" if q == 1.0 else "poisson"
     sigma = (calibrate_noise_multiplier(epsilon, delta, sample_rate=q, steps=T, accountant=accountant,
                                         sampling=sampling) if epsilon is not None else noise_multiplier)
@@ -116,14 +125,20 @@ def audit_dp_step(
     gen = torch.Generator().manual_seed(int(seed))
     rows, U, included = _canary_directions(m, d, K, canary, gen)
     X_all, y_all, is_canary = _probe_training_set(U, rows, included, n_bg, K, CANARY_GRADIENT_SCALE * clip, gen)
-    expected = q * max(1, X_all.shape[0])
+    units = None
+    if r > 1:  # each canary unit: r copies of its row; a background row is a unit of its own
+        keep = _unit_rows(n_bg, X_all.shape[0], r)
+        X_all, y_all, is_canary = (t.repeat_interleave(r, 0)[keep] for t in (X_all, y_all, is_canary))
+        units = UnitIndex(list(range(n_bg)) + [n_bg + i // r for i in range(X_all.shape[0] - n_bg)])
+    expected = q * max(1, X_all.shape[0] if units is None else units.num_units)
     probe = nn.Linear(d, K, bias=False).to(torch.float64)
     nn.init.zeros_(probe.weight)
     w0 = probe.weight.detach().clone()
     pg = PrivateGradient(probe, max_grad_norm=clip, noise_multiplier=sigma, expected_batch_size=expected,
                          clipping=clipping, per_layer=per_layer_clipping, seed=int(seed) + 1)
     _train_probe(probe, pg, X_all, y_all, is_canary, steps=T, sample_rate=q, learning_rate=lr,
-                 max_physical_batch_size=phys, seed=int(seed) + 2)
+                 max_physical_batch_size=phys, seed=int(seed) + 2,
+                 units=None if units is None else (units, check_int(max_rows_per_unit, "max_rows_per_unit", low=1)))
     delta_w = (probe.weight.detach() - w0)  # (K, d)
     proj = (delta_w[rows] * U).sum(1)  # <ΔW, e_{k_c} u_cᵀ>
     scores = (proj * expected / (lr * clip)).tolist()
@@ -136,7 +151,8 @@ def audit_dp_step(
         config={"noise_multiplier": sigma, "sample_rate": q, "steps": T, "clip": clip, "clipping": clipping,
                 "per_layer_clipping": per_layer_clipping, "canary": canary, "num_features": d,
                 "num_classes": K, "background_examples": n_bg, "max_physical_batch_size": phys,
-                "accountant": accountant, "sampling": sampling, "seed": int(seed)},
+                "accountant": accountant, "sampling": sampling, "seed": int(seed), "rows_per_unit": r,
+                "max_rows_per_unit": int(max_rows_per_unit) if r > 1 else None},
         candidates=best["candidates"],
         privacy="no user data: gradient canaries and synthetic examples only (nothing charged to the ledger)",
     )
@@ -173,6 +189,12 @@ def _canary_directions(m: int, d: int, K: int, canary: str, gen: torch.Generator
     return rows, U, included
 
 
+def _unit_rows(n_bg: int, n_rows: int, r: int) -> torch.Tensor:
+    """Indices into rows repeated r times that keep one copy of each background row and r of each canary."""
+    keep = torch.arange(n_rows * r)
+    return keep[(keep // r >= n_bg) | (keep % r == 0)]
+
+
 def _probe_training_set(U: torch.Tensor, rows: torch.Tensor, included: torch.Tensor, n_bg: int, K: int,
                         scale: float, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The probe's training set ``(X, y, is_canary)``: ``n_bg`` synthetic Gaussian background rows first, then
@@ -190,23 +212,28 @@ def _probe_training_set(U: torch.Tensor, rows: torch.Tensor, included: torch.Ten
 
 def _train_probe(probe: nn.Linear, pg: PrivateGradient, X_all: torch.Tensor, y_all: torch.Tensor,
                  is_canary: torch.Tensor, *, steps: int, sample_rate: float, learning_rate: float,
-                 max_physical_batch_size: int, seed: int) -> None:
+                 max_physical_batch_size: int, seed: int, units: tuple | None = None) -> None:
     """``steps`` DP-SGD steps of ``probe`` through ``pg`` (closed at the end): Poisson batches of rate
     ``sample_rate`` (full batches at 1) cut into micro-batches; a canary's loss is minus its label's logit
     (gradient exactly −scale·e_{k_c}u_cᵀ), a background row's is the cross-entropy."""
     n_total = X_all.shape[0]
     opt = make_optimizer("sgd", probe.parameters(), learning_rate=learning_rate)
     sampler = PoissonSampler(max(1, n_total), sample_rate, seed=seed) if sample_rate < 1.0 else None
+    if units is not None:  # user level: Poisson over units, ≤ k rows each, weight 1/m_u (engine/units.py)
+        sampler = UnitSampler(units[0], sample_rate, units[1], seed=seed)
     try:
         for _ in range(steps):
             idx = sampler.sample() if sampler is not None else torch.arange(n_total)
             idx = idx[idx < n_total]
+            weights = None if units is None else units[0].row_weights(idx)
             for start in range(0, idx.numel(), max_physical_batch_size):
                 chunk = idx[start:start + max_physical_batch_size]
+                w = None if weights is None else weights[start:start + max_physical_batch_size]
                 logits = probe(X_all[chunk])
                 ce = F.cross_entropy(logits, y_all[chunk], reduction="none")
                 lin = -logits.gather(1, y_all[chunk][:, None]).squeeze(1)
-                pg.backward(torch.where(is_canary[chunk], lin, ce))
+                losses = torch.where(is_canary[chunk], lin, ce)
+                pg.backward(losses) if w is None else pg.backward(losses, row_weights=w)
             pg.release()
             opt.step()
             opt.zero_grad(set_to_none=True)

@@ -23,6 +23,7 @@ from privtune.errors import InfeasibleBudgetError, InvalidParameterError
 # choices and defaults come from the modules that own them (one declaration each; no torch import)
 from privtune import accounting as A
 from privtune.accounting.accountant import ACCOUNTANTS
+from privtune.accounting.certificate import privacy_statement
 from privtune.accounting.accountant import account as _account
 from privtune.accounting.events import SAMPLING_SCHEMES, DPSGDEvent
 
@@ -183,12 +184,12 @@ def _show_certificate(certificate: str, as_json: bool) -> None:
         # ε as certificate.json writes it: a number, or "inf" for NOT PRIVATE events (never null)
         click.echo(json.dumps({"verified": True, "epsilon": cert.to_dict()["epsilon"], "private": cert.private,
                                "delta": cert.delta, "accountant": cert.accountant, "events": len(cert.events),
-                               "path": certificate}, allow_nan=False))
+                               "neighbouring": cert.neighbouring, "path": certificate}, allow_nan=False))
         return
     rows = [[A.describe_event(e)] for e in cert.events]
     _print_table(f"certificate {certificate}: VERIFIED", ["event"], rows,
                  [f"ε = {cert.epsilon:.6g}, δ = {cert.delta:g}, accountant {cert.accountant}, "
-                  f"{cert.neighbouring}"] + list(cert.sampling_assumptions) + list(cert.notes))
+                  f"{cert.neighbouring}", privacy_statement(cert.neighbouring)] + list(cert.sampling_assumptions) + list(cert.notes))
 
 
 def _show_epsilon(sigma: float, q: float, T: int, n: int | None, delta: float, sampling: str, accountant: str,

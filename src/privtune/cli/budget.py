@@ -233,11 +233,14 @@ def verify(ctx: click.Context, dataset: str | None, as_json: bool, ledger_url: s
               show_default=True, help="How batches were drawn.")
 @click.option("--delta", type=float, default=None, help="The run's own δ (must not exceed the dataset's δ).")
 @click.option("--note", default=None, help="What the run was (stored in the ledger).")
+@click.option("--privacy-unit", "privacy_unit", default=None, metavar="UNIT",
+              help="The run was user-level DP: (ε, δ) with respect to adding or removing all rows of one UNIT "
+                   "(e.g. user_id). A dataset's spends all have one unit; see docs/privacy-unit.md.")
 @click.option("--force", is_flag=True,
               help="Record the run even if it exceeds the budget (it already happened; the books must show it).")
 @ledger_option
 def spend(dataset: str, noise_multiplier: float, sample_rate: float, steps: int, sampling: str,
-          delta: float | None, note: str | None, force: bool, ledger_url: str | None) -> None:
+          delta: float | None, note: str | None, privacy_unit: str | None, force: bool, ledger_url: str | None) -> None:
     """Record an external DP-SGD run (e.g. trained with another library) so the books stay complete."""
     from privtune._validation import (
         check_accounted_noise_multiplier,
@@ -258,7 +261,8 @@ def spend(dataset: str, noise_multiplier: float, sample_rate: float, steps: int,
         raise InvalidParameterError(f"`--sample-rate` must be 1 with --sampling full_batch. Got {sample_rate!r}.")
     event = DPSGDEvent(noise_multiplier, sample_rate, steps, sampling=sampling)
     ledger = _open(ledger_url)
-    entry = ledger.record_spend(dataset, [event], command=_command_line(), delta=delta, note=note, force=force)
+    entry = ledger.record_spend(dataset, [event], command=_command_line(), delta=delta, note=note, force=force,
+                                privacy_unit=privacy_unit)
     st = ledger.status(dataset)
     click.echo(f"recorded {describe_event(event)} as entry {entry.entry_id[:8]}: dataset ε now "
                f"{st.used_epsilon:.6g} of {st.total_epsilon:g} (δ={st.delta:g}); remaining ε={st.remaining_epsilon:.6g}")

@@ -51,6 +51,13 @@ _TRAIN_DEFAULTS = {name: p.default for name, p in inspect.signature(run_train).p
               help="α in (0, 1]: the head trains at --learning-rate, every other trainable parameter at α times it "
                    "(Mehta et al.'s pre-trained-layer multiplier, large-scale transfer; default 0.1 for --mode full, "
                    "else 1: one rate).")
+@click.option("--privacy-unit", type=str,
+              help="User-level DP: the column naming the person (document, conversation) owning each row. The "
+                   "guarantee is then for adding or removing all rows of one unit; --batch-size counts units and "
+                   "--delta must be below 1/(number of units). See docs/privacy-unit.md.")
+@click.option("--max-rows-per-unit", type=int,
+              help=f"With --privacy-unit: the public cap k on one unit's rows per step "
+                   f"(default {_TRAIN_DEFAULTS['max_rows_per_unit']}).")
 @click.option("--clip", type=float, help=f"Per-example clipping norm C (default {_TRAIN_DEFAULTS['clip']}).")
 @click.option("--optimizer", type=click.Choice(OPTIMIZERS), help=f"Optimizer (default {_TRAIN_DEFAULTS['optimizer']}).")
 @click.option("--ledger", type=str, help="Budget ledger URL (default $PRIVTUNE_LEDGER or ~/.privtune/ledger.db).")
@@ -99,6 +106,9 @@ def train(**kwargs) -> None:
     for key, flag in (("data", "--data"), ("mode", "--mode"), ("output", "--output")):
         if opts.get(key) in (None, ""):
             raise click.UsageError(f"Missing option '{flag}' (give it as a flag or in --config).")
+    if opts.get("max_rows_per_unit") is not None and opts.get("privacy_unit") in (None, ""):
+        raise click.UsageError("--max-rows-per-unit applies only with --privacy-unit COLUMN (user-level DP). Add "
+                               "--privacy-unit, or drop --max-rows-per-unit.")
     # everything else (epsilon XOR noise_multiplier, epochs XOR steps, ranges) is checked once, by train()
     args = dict(
         data=opts["data"], eval_data=opts.get("eval_data"), model=opts.get("model"), mode=opts["mode"],
@@ -112,7 +122,7 @@ def train(**kwargs) -> None:
     for key in ("clip", "clipping", "per_layer_clipping", "optimizer", "sampling", "accountant", "backbone_lr_scale",
                 "max_physical_batch_size",
                 "phase1_epochs", "pooling", "max_length", "assume_poisson", "lora_rank", "lora_alpha",
-                "lora_target_modules", "device", "labels"):
+                "lora_target_modules", "device", "labels", "privacy_unit", "max_rows_per_unit"):
         if opts.get(key) is not None:
             args[key] = opts[key]
     result = run_train(**args)

@@ -500,7 +500,7 @@ class PrivateGradient:
         model (hooks record the activations), then add the clipped per-example gradients of its cross-entropy
         losses.  Returns the (B,) losses and (B,) per-example gradient norms (NOT PRIVATE)."""
         losses = torch.nn.functional.cross_entropy(batch.logits(), batch.labels, reduction="none")
-        return losses, self.backward(losses)
+        return losses, self.backward(losses, row_weights=batch.row_weights)
 
     def example_gradients(self, batch: MicroBatch) -> torch.Tensor:
         """(B, P) per-example gradients of the trainable parameters on ``batch``, engine paused: no clipping,
@@ -510,7 +510,7 @@ class PrivateGradient:
             losses = torch.nn.functional.cross_entropy(logits, batch.labels.to(logits.device), reduction="none")
             return per_example_gradients(losses, self._params)
 
-    def backward(self, losses: torch.Tensor) -> torch.Tensor:
+    def backward(self, losses: torch.Tensor, row_weights: torch.Tensor | None = None) -> torch.Tensor:
         """Back-propagate per-example losses once and add their clipped gradients to the running sum.
 
         Args:
@@ -519,6 +519,9 @@ class PrivateGradient:
                 An example whose loss or gradient norm is NaN or infinite gets clip factor 0: its term adds
                 exactly nothing (counted in :attr:`ReleaseInfo.nonfinite_examples`, NOT PRIVATE), so the run
                 neither stops nor releases NaN because of one row.
+            row_weights: optional (B,) non-negative weights multiplying the clip factors (user-level DP:
+                1/m_u for a row of a unit with m_u rows in the step, :meth:`privtune.engine.units.UnitIndex.row_weights`,
+                so each unit adds the mean of its clipped gradients, norm ≤ C).  None: weight 1.
 
         Returns:
             Detached (B,) tensor of per-example gradient L2 norms (before clipping). **NOT PRIVATE.**
@@ -556,7 +559,7 @@ class PrivateGradient:
             ok = finite_terms(losses, norms)
             if not bool(ok.all()):
                 self._drop_terms(active, ok)
-            clipped = self._accumulate_clipped(norms, active, out_dtype, ok)
+            clipped = self._accumulate_clipped(norms, active, out_dtype, ok, row_weights)
         finally:
             gram_cache.clear()
             for h in self.handlers:
@@ -693,12 +696,13 @@ class PrivateGradient:
                     setattr(h, attr, zero_rows(cached, ok))
 
     def _accumulate_clipped(self, norms: torch.Tensor, active: list[Handler], out_dtype: torch.dtype,
-                            ok: torch.Tensor | None = None) -> torch.Tensor:
+                            ok: torch.Tensor | None = None, row_weights: torch.Tensor | None = None) -> torch.Tensor:
         """Add Σ_i c_i g_i of the ``active`` handlers to the running sum; return the (B,) bool mask of examples
         whose norm exceeded the threshold (C, or C/√K per module with ``per_layer``).
 
         ``norms`` are the (B,) per-example gradient norms in the units of C; ``ok`` (B,) bool, optional: the
-        examples whose term is kept (the others get clip factor 0, :func:`finite_terms`).
+        examples whose term is kept (the others get clip factor 0, :func:`finite_terms`); ``row_weights`` (B,),
+        optional: multiply the clip factors (see :meth:`backward`).
         """
         C = self.max_grad_norm
         if self.per_layer:  # one threshold C/√K per module: Σ_k (C/√K)² = C², sensitivity stays C
@@ -719,6 +723,8 @@ class PrivateGradient:
                 factors = torch.where(ok.to(factors.device), factors, torch.zeros_like(factors))
             layer_factors = [factors] * len(active)
             clipped = norms > C
+        if row_weights is not None:
+            layer_factors = [f * row_weights.to(device=f.device, dtype=f.dtype) for f in layer_factors]
         for h, factors in zip(active, layer_factors):
             for p, t in h.clipped_sum(h.records, factors).items():
                 t = t.to(p.dtype)

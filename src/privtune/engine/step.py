@@ -75,6 +75,8 @@ class MicroBatch:
     labels: "torch.Tensor"
     logits: Callable[[], "torch.Tensor"]
     features: Callable[[], tuple["torch.Tensor", "torch.Tensor"]] | None = None
+    #: (B,) weights multiplying the rows' clip factors (user level: 1/m_u, privtune.engine.units); None: 1
+    row_weights: "torch.Tensor | None" = None
 
 
 @runtime_checkable

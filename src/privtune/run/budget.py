@@ -83,6 +83,8 @@ class BudgetRequest:
     #: False: the dataset must already be registered (an unknown one raises UnknownDatasetError); the audit
     #: charges a budget the user set up, never one it registers itself
     register: bool = True
+    #: the unit the events protect (None: one example; else user-level DP over that unit), recorded with the spend
+    privacy_unit: str | None = None
 
 
 def resumed_entry(status: Any, request: BudgetRequest) -> Any | None:
@@ -151,5 +153,6 @@ def reserve(ledger: Any, request: BudgetRequest, *, before_reserving=None) -> Re
     if before_reserving is not None:
         before_reserving()
     reservation = ledger.reserve(request.fingerprint, events, command=request.command, config=request.config,
-                                 resume_key=request.resume_key, delta=request.reserve_delta)
+                                 resume_key=request.resume_key, delta=request.reserve_delta,
+                                 privacy_unit=request.privacy_unit)
     return Reserved(reservation=reservation, status=status, registered=registered, events=events)

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, ContextManager, Protocol, Sequence
 
 from privtune import _release
+from privtune.accounting.certificate import NEIGHBOURING
 from privtune.errors import PrivtuneError
 from privtune.run import budget as _budget
 from privtune.run import release as _files
@@ -63,6 +64,9 @@ class Described:
     seed: int | None = None  # the user's explicit seed (the release is then marked seeded)
     #: the requested total ε: a certificate above it is an internal error and nothing is released
     epsilon_limit: float | None = None
+    #: the neighbouring relation (privtune.accounting.certificate.neighbouring_relation): one example, or all
+    #: rows of one privacy unit (user level)
+    neighbouring: str = NEIGHBOURING
 
 
 @dataclass(frozen=True)
@@ -217,7 +221,7 @@ def certify(job: Job, inputs: Any, plan: Any, files: Any, outcome: Any, budget: 
 
     described = job.describe(inputs, plan, files, outcome, budget)
     cert = Certificate.from_events(described.events, described.delta, accountant=described.accountant,
-                                   metadata=described.metadata)
+                                   metadata=described.metadata, neighbouring=described.neighbouring)
     if described.epsilon_limit is not None and cert.epsilon > described.epsilon_limit * (1 + 1e-6):
         raise PrivtuneError(f"internal error: certificate ε = {cert.epsilon:.6g} exceeds the total "
                             f"{described.epsilon_limit:g}; nothing was released.")
