@@ -63,7 +63,7 @@ def test_mode_pilot_error_names_the_total_and_the_pilot_share(files, tmp_path, c
         return common.calibrate_final(pilot_eps, delta, [], sample_rate=0.5, steps=10**6, what="a mode pilot",
                                       max_noise_multiplier=1.0)
 
-    monkeypatch.setattr(tune_module, "_auto_candidates", lambda modes, n, eps: ["last-layer", "bitfit"])
+    monkeypatch.setattr(tune_module, "_auto_candidates", lambda modes, n, eps, **_: ["last-layer", "bitfit"])
     monkeypatch.setattr(tune_module, "_plan_pilots", pilot_out_of_reach)
     assert main(_cli(files, tmp_path, "--epsilon", "0.001", mode="auto")) == 2
     err = _one_error(capsys)
