@@ -1,5 +1,4 @@
-"""No function in privtune is longer than MAX_LINES lines (issue 14: "no function in src/ longer than about 120
-lines").  A function's length runs from its ``def`` line to its last line, docstring and nested functions
+"""No function in privtune is longer than MAX_LINES lines (about 120).  A function's length runs from its ``def`` line to its last line, docstring and nested functions
 included; methods and nested functions are checked too.
 """
 
@@ -28,22 +27,16 @@ MANY_PARAMETERS = {
 }
 
 
-def function_lengths(root: Path = SRC, docstrings: bool = True) -> dict[str, int]:
-    """Qualified name (``privtune.pkg.module.Class.method``) -> number of lines, for every function under root
-    (from the ``def`` line, or with ``docstrings=False`` from the first statement after the docstring)."""
-    lengths: dict[str, int] = {}
+def _functions(root: Path = SRC):
+    """(qualified name ``privtune.pkg.module.Class.method``, its FunctionDef) for every function under root,
+    methods and nested functions included."""
+    found = []
 
     def visit(node: ast.AST, prefix: str) -> None:
         for child in ast.iter_child_nodes(node):
             if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                name = f"{prefix}.{child.name}"
-                body = child.body
-                if not docstrings and len(body) > 1 and isinstance(body[0], ast.Expr) and isinstance(
-                        getattr(body[0], "value", None), ast.Constant) and isinstance(body[0].value.value, str):
-                    body = body[1:]
-                start = child.lineno if docstrings else body[0].lineno
-                lengths[name] = child.end_lineno - start + 1
-                visit(child, name)
+                found.append((f"{prefix}.{child.name}", child))
+                visit(child, f"{prefix}.{child.name}")
             elif isinstance(child, ast.ClassDef):
                 visit(child, f"{prefix}.{child.name}")
             else:
@@ -54,6 +47,20 @@ def function_lengths(root: Path = SRC, docstrings: bool = True) -> dict[str, int
         if parts[-1] == "__init__":
             parts = parts[:-1]
         visit(ast.parse(path.read_text(encoding="utf-8"), str(path)), ".".join(parts))
+    return found
+
+
+def function_lengths(root: Path = SRC, docstrings: bool = True) -> dict[str, int]:
+    """Qualified name -> number of lines, for every function under root (from the ``def`` line, or with
+    ``docstrings=False`` from the first statement after the docstring)."""
+    lengths: dict[str, int] = {}
+    for name, fn in _functions(root):
+        body = fn.body
+        if not docstrings and len(body) > 1 and isinstance(body[0], ast.Expr) and isinstance(
+                getattr(body[0], "value", None), ast.Constant) and isinstance(body[0].value.value, str):
+            body = body[1:]
+        start = fn.lineno if docstrings else body[0].lineno
+        lengths[name] = fn.end_lineno - start + 1
     return lengths
 
 
@@ -73,26 +80,9 @@ def test_the_flat_entry_points_have_short_bodies():
 
 def parameter_counts(root: Path = SRC) -> dict[str, int]:
     """Qualified name -> number of parameters (``self``/``cls`` not counted; ``*args``/``**kwargs`` not counted)."""
-    counts: dict[str, int] = {}
-
-    def visit(node: ast.AST, prefix: str) -> None:
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                name = f"{prefix}.{child.name}"
-                a = child.args
-                counts[name] = len([x for x in a.posonlyargs + a.args + a.kwonlyargs if x.arg not in ("self", "cls")])
-                visit(child, name)
-            elif isinstance(child, ast.ClassDef):
-                visit(child, f"{prefix}.{child.name}")
-            else:
-                visit(child, prefix)
-
-    for path in sorted(root.rglob("*.py")):
-        parts = list(path.relative_to(root.parent).with_suffix("").parts)
-        if parts[-1] == "__init__":
-            parts = parts[:-1]
-        visit(ast.parse(path.read_text(encoding="utf-8"), str(path)), ".".join(parts))
-    return counts
+    return {name: len([x for x in fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs
+                       if x.arg not in ("self", "cls")])
+            for name, fn in _functions(root)}
 
 
 def test_no_function_takes_more_than_15_parameters():

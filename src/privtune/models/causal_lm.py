@@ -16,15 +16,15 @@ The GGUF package is located with :func:`importlib.util.find_spec`, never importe
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from privtune.errors import ModelError
+from privtune.models.classifier import quiet_transformers  # same package: one quiet-loading context
 
 #: models known by name: name -> (package holding the GGUF file, file name, cache sub-directory, install command)
 KNOWN_CAUSAL_LMS: dict[str, tuple[str, str, str, str]] = {
@@ -38,22 +38,6 @@ KNOWN_CAUSAL_LMS: dict[str, tuple[str, str, str, str]] = {
 
 #: a converted directory is complete when this file exists (written last, after an atomic rename)
 _COMPLETE_MARK = "privtune_converted.json"
-
-
-@contextlib.contextmanager
-def _quiet_transformers() -> Iterator[None]:
-    """transformers' warnings and progress bars off while loading (restored afterwards)."""
-    from transformers.utils import logging as hf_logging
-
-    old, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        hf_logging.set_verbosity(old)
-        if bars:
-            hf_logging.enable_progress_bar()
 
 
 def cache_dir() -> Path:
@@ -96,7 +80,7 @@ def convert_gguf(package_dir: Path, gguf_file: str, out: Path) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        with _quiet_transformers():
+        with quiet_transformers():
             tok = AutoTokenizer.from_pretrained(package_dir, gguf_file=gguf_file)
             lm = AutoModelForCausalLM.from_pretrained(package_dir, gguf_file=gguf_file, dtype=torch.float32)
             config = lm.config
@@ -162,7 +146,7 @@ def load_causal_lm(model: str | os.PathLike, *, dtype: Any = None) -> tuple[Any,
     except (OSError, ValueError) as exc:
         raise ModelError(f"Cannot read the model config in {str(d)!r}: {exc}") from None
     try:
-        with _quiet_transformers():
+        with quiet_transformers():
             lm = AutoModelForCausalLM.from_pretrained(d, config=config, dtype=dtype or torch.float32)
     except ValueError as exc:
         raise ModelError(
@@ -170,7 +154,7 @@ def load_causal_lm(model: str | os.PathLike, *, dtype: Any = None) -> tuple[Any,
             f"model: {exc}. Pass a decoder-only checkpoint (e.g. GPT-2, LLaMA)."
         ) from None
     try:
-        with _quiet_transformers():
+        with quiet_transformers():
             tok = AutoTokenizer.from_pretrained(d)
     except (OSError, ValueError) as exc:
         raise ModelError(f"Cannot load the tokenizer from {str(d)!r}: {exc}. Save it next to the model.") from None

@@ -113,7 +113,8 @@ def resolve_device(device: Any = None) -> torch.device:
 
 
 @contextlib.contextmanager
-def _quiet_transformers() -> Iterator[None]:
+def quiet_transformers() -> Iterator[None]:
+    """transformers' warnings and progress bars off while a model loads (restored afterwards)."""
     # Lazy: transformers only when a model is built: keeps import privtune light.
     from transformers.utils import logging as hf_logging
 
@@ -378,7 +379,7 @@ class Classifier(nn.Module):
         out.mkdir(parents=True, exist_ok=True)
         before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
         bb = self._export_backbone()
-        with _quiet_transformers():
+        with quiet_transformers():
             bb.save_pretrained(out)
             if self.tokenizer is not None:
                 self.tokenizer.save_pretrained(out)
@@ -558,7 +559,7 @@ def load_classifier(
         else:
             pooling = "model"
     normalize = bool(normalize) if normalize is not None else False
-    with _quiet_transformers():
+    with quiet_transformers():
         tokenizer, processor = _load_preprocessor(d, kind)
         if seed is not None:
             torch.manual_seed(seed)
