@@ -21,17 +21,5 @@ from privtune.cli.config_file import (
     validate_value,
 )
 
-__all__ = [
-    "COMMANDS",
-    "SCHEMAS",
-    "Option",
-    "resolve_options",
-    "explicit_cli_values",
-    "save_effective_config",
-    "load_effective_config",
-    "load_yaml",
-    "validate_options",
-    "validate_value",
-    "template",
-    "check_config_file",
-]
+__all__ = ["COMMANDS", "SCHEMAS", "Option", "check_config_file", "explicit_cli_values", "load_effective_config",
+           "load_yaml", "resolve_options", "save_effective_config", "template", "validate_options", "validate_value"]
