@@ -13,6 +13,10 @@ Rows: total ε (``--epsilons``, default 1,3,8; δ = 1e-5).  Columns (``--cells``
   bitfit         ``privtune.tune(mode="bitfit")``
   full           ``privtune.tune(mode="full")``
   last-layer     ``privtune.tune(mode="last-layer")``: the head on cached features of the frozen backbone
+  random-last-layer  ``privtune.tune(mode="last-layer", strategy="random-search")``: privtune's charged random
+                 search over the head on the same cached features
+  oracle-last-layer  ``privtune.tune(mode="last-layer", strategy="grid-oracle")``: NOT PRIVATE, privtune's grid
+                 oracle on the same features (every point at the full ε, selection uncharged)
   default-no-eta-trials  ablation: the default with ``strategy_options={"lr_trials": []}`` (no η placement)
   full-no-eta-trials     the same ablation of ``full``
   full-batch4096         ``full`` at expected batch 4,096 (the planner's choice at ε = 3; at ε = 1 it plans 2,048)
@@ -101,7 +105,7 @@ CELLS = ("default", "bitfit", "full", "random", "oracle", "nonpriv-bitfit", "non
          "full-no-eta-trials", "full-batch4096", "random-full", "oracle-full",
          "default-lr0-1e-2", "fixed-bitfit", "fixed-bitfit-normalised", "fixed-bitfit-normalised-lr3e-2",
          "fixed-full", "fixed-full-lr2e-3", "fixed-full-lr2e-3-epochs3", "fixed-full-lr5e-3", "fixed-full-lr1e-2",
-         "last-layer")
+         "last-layer", "random-last-layer", "oracle-last-layer")
 #: the fixed, uncharged DP references (one setting each, its choice not charged)
 class Fixed(NamedTuple):
     mode: str
@@ -136,7 +140,7 @@ FIXED = {"fixed-bitfit": Fixed("bitfit", 1e-2, False, 3.0), "fixed-bitfit-normal
          "fixed-full-alpha0.1-epochs3-frozen-embeddings": Fixed("full", 1e-2, False, 3.0, backbone_lr_scale=0.1,
                                                                 train_embeddings=False)}
 CELLS = CELLS + tuple(c for c in FIXED if c not in CELLS)
-NOT_PRIVATE = {"oracle", "oracle-full", "nonpriv-bitfit", "nonpriv-full", *(c for c, f in FIXED.items() if not f.noise)}
+NOT_PRIVATE = {"oracle", "oracle-full", "oracle-last-layer", "nonpriv-bitfit", "nonpriv-full", *(c for c, f in FIXED.items() if not f.noise)}
 DELTA = 1e-5
 RS_TRIALS, RS_LR, RS_EPOCHS = 8, (1.25e-3, 8e-2), (1, 2, 3)
 GRID_LR, GRID_EPOCHS = (2.5e-3, 1e-2, 4e-2), (1, 3)
@@ -249,6 +253,17 @@ def _relative(final_examples: float) -> float | None:
 
 
 # ----------------------------------------------------------------------------------------- cells
+def _shared_features(cell: str) -> dict:
+    """The last-layer cells share one feature cache (``bench/results/sst2_full/features/<backbone>/``, ignored by
+    git): the frozen backbone's features of the private, public and dev phrases are computed by the first such cell
+    and read by the others (privtune keys them by backbone, pooling and data).  These features are a deterministic
+    function of the private phrases: NOT PRIVATE, kept on this machine only, never released."""
+    if cell != "last-layer":
+        return {}
+    name = Path(BACKBONE["model"]).name if BACKBONE["model"] else "all-MiniLM-L6-v2"
+    return {"feature_cache_dir": str(RESULTS / "features" / name)}
+
+
 def _tune_cell(split, eps, seed, folder, **kw):
     import privtune
 
@@ -259,7 +274,9 @@ def _tune_cell(split, eps, seed, folder, **kw):
                       output_dir=folder / "run", seed=seed, quiet=True, **PHYSICAL, **kw)
     hp = r.metrics.get("hyperparameters") or {}
     final = COUNTER.loops[-1] if COUNTER.loops else 0
-    return {"dev_accuracy": r.metrics["accuracy"], "certificate_epsilon": r.certificate.epsilon,
+    # the grid oracle certifies nothing (NOT PRIVATE): its cell has no certificate ε
+    return {"dev_accuracy": r.metrics["accuracy"],
+            "certificate_epsilon": None if r.certificate is None else r.certificate.epsilon,
             "mode": r.metrics["mode"], "strategy": r.metrics["strategy"], "hyperparameters": hp,
             "compute_vs_final": _relative(final),
             "trials": [{"phase": t.get("phase"), "hyperparameters": t.get("hyperparameters"), "score": t.get("score")}
@@ -526,7 +543,11 @@ def run_cell(cell, split, eps, seed, folder, epochs=None, trials=None):
     if cell == "default":
         return _tune_cell(split, eps, seed, folder, **extra)
     if cell in ("bitfit", "full", "last-layer"):
-        return _tune_cell(split, eps, seed, folder, mode=cell, **extra)
+        return _tune_cell(split, eps, seed, folder, mode=cell, **_shared_features(cell), **extra)
+    if cell in ("random-last-layer", "oracle-last-layer"):
+        strategy = "random-search" if cell.startswith("random") else "grid-oracle"
+        return _tune_cell(split, eps, seed, folder, mode="last-layer", strategy=strategy,
+                          **_shared_features("last-layer"), **extra)
     if cell == "default-no-eta-trials":  # ablation: the default without hyperfree's η-placement trials
         return _tune_cell(split, eps, seed, folder, strategy_options={"lr_trials": []}, **extra)
     if cell == "full-no-eta-trials":  # ablation: --mode full from η0 (the trials' choice isolated)
@@ -581,9 +602,10 @@ def _cell_text(tag_dir: Path, cell, eps, seeds_of) -> str:
         return f"in progress ({done}/{of} trials; rerun to resume)" if done and of else "not run"
     acc = [100 * r["dev_accuracy"] for r in res]
     spread = f" ± {statistics.stdev(acc):.1f}" if len(acc) > 1 else ""
-    ce = max(r["certificate_epsilon"] for r in res)
+    certified = [r["certificate_epsilon"] for r in res if r["certificate_epsilon"] is not None]
+    ce = f"ε {max(certified):.3g}" if certified else "NOT PRIVATE"
     rel = res[0].get("compute_vs_final")
-    return (f"{statistics.mean(acc):.1f}{spread} % (n={len(res)}; ε {ce:.3g}; "
+    return (f"{statistics.mean(acc):.1f}{spread} % (n={len(res)}; {ce}; "
             f"{statistics.mean(r['seconds'] for r in res) / 60:.1f} min; {rel}×)")
 
 

@@ -142,9 +142,10 @@ def _sst2_cell_table(cells: dict[tuple[str, float], list[dict]]) -> list[str]:
     for (cell, eps), runs in cells.items():
         times = ", ".join(_minutes(r["seconds"]) for r in runs)
         threads = ", ".join(sorted({str(r.get("threads", "?")) for r in runs}))
-        cert = max(r["certificate_epsilon"] for r in runs)
+        certified = [r["certificate_epsilon"] for r in runs if r["certificate_epsilon"] is not None]
+        cert = f"{max(certified):.6g}" if certified else "none (NOT PRIVATE)"
         label = f"`{cell}`" + (" (NOT PRIVATE)" if any(r.get("not_private") for r in runs) else "")
-        lines.append(f"| {label} | {eps:g} | {_accuracy(runs)} | {cert:.6g} | {times} | {threads} | "
+        lines.append(f"| {label} | {eps:g} | {_accuracy(runs)} | {cert} | {times} | {threads} | "
                      f"{runs[0]['compute_vs_final']:g}× |")
     lines.append("")
     lines.append("What each cell is:")
