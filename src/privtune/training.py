@@ -26,6 +26,7 @@ sums some gradients in no fixed order).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 import secrets
@@ -178,7 +179,17 @@ def _is_features(data: Any) -> bool:
     return getattr(data, "kind", None) == "features"
 
 
+def _is_generation(data: Any) -> bool:
+    """Prompt → response pairs (:class:`privtune.data.generation.GenerationDataset`): the model is a
+    :class:`privtune.models.generator.Generator` whose ``targets`` are each row's token labels."""
+    return getattr(data, "kind", None) == "generation"
+
+
 def _labels_tensor(data: Any) -> torch.Tensor:
+    if _is_generation(data):  # a row's targets are its token labels (Generator.targets): here its row index
+        if getattr(data, "responses", None) is None:
+            raise DataError("The training data has no responses. Pass prompt → response pairs.")
+        return torch.arange(len(data))
     if _is_features(data):
         if data.labels is None:
             raise DataError("The training features have no labels; cache features of a labelled dataset.")
@@ -218,7 +229,14 @@ def _forward(model: nn.Module, module: nn.Module, data: Any, idx: torch.Tensor) 
 @torch.no_grad()
 def evaluate(model: nn.Module, data: Any, *, batch_size: int = 128, per_class: bool = False) -> dict:
     """Accuracy and mean cross-entropy of ``model`` on a labelled dataset (or FeatureSet); with ``per_class``
-    also ``predicted_class_counts``, how many examples the model assigns to each class."""
+    also ``predicted_class_counts``, how many examples the model assigns to each class.
+
+    On prompt → response pairs: perplexity and mean response-token loss (:class:`privtune.tasks.generation.Generation`),
+    and with ``per_class`` (the final evaluation) also BLEU, chrF and ROUGE-L of greedy generations."""
+    if _is_generation(data):
+        from privtune.tasks.generation import Generation
+
+        return Generation().evaluate(model, data, generate=per_class)
     labels = _labels_tensor(data)
     if _is_features(data):
         head = getattr(model, "classification_head", model)
@@ -395,7 +413,9 @@ class _Loop:
         self.labels = _labels_tensor(data)
         # texts of similar length share a micro-batch (less padding; the clipped sum is order-free)
         self.lengths = (torch.tensor([len(t) for t in data.texts]) if getattr(data, "kind", None) == "text"
-                        else None)
+                        else model.sequence_lengths(data) if _is_generation(data) else None)
+        #: the task's per-example loss (a causal LM: summed response loss); None: cross-entropy
+        self.loss_fn = model.per_example_loss if _is_generation(data) else None
         self.module = _trained_module(model, data)
         from privtune.models import resolve_device
 
@@ -520,8 +540,8 @@ class _Loop:
             for s in range(0, idx.numel(), self.max_phys):
                 chunk = idx[s : s + self.max_phys]
                 logits = _forward(self.model, self.module, self.data, chunk)
-                y = self.labels[chunk].to(logits.device)
-                out.append(F.cross_entropy(logits.float(), y, reduction="none").double().cpu())
+                batch = MicroBatch(labels=self._targets(chunk), logits=lambda: logits, loss=self.loss_fn)
+                out.append(batch.losses(logits.float()).double().cpu())
         return torch.cat(out) if out else torch.zeros(0, dtype=torch.float64)
 
     # -- state
@@ -584,6 +604,12 @@ class _Loop:
         return compute_epsilon(self.events(), self.delta, accountant=self.accountant)
 
     # -- one step
+    def _targets(self, chunk: torch.Tensor) -> torch.Tensor:
+        """The targets of rows ``chunk`` on the device: class indices, or a causal LM's (B, T) token labels."""
+        if _is_generation(self.data):
+            return self.model.targets(self.data, chunk).to(self.device)
+        return self.labels[chunk].to(self.device)
+
     def _micro_batch(self, chunk: torch.Tensor, y: torch.Tensor, start: int | None = None,
                      row_weights: torch.Tensor | None = None) -> MicroBatch:
         """The rows ``chunk`` as the DP step sees them; ``start``: the rows are ``start, start + 1, …`` (a full
@@ -593,7 +619,8 @@ class _Loop:
             return self.data.features[rows].to(self.device), self.feature_sq_norms[rows].to(self.device)
 
         return MicroBatch(labels=y, logits=lambda: _forward(self.model, self.module, self.data, chunk),
-                          features=features if _is_features(self.data) else None, row_weights=row_weights)
+                          features=features if _is_features(self.data) else None, row_weights=row_weights,
+                          loss=self.loss_fn)
 
     def _one_step(self) -> StepInfo:
         t0 = time.perf_counter()
@@ -606,7 +633,8 @@ class _Loop:
         for s in range(0, idx.numel(), self.max_phys):
             chunk = idx[s : s + self.max_phys]
             full = self.sampler_is_full_batch
-            y = (self.labels[s : s + self.max_phys] if full else self.labels[chunk]).to(self.device)
+            y = (self.labels[s : s + self.max_phys].to(self.device) if full and self.loss_fn is None
+                 else self._targets(chunk))
             w = None if weights is None else weights[s : s + self.max_phys]
             losses, norms = self.pg.accumulate_batch(self._micro_batch(chunk, y, s if full else None, w))
             # NOT PRIVATE monitoring: a NaN/inf loss (its term was dropped by the DP step) is not summed
@@ -686,7 +714,10 @@ class _Loop:
         layer_norms = None
         if self.per_layer and self.diag.get("layer_norms"):
             layer_norms = torch.cat(self.diag["layer_norms"])
-        out = clipping_diagnostics(norms, self.clip, labels=labels, num_classes=int(self.labels.max()) + 1,
+        if self.loss_fn is not None:  # rows of a generation task have no classes
+            labels = None
+        out = clipping_diagnostics(norms, self.clip, labels=labels,
+                                   num_classes=None if labels is None else int(self.labels.max()) + 1,
                                    clipping=self.clipping, gamma=gamma, layer_norms=layer_norms)
         out["note"] = ("per-example gradient norms of private training examples seen during training, without "
                        "noise (the clipping diagnostics of Rehn et al.); never use them to choose what is released")
@@ -713,7 +744,7 @@ class _Loop:
             self.data) else 32)]]
         if n_params * sample.numel() <= 5e7:
             with torch.enable_grad():
-                G = self.pg.example_gradients(self._micro_batch(sample, self.labels[sample].to(self.device)))
+                G = self.pg.example_gradients(self._micro_batch(sample, self._targets(sample)))
             opt = optimal_clip_mse(G, self.sigma)
             out["mse_optimal_clip"] = {"C": opt["C"], "sample_size": int(sample.numel()),
                                        "noise_multiplier": self.sigma, "label": "NOT PRIVATE"}
@@ -974,7 +1005,11 @@ def fit_nonprivate(model: nn.Module, train_set: Any, *, epochs: float = 1.0, bat
             perm, pos = torch.randperm(n, generator=g), 0
         idx = perm[pos : pos + batch_size]
         pos += batch_size
-        loss = F.cross_entropy(_forward(model, module, train_set, idx), labels[idx].to(dev))
+        outputs = _forward(model, module, train_set, idx)
+        if _is_generation(train_set):  # a causal LM: the mean over the batch of each example's summed response loss
+            loss = model.per_example_loss(outputs, model.targets(train_set, idx)).mean()
+        else:
+            loss = F.cross_entropy(outputs, labels[idx].to(dev))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -1011,7 +1046,7 @@ def train(
     *,
     eval_data: Any = None,
     model: Any = None,
-    mode: str = "bitfit",
+    mode: str | None = None,
     epsilon: float | None = None,
     delta: float | None = None,
     noise_multiplier: float | None = None,
@@ -1063,7 +1098,7 @@ def train(
         Evaluation split (reported accuracy); never used for training.
     model : path or Classifier, optional
         Backbone directory (default: bundled all-MiniLM-L6-v2) or a loaded Classifier.
-    mode : {"full", "bitfit", "last-layer", "lora", "two-phase"}, default "bitfit"
+    mode : {"full", "bitfit", "last-layer", "lora", "two-phase"}, default "bitfit" ("lora" on prompt → response pairs)
         ``"last-layer"`` caches the frozen backbone's features once (after the reservation) and trains
         the zero-initialised head on them.  A mode that trains the backbone at n·ε ≤ 4,000 (n training rows)
         issues :class:`privtune.errors.UnlikelyToLearnWarning` before the reservation; a released model that
@@ -1121,7 +1156,18 @@ def train(
     TrainResult
     """
     # ---------------------------------------------------------------- validate (no data yet); then the pipeline
-    mode = check_choice(mode, "mode", MODES)
+    from privtune.data.generation import is_generation_data
+
+    generation = is_generation_data(data)  # prompt → response pairs: a causal LM (LoRA by default)
+    if generation:
+        from privtune.models.generator import DEFAULT_GENERATION_MODE, GENERATION_LEARNING_RATES, GENERATION_MODES
+
+        mode = check_choice(DEFAULT_GENERATION_MODE if mode is None else mode, "mode", GENERATION_MODES)
+        if learning_rate is None:
+            learning_rate = GENERATION_LEARNING_RATES[mode]
+        if backbone_lr_scale is None:
+            backbone_lr_scale = 1.0  # a causal LM has no new head: one rate
+    mode = check_choice("bitfit" if mode is None else mode, "mode", MODES)
     request = _TrainRequest(
         data=data, eval_data=eval_data, model=model, mode=mode, labels=labels, text_column=text_column,
         label_column=label_column, pooling=pooling, max_length=max_length,
@@ -1257,7 +1303,12 @@ class TrainJob:
             r.data, r.eval_data, r.model, r.labels, r.privacy, text_column=r.text_column,
             label_column=r.label_column, pooling=r.pooling, max_length=r.max_length, seed=r.seed,
             privacy_unit=(*r.privacy_unit, r.schedule.sampling))
-        mode_info = apply_mode(clf, r.mode, **_lora_arguments(r.lora))
+        if getattr(train_set, "kind", None) == "generation":
+            from privtune.models.generator import apply_generation_mode
+
+            mode_info = apply_generation_mode(clf, r.mode, **_lora_arguments(r.lora))
+        else:
+            mode_info = apply_mode(clf, r.mode, **_lora_arguments(r.lora))
         _dry_run_engine(clf, r.clipping)  # unsupported modules fail here, before the ledger reservation
         clf.to(device)
         fp, file_name = dataset_identity(train_set)
@@ -1273,6 +1324,8 @@ class TrainJob:
         sched = _plan_schedule(len(inputs.train_set) if units is None else units.num_units, r.mode, inputs.privacy,
                                r.schedule, r.optim, phase1_epochs=r.phase1_epochs,
                                phase1_learning_rate=r.phase1_learning_rate)
+        if getattr(inputs.train_set, "kind", None) == "generation":  # the warning's measurements are classifiers'
+            sched = dataclasses.replace(sched, unlikely_to_learn=None)
         hyper = _hyperparameters(r.mode, sched, inputs.privacy, r.schedule, r.optim, r.clipping, inputs.mode_info,
                                  r.lora, r.seed, units and unit_description(units, r.privacy_unit[1]))
         if inputs.group is not None:  # every rank trains rank 0's plan on the same data, or none does
@@ -1376,7 +1429,7 @@ class TrainJob:
         except (PrivtuneError, AttributeError):
             remaining = None
         metrics = {
-            "accuracy": result.eval["accuracy"] if result.eval else None,
+            "accuracy": result.eval.get("accuracy") if result.eval else None,
             "eval_loss": result.eval["loss"] if result.eval else None,
             "epsilon": certificate.epsilon, "delta": inputs.privacy.delta, "mode": self.request.mode,
             "strategy": None, "hyperparameters": hyper,
@@ -1392,6 +1445,9 @@ class TrainJob:
             "nonfinite_examples_dropped": result.nonfinite_examples,  # NOT PRIVATE: moved to not_private/
             "steps": loop.step, "device": str(loop.device),
         }
+        if result.eval and "perplexity" in result.eval:  # a generator: its scores on the reported split
+            metrics.update(task="text-generation",
+                           **{k: result.eval.get(k) for k in ("perplexity", "bleu", "chrf", "rouge_l", "scored_rows")})
         _check_predictions(metrics, result.eval, getattr(loop.model, "label_names", None),
                            plan.schedule.unlikely_to_learn)
         history = {"final_run": result.history, "trials": [], "strategy": {"name": "fixed"}}
@@ -1480,8 +1536,12 @@ def _load_train_inputs(data, eval_data, model, labels, privacy: PrivacySpec, *, 
     ``privacy_unit`` is ``(unit, k, sampling)`` (unit None: example level).  Returns ``(train_set, eval_set,
     classifier, privacy, units)``; δ defaults from the training set size, or the number of units N_u."""
     from privtune.data.datasets import check_disjoint, declared_label_set
+    from privtune.data.generation import is_generation_data
     from privtune.models.classifier import check_model_label_set
 
+    if is_generation_data(data):
+        return _load_generation_inputs(data, eval_data, model, labels, privacy, text_column=text_column,
+                                       label_column=label_column, max_length=max_length, privacy_unit=privacy_unit)
     num_labels, label_names, label_source = declared_label_set(labels, model=model)
     if data is None:
         raise InvalidParameterError("`data` is required: the private training data (a file or a dataset).")
@@ -1512,6 +1572,41 @@ def _load_train_inputs(data, eval_data, model, labels, privacy: PrivacySpec, *, 
     if getattr(clf, "kind", "text") != train_set.kind:
         raise DataError(f"The model takes {clf.kind} inputs but the training data is {train_set.kind}.")
     return train_set, eval_set, clf, privacy, units
+
+
+def _load_generation_inputs(data, eval_data, model, labels, privacy: PrivacySpec, *, text_column, label_column,
+                            max_length, privacy_unit):
+    """:func:`_load_train_inputs` for prompt → response pairs: the splits (``text_column`` names the prompt
+    column, ``label_column`` the response column), a :class:`privtune.models.generator.Generator` and no label set.
+    ``data="embedded:chitchat"`` is the generation demo (its test split is reported unless ``eval_data`` is given;
+    the model defaults to SmolLM2-135M)."""
+    from privtune.data.generation import EMBEDDED_CHITCHAT, embedded_chitchat
+    from privtune.tasks.generation import Generation, check_generation_disjoint
+
+    if labels is not None:
+        raise InvalidParameterError("`labels` applies to classification; prompt → response data has no label set. "
+                                    "Drop --labels.")
+    task = Generation()
+    demo = isinstance(data, str) and data == EMBEDDED_CHITCHAT
+    if demo:
+        train_set, _, test = embedded_chitchat()
+        model = "smollm2-135m" if model is None else model
+    else:
+        train_set = task.load_split(data, "data", text_column=text_column, label_column=label_column)
+    eval_set = (task.load_split(eval_data, "eval_data", text_column=text_column, label_column=label_column)
+                if eval_data is not None else test if demo else None)
+    check_generation_disjoint(train_set, eval_set, "eval_data")
+    n, units = len(train_set), None
+    if privacy_unit[0] is not None:  # user level: N_u replaces n in δ < 1/N_u and the sampling rate
+        from privtune.engine.units import check_unit_delta, load_units
+
+        units = checked_units(load_units(train_set.source if demo else data, privacy_unit[0], n), n, privacy_unit[1],
+                              privacy_unit[2])
+        if privacy.delta is not None:
+            check_unit_delta(privacy.delta, units.num_units, units.name)
+        n = units.num_units
+    privacy = privacy.for_dataset(n)
+    return train_set, eval_set, task.build_model(model, max_length=max_length), privacy, units
 
 
 @dataclass(frozen=True)

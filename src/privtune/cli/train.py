@@ -36,10 +36,13 @@ _TRAIN_DEFAULTS = {name: p.default for name, p in inspect.signature(run_train).p
 
 
 @click.command("train", context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
-@click.option("--data", type=str, help="Training data: .tsv/.csv/.jsonl (text + label columns) or an image folder.")
+@click.option("--data", type=str, help="Training data: .tsv/.csv/.jsonl (text + label columns, or prompt + response "
+              "columns to fine-tune a causal language model), an image folder, or embedded:chitchat (the generation "
+              "demo).")
 @click.option("--eval-data", type=str, help="Evaluation split (accuracy reported on it).")
 @click.option("--model", type=str, help="Backbone directory (Hugging Face format). Default: bundled all-MiniLM-L6-v2.")
-@click.option("--mode", type=click.Choice(MODES), help="What is trained.  [required]")
+@click.option("--mode", type=click.Choice(MODES), help="What is trained.  [required; on prompt → response pairs "
+              "lora by default, also full, or bitfit where the model has biases]")
 @click.option("--epsilon", type=float, help="Target ε of this run (with --delta).")
 @click.option("--delta", type=float, help="δ (default: min(1e-5, <1/(10·N))).")
 @click.option("--noise-multiplier", type=float, help="σ instead of --epsilon (ε is then reported).")
@@ -103,15 +106,18 @@ def train(**kwargs) -> None:
     """
     ctx = click.get_current_context()
     opts = resolve_options("train", kwargs.get("config"), explicit_cli_values(ctx))
+    from privtune.data.generation import is_generation_data
+
+    generation = opts.get("data") not in (None, "") and is_generation_data(opts["data"])  # LoRA by default
     for key, flag in (("data", "--data"), ("mode", "--mode"), ("output", "--output")):
-        if opts.get(key) in (None, ""):
+        if opts.get(key) in (None, "") and not (key == "mode" and generation):
             raise click.UsageError(f"Missing option '{flag}' (give it as a flag or in --config).")
     if opts.get("max_rows_per_unit") is not None and opts.get("privacy_unit") in (None, ""):
         raise click.UsageError("--max-rows-per-unit applies only with --privacy-unit COLUMN (user-level DP). Add "
                                "--privacy-unit, or drop --max-rows-per-unit.")
     # everything else (epsilon XOR noise_multiplier, epochs XOR steps, ranges) is checked once, by train()
     args = dict(
-        data=opts["data"], eval_data=opts.get("eval_data"), model=opts.get("model"), mode=opts["mode"],
+        data=opts["data"], eval_data=opts.get("eval_data"), model=opts.get("model"), mode=opts.get("mode"),
         epsilon=opts.get("epsilon"), delta=opts.get("delta"), noise_multiplier=opts.get("noise_multiplier"),
         epochs=opts.get("epochs"), steps=opts.get("steps"), batch_size=opts.get("batch_size"),
         learning_rate=opts.get("learning_rate"), ledger=opts.get("ledger"), output_dir=opts["output"],
@@ -131,11 +137,14 @@ def train(**kwargs) -> None:
     if not is_main_process():  # torchrun: rank 0 reports the run (the other processes wrote nothing)
         return
     m = result.metrics
-    acc = f"{m['accuracy']:.4f}" if m.get("accuracy") is not None else "n/a (no --eval-data)"
-    click.echo(
-        f"trained {m['mode']} for {m['steps']} steps: ε = {m['epsilon']:.4g}, δ = {m['delta']:.3g}; "
-        f"accuracy on {m.get('reported_split') or 'eval data'}: {acc}"
-    )
+    if m.get("task") == "text-generation":
+        scores = (f"perplexity {m['perplexity']:.2f}, BLEU {m['bleu']:.2f}, chrF {m['chrf']:.2f}, ROUGE-L "
+                  f"{m['rouge_l']:.2f}" if m.get("perplexity") is not None else "n/a (no --eval-data)")
+        shown = f"on {m.get('reported_split') or 'eval data'}: {scores}"
+    else:
+        acc = f"{m['accuracy']:.4f}" if m.get("accuracy") is not None else "n/a (no --eval-data)"
+        shown = f"accuracy on {m.get('reported_split') or 'eval data'}: {acc}"
+    click.echo(f"trained {m['mode']} for {m['steps']} steps: ε = {m['epsilon']:.4g}, δ = {m['delta']:.3g}; {shown}")
     registered = bool(m.get("ledger_registered_new_dataset"))
     if registered:
         status_total = m["epsilon"] if opts.get("epsilon") is None else opts["epsilon"]

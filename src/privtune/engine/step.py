@@ -77,6 +77,18 @@ class MicroBatch:
     features: Callable[[], tuple["torch.Tensor", "torch.Tensor"]] | None = None
     #: (B,) weights multiplying the rows' clip factors (user level: 1/m_u, privtune.engine.units); None: 1
     row_weights: "torch.Tensor | None" = None
+    #: the task's per-example loss ``loss(outputs, labels) -> (B,)`` (e.g. a causal LM's summed response loss,
+    #: with ``labels`` the (B, T) token labels); None: cross-entropy of (B, classes) logits against class indices
+    loss: "Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None" = None
+
+    def losses(self, outputs: "torch.Tensor") -> "torch.Tensor":
+        """(B,) per-example losses of ``outputs`` (the task's loss, else cross-entropy)."""
+        import torch.nn.functional as F
+
+        labels = self.labels.to(outputs.device)
+        if self.loss is not None:
+            return self.loss(outputs, labels)
+        return F.cross_entropy(outputs, labels, reduction="none")
 
 
 @runtime_checkable

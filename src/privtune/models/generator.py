@@ -98,8 +98,18 @@ class Generator(nn.Module):
         """Greedy (``num_beams=1``) or beam-search continuations of ``prompts`` (:func:`privtune.eval.generation.generate`)."""
         from privtune.eval.generation import generate
 
+        # prompt + continuation fit the model's positions: a longer prompt keeps its last tokens
+        positions = self.positions()
+        room = None if positions is None else max(1, positions - int(max_new_tokens))
         return generate(self.backbone, self.tokenizer, list(prompts), max_new_tokens=max_new_tokens,
-                        num_beams=num_beams, batch_size=batch_size, template=self.template)
+                        num_beams=num_beams, batch_size=batch_size, template=self.template,
+                        max_prompt_tokens=None if room is None else min(room, self.max_length))
+
+    def positions(self) -> int | None:
+        """How many positions the model has (None: no fixed limit stated in its config)."""
+        cfg = getattr(self.backbone, "config", None)
+        n = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
+        return int(n) if n else None
 
     # ------------------------------------------------------------------ saving
     def _export_backbone(self) -> nn.Module:
