@@ -140,12 +140,12 @@ def build_generation_dataset(rows: list[dict], columns: list[str], where: str, *
     if pcol is None:
         raise DataError(
             f"{where}: no prompt column found among {columns} (looked for {list(PROMPT_COLUMN_CANDIDATES)}). "
-            "Pass prompt_column=..."
+            "Pass prompt_column=... (CLI: --text-column NAME)."
         )
     if rcol is None and require_responses:
         raise DataError(
             f"{where}: no response column found among {columns} (looked for {list(RESPONSE_COLUMN_CANDIDATES)}). "
-            "Pass response_column=..."
+            "Pass response_column=... (CLI: --label-column NAME)."
         )
     if rcol == pcol:
         raise DataError(f"{where}: the prompt and the response column are both {pcol!r}. Pass two different columns.")
