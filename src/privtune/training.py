@@ -69,7 +69,7 @@ from privtune.run import release
 from privtune.run.budget import BudgetRequest
 from privtune.run.inputs import check_training_split, load_split
 from privtune.specs import ClippingSpec, LoraSpec, OptimizerSpec, PrivacySpec, ScheduleSpec
-from privtune.tasks import task_for
+from privtune.tasks import TASKS, Task, TextClassification, task_for
 
 NOT_PRIVATE_LOSS = (
     "NOT PRIVATE: mean loss of each sampled batch, computed without noise (monitoring only; "
@@ -376,8 +376,9 @@ class _Loop:
                  optimizer, per_layer_clipping=False, momentum, weight_decay, sampling, max_physical_batch_size, seed, eval_set,
                  eval_every, callback, progress, delta, accountant, clipping_diagnostics, fast_head=True,
                  assume_poisson=False, device=None, hooks=(), gamma=0.01, eps=1e-8, backbone_lr_scale=1.0,
-                 units=None, max_rows_per_unit=None):
+                 units=None, max_rows_per_unit=None, task=None):
         self.model, self.data = model, data
+        self.task = _task_of(data, task)
         self.units, self.max_rows_per_unit = units, max_rows_per_unit  # privacy unit (None: one example)
         self.backbone_lr_scale = float(backbone_lr_scale)
         self.hooks = list(hooks)
@@ -474,7 +475,8 @@ class _Loop:
         if not params:
             raise ModelError("Nothing to train: no parameter has requires_grad=True. Call apply_mode first.")
         step_cls, extra = PrivateGradient, {"per_layer": self.per_layer}
-        if self.fast_head and _is_features(self.data) and isinstance(self.module, nn.Linear):
+        if self.fast_head and _is_features(self.data) and isinstance(self.module, nn.Linear) \
+                and _closed_form_loss(self.task):
             from privtune.finetune.last_layer import LinearHeadGradient
 
             # one nn.Linear is one layer: per-layer clipping is flat clipping there
@@ -512,17 +514,21 @@ class _Loop:
 
     @torch.no_grad()
     def per_example_losses(self, idx: torch.Tensor) -> torch.Tensor:
-        """Cross-entropy (float64 on the CPU, shape (len(idx),)) of the training examples ``idx`` at the
-        current parameters; engine paused, model in eval mode like every training step.  Computed from
-        private data WITHOUT noise: a hook must privatise anything it derives from them."""
+        """The task's per-example losses (float64 on the CPU, shape (len(idx),)) of the training examples
+        ``idx`` at the current parameters; engine paused, model in eval mode like every training step.
+        Computed from private data WITHOUT noise: a hook must privatise anything it derives from them."""
         out = []
         with self.paused():
             for s in range(0, idx.numel(), self.max_phys):
-                chunk = idx[s : s + self.max_phys]
-                logits = _forward(self.model, self.module, self.data, chunk)
-                y = self.labels[chunk].to(logits.device)
-                out.append(F.cross_entropy(logits.float(), y, reduction="none").double().cpu())
+                out.append(self._task_losses(idx[s : s + self.max_phys]).double().cpu())
         return torch.cat(out) if out else torch.zeros(0, dtype=torch.float64)
+
+    def _task_losses(self, chunk: torch.Tensor) -> torch.Tensor:
+        """(B,) losses of the rows ``chunk``: the task's batch (on the training device) through the task's
+        per-example loss (the seam of :class:`privtune.tasks.Task`)."""
+        batch = self.task.batch(self.module, self.data, chunk)
+        batch = {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+        return self.task.per_example_loss(self.module, batch)
 
     # -- state
     def state_dict(self) -> dict:
@@ -592,7 +598,7 @@ class _Loop:
             rows = slice(start, start + chunk.numel()) if start is not None else chunk
             return self.data.features[rows].to(self.device), self.feature_sq_norms[rows].to(self.device)
 
-        return MicroBatch(labels=y, logits=lambda: _forward(self.model, self.module, self.data, chunk),
+        return MicroBatch(losses=lambda: self._task_losses(chunk), labels=y,
                           features=features if _is_features(self.data) else None, row_weights=row_weights)
 
     def _one_step(self) -> StepInfo:
@@ -724,6 +730,19 @@ class _Loop:
         return out
 
 
+def _task_of(data: Any, task: Task | None) -> Task:
+    """``task``, or the task of ``data``'s input kind (cached features: the classification head's)."""
+    if task is not None:
+        return task
+    return TASKS["text"] if _is_features(data) else task_for(data)
+
+
+def _closed_form_loss(task: Task) -> bool:
+    """Whether ``task``'s per-example loss is the classification cross-entropy that the closed-form head step
+    (:class:`privtune.finetune.LinearHeadGradient`) computes itself; any other loss goes through the hooks."""
+    return getattr(type(task), "per_example_loss", None) is TextClassification.per_example_loss
+
+
 def _phases_for(mode: str | None, steps: int, learning_rate: float, phase1_steps: int | None,
                 phase1_learning_rate: float | None) -> list[_Phase]:
     if mode == "two-phase":
@@ -751,6 +770,7 @@ def fit(
     delta: float | None = None, accountant: str = "pld", clipping_diagnostics: bool = False, fast_head: bool = True,
     assume_poisson: bool = False, device: Any = None, hooks: Sequence[LoopHook] = (), gamma: float = 0.01,
     eps: float = 1e-8, backbone_lr_scale: float = 1.0, nonfinite_features: str = "refuse", max_rows_per_unit: int = 8,
+    task: Task | None = None,
 ) -> FitResult:
     """Train ``model`` privately for ``steps`` DP steps and return a :class:`FitResult`; no ledger, no files.
 
@@ -783,8 +803,7 @@ def fit(
         unchanged (:class:`privtune.engine.PrivateGradient`, ``per_layer``).
     optimizer : {"sgd", "adam", "adamw", "lamb"}
         Applied to the privatised gradient (:func:`privtune.optim.make_optimizer`).
-    eval_set : labelled data, optional
-        Evaluated every ``eval_every`` steps and at the end.
+    eval_set : labelled data, optional; evaluated every ``eval_every`` steps and at the end.
     seed : int, optional
         Seeds the sampler (seed) and the noise (seed + 1) for reproducible experiments; None draws
         both from the OS.
@@ -803,15 +822,14 @@ def fit(
     progress : bool or privtune.report.progress.Progress, optional
         True shows a rich progress bar; or pass a Progress to advance (one unit per step).  The batch
         loss it shows is computed without noise (NOT PRIVATE).
-    delta : float, optional
-        δ used to show ε spent so far in the progress display.
+    delta : float, optional; δ of the ε spent so far that the progress display shows.
     clipping_diagnostics : bool, default False
         Collect per-example gradient norms (fraction clipped, quantiles, retained weight per class);
         **NOT PRIVATE**, labelled so in the result.
     fast_head : bool, default True
         On a FeatureSet, compute the linear head's per-example gradients in closed form
         (:class:`privtune.finetune.LinearHeadGradient`: same clipping, noise generator and
-        normalisation as PrivateGradient); False uses PrivateGradient's hooks.
+        normalisation as PrivateGradient); False (or a task with another loss) uses the hooks.
     assume_poisson : bool, default False
         Only with ``sampling="shuffle"``: account the shuffled fixed-size batches AS IF they were
         Poisson sampled with rate q (amplification by subsampling).  This is an assumption, not a
@@ -827,9 +845,7 @@ def fit(
         Called around every optimizer step (:class:`LoopHook`); what a hook releases must be charged by
         the caller (``fit``'s events cover only the gradient releases).
     gamma : float, default 0.01
-        AUTO-S stability constant γ of ``clipping="automatic"``: factor C/(‖g‖ + γ).
-    eps : float, default 1e-8
-        Denominator constant of Adam/AdamW/LAMB.
+        AUTO-S constant γ of ``clipping="automatic"`` (factor C/(‖g‖ + γ)).  ``eps``: Adam/LAMB's denominator.
     backbone_lr_scale : float, default 1.0
         α in (0, 1]: every trainable parameter outside the classification head (``model.head``) steps at
         α·``learning_rate``, the head at ``learning_rate`` (seed 002's pre-trained-layer multiplier, Table 8).
@@ -843,6 +859,9 @@ def fit(
         (counted in ``FitResult.nonfinite_examples``, NOT PRIVATE).  ``"drop"`` is for features
         computed after a budget was reserved, where a refusal would come too late.
     privacy_unit, max_rows_per_unit : user-level DP with cap k (docs/privacy-unit.md, engine/units.py)
+    task : privtune.tasks.Task, optional
+        Its ``batch`` and ``per_example_loss`` give the (B,) losses the DP step clips; default: the task of
+        ``train_set``'s kind (classification cross-entropy).
     """
     if check_choice(nonfinite_features, "nonfinite_features", ("refuse", "drop")) == "refuse":
         from privtune.finetune.last_layer import check_finite_features
@@ -858,7 +877,7 @@ def fit(
                  weight_decay=weight_decay, seed=seed, eval_set=eval_set, callback=callback, delta=delta, eps=eps,
                  progress=own_progress if progress is True else None if progress is False else progress, hooks=hooks,
                  accountant=accountant, clipping_diagnostics=clipping_diagnostics, fast_head=fast_head,
-                 backbone_lr_scale=check_backbone_lr_scale(backbone_lr_scale))
+                 backbone_lr_scale=check_backbone_lr_scale(backbone_lr_scale), task=task)
     _run_loop(loop, own_progress)
     return _result(loop)
 
