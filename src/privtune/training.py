@@ -70,7 +70,7 @@ from privtune.run import release
 from privtune.run.budget import BudgetRequest
 from privtune.run.inputs import check_training_split, load_split
 from privtune.specs import ClippingSpec, LoraSpec, OptimizerSpec, PrivacySpec, ScheduleSpec
-from privtune.tasks import task_for
+from privtune.tasks import TASKS, Task, TextClassification, task_for
 
 NOT_PRIVATE_LOSS = (
     "NOT PRIVATE: mean loss of each sampled batch, computed without noise (monitoring only; "
@@ -394,8 +394,9 @@ class _Loop:
                  optimizer, per_layer_clipping=False, momentum, weight_decay, sampling, max_physical_batch_size, seed, eval_set,
                  eval_every, callback, progress, delta, accountant, clipping_diagnostics, fast_head=True,
                  assume_poisson=False, device=None, hooks=(), gamma=0.01, eps=1e-8, backbone_lr_scale=1.0,
-                 units=None, max_rows_per_unit=None):
+                 units=None, max_rows_per_unit=None, task=None):
         self.model, self.data = model, data
+        self.task = _task_of(data, task)
         self.units, self.max_rows_per_unit = units, max_rows_per_unit  # privacy unit (None: one example)
         self.backbone_lr_scale = float(backbone_lr_scale)
         self.hooks = list(hooks)
@@ -414,8 +415,6 @@ class _Loop:
         # texts of similar length share a micro-batch (less padding; the clipped sum is order-free)
         self.lengths = (torch.tensor([len(t) for t in data.texts]) if getattr(data, "kind", None) == "text"
                         else model.sequence_lengths(data) if _is_generation(data) else None)
-        #: the task's per-example loss (a causal LM: summed response loss); None: cross-entropy
-        self.loss_fn = model.per_example_loss if _is_generation(data) else None
         self.module = _trained_module(model, data)
         from privtune.models import resolve_device
 
@@ -494,7 +493,8 @@ class _Loop:
         if not params:
             raise ModelError("Nothing to train: no parameter has requires_grad=True. Call apply_mode first.")
         step_cls, extra = PrivateGradient, {"per_layer": self.per_layer}
-        if self.fast_head and _is_features(self.data) and isinstance(self.module, nn.Linear):
+        if self.fast_head and _is_features(self.data) and isinstance(self.module, nn.Linear) \
+                and _closed_form_loss(self.task):
             from privtune.finetune.last_layer import LinearHeadGradient
 
             # one nn.Linear is one layer: per-layer clipping is flat clipping there
@@ -532,17 +532,21 @@ class _Loop:
 
     @torch.no_grad()
     def per_example_losses(self, idx: torch.Tensor) -> torch.Tensor:
-        """Cross-entropy (float64 on the CPU, shape (len(idx),)) of the training examples ``idx`` at the
-        current parameters; engine paused, model in eval mode like every training step.  Computed from
-        private data WITHOUT noise: a hook must privatise anything it derives from them."""
+        """The task's per-example losses (float64 on the CPU, shape (len(idx),)) of the training examples
+        ``idx`` at the current parameters; engine paused, model in eval mode like every training step.
+        Computed from private data WITHOUT noise: a hook must privatise anything it derives from them."""
         out = []
         with self.paused():
             for s in range(0, idx.numel(), self.max_phys):
-                chunk = idx[s : s + self.max_phys]
-                logits = _forward(self.model, self.module, self.data, chunk)
-                batch = MicroBatch(labels=self._targets(chunk), logits=lambda: logits, loss=self.loss_fn)
-                out.append(batch.losses(logits.float()).double().cpu())
+                out.append(self._task_losses(idx[s : s + self.max_phys]).double().cpu())
         return torch.cat(out) if out else torch.zeros(0, dtype=torch.float64)
+
+    def _task_losses(self, chunk: torch.Tensor) -> torch.Tensor:
+        """(B,) losses of the rows ``chunk``: the task's batch (on the training device) through the task's
+        per-example loss (the seam of :class:`privtune.tasks.Task`)."""
+        batch = self.task.batch(self.module, self.data, chunk)
+        batch = {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+        return self.task.per_example_loss(self.module, batch)
 
     # -- state
     def state_dict(self) -> dict:
@@ -604,12 +608,6 @@ class _Loop:
         return compute_epsilon(self.events(), self.delta, accountant=self.accountant)
 
     # -- one step
-    def _targets(self, chunk: torch.Tensor) -> torch.Tensor:
-        """The targets of rows ``chunk`` on the device: class indices, or a causal LM's (B, T) token labels."""
-        if _is_generation(self.data):
-            return self.model.targets(self.data, chunk).to(self.device)
-        return self.labels[chunk].to(self.device)
-
     def _micro_batch(self, chunk: torch.Tensor, y: torch.Tensor, start: int | None = None,
                      row_weights: torch.Tensor | None = None) -> MicroBatch:
         """The rows ``chunk`` as the DP step sees them; ``start``: the rows are ``start, start + 1, …`` (a full
@@ -618,9 +616,8 @@ class _Loop:
             rows = slice(start, start + chunk.numel()) if start is not None else chunk
             return self.data.features[rows].to(self.device), self.feature_sq_norms[rows].to(self.device)
 
-        return MicroBatch(labels=y, logits=lambda: _forward(self.model, self.module, self.data, chunk),
-                          features=features if _is_features(self.data) else None, row_weights=row_weights,
-                          loss=self.loss_fn)
+        return MicroBatch(losses=lambda: self._task_losses(chunk), labels=y,
+                          features=features if _is_features(self.data) else None, row_weights=row_weights)
 
     def _one_step(self) -> StepInfo:
         t0 = time.perf_counter()
@@ -633,8 +630,8 @@ class _Loop:
         for s in range(0, idx.numel(), self.max_phys):
             chunk = idx[s : s + self.max_phys]
             full = self.sampler_is_full_batch
-            y = (self.labels[s : s + self.max_phys].to(self.device) if full and self.loss_fn is None
-                 else self._targets(chunk))
+            y = (None if _is_generation(self.data)  # no classes: the task's batch holds the token labels
+                 else (self.labels[s : s + self.max_phys] if full else self.labels[chunk]).to(self.device))
             w = None if weights is None else weights[s : s + self.max_phys]
             losses, norms = self.pg.accumulate_batch(self._micro_batch(chunk, y, s if full else None, w))
             # NOT PRIVATE monitoring: a NaN/inf loss (its term was dropped by the DP step) is not summed
@@ -714,7 +711,7 @@ class _Loop:
         layer_norms = None
         if self.per_layer and self.diag.get("layer_norms"):
             layer_norms = torch.cat(self.diag["layer_norms"])
-        if self.loss_fn is not None:  # rows of a generation task have no classes
+        if _is_generation(self.data):  # rows of a generation task have no classes
             labels = None
         out = clipping_diagnostics(norms, self.clip, labels=labels,
                                    num_classes=None if labels is None else int(self.labels.max()) + 1,
@@ -744,7 +741,7 @@ class _Loop:
             self.data) else 32)]]
         if n_params * sample.numel() <= 5e7:
             with torch.enable_grad():
-                G = self.pg.example_gradients(self._micro_batch(sample, self._targets(sample)))
+                G = self.pg.example_gradients(self._micro_batch(sample, self.labels[sample].to(self.device)))
             opt = optimal_clip_mse(G, self.sigma)
             out["mse_optimal_clip"] = {"C": opt["C"], "sample_size": int(sample.numel()),
                                        "noise_multiplier": self.sigma, "label": "NOT PRIVATE"}
@@ -753,6 +750,19 @@ class _Loop:
                                        "note": f"not computed: {n_params} trainable parameters is too many "
                                                "for per-example gradient vectors"}
         return out
+
+
+def _task_of(data: Any, task: Task | None) -> Task:
+    """``task``, or the task of ``data``'s input kind (cached features: the classification head's)."""
+    if task is not None:
+        return task
+    return TASKS["text"] if _is_features(data) else task_for(data)
+
+
+def _closed_form_loss(task: Task) -> bool:
+    """Whether ``task``'s per-example loss is the classification cross-entropy that the closed-form head step
+    (:class:`privtune.finetune.LinearHeadGradient`) computes itself; any other loss goes through the hooks."""
+    return getattr(type(task), "per_example_loss", None) is TextClassification.per_example_loss
 
 
 def _phases_for(mode: str | None, steps: int, learning_rate: float, phase1_steps: int | None,
@@ -782,6 +792,7 @@ def fit(
     delta: float | None = None, accountant: str = "pld", clipping_diagnostics: bool = False, fast_head: bool = True,
     assume_poisson: bool = False, device: Any = None, hooks: Sequence[LoopHook] = (), gamma: float = 0.01,
     eps: float = 1e-8, backbone_lr_scale: float = 1.0, nonfinite_features: str = "refuse", max_rows_per_unit: int = 8,
+    task: Task | None = None,
 ) -> FitResult:
     """Train ``model`` privately for ``steps`` DP steps and return a :class:`FitResult`; no ledger, no files.
 
@@ -814,8 +825,7 @@ def fit(
         unchanged (:class:`privtune.engine.PrivateGradient`, ``per_layer``).
     optimizer : {"sgd", "adam", "adamw", "lamb"}
         Applied to the privatised gradient (:func:`privtune.optim.make_optimizer`).
-    eval_set : labelled data, optional
-        Evaluated every ``eval_every`` steps and at the end.
+    eval_set : labelled data, optional; evaluated every ``eval_every`` steps and at the end.
     seed : int, optional
         Seeds the sampler (seed) and the noise (seed + 1) for reproducible experiments; None draws
         both from the OS.
@@ -834,15 +844,14 @@ def fit(
     progress : bool or privtune.report.progress.Progress, optional
         True shows a rich progress bar; or pass a Progress to advance (one unit per step).  The batch
         loss it shows is computed without noise (NOT PRIVATE).
-    delta : float, optional
-        δ used to show ε spent so far in the progress display.
+    delta : float, optional; δ of the ε spent so far that the progress display shows.
     clipping_diagnostics : bool, default False
         Collect per-example gradient norms (fraction clipped, quantiles, retained weight per class);
         **NOT PRIVATE**, labelled so in the result.
     fast_head : bool, default True
         On a FeatureSet, compute the linear head's per-example gradients in closed form
         (:class:`privtune.finetune.LinearHeadGradient`: same clipping, noise generator and
-        normalisation as PrivateGradient); False uses PrivateGradient's hooks.
+        normalisation as PrivateGradient); False (or a task with another loss) uses the hooks.
     assume_poisson : bool, default False
         Only with ``sampling="shuffle"``: account the shuffled fixed-size batches AS IF they were
         Poisson sampled with rate q (amplification by subsampling).  This is an assumption, not a
@@ -858,9 +867,7 @@ def fit(
         Called around every optimizer step (:class:`LoopHook`); what a hook releases must be charged by
         the caller (``fit``'s events cover only the gradient releases).
     gamma : float, default 0.01
-        AUTO-S stability constant γ of ``clipping="automatic"``: factor C/(‖g‖ + γ).
-    eps : float, default 1e-8
-        Denominator constant of Adam/AdamW/LAMB.
+        AUTO-S constant γ of ``clipping="automatic"`` (factor C/(‖g‖ + γ)).  ``eps``: Adam/LAMB's denominator.
     backbone_lr_scale : float, default 1.0
         α in (0, 1]: every trainable parameter outside the classification head (``model.head``) steps at
         α·``learning_rate``, the head at ``learning_rate`` (seed 002's pre-trained-layer multiplier, Table 8).
@@ -874,6 +881,9 @@ def fit(
         (counted in ``FitResult.nonfinite_examples``, NOT PRIVATE).  ``"drop"`` is for features
         computed after a budget was reserved, where a refusal would come too late.
     privacy_unit, max_rows_per_unit : user-level DP with cap k (docs/privacy-unit.md, engine/units.py)
+    task : privtune.tasks.Task, optional
+        Its ``batch`` and ``per_example_loss`` give the (B,) losses the DP step clips; default: the task of
+        ``train_set``'s kind (classification cross-entropy).
     """
     if check_choice(nonfinite_features, "nonfinite_features", ("refuse", "drop")) == "refuse":
         from privtune.finetune.last_layer import check_finite_features
@@ -889,7 +899,7 @@ def fit(
                  weight_decay=weight_decay, seed=seed, eval_set=eval_set, callback=callback, delta=delta, eps=eps,
                  progress=own_progress if progress is True else None if progress is False else progress, hooks=hooks,
                  accountant=accountant, clipping_diagnostics=clipping_diagnostics, fast_head=fast_head,
-                 backbone_lr_scale=check_backbone_lr_scale(backbone_lr_scale))
+                 backbone_lr_scale=check_backbone_lr_scale(backbone_lr_scale), task=task)
     _run_loop(loop, own_progress)
     return _result(loop)
 
@@ -1005,11 +1015,12 @@ def fit_nonprivate(model: nn.Module, train_set: Any, *, epochs: float = 1.0, bat
             perm, pos = torch.randperm(n, generator=g), 0
         idx = perm[pos : pos + batch_size]
         pos += batch_size
-        outputs = _forward(model, module, train_set, idx)
         if _is_generation(train_set):  # a causal LM: the mean over the batch of each example's summed response loss
-            loss = model.per_example_loss(outputs, model.targets(train_set, idx)).mean()
+            task = task_for(train_set)
+            batch = {k: v.to(dev) for k, v in task.batch(module, train_set, idx).items()}
+            loss = task.per_example_loss(module, batch).mean()
         else:
-            loss = F.cross_entropy(outputs, labels[idx].to(dev))
+            loss = F.cross_entropy(_forward(model, module, train_set, idx), labels[idx].to(dev))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()

@@ -2,9 +2,10 @@
 
 A :class:`Generator` holds a Hugging Face causal LM (``backbone``), its tokenizer, the prompt template and the
 public ``max_length`` (tokens per prompt + response).  It is what the one DP loop trains on prompt → response
-pairs (:class:`privtune.data.generation.GenerationDataset`): ``encode`` gives the token ids of a micro-batch,
-``targets`` their labels (response tokens only, ``-100`` elsewhere) and ``per_example_loss`` each example's
-summed response loss, the quantity DP-SGD clips.
+pairs (:class:`privtune.data.generation.GenerationDataset`), through the generation task
+(:class:`privtune.tasks.generation.Generation`): ``tokenized`` gives each row's token ids and labels (response
+tokens only, ``-100`` elsewhere), and the task's per-example loss is each example's summed response loss, the
+quantity DP-SGD clips.
 
 * :func:`load_generator`: a known model name (``smollm2-135m``), a Hugging Face causal-LM directory, or a
   directory a privtune run released (``privtune_generator.json`` keeps its template and ``max_length``);
@@ -77,20 +78,9 @@ class Generator(nn.Module):
         dev = self._device()
         return {"input_ids": b["input_ids"].to(dev), "attention_mask": b["attention_mask"].to(dev)}
 
-    def targets(self, data: GenerationDataset, idx: Any) -> torch.Tensor:
-        """(B, T) labels of rows ``idx``: the response's token ids, ``-100`` on the prompt and the padding."""
-        return self.tokenized(data).collate(torch.as_tensor(idx).tolist())["labels"]
-
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """(B, T, V) next-token logits."""
         return self.backbone(input_ids=input_ids, attention_mask=attention_mask).logits
-
-    @staticmethod
-    def per_example_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """(B,) summed negative log-likelihood of each example's response tokens (what DP-SGD clips)."""
-        from privtune.models.causal_lm import sequence_losses
-
-        return sequence_losses(logits, targets.to(logits.device))
 
     # ------------------------------------------------------------------ decoding
     def generate(self, prompts: Sequence[str], *, max_new_tokens: int = 32, num_beams: int = 1,

@@ -14,7 +14,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -60,10 +60,17 @@ class Generation:
 
         return load_generator(model, max_length=max_length)
 
-    def per_example_loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def batch(self, model: nn.Module, data: Any, idx: torch.Tensor) -> dict[str, torch.Tensor]:
+        """``input_ids``, ``attention_mask`` (right-padded) and token ``labels`` (B, T): the response's ids,
+        ``-100`` on the prompt and the padding (:meth:`privtune.models.generator.Generator.tokenized`)."""
+        return model.tokenized(data).collate(torch.as_tensor(idx).tolist())
+
+    def per_example_loss(self, model: nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """The summed negative log-likelihood (nats) of each row's response tokens."""
         from privtune.models.causal_lm import sequence_losses
 
-        return sequence_losses(outputs, targets)
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+        return sequence_losses(logits, batch["labels"])
 
     def evaluate(self, model: nn.Module, data: Any, *, batch_size: int = 8, scored_rows: int | None = None,
                  generate: bool = True) -> dict:
