@@ -390,16 +390,16 @@ class GenerationTuneJob:
     def on_main(self, stage: str, fn: Callable[[], Any]) -> Any:
         return fn()
 
-    def result(self, inputs: _Inputs, plan: _Plan, files: _Files, outcome: _Outcome, released: Any):
-        from privtune.hpo.tune import TuneResult
-
+    def result(self, inputs: _Inputs, plan: _Plan, files: _Files, outcome: _Outcome, released: Any) -> dict:
+        """The fields of :class:`privtune.hpo.tune.TuneResult` (which :func:`privtune.hpo.tune` builds)."""
         files.log(f"done: ε={released.certificate.epsilon:.4g} δ={released.certificate.delta:g}")
-        return TuneResult(model=outcome.model, certificate=released.certificate, trials=outcome.trials,
-                          metrics=released.metrics, history=released.history, run_dir=inputs.out)
+        return {"model": outcome.model, "certificate": released.certificate, "trials": outcome.trials,
+                "metrics": released.metrics, "history": released.history, "run_dir": inputs.out}
 
 
-def tune_generation(**kwargs: Any):
-    """:func:`privtune.hpo.tune` on prompt → response pairs (see the module doc)."""
+def tune_generation(**kwargs: Any) -> dict:
+    """:func:`privtune.hpo.tune` on prompt → response pairs (see the module doc); returns the fields of its
+    :class:`privtune.hpo.tune.TuneResult`."""
     return run_pipeline.execute(GenerationTuneJob(GenerationTuneRequest(**kwargs)))
 
 

@@ -307,7 +307,7 @@ def _tune_generation(given: dict) -> TuneResult:
         raise InvalidParameterError(
             f"`{extra[0]}` does not apply to tuning a generator on prompt → response data. Drop it (options that "
             f"apply: {', '.join(a for a in _GENERATION_ARGUMENTS if a != 'data')}).")
-    return tune_generation(**{k: given[k] for k in _GENERATION_ARGUMENTS})
+    return TuneResult(**tune_generation(**{k: given[k] for k in _GENERATION_ARGUMENTS}))
 
 
 # --------------------------------------------------------------------------------------

