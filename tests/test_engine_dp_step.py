@@ -20,7 +20,8 @@ def _head_and_batch(seed: int = 0):
     X = torch.randn(12, 5, generator=g, dtype=torch.float64)
     y = torch.randint(0, 3, (12,), generator=g)
     head = torch.nn.Linear(5, 3).double()
-    batch = MicroBatch(labels=y, logits=lambda: head(X), features=lambda: (X, X.pow(2).sum(1)))
+    batch = MicroBatch(losses=lambda: F.cross_entropy(head(X), y, reduction="none"), labels=y,
+                       features=lambda: (X, X.pow(2).sum(1)))
     return head, batch
 
 

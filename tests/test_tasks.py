@@ -64,8 +64,12 @@ def test_text_task_evaluates_like_the_loop_and_predicts_the_classes(files):
     classes = clf.predict_logits(dev).argmax(1).tolist()
     names = getattr(clf, "label_names", None)
     assert predicted == ([names[c] for c in classes] if names is not None else classes)
-    logits = torch.tensor([[2.0, 0.0], [0.0, 2.0]])
-    assert task.per_example_loss(logits, torch.tensor([0, 0])).shape == (2,)
+    batch = task.batch(clf, dev, torch.tensor([0, 2]))
+    assert batch["labels"].tolist() == [dev.labels[0], dev.labels[2]]
+    losses = task.per_example_loss(clf, batch)
+    logits = clf.predict_logits(dev)[[0, 2]]
+    torch.testing.assert_close(losses, torch.nn.functional.cross_entropy(logits, batch["labels"], reduction="none"),
+                               atol=1e-5, rtol=1e-5)
 
 
 def test_train_loads_its_evaluation_split_through_the_task(files, tmp_path, monkeypatch):

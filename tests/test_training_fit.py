@@ -13,6 +13,7 @@ from privtune.errors import InvalidParameterError
 from privtune.finetune import apply_mode, cache_features
 from privtune.models import load_classifier
 from privtune.models.testing import make_tiny_text_model, make_toy_text_dataset
+from privtune.tasks import TextClassification
 from privtune.training import FitResult, fit, fit_nonprivate
 
 
@@ -273,3 +274,56 @@ def test_backbone_lr_scale_outside_0_1_is_one_clear_error(model_path, data, alph
     apply_mode(m, "full")
     with pytest.raises(InvalidParameterError, match=r"backbone_lr_scale.*\(0, 1\]"):
         fit(m, data[0], noise_multiplier=1.0, sample_rate=0.5, steps=1, learning_rate=1e-2, backbone_lr_scale=alpha)
+
+
+class _ScaledLoss(TextClassification):
+    """Classification whose per-example loss is ``factor`` × cross-entropy; counts its calls."""
+
+    def __init__(self, factor: float):
+        self.factor, self.calls = factor, 0
+
+    def per_example_loss(self, model, batch):
+        self.calls += 1
+        return self.factor * super().per_example_loss(model, batch)
+
+
+def _norms_and_losses(model_path, data, task):
+    m = load_classifier(model_path, seed=0)
+    apply_mode(m, "bitfit")
+    r = fit(m, data[0], noise_multiplier=1.0, sample_rate=0.5, steps=1, learning_rate=1e-2, seed=4,
+            clipping_diagnostics=True, task=task)
+    return r.clipping_diagnostics["norm_quantiles"], r.history["train_loss"][0]
+
+
+def test_the_loop_clips_the_tasks_per_example_loss(model_path, data):
+    """The DP step clips the gradient of the task's loss: 2 × cross-entropy doubles every per-example norm and the
+    (NOT PRIVATE) batch loss; the default task (None) and an explicit classification task agree exactly."""
+    norms, loss = _norms_and_losses(model_path, data, None)
+    same_norms, same_loss = _norms_and_losses(model_path, data, TextClassification())
+    assert same_norms == norms and same_loss == loss
+    doubled = _ScaledLoss(2.0)
+    norms2, loss2 = _norms_and_losses(model_path, data, doubled)
+    assert doubled.calls >= 1
+    for q in norms:
+        assert norms2[q] == pytest.approx(2 * norms[q], rel=1e-6)
+    assert loss2 == pytest.approx(2 * loss, rel=1e-6)
+
+
+def test_a_task_loss_on_cached_features_goes_through_the_hooks(model_path, data):
+    """On cached features the closed-form head step computes cross-entropy itself; a task with another loss
+    is trained through the hooks, with that loss."""
+    m = load_classifier(model_path, seed=0)
+    apply_mode(m, "last-layer")
+    fs = cache_features(m, data[0])
+    heads = {}
+    for name, task in (("ce", None), ("half", _ScaledLoss(0.5))):
+        h = torch.nn.Linear(fs.num_features, 2)
+        torch.nn.init.zeros_(h.weight)
+        torch.nn.init.zeros_(h.bias)
+        fit(h, fs, noise_multiplier=0.0, sample_rate=1.0, steps=1, learning_rate=0.1, seed=1, optimizer="sgd",
+            clip=100.0, task=task)
+        heads[name] = h.weight.detach().clone()
+        if task is not None:
+            assert task.calls >= 1
+    # no clipping at C = 100 and no noise: one SGD step on 0.5 × the loss moves the head half as far
+    torch.testing.assert_close(heads["half"], 0.5 * heads["ce"], atol=1e-6, rtol=1e-5)

@@ -26,6 +26,7 @@ sums some gradients in no fixed order).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 import secrets
@@ -69,7 +70,7 @@ from privtune.run import release
 from privtune.run.budget import BudgetRequest
 from privtune.run.inputs import check_training_split, load_split
 from privtune.specs import ClippingSpec, LoraSpec, OptimizerSpec, PrivacySpec, ScheduleSpec
-from privtune.tasks import task_for
+from privtune.tasks import TASKS, Task, TextClassification, task_for
 
 NOT_PRIVATE_LOSS = (
     "NOT PRIVATE: mean loss of each sampled batch, computed without noise (monitoring only; "
@@ -178,7 +179,17 @@ def _is_features(data: Any) -> bool:
     return getattr(data, "kind", None) == "features"
 
 
+def _is_generation(data: Any) -> bool:
+    """Prompt → response pairs (:class:`privtune.data.generation.GenerationDataset`): the model is a
+    :class:`privtune.models.generator.Generator` whose ``targets`` are each row's token labels."""
+    return getattr(data, "kind", None) == "generation"
+
+
 def _labels_tensor(data: Any) -> torch.Tensor:
+    if _is_generation(data):  # a row's targets are its token labels (Generator.targets): here its row index
+        if getattr(data, "responses", None) is None:
+            raise DataError("The training data has no responses. Pass prompt → response pairs.")
+        return torch.arange(len(data))
     if _is_features(data):
         if data.labels is None:
             raise DataError("The training features have no labels; cache features of a labelled dataset.")
@@ -218,7 +229,14 @@ def _forward(model: nn.Module, module: nn.Module, data: Any, idx: torch.Tensor) 
 @torch.no_grad()
 def evaluate(model: nn.Module, data: Any, *, batch_size: int = 128, per_class: bool = False) -> dict:
     """Accuracy and mean cross-entropy of ``model`` on a labelled dataset (or FeatureSet); with ``per_class``
-    also ``predicted_class_counts``, how many examples the model assigns to each class."""
+    also ``predicted_class_counts``, how many examples the model assigns to each class.
+
+    On prompt → response pairs: perplexity and mean response-token loss (:class:`privtune.tasks.generation.Generation`),
+    and with ``per_class`` (the final evaluation) also BLEU, chrF and ROUGE-L of greedy generations."""
+    if _is_generation(data):
+        from privtune.tasks.generation import Generation
+
+        return Generation().evaluate(model, data, generate=per_class)
     labels = _labels_tensor(data)
     if _is_features(data):
         head = getattr(model, "classification_head", model)
@@ -376,8 +394,9 @@ class _Loop:
                  optimizer, per_layer_clipping=False, momentum, weight_decay, sampling, max_physical_batch_size, seed, eval_set,
                  eval_every, callback, progress, delta, accountant, clipping_diagnostics, fast_head=True,
                  assume_poisson=False, device=None, hooks=(), gamma=0.01, eps=1e-8, backbone_lr_scale=1.0,
-                 units=None, max_rows_per_unit=None):
+                 units=None, max_rows_per_unit=None, task=None):
         self.model, self.data = model, data
+        self.task = _task_of(data, task)
         self.units, self.max_rows_per_unit = units, max_rows_per_unit  # privacy unit (None: one example)
         self.backbone_lr_scale = float(backbone_lr_scale)
         self.hooks = list(hooks)
@@ -395,7 +414,7 @@ class _Loop:
         self.labels = _labels_tensor(data)
         # texts of similar length share a micro-batch (less padding; the clipped sum is order-free)
         self.lengths = (torch.tensor([len(t) for t in data.texts]) if getattr(data, "kind", None) == "text"
-                        else None)
+                        else model.sequence_lengths(data) if _is_generation(data) else None)
         self.module = _trained_module(model, data)
         from privtune.models import resolve_device
 
@@ -474,7 +493,8 @@ class _Loop:
         if not params:
             raise ModelError("Nothing to train: no parameter has requires_grad=True. Call apply_mode first.")
         step_cls, extra = PrivateGradient, {"per_layer": self.per_layer}
-        if self.fast_head and _is_features(self.data) and isinstance(self.module, nn.Linear):
+        if self.fast_head and _is_features(self.data) and isinstance(self.module, nn.Linear) \
+                and _closed_form_loss(self.task):
             from privtune.finetune.last_layer import LinearHeadGradient
 
             # one nn.Linear is one layer: per-layer clipping is flat clipping there
@@ -512,17 +532,21 @@ class _Loop:
 
     @torch.no_grad()
     def per_example_losses(self, idx: torch.Tensor) -> torch.Tensor:
-        """Cross-entropy (float64 on the CPU, shape (len(idx),)) of the training examples ``idx`` at the
-        current parameters; engine paused, model in eval mode like every training step.  Computed from
-        private data WITHOUT noise: a hook must privatise anything it derives from them."""
+        """The task's per-example losses (float64 on the CPU, shape (len(idx),)) of the training examples
+        ``idx`` at the current parameters; engine paused, model in eval mode like every training step.
+        Computed from private data WITHOUT noise: a hook must privatise anything it derives from them."""
         out = []
         with self.paused():
             for s in range(0, idx.numel(), self.max_phys):
-                chunk = idx[s : s + self.max_phys]
-                logits = _forward(self.model, self.module, self.data, chunk)
-                y = self.labels[chunk].to(logits.device)
-                out.append(F.cross_entropy(logits.float(), y, reduction="none").double().cpu())
+                out.append(self._task_losses(idx[s : s + self.max_phys]).double().cpu())
         return torch.cat(out) if out else torch.zeros(0, dtype=torch.float64)
+
+    def _task_losses(self, chunk: torch.Tensor) -> torch.Tensor:
+        """(B,) losses of the rows ``chunk``: the task's batch (on the training device) through the task's
+        per-example loss (the seam of :class:`privtune.tasks.Task`)."""
+        batch = self.task.batch(self.module, self.data, chunk)
+        batch = {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+        return self.task.per_example_loss(self.module, batch)
 
     # -- state
     def state_dict(self) -> dict:
@@ -592,7 +616,7 @@ class _Loop:
             rows = slice(start, start + chunk.numel()) if start is not None else chunk
             return self.data.features[rows].to(self.device), self.feature_sq_norms[rows].to(self.device)
 
-        return MicroBatch(labels=y, logits=lambda: _forward(self.model, self.module, self.data, chunk),
+        return MicroBatch(losses=lambda: self._task_losses(chunk), labels=y,
                           features=features if _is_features(self.data) else None, row_weights=row_weights)
 
     def _one_step(self) -> StepInfo:
@@ -606,7 +630,8 @@ class _Loop:
         for s in range(0, idx.numel(), self.max_phys):
             chunk = idx[s : s + self.max_phys]
             full = self.sampler_is_full_batch
-            y = (self.labels[s : s + self.max_phys] if full else self.labels[chunk]).to(self.device)
+            y = (None if _is_generation(self.data)  # no classes: the task's batch holds the token labels
+                 else (self.labels[s : s + self.max_phys] if full else self.labels[chunk]).to(self.device))
             w = None if weights is None else weights[s : s + self.max_phys]
             losses, norms = self.pg.accumulate_batch(self._micro_batch(chunk, y, s if full else None, w))
             # NOT PRIVATE monitoring: a NaN/inf loss (its term was dropped by the DP step) is not summed
@@ -686,7 +711,10 @@ class _Loop:
         layer_norms = None
         if self.per_layer and self.diag.get("layer_norms"):
             layer_norms = torch.cat(self.diag["layer_norms"])
-        out = clipping_diagnostics(norms, self.clip, labels=labels, num_classes=int(self.labels.max()) + 1,
+        if _is_generation(self.data):  # rows of a generation task have no classes
+            labels = None
+        out = clipping_diagnostics(norms, self.clip, labels=labels,
+                                   num_classes=None if labels is None else int(self.labels.max()) + 1,
                                    clipping=self.clipping, gamma=gamma, layer_norms=layer_norms)
         out["note"] = ("per-example gradient norms of private training examples seen during training, without "
                        "noise (the clipping diagnostics of Rehn et al.); never use them to choose what is released")
@@ -724,6 +752,19 @@ class _Loop:
         return out
 
 
+def _task_of(data: Any, task: Task | None) -> Task:
+    """``task``, or the task of ``data``'s input kind (cached features: the classification head's)."""
+    if task is not None:
+        return task
+    return TASKS["text"] if _is_features(data) else task_for(data)
+
+
+def _closed_form_loss(task: Task) -> bool:
+    """Whether ``task``'s per-example loss is the classification cross-entropy that the closed-form head step
+    (:class:`privtune.finetune.LinearHeadGradient`) computes itself; any other loss goes through the hooks."""
+    return getattr(type(task), "per_example_loss", None) is TextClassification.per_example_loss
+
+
 def _phases_for(mode: str | None, steps: int, learning_rate: float, phase1_steps: int | None,
                 phase1_learning_rate: float | None) -> list[_Phase]:
     if mode == "two-phase":
@@ -751,6 +792,7 @@ def fit(
     delta: float | None = None, accountant: str = "pld", clipping_diagnostics: bool = False, fast_head: bool = True,
     assume_poisson: bool = False, device: Any = None, hooks: Sequence[LoopHook] = (), gamma: float = 0.01,
     eps: float = 1e-8, backbone_lr_scale: float = 1.0, nonfinite_features: str = "refuse", max_rows_per_unit: int = 8,
+    task: Task | None = None,
 ) -> FitResult:
     """Train ``model`` privately for ``steps`` DP steps and return a :class:`FitResult`; no ledger, no files.
 
@@ -783,8 +825,7 @@ def fit(
         unchanged (:class:`privtune.engine.PrivateGradient`, ``per_layer``).
     optimizer : {"sgd", "adam", "adamw", "lamb"}
         Applied to the privatised gradient (:func:`privtune.optim.make_optimizer`).
-    eval_set : labelled data, optional
-        Evaluated every ``eval_every`` steps and at the end.
+    eval_set : labelled data, optional; evaluated every ``eval_every`` steps and at the end.
     seed : int, optional
         Seeds the sampler (seed) and the noise (seed + 1) for reproducible experiments; None draws
         both from the OS.
@@ -803,15 +844,14 @@ def fit(
     progress : bool or privtune.report.progress.Progress, optional
         True shows a rich progress bar; or pass a Progress to advance (one unit per step).  The batch
         loss it shows is computed without noise (NOT PRIVATE).
-    delta : float, optional
-        δ used to show ε spent so far in the progress display.
+    delta : float, optional; δ of the ε spent so far that the progress display shows.
     clipping_diagnostics : bool, default False
         Collect per-example gradient norms (fraction clipped, quantiles, retained weight per class);
         **NOT PRIVATE**, labelled so in the result.
     fast_head : bool, default True
         On a FeatureSet, compute the linear head's per-example gradients in closed form
         (:class:`privtune.finetune.LinearHeadGradient`: same clipping, noise generator and
-        normalisation as PrivateGradient); False uses PrivateGradient's hooks.
+        normalisation as PrivateGradient); False (or a task with another loss) uses the hooks.
     assume_poisson : bool, default False
         Only with ``sampling="shuffle"``: account the shuffled fixed-size batches AS IF they were
         Poisson sampled with rate q (amplification by subsampling).  This is an assumption, not a
@@ -827,9 +867,7 @@ def fit(
         Called around every optimizer step (:class:`LoopHook`); what a hook releases must be charged by
         the caller (``fit``'s events cover only the gradient releases).
     gamma : float, default 0.01
-        AUTO-S stability constant γ of ``clipping="automatic"``: factor C/(‖g‖ + γ).
-    eps : float, default 1e-8
-        Denominator constant of Adam/AdamW/LAMB.
+        AUTO-S constant γ of ``clipping="automatic"`` (factor C/(‖g‖ + γ)).  ``eps``: Adam/LAMB's denominator.
     backbone_lr_scale : float, default 1.0
         α in (0, 1]: every trainable parameter outside the classification head (``model.head``) steps at
         α·``learning_rate``, the head at ``learning_rate`` (seed 002's pre-trained-layer multiplier, Table 8).
@@ -843,6 +881,9 @@ def fit(
         (counted in ``FitResult.nonfinite_examples``, NOT PRIVATE).  ``"drop"`` is for features
         computed after a budget was reserved, where a refusal would come too late.
     privacy_unit, max_rows_per_unit : user-level DP with cap k (docs/privacy-unit.md, engine/units.py)
+    task : privtune.tasks.Task, optional
+        Its ``batch`` and ``per_example_loss`` give the (B,) losses the DP step clips; default: the task of
+        ``train_set``'s kind (classification cross-entropy).
     """
     if check_choice(nonfinite_features, "nonfinite_features", ("refuse", "drop")) == "refuse":
         from privtune.finetune.last_layer import check_finite_features
@@ -858,7 +899,7 @@ def fit(
                  weight_decay=weight_decay, seed=seed, eval_set=eval_set, callback=callback, delta=delta, eps=eps,
                  progress=own_progress if progress is True else None if progress is False else progress, hooks=hooks,
                  accountant=accountant, clipping_diagnostics=clipping_diagnostics, fast_head=fast_head,
-                 backbone_lr_scale=check_backbone_lr_scale(backbone_lr_scale))
+                 backbone_lr_scale=check_backbone_lr_scale(backbone_lr_scale), task=task)
     _run_loop(loop, own_progress)
     return _result(loop)
 
@@ -974,7 +1015,12 @@ def fit_nonprivate(model: nn.Module, train_set: Any, *, epochs: float = 1.0, bat
             perm, pos = torch.randperm(n, generator=g), 0
         idx = perm[pos : pos + batch_size]
         pos += batch_size
-        loss = F.cross_entropy(_forward(model, module, train_set, idx), labels[idx].to(dev))
+        if _is_generation(train_set):  # a causal LM: the mean over the batch of each example's summed response loss
+            task = task_for(train_set)
+            batch = {k: v.to(dev) for k, v in task.batch(module, train_set, idx).items()}
+            loss = task.per_example_loss(module, batch).mean()
+        else:
+            loss = F.cross_entropy(_forward(model, module, train_set, idx), labels[idx].to(dev))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -1011,7 +1057,7 @@ def train(
     *,
     eval_data: Any = None,
     model: Any = None,
-    mode: str = "bitfit",
+    mode: str | None = None,
     epsilon: float | None = None,
     delta: float | None = None,
     noise_multiplier: float | None = None,
@@ -1063,7 +1109,7 @@ def train(
         Evaluation split (reported accuracy); never used for training.
     model : path or Classifier, optional
         Backbone directory (default: bundled all-MiniLM-L6-v2) or a loaded Classifier.
-    mode : {"full", "bitfit", "last-layer", "lora", "two-phase"}, default "bitfit"
+    mode : {"full", "bitfit", "last-layer", "lora", "two-phase"}, default "bitfit" ("lora" on prompt → response pairs)
         ``"last-layer"`` caches the frozen backbone's features once (after the reservation) and trains
         the zero-initialised head on them.  A mode that trains the backbone at n·ε ≤ 4,000 (n training rows)
         issues :class:`privtune.errors.UnlikelyToLearnWarning` before the reservation; a released model that
@@ -1121,7 +1167,18 @@ def train(
     TrainResult
     """
     # ---------------------------------------------------------------- validate (no data yet); then the pipeline
-    mode = check_choice(mode, "mode", MODES)
+    from privtune.data.generation import is_generation_data
+
+    generation = is_generation_data(data)  # prompt → response pairs: a causal LM (LoRA by default)
+    if generation:
+        from privtune.models.generator import DEFAULT_GENERATION_MODE, GENERATION_LEARNING_RATES, GENERATION_MODES
+
+        mode = check_choice(DEFAULT_GENERATION_MODE if mode is None else mode, "mode", GENERATION_MODES)
+        if learning_rate is None:
+            learning_rate = GENERATION_LEARNING_RATES[mode]
+        if backbone_lr_scale is None:
+            backbone_lr_scale = 1.0  # a causal LM has no new head: one rate
+    mode = check_choice("bitfit" if mode is None else mode, "mode", MODES)
     request = _TrainRequest(
         data=data, eval_data=eval_data, model=model, mode=mode, labels=labels, text_column=text_column,
         label_column=label_column, pooling=pooling, max_length=max_length,
@@ -1257,7 +1314,12 @@ class TrainJob:
             r.data, r.eval_data, r.model, r.labels, r.privacy, text_column=r.text_column,
             label_column=r.label_column, pooling=r.pooling, max_length=r.max_length, seed=r.seed,
             privacy_unit=(*r.privacy_unit, r.schedule.sampling))
-        mode_info = apply_mode(clf, r.mode, **_lora_arguments(r.lora))
+        if getattr(train_set, "kind", None) == "generation":
+            from privtune.models.generator import apply_generation_mode
+
+            mode_info = apply_generation_mode(clf, r.mode, **_lora_arguments(r.lora))
+        else:
+            mode_info = apply_mode(clf, r.mode, **_lora_arguments(r.lora))
         _dry_run_engine(clf, r.clipping)  # unsupported modules fail here, before the ledger reservation
         clf.to(device)
         fp, file_name = dataset_identity(train_set)
@@ -1273,6 +1335,8 @@ class TrainJob:
         sched = _plan_schedule(len(inputs.train_set) if units is None else units.num_units, r.mode, inputs.privacy,
                                r.schedule, r.optim, phase1_epochs=r.phase1_epochs,
                                phase1_learning_rate=r.phase1_learning_rate)
+        if getattr(inputs.train_set, "kind", None) == "generation":  # the warning's measurements are classifiers'
+            sched = dataclasses.replace(sched, unlikely_to_learn=None)
         hyper = _hyperparameters(r.mode, sched, inputs.privacy, r.schedule, r.optim, r.clipping, inputs.mode_info,
                                  r.lora, r.seed, units and unit_description(units, r.privacy_unit[1]))
         if inputs.group is not None:  # every rank trains rank 0's plan on the same data, or none does
@@ -1376,7 +1440,7 @@ class TrainJob:
         except (PrivtuneError, AttributeError):
             remaining = None
         metrics = {
-            "accuracy": result.eval["accuracy"] if result.eval else None,
+            "accuracy": result.eval.get("accuracy") if result.eval else None,
             "eval_loss": result.eval["loss"] if result.eval else None,
             "epsilon": certificate.epsilon, "delta": inputs.privacy.delta, "mode": self.request.mode,
             "strategy": None, "hyperparameters": hyper,
@@ -1392,6 +1456,9 @@ class TrainJob:
             "nonfinite_examples_dropped": result.nonfinite_examples,  # NOT PRIVATE: moved to not_private/
             "steps": loop.step, "device": str(loop.device),
         }
+        if result.eval and "perplexity" in result.eval:  # a generator: its scores on the reported split
+            metrics.update(task="text-generation",
+                           **{k: result.eval.get(k) for k in ("perplexity", "bleu", "chrf", "rouge_l", "scored_rows")})
         _check_predictions(metrics, result.eval, getattr(loop.model, "label_names", None),
                            plan.schedule.unlikely_to_learn)
         history = {"final_run": result.history, "trials": [], "strategy": {"name": "fixed"}}
@@ -1480,8 +1547,12 @@ def _load_train_inputs(data, eval_data, model, labels, privacy: PrivacySpec, *, 
     ``privacy_unit`` is ``(unit, k, sampling)`` (unit None: example level).  Returns ``(train_set, eval_set,
     classifier, privacy, units)``; δ defaults from the training set size, or the number of units N_u."""
     from privtune.data.datasets import check_disjoint, declared_label_set
+    from privtune.data.generation import is_generation_data
     from privtune.models.classifier import check_model_label_set
 
+    if is_generation_data(data):
+        return _load_generation_inputs(data, eval_data, model, labels, privacy, text_column=text_column,
+                                       label_column=label_column, max_length=max_length, privacy_unit=privacy_unit)
     num_labels, label_names, label_source = declared_label_set(labels, model=model)
     if data is None:
         raise InvalidParameterError("`data` is required: the private training data (a file or a dataset).")
@@ -1512,6 +1583,41 @@ def _load_train_inputs(data, eval_data, model, labels, privacy: PrivacySpec, *, 
     if getattr(clf, "kind", "text") != train_set.kind:
         raise DataError(f"The model takes {clf.kind} inputs but the training data is {train_set.kind}.")
     return train_set, eval_set, clf, privacy, units
+
+
+def _load_generation_inputs(data, eval_data, model, labels, privacy: PrivacySpec, *, text_column, label_column,
+                            max_length, privacy_unit):
+    """:func:`_load_train_inputs` for prompt → response pairs: the splits (``text_column`` names the prompt
+    column, ``label_column`` the response column), a :class:`privtune.models.generator.Generator` and no label set.
+    ``data="embedded:chitchat"`` is the generation demo (its test split is reported unless ``eval_data`` is given;
+    the model defaults to SmolLM2-135M)."""
+    from privtune.data.generation import EMBEDDED_CHITCHAT, embedded_chitchat
+    from privtune.tasks.generation import Generation, check_generation_disjoint
+
+    if labels is not None:
+        raise InvalidParameterError("`labels` applies to classification; prompt → response data has no label set. "
+                                    "Drop --labels.")
+    task = Generation()
+    demo = isinstance(data, str) and data == EMBEDDED_CHITCHAT
+    if demo:
+        train_set, _, test = embedded_chitchat()
+        model = "smollm2-135m" if model is None else model
+    else:
+        train_set = task.load_split(data, "data", text_column=text_column, label_column=label_column)
+    eval_set = (task.load_split(eval_data, "eval_data", text_column=text_column, label_column=label_column)
+                if eval_data is not None else test if demo else None)
+    check_generation_disjoint(train_set, eval_set, "eval_data")
+    n, units = len(train_set), None
+    if privacy_unit[0] is not None:  # user level: N_u replaces n in δ < 1/N_u and the sampling rate
+        from privtune.engine.units import check_unit_delta, load_units
+
+        units = checked_units(load_units(train_set.source if demo else data, privacy_unit[0], n), n, privacy_unit[1],
+                              privacy_unit[2])
+        if privacy.delta is not None:
+            check_unit_delta(privacy.delta, units.num_units, units.name)
+        n = units.num_units
+    privacy = privacy.for_dataset(n)
+    return train_set, eval_set, task.build_model(model, max_length=max_length), privacy, units
 
 
 @dataclass(frozen=True)

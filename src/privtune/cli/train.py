@@ -8,7 +8,7 @@ and :meth:`privtune.models.Classifier.predict_logits`.
                    (--epsilon E --delta D | --noise-multiplier S) [--epochs N | --steps N] [--batch-size B]
                    [--learning-rate LR] [--clip C] [--optimizer {sgd,adam,adamw,lamb}] [--ledger URL]
                    [--config FILE] [--resume] --output RUN_DIR
-    privtune predict --model RUN_DIR/model --data FILE [--json]
+    privtune predict --model RUN_DIR/model --data FILE [--json] [--max-new-tokens N] [--num-beams K]
 """
 
 from __future__ import annotations
@@ -36,10 +36,13 @@ _TRAIN_DEFAULTS = {name: p.default for name, p in inspect.signature(run_train).p
 
 
 @click.command("train", context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
-@click.option("--data", type=str, help="Training data: .tsv/.csv/.jsonl (text + label columns) or an image folder.")
+@click.option("--data", type=str, help="Training data: .tsv/.csv/.jsonl (text + label columns, or prompt + response "
+              "columns to fine-tune a causal language model), an image folder, or embedded:chitchat (the generation "
+              "demo).")
 @click.option("--eval-data", type=str, help="Evaluation split (accuracy reported on it).")
 @click.option("--model", type=str, help="Backbone directory (Hugging Face format). Default: bundled all-MiniLM-L6-v2.")
-@click.option("--mode", type=click.Choice(MODES), help="What is trained.  [required]")
+@click.option("--mode", type=click.Choice(MODES), help="What is trained.  [required; on prompt → response pairs "
+              "lora by default, also full, or bitfit where the model has biases]")
 @click.option("--epsilon", type=float, help="Target ε of this run (with --delta).")
 @click.option("--delta", type=float, help="δ (default: min(1e-5, <1/(10·N))).")
 @click.option("--noise-multiplier", type=float, help="σ instead of --epsilon (ε is then reported).")
@@ -103,15 +106,18 @@ def train(**kwargs) -> None:
     """
     ctx = click.get_current_context()
     opts = resolve_options("train", kwargs.get("config"), explicit_cli_values(ctx))
+    from privtune.data.generation import is_generation_data
+
+    generation = opts.get("data") not in (None, "") and is_generation_data(opts["data"])  # LoRA by default
     for key, flag in (("data", "--data"), ("mode", "--mode"), ("output", "--output")):
-        if opts.get(key) in (None, ""):
+        if opts.get(key) in (None, "") and not (key == "mode" and generation):
             raise click.UsageError(f"Missing option '{flag}' (give it as a flag or in --config).")
     if opts.get("max_rows_per_unit") is not None and opts.get("privacy_unit") in (None, ""):
         raise click.UsageError("--max-rows-per-unit applies only with --privacy-unit COLUMN (user-level DP). Add "
                                "--privacy-unit, or drop --max-rows-per-unit.")
     # everything else (epsilon XOR noise_multiplier, epochs XOR steps, ranges) is checked once, by train()
     args = dict(
-        data=opts["data"], eval_data=opts.get("eval_data"), model=opts.get("model"), mode=opts["mode"],
+        data=opts["data"], eval_data=opts.get("eval_data"), model=opts.get("model"), mode=opts.get("mode"),
         epsilon=opts.get("epsilon"), delta=opts.get("delta"), noise_multiplier=opts.get("noise_multiplier"),
         epochs=opts.get("epochs"), steps=opts.get("steps"), batch_size=opts.get("batch_size"),
         learning_rate=opts.get("learning_rate"), ledger=opts.get("ledger"), output_dir=opts["output"],
@@ -131,11 +137,14 @@ def train(**kwargs) -> None:
     if not is_main_process():  # torchrun: rank 0 reports the run (the other processes wrote nothing)
         return
     m = result.metrics
-    acc = f"{m['accuracy']:.4f}" if m.get("accuracy") is not None else "n/a (no --eval-data)"
-    click.echo(
-        f"trained {m['mode']} for {m['steps']} steps: ε = {m['epsilon']:.4g}, δ = {m['delta']:.3g}; "
-        f"accuracy on {m.get('reported_split') or 'eval data'}: {acc}"
-    )
+    if m.get("task") == "text-generation":
+        scores = (f"perplexity {m['perplexity']:.2f}, BLEU {m['bleu']:.2f}, chrF {m['chrf']:.2f}, ROUGE-L "
+                  f"{m['rouge_l']:.2f}" if m.get("perplexity") is not None else "n/a (no --eval-data)")
+        shown = f"on {m.get('reported_split') or 'eval data'}: {scores}"
+    else:
+        acc = f"{m['accuracy']:.4f}" if m.get("accuracy") is not None else "n/a (no --eval-data)"
+        shown = f"accuracy on {m.get('reported_split') or 'eval data'}: {acc}"
+    click.echo(f"trained {m['mode']} for {m['steps']} steps: ε = {m['epsilon']:.4g}, δ = {m['delta']:.3g}; {shown}")
     registered = bool(m.get("ledger_registered_new_dataset"))
     if registered:
         status_total = m["epsilon"] if opts.get("epsilon") is None else opts["epsilon"]
@@ -160,23 +169,38 @@ def train(**kwargs) -> None:
 @data_options(labels_default=None, label_column_help="Label column name (auto-detected; optional).")
 @click.option("--batch-size", type=int, default=64, show_default=True, help="Examples per forward pass.")
 @click.option("--device", type=str, help="cpu, cuda, cuda:N or mps (default: cuda when available, else cpu).")
+@click.option("--max-new-tokens", type=int, help="A generator: at most this many new tokens per prompt (default 32).")
+@click.option("--num-beams", type=int, help="A generator: beam search with this many beams (default 1: greedy).")
 def predict(model_dir: str, data: str, as_json: bool, text_column: str | None, label_column: str | None,
-            batch_size: int, device: str | None) -> None:
+            batch_size: int, device: str | None, max_new_tokens: int | None, num_beams: int | None) -> None:
     """Predict with a fine-tuned model; print accuracy when the data has labels.
 
     The data may be unlabelled: a single text column (TSV/CSV/JSONL) is enough.  Labels, when present,
     must be in the model's label set (names as names, integer classes as integers); anything else is
-    refused, never remapped.
+    refused, never remapped.  A generator (a model trained on prompt → response pairs) generates a response
+    for every prompt (greedy, or beam search with --num-beams), and prints BLEU, chrF and ROUGE-L when the data
+    has responses.
     """
     from pathlib import Path
 
     from privtune._validation import check_int
     from privtune.data import load_dataset
     from privtune.models import Classifier, resolve_device
+    from privtune.models.generator import is_generator_dir
 
     batch_size = check_int(batch_size, "batch_size", low=1)
     dev = resolve_device(device)
     d = Path(model_dir)
+    if is_generator_dir(d / "model"):
+        d = d / "model"
+    if is_generator_dir(d):
+        _predict_generation(d, data, as_json, text_column, label_column, batch_size, dev, max_new_tokens, num_beams)
+        return
+    if max_new_tokens is not None or num_beams is not None:
+        from privtune.errors import InvalidParameterError
+
+        raise InvalidParameterError("--max-new-tokens and --num-beams apply to a generator; this model is a "
+                                    "classifier. Drop them.")
     if (d / "model" / "privtune_classifier.json").is_file():
         d = d / "model"
     model = Classifier.from_pretrained(d).to(dev)
@@ -208,3 +232,34 @@ def predict(model_dir: str, data: str, as_json: bool, text_column: str | None, l
         click.echo(f"{i}\t{lab}\t{p:.4f}")
     if accuracy is not None:
         click.echo(f"accuracy: {accuracy:.4f} ({len(ds)} examples)")
+
+
+def _predict_generation(d, data: str, as_json: bool, prompt_column: str | None, response_column: str | None,
+                        batch_size: int, device, max_new_tokens: int | None, num_beams: int | None) -> None:
+    """``privtune predict`` for a generator: one response per prompt; scores when the data has responses."""
+    from privtune._validation import check_int
+    from privtune.data.generation import load_generation_dataset
+    from privtune.eval.generation import generation_scores
+    from privtune.models.generator import load_generator
+
+    max_new_tokens = check_int(32 if max_new_tokens is None else max_new_tokens, "max_new_tokens", low=1)
+    num_beams = check_int(1 if num_beams is None else num_beams, "num_beams", low=1)
+    ds = load_generation_dataset(data, prompt_column=prompt_column, response_column=response_column,
+                                 require_responses=False)
+    model = load_generator(str(d))
+    model.to(device)
+    outs = model.generate(ds.prompts, max_new_tokens=max_new_tokens, num_beams=num_beams, batch_size=batch_size)
+    scores = generation_scores(outs, ds.responses) if ds.responses is not None else None
+    if as_json:
+        obj = {"generations": outs, "n": len(ds), "decoding": "greedy" if num_beams == 1 else f"beam search ({num_beams})",
+               "max_new_tokens": max_new_tokens}
+        if scores is not None:
+            obj.update(scores)
+        click.echo(json.dumps(obj, ensure_ascii=False))
+        return
+    click.echo("index\tgenerated")
+    for i, text in enumerate(outs):
+        click.echo(f"{i}\t{text}")
+    if scores is not None:
+        click.echo(f"BLEU {scores['bleu']:.2f}, chrF {scores['chrf']:.2f}, ROUGE-L {scores['rouge_l']:.2f} "
+                   f"({len(ds)} examples)")

@@ -11,7 +11,8 @@ and :func:`privtune.hpo.recommend`.
 With no arguments ``privtune tune`` runs the embedded demo: the SST-2 subset shipped with
 privtune, the bundled MiniLM, total ε = 1, δ = 1e-5, its ledger inside the run directory;
 ``privtune tune --data embedded:fashion-mnist`` runs the image demo the same way (3,000 Fashion-MNIST images,
-ImageNet EfficientNet-Lite0).
+ImageNet EfficientNet-Lite0) and ``privtune tune --data embedded:chitchat`` the generation demo (800 chitchat
+context → response pairs, SmolLM2-135M with LoRA, selection by perplexity on 200 public pairs).
 """
 
 from __future__ import annotations
@@ -54,8 +55,10 @@ def _number(x: float) -> str:
 
 
 @click.command("tune", context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--data", type=str, help="Private training data (.tsv/.csv/.jsonl, an image folder or IDX images). Default: "
-              "the embedded SST-2 demo; embedded:fashion-mnist runs the embedded image demo (EfficientNet-Lite0).")
+@click.option("--data", type=str, help="Private training data (.tsv/.csv/.jsonl, an image folder or IDX images; prompt + "
+              "response columns tune a causal language model). Default: the embedded SST-2 demo; "
+              "embedded:fashion-mnist runs the embedded image demo (EfficientNet-Lite0), embedded:chitchat the "
+              "generation demo (SmolLM2-135M).")
 @click.option("--eval-data", type=str, help="Reported split: accuracy is computed on it, never used for selection.")
 @click.option("--public-eval-data", type=str,
               help="Validation split you declare PUBLIC: scores trials at no privacy cost.")
@@ -113,7 +116,12 @@ def tune(**kwargs) -> None:
     else:
         trials = (f"{m['trials']} trial(s)" if m.get("trials") is not None else
                   "a random number of trials, of which only the selected one is published (repeat-and-select)")
-        click.echo(f"certificate: ε = {m['epsilon']:.4f}, δ = {m['delta']:g} (tuning included; {trials} + final run)")
+        if m.get("task") == "text-generation":  # the selected trial is the release: no separate final run
+            click.echo(f"certificate: ε = {m['epsilon']:.4f}, δ = {m['delta']:g} (all {trials} charged; the "
+                       "selected one is released)")
+        else:
+            click.echo(f"certificate: ε = {m['epsilon']:.4f}, δ = {m['delta']:g} (tuning included; {trials} + "
+                       "final run)")
     if m.get("seeded"):
         from privtune.report.release import seeded_notice
 
@@ -121,9 +129,12 @@ def tune(**kwargs) -> None:
     if acc is not None:
         label = " (NOT PRIVATE)" if m.get("not_private") else ""
         click.echo(f"accuracy on {m.get('reported_split')}: {acc:.4f}{label}")
+    if m.get("perplexity") is not None:
+        click.echo(f"on {m.get('reported_split')}: perplexity {m['perplexity']:.2f}, BLEU {m['bleu']:.2f}, chrF "
+                   f"{m['chrf']:.2f}, ROUGE-L {m['rouge_l']:.2f}")
     label = " (NOT PRIVATE: chosen by an uncharged selection)" if m.get("not_private") else ""
     click.echo(f"hyperparameters{label}: {json.dumps(m['hyperparameters'], default=str)}")
-    demo = call.get("data") is None or call.get("data") == EMBEDDED_IMAGE_DEMO  # ledger in the run directory
+    demo = call.get("data") in (None, EMBEDDED_IMAGE_DEMO, "embedded:chitchat")  # ledger in the run directory
     if m.get("ledger_registered_new_dataset") and not demo:
         click.echo(registration_notice(str(call["data"]), dataset_id=m.get("dataset_id"),
                                        total_epsilon=m["total_epsilon"], delta=m["delta"],

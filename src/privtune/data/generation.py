@@ -140,12 +140,12 @@ def build_generation_dataset(rows: list[dict], columns: list[str], where: str, *
     if pcol is None:
         raise DataError(
             f"{where}: no prompt column found among {columns} (looked for {list(PROMPT_COLUMN_CANDIDATES)}). "
-            "Pass prompt_column=..."
+            "Pass prompt_column=... (CLI: --text-column NAME)."
         )
     if rcol is None and require_responses:
         raise DataError(
             f"{where}: no response column found among {columns} (looked for {list(RESPONSE_COLUMN_CANDIDATES)}). "
-            "Pass response_column=..."
+            "Pass response_column=... (CLI: --label-column NAME)."
         )
     if rcol == pcol:
         raise DataError(f"{where}: the prompt and the response column are both {pcol!r}. Pass two different columns.")
@@ -388,3 +388,70 @@ def tokenize_generation(dataset: GenerationDataset, tokenizer: Any, *, max_lengt
         labels_all.append([_IGNORE] * len(p2) + r2)
         plens.append(len(p2))
     return TokenizedGeneration(ids_all, labels_all, plens, pad, max_length, cut)
+
+
+# ------------------------------------------------------------------------------------------- input kind
+
+#: ``--data`` value of the generation demo: the chitchat slice shipped with privtune (data/embedded/)
+EMBEDDED_CHITCHAT = "embedded:chitchat"
+EMBEDDED_CHITCHAT_FILES = {"train": "chitchat_train.jsonl", "public_validation": "chitchat_public.jsonl",
+                           "test": "chitchat_test.jsonl"}
+
+
+def _header_columns(path: Path) -> list[str]:
+    """The column names of a table file from its first line (JSONL: the first object's keys); [] when unreadable."""
+    import csv
+
+    fmt = TEXT_SUFFIXES.get(path.suffix.lower())
+    try:
+        with open(path, encoding="utf-8-sig") as f:
+            first = next((line for line in f if line.strip()), "")
+    except (OSError, UnicodeDecodeError):
+        return []
+    if fmt == "jsonl":
+        try:
+            obj = json.loads(first)
+        except json.JSONDecodeError:
+            return []
+        return [str(k) for k in obj] if isinstance(obj, dict) else []
+    if fmt in ("csv", "tsv"):
+        row = next(csv.reader([first], delimiter="\t" if fmt == "tsv" else ","), [])
+        return [c.strip() for c in row]
+    return []
+
+
+def is_generation_data(data: Any) -> bool:
+    """Whether ``data`` holds prompt → response pairs: a :class:`GenerationDataset`, the generation demo
+    (:data:`EMBEDDED_CHITCHAT`), or a ``.jsonl``/``.csv``/``.tsv`` file whose header has both a prompt column
+    (:data:`PROMPT_COLUMN_CANDIDATES`) and a response column (:data:`RESPONSE_COLUMN_CANDIDATES`).  Reads the
+    header line only."""
+    if isinstance(data, GenerationDataset):
+        return True
+    if isinstance(data, str) and data == EMBEDDED_CHITCHAT:
+        return True
+    if not isinstance(data, (str, os.PathLike)):
+        return False
+    path = Path(data).expanduser()
+    if not path.is_file() or path.suffix.lower() not in TEXT_SUFFIXES:
+        return False
+    cols = {c.lower() for c in _header_columns(path)}
+    return bool(cols & set(PROMPT_COLUMN_CANDIDATES)) and bool(cols & set(RESPONSE_COLUMN_CANDIDATES))
+
+
+def embedded_chitchat_path(split: str) -> Path:
+    """Path of an embedded chitchat split file: ``"train"``, ``"public_validation"`` or ``"test"``."""
+    from importlib import resources
+
+    if split not in EMBEDDED_CHITCHAT_FILES:
+        raise DataError(f"`split` must be one of {list(EMBEDDED_CHITCHAT_FILES)}. Got {split!r}.")
+    return Path(str(resources.files("privtune.data").joinpath("embedded", EMBEDDED_CHITCHAT_FILES[split])))
+
+
+def embedded_chitchat() -> tuple[GenerationDataset, GenerationDataset, GenerationDataset]:
+    """The chitchat slice shipped with privtune: ``(train, public_validation, test)`` context → response pairs,
+    split by conversation (no conversation on two sides).  ``train`` is the demo's private data,
+    ``public_validation`` is declared public by the demo (selection by perplexity, generations in the report)
+    and ``test`` is the reported split.  chitchat-dataset (BYU PCC lab), MIT licence; built by
+    ``scripts/make_embedded_chitchat.py`` (seeded; see data/embedded/README.md)."""
+    return tuple(load_generation_dataset(embedded_chitchat_path(s))  # type: ignore[return-value]
+                 for s in ("train", "public_validation", "test"))

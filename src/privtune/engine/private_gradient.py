@@ -496,19 +496,17 @@ class PrivateGradient:
         return list(self._params)
 
     def accumulate_batch(self, batch: MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """The :class:`~privtune.engine.step.DPStep` form of :meth:`backward`: forward ``batch`` through the
-        model (hooks record the activations), then add the clipped per-example gradients of its cross-entropy
-        losses.  Returns the (B,) losses and (B,) per-example gradient norms (NOT PRIVATE)."""
-        losses = torch.nn.functional.cross_entropy(batch.logits(), batch.labels, reduction="none")
+        """The :class:`~privtune.engine.step.DPStep` form of :meth:`backward`: ``batch.losses()`` forwards the
+        rows through the model (hooks record the activations) and returns their per-example losses; their
+        clipped gradients are added.  Returns the (B,) losses and (B,) per-example gradient norms (NOT PRIVATE)."""
+        losses = batch.losses()
         return losses, self.backward(losses, row_weights=batch.row_weights)
 
     def example_gradients(self, batch: MicroBatch) -> torch.Tensor:
         """(B, P) per-example gradients of the trainable parameters on ``batch``, engine paused: no clipping,
         no noise, nothing accumulated (NOT PRIVATE: clipping diagnostics only)."""
         with self.paused():
-            logits = batch.logits()
-            losses = torch.nn.functional.cross_entropy(logits, batch.labels.to(logits.device), reduction="none")
-            return per_example_gradients(losses, self._params)
+            return per_example_gradients(batch.losses(), self._params)
 
     def backward(self, losses: torch.Tensor, row_weights: torch.Tensor | None = None) -> torch.Tensor:
         """Back-propagate per-example losses once and add their clipped gradients to the running sum.

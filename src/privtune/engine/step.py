@@ -9,8 +9,9 @@ once per logical batch (:meth:`DPStep.release`).  Two implementations exist:
 * :class:`privtune.finetune.LinearHeadGradient`: one ``nn.Linear`` head on cached features, per-example
   gradients in closed form (no forward of a backbone).
 
-The loop hands each step a :class:`MicroBatch` that can produce both the model's logits and the cached
-features of its rows; each step asks for the one it needs, so the loop never checks which step it has.
+The loop hands each step a :class:`MicroBatch` that can produce both the per-example losses of its rows
+(the task's loss, :class:`privtune.tasks.Task`) and their cached features; each step asks for the one it
+needs, so the loop never checks which step it has.
 """
 
 from __future__ import annotations
@@ -65,15 +66,17 @@ class MicroBatch:
     """One physical micro-batch of private training examples, as the DP step sees it.
 
     Attributes:
-        labels: (B,) class indices of the rows, on the training device.
-        logits: computes the model's (B, classes) logits on the rows.  Called inside the DP step, so the
-            engine's hooks record the activations of this forward pass.
+        losses: computes the (B,) per-example losses of the rows (a forward pass of the model, then the
+            task's per-example loss).  Called inside the DP step, so the engine's hooks record the
+            activations of this forward pass.
+        labels: (B,) class indices of the rows, on the training device (the closed-form head step and the
+            clipping diagnostics read them); None for a task without classes.
         features: returns the rows' cached features (B, d) and their squared norms ‖x_i‖² (B,); None
             when the loop trains a model (no cached features).
     """
 
-    labels: "torch.Tensor"
-    logits: Callable[[], "torch.Tensor"]
+    losses: Callable[[], "torch.Tensor"]
+    labels: "torch.Tensor | None" = None
     features: Callable[[], tuple["torch.Tensor", "torch.Tensor"]] | None = None
     #: (B,) weights multiplying the rows' clip factors (user level: 1/m_u, privtune.engine.units); None: 1
     row_weights: "torch.Tensor | None" = None
@@ -88,7 +91,7 @@ class DPStep(Protocol):
     gamma: float
 
     def accumulate_batch(self, batch: MicroBatch) -> tuple["torch.Tensor", "torch.Tensor"]:
-        """Add the clipped per-example gradients of ``batch``; return its (B,) cross-entropy losses and
+        """Add the clipped per-example gradients of ``batch``; return its (B,) per-example losses and
         (B,) per-example gradient norms."""
 
     @property

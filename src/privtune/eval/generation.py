@@ -41,12 +41,13 @@ def _check_positive_int(value: Any, name: str) -> int:
 
 
 def generate(model: Any, tokenizer: Any, prompts: Sequence[str], *, max_new_tokens: int = 32, num_beams: int = 1,
-             batch_size: int = 8, template: str = DEFAULT_TEMPLATE) -> list[str]:
+             batch_size: int = 8, template: str = DEFAULT_TEMPLATE, max_prompt_tokens: int | None = None) -> list[str]:
     """Deterministic continuations of ``prompts``: greedy (``num_beams=1``) or beam search, each at most
     ``max_new_tokens`` tokens, stopping at the tokenizer's eos; returned as decoded text without special tokens.
 
     Prompts are left-padded into batches of ``batch_size`` (the model sees no padding between prompt and
-    continuation).  The model's mode is left as it was."""
+    continuation); with ``max_prompt_tokens`` a longer prompt keeps its last tokens (the end of a context
+    matters most, as in training).  The model's mode is left as it was."""
     import torch
 
     max_new_tokens = _check_positive_int(max_new_tokens, "max_new_tokens")
@@ -60,6 +61,8 @@ def generate(model: Any, tokenizer: Any, prompts: Sequence[str], *, max_new_toke
     try:
         for start in range(0, len(prompts), batch_size):
             encoded = [encode_prompt(tokenizer, p, template) for p in prompts[start:start + batch_size]]
+            if max_prompt_tokens is not None:
+                encoded = [e[len(e) - max_prompt_tokens:] if len(e) > max_prompt_tokens else e for e in encoded]
             T = max(len(e) for e in encoded)
             ids = torch.full((len(encoded), T), pad, dtype=torch.long)
             mask = torch.zeros((len(encoded), T), dtype=torch.long)

@@ -268,6 +268,10 @@ def tune(
         ``None`` = Ray already initialised here, else ``$RAY_ADDRESS``, else a ``ray start`` instance on this
         machine, else a new local one.
     """
+    from privtune.data.generation import is_generation_data
+
+    if is_generation_data(data):  # prompt → response pairs: a causal LM (privtune.hpo.generation_tune)
+        return _tune_generation(locals())
     if model is None and isinstance(data, str) and data == EMBEDDED_IMAGE_DEMO:
         model = EMBEDDED_IMAGE_MODEL  # the image demo's backbone
     arguments = TuneArguments(
@@ -279,6 +283,31 @@ def tune(
         text_column=text_column, label_column=label_column, quiet=quiet, write_files=write_files, feature_cache_dir=feature_cache_dir,
         resume=resume, labels=labels, device=device, executor=executor, ray_address=ray_address)
     return run_pipeline.execute(TuneJob(arguments, unknown))
+
+
+#: tune()'s arguments a generator's tuning takes (privtune.hpo.generation_tune.GenerationTuneRequest)
+_GENERATION_ARGUMENTS = ("data", "eval_data", "public_eval_data", "model", "mode", "strategy", "epsilon", "delta",
+                         "ledger", "output_dir", "seed", "trials", "epochs", "batch_size", "clip",
+                         "max_physical_batch_size", "text_column", "label_column", "quiet", "write_files", "device")
+#: tune()'s other arguments at their defaults (a generator's tuning refuses any other value)
+_GENERATION_UNUSED = {"selection": None, "selection_noise": None, "validation_fraction": 0.1, "steps": None,
+                      "clipping": None, "optimizer": None, "strategy_options": None, "nonprivate_reference": False,
+                      "accountant": "pld", "feature_cache_dir": None, "resume": False, "labels": None,
+                      "executor": "local", "ray_address": None}
+
+
+def _tune_generation(given: dict) -> TuneResult:
+    """:func:`tune` on prompt → response pairs (:mod:`privtune.hpo.generation_tune`); an option that does not
+    apply to a generator is one clear error, before anything is read or charged."""
+    from privtune.hpo.generation_tune import tune_generation
+
+    unknown = given.get("unknown") or {}
+    extra = [k for k, default in _GENERATION_UNUSED.items() if given.get(k) != default] + sorted(unknown)
+    if extra:
+        raise InvalidParameterError(
+            f"`{extra[0]}` does not apply to tuning a generator on prompt → response data. Drop it (options that "
+            f"apply: {', '.join(a for a in _GENERATION_ARGUMENTS if a != 'data')}).")
+    return TuneResult(**tune_generation(**{k: given[k] for k in _GENERATION_ARGUMENTS}))
 
 
 # --------------------------------------------------------------------------------------

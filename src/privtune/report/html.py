@@ -141,6 +141,10 @@ def _summary_cards(run: RunData, b: Any) -> str:
     if isinstance(acc, (int, float)):
         split = str(m.get("reported_split") or "reported split")
         cards.append(("accuracy", f"{100 * acc:.1f} %", os.path.basename(split.rstrip("/")) or split))
+    for key, label in (("bleu", "BLEU"), ("rouge_l", "ROUGE-L"), ("perplexity", "perplexity")):
+        if isinstance(m.get(key), (int, float)):
+            split = str(m.get("reported_split") or "reported split")
+            cards.append((label, f"{m[key]:.2f}", os.path.basename(split.rstrip("/")) or split))
     if run.epsilon is not None:
         cards.append(("ε (total)", f"{run.epsilon:.4g}", "tuning included" if run.trials else "the whole run"))
     if run.delta is not None:
@@ -313,6 +317,32 @@ def _final_section(run: RunData, b: _Builder) -> str:
     return "".join(out)
 
 
+def _generation_section(run: RunData) -> str:
+    """A generator's scores on the reported split and a few of its generations for PUBLIC prompts
+    (``metrics["public_generations"]``: prompts of a split declared public; private prompts never appear here)."""
+    m = run.metrics
+    if m.get("task") != "text-generation":
+        return ""
+    out = ["<section id='generation'><h2>Generation</h2>"]
+    rows = [(label, f"{m[k]:.2f}") for k, label in (("bleu", "BLEU"), ("chrf", "chrF"), ("rouge_l", "ROUGE-L"),
+                                                    ("perplexity", "perplexity per response token"))
+            if isinstance(m.get(k), (int, float))]
+    if rows:
+        split = m.get("reported_split", "the reported split")
+        out.append(f"<p>Scores of the released model on <b>{_e(split)}</b> (greedy decoding; BLEU, chrF and ROUGE-L "
+                   f"on its first {_e(m.get('scored_rows'))} rows, perplexity on all of them):</p>")
+        out.append(_kv_table(rows))
+    gens = m.get("public_generations")
+    if isinstance(gens, dict) and gens.get("samples"):
+        out.append(f"<h3>Generations for public prompts</h3><p class='note'>Prompts from <b>{_e(gens.get('split'))}"
+                   "</b>, a split declared public; prompts of the private training data are never shown.</p>")
+        out.append("<table><tr><th>prompt</th><th>generated</th><th>reference</th></tr>" + "".join(
+            f"<tr><td>{_e(g.get('prompt'))}</td><td>{_e(g.get('generated'))}</td><td>{_e(g.get('reference'))}</td></tr>"
+            for g in gens["samples"] if isinstance(g, dict)) + "</table>")
+    out.append("</section>")
+    return "".join(out)
+
+
 #: where ``privtune audit --output RUN_DIR/audit`` leaves its results; the report shows them when present
 AUDIT_DIR = "audit"
 
@@ -467,6 +497,7 @@ def render_report(run: RunData) -> tuple[str, dict[str, bytes]]:
         _budget_section(run, b, bp),
         _strategy_section(run, b, bp),
         _final_section(run, b),
+        _generation_section(run),
         _clipping_section(run, b),
         _audit_section(run, b),
         _certificate_section(run),

@@ -25,6 +25,17 @@ from privtune.report.run import RunData, load_events, load_run
 BUNDLED_BASE_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 #: the saved model's own description (privtune.models.classifier.CLASSIFIER_CONFIG), read without torch
 CLASSIFIER_FILE = "privtune_classifier.json"
+#: a saved generator's description (privtune.models.generator.GENERATOR_CONFIG)
+GENERATOR_FILE = "privtune_generator.json"
+#: the generation demo (``--data embedded:chitchat``) and its source data set
+EMBEDDED_GENERATION_DEMO = "embedded:chitchat"
+EMBEDDED_GENERATION_DATASET = "BYU-PCCL/chitchat-dataset"
+#: a generator's scores as the card names them
+GENERATION_METRICS = (("bleu", "BLEU"), ("chrf", "chrF"), ("rouge_l", "ROUGE-L"), ("perplexity", "perplexity"))
+
+
+def _is_generation(run: RunData) -> bool:
+    return run.metrics.get("task") == "text-generation"
 EMBEDDED_DATASET = "stanfordnlp/sst2"
 EMBEDDED_IMAGE_DATASET = "zalando-datasets/fashion_mnist"
 
@@ -43,10 +54,12 @@ def _is_bundled(model: str) -> bool:
 def _base_model(run: RunData) -> tuple[str, str]:
     """(front-matter value, words)."""
     saved = None  # the name the saved model gives its base model (never a path): privtune_classifier.json
-    try:
-        saved = json.loads((run.run_dir / "model" / CLASSIFIER_FILE).read_text(encoding="utf-8")).get("base_model")
-    except (OSError, ValueError, AttributeError):
-        pass
+    for name in (CLASSIFIER_FILE, GENERATOR_FILE):
+        try:
+            saved = json.loads((run.run_dir / "model" / name).read_text(encoding="utf-8")).get("base_model")
+            break
+        except (OSError, ValueError, AttributeError):
+            pass
     model = ((saved if isinstance(saved, str) and saved and not os.path.isabs(saved) else None)
              or run.config.get("model") or run.metrics.get("base_model") or run.metadata.get("base_model"))
     if not model or model == BUNDLED_BASE_MODEL or _is_bundled(str(model)):
@@ -76,6 +89,8 @@ def _dataset(run: RunData) -> tuple[str, str]:
     fp_txt = f" (ledger dataset id `{dataset_id}`)" if dataset_id else ""
     if name:
         return str(name), f"`{name}`{fp_txt}"
+    if data == EMBEDDED_GENERATION_DEMO:  # `--data embedded:chitchat`: the generation demo
+        return EMBEDDED_GENERATION_DATASET, f"the chitchat slice embedded in privtune{fp_txt}"
     if data == EMBEDDED_IMAGE_DEMO:  # `privtune tune --data embedded:fashion-mnist`: the image demo
         return EMBEDDED_IMAGE_DATASET, f"the Fashion-MNIST subset embedded in privtune{fp_txt}"
     if data:
@@ -87,15 +102,18 @@ def _dataset(run: RunData) -> tuple[str, str]:
 
 def _front_matter(run: RunData, base: str, dataset: str) -> str:
     mode = run.metrics.get("mode")
-    tags = ["differential-privacy", "dp-sgd", "privtune", "text-classification"]
+    task = "text-generation" if _is_generation(run) else "text-classification"
+    tags = ["differential-privacy", "dp-sgd", "privtune", task]
     if mode:
         tags.append(f"privtune-{mode}")
     if run.not_private:
         tags.append("not-private-reference")
     if run.seeded:
         tags.append("not-private-seeded")
-    fm: dict[str, Any] = {"library_name": "transformers", "pipeline_tag": "text-classification", "tags": tags,
+    fm: dict[str, Any] = {"library_name": "transformers", "pipeline_tag": task, "tags": tags,
                           "base_model": base, "datasets": [dataset]}
+    if task == "text-generation":
+        return _generation_front_matter(run, fm, dataset)
     acc = run.metrics.get("accuracy")
     fm["metrics"] = ["accuracy"]
     if isinstance(acc, (int, float)):
@@ -110,6 +128,22 @@ def _front_matter(run: RunData, base: str, dataset: str) -> str:
     return "---\n" + yaml.safe_dump(fm, sort_keys=False, allow_unicode=True) + "---\n"
 
 
+def _generation_front_matter(run: RunData, fm: dict, dataset: str) -> str:
+    """The front matter of a generator: BLEU, chrF, ROUGE-L and perplexity on the reported split."""
+    fm["metrics"] = ["bleu", "chrf", "rouge", "perplexity"]
+    shown = [(k, label) for k, label in GENERATION_METRICS if isinstance(run.metrics.get(k), (int, float))]
+    if shown:
+        guarantee = ("NOT PRIVATE: seeded" if run.seeded else f"ε = {run.epsilon:.3g}, δ = {run.delta:.0e}"
+                     if run.epsilon is not None and run.delta is not None else None)
+        result = {"task": {"type": "text-generation"},
+                  "dataset": {"name": dataset, "type": dataset,
+                              "split": _file_name(run.metrics.get("reported_split", "test"))},
+                  "metrics": [{"type": k if k != "rouge_l" else "rougeL", "value": round(float(run.metrics[k]), 4),
+                               "name": f"{label} ({guarantee})" if guarantee else label} for k, label in shown]}
+        fm["model-index"] = [{"name": run.run_dir.name, "results": [result]}]
+    return "---\n" + yaml.safe_dump(fm, sort_keys=False, allow_unicode=True) + "---\n"
+
+
 def _public_items(run: RunData, base_words: str) -> list[str]:
     items = [f"the pretrained weights of {base_words}, assumed not to contain the private training data"]
     sel = str(run.metrics.get("selection") or run.metadata.get("selection") or "")
@@ -118,6 +152,11 @@ def _public_items(run: RunData, base_words: str) -> list[str]:
             items.append("the 500 images of the image demo's public validation split, declared public by the demo "
                          "(see privtune's data/embedded/README.md), not by the user; trials were scored on it at no "
                          "privacy cost. They are other Fashion-MNIST training images than the private ones")
+        elif run.config.get("data") == EMBEDDED_GENERATION_DEMO:
+            items.append("the 200 pairs of the generation demo's public split, declared public by the demo (see "
+                         "privtune's data/embedded/README.md), not by the user; trials were scored by perplexity on "
+                         "it at no privacy cost, and the generations shown in the report are for its prompts. They "
+                         "come from other conversations than the private pairs")
         elif _is_demo(run):
             items.append("the 500 phrases of the embedded demo's public validation split, declared public by the demo "
                          "(see privtune's data/embedded/README.md), not by the user; trials were scored on it at no privacy cost. "
@@ -127,6 +166,8 @@ def _public_items(run: RunData, base_words: str) -> list[str]:
             where = f" (`{Path(str(ev)).name}`)" if ev else ""
             items.append(f"the validation split{where} that the user declared public; trials were scored on it at "
                          "no privacy cost")
+    if _is_generation(run):
+        return _generation_public_tail(run, items)
     labels = run.config.get("labels")
     shown = f" ({', '.join(map(str, labels))})" if isinstance(labels, list) and labels else ""
     who = ("the demo (Fashion-MNIST's classes 0-9)" if run.config.get("data") == EMBEDDED_IMAGE_DEMO
@@ -139,6 +180,16 @@ def _public_items(run: RunData, base_words: str) -> list[str]:
                  "practice for DP-SGD)")
     items.append("the evaluation split on which accuracy is reported: that accuracy is computed without noise and the "
                  "evaluation data is not protected by this guarantee")
+    return items
+
+
+def _generation_public_tail(run: RunData, items: list[str]) -> list[str]:
+    if run.trials or run.strategy_name:
+        items.append("the hyperparameter search space (ranges and modes), fixed before any private data was read")
+    items.append("the number of training examples, used to set the sampling rate q = batch size / n (standard "
+                 "practice for DP-SGD), and the token length limit (max_length) and prompt template")
+    items.append("the evaluation split on which BLEU, chrF, ROUGE-L and perplexity are reported: they are computed "
+                 "without noise and the evaluation data is not protected by this guarantee")
     return items
 
 
@@ -231,6 +282,8 @@ def render_model_card(run: RunData) -> str:
             ("accuracy", f"{100 * run.metrics['accuracy']:.2f} % on "
                          f"{_file_name(run.metrics.get('reported_split', 'the reported split'))}"
              if isinstance(run.metrics.get("accuracy"), (int, float)) else None)]
+    rows += [(label, f"{run.metrics[k]:.2f} on {_file_name(run.metrics.get('reported_split', 'the reported split'))}")
+             for k, label in GENERATION_METRICS if isinstance(run.metrics.get(k), (int, float))]
     hp = run.metrics.get("hyperparameters")
     if isinstance(hp, dict):
         rows += [(f"`{k}`", f"{v:.4g}" if isinstance(v, float) else v) for k, v in hp.items()]
@@ -240,7 +293,13 @@ def render_model_card(run: RunData) -> str:
     lines.append("The run that produced this model also wrote `report.html`, a report with plots of how the budget "
                  "was spent, into its run directory (beside this directory, not inside it).\n")
     lines.append("## How to use\n")
-    lines.append("```bash\nprivtune predict --model path/to/this/model --data examples.tsv --json\n```\n")
+    if _is_generation(run):
+        lines.append("```bash\nprivtune predict --model path/to/this/model --data prompts.jsonl --max-new-tokens 32\n"
+                     "```\n")
+        lines.append("It is also a plain Hugging Face causal LM (`AutoModelForCausalLM.from_pretrained`); the "
+                     "prompt format it was trained on is in `privtune_generator.json`.\n")
+    else:
+        lines.append("```bash\nprivtune predict --model path/to/this/model --data examples.tsv --json\n```\n")
     lines.append("Produced by privtune (differentially private fine-tuning with privately chosen hyperparameters).\n")
     return "\n".join(lines)
 

@@ -7,7 +7,9 @@ how a model is evaluated (a metrics dict) and what ``predict`` returns.  The run
 * :class:`~privtune.tasks.text_classification.TextClassification`: sentence classification (tables of
   text and labels; Hugging Face encoders);
 * :class:`~privtune.tasks.image_classification.ImageClassification`: image classification (image folders,
-  IDX files; :mod:`privtune.models.vision` backbones), the same classifier with image inputs.
+  IDX files; :mod:`privtune.models.vision` backbones), the same classifier with image inputs;
+* :class:`~privtune.tasks.generation.Generation`: text generation (prompt → response pairs; a causal language
+  model, :class:`privtune.models.generator.Generator`), loss on the response tokens only.
 
 :func:`task_for` picks the task of a loaded training split by its input kind (``dataset.kind``).
 """
@@ -18,11 +20,12 @@ from typing import Any
 
 from privtune.errors import DataError
 from privtune.tasks.base import Task
+from privtune.tasks.generation import Generation
 from privtune.tasks.image_classification import ImageClassification
 from privtune.tasks.text_classification import TextClassification
 
 #: input kind of a dataset (``dataset.kind``) -> the task that trains on it
-TASKS: dict[str, Task] = {"text": TextClassification(), "image": ImageClassification()}
+TASKS: dict[str, Task] = {"text": TextClassification(), "image": ImageClassification(), "generation": Generation()}
 
 
 def task_for(dataset: Any) -> Task:
@@ -34,4 +37,4 @@ def task_for(dataset: Any) -> Task:
         raise DataError(f"No task trains on {kind} inputs. Supported input kinds: {', '.join(sorted(TASKS))}.") from None
 
 
-__all__ = ["TASKS", "ImageClassification", "Task", "TextClassification", "task_for"]
+__all__ = ["TASKS", "Generation", "ImageClassification", "Task", "TextClassification", "task_for"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -40,8 +40,21 @@ class TextClassification:
         return load_classifier(model, num_labels=num_labels, pooling=pooling, label_names=label_names,
                                max_length=max_length, seed=seed)
 
-    def per_example_loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(outputs, targets, reduction="none")
+    def batch(self, model: nn.Module, data: Any, idx: torch.Tensor) -> dict[str, torch.Tensor]:
+        """``{"labels": (B,) classes}`` with the encoder's inputs (``model.encode``), or for cached features
+        (a :class:`~privtune.finetune.FeatureSet`, ``model`` its linear head) ``{"features": (B, d)}``."""
+        if getattr(data, "kind", None) == "features":
+            return {"features": data.features[idx], "labels": data.labels[idx].long()}
+        return {**model.encode(data, idx), "labels": torch.tensor([data.labels[i] for i in idx.tolist()],
+                                                                   dtype=torch.long)}
+
+    def per_example_loss(self, model: nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """Cross-entropy (nats) of each row's logits against its class."""
+        if "features" in batch:
+            logits = model(batch["features"])
+        else:
+            logits = model(**{k: v for k, v in batch.items() if k != "labels"})
+        return F.cross_entropy(logits, batch["labels"], reduction="none")
 
     def evaluate(self, model: nn.Module, data: Any, *, batch_size: int = 128) -> dict:
         """``{"accuracy", "loss", "n"}``: accuracy and mean cross-entropy over the labelled rows."""
@@ -51,7 +64,7 @@ class TextClassification:
             raise DataError(
                 f"The evaluation data has label {int(labels.max())} but the model has {logits.shape[1]} classes.")
         return {"accuracy": (logits.argmax(1) == labels).float().mean().item(),
-                "loss": self.per_example_loss(logits, labels).mean().item(), "n": int(labels.numel())}
+                "loss": F.cross_entropy(logits, labels, reduction="none").mean().item(), "n": int(labels.numel())}
 
     def predict(self, model: nn.Module, data: Any, *, batch_size: int = 64) -> list:
         """The predicted label of every row: its name when the model names its classes, else its index."""

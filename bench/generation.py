@@ -1,0 +1,175 @@
+"""Bench: DP fine-tuning of a causal LM on chitchat (context → response), against the zero-shot model and
+non-private fine-tuning.
+
+Data: PyPI ``chitchat-dataset`` (MIT) read by :func:`privtune.data.generation.load_chitchat` (one previous turn as
+the context); the conversations are shuffled (seed 0) and assigned whole to a public split (``--public`` pairs,
+selection by perplexity and the report's generations), a reported split (``--reported`` pairs) and the private
+training split (``--private`` pairs), so no conversation is on two sides.  Sequences are cut to ``--max-length``
+tokens (the context loses its oldest tokens first).  The privacy unit is one pair.
+
+Columns (one seed each):
+
+* ``zero-shot``: the base model, no training (the floor);
+* ``tune-default``: ``privtune tune`` with its defaults (LoRA, the charged learning-rate sweep; everything charged);
+* ``random-search``: ``privtune tune --strategy random-search`` (charged, ``--trials`` trials);
+* ``nonprivate-lora`` / ``nonprivate-full``: ordinary fine-tuning (NOT PRIVATE references), one epoch.
+
+Cells: BLEU, chrF, ROUGE-L (greedy, the first ``--scored-rows`` reported pairs), perplexity (all reported pairs),
+the certificate's ε and the wall time.  Results: ``bench/results/generation/generation-<time>.json``.
+
+``--quick`` is a smoke test (a tiny random LLaMA, a few dozen pairs, ε = 8 only; seconds): it checks the bench
+runs, it measures nothing.  Usage::
+
+    python bench/generation.py [--quick] [--private 20000] [--epsilons 3,8] [--cells zero-shot,tune-default]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+CELLS = ("zero-shot", "tune-default", "random-search", "nonprivate-lora", "nonprivate-full")
+RESULTS = ROOT / "bench" / "results" / "generation"
+
+
+def split_by_conversation(sizes: dict[str, int], seed: int = 0) -> dict[str, list[dict]]:
+    """``{split: rows}`` of chitchat pairs, conversations assigned whole in the order of ``sizes``."""
+    from privtune.data.generation import load_chitchat
+
+    ds = load_chitchat(context_turns=1)
+    by_conv: dict[str, list[dict]] = {}
+    for p, r, g in zip(ds.prompts, ds.responses, ds.groups):
+        by_conv.setdefault(g, []).append({"context": p, "response": r})
+    convs = sorted(by_conv)
+    random.Random(seed).shuffle(convs)
+    out: dict[str, list[dict]] = {name: [] for name in sizes}
+    it = iter(convs)
+    for name, size in sizes.items():
+        while len(out[name]) < size:
+            try:
+                rows = by_conv[next(it)]
+            except StopIteration:
+                raise SystemExit(f"chitchat has too few conversations for the split sizes {sizes}") from None
+            out[name] += rows[: size - len(out[name])]
+    return out
+
+
+def _write(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def _scores(model, reported, scored_rows: int) -> dict:
+    from privtune.tasks.generation import Generation
+
+    s = Generation().evaluate(model, reported, scored_rows=scored_rows)
+    return {k: s[k] for k in ("bleu", "chrf", "rouge_l", "perplexity", "scored_rows")}
+
+
+def zero_shot(args, files) -> dict:
+    from privtune.data.generation import load_generation_dataset
+    from privtune.models.generator import load_generator
+
+    t0 = time.perf_counter()
+    model = load_generator(args.model, max_length=args.max_length)
+    cell = _scores(model, load_generation_dataset(files["reported"]), args.scored_rows)
+    return {**cell, "epsilon": 0.0, "seconds": time.perf_counter() - t0, "note": "no training"}
+
+
+def tuned(args, files, epsilon: float, strategy: str | None, work: Path) -> dict:
+    from privtune.hpo.tune import tune
+
+    kw = {"strategy": strategy, "trials": args.trials} if strategy else {}
+    t0 = time.perf_counter()
+    r = tune(str(files["private"]), eval_data=str(files["reported"]), public_eval_data=str(files["public"]),
+             model=args.model, mode="lora", epsilon=epsilon, delta=args.delta, epochs=args.epochs,
+             batch_size=args.batch_size, ledger=f"sqlite:///{work / f'ledger-{epsilon}-{strategy}.db'}",
+             output_dir=work / f"run-{epsilon}-{strategy or 'default'}", quiet=True, seed=None,
+             max_physical_batch_size=args.micro_batch, **kw)
+    seconds, m = time.perf_counter() - t0, r.metrics
+    from privtune.data.generation import load_generation_dataset
+
+    # scored like the other columns (the same reported rows decoded)
+    cell = _scores(r.model, load_generation_dataset(files["reported"]), args.scored_rows)
+    return {**cell, "epsilon": m["epsilon"], "seconds": seconds, "strategy": m["strategy"], "trials": m["trials"],
+            "hyperparameters": m["hyperparameters"]}
+
+
+def nonprivate(args, files, mode: str) -> dict:
+    from privtune.data.generation import load_generation_dataset
+    from privtune.models.generator import GENERATION_LEARNING_RATES, apply_generation_mode, load_generator
+    from privtune.training import fit_nonprivate
+
+    model = load_generator(args.model, max_length=args.max_length)
+    apply_generation_mode(model, mode)
+    t0 = time.perf_counter()
+    fit_nonprivate(model, load_generation_dataset(files["private"]), epochs=1.0, batch_size=16,
+                   learning_rate=GENERATION_LEARNING_RATES[mode], seed=0, device="cpu")
+    cell = _scores(model, load_generation_dataset(files["reported"]), args.scored_rows)
+    return {**cell, "epsilon": None, "label": "NOT PRIVATE", "seconds": time.perf_counter() - t0}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="smoke test: tiny random LLaMA, a few dozen pairs")
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--private", type=int, default=20000, help="private pairs (one DP LoRA epoch ≤ 30 min on 2 cores)")
+    ap.add_argument("--public", type=int, default=1000)
+    ap.add_argument("--reported", type=int, default=2000)
+    ap.add_argument("--scored-rows", type=int, default=200, help="reported pairs decoded for BLEU/chrF/ROUGE-L")
+    ap.add_argument("--epsilons", default="3,8")
+    ap.add_argument("--delta", type=float, default=1e-5)
+    ap.add_argument("--epochs", type=float, default=1.0)
+    ap.add_argument("--batch-size", type=int, default=256)
+    ap.add_argument("--micro-batch", type=int, default=16)
+    ap.add_argument("--trials", type=int, default=6, help="random-search trials")
+    ap.add_argument("--max-length", type=int, default=128, help="tokens per pair (tune's generator default: 128)")
+    ap.add_argument("--cells", default=",".join(CELLS))
+    ap.add_argument("--out", default=str(RESULTS))
+    args = ap.parse_args(argv)
+    cells = [c.strip() for c in args.cells.split(",") if c.strip()]
+    unknown = [c for c in cells if c not in CELLS]
+    if unknown:
+        ap.error(f"unknown cells {unknown}; choose among {list(CELLS)}")
+    work = Path(tempfile.mkdtemp(prefix="privtune-bench-generation-"))
+    if args.quick:
+        from privtune.models.testing_causal_lm import make_tiny_causal_lm
+
+        args.model = str(make_tiny_causal_lm(work / "tiny-llama", arch="llama"))
+        args.private, args.public, args.reported, args.scored_rows = 48, 12, 12, 8
+        args.epsilons, args.batch_size, args.trials, args.max_length = "8", 16, 2, 64
+    os.environ.setdefault("PRIVTUNE_HOME", str(work / "home"))
+    splits = split_by_conversation({"public": args.public, "reported": args.reported, "private": args.private})
+    files = {name: _write(work / f"{name}.jsonl", rows) for name, rows in splits.items()}
+    epsilons = [float(e) for e in args.epsilons.split(",")]
+    results: dict = {"config": {k: v for k, v in vars(args).items() if k != "out"}, "cells": {},
+                     "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+    for cell in cells:
+        if cell == "zero-shot":
+            results["cells"]["zero-shot"] = zero_shot(args, files)
+        elif cell in ("tune-default", "random-search"):
+            for eps in epsilons:
+                strategy = "random-search" if cell == "random-search" else None
+                results["cells"][f"{cell}@eps={eps:g}"] = tuned(args, files, eps, strategy, work)
+        else:
+            results["cells"][cell] = nonprivate(args, files, cell.split("-", 1)[1])
+        print(json.dumps({k: v for k, v in results["cells"].items()}, default=str)[-400:], flush=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"generation-{'quick-' if args.quick else ''}{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.write_text(json.dumps(results, indent=2, default=str) + "\n", encoding="utf-8")
+    print(f"wrote {path}")
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,406 @@
+"""``privtune tune`` on prompt → response pairs: charged trials of a causal language model, selected by
+perplexity on a split declared public, through the one run pipeline (:func:`privtune.run.pipeline.execute`).
+
+Every trial is a DP fine-tuning run (:func:`privtune.training.fit`, the one loop) with the same sampling rate q,
+steps T and noise multiplier σ; σ is calibrated so that **all** trials together compose to the requested total
+(ε, δ) (PLD accountant), and every trial is charged whether or not it is selected.  The selected trial's model
+is the release: no further run.  Selection reads only the public split (perplexity per response token, at no
+privacy cost); the reported split is scored once, after the selection.
+
+Strategies:
+
+* the default (``strategy="hyperfree"``, tune's default name; the hyperfree learning-rate probe itself is not
+  available for generators): a **learning-rate sweep**, the mode's default learning rate × {1/3, 1, 3}; with
+  ``mode="auto"`` one trial per applicable mode at its default learning rate;
+* ``"random-search"``: ``trials`` (default 6) learning rates drawn log-uniformly in [¼, 4] × the mode's
+  default, the modes cycled under ``mode="auto"``.
+
+Modes: ``lora`` (the default for causal LMs), ``full``, ``bitfit`` where the model has biases, ``auto`` among
+those that apply.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import secrets
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from privtune import _release
+from privtune.accounting.events import DPSGDEvent
+from privtune.errors import InvalidParameterError
+from privtune.run import pipeline as run_pipeline
+from privtune.run import release
+from privtune.run.budget import BudgetRequest
+
+#: the strategies a generator can be tuned with (tune's default name maps to the learning-rate sweep)
+GENERATION_STRATEGIES = {"hyperfree": "lr-sweep", "random-search": "random-search"}
+#: the learning-rate multipliers of the sweep
+SWEEP_FACTORS = (1 / 3, 1.0, 3.0)
+DEFAULT_RANDOM_TRIALS = 6
+DEFAULT_EPOCHS = 2.0
+#: generations shown in the report, for prompts of the public split only
+SHOWN_GENERATIONS = 5
+
+
+@dataclass(frozen=True)
+class GenerationTuneRequest:
+    """:func:`privtune.hpo.tune`'s arguments that apply to a generator."""
+
+    data: Any
+    eval_data: Any = None
+    public_eval_data: Any = None
+    model: Any = None
+    mode: str = "auto"
+    strategy: str = "hyperfree"
+    epsilon: float = 1.0
+    delta: float | None = 1e-5
+    ledger: Any = None
+    output_dir: Any = None
+    seed: int | None = None
+    trials: int | None = None
+    epochs: float | None = None
+    batch_size: int | None = None
+    clip: float | None = None
+    max_physical_batch_size: int = 32
+    max_length: int | None = None
+    text_column: str | None = None
+    label_column: str | None = None
+    quiet: bool = False
+    write_files: bool = True
+    device: Any = None
+    scored_rows: int | None = None  # reported rows decoded for BLEU/chrF/ROUGE-L (None: the task's default)
+
+
+@dataclass(frozen=True)
+class _Inputs:
+    train: Any
+    public: Any
+    reported: Any
+    model_source: Any
+    modes: list
+    fingerprint: str
+    file_name: str | None
+    demo: bool
+    out: Path | None
+    privacy: Any
+
+
+@dataclass(frozen=True)
+class _Plan:
+    candidates: list  # [{"mode", "learning_rate"}] in trial order
+    batch_size: int
+    sample_rate: float
+    steps: int
+    noise_multiplier: float
+    events: list
+    strategy: str
+
+
+@dataclass(frozen=True)
+class _Files:
+    run_id: str
+    log: Callable[[str], None]
+    created: list = field(default_factory=list)
+    fresh: list = field(default_factory=list)
+
+
+@dataclass
+class _Outcome:
+    model: Any
+    events: list
+    trials: list
+    selected: int
+    fit: Any
+    seconds: float
+
+
+def _run_seed(seed: int | None) -> int:
+    return int(seed) if seed is not None else secrets.randbits(62)
+
+
+class GenerationTuneJob:
+    """``privtune tune`` on prompt → response pairs as a :class:`privtune.run.pipeline.Job`."""
+
+    command = "tune"
+
+    def __init__(self, request: GenerationTuneRequest):
+        self.request = request
+        self._seed = _run_seed(request.seed)
+
+    # ------------------------------------------------------------------ load
+    def load(self) -> _Inputs:
+        from privtune._validation import check_real
+        from privtune.data.generation import EMBEDDED_CHITCHAT, embedded_chitchat
+        from privtune.ledger import check_ledger_argument, dataset_identity
+        from privtune.models.generator import generation_modes, load_generator
+        from privtune.specs import PrivacySpec
+        from privtune.tasks.generation import Generation, check_generation_disjoint
+
+        r = self.request
+        if r.strategy not in GENERATION_STRATEGIES:
+            raise InvalidParameterError(
+                f"`strategy` {r.strategy!r} is not available for prompt → response data. Use random-search, or leave "
+                "--strategy unset (a charged learning-rate sweep).")
+        check_real(r.epsilon, "epsilon", low=0.0)
+        check_ledger_argument(r.ledger)
+        task = Generation()
+        demo = isinstance(r.data, str) and r.data == EMBEDDED_CHITCHAT
+        if demo:
+            train, public, test = embedded_chitchat()
+            public = public if r.public_eval_data is None else None
+            reported = test if r.eval_data is None else None
+        else:
+            train, public, reported = task.load_split(r.data, "data", text_column=r.text_column,
+                                                      label_column=r.label_column), None, None
+        if r.public_eval_data is not None:
+            public = task.load_split(r.public_eval_data, "public_eval_data", text_column=r.text_column,
+                                     label_column=r.label_column)
+        if r.eval_data is not None:
+            reported = task.load_split(r.eval_data, "eval_data", text_column=r.text_column, label_column=r.label_column)
+        check_generation_disjoint(train, public, "public_eval_data")
+        check_generation_disjoint(train, reported, "eval_data")
+        model_source = "smollm2-135m" if demo and r.model is None else r.model
+        probe = load_generator(model_source, max_length=r.max_length)  # errors here, before any charge
+        modes = generation_modes(probe) if r.mode == "auto" else [r.mode]
+        from privtune.models.generator import apply_generation_mode
+
+        apply_generation_mode(probe, modes[0])  # an inapplicable mode (bitfit without biases) fails here
+        del probe
+        trials = self._trial_count(len(modes))
+        if trials > 1 and public is None:
+            raise InvalidParameterError(
+                f"Tuning a generator with {trials} trials selects by perplexity on a split you declare public: pass "
+                "--public-eval-data FILE (prompt → response pairs that are not private), or --trials 1 (no selection; "
+                "or use privtune train).")
+        fp, file_name = dataset_identity(train)
+        out = self._output_dir()
+        privacy = PrivacySpec(epsilon=r.epsilon, delta=r.delta).for_dataset(len(train))
+        return _Inputs(train=train, public=public, reported=reported, model_source=model_source, modes=modes,
+                       fingerprint=fp, file_name=file_name, demo=demo, out=out, privacy=privacy)
+
+    def _trial_count(self, n_modes: int) -> int:
+        from privtune._validation import check_int
+
+        r = self.request
+        if r.trials is not None:
+            return check_int(r.trials, "trials", low=1)
+        if GENERATION_STRATEGIES[r.strategy] == "random-search":
+            return DEFAULT_RANDOM_TRIALS
+        return n_modes if n_modes > 1 else len(SWEEP_FACTORS)
+
+    def _output_dir(self) -> Path | None:
+        r = self.request
+        if not r.write_files:
+            return None
+        out = Path(r.output_dir).expanduser() if r.output_dir is not None else Path("runs") / time.strftime(
+            "%Y%m%d-%H%M%S")
+        _release.check_output_path(out, release.RELEASED_FILES, release.RELEASED_DIRS)
+        if out.exists() and (out / "certificate.json").exists():
+            raise InvalidParameterError(f"`output_dir` {str(out)!r} already holds a finished run. Pass a new directory.")
+        return out
+
+    # ------------------------------------------------------------------ plan
+    def plan(self, inputs: _Inputs) -> _Plan:
+        from privtune.accounting import calibrate_noise_multiplier
+        from privtune.models.generator import GENERATION_LEARNING_RATES
+
+        r = self.request
+        n = len(inputs.train)
+        strategy = GENERATION_STRATEGIES[r.strategy]
+        k = self._trial_count(len(inputs.modes))
+        rng = random.Random(self._seed)
+        candidates = []
+        for i in range(k):
+            mode = inputs.modes[i % len(inputs.modes)]
+            base = GENERATION_LEARNING_RATES[mode]
+            if strategy == "random-search":
+                lr = base * math.exp(rng.uniform(math.log(0.25), math.log(4.0)))
+            elif len(inputs.modes) > 1:
+                lr = base
+            else:
+                lr = base * SWEEP_FACTORS[i % len(SWEEP_FACTORS)]
+            candidates.append({"mode": mode, "learning_rate": lr})
+        B = min(n, r.batch_size if r.batch_size is not None else 128)
+        if B < 1:
+            raise InvalidParameterError(f"`batch_size` must be ≥ 1. Got {r.batch_size!r}.")
+        q = B / n
+        epochs = DEFAULT_EPOCHS if r.epochs is None else float(r.epochs)
+        if not epochs > 0:
+            raise InvalidParameterError(f"`epochs` must be > 0. Got {r.epochs!r}.")
+        T = max(1, math.ceil(epochs / q - 1e-9))
+        sampling = "full_batch" if q == 1.0 else "poisson"
+        delta = inputs.privacy.delta
+        # k identical trials compose like one run of k·T steps
+        sigma = calibrate_noise_multiplier(r.epsilon, delta, sample_rate=q, steps=k * T, accountant="pld",
+                                           sampling=sampling)
+        events = [DPSGDEvent(sigma, q, T, sampling=sampling, label=f"trial {i + 1}/{k}: {c['mode']}")
+                  for i, c in enumerate(candidates)]
+        return _Plan(candidates=candidates, batch_size=B, sample_rate=q, steps=T, noise_multiplier=sigma,
+                     events=events, strategy=strategy)
+
+    # ------------------------------------------------------------------ prepare, reserve
+    def prepare(self, inputs: _Inputs, plan: _Plan) -> _Files:
+        created: list = []
+        fresh: list = []
+        out = inputs.out
+        if out is not None:
+            log_existed = (out / "log.txt").exists()
+            created = _release.prepare_output_dir(out, release.RELEASED_FILES, release.RELEASED_DIRS)
+            if not log_existed:
+                fresh.append(out / "log.txt")
+        log = release.run_log(out / "log.txt" if out is not None else None)
+        log(f"start privtune tune (generation): strategy={plan.strategy} trials={len(plan.candidates)} "
+            f"N={len(inputs.train)} q={plan.sample_rate:.5g} T={plan.steps} σ={plan.noise_multiplier:.5g} "
+            f"total ε={self.request.epsilon:g} δ={inputs.privacy.delta:g}")
+        return _Files(run_id=uuid.uuid4().hex, log=log, created=created, fresh=fresh)
+
+    def budget_request(self, inputs: _Inputs, plan: _Plan, files: _Files) -> BudgetRequest:
+        return BudgetRequest(
+            fingerprint=inputs.fingerprint, total_epsilon=float(self.request.epsilon), delta=inputs.privacy.delta,
+            accountant="pld", command="tune",
+            config={"strategy": plan.strategy, "trials": plan.candidates,
+                    "output_dir": str(inputs.out) if inputs.out else None},
+            resume_key=files.run_id, events=plan.events, file_name=inputs.file_name, run_dir=inputs.out)
+
+    def open_ledger(self, inputs: _Inputs, files: _Files) -> tuple[Any, str]:
+        from privtune.run.budget import open_ledger_for
+
+        return open_ledger_for(self.request.ledger, run_dir=inputs.out, in_run_dir=inputs.demo)
+
+    def before_reserving(self, inputs: _Inputs, files: _Files):
+        return None
+
+    def refused(self, files: _Files) -> None:
+        _release.discard_unreserved(files.created, files.fresh)
+
+    def reserved(self, budget: Any, inputs: _Inputs, plan: _Plan, files: _Files) -> None:
+        if budget.registered:
+            st = budget.status
+            files.log(f"dataset {st.dataset_id} registered in the ledger with total ε={st.total_epsilon:.4g}, "
+                      f"δ={st.delta:g}")
+
+    # ------------------------------------------------------------------ run
+    def run(self, inputs: _Inputs, plan: _Plan, files: _Files, budget: Any) -> _Outcome:
+        from privtune.models.generator import apply_generation_mode, load_generator
+        from privtune.tasks.generation import Generation
+        from privtune.training import fit
+
+        r, task = self.request, Generation()
+        trials, best, best_fit, best_score, t0 = [], None, None, math.inf, time.perf_counter()
+        for i, cand in enumerate(plan.candidates):
+            model = load_generator(inputs.model_source, max_length=r.max_length)
+            apply_generation_mode(model, cand["mode"])
+            result = fit(model, inputs.train, noise_multiplier=plan.noise_multiplier, sample_rate=plan.sample_rate,
+                         steps=plan.steps, learning_rate=cand["learning_rate"], clip=r.clip or 1.0,
+                         seed=(self._seed + 2 * i) % 2**62 if r.seed is not None else None, device=r.device,
+                         max_physical_batch_size=r.max_physical_batch_size, progress=not r.quiet)
+            score = (task.evaluate(model, inputs.public, generate=False)["perplexity"] if inputs.public is not None
+                     else None)
+            trials.append({**cand, "trial": i + 1, "public_perplexity": score,
+                           "noise_multiplier": plan.noise_multiplier, "steps": plan.steps})
+            files.log(f"trial {i + 1}/{len(plan.candidates)}: mode={cand['mode']} lr={cand['learning_rate']:.3g} "
+                      f"public perplexity={score if score is None else round(score, 3)}")
+            if best is None or (score is not None and score < best_score):
+                best, best_fit, best_score = (model, result, score if score is not None else math.inf)
+                selected = i
+        return _Outcome(model=best, events=list(plan.events), trials=trials, selected=selected, fit=best_fit,
+                        seconds=time.perf_counter() - t0)
+
+    # ------------------------------------------------------------------ certify
+    def describe(self, inputs: _Inputs, plan: _Plan, files: _Files, outcome: _Outcome,
+                 budget: Any) -> run_pipeline.Described:
+        import privtune
+
+        r = self.request
+        metadata = {"command": "tune", "task": "text-generation", "strategy": plan.strategy,
+                    "trials": len(plan.candidates), "selection": self._selection(inputs),
+                    "hyperparameters": self._hyper(plan, outcome), "dataset_id": budget.dataset_id,
+                    "run_id": files.run_id, "privtune_version": privtune.__version__,
+                    "seeds": {"explicit_seed": r.seed},
+                    "notes": [f"all {len(plan.candidates)} trials are charged; the selected trial's model is released"]}
+        return run_pipeline.Described(events=outcome.events, delta=inputs.privacy.delta, accountant="pld",
+                                      metadata=metadata, seed=r.seed, epsilon_limit=float(r.epsilon))
+
+    def _selection(self, inputs: _Inputs) -> str:
+        if inputs.public is None:
+            return "none (one trial)"
+        return f"public-validation: perplexity on {release.split_name(self.request.public_eval_data or inputs.public)}"
+
+    def _hyper(self, plan: _Plan, outcome: _Outcome) -> dict:
+        chosen = plan.candidates[outcome.selected]
+        return {"mode": chosen["mode"], "learning_rate": chosen["learning_rate"], "batch_size": plan.batch_size,
+                "sample_rate": plan.sample_rate, "steps": plan.steps, "noise_multiplier": plan.noise_multiplier,
+                "clip": self.request.clip or 1.0, "optimizer": "adam", "max_length": outcome.model.max_length}
+
+    def figures(self, inputs: _Inputs, plan: _Plan, files: _Files, outcome: _Outcome, budget: Any,
+                certificate: Any) -> tuple[dict, dict]:
+        from privtune.tasks.generation import Generation
+
+        r, task, model = self.request, Generation(), outcome.model
+        metrics: dict = {"task": "text-generation", "strategy": plan.strategy, "mode": plan.candidates[
+            outcome.selected]["mode"], "selection": self._selection(inputs), "trials": len(plan.candidates),
+            "epsilon": float(certificate.epsilon), "delta": float(inputs.privacy.delta),
+            "total_epsilon": float(r.epsilon), "hyperparameters": self._hyper(plan, outcome),
+            "dataset_id": budget.dataset_id, "ledger_url": budget.ledger_url,
+            "ledger_registered_new_dataset": budget.registered, "train_seconds": outcome.seconds, "accuracy": None}
+        if r.strategy == "hyperfree":
+            metrics["strategy_note"] = ("the hyperfree learning-rate probe is not available for generators; the "
+                                        "default tunes them with a charged learning-rate sweep")
+        try:
+            metrics["ledger_remaining_epsilon"] = budget.ledger.status(inputs.fingerprint).remaining_epsilon
+        except Exception:  # noqa: BLE001 - informative only
+            metrics["ledger_remaining_epsilon"] = None
+        if inputs.reported is not None:  # scored once, after the selection
+            scores = task.evaluate(model, inputs.reported, scored_rows=r.scored_rows)
+            metrics.update({k: scores.get(k) for k in ("perplexity", "bleu", "chrf", "rouge_l", "scored_rows")})
+            metrics["reported_split"] = release.split_name(r.eval_data or inputs.reported)
+            files.log(f"reported split: perplexity {scores['perplexity']:.3f}, BLEU {scores['bleu']:.2f}, "
+                      f"ROUGE-L {scores['rouge_l']:.2f}")
+        if inputs.public is not None:  # generations for PUBLIC prompts only: the report is shareable
+            metrics["public_generations"] = {
+                "split": release.split_name(r.public_eval_data or inputs.public),
+                "samples": task.samples(model, inputs.public, SHOWN_GENERATIONS)}
+        history = {"final_run": outcome.fit.history, "trials": outcome.trials,
+                   "strategy": {"name": plan.strategy, "selected_trial": outcome.selected + 1,
+                                "published": f"all {len(plan.candidates)} trials"}}
+        return metrics, history
+
+    # ------------------------------------------------------------------ write, commit
+    def release_target(self, inputs: _Inputs, files: _Files, outcome: _Outcome) -> run_pipeline.ReleaseTarget:
+        r = self.request
+        config = None
+        if inputs.out is not None:
+            cfg = {"data": r.data, "eval_data": r.eval_data, "public_eval_data": r.public_eval_data, "model": r.model,
+                   "mode": r.mode, "strategy": r.strategy, "epsilon": r.epsilon, "delta": inputs.privacy.delta,
+                   "trials": r.trials, "epochs": r.epochs, "batch_size": r.batch_size, "output": inputs.out,
+                   "ledger": r.ledger if isinstance(r.ledger, str) else None, "seed": r.seed}
+            config, _ = release.effective_config(cfg, path_keys=("data", "eval_data", "public_eval_data", "model",
+                                                                 "output"))
+        return run_pipeline.ReleaseTarget(run_dir=inputs.out, model=outcome.model, config=config, log=files.log)
+
+    def session(self, inputs: _Inputs):
+        return contextlib.nullcontext()
+
+    def on_main(self, stage: str, fn: Callable[[], Any]) -> Any:
+        return fn()
+
+    def result(self, inputs: _Inputs, plan: _Plan, files: _Files, outcome: _Outcome, released: Any) -> dict:
+        """The fields of :class:`privtune.hpo.tune.TuneResult` (which :func:`privtune.hpo.tune` builds)."""
+        files.log(f"done: ε={released.certificate.epsilon:.4g} δ={released.certificate.delta:g}")
+        return {"model": outcome.model, "certificate": released.certificate, "trials": outcome.trials,
+                "metrics": released.metrics, "history": released.history, "run_dir": inputs.out}
+
+
+def tune_generation(**kwargs: Any) -> dict:
+    """:func:`privtune.hpo.tune` on prompt → response pairs (see the module doc); returns the fields of its
+    :class:`privtune.hpo.tune.TuneResult`."""
+    return run_pipeline.execute(GenerationTuneJob(GenerationTuneRequest(**kwargs)))
+
+
+__all__ = ["GENERATION_STRATEGIES", "GenerationTuneJob", "GenerationTuneRequest", "tune_generation"]
