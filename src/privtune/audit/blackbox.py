@@ -6,6 +6,10 @@ each is added to the user's training data independently with probability 1/2; on
 loss on it (a canary the model has seen tends to have a lower loss).  This audits the whole
 pipeline (data loading, mode, sampling, engine, optimizer) end to end.
 
+On prompt → response data (a causal language model) the canaries are secret digit codes
+(:mod:`privtune.audit.exposure`): the same one-run bound from their log-perplexities, and the exposure of
+each canary (Carlini et al. 2019) in the DP-trained model and in a non-private reference (NOT PRIVATE).
+
 Privacy of the audit itself.  The black-box run **trains on the user's private data**, so it is
 charged to that dataset's budget in the ledger exactly like ``train`` (the planned events are
 reserved before any data is read, the actual events committed), unless the caller declares the data
@@ -48,14 +52,19 @@ from privtune._validation import (
 )
 from privtune.accounting import calibrate_noise_multiplier, compute_epsilon
 from privtune.accounting.events import DPSGDEvent
+from privtune.audit.exposure import (DEFAULT_CANARY_DIGITS, DEFAULT_CANDIDATES, DEFAULT_GENERATION_CANARIES,
+                                     DigitCanaries, ExposureReport, check_canary_options, load_generation_user,
+                                     nonprivate_reference)
 from privtune.audit.result import AuditResult, best_guesses
 from privtune.audit.whitebox import audit_dp_step
 from privtune.data import TextDataset, load_dataset
 from privtune.data.datasets import declared_label_set
+from privtune.data.generation import is_generation_data
 from privtune import _release
 from privtune.errors import BudgetExceededError, DataError, InvalidParameterError, PrivtuneError, UnknownDatasetError
 from privtune.ledger import Ledger, dataset_identity, open_ledger
 from privtune.models.classifier import check_model
+from privtune.models.generator import GENERATION_MODES, apply_generation_mode, generation_modes
 from privtune.run import budget as run_budget
 from privtune.run import release as run_release
 from privtune.run.budget import BudgetRequest
@@ -64,14 +73,18 @@ __all__ = ["audit", "AuditReport", "make_text_canaries", "AUDITED_MODES"]
 
 # two-phase switches the trainable set mid-run (two events); audit each phase's mode on its own
 AUDITED_MODES = ("full", "bitfit", "last-layer", "lora")
+#: a classifier's default: canaries and mode
+DEFAULT_CANARIES, DEFAULT_MODE = 1000, "bitfit"
 
 
 @dataclass
 class AuditReport:
-    """The audits of one configuration: ``whitebox`` and/or ``blackbox`` :class:`AuditResult` (None if skipped)."""
+    """The audits of one configuration: ``whitebox`` and/or ``blackbox`` :class:`AuditResult` (None if skipped);
+    on prompt → response data also ``memorisation``, the canaries' exposures (:class:`ExposureReport`)."""
 
     whitebox: AuditResult | None = None
     blackbox: AuditResult | None = None
+    memorisation: ExposureReport | None = None
     output_dir: Path | None = None
     notes: list = field(default_factory=list)
 
@@ -85,13 +98,18 @@ class AuditReport:
         return any(r.violation for r in self.results)
 
     def summary(self) -> str:
-        return "\n\n".join([r.summary() for r in self.results] + (["\n".join(self.notes)] if self.notes else []))
+        parts = [r.summary() for r in self.results]
+        parts += [self.memorisation.summary()] if self.memorisation is not None else []
+        return "\n\n".join(parts + (["\n".join(self.notes)] if self.notes else []))
 
     def save(self, directory: str | os.PathLike) -> Path:
-        """Write each audit into ``directory/whitebox`` and ``directory/blackbox`` (audit.json/.png/.html)."""
+        """Write each audit into ``directory/whitebox`` and ``directory/blackbox`` (audit.json/.png/.html), and
+        the exposures into ``directory/memorisation/exposure.json``."""
         out = Path(directory).expanduser()
         for r in self.results:
             r.save(out / r.kind.replace("-", ""))
+        if self.memorisation is not None:
+            self.memorisation.save(out / "memorisation")
         self.output_dir = out
         return out
 
@@ -116,7 +134,7 @@ def audit(
     data: Any = None,
     *,
     model: Any = None,
-    mode: str = "bitfit",
+    mode: str | None = None,
     epsilon: float | None = None,
     noise_multiplier: float | None = None,
     delta: float | None = None,
@@ -129,7 +147,8 @@ def audit(
     optimizer: str = "adam",
     sampling: str = "poisson",
     accountant: str = "pld",
-    num_canaries: int = 1000,
+    num_canaries: int | None = None,
+    canary_digits: int = DEFAULT_CANARY_DIGITS, candidates: int = DEFAULT_CANDIDATES, reference: bool = True,
     whitebox: bool = True,
     blackbox: bool = True,
     public_data: bool = False,
@@ -149,13 +168,19 @@ def audit(
     """One-run privacy audit of a ``privtune train`` configuration (Steinke, Nasr & Jagielski 2023).
 
     Args:
-        data: the training data, as for :func:`privtune.train` (text data).
+        data: the training data, as for :func:`privtune.train`: labelled text, or prompt → response pairs
+            (then a causal language model: digit canaries and their exposures, see :mod:`privtune.audit.exposure`).
         model, mode, epsilon, noise_multiplier, delta, epochs, steps, batch_size, learning_rate, clip,
             clipping, optimizer, sampling ("poisson" or "full_batch"), accountant, text_column,
             label_column, labels, max_physical_batch_size, max_length, device: the configuration, as for
-            :func:`privtune.train` (mode: "full", "bitfit", "last-layer" or "lora"; ``labels`` is the public
-            label set, declared or the model's own, never read from ``data``).
-        num_canaries: m canaries per audit (each included with probability 1/2).
+            :func:`privtune.train` (mode: "full", "bitfit", "last-layer" or "lora", default "bitfit"; on
+            prompt → response data "lora" (default), "full" or "bitfit"; ``labels`` is the public label set,
+            declared or the model's own, never read from ``data``).
+        num_canaries: m canaries per audit (each included with probability 1/2); default 1000, and 100 on
+            prompt → response data.
+        canary_digits, candidates, reference: prompt → response data only: the secret's length (|R| = 10^digits),
+            how many secrets are scored to rank each canary (all of R when it is no larger), and whether a
+            non-private reference model is also trained and measured (NOT PRIVATE; not charged, not released).
         whitebox: run the white-box audit of the DP step at this configuration's (σ, q, T, C) (no user data).
         blackbox: run the black-box audit: one real training run on ``data`` plus the included canaries.
         public_data: declare ``data`` public: the black-box run is then not charged to the ledger.
@@ -179,47 +204,36 @@ def audit(
     given = dict(locals())  # the arguments as passed: a resumed audit must repeat them
     epsilon, noise_multiplier, epochs, steps = _check_budget_and_length(
         whitebox, blackbox, epsilon, noise_multiplier, epochs, steps)
-    mode = check_choice(mode, "mode", AUDITED_MODES)
-    sampling = check_choice(sampling, "sampling", ("poisson", "full_batch"))
-    m = check_int(num_canaries, "num_canaries", low=10, fix="Use at least 10 canaries (1000 is a good default).")
-    confidence = check_real(confidence, "confidence", low=0.0, high=1.0, fix="Pass e.g. confidence=0.95.")
-    if not isinstance(public_data, bool):
-        raise InvalidParameterError(f"`public_data` must be True or False. Got {public_data!r}.")
-    if data is None:
-        raise InvalidParameterError("`data` is required: the training data of the configuration to audit.")
-    if seed is not None:
-        seed = check_int(seed, "seed", low=0, high=2**62)
-    if not isinstance(resume, bool):
-        raise InvalidParameterError(f"`resume` must be True or False. Got {resume!r}.")
+    generation = is_generation_data(data)
+    mode, sampling, m, confidence, seed = _check_options(given, generation)
     out = _check_audit_output(output_dir, resume)
-    user = _load_user_text(data, labels, model, text_column, label_column)
+    user, model, generator = _load_audited(given, generation, mode, m)
     delta = check_delta(min(1e-5, suggest_delta(len(user))) if delta is None else delta, dataset_size=len(user))
-    if blackbox and not isinstance(model, torch.nn.Module):
-        check_model(model, max_length=max_length)  # a missing model or too long max_length: before the reservation
+    label_names = getattr(user, "label_names", None)
     arguments = {**{k: given[k] for k in _RESUME_COMPARED}, "data": dataset_identity(user)[0],
                  "model": None if model is None else str(model),
-                 "labels": list(user.label_names) if user.label_names is not None else user.num_labels}
+                 "labels": None if generation else list(label_names) if label_names is not None else user.num_labels}
     state = _audit_state(out, resume, arguments, seed, charged=blackbox and not public_data)
-    can_texts, can_labels, included, union = _add_canaries(user, m, state.audit_seed)
+    canaries = _make_canaries(user, m, state.audit_seed, given, generator)
+    del generator
     B, T, sigma, planned, claimed = _plan_union_run(
-        len(union), batch_size=batch_size, steps=steps, epochs=epochs, sampling=sampling, epsilon=epsilon,
+        len(canaries.union), batch_size=batch_size, steps=steps, epochs=epochs, sampling=sampling, epsilon=epsilon,
         noise_multiplier=noise_multiplier, delta=delta, accountant=accountant)
     created = _release.prepare_output_dir(out, (), _AUDIT_DIRS) if out is not None else []
     if state.path is not None and not resume:
         # written before the reservation: an audit killed at any later point resumes under that reservation
         state.save()
-    audit_seed = state.audit_seed
     report = AuditReport()
     if whitebox:
         report.whitebox = audit_dp_step(
             noise_multiplier=sigma, delta=delta, sample_rate=planned[0].sample_rate, steps=T, clip=clip,
             clipping=clipping, num_canaries=m, max_physical_batch_size=max_physical_batch_size,
-            confidence=confidence, accountant=accountant, seed=audit_seed)
+            confidence=confidence, accountant=accountant, seed=state.audit_seed)
         report.whitebox.config["mode"] = mode
     if blackbox:
         try:
-            report.blackbox = _blackbox(
-                user, union, can_texts, can_labels, included, planned, claimed, delta, sigma, T, B,
+            report.blackbox, measured = _blackbox(
+                user, canaries, planned, claimed, delta, sigma, T, B,
                 model=model, mode=mode, learning_rate=learning_rate, clip=clip, clipping=clipping,
                 optimizer=optimizer, sampling=sampling, accountant=accountant, public_data=public_data,
                 ledger=ledger, confidence=confidence, seed=seed, train_seed=state.train_seed, progress=progress,
@@ -228,6 +242,11 @@ def audit(
         except _Unreserved as refused:  # nothing was charged: remove what this audit created
             _release.discard_unreserved(created, [state.path] if state.path is not None and not resume else [])
             raise refused.error from None
+        if generation:  # the exposures, and those of the NOT PRIVATE non-private reference
+            report.memorisation = _memorisation(
+                canaries, measured, report.blackbox, reference=reference, model=model, mode=mode,
+                epochs=T * planned[0].sample_rate, batch_size=min(B, max_physical_batch_size), seed=state.train_seed,
+                **{k: given[k] for k in ("learning_rate", "optimizer", "max_length", "device")})
     if out is not None:
         _save_report(report, out, state)
     return report
@@ -236,7 +255,72 @@ def audit(
 #: the arguments a resumed audit must repeat (besides the data, the model and the label set)
 _RESUME_COMPARED = ("mode", "epsilon", "noise_multiplier", "delta", "epochs", "steps", "batch_size", "learning_rate",
                     "clip", "clipping", "optimizer", "sampling", "accountant", "num_canaries", "whitebox", "blackbox",
-                    "public_data", "confidence", "seed", "max_length", "max_physical_batch_size")
+                    "public_data", "confidence", "seed", "max_length", "max_physical_batch_size", "canary_digits",
+                    "candidates", "reference")
+
+
+def _check_options(given: dict, generation: bool) -> tuple[str, str, int, float, int | None]:
+    """The audit's own arguments (``given``: audit()'s, as passed), checked; returns ``(mode, sampling, m,
+    confidence, seed)`` with the defaults of the data's kind (a classifier, or a causal language model)."""
+    mode = check_choice(given["mode"] if given["mode"] is not None else "lora" if generation else DEFAULT_MODE,
+                        "mode", GENERATION_MODES if generation else AUDITED_MODES)
+    sampling = check_choice(given["sampling"], "sampling", ("poisson", "full_batch"))
+    m = check_int(given["num_canaries"] if given["num_canaries"] is not None else
+                  DEFAULT_GENERATION_CANARIES if generation else DEFAULT_CANARIES,
+                  "num_canaries", low=10, fix="Use at least 10 canaries (1000 is a good default).")
+    confidence = check_real(given["confidence"], "confidence", low=0.0, high=1.0, fix="Pass e.g. confidence=0.95.")
+    for flag in ("public_data", "resume", "reference"):
+        if not isinstance(given[flag], bool):
+            raise InvalidParameterError(f"`{flag}` must be True or False. Got {given[flag]!r}.")
+    if given["data"] is None:
+        raise InvalidParameterError("`data` is required: the training data of the configuration to audit.")
+    seed = check_int(given["seed"], "seed", low=0, high=2**62) if given["seed"] is not None else None
+    return mode, sampling, m, confidence, seed
+
+
+def _load_audited(given: dict, generation: bool, mode: str, m: int) -> tuple[Any, Any, Any]:
+    """The user's training data and what the black-box run needs checked before the reservation: the model (a
+    missing one, a too long ``max_length``; a causal LM: the mode applies, the canary options).  Returns
+    ``(user data, model, loaded generator or None)``."""
+    g = given
+    if not generation:
+        user = _load_user_text(g["data"], g["labels"], g["model"], g["text_column"], g["label_column"])
+        if g["blackbox"] and not isinstance(g["model"], torch.nn.Module):
+            check_model(g["model"], max_length=g["max_length"])
+        return user, g["model"], None
+    check_canary_options(g["canary_digits"], g["candidates"], m)
+    user, model, generator = load_generation_user(g["data"], g["model"], g["text_column"], g["label_column"],
+                                                  g["max_length"], load_model=g["blackbox"])
+    if generator is not None and mode not in generation_modes(generator):
+        apply_generation_mode(generator, mode)  # the one clear refusal (e.g. bitfit without biases)
+    return user, model, generator
+
+
+def _make_canaries(user: Any, m: int, audit_seed: int, given: dict, generator: Any) -> Any:
+    """The audit's ``m`` canaries and the training union: digit canaries on prompt → response data (checked
+    against the loaded generator, before the reservation), letter-word texts with random labels otherwise."""
+    if getattr(user, "kind", None) != "generation":
+        return _TextCanaries.add_to(user, m, audit_seed)
+    canaries = DigitCanaries.add_to(user, m, audit_seed, digits=given["canary_digits"],
+                                    candidates=given["candidates"])
+    if generator is not None:
+        canaries.check_model(generator)  # digits the tokenizer spells, a max_length that keeps a canary whole
+    return canaries
+
+
+def _memorisation(canaries: DigitCanaries, measured: dict, dp: AuditResult, *, reference: bool, **reference_run
+                  ) -> ExposureReport:
+    """The exposures of the DP-trained model's canaries and, with ``reference``, of a non-private reference
+    (NOT PRIVATE: trained and measured here, never released)."""
+    ref, bound, config = None, None, {}
+    if reference:
+        ref = nonprivate_reference(canaries, **reference_run)
+        bound = best_guesses(ref["scores"], canaries.included, delta=dp.delta,
+                             confidence=dp.confidence)["epsilon_lower_bound"]
+        config = ref.pop("config")
+    return ExposureReport.from_measurements(
+        canaries, measured, ref, reference_lower_bound=bound, reference_config=config,
+        claimed_epsilon=dp.claimed_epsilon, privacy=dp.privacy, seconds=measured["seconds"])
 
 
 def _save_report(report: AuditReport, out: Path, state: "_AuditState") -> None:
@@ -253,7 +337,7 @@ def _save_report(report: AuditReport, out: Path, state: "_AuditState") -> None:
 
 
 #: what an audit writes into its output directory
-_AUDIT_DIRS = ("whitebox", "blackbox")
+_AUDIT_DIRS = ("whitebox", "blackbox", "memorisation")
 #: OUTPUT/AUDIT_STATE: the private state of an unfinished charged audit (seeds and ledger resume key)
 AUDIT_STATE = ".privtune-audit-state.json"
 
@@ -386,18 +470,49 @@ def _load_user_text(data: Any, labels: Any, model: Any, text_column: str | None,
     return user
 
 
-def _add_canaries(user: TextDataset, m: int, audit_seed: int
-                  ) -> tuple[list[str], list[int], list[bool], TextDataset]:
-    """``m`` synthetic canaries (no user data), each included with probability 1/2 (seeded by ``audit_seed``);
-    returns their texts, labels, membership and the union of ``user`` and the included ones."""
-    gen = random.Random(audit_seed)
-    can_texts, can_labels = make_text_canaries(m, user.num_labels, seed=gen.randrange(2**62))
-    included = [gen.random() < 0.5 for _ in range(m)]
-    ins = [i for i in range(m) if included[i]]
-    union = TextDataset(texts=list(user.texts) + [can_texts[i] for i in ins],
-                        labels=list(user.labels) + [can_labels[i] for i in ins],
-                        num_labels=user.num_labels, label_names=user.label_names)
-    return can_texts, can_labels, included, union
+@dataclass
+class _TextCanaries:
+    """The canaries of a classifier's audit (synthetic letter-word texts with random labels, never user data),
+    their membership and the training union; :class:`privtune.audit.exposure.DigitCanaries` is the same for
+    a causal language model."""
+
+    texts: list[str]
+    labels: list[int]
+    included: list[bool]
+    union: TextDataset
+    description = "random letter-words, random label"
+    kind = "text"
+
+    @classmethod
+    def add_to(cls, user: TextDataset, m: int, audit_seed: int) -> "_TextCanaries":
+        """``m`` canaries, each included with probability 1/2 (seeded by ``audit_seed``), and the union of
+        ``user`` and the included ones."""
+        gen = random.Random(audit_seed)
+        can_texts, can_labels = make_text_canaries(m, user.num_labels, seed=gen.randrange(2**62))
+        included = [gen.random() < 0.5 for _ in range(m)]
+        ins = [i for i in range(m) if included[i]]
+        union = TextDataset(texts=list(user.texts) + [can_texts[i] for i in ins],
+                            labels=list(user.labels) + [can_labels[i] for i in ins],
+                            num_labels=user.num_labels, label_names=user.label_names)
+        return cls(can_texts, can_labels, included, union)
+
+    def train_kwargs(self) -> dict:
+        """The union's label set is the declared one (the canaries' labels are drawn from it)."""
+        u = self.union
+        return {"labels": list(u.label_names) if u.label_names is not None else list(range(u.num_labels))}
+
+    def measure(self, clf: Any, *, batch_size: int = 64) -> dict:
+        """``{"scores"}``: minus the trained classifier's loss on each canary (higher = guessed included)."""
+        canaries = TextDataset(texts=list(self.texts), labels=list(self.labels), num_labels=self.union.num_labels)
+        y = torch.tensor(self.labels)
+        losses = []
+        clf.eval()
+        with torch.no_grad():
+            for s in range(0, len(self.texts), batch_size):
+                idx = torch.arange(s, min(len(self.texts), s + batch_size))
+                logits = clf(**clf.encode(canaries, idx)).float().cpu()
+                losses.append(F.cross_entropy(logits, y[idx], reduction="none"))
+        return {"scores": (-torch.cat(losses)).tolist()}
 
 
 def _plan_union_run(n: int, *, batch_size: int | None, steps: int | None, epochs: float | None, sampling: str,
@@ -416,20 +531,20 @@ def _plan_union_run(n: int, *, batch_size: int | None, steps: int | None, epochs
     return B, T, sigma, planned, compute_epsilon(planned, delta, accountant=accountant)
 
 
-def _blackbox(user, union, can_texts, can_labels, included, planned, claimed, delta, sigma, T, B, *, model, mode,
+def _blackbox(user, canaries, planned, claimed, delta, sigma, T, B, *, model, mode,
               learning_rate, clip, clipping, optimizer, sampling, accountant, public_data, ledger, confidence,
               seed, train_seed, progress, max_physical_batch_size, max_length, device, resume_key,
-              resume) -> AuditResult:
+              resume) -> tuple[AuditResult, dict]:
+    """One training run on the union (charged to the user's budget unless the data is declared public), the
+    canaries measured on the trained model (which is then dropped): the result and the measurements."""
     t0 = time.perf_counter()
-    m = len(can_texts)
+    union, included, m = canaries.union, canaries.included, len(canaries.included)
     config = {"mode": mode, "noise_multiplier": sigma, "sample_rate": planned[0].sample_rate, "steps": T,
               "batch_size": B, "clip": clip, "clipping": clipping, "optimizer": optimizer, "sampling": sampling,
-              "learning_rate": learning_rate, "accountant": accountant, "canary": "random letter-words, random label",
+              "learning_rate": learning_rate, "accountant": accountant, "canary": canaries.description,
               "seed": seed if seed is not None else "OS entropy (not recorded)"}
-    # the union's label set is the declared one (the canaries' labels are drawn from it)
-    declared = list(union.label_names) if union.label_names is not None else list(range(union.num_labels))
-    kwargs = dict(model=model, mode=mode, labels=declared, noise_multiplier=sigma, delta=delta, steps=T, batch_size=B,
-                  learning_rate=learning_rate, clip=clip, clipping=clipping, optimizer=optimizer, sampling=sampling,
+    kwargs = dict(model=model, mode=mode, **canaries.train_kwargs(), noise_multiplier=sigma, delta=delta, steps=T,
+                  batch_size=B, learning_rate=learning_rate, clip=clip, clipping=clipping, optimizer=optimizer, sampling=sampling,
                   accountant=accountant, output_dir=None, seed=train_seed, progress=progress,
                   max_physical_batch_size=max_physical_batch_size, max_length=max_length, device=device)
     with tempfile.TemporaryDirectory(prefix="privtune-audit-") as tmp:
@@ -460,21 +575,12 @@ def _blackbox(user, union, can_texts, can_labels, included, planned, claimed, de
             run_release.commit(reservation, result.events)
             privacy = (f"trained on the user's data: charged to the ledger like train (ε = {claimed:.4g}, "
                        f"δ = {delta:g}); no model released")
-    clf = result.model
-    clf.eval()
-    canaries = TextDataset(texts=list(can_texts), labels=list(can_labels), num_labels=union.num_labels)
-    y = torch.tensor(can_labels)
-    losses = []
-    with torch.no_grad():
-        for s in range(0, m, 64):
-            idx = torch.arange(s, min(m, s + 64))
-            logits = clf(**clf.encode(canaries, idx)).float().cpu()
-            losses.append(F.cross_entropy(logits, y[idx], reduction="none"))
-    scores = (-torch.cat(losses)).tolist()
-    del result, clf
+    measured = canaries.measure(result.model, batch_size=max_physical_batch_size)
+    del result  # no model is released
+    scores = measured["scores"]
     best = best_guesses(scores, included, delta=delta, confidence=confidence)
     return AuditResult(
         kind="black-box", claimed_epsilon=float(claimed), delta=delta, epsilon_lower_bound=best["epsilon_lower_bound"],
         confidence=confidence, num_canaries=m, num_guesses=best["num_guesses"],
         correct_guesses=best["correct_guesses"], scores=scores, included=list(included),
-        seconds=time.perf_counter() - t0, config=config, candidates=best["candidates"], privacy=privacy)
+        seconds=time.perf_counter() - t0, config=config, candidates=best["candidates"], privacy=privacy), measured

@@ -5,10 +5,13 @@
     privtune audit --data FILE --mode {full,bitfit,last-layer,lora} (--epsilon E [--delta D] | --noise-multiplier S)
                    [--epochs N | --steps N] [--batch-size B] [--canaries M] [--no-blackbox] [--public-data]
                    [--labels neg,pos] [--ledger URL] [--output DIR [--resume]]
+                   [--canary-digits K] [--candidates S] [--no-reference]    (prompt → response data)
 
 Prints, per audit (white-box and black-box): the claimed ε, the empirical lower bound at 95 %
-confidence, m, the number of guesses and of correct guesses, and a verdict.  Exit status 0 when every
-lower bound is ≤ the claimed ε, 1 when one exceeds it (the claim is contradicted), 2 on a usage error.
+confidence, m, the number of guesses and of correct guesses, and a verdict; on prompt → response data
+also the exposure table of the canaries (DP model, and the NOT PRIVATE non-private reference).  Exit
+status 0 when every lower bound is ≤ the claimed ε, 1 when one exceeds it (the claim is contradicted),
+2 on a usage error.
 """
 
 from __future__ import annotations
@@ -26,9 +29,14 @@ MODES = tuple(m for m in TRAIN_MODES if m != "two-phase")
 
 
 @click.command("audit", context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
-@click.option("--data", type=str, required=True, help="Training data: .tsv/.csv/.jsonl (text + label columns).")
-@click.option("--model", type=str, help="Backbone directory. Default: bundled all-MiniLM-L6-v2.")
-@click.option("--mode", type=click.Choice(MODES), default="bitfit", help="What is trained.")
+@click.option("--data", type=str, required=True,
+              help="Training data: .tsv/.csv/.jsonl (text + label columns, or prompt + response columns), or "
+                   "embedded:chitchat.")
+@click.option("--model", type=str,
+              help="Backbone directory. Default: bundled all-MiniLM-L6-v2 (prompt → response data: a causal LM "
+                   "name or directory; smollm2-135m for embedded:chitchat).")
+@click.option("--mode", type=click.Choice(MODES), default=None,
+              help="What is trained. Default: bitfit; lora on prompt → response data.")
 @click.option("--epsilon", type=float, help="Claimed ε of the configuration (with --delta).")
 @click.option("--delta", type=float, help="δ (default: min(1e-5, <1/(10·N))).")
 @click.option("--noise-multiplier", type=float, help="σ instead of --epsilon.")
@@ -41,7 +49,15 @@ MODES = tuple(m for m in TRAIN_MODES if m != "two-phase")
 @click.option("--optimizer", type=click.Choice(OPTIMIZERS), default="adam", help="Optimizer.")
 @click.option("--sampling", type=click.Choice(("poisson", "full_batch")), default="poisson", help="Batch sampling.")
 @click.option("--accountant", type=click.Choice(ACCOUNTANTS), default="pld", help="Privacy accountant.")
-@click.option("--canaries", "num_canaries", type=int, default=1000, help="Number m of canaries per audit.")
+@click.option("--canaries", "num_canaries", type=int, default=None,
+              help="Number m of canaries per audit. Default: 1000; 100 on prompt → response data.")
+@click.option("--canary-digits", type=int, default=6,
+              help="Prompt → response data: digits of each secret canary (|R| = 10^K candidate secrets).")
+@click.option("--candidates", type=int, default=2000,
+              help="Prompt → response data: secrets scored to rank each canary (all of R when it is smaller).")
+@click.option("--reference/--no-reference", default=True,
+              help="Prompt → response data: also train a non-private reference and show its exposures (NOT "
+                   "PRIVATE; not charged, not released).")
 @click.option("--whitebox/--no-whitebox", default=True, help="White-box audit of the DP step (uses no data).")
 @click.option("--blackbox/--no-blackbox", default=True,
               help="Black-box audit: one real training run on --data plus canaries (charged to the ledger).")
@@ -64,6 +80,10 @@ def audit(**opts) -> int:
     The black-box audit trains once on your data (plus synthetic canaries) and is charged to the
     dataset's budget in the ledger like `privtune train` (unless --public-data); no model is released.
     A lower bound is evidence, not proof: above the claimed ε it shows a bug; below it, it proves nothing.
+
+    On prompt → response data the canaries are secret digit codes ("my secret code is 3 9 1 4 7 2") and
+    the audit also reports each one's exposure (Carlini et al. 2019) in the DP model and in a non-private
+    reference (NOT PRIVATE).
     """
     from privtune.audit.blackbox import audit as run_audit
 
@@ -72,5 +92,6 @@ def audit(**opts) -> int:
     report = run_audit(opts.pop("data"), output_dir=output, progress=not quiet, **opts)
     click.echo(report.summary())
     if output:
-        click.echo(f"\nwritten: {report.output_dir}/{{whitebox,blackbox}}/audit.{{json,png,html}}")
+        click.echo(f"\nwritten: {report.output_dir}/{{whitebox,blackbox}}/audit.{{json,png,html}}"
+                   + (f", {report.output_dir}/memorisation/exposure.json" if report.memorisation else ""))
     return 1 if report.violation else 0

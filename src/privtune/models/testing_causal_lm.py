@@ -21,6 +21,8 @@ WORDS = [
     "italian", "french", "chinese", "english", "city", "centre", "riverside", "eagle", "mill", "phoenix",
     "name", "eatType", "priceRange", "area", "|", ":", ".", ",", "hello", "how", "are", "you", "i", "am",
     "fine", "good", "thanks", "what", "do", "like", "to", "eat", "?", "!", "yes", "no",
+    # the memorisation audit's canaries: "my secret code is 3 9 1 4 7 2"
+    "my", "secret", "code", "0", "1", "2", "3", "4", "5", "6", "7", "8", "9",
 ]
 
 
