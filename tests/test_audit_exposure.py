@@ -198,3 +198,11 @@ def test_cli_prints_one_exposure_table(files, tmp_path, capsys):
     assert all(len(line.split()) == 7 and line.split()[3] == "yes" for line in lines[2:2 + 5])  # d d d yes DP ref how
     assert sum(line.startswith(("mean (", "max (")) for line in lines) == 4
     assert "* NOT PRIVATE" in table and "audit (black-box)" in out and "memorisation/exposure.json" in out
+
+
+def test_cli_refuses_a_max_length_that_cuts_the_canaries_in_one_line(files, tmp_path, capsys):
+    rc = main(["audit", "--data", files["train"], "--model", files["model"], "--epsilon", "8", "--delta", "1e-3",
+               "--max-length", "10", "--public-data", "--quiet", "--output", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith("error:") and "--max-length" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "o").exists()

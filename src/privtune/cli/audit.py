@@ -68,6 +68,8 @@ MODES = tuple(m for m in TRAIN_MODES if m != "two-phase")
 @click.option("--confidence", type=float, default=0.95, help="Confidence 1 − β of the lower bounds.")
 @click.option("--seed", type=int, help="Seed for canaries, membership and training (experiments).")
 @data_options()
+@click.option("--max-length", type=int,
+              help="Tokens per example (default: as train; 128 per prompt + response for a causal LM).")
 @click.option("--max-physical-batch-size", type=int, default=32, help="Micro-batch size in memory.")
 @click.option("--device", type=str, help="cpu, cuda, cuda:N or mps (default: cuda when available, else cpu).")
 @click.option("--resume", is_flag=True, default=False,
