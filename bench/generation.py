@@ -118,6 +118,18 @@ def nonprivate(args, files, mode: str) -> dict:
     return {**cell, "epsilon": None, "label": "NOT PRIVATE", "seconds": time.perf_counter() - t0}
 
 
+def machine(args) -> dict:
+    """Where the cells ran: CPU cores, torch threads, the 1-minute load average before the bench, the model."""
+    import torch
+
+    try:
+        load = float(Path("/proc/loadavg").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        load = None
+    return {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "load_before": load,
+            "model": "tiny random LLaMA" if args.quick else args.model, "max_length": args.max_length}
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smoke test: tiny random LLaMA, a few dozen pairs")
@@ -152,7 +164,7 @@ def main(argv: list[str] | None = None) -> dict:
     files = {name: _write(work / f"{name}.jsonl", rows) for name, rows in splits.items()}
     epsilons = [float(e) for e in args.epsilons.split(",")]
     results: dict = {"config": {k: v for k, v in vars(args).items() if k != "out"}, "cells": {},
-                     "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+                     "started": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": machine(args)}
     for cell in cells:
         if cell == "zero-shot":
             results["cells"]["zero-shot"] = zero_shot(args, files)

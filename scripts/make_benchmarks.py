@@ -305,6 +305,64 @@ def render_fashion_mnist(files: list[Path]) -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
+# ------------------------------------------------------------------------------------------- text generation
+GENERATION_ROWS = (("zero-shot", "zero-shot model (no training)"),
+                   ("tune-default", "`privtune tune` (its defaults, everything charged)"),
+                   ("random-search", "`privtune tune --strategy random-search` (charged)"),
+                   ("nonprivate-lora", "non-private LoRA, one epoch (NOT PRIVATE)"),
+                   ("nonprivate-full", "non-private full fine-tuning, one epoch (NOT PRIVATE)"))
+
+GENERATION_INTRO = """\
+## Text generation: chitchat, SmolLM2-135M
+
+`bench/generation.py`: context → response pairs of the chitchat data set (one previous turn as the context), split
+by conversation into a private training split, a split declared public (selection by perplexity) and a reported
+split, so that no conversation is on two sides; the privacy unit is one pair. One run per row. BLEU, chrF and
+ROUGE-L (0–100) are of greedy generations (at most 32 new tokens) for the first "decoded" reported pairs;
+perplexity is per response token over all reported pairs. Time is the wall time of the row on the machine of its
+file (threads and load given below the table). A cell marked – has no result file: the bench can run it
+(`--cells`).
+
+| row | total ε | private pairs | reported pairs (decoded) | BLEU | chrF | ROUGE-L | perplexity | certificate ε | time |
+|---|---|---|---|---|---|---|---|---|---|
+"""
+
+
+def render_generation(files: list[Path]) -> str:
+    """One row per (cell, ε), the newest file's where several files ran it."""
+    runs = sorted((_load(p) for p in files), key=lambda r: r.get("started", ""))
+    rows: dict[tuple[str, float | None], tuple[dict, dict]] = {}
+    for run in runs:
+        for key, cell in run.get("cells", {}).items():
+            name, _, eps = key.partition("@eps=")
+            rows[(name, float(eps) if eps else None)] = (cell, run)
+    out, notes = [GENERATION_INTRO], []
+    for name, title in GENERATION_ROWS:
+        keys = sorted((k for k in rows if k[0] == name), key=lambda k: k[1] or 0.0)
+        if not keys:
+            out.append(f"| {title} | – | – | – | – | – | – | – | – | – |")
+            continue
+        for key in keys:
+            cell, run = rows[key]
+            cfg = run.get("config", {})
+            private = "–" if name == "zero-shot" else f"{cfg.get('private', 0):,}"
+            cert = cell.get("epsilon")
+            cert = "–" if not cert else f"{cert:.3g}"
+            out.append(f"| {title} | {'–' if key[1] is None else f'{key[1]:g}'} | {private} | "
+                       f"{cfg.get('reported', 0):,} ({cell.get('scored_rows', 0)}) | {cell['bleu']:.2f} | "
+                       f"{cell['chrf']:.2f} | {cell['rouge_l']:.2f} | {cell['perplexity']:.2f} | {cert} | "
+                       f"{_minutes(cell['seconds'])} |")
+            machine = run.get("machine")
+            if machine and machine not in notes:
+                notes.append(machine)
+    out.append("")
+    for m in notes:
+        out.append(f"Machine: {m.get('cpus')} CPU cores, {m.get('torch_threads')} torch threads, 1-minute load "
+                   f"{m.get('load_before')} before the run; model `{m.get('model')}`, {m.get('max_length')} tokens "
+                   "per pair.")
+    return "\n".join(out).rstrip() + "\n"
+
+
 BACKBONES_INTRO = """\
 ## SST-2 with another backbone
 
@@ -331,6 +389,7 @@ SECTIONS: list[Section] = [
     Section("sst2-full", ("sst2_full/full/*_eps*_seed*.json",), render_sst2_full),
     Section("sst2-backbones", ("sst2_full/full_*/*_eps*_seed*.json",), render_sst2_backbones),
     Section("fashion-mnist", ("fashion_mnist/*.json",), render_fashion_mnist),
+    Section("generation", ("generation/generation-[0-9]*.json",), render_generation),
 ]
 
 PAGE_INTRO = """\

@@ -87,3 +87,21 @@ def test_a_registered_section_is_rendered_from_its_files(make_benchmarks, tmp_pa
     monkeypatch.setattr(make_benchmarks, "SECTIONS", [*make_benchmarks.SECTIONS, section])
     page = make_benchmarks.render_page(tmp_path)
     assert "## Engine\n\n12.5 ex/s" in page
+
+
+def test_the_generation_section_reads_the_bench_files_and_skips_smoke_tests(make_benchmarks, tmp_path):
+    folder = tmp_path / "generation"
+    folder.mkdir()
+    cell = {"bleu": 1.234, "chrf": 15.5, "rouge_l": 7.25, "perplexity": 42.125, "scored_rows": 200, "epsilon": 0.0,
+            "seconds": 600.0}
+    run = {"config": {"private": 20000, "reported": 2000}, "cells": {"zero-shot": cell}, "started": "2026-01-01",
+           "machine": {"cpus": 2, "torch_threads": 2, "load_before": 1.5, "model": "smollm2-135m", "max_length": 128}}
+    (folder / "generation-20260101-000000.json").write_text(json.dumps(run))
+    quick = {**run, "cells": {"zero-shot": {**cell, "bleu": 99.0}}, "started": "2026-01-02"}
+    (folder / "generation-quick-20260102-000000.json").write_text(json.dumps(quick))
+    page = make_benchmarks.render_page(tmp_path)
+    assert "## Text generation" in page
+    assert "| zero-shot model (no training) | – | – | 2,000 (200) | 1.23 | 15.50 | 7.25 | 42.12 | – | 10.0 min |" in page
+    assert "99.00" not in page  # --quick smoke tests measure nothing and are not shown
+    assert "| `privtune tune` (its defaults, everything charged) | – |" in page  # not run: a dash
+    assert "2 torch threads, 1-minute load 1.5" in page
