@@ -85,7 +85,7 @@ def test_read_only_output_is_refused_before_the_reservation(files, tmp_path):
 def test_read_only_output_is_refused_before_the_reservation_simulated(files, tmp_path, monkeypatch, capsys):
     """The same refusal where the tests run as root (permissions do not bind root): writes under the directory
     fail as they would in a read-only one."""
-    from test_output_errors import _deny_writes_under
+    from test_cli_output_errors import _deny_writes_under
 
     url = _ledger(files, tmp_path)
     ro = tmp_path / "ro"

@@ -17,13 +17,11 @@ MAX_LINES = 120
 # hand it to the run pipeline (tests/test_specs.py checks the same bodies through their own measure).
 FLAT_API_ENTRY_POINTS = {"privtune.hpo.tune.tune": 60, "privtune.training.train": 60}
 MAX_PARAMETERS = 15
-# Functions with more than MAX_PARAMETERS parameters besides the two entry points: the DP loop and its builders
-# (fit, the loop's constructor and its option check), the audit's flat keyword API and the hpo backend's run.
-# The list may only shrink: a new function above the limit takes a spec object instead.
+# Functions with more than MAX_PARAMETERS parameters besides the two entry points: the audit's flat keyword API
+# and its black-box and white-box stages.  The list may only shrink: a new function above the limit takes a spec
+# object instead.
 MANY_PARAMETERS = {
-    "privtune.training.fit", "privtune.training._Loop.__init__", "privtune.training._checked_loop_options",
     "privtune.audit.blackbox.audit", "privtune.audit.blackbox._blackbox", "privtune.audit.whitebox.audit_dp_step",
-    "privtune.hpo.backends.ModelBackend.run",
 }
 
 

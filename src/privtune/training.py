@@ -32,7 +32,7 @@ import os
 import secrets
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -42,18 +42,13 @@ from torch import nn
 
 from privtune import _release
 from privtune._validation import (
-    check_backbone_lr_scale,
     check_choice,
     check_int,
     check_real,
-    check_sample_rate,
-    check_steps,
 )
-from privtune.accounting.events import SAMPLING_SCHEMES as SAMPLINGS
 from privtune.accounting.certificate import neighbouring_relation
 from privtune.accounting.events import DPSGDEvent, NonPrivateEvent
 from privtune.engine import distributed
-from privtune.engine.private_gradient import CLIPPINGS
 from privtune.engine.sampling import check_shuffle_batching
 from privtune.engine.step import DPStep, MicroBatch
 from privtune.engine.units import DEFAULT_MAX_ROWS_PER_UNIT, checked_units, unit_description
@@ -63,13 +58,13 @@ from privtune.finetune import usefulness
 from privtune.finetune.modes import MODES
 from privtune.ledger import check_ledger_argument, open_ledger
 from privtune.models import resolve_device
-from privtune.optim import OPTIMIZERS
 from privtune.report.progress import BATCH_LOSS_LABEL
 from privtune.run import pipeline as run_pipeline
 from privtune.run import release
 from privtune.run.budget import BudgetRequest
 from privtune.run.inputs import check_training_split, load_split
-from privtune.specs import ClippingSpec, LoraSpec, OptimizerSpec, PrivacySpec, ScheduleSpec
+from privtune.specs import (DEFAULT_OPTIMIZER, ClippingSpec, LoopOptions, LoraSpec, NoiseSpec, OptimizerSpec,
+                            PrivacySpec, ScheduleSpec)
 from privtune.tasks import TASKS, Task, TextClassification, task_for
 
 NOT_PRIVATE_LOSS = (
@@ -390,26 +385,26 @@ class _Phase:
 class _Loop:
     """The DP training loop with exact checkpoint/resume state (internal; see :func:`fit`)."""
 
-    def __init__(self, model, data, *, noise_multiplier, sample_rate, phases: list[_Phase], clip, clipping,
-                 optimizer, per_layer_clipping=False, momentum, weight_decay, sampling, max_physical_batch_size, seed, eval_set,
-                 eval_every, callback, progress, delta, accountant, clipping_diagnostics, fast_head=True,
-                 assume_poisson=False, device=None, hooks=(), gamma=0.01, eps=1e-8, backbone_lr_scale=1.0,
-                 units=None, max_rows_per_unit=None, task=None):
+    def __init__(self, model, data, plan: _LoopPlan, *, eval_set=None, callback=None, progress=None, hooks=(),
+                 task: Task | None = None):
         self.model, self.data = model, data
         self.task = _task_of(data, task)
+        units, max_rows_per_unit, device, seed = plan.units, plan.max_rows_per_unit, plan.device, plan.seed
+        sampling, sample_rate, phases = plan.sampling, plan.q, plan.phases
         self.units, self.max_rows_per_unit = units, max_rows_per_unit  # privacy unit (None: one example)
-        self.backbone_lr_scale = float(backbone_lr_scale)
+        opt = plan.optimizer
+        self.backbone_lr_scale = float(opt.backbone_lr_scale)
         self.hooks = list(hooks)
-        self.gamma, self.eps = gamma, eps
-        self.assume_poisson = bool(assume_poisson)
-        self.fast_head = fast_head
-        self.sigma, self.q, self.phases = noise_multiplier, sample_rate, phases
-        self.clip, self.clipping, self.optimizer_name = clip, clipping, optimizer
-        self.per_layer = per_layer_clipping
-        self.momentum, self.weight_decay = momentum, weight_decay
-        self.sampling, self.max_phys = sampling, max_physical_batch_size
-        self.eval_set, self.eval_every, self.callback, self.progress = eval_set, eval_every, callback, progress
-        self.delta, self.accountant = delta, accountant
+        self.gamma, self.eps = plan.clipping.gamma, opt.eps
+        self.assume_poisson = bool(plan.assume_poisson)
+        self.fast_head = plan.fast_head
+        self.sigma, self.q, self.phases = plan.sigma, sample_rate, phases
+        self.clip, self.clipping, self.optimizer_name = plan.clipping.clip, plan.clipping.clipping, opt.name
+        self.per_layer = plan.clipping.per_layer
+        self.momentum, self.weight_decay = opt.momentum, opt.weight_decay
+        self.sampling, self.max_phys = sampling, plan.max_phys
+        self.eval_set, self.eval_every, self.callback, self.progress = eval_set, plan.eval_every, callback, progress
+        self.delta, self.accountant = plan.delta, plan.accountant
         self.n = len(data)
         self.labels = _labels_tensor(data)
         # texts of similar length share a micro-batch (less padding; the clipped sum is order-free)
@@ -454,7 +449,7 @@ class _Loop:
         self.nonfinite_examples = 0  # examples dropped for a NaN/inf loss or gradient norm (NOT PRIVATE)
         self.stopped_early = False  # a callback stopped the run before its planned steps
         self.seconds = 0.0
-        self.diag = {"norms": [], "labels": [], "layer_norms": []} if clipping_diagnostics else None
+        self.diag = {"norms": [], "labels": [], "layer_norms": []} if plan.clipping_diagnostics else None
         self.pg: DPStep | None = None
         self.opt = None
         self._setup_phase(0, first=True)
@@ -782,19 +777,14 @@ def _phases_for(mode: str | None, steps: int, learning_rate: float, phase1_steps
     return [_Phase(steps, learning_rate, None, mode or "")]
 
 
-def fit(
-    model: nn.Module, train_set: Any, *, noise_multiplier: float, sample_rate: float, steps: int, learning_rate: float,
-    clip: float = 1.0, clipping: str = "flat", per_layer_clipping: bool = False, optimizer: str = "adam",
-    eval_set: Any = None, seed: int | None = None, max_physical_batch_size: int | None = None,
-    callback: Callable[[StepInfo], bool | None] | None = None, sampling: str = "poisson", momentum: float = 0.0,
-    weight_decay: float = 0.0, mode: str | None = None, phase1_steps: int | None = None, privacy_unit: Any = None,
-    phase1_learning_rate: float | None = None, eval_every: int | None = None, progress: Any = None,
-    delta: float | None = None, accountant: str = "pld", clipping_diagnostics: bool = False, fast_head: bool = True,
-    assume_poisson: bool = False, device: Any = None, hooks: Sequence[LoopHook] = (), gamma: float = 0.01,
-    eps: float = 1e-8, backbone_lr_scale: float = 1.0, nonfinite_features: str = "refuse", max_rows_per_unit: int = 8,
-    task: Task | None = None,
-) -> FitResult:
-    """Train ``model`` privately for ``steps`` DP steps and return a :class:`FitResult`; no ledger, no files.
+def fit(model: nn.Module, train_set: Any, *, noise: NoiseSpec, optimizer: OptimizerSpec,
+        clipping: ClippingSpec = ClippingSpec(), options: LoopOptions = LoopOptions(), eval_set: Any = None,
+        callback: Callable[[StepInfo], bool | None] | None = None, progress: Any = None,
+        hooks: Sequence[LoopHook] = (), device: Any = None, task: Task | None = None) -> FitResult:
+    """Train ``model`` privately for ``noise.steps`` DP steps and return a :class:`FitResult`; no ledger, no files.
+
+    >>> fit(model, train_set, noise=NoiseSpec(noise_multiplier=1.0, sample_rate=0.01, steps=500),
+    ...     optimizer=OptimizerSpec("adam", learning_rate=1e-3), clipping=ClippingSpec(clip=1.0))
 
     Parameters
     ----------
@@ -804,132 +794,107 @@ def fit(
     train_set : TextDataset, ImageDataset or FeatureSet
         Labelled training data.  With a :class:`~privtune.finetune.FeatureSet` only the
         classification head is trained (on the cached features), at the same DP semantics.
-    noise_multiplier : float
-        σ ≥ 0: noise std divided by the clipping norm C (σ = 0 is NOT PRIVATE; references only).
-    sample_rate : float
-        q in (0, 1]: Poisson inclusion probability per step (expected batch size q·N).
-        ``sampling="full_batch"`` needs q = 1; ``"shuffle"`` uses fixed batches of B = round(q·N) and
-        refuses N mod B ∈ {0, 1} (the σ/√5-per-epoch accounting needs the same number of batches per
-        epoch for N ± 1 examples; ``privtune.engine.sampling.check_shuffle_batching``).
-    steps : int
-        T, the number of optimizer steps (logical batches) in total (both phases for two-phase).
-    learning_rate : float
-        Step size of the optimizer (DP-BiTFiT phase for two-phase).
-    clip : float, default 1.0
-        Clipping norm C (L2 over all trainable parameters).
-    clipping : {"flat", "automatic"}
-        Abadi min(1, C/‖g‖) or AUTO-S C/(‖g‖ + 0.01).
-    per_layer_clipping : bool, default False
-        Clip each layer's part of the per-example gradient to C/√K (K layers with trainable
-        parameters) instead of the whole gradient to C; the sensitivity stays C, so σ and ε are
-        unchanged (:class:`privtune.engine.PrivateGradient`, ``per_layer``).
-    optimizer : {"sgd", "adam", "adamw", "lamb"}
-        Applied to the privatised gradient (:func:`privtune.optim.make_optimizer`).
-    eval_set : labelled data, optional; evaluated every ``eval_every`` steps and at the end.
-    seed : int, optional
-        Seeds the sampler (seed) and the noise (seed + 1) for reproducible experiments; None draws
-        both from the OS.
-    max_physical_batch_size : int, optional
-        Micro-batch size for the forward/backward passes (default 32 for models, 65536 for features);
-        results do not depend on it (accumulation ≡ one batch).
+    noise : privtune.specs.NoiseSpec
+        The mechanism: σ ≥ 0 (noise std / C; σ = 0 is NOT PRIVATE), q in (0, 1] (Poisson inclusion
+        probability per step; expected batch size q·N), T steps, the sampling scheme
+        (``"full_batch"`` needs q = 1; ``"shuffle"`` uses fixed batches of B = round(q·N) and refuses
+        N mod B ∈ {0, 1}, see ``privtune.engine.sampling.check_shuffle_batching``; ``assume_poisson``
+        accounts them AS IF Poisson sampled, an assumption every certificate states), the privacy unit
+        (user-level DP with cap k; docs/privacy-unit.md), and δ / accountant of the ε-so-far display.
+    optimizer : privtune.specs.OptimizerSpec
+        Applied to the privatised gradient (:func:`privtune.optim.make_optimizer`): its name, the step size
+        η (required; the DP-BiTFiT phase's for two-phase), momentum μ, decoupled weight decay, Adam's ε and
+        ``backbone_lr_scale`` α in (0, 1] (None: 1): every trainable parameter outside the classification
+        head (``model.head``) steps at α·η (Mehta et al.'s pre-trained-layer multiplier; post-processing, no
+        effect on ε; ignored when training a head on cached features).
+    clipping : privtune.specs.ClippingSpec, default C = 1.0, flat
+        Per-example clipping norm C (L2 over all trainable parameters), the rule (Abadi min(1, C/‖g‖) or
+        AUTO-S C/(‖g‖ + γ)) and ``per_layer`` (each layer's part to C/√K; the sensitivity stays C).
+    options : privtune.specs.LoopOptions
+        Seed (sampler: seed, noise: seed + 1), micro-batch size (results do not depend on it), two-phase
+        mode, ``eval_every``, clipping diagnostics (NOT PRIVATE), the closed-form head step (``fast_head``;
+        a task with another loss always uses the hooks) and non-finite cached features (``"refuse"``:
+        DataError with the count before training; ``"drop"``: the DP step gives such an example clip factor
+        0, counted in ``FitResult.nonfinite_examples``, NOT PRIVATE; for features computed after a budget
+        was reserved, where a refusal would come too late).
+    eval_set : labelled data, optional; evaluated every ``options.eval_every`` steps and at the end.
     callback : callable, optional
         Called with a :class:`StepInfo` after each step; returning True stops training, still charged
-        for every planned step (``FitResult.events`` cover all ``steps``: a stopping time chosen during
-        the run is not a public number of steps).  Covered are stops on released or public values
-        (accuracy on a split you declare public); ``StepInfo.loss`` and ``.batch_size`` are computed
-        without noise, and a stop that reads them is covered by no ε, whatever is charged.
-    mode : str, optional
-        ``"two-phase"`` runs ``phase1_steps`` DP full steps (lr ``phase1_learning_rate``, default
-        learning_rate/10) then DP-BiTFiT; other values only label the events.
+        for every planned step (``FitResult.events`` cover all steps: a stopping time chosen during the
+        run is not a public number of steps).  Covered are stops on released or public values;
+        ``StepInfo.loss`` and ``.batch_size`` are computed without noise, and a stop that reads them is
+        covered by no ε, whatever is charged.
     progress : bool or privtune.report.progress.Progress, optional
-        True shows a rich progress bar; or pass a Progress to advance (one unit per step).  The batch
-        loss it shows is computed without noise (NOT PRIVATE).
-    delta : float, optional; δ of the ε spent so far that the progress display shows.
-    clipping_diagnostics : bool, default False
-        Collect per-example gradient norms (fraction clipped, quantiles, retained weight per class);
-        **NOT PRIVATE**, labelled so in the result.
-    fast_head : bool, default True
-        On a FeatureSet, compute the linear head's per-example gradients in closed form
-        (:class:`privtune.finetune.LinearHeadGradient`: same clipping, noise generator and
-        normalisation as PrivateGradient); False (or a task with another loss) uses the hooks.
-    assume_poisson : bool, default False
-        Only with ``sampling="shuffle"``: account the shuffled fixed-size batches AS IF they were
-        Poisson sampled with rate q (amplification by subsampling).  This is an assumption, not a
-        proof; the events carry it and every certificate built from them states it.  By default
-        shuffling is accounted without amplification (per epoch, one Gaussian release with
-        multiplier σ/√5: two batch sums can change under add/remove-one; docs/accounting.md).
-    device : str or torch.device, optional
-        Where the model and each batch live: ``None`` (default) is ``"cuda"`` when
-        ``torch.cuda.is_available()``, else ``"cpu"``; or ``"cpu"``, ``"cuda"``, ``"cuda:N"``, ``"mps"``.
-        The model is moved there in place.  Sampling and noise generators stay on the CPU (so a seed
-        gives the same batches and noise on every device); the noise is moved to the parameters' device.
+        True shows a progress bar; or pass a Progress to advance (one unit per step).  The batch loss it
+        shows is computed without noise (NOT PRIVATE).
     hooks : sequence of LoopHook, optional
         Called around every optimizer step (:class:`LoopHook`); what a hook releases must be charged by
         the caller (``fit``'s events cover only the gradient releases).
-    gamma : float, default 0.01
-        AUTO-S constant γ of ``clipping="automatic"`` (factor C/(‖g‖ + γ)).  ``eps``: Adam/LAMB's denominator.
-    backbone_lr_scale : float, default 1.0
-        α in (0, 1]: every trainable parameter outside the classification head (``model.head``) steps at
-        α·``learning_rate``, the head at ``learning_rate`` (seed 002's pre-trained-layer multiplier, Table 8).
-        Under DP noise an adaptive optimizer moves every weight by about η per step whether or not its
-        gradient carries signal; α keeps the pre-trained weights' walk small while the new head learns at its
-        own rate.  Post-processing: no effect on ε.  Ignored when training a head on cached features.
-    nonfinite_features : {"refuse", "drop"}, default "refuse"
-        A FeatureSet ``train_set`` with a NaN or inf value: ``"refuse"`` raises DataError (with the count
-        of such rows) before training; ``"drop"`` trains, and the DP step gives such an example clip
-        factor 0 (it adds nothing; sensitivity C), as it does for whatever turns non-finite in training
-        (counted in ``FitResult.nonfinite_examples``, NOT PRIVATE).  ``"drop"`` is for features
-        computed after a budget was reserved, where a refusal would come too late.
-    privacy_unit, max_rows_per_unit : user-level DP with cap k (docs/privacy-unit.md, engine/units.py)
+    device : str or torch.device, optional
+        ``None``: ``"cuda"`` when available, else ``"cpu"``; or ``"cpu"``, ``"cuda:N"``, ``"mps"``.  The
+        model is moved there in place; sampling and noise generators stay on the CPU (a seed gives the
+        same batches and noise on every device).
     task : privtune.tasks.Task, optional
         Its ``batch`` and ``per_example_loss`` give the (B,) losses the DP step clips; default: the task of
         ``train_set``'s kind (classification cross-entropy).
     """
-    if check_choice(nonfinite_features, "nonfinite_features", ("refuse", "drop")) == "refuse":
+    if options.nonfinite_features == "refuse":
         from privtune.finetune.last_layer import check_finite_features
 
         check_finite_features(train_set, "train_set")
-    options = _checked_loop_options(
-        train_set, noise_multiplier=noise_multiplier, sample_rate=sample_rate, steps=steps, learning_rate=learning_rate,
-        clip=clip, clipping=clipping, optimizer=optimizer, sampling=sampling, assume_poisson=assume_poisson, gamma=gamma,
-        device=device, max_physical_batch_size=max_physical_batch_size, eval_every=eval_every, mode=mode,
-        phase1_steps=phase1_steps, phase1_learning_rate=phase1_learning_rate, units=(privacy_unit, max_rows_per_unit))
+    plan = _checked_loop_options(train_set, noise, optimizer, clipping, options, device)
     own_progress = _make_progress(True, None, None) if progress is True else None
-    loop = _Loop(model, train_set, **options, per_layer_clipping=per_layer_clipping, momentum=momentum,
-                 weight_decay=weight_decay, seed=seed, eval_set=eval_set, callback=callback, delta=delta, eps=eps,
-                 progress=own_progress if progress is True else None if progress is False else progress, hooks=hooks,
-                 accountant=accountant, clipping_diagnostics=clipping_diagnostics, fast_head=fast_head,
-                 backbone_lr_scale=check_backbone_lr_scale(backbone_lr_scale), task=task)
+    loop = _Loop(model, train_set, plan, eval_set=eval_set, callback=callback, hooks=hooks, task=task,
+                 progress=own_progress if progress is True else None if progress is False else progress)
     _run_loop(loop, own_progress)
     return _result(loop)
 
 
-def _checked_loop_options(
-    train_set: Any, *, noise_multiplier: Any, sample_rate: Any, steps: Any, learning_rate: Any, clip: Any,
-    clipping: Any, optimizer: Any, sampling: Any, assume_poisson: Any, device: Any, max_physical_batch_size: Any,
-    eval_every: Any, mode: Any, phase1_steps: Any, phase1_learning_rate: Any, gamma: Any, units: tuple = (None, 8),
-) -> dict[str, Any]:
-    """Validate :func:`fit`'s privacy, schedule and clipping options (in this order, so the first bad one is the
-    one reported) and return them as :class:`_Loop` keyword arguments.
+@dataclass(frozen=True)
+class _LoopPlan:
+    """The checked options of one :class:`_Loop` (:func:`_checked_loop_options`; ``train`` builds its own from
+    its plan).  ``q`` is the rate the sampler really uses; ``units`` the checked privacy units (None: rows)."""
+
+    sigma: float
+    q: float
+    phases: list
+    sampling: str
+    clipping: ClippingSpec
+    optimizer: OptimizerSpec  # name, momentum, weight decay, Adam's ε and α filled in (η: the phases')
+    max_phys: int
+    seed: int | None = None
+    eval_every: int | None = None
+    assume_poisson: bool = False
+    device: Any = None
+    units: Any = None
+    max_rows_per_unit: int | None = None
+    delta: float | None = None
+    accountant: str = "pld"
+    clipping_diagnostics: bool = False
+    fast_head: bool = True
+
+
+def _checked_loop_options(train_set: Any, noise: NoiseSpec, optimizer: OptimizerSpec, clipping: ClippingSpec,
+                          options: LoopOptions, device: Any) -> _LoopPlan:
+    """Check :func:`fit`'s specs against the training data (the specs have checked their own fields) and return
+    the :class:`_LoopPlan` of its loop.
 
     The sample rate q is returned as the rate the sampler really uses: ``round(q·N)/N`` for ``sampling="shuffle"``
     and ``sampling="full_batch"`` for Poisson sampling with q = 1.
     """
-    sigma = check_real(noise_multiplier, "noise_multiplier", low=0.0, low_inclusive=True,
-                       fix="σ is the noise std divided by C; σ = 0 means no privacy.")
-    q = check_sample_rate(sample_rate)
-    steps = check_steps(steps)
-    lr = check_real(learning_rate, "learning_rate", low=0.0, fix="Pass a positive step size such as 1e-3.")
-    clip = check_real(clip, "clip", low=0.0, fix="Pass the per-example clipping norm C, e.g. clip=1.0.")
-    clipping = check_choice(clipping, "clipping", CLIPPINGS)
-    optimizer = check_choice(optimizer, "optimizer", OPTIMIZERS)
-    sampling = check_choice(sampling, "sampling", SAMPLINGS)
-    unit_index = checked_units(units[0], len(train_set), units[1], sampling)  # before the row-level sampling checks
+    if optimizer.learning_rate is None:
+        raise InvalidParameterError("`learning_rate` must be given to fit (OptimizerSpec(learning_rate=...)). Got "
+                                    "None. Pass a positive step size such as 1e-3.")
+    optimizer = replace(optimizer, name=optimizer.name or DEFAULT_OPTIMIZER,
+                        backbone_lr_scale=1.0 if optimizer.backbone_lr_scale is None else optimizer.backbone_lr_scale)
+    clipping = clipping.with_defaults()
+    q, sampling = noise.sample_rate, noise.sampling
+    unit_index = checked_units(noise.privacy_unit, len(train_set), noise.max_rows_per_unit, sampling)
     if sampling == "full_batch" and q != 1.0:
         raise InvalidParameterError(f"`sample_rate` must be 1.0 for sampling='full_batch'. Got {q!r}.")
     if q == 1.0 and sampling == "poisson":
         sampling = "full_batch"
-    assume_poisson = _check_assume_poisson(assume_poisson, sampling)
+    assume_poisson = _check_assume_poisson(noise.assume_poisson, sampling)
     device = resolve_device(device)
     if len(train_set) == 0:
         raise DataError("The training data is empty. Pass at least one labelled example.")
@@ -937,18 +902,18 @@ def _checked_loop_options(
         # The sampler cuts batches of round(q·N); account the rate it really uses, so that the number of
         # epochs ⌈T·B/N⌉ is never smaller than the passes the steps actually make.
         q = max(1, round(q * len(train_set))) / len(train_set)
-        if not assume_poisson:  # σ/√5 per epoch needs N mod B ∉ {0, 1}
+        if not assume_poisson:  # σ/√5 per epoch needs N mod B ∈ {0, 1}
             check_shuffle_batching(len(train_set), round(q * len(train_set)))
-    if max_physical_batch_size is None:
-        max_physical_batch_size = 65536 if _is_features(train_set) else 32
-    max_phys = check_int(max_physical_batch_size, "max_physical_batch_size", low=1)
-    if eval_every is not None:
-        eval_every = check_int(eval_every, "eval_every", low=1)
-    phases = _phases_for(mode, steps, lr, phase1_steps, phase1_learning_rate)
-    return dict(noise_multiplier=sigma, sample_rate=q, phases=phases, clip=clip, clipping=clipping,
-                optimizer=optimizer, sampling=sampling, max_physical_batch_size=max_phys, eval_every=eval_every,
-                assume_poisson=assume_poisson, device=device, gamma=check_real(gamma, "gamma", low=0.0),
-                units=unit_index, max_rows_per_unit=units[1])
+    max_phys = options.max_physical_batch_size
+    if max_phys is None:
+        max_phys = 65536 if _is_features(train_set) else 32
+    phases = _phases_for(options.mode, noise.steps, optimizer.learning_rate, options.phase1_steps,
+                         options.phase1_learning_rate)
+    return _LoopPlan(sigma=noise.noise_multiplier, q=q, phases=phases, sampling=sampling, clipping=clipping,
+                     optimizer=optimizer, max_phys=max_phys, seed=options.seed, eval_every=options.eval_every,
+                     assume_poisson=assume_poisson, device=device, units=unit_index,
+                     max_rows_per_unit=noise.max_rows_per_unit, delta=noise.delta, accountant=noise.accountant,
+                     clipping_diagnostics=options.clipping_diagnostics, fast_head=options.fast_head)
 
 
 def _run_loop(loop: _Loop, own_progress: Any) -> None:
@@ -1791,13 +1756,15 @@ def _run_training(r: _TrainRequest, inputs: _TrainInputs, plan: _TrainPlan, file
                 phys = 65536
         if not distributed.is_main_process():
             fit_eval = None  # a data-parallel run evaluates on rank 0, which writes the metrics
-        loop = _Loop(clf, fit_data, noise_multiplier=sigma, sample_rate=q, phases=phases, clip=clip,
-                     clipping=clipping, per_layer_clipping=per_layer_clipping, optimizer=optimizer, momentum=momentum, weight_decay=weight_decay,
-                     sampling=sampling, max_physical_batch_size=phys, seed=seed, eval_set=fit_eval,
-                     eval_every=eval_every, callback=None, progress=None, delta=delta, accountant=accountant,
-                     clipping_diagnostics=clipping_diagnostics, assume_poisson=assume_poisson, device=device,
-                     backbone_lr_scale=hyper.get("backbone_lr_scale", 1.0), units=inputs.units,
-                     max_rows_per_unit=(hyper.get("privacy_unit") or {}).get("max_rows_per_unit"))
+        loop_plan = _LoopPlan(
+            sigma=sigma, q=q, phases=phases, sampling=sampling, max_phys=phys, seed=seed, eval_every=eval_every,
+            clipping=ClippingSpec(clip=clip, clipping=clipping, per_layer=per_layer_clipping),
+            optimizer=OptimizerSpec(name=optimizer, momentum=momentum, weight_decay=weight_decay,
+                                    backbone_lr_scale=hyper.get("backbone_lr_scale", 1.0)),
+            delta=delta, accountant=accountant, clipping_diagnostics=clipping_diagnostics,
+            assume_poisson=assume_poisson, device=device, units=inputs.units,
+            max_rows_per_unit=(hyper.get("privacy_unit") or {}).get("max_rows_per_unit"))
+        loop = _Loop(clf, fit_data, loop_plan, eval_set=fit_eval)
         if state is not None and "model" in state:
             loop.load_state_dict(state)
             log(f"resumed from step {loop.step}")

@@ -44,7 +44,7 @@ from typing import Any, Mapping
 import yaml
 
 # Every choice set is declared once, in privtune.choices, which imports nothing: reading, checking and
-# templating a configuration file loads neither torch nor the tuning stack (tests/test_option_sources.py
+# templating a configuration file loads neither torch nor the tuning stack (tests/test_cli_option_sources.py
 # fails on a second declaration, tests/test_choices.py when an implementation disagrees).
 from privtune.choices import (
     ACCOUNTANTS,

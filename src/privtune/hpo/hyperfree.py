@@ -67,6 +67,7 @@ from privtune.hpo.common import (
 )
 from privtune.hpo.backends import HookContext, RunHooks
 from privtune.training import LoopHook, fit, public_size
+from privtune.specs import ClippingSpec, LoopOptions, NoiseSpec, OptimizerSpec
 
 NAME = "hyperfree"
 #: base optimizers whose direction d the learning-rate rule scales (see :class:`HyperfreeConfig`)
@@ -522,10 +523,14 @@ def train_hyperfree(model, train_set, *, steps: int, sample_rate: float, sigma_g
     on_features = getattr(train_set, "kind", None) == "features"
     probe = LearningRateProbe(config, lr0=lr0, sigma_l=sigma_l, expected_batch_size=sample_rate * public_size(train_set),
                               steps=steps, seed=seed, evaluate=evaluate, eval_every=eval_every, progress=progress)
-    fit(model, train_set, noise_multiplier=sigma_g, sample_rate=sample_rate, steps=int(steps), learning_rate=lr0,
-        seed=seed, max_physical_batch_size=max_physical_batch_size, hooks=[probe], device=device,
-        backbone_lr_scale=backbone_lr_scale, nonfinite_features="drop",  # features were cached after the reservation
-        **final_run_options(config, on_features))
+    o = final_run_options(config, on_features)
+    fit(model, train_set, noise=NoiseSpec(noise_multiplier=sigma_g, sample_rate=sample_rate, steps=int(steps)),
+        optimizer=OptimizerSpec(name=o["optimizer"], learning_rate=lr0, momentum=o["momentum"],
+                                weight_decay=o["weight_decay"], backbone_lr_scale=backbone_lr_scale),
+        clipping=ClippingSpec(clip=o["clip"], clipping=o["clipping"], gamma=o["gamma"]),
+        options=LoopOptions(seed=seed, max_physical_batch_size=max_physical_batch_size,
+                            nonfinite_features="drop"),  # features were cached after the reservation
+        hooks=[probe], device=device)
     return probe.history
 
 
