@@ -289,6 +289,7 @@ class GenerationTuneJob:
     def run(self, inputs: _Inputs, plan: _Plan, files: _Files, budget: Any) -> _Outcome:
         from privtune.models.generator import apply_generation_mode, load_generator
         from privtune.tasks.generation import Generation
+        from privtune.specs import ClippingSpec, LoopOptions, NoiseSpec, OptimizerSpec
         from privtune.training import fit
 
         r, task = self.request, Generation()
@@ -296,10 +297,12 @@ class GenerationTuneJob:
         for i, cand in enumerate(plan.candidates):
             model = load_generator(inputs.model_source, max_length=r.max_length)
             apply_generation_mode(model, cand["mode"])
-            result = fit(model, inputs.train, noise_multiplier=plan.noise_multiplier, sample_rate=plan.sample_rate,
-                         steps=plan.steps, learning_rate=cand["learning_rate"], clip=r.clip or 1.0,
-                         seed=(self._seed + 2 * i) % 2**62 if r.seed is not None else None, device=r.device,
-                         max_physical_batch_size=r.max_physical_batch_size, progress=not r.quiet)
+            noise = NoiseSpec(noise_multiplier=plan.noise_multiplier, sample_rate=plan.sample_rate, steps=plan.steps)
+            options = LoopOptions(seed=(self._seed + 2 * i) % 2**62 if r.seed is not None else None,
+                                  max_physical_batch_size=r.max_physical_batch_size)
+            result = fit(model, inputs.train, noise=noise, optimizer=OptimizerSpec(learning_rate=cand["learning_rate"]),
+                         clipping=ClippingSpec(clip=r.clip or 1.0), options=options, device=r.device,
+                         progress=not r.quiet, task=task)
             score = (task.evaluate(model, inputs.public, generate=False)["perplexity"] if inputs.public is not None
                      else None)
             trials.append({**cand, "trial": i + 1, "public_perplexity": score,
