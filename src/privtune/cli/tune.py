@@ -31,7 +31,7 @@ from privtune.choices import TUNE_DEFAULTS as _TUNE_DEFAULTS
 from privtune.cli.config_file import explicit_cli_values, resolve_options
 from privtune.cli.notices import registration_notice
 from privtune.data.datasets import EMBEDDED_IMAGE_DEMO
-from privtune.cli.options import data_options
+from privtune.cli.options import data_options, model_options
 
 
 def run_tune(data=None, **kwargs):
@@ -61,6 +61,7 @@ def _number(x: float) -> str:
               help="Validation split you declare PUBLIC: scores trials at no privacy cost.")
 @data_options(labels_default="the labels of --public-eval-data, else the model's")
 @click.option("--model", type=str, help="Backbone directory (Hugging Face format). Default: bundled all-MiniLM-L6-v2.")
+@model_options()
 @click.option("--mode", type=click.Choice(MODES), help="What is trained; auto compares last-layer/bitfit/lora "
               "(bitfit/full when N·ε ≥ 20,000; full/bitfit from N = 60,000) with charged pilots; ties keep the first; "
               "at N·ε ≤ 4,000 it trains last-layer without pilots. "

@@ -40,7 +40,7 @@ from typing import Any
 import torch
 
 from privtune import _release, finetune  # finetune.cache_features: a test seam, read at call time
-from privtune._validation import check_choice, check_int, check_real
+from privtune._validation import check_batchnorm, check_choice, check_image_size, check_int, check_real
 from privtune.accounting.events import GaussianEvent, event_to_dict
 from privtune.data import embedded_fashion_mnist, embedded_sst2
 from privtune.data.datasets import (EMBEDDED_IMAGE_DEMO, EMBEDDED_IMAGE_LABELS, EMBEDDED_IMAGE_MODEL, EMBEDDED_LABELS,
@@ -200,6 +200,8 @@ def tune(
     device: Any = None,
     executor: Any = "local",
     ray_address: str | None = None,
+    image_size: int | None = None,
+    batchnorm: str | None = None,
     **unknown: Any,
 ) -> TuneResult:
     """Tune hyperparameters privately and train, under one total (ε, δ).
@@ -267,6 +269,10 @@ def tune(
     ray_address : with ``executor="ray"``: ``"auto"``, ``"local"``, ``HOST:PORT`` or ``ray://HOST:PORT``;
         ``None`` = Ray already initialised here, else ``$RAY_ADDRESS``, else a ``ray start`` instance on this
         machine, else a new local one.
+    image_size, batchnorm : a vision backbone's input resolution in pixels (default 64, or the size the network
+        requires) and BatchNorm policy (``"eval"``, the default: the pretrained running statistics; ``"group"``: a
+        GroupNorm in place of each BatchNorm; ``"train"`` is refused), public choices; only with a vision
+        backbone name (:mod:`privtune.models.vision`), e.g. the image demo's.
     """
     if model is None and isinstance(data, str) and data == EMBEDDED_IMAGE_DEMO:
         model = EMBEDDED_IMAGE_MODEL  # the image demo's backbone
@@ -277,7 +283,8 @@ def tune(
         epochs=epochs, steps=steps, batch_size=batch_size, clip=clip, clipping=clipping,
         optimizer=optimizer, max_physical_batch_size=max_physical_batch_size, strategy_options=strategy_options, nonprivate_reference=nonprivate_reference, accountant=accountant,
         text_column=text_column, label_column=label_column, quiet=quiet, write_files=write_files, feature_cache_dir=feature_cache_dir,
-        resume=resume, labels=labels, device=device, executor=executor, ray_address=ray_address)
+        resume=resume, labels=labels, device=device, executor=executor, ray_address=ray_address,
+        image_size=image_size, batchnorm=batchnorm)
     return run_pipeline.execute(TuneJob(arguments, unknown))
 
 
@@ -327,6 +334,8 @@ class TuneArguments:
     device: Any
     executor: Any
     ray_address: str | None
+    image_size: int | None = None
+    batchnorm: str | None = None
 
     def options(self) -> dict:
         """Every argument by name, in :func:`tune`'s order; the label set as one spelling ([0, 1], "0,1" and
@@ -374,6 +383,10 @@ def _check_arguments(args: TuneArguments, unknown: dict) -> _Request:
             + f" Valid options: {', '.join(valid)}."
         )
     strategy = check_choice(args.strategy, "strategy", STRATEGIES)
+    if args.image_size is not None:
+        check_image_size(args.image_size)
+    if args.batchnorm is not None:
+        check_batchnorm(args.batchnorm)
     strat = get_strategy(strategy)
     device = resolve_device(args.device)  # one clear error for a bad or absent device, before any data is read
     mode = check_choice(args.mode, "mode", MODES)
@@ -596,10 +609,12 @@ def _open_run_files(args: TuneArguments, req: _Request, inputs: _Inputs) -> _Run
                      unsaved=unsaved, state_header=header, state_entries=entries, run_seed=run_seed, run_id=run_id)
 
 
-def _load_model(model: Any, inputs: _Inputs, run_seed: int):
-    """The classifier with the declared label set (its head initialised from ``run_seed``)."""
+def _load_model(model: Any, inputs: _Inputs, run_seed: int, *, image_size: int | None = None,
+                batchnorm: str | None = None):
+    """The classifier with the declared label set (its head initialised from ``run_seed``); ``image_size`` and
+    ``batchnorm``: a vision backbone's (None: its defaults)."""
     clf = load_classifier(model, num_labels=inputs.num_labels, label_names=inputs.label_names,
-                          seed=derive_seed(run_seed, "model"))
+                          seed=derive_seed(run_seed, "model"), image_size=image_size, batchnorm=batchnorm)
     check_model_label_set(clf, inputs.num_labels, inputs.label_names, inputs.label_source)
     return clf
 
@@ -787,7 +802,8 @@ class TuneJob:
     def plan(self, loaded: _Loaded) -> _Planned:
         """The classifier, then every candidate's plan (no data read yet)."""
         req, inputs, log = loaded.req, loaded.inputs, loaded.prog.log
-        clf = _load_model(self.arguments.model, inputs, loaded.files.run_seed)
+        clf = _load_model(self.arguments.model, inputs, loaded.files.run_seed, image_size=self.arguments.image_size,
+                          batchnorm=self.arguments.batchnorm)
         log(f"privtune tune: strategy={req.strategy.name}, mode={req.mode}, total ε={req.privacy.epsilon:g}, "
             f"δ={inputs.privacy.delta:g}, data={inputs.train_source} (n={inputs.n_train}), "
             f"selection={common.describe_selection(_selection_of_strategy(req, inputs))}")
