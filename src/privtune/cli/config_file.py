@@ -209,6 +209,9 @@ _TUNE: list[Option] = [
            "depend on the strategy, e.g. hyperfree: interval, lr0, gamma_noise; linear-scaling: runs_per_sweep, "
            "lr_bounds, sweep_epsilons; random-search: trials, accounting; single-step: optimizer.",
            {"interval": 5, "gamma_noise": 1.01}),
+    Option("time_budget", "float", "Minutes the run may take: the plan prices every mode from the backbone's size "
+           "and a timed forward pass (always logged); with a budget, mode auto pilots only the modes estimated to "
+           "fit and an explicit mode estimated above it is refused before anything is charged.", 60.0, low=0.0),
     Option("nonprivate_reference", "bool",
            "Also train a non-private reference for comparison. NOT PRIVATE; never released.", False),
     Option("ledger", "str", "Budget ledger URL; unset = $PRIVTUNE_LEDGER or ~/.privtune/ledger.db "

@@ -66,6 +66,9 @@ def _number(x: float) -> str:
               "(bitfit/full when N·ε ≥ 20,000; full/bitfit from N = 60,000) with charged pilots; ties keep the first; "
               "at N·ε ≤ 4,000 it trains last-layer without pilots. "
               f"[default: {_TUNE_DEFAULTS['mode']}]")
+@click.option("--time-budget", type=float, help="Minutes the run may take. The plan always logs each mode's time "
+              "estimate (backbone size, a timed forward pass); with a budget, --mode auto pilots only the modes that "
+              "fit and an explicit mode estimated above it is refused before anything is charged.")
 @click.option("--strategy", type=click.Choice(STRATEGIES), help="Tuning strategy (grid-oracle is NOT PRIVATE, "
               f"reference only). [default: {_TUNE_DEFAULTS['strategy']}]")
 @click.option("--epsilon", type=float, help=f"TOTAL ε for tuning plus training. [default: {_TUNE_DEFAULTS['epsilon']}]")
