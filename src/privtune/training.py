@@ -42,7 +42,9 @@ from torch import nn
 
 from privtune import _release
 from privtune._validation import (
+    check_batchnorm,
     check_choice,
+    check_image_size,
     check_int,
     check_real,
 )
@@ -1063,6 +1065,8 @@ def train(
     backbone_lr_scale: float | None = None,
     privacy_unit: Any = None,
     max_rows_per_unit: int = DEFAULT_MAX_ROWS_PER_UNIT,
+    image_size: int | None = None,
+    batchnorm: str | None = None,
 ) -> TrainResult:
     """Fine-tune a classifier privately with fixed hyperparameters: one complete, accounted run.
 
@@ -1126,6 +1130,13 @@ def train(
         number of units N_u is public by declaration, like N; how many rows a unit has is not released.
     max_rows_per_unit : int, default 8
         k, the public cap on the rows of one unit used in a step.
+    image_size : int, optional
+        A vision backbone's input resolution in pixels, a public choice (default 64, or the size the network
+        requires); only with a vision backbone name (:mod:`privtune.models.vision`).
+    batchnorm : {"eval", "group"}, optional
+        A vision backbone's BatchNorm policy: ``"eval"`` (default) keeps the pretrained running statistics,
+        ``"group"`` replaces each BatchNorm with a GroupNorm; ``"train"`` is refused (batch statistics mix the
+        examples of a batch, so per-example gradients do not exist).
 
     Returns
     -------
@@ -1147,6 +1158,8 @@ def train(
     request = _TrainRequest(
         data=data, eval_data=eval_data, model=model, mode=mode, labels=labels, text_column=text_column,
         label_column=label_column, pooling=pooling, max_length=max_length,
+        image_size=None if image_size is None else check_image_size(image_size),
+        batchnorm=None if batchnorm is None else check_batchnorm(batchnorm),
         privacy=PrivacySpec(epsilon=epsilon, delta=delta, noise_multiplier=noise_multiplier, accountant=accountant),
         schedule=ScheduleSpec(epochs=epochs, steps=steps, batch_size=batch_size, sampling=sampling,
                               assume_poisson=assume_poisson, max_physical_batch_size=max_physical_batch_size),
@@ -1178,6 +1191,8 @@ class _TrainRequest:
     label_column: str | None
     pooling: str
     max_length: int | None
+    image_size: int | None  # a vision backbone's input resolution (None: its default)
+    batchnorm: str | None  # a vision backbone's BatchNorm policy (None: "eval")
     privacy: PrivacySpec
     schedule: ScheduleSpec
     optim: OptimizerSpec
@@ -1278,7 +1293,7 @@ class TrainJob:
         train_set, eval_set, clf, privacy, units = _load_train_inputs(
             r.data, r.eval_data, r.model, r.labels, r.privacy, text_column=r.text_column,
             label_column=r.label_column, pooling=r.pooling, max_length=r.max_length, seed=r.seed,
-            privacy_unit=(*r.privacy_unit, r.schedule.sampling))
+            privacy_unit=(*r.privacy_unit, r.schedule.sampling), vision=(r.image_size, r.batchnorm))
         if getattr(train_set, "kind", None) == "generation":
             from privtune.models.generator import apply_generation_mode
 
@@ -1506,10 +1521,11 @@ def _check_run_dir_args(output_dir: Any, resume: bool) -> tuple[Path | None, Pat
 
 
 def _load_train_inputs(data, eval_data, model, labels, privacy: PrivacySpec, *, text_column, label_column, pooling,
-                       max_length, seed, privacy_unit=(None, None, "poisson")):
+                       max_length, seed, privacy_unit=(None, None, "poisson"), vision=(None, None)):
     """Load and check the training and evaluation splits and the classifier (no budget spent).
 
-    ``privacy_unit`` is ``(unit, k, sampling)`` (unit None: example level).  Returns ``(train_set, eval_set,
+    ``privacy_unit`` is ``(unit, k, sampling)`` (unit None: example level); ``vision`` is ``(image_size,
+    batchnorm)`` (None: the backbone's defaults).  Returns ``(train_set, eval_set,
     classifier, privacy, units)``; δ defaults from the training set size, or the number of units N_u."""
     from privtune.data.datasets import check_disjoint, declared_label_set
     from privtune.data.generation import is_generation_data
@@ -1543,7 +1559,7 @@ def _load_train_inputs(data, eval_data, model, labels, privacy: PrivacySpec, *, 
         n = units.num_units
     privacy = privacy.for_dataset(n)
     clf = task.build_model(model, num_labels=num_labels, pooling=pooling, label_names=label_names,
-                           max_length=max_length, seed=seed)
+                           max_length=max_length, seed=seed, image_size=vision[0], batchnorm=vision[1])
     check_model_label_set(clf, num_labels, label_names, label_source)
     if getattr(clf, "kind", "text") != train_set.kind:
         raise DataError(f"The model takes {clf.kind} inputs but the training data is {train_set.kind}.")
@@ -1896,6 +1912,8 @@ def _effective_config(r: _TrainRequest, inputs: _TrainInputs, hyper: dict, out: 
     unit = hyper.get("privacy_unit")
     if unit and unit.get("column"):  # a unit read from a column reloads (keys or a callable passed in Python do not)
         cfg.update(privacy_unit=unit["column"], max_rows_per_unit=unit["max_rows_per_unit"])
+    if isinstance(getattr(getattr(clf, "backbone", None), "batchnorm", None), str):  # a vision backbone by name
+        cfg.update(image_size=clf.processor.image_size, batchnorm=clf.backbone.batchnorm)  # what it trained with
     if r.device is not None:  # only when asked for: a config written on a GPU machine must run elsewhere
         cfg["device"] = str(r.device)
     config, _ = release.effective_config(cfg, path_keys=("data", "eval_data", "model", "output"))

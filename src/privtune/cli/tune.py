@@ -32,7 +32,7 @@ from privtune.choices import TUNE_DEFAULTS as _TUNE_DEFAULTS
 from privtune.cli.config_file import explicit_cli_values, resolve_options
 from privtune.cli.notices import registration_notice
 from privtune.data.datasets import EMBEDDED_IMAGE_DEMO
-from privtune.cli.options import data_options
+from privtune.cli.options import data_options, model_options
 
 
 def run_tune(data=None, **kwargs):
@@ -64,10 +64,14 @@ def _number(x: float) -> str:
               help="Validation split you declare PUBLIC: scores trials at no privacy cost.")
 @data_options(labels_default="the labels of --public-eval-data, else the model's")
 @click.option("--model", type=str, help="Backbone directory (Hugging Face format). Default: bundled all-MiniLM-L6-v2.")
+@model_options()
 @click.option("--mode", type=click.Choice(MODES), help="What is trained; auto compares last-layer/bitfit/lora "
               "(bitfit/full when N·ε ≥ 20,000; full/bitfit from N = 60,000) with charged pilots; ties keep the first; "
               "at N·ε ≤ 4,000 it trains last-layer without pilots. "
               f"[default: {_TUNE_DEFAULTS['mode']}]")
+@click.option("--time-budget", type=float, help="Minutes the run may take. The plan always logs each mode's time "
+              "estimate (backbone size, a timed forward pass); with a budget, --mode auto pilots only the modes that "
+              "fit and an explicit mode estimated above it is refused before anything is charged.")
 @click.option("--strategy", type=click.Choice(STRATEGIES), help="Tuning strategy (grid-oracle is NOT PRIVATE, "
               f"reference only). [default: {_TUNE_DEFAULTS['strategy']}]")
 @click.option("--epsilon", type=float, help=f"TOTAL ε for tuning plus training. [default: {_TUNE_DEFAULTS['epsilon']}]")

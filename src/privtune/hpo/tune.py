@@ -40,7 +40,7 @@ from typing import Any
 import torch
 
 from privtune import _release, finetune  # finetune.cache_features: a test seam, read at call time
-from privtune._validation import check_choice, check_int, check_real
+from privtune._validation import check_batchnorm, check_choice, check_image_size, check_int, check_real
 from privtune.accounting.events import GaussianEvent, event_to_dict
 from privtune.data import embedded_fashion_mnist, embedded_sst2
 from privtune.data.datasets import (EMBEDDED_IMAGE_DEMO, EMBEDDED_IMAGE_LABELS, EMBEDDED_IMAGE_MODEL, EMBEDDED_LABELS,
@@ -51,6 +51,7 @@ from privtune.engine.sampling import make_generator, poisson_mask
 from privtune.errors import (InfeasibleBudgetError, InvalidParameterError, ModelError, OneClassModelWarning,
                              PrivtuneError, UnlikelyToLearnWarning)
 from privtune.finetune import usefulness
+from privtune.finetune.cost import backbone_cost, estimate_seconds, format_duration, format_estimates
 from privtune.finetune.last_layer import check_finite_features
 from privtune.finetune.modes import DEFAULT_LEARNING_RATES, default_backbone_lr_scale, default_lora_target_modules
 from privtune.hpo import common, grid_oracle
@@ -200,6 +201,9 @@ def tune(
     device: Any = None,
     executor: Any = "local",
     ray_address: str | None = None,
+    image_size: int | None = None,
+    batchnorm: str | None = None,
+    time_budget: float | None = None,
     **unknown: Any,
 ) -> TuneResult:
     """Tune hyperparameters privately and train, under one total (ε, δ).
@@ -267,6 +271,15 @@ def tune(
     ray_address : with ``executor="ray"``: ``"auto"``, ``"local"``, ``HOST:PORT`` or ``ray://HOST:PORT``;
         ``None`` = Ray already initialised here, else ``$RAY_ADDRESS``, else a ``ray start`` instance on this
         machine, else a new local one.
+    image_size, batchnorm : a vision backbone's input resolution in pixels (default 64, or the size the network
+        requires) and BatchNorm policy (``"eval"``, the default: the pretrained running statistics; ``"group"``: a
+        GroupNorm in place of each BatchNorm; ``"train"`` is refused), public choices; only with a vision
+        backbone name (:mod:`privtune.models.vision`), e.g. the image demo's.
+    time_budget : minutes, optional
+        The plan prices every candidate mode before anything is reserved (the backbone's size and a timed forward
+        pass on a dummy input, :mod:`privtune.finetune.cost`) and logs the estimates.  With a budget, ``mode="auto"``
+        pilots only the modes estimated to fit in it (the cheapest when none does), and an explicit mode estimated
+        above it is refused before the reservation.
     """
     from privtune.data.generation import is_generation_data
 
@@ -281,7 +294,8 @@ def tune(
         epochs=epochs, steps=steps, batch_size=batch_size, clip=clip, clipping=clipping,
         optimizer=optimizer, max_physical_batch_size=max_physical_batch_size, strategy_options=strategy_options, nonprivate_reference=nonprivate_reference, accountant=accountant,
         text_column=text_column, label_column=label_column, quiet=quiet, write_files=write_files, feature_cache_dir=feature_cache_dir,
-        resume=resume, labels=labels, device=device, executor=executor, ray_address=ray_address)
+        resume=resume, labels=labels, device=device, executor=executor, ray_address=ray_address,
+        image_size=image_size, batchnorm=batchnorm, time_budget=time_budget)
     return run_pipeline.execute(TuneJob(arguments, unknown))
 
 
@@ -356,6 +370,9 @@ class TuneArguments:
     device: Any
     executor: Any
     ray_address: str | None
+    image_size: int | None = None
+    batchnorm: str | None = None
+    time_budget: float | None = None
 
     def options(self) -> dict:
         """Every argument by name, in :func:`tune`'s order; the label set as one spelling ([0, 1], "0,1" and
@@ -384,6 +401,7 @@ class _Request:
     options: dict  # strategy_options
     device: Any
     executor: Any  # where independent trials run (hpo.executors; checked and connected before data is read)
+    time_budget: float | None = None  # minutes; None: estimates are logged, nothing is refused or skipped
 
 
 def _check_arguments(args: TuneArguments, unknown: dict) -> _Request:
@@ -403,6 +421,10 @@ def _check_arguments(args: TuneArguments, unknown: dict) -> _Request:
             + f" Valid options: {', '.join(valid)}."
         )
     strategy = check_choice(args.strategy, "strategy", STRATEGIES)
+    if args.image_size is not None:
+        check_image_size(args.image_size)
+    if args.batchnorm is not None:
+        check_batchnorm(args.batchnorm)
     strat = get_strategy(strategy)
     device = resolve_device(args.device)  # one clear error for a bad or absent device, before any data is read
     mode = check_choice(args.mode, "mode", MODES)
@@ -438,7 +460,9 @@ def _check_arguments(args: TuneArguments, unknown: dict) -> _Request:
                     optimizer=OptimizerSpec(name=args.optimizer), trials=args.trials, seed=seed,
                     selection=selection, selection_noise=args.selection_noise,
                     options=dict(args.strategy_options or {}), device=device,
-                    executor=for_tune(args.executor, args.ray_address, strat))
+                    executor=for_tune(args.executor, args.ray_address, strat),
+                    time_budget=None if args.time_budget is None else check_real(
+                        args.time_budget, "time_budget", low=0.0, fix="Pass the minutes the run may take, e.g. 30."))
 
 
 @dataclass(frozen=True)
@@ -625,10 +649,12 @@ def _open_run_files(args: TuneArguments, req: _Request, inputs: _Inputs) -> _Run
                      unsaved=unsaved, state_header=header, state_entries=entries, run_seed=run_seed, run_id=run_id)
 
 
-def _load_model(model: Any, inputs: _Inputs, run_seed: int):
-    """The classifier with the declared label set (its head initialised from ``run_seed``)."""
+def _load_model(model: Any, inputs: _Inputs, run_seed: int, *, image_size: int | None = None,
+                batchnorm: str | None = None):
+    """The classifier with the declared label set (its head initialised from ``run_seed``); ``image_size`` and
+    ``batchnorm``: a vision backbone's (None: its defaults)."""
     clf = load_classifier(model, num_labels=inputs.num_labels, label_names=inputs.label_names,
-                          seed=derive_seed(run_seed, "model"))
+                          seed=derive_seed(run_seed, "model"), image_size=image_size, batchnorm=batchnorm)
     check_model_label_set(clf, inputs.num_labels, inputs.label_names, inputs.label_source)
     return clf
 
@@ -653,18 +679,26 @@ class _TunePlan:
         return self.pilot_events[:1] if self.center_sigma else []
 
 
-def _plan_run(req: _Request, inputs: _Inputs, log, warning_log=None, lora_capable: bool = True) -> _TunePlan:
+def _plan_run(req: _Request, inputs: _Inputs, log, warning_log=None, lora_capable: bool = True,
+              cost: Any = None) -> _TunePlan:
     """Plan every candidate mode (and the --mode auto pilots) before anything is reserved: a combination
     that cannot work fails here, with the numbers and a fix; one that cannot learn is warned of (a Python
-    warning, written to ``warning_log``: the log file alone, the console shows the warning itself)."""
+    warning, written to ``warning_log``: the log file alone, the console shows the warning itself).  With the
+    backbone's ``cost`` (:func:`privtune.finetune.cost.backbone_cost`) every candidate is priced and the estimates
+    logged; ``req.time_budget`` then drops the candidates above it (:func:`_within_time_budget`)."""
     strat, n_train, delta, accountant = req.strategy, inputs.n_train, inputs.privacy.delta, req.privacy.accountant
     # --mode auto: pilot only the modes this strategy can train; with one candidate there is nothing to
     # choose and nothing is spent on pilots
     candidates = (_auto_candidates(strat.modes, n_train, req.privacy.epsilon, lora_capable=lora_capable)
                   if req.mode == "auto" else [req.mode])
+    auto_candidates = list(candidates)
+    if cost is not None:
+        candidates = _within_time_budget(req, inputs, candidates, cost, log)
     pilot_modes = candidates if len(candidates) > 1 else []
     run_mode = candidates[0] if not pilot_modes else "auto"
-    auto_note = _auto_without_pilots_note(req, strat, n_train, run_mode, lora_capable) if not pilot_modes else None
+    # (a mode left alone by the time budget was explained when it was dropped)
+    auto_note = (_auto_without_pilots_note(req, strat, n_train, run_mode, lora_capable)
+                 if not pilot_modes and candidates == auto_candidates else None)
     if pilot_modes and inputs.selection == "public_validation":
         _check_public_split_can_compare(inputs.public_set, pilot_modes)
     pilot_events, pilot_eps = [], min(0.1, 0.1 * req.privacy.epsilon)
@@ -816,11 +850,13 @@ class TuneJob:
     def plan(self, loaded: _Loaded) -> _Planned:
         """The classifier, then every candidate's plan (no data read yet)."""
         req, inputs, log = loaded.req, loaded.inputs, loaded.prog.log
-        clf = _load_model(self.arguments.model, inputs, loaded.files.run_seed)
+        clf = _load_model(self.arguments.model, inputs, loaded.files.run_seed, image_size=self.arguments.image_size,
+                          batchnorm=self.arguments.batchnorm)
         log(f"privtune tune: strategy={req.strategy.name}, mode={req.mode}, total ε={req.privacy.epsilon:g}, "
             f"δ={inputs.privacy.delta:g}, data={inputs.train_source} (n={inputs.n_train}), "
             f"selection={common.describe_selection(_selection_of_strategy(req, inputs))}")
-        tplan = _plan_run(req, inputs, log, warning_log=loaded.prog.log_to_file, lora_capable=_lora_capable(clf))
+        tplan = _plan_run(req, inputs, log, warning_log=loaded.prog.log_to_file, lora_capable=_lora_capable(clf),
+                          cost=backbone_cost(clf))
         if tplan.hide_timing:  # no time on any line: the time the search's lines span would tell its K
             loaded.prog.hide_timing()
         loaded.prog.release_lines()
@@ -1110,6 +1146,55 @@ def _trial_section(trial_list, outcome, not_private: bool) -> dict:
 # --------------------------------------------------------------------------------------
 # planning
 # --------------------------------------------------------------------------------------
+
+
+def _mode_estimates(req: _Request, inputs: _Inputs, modes: list, cost: Any) -> dict:
+    """{mode: estimated seconds of a run in that mode} (no pilots), from a plan of each mode made from public sizes
+    only and the backbone's measured forward cost."""
+    strat, n = req.strategy, inputs.n_train
+    sched = req.schedule
+    request = PlanRequest(total_epsilon=req.privacy.epsilon, delta=inputs.privacy.delta, n_train=n,
+                          accountant=req.privacy.accountant, epochs=sched.epochs, steps=sched.steps,
+                          batch_size=sched.batch_size)
+    cfg = strat.make_config(dict(req.options), trials=req.trials, optimizer=req.optimizer.name,
+                            clip=req.clipping.clip, clipping=req.clipping.clipping)
+    out = {}
+    for m in modes:
+        plan = strat.plan(cfg, m, request)
+        priced = _TunePlan(plan=plan, mode_plans={m: plan}, candidates=[m], pilot_modes=[], run_mode=m, pilot_eps=0.0,
+                           pilot_events=[], center_sigma=None, selection_sigma=None, hide_timing=False)
+        out[m] = estimate_seconds(cost, _work_ahead(priced, inputs, [], m, cached=False))
+    return out
+
+
+def _within_time_budget(req: _Request, inputs: _Inputs, candidates: list, cost: Any, log) -> list:
+    """The candidate modes, priced and logged; with ``req.time_budget`` (minutes) those estimated above it are
+    dropped (--mode auto keeps the cheapest when none fits) and an explicit mode above it is refused."""
+    try:
+        estimates = _mode_estimates(req, inputs, candidates, cost)
+    except PrivtuneError:  # a mode that cannot be planned is reported by the plan itself, with its fix
+        return candidates
+    log(f"time estimate before the run ({cost.describe()}): {format_estimates(estimates)}")
+    if req.time_budget is None:
+        return candidates
+    budget = 60.0 * req.time_budget
+    fits = [m for m in candidates if estimates[m] <= budget]
+    if req.mode != "auto" and not fits:
+        m = candidates[0]
+        cheaper = {k: v for k, v in _mode_estimates(req, inputs, [x for x in req.strategy.modes if x != m],
+                                                    cost).items() if v <= budget}
+        raise InvalidParameterError(
+            f"mode {m} is estimated at {format_duration(estimates[m])} on this machine "
+            f"({cost.describe()}), above `time_budget` = {req.time_budget:g} min. "
+            + (f"Choose a cheaper mode ({format_estimates(cheaper)}) or raise `time_budget`." if cheaper
+               else "Raise `time_budget`, or run on a faster device (--device cuda)."))
+    if not fits:
+        fits = [min(candidates, key=estimates.get)]
+    dropped = [m for m in candidates if m not in fits]
+    if dropped:
+        log(f"mode auto: {', '.join(dropped)} not piloted: estimated above the time budget of "
+            f"{req.time_budget:g} min")
+    return fits
 
 
 def _auto_candidates(supported_modes, n: int, eps_total: float, lora_capable: bool = True) -> list:

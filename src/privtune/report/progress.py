@@ -133,6 +133,16 @@ RELATIVE_COST = {"forward": 1.0, "predict": 1.8, "features": 0.001,
 _DEFAULT_MODEL_COST = 3.3  # a model mode not listed above
 
 
+def relative_cost(kind: str) -> float:
+    """Seconds per example of ``kind`` of work relative to a forward pass (:data:`RELATIVE_COST`)."""
+    return _relative_cost(kind)
+
+
+def format_duration(seconds: float) -> str:
+    """``1h05m``, ``12m30s`` or ``45s``."""
+    return _fmt_duration(seconds)
+
+
 def _relative_cost(kind: str) -> float:
     return RELATIVE_COST.get(kind, _DEFAULT_MODEL_COST if kind.startswith("model:") else 1.0)
 
