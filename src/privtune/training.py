@@ -511,6 +511,12 @@ class _Loop:
         return self.pg.paused()
 
     @torch.no_grad()
+    def unit_weights(self, idx: torch.Tensor) -> torch.Tensor | None:
+        """User level: the weights 1/m_u of the rows ``idx`` of one logical batch (what the DP step weights their
+        clipped gradients by, :meth:`privtune.engine.units.UnitIndex.row_weights`), for a hook that releases a
+        per-row statistic of the batch; None at example level."""
+        return None if self.units is None else self.units.row_weights(idx)
+
     def per_example_losses(self, idx: torch.Tensor) -> torch.Tensor:
         """Cross-entropy (float64 on the CPU, shape (len(idx),)) of the training examples ``idx`` at the
         current parameters; engine paused, model in eval mode like every training step.  Computed from

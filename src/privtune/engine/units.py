@@ -93,6 +93,12 @@ class UnitIndex:
         used = torch.bincount(units, minlength=self.num_units)
         return 1.0 / used[units].to(torch.float64)
 
+    def mean_weights(self) -> torch.Tensor:
+        """(N,) float64 weights 1/c_u of every row, c_u all the rows of its unit: a statistic summed with these
+        weights adds each unit's *mean* of its rows' values, so a unit moves a sum of per-row values in [−b, b] by
+        at most b however many rows it has (the charged scores and the private feature centre of tuning)."""
+        return 1.0 / self._counts[self.unit_of_row].to(torch.float64)
+
     def subset(self, rows: torch.Tensor) -> "UnitIndex":
         """The index of the rows ``rows`` (a split of the data keeps its rows' units)."""
         keys = self.unit_of_row[torch.as_tensor(rows, dtype=torch.long)].tolist()
@@ -284,6 +290,20 @@ def load_units(data: Any, privacy_unit: Any, num_rows: int) -> UnitIndex:
     if not isinstance(privacy_unit, str):
         return unit_index(privacy_unit, num_rows)
     column = privacy_unit
+    columns, keys, where = _column_keys(data, column)
+    if column not in columns:
+        close = difflib.get_close_matches(column, columns, n=1)
+        raise DataError(
+            f"{where}: privacy-unit column {column!r} (from `--privacy-unit`) not found; the columns are {columns}."
+            + (f" Did you mean {close[0]!r}?" if close else " Pass the column that names the person (or document).")
+        )
+    index = unit_index(keys, num_rows, name=column)
+    index.column = column
+    return index
+
+
+def _column_keys(data: Any, column: str) -> tuple[list, list, str]:
+    """``(columns, keys of column (empty when absent), how errors name the data)`` of a text table ``data``."""
     if isinstance(data, (str, os.PathLike)):
         from privtune.data.datasets import TEXT_SUFFIXES, read_table
 
@@ -295,22 +315,41 @@ def load_units(data: Any, privacy_unit: Any, num_rows: int) -> UnitIndex:
                 "table (.tsv/.csv/.jsonl). For images or other data pass privacy_unit=[one key per row] in Python."
             )
         columns, rows = read_table(path, fmt)
-        keys = [row.get(column) for row in rows]
-        where = str(path)
-    elif hasattr(data, "column_names"):  # a datasets.Dataset
-        columns, where = list(data.column_names), "the dataset"
-        keys = list(data[column]) if column in columns else []
-    else:
-        raise InvalidParameterError(
-            f"`privacy_unit` {column!r} names a column, but the data is a {type(data).__name__} without columns. Pass "
-            "one key per row (privacy_unit=[...]) or a callable f(row_index) -> key."
-        )
+        return list(columns), [row.get(column) for row in rows], str(path)
+    if hasattr(data, "column_names"):  # a datasets.Dataset
+        columns = list(data.column_names)
+        return columns, (list(data[column]) if column in columns else []), "the dataset"
+    raise InvalidParameterError(
+        f"`privacy_unit` {column!r} names a column, but the data is a {type(data).__name__} without columns. Pass "
+        "one key per row (privacy_unit=[...]) or a callable f(row_index) -> key."
+    )
+
+
+def check_units_disjoint(train_data: Any, split: Any, column: str, what: str) -> bool:
+    """Refuse a split ``split`` (a public or reported split, path or ``datasets.Dataset``) that holds a row of a
+    privacy unit that owns rows of the private ``train_data``: at user level a split outside the private data
+    must be disjoint from it by unit, not only by row.  Checked when ``split`` has the unit ``column``; returns
+    False when it has not (then only its rows can be checked, and its disjointness by unit is the user's
+    declaration).  The message names no unit."""
+    if split is None or not isinstance(column, str):
+        return False
+    try:
+        columns, keys, _ = _column_keys(split, column)
+    except (DataError, InvalidParameterError):  # no columns (an in-memory dataset): not checkable
+        return False
     if column not in columns:
-        close = difflib.get_close_matches(column, columns, n=1)
+        return False
+    _, private, _ = _column_keys(train_data, column)
+    private_ids = {_plain_key(k) for k in private}
+    if any(_plain_key(k) in private_ids for k in keys if k is not None):
         raise DataError(
-            f"{where}: privacy-unit column {column!r} (from `--privacy-unit`) not found; the columns are {columns}."
-            + (f" Did you mean {close[0]!r}?" if close else " Pass the column that names the person (or document).")
-        )
-    index = unit_index(keys, num_rows, name=column)
-    index.column = column
-    return index
+            f"`{what}` shares privacy units with the private training data: at least one {column!r} value owns rows "
+            f"of both. A split outside the private data must hold no row of a private {column}; remove those rows "
+            "from it (or from the training data). Nothing was charged.")
+    return True
+
+
+def _plain_key(key: Any) -> Any:
+    """A unit key compared across files: its text without surrounding spaces (a TSV's "7" and a JSONL's 7 are
+    one unit: the conservative reading for a disjointness check)."""
+    return str(key).strip()
