@@ -1507,7 +1507,8 @@ def _load_train_inputs(data, eval_data, model, labels, privacy: PrivacySpec, *, 
     if privacy_unit[0] is not None:  # user level: N_u replaces n in δ < 1/N_u and the sampling rate
         from privtune.engine.units import check_unit_delta, load_units
 
-        units = checked_units(load_units(data, privacy_unit[0], n), n, privacy_unit[1], privacy_unit[2])
+        units = checked_units(load_units(data, privacy_unit[0], n, dataset=train_set), n, privacy_unit[1],
+                              privacy_unit[2])
         if privacy.delta is not None:
             check_unit_delta(privacy.delta, units.num_units, units.name)
         n = units.num_units

@@ -281,16 +281,30 @@ def checked_units(privacy_unit: Any, num_rows: int, max_rows_per_unit: Any, samp
     return unit_index(privacy_unit, num_rows)
 
 
-def load_units(data: Any, privacy_unit: Any, num_rows: int) -> UnitIndex:
+#: the sidecar table of an image dataset that names each image's privacy unit (docs/privacy-unit.md, "Images"):
+#: ``ROOT/units.<ext>`` in an image folder (a ``file`` column: the image's path under ROOT), or
+#: ``<IDX images file>.units.<ext>`` next to IDX images (one row per image, in the file's order)
+UNITS_SIDECAR = "units"
+UNITS_SIDECAR_SUFFIXES = (".tsv", ".csv", ".jsonl")
+
+
+def load_units(data: Any, privacy_unit: Any, num_rows: int, dataset: Any = None) -> UnitIndex:
     """The :class:`UnitIndex` of a loaded training set: ``privacy_unit`` a column name of the text table
-    ``data`` (.tsv/.csv/.jsonl file or a ``datasets.Dataset``), or anything :func:`unit_index` takes.
+    ``data`` (.tsv/.csv/.jsonl file or a ``datasets.Dataset``) or of an image dataset's sidecar table
+    (:data:`UNITS_SIDECAR`; ``dataset`` the loaded :class:`privtune.data.ImageDataset`, whose images it must
+    cover), or anything :func:`unit_index` takes.  Nothing here depends on the task: any loaded dataset whose
+    rows have a fixed order can name its units with one key per row (Python) or a table column.
 
     Raises one clear error for a column that is not there or a file type without columns; a message names
     the column and row numbers, never a unit's value."""
     if not isinstance(privacy_unit, str):
         return unit_index(privacy_unit, num_rows)
     column = privacy_unit
-    columns, keys, where = _column_keys(data, column)
+    sidecar = _image_sidecar(data) if getattr(dataset, "kind", None) == "image" else None
+    if sidecar is not None:
+        columns, keys, where = _sidecar_keys(sidecar, data, dataset, column)
+    else:
+        columns, keys, where = _column_keys(data, column)
     if column not in columns:
         close = difflib.get_close_matches(column, columns, n=1)
         raise DataError(
@@ -300,6 +314,48 @@ def load_units(data: Any, privacy_unit: Any, num_rows: int) -> UnitIndex:
     index = unit_index(keys, num_rows, name=column)
     index.column = column
     return index
+
+
+def _image_sidecar(data: Any) -> Path | None:
+    """The sidecar table of the image dataset at ``data`` (a folder, or an IDX images file), if there is one."""
+    if not isinstance(data, (str, os.PathLike)):
+        return None
+    path = Path(data).expanduser()
+    base = path / UNITS_SIDECAR if path.is_dir() else path.with_name(f"{path.name}.{UNITS_SIDECAR}")
+    found = [base.with_name(base.name + s) for s in UNITS_SIDECAR_SUFFIXES if base.with_name(base.name + s).is_file()]
+    if len(found) > 1:
+        raise DataError(f"{str(path)!r} has {len(found)} privacy-unit tables ({', '.join(f.name for f in found)}); "
+                        "keep one.")
+    return found[0] if found else None
+
+
+def _sidecar_keys(sidecar: Path, data: Any, dataset: Any, column: str) -> tuple[list, list, str]:
+    """``(columns, one key per image of dataset, where)`` from an image dataset's sidecar table: for an image
+    folder its ``file`` column (the image's path under the folder) matches each image, for IDX images its rows
+    are the images in order.  An image the table does not list (or a table row for no image) is an error
+    that counts them, naming no file and no unit."""
+    from privtune.data.datasets import TEXT_SUFFIXES, read_table
+
+    columns, rows = read_table(sidecar, TEXT_SUFFIXES[sidecar.suffix.lower()], single_column_ok=True)
+    where = str(sidecar)
+    if column not in columns:
+        return list(columns), [], where
+    root = Path(data).expanduser()
+    if root.is_dir():
+        if "file" not in columns:
+            raise DataError(f"{where}: the privacy-unit table of an image folder needs a `file` column (each image's "
+                            "path under the folder, e.g. cat/001.png) next to the unit column.")
+        by_file = {str(Path(str(r.get("file", "")).strip())): r.get(column) for r in rows}
+        files = [Path(img).resolve().relative_to(root.resolve()).as_posix() for img in dataset.images]
+        missing = sum(f not in by_file for f in files)
+        if missing or len(by_file) != len(files):
+            raise DataError(f"{where}: {missing} image(s) of the folder are not listed and {len(by_file) - len(files) + missing} "
+                            "row(s) name no image of it. List every image once, by its path under the folder.")
+        return list(columns), [by_file[f] for f in files], where
+    if len(rows) != len(dataset):
+        raise DataError(f"{where}: {len(rows)} row(s) for {len(dataset)} image(s). Give one row per image of the IDX "
+                        "file, in the file's order.")
+    return list(columns), [r.get(column) for r in rows], where
 
 
 def _column_keys(data: Any, column: str) -> tuple[list, list, str]:
@@ -312,7 +368,9 @@ def _column_keys(data: Any, column: str) -> tuple[list, list, str]:
         if fmt is None or path.is_dir():
             raise DataError(
                 f"--privacy-unit {column!r}: {str(path)!r} has no columns; a privacy-unit column is read from a text "
-                "table (.tsv/.csv/.jsonl). For images or other data pass privacy_unit=[one key per row] in Python."
+                "table (.tsv/.csv/.jsonl) or, for images, from a table `units.tsv` in the image folder (columns `file` "
+                "and the unit) or `<IDX images file>.units.tsv` (one row per image). In Python pass "
+                "privacy_unit=[one key per row]."
             )
         columns, rows = read_table(path, fmt)
         return list(columns), [row.get(column) for row in rows], str(path)

@@ -586,7 +586,7 @@ def _load_units(req: _Request, data: Any, train: Any, public_eval_data: Any, eva
     if req.units is None:
         return None
     column = req.units[0]
-    units = checked_units(load_units(data, column, len(train)), len(train), req.units[1], "poisson")
+    units = checked_units(load_units(data, column, len(train), dataset=train), len(train), req.units[1], "poisson")
     check_unit_delta(req.privacy.delta, units.num_units, units.name)
     for split, what in ((public_eval_data, "public_eval_data"), (eval_data, "eval_data")):
         check_units_disjoint(data, split, column, what)
