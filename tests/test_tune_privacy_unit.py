@@ -191,3 +191,22 @@ def test_the_private_centre_and_the_hyperfree_loss_are_bounded_per_unit():
     w = units.row_weights(torch.arange(7))
     s = privatize_loss(losses, 2.0, 0.0, 1.0, g, weights=w)
     assert s == pytest.approx(0.3 + 2.0)  # the unit adds the mean of its clamped losses: ≤ R_l
+
+
+@pytest.mark.parametrize("mode", ["last-layer", "bitfit"])
+def test_a_tune_with_one_row_per_unit_equals_example_level_exactly(files, tmp_path, mode):
+    """Every row its own unit: the same plan, events, charged scores, private centre and released weights as an
+    example-level tune with the same seed (the unit weights are all 1 and the unit sampler draws the same rows)."""
+    def run(sub, **kw):
+        return privtune.tune(files["train"], eval_data=files["dev"], model=files["model"], mode=mode,
+                             strategy="hyperfree", selection="train-accuracy", epsilon=4.0, delta=1e-3,
+                             labels=[0, 1], ledger=f"sqlite:///{tmp_path / sub / 'l.db'}",
+                             output_dir=tmp_path / sub / "run", seed=3, quiet=True, **kw)
+
+    example = run("example")
+    unit = run("unit", privacy_unit=list(range(80)), max_rows_per_unit=1)
+    assert unit.certificate.neighbouring != example.certificate.neighbouring
+    assert unit.certificate.epsilon == example.certificate.epsilon
+    assert [t["score"] for t in unit.trials] == [t["score"] for t in example.trials]
+    for (name, a), (_, b) in zip(example.model.named_parameters(), unit.model.named_parameters()):
+        assert torch.equal(a, b), name
