@@ -604,6 +604,10 @@ class _Loop:
     def _one_step(self) -> StepInfo:
         t0 = time.perf_counter()
         idx = self.stream.next()
+        # a unit sample of every row (q = 1, every unit within the cap: sorted, so torch.arange(n)) of features or
+        # images is read like an example-level full batch, as views of the data
+        full = self.sampler_is_full_batch or (self.units is not None and self.group is None and self.lengths is None
+                                              and idx.numel() == self.n)
         if self.lengths is not None and idx.numel() > self.max_phys:
             idx = idx[torch.argsort(self.lengths[idx], stable=True)]
         # user level: weight 1/m_u per row, so each sampled unit adds the mean of its clipped gradients
@@ -611,7 +615,6 @@ class _Loop:
         loss_sum, count, batch_losses = 0.0, 0, []
         for s in range(0, idx.numel(), self.max_phys):
             chunk = idx[s : s + self.max_phys]
-            full = self.sampler_is_full_batch
             y = (self.labels[s : s + self.max_phys] if full else self.labels[chunk]).to(self.device)
             w = None if weights is None else weights[s : s + self.max_phys]
             losses, norms = self.pg.accumulate_batch(self._micro_batch(chunk, y, s if full else None, w))

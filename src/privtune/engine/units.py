@@ -89,6 +89,10 @@ class UnitIndex:
     def row_weights(self, idx: torch.Tensor) -> torch.Tensor:
         """(len(idx),) float64 weights 1/m_u of the rows ``idx`` of one logical batch, m_u the number of rows
         of row i's unit among ``idx``.  A unit's weighted clipped gradients sum to their mean (norm ≤ C)."""
+        if idx.numel() == self.num_rows:  # every row (a full batch within the cap): m_u = c_u, the same each step
+            if getattr(self, "_all_weights", None) is None:
+                self._all_weights = self.mean_weights()
+            return self._all_weights[idx]
         units = self.unit_of_row[idx]
         used = torch.bincount(units, minlength=self.num_units)
         return 1.0 / used[units].to(torch.float64)
@@ -187,6 +191,8 @@ class UnitSampler:
     def sample(self) -> torch.Tensor:
         """Draw one logical batch: the rows used from each sampled unit (≤ k per unit), sorted."""
         if self.sample_rate >= 1.0:  # every unit, nothing drawn (as example-level full batch)
+            if int(self.units._counts.max()) <= self.max_rows_per_unit:  # every row, every step
+                return torch.arange(self.units.num_rows)
             unit_mask = torch.ones(self.units.num_units, dtype=torch.bool)
         else:
             unit_mask = poisson_mask(self.units.num_units, self.sample_rate, self._g)
