@@ -528,6 +528,12 @@ class _Loop:
         return self.pg.paused()
 
     @torch.no_grad()
+    def unit_weights(self, idx: torch.Tensor) -> torch.Tensor | None:
+        """User level: the weights 1/m_u of the rows ``idx`` of one logical batch (what the DP step weights their
+        clipped gradients by, :meth:`privtune.engine.units.UnitIndex.row_weights`), for a hook that releases a
+        per-row statistic of the batch; None at example level."""
+        return None if self.units is None else self.units.row_weights(idx)
+
     def per_example_losses(self, idx: torch.Tensor) -> torch.Tensor:
         """The task's per-example losses (float64 on the CPU, shape (len(idx),)) of the training examples
         ``idx`` at the current parameters; engine paused, model in eval mode like every training step.
@@ -619,14 +625,18 @@ class _Loop:
     def _one_step(self) -> StepInfo:
         t0 = time.perf_counter()
         idx = self.stream.next()
+        # a unit sample of every row (q = 1, every unit within the cap: sorted, so torch.arange(n)) of features or
+        # images is read like an example-level full batch, as views of the data
+        full = self.sampler_is_full_batch or (self.units is not None and self.group is None and self.lengths is None
+                                              and idx.numel() == self.n)
         if self.lengths is not None and idx.numel() > self.max_phys:
             idx = idx[torch.argsort(self.lengths[idx], stable=True)]
+            full = False  # reordered by length: row s of the batch is idx[s], no longer row s of the data
         # user level: weight 1/m_u per row, so each sampled unit adds the mean of its clipped gradients
         weights = self.units.row_weights(idx) if self.units is not None else None
         loss_sum, count, batch_losses = 0.0, 0, []
         for s in range(0, idx.numel(), self.max_phys):
             chunk = idx[s : s + self.max_phys]
-            full = self.sampler_is_full_batch
             y = (None if _is_generation(self.data)  # no classes: the task's batch holds the token labels
                  else (self.labels[s : s + self.max_phys] if full else self.labels[chunk]).to(self.device))
             w = None if weights is None else weights[s : s + self.max_phys]
@@ -1553,7 +1563,8 @@ def _load_train_inputs(data, eval_data, model, labels, privacy: PrivacySpec, *, 
     if privacy_unit[0] is not None:  # user level: N_u replaces n in δ < 1/N_u and the sampling rate
         from privtune.engine.units import check_unit_delta, load_units
 
-        units = checked_units(load_units(data, privacy_unit[0], n), n, privacy_unit[1], privacy_unit[2])
+        units = checked_units(load_units(data, privacy_unit[0], n, dataset=train_set), n, privacy_unit[1],
+                              privacy_unit[2])
         if privacy.delta is not None:
             check_unit_delta(privacy.delta, units.num_units, units.name)
         n = units.num_units

@@ -145,6 +145,9 @@ def audit(
     max_length: int | None = None,
     device: Any = None,
     resume: bool = False,
+    privacy_unit: str | None = None,
+    max_rows_per_unit: int | None = None,
+    canary_rows: int | None = None,
 ) -> AuditReport:
     """One-run privacy audit of a ``privtune train`` configuration (Steinke, Nasr & Jagielski 2023).
 
@@ -169,6 +172,9 @@ def audit(
             arguments repeat the same audit under its ledger reservation, without a second charge.  A charged
             audit with ``output_dir`` keeps its seeds there (``.privtune-audit-state.json``, 0600) until its
             files are written.
+        privacy_unit, max_rows_per_unit, canary_rows: the user-level configuration (docs/privacy-unit.md): the
+            unit column of ``data`` and k; the canaries are units of r = ``canary_rows`` (default k) rows, in or out
+            whole, scored by their rows' mean; units are sampled at q = B/N_u; the charge records the unit.
 
     Everything knowable (arguments, data, the model and ``max_length``, the output directory) is checked
     before the ledger reservation: a refused audit charges nothing and leaves no output directory.
@@ -179,6 +185,57 @@ def audit(
     given = dict(locals())  # the arguments as passed: a resumed audit must repeat them
     epsilon, noise_multiplier, epochs, steps = _check_budget_and_length(
         whitebox, blackbox, epsilon, noise_multiplier, epochs, steps)
+    mode, sampling, m, confidence, seed = _check_options(data, mode, sampling, num_canaries, confidence, public_data,
+                                                         seed, resume)
+    out = _check_audit_output(output_dir, resume)
+    user = _load_user_text(data, labels, model, text_column, label_column)
+    units = _audit_units(data, user, privacy_unit, max_rows_per_unit, canary_rows)
+    n_public = len(user) if units is None else units.num_units  # δ < 1/N_u at user level
+    delta = check_delta(min(1e-5, suggest_delta(n_public)) if delta is None else delta, dataset_size=n_public)
+    if blackbox and not isinstance(model, torch.nn.Module):
+        check_model(model, max_length=max_length)  # a missing model or too long max_length: before the reservation
+    arguments = {**{k: given[k] for k in _RESUME_COMPARED}, "data": dataset_identity(user)[0],
+                 "model": None if model is None else str(model),
+                 "labels": list(user.label_names) if user.label_names is not None else user.num_labels,
+                 "privacy_unit": None if units is None else [units.name, units.k, units.r]}
+    state = _audit_state(out, resume, arguments, seed, charged=blackbox and not public_data)
+    can_texts, can_labels, included, union = _add_canaries(user, m, state.audit_seed, units)
+    B, T, sigma, planned, claimed = _plan_union_run(
+        len(union) if units is None else units.union_size(included), batch_size=batch_size, steps=steps, epochs=epochs, sampling=sampling, epsilon=epsilon,
+        noise_multiplier=noise_multiplier, delta=delta, accountant=accountant)
+    created = _release.prepare_output_dir(out, (), _AUDIT_DIRS) if out is not None else []
+    if state.path is not None and not resume:
+        # written before the reservation: an audit killed at any later point resumes under that reservation
+        state.save()
+    audit_seed = state.audit_seed
+    report = AuditReport()
+    if whitebox:
+        report.whitebox = audit_dp_step(
+            noise_multiplier=sigma, delta=delta, sample_rate=planned[0].sample_rate, steps=T, clip=clip,
+            clipping=clipping, num_canaries=m, max_physical_batch_size=max_physical_batch_size,
+            confidence=confidence, accountant=accountant, seed=audit_seed,
+            **({} if units is None else {"rows_per_unit": units.r, "max_rows_per_unit": units.k}))
+        report.whitebox.config["mode"] = mode
+    if blackbox:
+        try:
+            report.blackbox = _blackbox(
+                user, union, can_texts, can_labels, included, planned, claimed, delta, sigma, T, B,
+                model=model, mode=mode, learning_rate=learning_rate, clip=clip, clipping=clipping,
+                optimizer=optimizer, sampling=sampling, accountant=accountant, public_data=public_data,
+                ledger=ledger, confidence=confidence, seed=seed, train_seed=state.train_seed, progress=progress,
+                max_physical_batch_size=max_physical_batch_size, max_length=max_length, device=device,
+                resume_key=state.run_id, resume=resume, units=units)
+        except _Unreserved as refused:  # nothing was charged: remove what this audit created
+            _release.discard_unreserved(created, [state.path] if state.path is not None and not resume else [])
+            raise refused.error from None
+    if out is not None:
+        _save_report(report, out, state)
+    return report
+
+
+def _check_options(data: Any, mode: Any, sampling: Any, num_canaries: Any, confidence: Any, public_data: Any,
+                   seed: Any, resume: Any) -> tuple[str, str, int, float, int | None]:
+    """:func:`audit`'s options checked in order; returns ``(mode, sampling, m, confidence, seed)``."""
     mode = check_choice(mode, "mode", AUDITED_MODES)
     sampling = check_choice(sampling, "sampling", ("poisson", "full_batch"))
     m = check_int(num_canaries, "num_canaries", low=10, fix="Use at least 10 canaries (1000 is a good default).")
@@ -191,46 +248,7 @@ def audit(
         seed = check_int(seed, "seed", low=0, high=2**62)
     if not isinstance(resume, bool):
         raise InvalidParameterError(f"`resume` must be True or False. Got {resume!r}.")
-    out = _check_audit_output(output_dir, resume)
-    user = _load_user_text(data, labels, model, text_column, label_column)
-    delta = check_delta(min(1e-5, suggest_delta(len(user))) if delta is None else delta, dataset_size=len(user))
-    if blackbox and not isinstance(model, torch.nn.Module):
-        check_model(model, max_length=max_length)  # a missing model or too long max_length: before the reservation
-    arguments = {**{k: given[k] for k in _RESUME_COMPARED}, "data": dataset_identity(user)[0],
-                 "model": None if model is None else str(model),
-                 "labels": list(user.label_names) if user.label_names is not None else user.num_labels}
-    state = _audit_state(out, resume, arguments, seed, charged=blackbox and not public_data)
-    can_texts, can_labels, included, union = _add_canaries(user, m, state.audit_seed)
-    B, T, sigma, planned, claimed = _plan_union_run(
-        len(union), batch_size=batch_size, steps=steps, epochs=epochs, sampling=sampling, epsilon=epsilon,
-        noise_multiplier=noise_multiplier, delta=delta, accountant=accountant)
-    created = _release.prepare_output_dir(out, (), _AUDIT_DIRS) if out is not None else []
-    if state.path is not None and not resume:
-        # written before the reservation: an audit killed at any later point resumes under that reservation
-        state.save()
-    audit_seed = state.audit_seed
-    report = AuditReport()
-    if whitebox:
-        report.whitebox = audit_dp_step(
-            noise_multiplier=sigma, delta=delta, sample_rate=planned[0].sample_rate, steps=T, clip=clip,
-            clipping=clipping, num_canaries=m, max_physical_batch_size=max_physical_batch_size,
-            confidence=confidence, accountant=accountant, seed=audit_seed)
-        report.whitebox.config["mode"] = mode
-    if blackbox:
-        try:
-            report.blackbox = _blackbox(
-                user, union, can_texts, can_labels, included, planned, claimed, delta, sigma, T, B,
-                model=model, mode=mode, learning_rate=learning_rate, clip=clip, clipping=clipping,
-                optimizer=optimizer, sampling=sampling, accountant=accountant, public_data=public_data,
-                ledger=ledger, confidence=confidence, seed=seed, train_seed=state.train_seed, progress=progress,
-                max_physical_batch_size=max_physical_batch_size, max_length=max_length, device=device,
-                resume_key=state.run_id, resume=resume)
-        except _Unreserved as refused:  # nothing was charged: remove what this audit created
-            _release.discard_unreserved(created, [state.path] if state.path is not None and not resume else [])
-            raise refused.error from None
-    if out is not None:
-        _save_report(report, out, state)
-    return report
+    return mode, sampling, m, confidence, seed
 
 
 #: the arguments a resumed audit must repeat (besides the data, the model and the label set)
@@ -386,18 +404,62 @@ def _load_user_text(data: Any, labels: Any, model: Any, text_column: str | None,
     return user
 
 
-def _add_canaries(user: TextDataset, m: int, audit_seed: int
+def _add_canaries(user: TextDataset, m: int, audit_seed: int, units: "_AuditUnits | None" = None
                   ) -> tuple[list[str], list[int], list[bool], TextDataset]:
     """``m`` synthetic canaries (no user data), each included with probability 1/2 (seeded by ``audit_seed``);
-    returns their texts, labels, membership and the union of ``user`` and the included ones."""
+    returns their texts, labels, membership and the union of ``user`` and the included ones.
+
+    User level (``units``): canary i is a unit of r rows (r texts of one random label, at rows i·r … i·r + r − 1
+    of the returned lists), included or left out whole; ``units`` gets the union's unit keys."""
     gen = random.Random(audit_seed)
-    can_texts, can_labels = make_text_canaries(m, user.num_labels, seed=gen.randrange(2**62))
+    r = 1 if units is None else units.r
+    can_texts, can_labels = make_text_canaries(m * r, user.num_labels, seed=gen.randrange(2**62))
+    if r > 1:  # one label per canary unit: its rows pull the same way (the worst case for per-row clipping)
+        can_labels = [can_labels[(i // r) * r] for i in range(m * r)]
     included = [gen.random() < 0.5 for _ in range(m)]
-    ins = [i for i in range(m) if included[i]]
+    ins = [i for i in range(m * r) if included[i // r]]
     union = TextDataset(texts=list(user.texts) + [can_texts[i] for i in ins],
                         labels=list(user.labels) + [can_labels[i] for i in ins],
                         num_labels=user.num_labels, label_names=user.label_names)
+    if units is not None:
+        units.union_keys = list(units.user_keys) + [f"canary unit {i // r}" for i in ins]
     return can_texts, can_labels, included, union
+
+
+@dataclass
+class _AuditUnits:
+    """A user-level audit's privacy unit: its name, k, the rows r of a canary unit, the user rows' unit keys
+    (private: used only inside the run) and, once the canaries are added, the union's."""
+
+    name: str
+    k: int
+    r: int
+    user_keys: list
+    num_units: int
+    union_keys: list = field(default_factory=list)
+
+    def union_size(self, included: list) -> int:
+        """N_u of the union: the user's units and the included canary units."""
+        return self.num_units + sum(bool(x) for x in included)
+
+
+def _audit_units(data: Any, user: TextDataset, privacy_unit: Any, k: Any, canary_rows: Any) -> _AuditUnits | None:
+    """The audit's privacy unit, read and checked before anything is reserved (None: example level)."""
+    if privacy_unit is None:
+        if k is not None or canary_rows is not None:
+            raise InvalidParameterError("`max_rows_per_unit` and `canary_rows` apply only with `privacy_unit` "
+                                        "(--privacy-unit COLUMN). Add it, or drop them.")
+        return None
+    from privtune.engine.units import DEFAULT_MAX_ROWS_PER_UNIT, check_max_rows_per_unit, load_units
+
+    if not isinstance(privacy_unit, str):
+        raise InvalidParameterError(f"`privacy_unit` must name a column of the data. Got {type(privacy_unit).__name__}.")
+    k = check_max_rows_per_unit(DEFAULT_MAX_ROWS_PER_UNIT if k is None else k)
+    r = check_int(k if canary_rows is None else canary_rows, "canary_rows", low=1,
+                  fix="Pass the rows of each canary unit, e.g. the cap k.")
+    index = load_units(data, privacy_unit, len(user))
+    return _AuditUnits(name=index.name, k=k, r=r, user_keys=[f"user unit {u}" for u in index.unit_of_row.tolist()],
+                       num_units=index.num_units)
 
 
 def _plan_union_run(n: int, *, batch_size: int | None, steps: int | None, epochs: float | None, sampling: str,
@@ -419,19 +481,23 @@ def _plan_union_run(n: int, *, batch_size: int | None, steps: int | None, epochs
 def _blackbox(user, union, can_texts, can_labels, included, planned, claimed, delta, sigma, T, B, *, model, mode,
               learning_rate, clip, clipping, optimizer, sampling, accountant, public_data, ledger, confidence,
               seed, train_seed, progress, max_physical_batch_size, max_length, device, resume_key,
-              resume) -> AuditResult:
+              resume, units=None) -> AuditResult:
     t0 = time.perf_counter()
-    m = len(can_texts)
+    m = len(included)
     config = {"mode": mode, "noise_multiplier": sigma, "sample_rate": planned[0].sample_rate, "steps": T,
               "batch_size": B, "clip": clip, "clipping": clipping, "optimizer": optimizer, "sampling": sampling,
               "learning_rate": learning_rate, "accountant": accountant, "canary": "random letter-words, random label",
               "seed": seed if seed is not None else "OS entropy (not recorded)"}
+    if units is not None:  # canary units of r rows; batch_size counts units
+        config.update(privacy_unit=units.name, max_rows_per_unit=units.k, canary_rows=units.r,
+                      canary="units of random letter-word rows, one random label per unit")
     # the union's label set is the declared one (the canaries' labels are drawn from it)
     declared = list(union.label_names) if union.label_names is not None else list(range(union.num_labels))
     kwargs = dict(model=model, mode=mode, labels=declared, noise_multiplier=sigma, delta=delta, steps=T, batch_size=B,
                   learning_rate=learning_rate, clip=clip, clipping=clipping, optimizer=optimizer, sampling=sampling,
                   accountant=accountant, output_dir=None, seed=train_seed, progress=progress,
-                  max_physical_batch_size=max_physical_batch_size, max_length=max_length, device=device)
+                  max_physical_batch_size=max_physical_batch_size, max_length=max_length, device=device,
+                  **({} if units is None else {"privacy_unit": units.union_keys, "max_rows_per_unit": units.k}))
     with tempfile.TemporaryDirectory(prefix="privtune-audit-") as tmp:
         # the union is a new dataset: its own throw-away ledger; the user's budget is charged below
         scratch = Ledger(Path(tmp) / "audit-ledger.db")
@@ -445,7 +511,8 @@ def _blackbox(user, union, can_texts, can_labels, included, planned, claimed, de
             # its commit repeats the charged run with the same seeds, without a new charge
             request = BudgetRequest(fingerprint=fp, total_epsilon=claimed, delta=delta, accountant=accountant,
                                     command="audit", config={"audit": config}, resume_key=resume_key,
-                                    events=planned, resuming=bool(resume), reserve_delta=delta, register=False)
+                                    events=planned, resuming=bool(resume), reserve_delta=delta, register=False,
+                                    privacy_unit=None if units is None else units.name)
             try:
                 reservation = run_budget.reserve(led, request).reservation
             except UnknownDatasetError:
@@ -466,11 +533,12 @@ def _blackbox(user, union, can_texts, can_labels, included, planned, claimed, de
     y = torch.tensor(can_labels)
     losses = []
     with torch.no_grad():
-        for s in range(0, m, 64):
-            idx = torch.arange(s, min(m, s + 64))
+        for s in range(0, len(can_texts), 64):
+            idx = torch.arange(s, min(len(can_texts), s + 64))
             logits = clf(**clf.encode(canaries, idx)).float().cpu()
             losses.append(F.cross_entropy(logits, y[idx], reduction="none"))
-    scores = (-torch.cat(losses)).tolist()
+    # a canary unit's score: minus the mean loss of its rows (one row per canary at example level)
+    scores = (-torch.cat(losses).view(m, -1).mean(dim=1)).tolist()
     del result, clf
     best = best_guesses(scores, included, delta=delta, confidence=confidence)
     return AuditResult(

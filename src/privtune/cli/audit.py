@@ -5,6 +5,7 @@
     privtune audit --data FILE --mode {full,bitfit,last-layer,lora} (--epsilon E [--delta D] | --noise-multiplier S)
                    [--epochs N | --steps N] [--batch-size B] [--canaries M] [--no-blackbox] [--public-data]
                    [--labels neg,pos] [--ledger URL] [--output DIR [--resume]]
+                   [--privacy-unit COLUMN [--max-rows-per-unit K] [--canary-rows R]]
 
 Prints, per audit (white-box and black-box): the claimed ε, the empirical lower bound at 95 %
 confidence, m, the number of guesses and of correct guesses, and a verdict.  Exit status 0 when every
@@ -42,6 +43,13 @@ MODES = tuple(m for m in TRAIN_MODES if m != "two-phase")
 @click.option("--sampling", type=click.Choice(("poisson", "full_batch")), default="poisson", help="Batch sampling.")
 @click.option("--accountant", type=click.Choice(ACCOUNTANTS), default="pld", help="Privacy accountant.")
 @click.option("--canaries", "num_canaries", type=int, default=1000, help="Number m of canaries per audit.")
+@click.option("--privacy-unit", type=str, help="Audit the user-level configuration: the column of --data naming "
+              "each row's unit. The canaries are then units of --canary-rows rows each, in or out whole; "
+              "--batch-size counts units. See docs/privacy-unit.md.")
+@click.option("--max-rows-per-unit", type=int, help="With --privacy-unit: the public cap k on one unit's rows per "
+              "step (default 8).")
+@click.option("--canary-rows", type=int, help="With --privacy-unit: rows r of each canary unit, all pulling the "
+              "same way (default k: the most one unit can put into a step).")
 @click.option("--whitebox/--no-whitebox", default=True, help="White-box audit of the DP step (uses no data).")
 @click.option("--blackbox/--no-blackbox", default=True,
               help="Black-box audit: one real training run on --data plus canaries (charged to the ledger).")

@@ -123,6 +123,15 @@ def _common(mode_choices: tuple[str, ...], mode_example: str, data_active: bool)
     ]
 
 
+#: user-level DP, for train and tune alike (docs/privacy-unit.md)
+_UNIT_OPTIONS = [
+    Option("privacy_unit", "str", "User-level DP: the column naming the person (document, conversation) owning each "
+           "row; the guarantee is then for adding or removing all rows of one unit, batch_size counts units and "
+           "delta must be below 1/(number of units). Unset = one row (docs/privacy-unit.md).", "user_id"),
+    Option("max_rows_per_unit", "int", "With privacy_unit: the public cap k on the rows of one unit used in a step "
+           "(a fresh random k each step).", 8, low=0.0),
+]
+
 _TRAIN: list[Option] = [
     *_common(TRAIN_MODES, "bitfit", data_active=True),
     Option("noise_multiplier", "float",
@@ -136,11 +145,7 @@ _TRAIN: list[Option] = [
            low=0.0),
     Option("max_physical_batch_size", "int",
            "Largest micro-batch held in memory; accumulation does not change the result.", 32, low=0.0),
-    Option("privacy_unit", "str", "User-level DP: the column naming the person (document, conversation) owning each "
-           "row; the guarantee is then for adding or removing all rows of one unit, batch_size counts units and "
-           "delta must be below 1/(number of units). Unset = one row (docs/privacy-unit.md).", "user_id"),
-    Option("max_rows_per_unit", "int", "With privacy_unit: the public cap k on the rows of one unit used in a step "
-           "(a fresh random k each step).", 8, low=0.0),
+    *_UNIT_OPTIONS,
     Option("learning_rate", "float", "Learning rate η.", 1e-3, low=0.0),
     Option("backbone_lr_scale", "float", "α in (0, 1]: the head trains at the learning rate, every other trainable "
            "parameter at α times it (Mehta et al.'s pre-trained-layer multiplier, large-scale transfer; unset = "
@@ -224,6 +229,7 @@ _TUNE: list[Option] = [
            "private data: keep it as private as the data).", "feature-cache"),
     Option("device", "str", "Where every trial, pilot and the final run train: cpu, cuda, cuda:N or mps; unset = "
            "cuda when available, else cpu.", "cpu"),
+    *_UNIT_OPTIONS,
     Option("executor", "choice", "Where the independent trials of random-search, linear-scaling and grid-oracle "
            "run: " + ", ".join(EXECUTORS) + " (local: this process, the default; ray: one Ray task per trial, "
            "`pip install privtune[ray]`).", "local", choices=EXECUTORS),

@@ -98,6 +98,13 @@ def _number(x: float) -> str:
               f"[default: {_TUNE_DEFAULTS['executor']}]")
 @click.option("--ray-address", type=str, help="With --executor ray: auto, local, HOST:PORT or ray://HOST:PORT "
               "(default: $RAY_ADDRESS, else a `ray start` instance on this machine, else a new local one).")
+@click.option("--privacy-unit", type=str,
+              help="User-level DP: the column of --data naming the person (document, conversation) owning each row. "
+                   "Every pilot, trial, charged score and the final run then protect all rows of one unit; "
+                   "--batch-size counts units and --delta must be below 1/(number of units). See "
+                   "docs/privacy-unit.md.")
+@click.option("--max-rows-per-unit", type=int,
+              help="With --privacy-unit: the public cap k on one unit's rows per step (default 8).")
 @click.option("--quiet", is_flag=True, default=None, help="No progress display (log.txt is still written).")
 def tune(**kwargs) -> None:
     """Tune hyperparameters privately and train the final model: one (ε, δ) for everything."""
@@ -108,6 +115,10 @@ def tune(**kwargs) -> None:
     result = run_tune(call.get("data"), **{k: v for k, v in call.items() if k != "data"})
     m = result.metrics
     click.echo(f"run directory: {result.run_dir}")
+    if m.get("privacy_unit"):
+        unit = m["privacy_unit"]
+        click.echo(f"privacy unit: {unit['unit']} ({unit['num_units']} units, at most {unit['max_rows_per_unit']} "
+                   "rows each per step): the guarantee covers all rows of one unit")
     if m.get("resumed"):
         click.echo(f"resumed: {m['resumed']['replayed_trials']} completed trial(s) replayed, not recomputed; the "
                    "same ledger reservation was continued")

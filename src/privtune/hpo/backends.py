@@ -176,7 +176,9 @@ class FeatureBackend:
     no privacy cost; never pass the reported split here.  ``device``: where the heads train
     (None = CUDA when available, else CPU); the returned heads live on the CPU.  ``public_n``: the
     public number of training rows when the realised one is private (a private-validation split);
-    the expected batch size and :attr:`n` use it (:func:`privtune.training.public_size`).
+    the expected batch size and :attr:`n` use it (:func:`privtune.training.public_size`).  ``units``: user level,
+    ``(UnitIndex of the rows of X, k)``: every run samples units (:mod:`privtune.engine.units`); :attr:`n` is then
+    the number of units N_u (``public_n``).
     """
 
     kind = "features"
@@ -184,7 +186,8 @@ class FeatureBackend:
     executor: Any = None
 
     def __init__(self, X: torch.Tensor, y: torch.Tensor, num_classes: int, *, curve_data=None,
-                 center: torch.Tensor | None = None, device: Any = None, public_n: int | None = None):
+                 center: torch.Tensor | None = None, device: Any = None, public_n: int | None = None,
+                 units: tuple | None = None):
         self.center = None if center is None else center.float()
         self.X = self._c(X.float())
         self.y = y.long()
@@ -194,6 +197,7 @@ class FeatureBackend:
         self.features = FeatureSet(self.X, self.y, self.num_classes)
         if public_n is not None:
             declare_public_size(self.features, public_n)
+        self.units = units
         self.runs = 0
 
     def _zero_head(self, bias: bool) -> nn.Linear:
@@ -251,7 +255,8 @@ class FeatureBackend:
         if free_step and optimizer == "sgd" and momentum > 0:
             loop_hooks.append(_FreeMomentumStep())
         fit(lin, self.features,
-            noise=NoiseSpec(noise_multiplier=noise_multiplier, sample_rate=sample_rate, steps=int(steps)),
+            noise=NoiseSpec(noise_multiplier=noise_multiplier, sample_rate=sample_rate, steps=int(steps),
+                            **_unit_options(self.units)),
             optimizer=OptimizerSpec(name=optimizer, learning_rate=learning_rate, eps=o.eps_adam,
                                     momentum=momentum if optimizer == "sgd" else 0.0, weight_decay=o.weight_decay),
             clipping=ClippingSpec(clip=clip, clipping=clipping, gamma=o.gamma),
@@ -306,7 +311,7 @@ class ModelBackend:
 
     def __init__(self, model: Any, train_set: Any, mode: str, *, optimizer: str = "adam", clipping: str = "flat",
                  max_physical_batch_size: int = 64, curve_data=None, lora_rank: int = 8,
-                 zero_init_head: bool = True, device: Any = None):
+                 zero_init_head: bool = True, device: Any = None, units: tuple | None = None):
         """``zero_init_head``: start every run from a zero classification head (seed 002).  With the
         random head of a fresh Hugging Face classifier, AUTO-S (hyperfree) DP-BiTFiT of MiniLM stayed
         at chance on SST-2 even without noise, while from a zero head it learned (docs/strategies/hyperfree.md)."""
@@ -322,6 +327,7 @@ class ModelBackend:
         self.mode_info = (apply_mode(self.base, mode, lora_rank=lora_rank, zero_init_head=self.zero_init_head)
                           if mode != "lora" else None)
         self._lora_rank = lora_rank
+        self.units = units  # user level: (UnitIndex of train_set's rows, k); every run samples units
         self.runs = 0
 
     @property
@@ -358,7 +364,8 @@ class ModelBackend:
             progress, record = None, False
         curve = self.curve_data if record else None
         res = fit(model, self.train_set,
-                  noise=NoiseSpec(noise_multiplier=noise_multiplier, sample_rate=sample_rate, steps=int(steps)),
+                  noise=NoiseSpec(noise_multiplier=noise_multiplier, sample_rate=sample_rate, steps=int(steps),
+                                  **_unit_options(self.units)),
                   optimizer=OptimizerSpec(name=o.optimizer or self.optimizer, learning_rate=learning_rate,
                                           backbone_lr_scale=o.backbone_lr_scale, weight_decay=o.weight_decay),
                   clipping=ClippingSpec(clip=o.clip, clipping=o.clipping or self.clipping, gamma=o.gamma),
@@ -378,6 +385,11 @@ class ModelBackend:
 
     def logits(self, state: Any, data: Any) -> torch.Tensor:
         return state.predict_logits(data)
+
+
+def _unit_options(units: tuple | None) -> dict:
+    """:func:`privtune.training.fit`'s privacy-unit options of a backend's ``units`` (None: example level)."""
+    return {} if units is None else {"privacy_unit": units[0], "max_rows_per_unit": units[1]}
 
 
 def _eval_every(steps: int, points: int = 5) -> int:

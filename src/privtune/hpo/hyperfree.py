@@ -147,15 +147,20 @@ def gen_lr_update(L0: float, Lm: float, Lp: float, lr: float, *, clamp_factor: f
 
 
 def privatize_loss(losses: torch.Tensor, R_l: float, noise_multiplier: float, expected_batch_size: float,
-                   generator: torch.Generator | None = None) -> float:
+                   generator: torch.Generator | None = None, weights: torch.Tensor | None = None) -> float:
     """Eq. (7) of seed 001: (Σ clamp(ℓ_i, −R_l, R_l) + σ_l·R_l·N(0, 1)) / B (a NaN or inf ℓ_i counts 0).
 
     The clipped sum has add/remove sensitivity R_l, so this is a Gaussian mechanism with
     noise multiplier ``noise_multiplier`` (σ_l), :func:`privtune.engine.mechanisms.noisy_scalar`.  B is the
-    *expected* batch size.
+    *expected* batch size.  ``weights`` (user level): the batch's row weights 1/m_u
+    (:meth:`privtune.engine.units.UnitIndex.row_weights`), so a sampled unit adds the mean of its rows' clamped
+    losses and the sensitivity stays R_l per unit; B is then the expected number of units.
     """
     # a NaN/inf loss adds nothing (as its gradient term in the engine): the sum stays in [−B·R_l, B·R_l]
-    s = float(torch.where(torch.isfinite(losses), losses, 0.0).clamp(-R_l, R_l).sum().item())
+    clamped = torch.where(torch.isfinite(losses), losses, 0.0).clamp(-R_l, R_l)
+    if weights is not None:
+        clamped = clamped.double() * weights.to(torch.float64)
+    s = float(clamped.sum().item())
     # its event is not charged on its own: the release shares the update step's batch (joint accounting, σ_eff)
     return noisy_scalar(s, noise_multiplier, R_l, generator, label="hyperfree loss").value / expected_batch_size
 
@@ -475,12 +480,14 @@ class LearningRateProbe(LoopHook):
                 with torch.no_grad():
                     for p, a, dd in zip(loop.params, w0, d):
                         p.copy_(a + sign * lr * dd)
-                return privatize_loss(loop.per_example_losses(batch), self.R_l, self.sigma_l, self.B, self.gen)
+                return privatize_loss(loop.per_example_losses(batch), self.R_l, self.sigma_l, self.B, self.gen,
+                                      weights)
 
+            weights = loop.unit_weights(batch)  # user level: 1/m_u per row (one unit, one bounded term); else None
             # the losses at w_t on this batch were computed by the step's own forward pass: reused, so an
             # update costs two extra forward passes instead of three (same values, same release)
             at_w0 = self._losses_at_w0
-            L0 = (privatize_loss(at_w0, self.R_l, self.sigma_l, self.B, self.gen) if at_w0 is not None
+            L0 = (privatize_loss(at_w0, self.R_l, self.sigma_l, self.B, self.gen, weights) if at_w0 is not None
                   else loss_at(0.0))
             Lm, Lp = loss_at(-1.0), loss_at(+1.0)
             self.lr, self.R_l = _update_lr(L0, Lm, Lp, lr, t, self.config, hist)

@@ -41,6 +41,7 @@ import torch
 
 from privtune import _release, finetune  # finetune.cache_features: a test seam, read at call time
 from privtune._validation import check_batchnorm, check_choice, check_image_size, check_int, check_real
+from privtune.accounting.certificate import neighbouring_relation
 from privtune.accounting.events import GaussianEvent, event_to_dict
 from privtune.data import embedded_fashion_mnist, embedded_sst2
 from privtune.data.datasets import (EMBEDDED_IMAGE_DEMO, EMBEDDED_IMAGE_LABELS, EMBEDDED_IMAGE_MODEL, EMBEDDED_LABELS,
@@ -48,6 +49,8 @@ from privtune.data.datasets import (EMBEDDED_IMAGE_DEMO, EMBEDDED_IMAGE_LABELS, 
 from privtune.engine import distributed
 from privtune.engine.mechanisms import noisy_feature_sum
 from privtune.engine.sampling import make_generator, poisson_mask
+from privtune.engine.units import (DEFAULT_MAX_ROWS_PER_UNIT, check_max_rows_per_unit, check_unit_delta,
+                                   check_units_disjoint, checked_units, load_units, unit_description)
 from privtune.errors import (InfeasibleBudgetError, InvalidParameterError, ModelError, OneClassModelWarning,
                              PrivtuneError, UnlikelyToLearnWarning)
 from privtune.finetune import usefulness
@@ -204,6 +207,8 @@ def tune(
     image_size: int | None = None,
     batchnorm: str | None = None,
     time_budget: float | None = None,
+    privacy_unit: Any = None,
+    max_rows_per_unit: int | None = None,
     **unknown: Any,
 ) -> TuneResult:
     """Tune hyperparameters privately and train, under one total (ε, δ).
@@ -280,6 +285,15 @@ def tune(
         pass on a dummy input, :mod:`privtune.finetune.cost`) and logs the estimates.  With a budget, ``mode="auto"``
         pilots only the modes estimated to fit in it (the cheapest when none does), and an explicit mode estimated
         above it is refused before the reservation.
+    privacy_unit : str, sequence or callable, optional
+        User-level DP (docs/privacy-unit.md): the column of ``data`` naming the unit (person, document) that owns
+        each row, one key per row, or a callable ``f(row_index) -> key``.  Every pilot, trial, charged score, the
+        private feature centre and the final run then protect all rows of one unit: runs sample units (Poisson,
+        at most ``max_rows_per_unit`` rows each, weighted 1/m_u), scores and the centre weight each unit's rows
+        to sum to one, and the accounting is over the N_u units (δ < 1/N_u; ``batch_size`` counts units).  A
+        public or reported split with the unit column must share no unit with the training data.
+        ``selection="private-validation"`` is refused with it.
+    max_rows_per_unit : k, the public cap on one unit's rows per step (default 8); only with ``privacy_unit``.
     """
     from privtune.data.generation import is_generation_data
 
@@ -295,7 +309,8 @@ def tune(
         optimizer=optimizer, max_physical_batch_size=max_physical_batch_size, strategy_options=strategy_options, nonprivate_reference=nonprivate_reference, accountant=accountant,
         text_column=text_column, label_column=label_column, quiet=quiet, write_files=write_files, feature_cache_dir=feature_cache_dir,
         resume=resume, labels=labels, device=device, executor=executor, ray_address=ray_address,
-        image_size=image_size, batchnorm=batchnorm, time_budget=time_budget)
+        image_size=image_size, batchnorm=batchnorm, time_budget=time_budget,
+        privacy_unit=privacy_unit, max_rows_per_unit=max_rows_per_unit)
     return run_pipeline.execute(TuneJob(arguments, unknown))
 
 
@@ -373,6 +388,8 @@ class TuneArguments:
     image_size: int | None = None
     batchnorm: str | None = None
     time_budget: float | None = None
+    privacy_unit: Any = None  # user level: the unit column (or keys, or a callable); None: one example
+    max_rows_per_unit: int | None = None  # k (None: the default)
 
     def options(self) -> dict:
         """Every argument by name, in :func:`tune`'s order; the label set as one spelling ([0, 1], "0,1" and
@@ -402,6 +419,7 @@ class _Request:
     device: Any
     executor: Any  # where independent trials run (hpo.executors; checked and connected before data is read)
     time_budget: float | None = None  # minutes; None: estimates are logged, nothing is refused or skipped
+    units: tuple | None = None  # user level: (the unit column / keys / callable, k); None: one example
 
 
 def _check_arguments(args: TuneArguments, unknown: dict) -> _Request:
@@ -456,13 +474,38 @@ def _check_arguments(args: TuneArguments, unknown: dict) -> _Request:
             check_choice(args.selection, "selection", common.SELECTIONS)
     schedule = ScheduleSpec(epochs=args.epochs, steps=args.steps, batch_size=args.batch_size,
                             max_physical_batch_size=args.max_physical_batch_size)
+    units = _check_unit_arguments(args, selection)
     return _Request(strategy=strat, mode=mode, privacy=privacy, schedule=schedule, clipping=clipping,
                     optimizer=OptimizerSpec(name=args.optimizer), trials=args.trials, seed=seed,
                     selection=selection, selection_noise=args.selection_noise,
                     options=dict(args.strategy_options or {}), device=device,
-                    executor=for_tune(args.executor, args.ray_address, strat),
+                    executor=for_tune(args.executor, args.ray_address, strat), units=units,
                     time_budget=None if args.time_budget is None else check_real(
                         args.time_budget, "time_budget", low=0.0, fix="Pass the minutes the run may take, e.g. 30."))
+
+
+def _check_unit_arguments(args: TuneArguments, selection: str | None) -> tuple | None:
+    """``(privacy unit, k)`` of a user-level tune, or None; refused before any data is read: k without a unit,
+    a unit without the user's own data (the embedded demos have no unit column), a private validation split
+    (its random split is drawn per row)."""
+    if args.privacy_unit is None:
+        if args.max_rows_per_unit is not None:
+            raise InvalidParameterError(
+                "`max_rows_per_unit` applies only with `privacy_unit` (user-level DP). Pass privacy_unit=COLUMN "
+                "(CLI --privacy-unit), or drop max_rows_per_unit.")
+        return None
+    k = check_max_rows_per_unit(DEFAULT_MAX_ROWS_PER_UNIT if args.max_rows_per_unit is None
+                                else args.max_rows_per_unit)
+    if args.data is None or (isinstance(args.data, str) and args.data.startswith("embedded:")):
+        raise InvalidParameterError(
+            "`privacy_unit` needs your own training data with a column naming each row's unit (--data FILE); the "
+            "embedded demos have none.")
+    if selection == "private_validation_noisy":
+        raise InvalidParameterError(
+            "selection='private-validation' is not available with `privacy_unit` (its held-out split is drawn row "
+            "by row). Use selection='public-validation' with a split you declare public, or 'train-accuracy' / "
+            "'train-loss' (charged per unit).")
+    return args.privacy_unit, k
 
 
 @dataclass(frozen=True)
@@ -492,6 +535,27 @@ class _Inputs:
     n_val_public: int | None = None  # planned validation rows
     whole: Any = None  # the whole training file, once split (its features are cached once, n rows: public)
     val_mask: Any = None  # (n,) bool, True for the validation rows (PRIVATE: never written)
+    #: user level: the privacy units of the training rows (privtune.engine.units.UnitIndex) and the cap k; the
+    #: public size n_train_public is then N_u, the number of units (how many rows each unit has is private)
+    units: Any = None
+    max_rows_per_unit: int | None = None
+
+    @property
+    def unit_option(self) -> tuple | None:
+        """What a backend's runs take (:class:`privtune.hpo.backends.FeatureBackend`): ``(units, k)`` or None."""
+        return None if self.units is None else (self.units, self.max_rows_per_unit)
+
+    def score_weights(self, source: str) -> torch.Tensor | None:
+        """User level: the weights 1/c_u of the training rows for a charged score on them (each unit adds the
+        mean of its rows' terms, sensitivity 1 per unit); None for a public split or at example level."""
+        if self.units is None or source == "public_validation":
+            return None
+        return self.units.mean_weights()
+
+    @property
+    def unit_description(self) -> dict | None:
+        """What the run publishes about its unit (name, k, N_u: :func:`privtune.engine.units.unit_description`)."""
+        return None if self.units is None else unit_description(self.units, self.max_rows_per_unit)
 
     @property
     def n_train(self) -> int:
@@ -541,7 +605,8 @@ def _load_inputs(req: _Request, data, *, eval_data, public_eval_data, labels, mo
         check_disjoint(train, eval_set, "eval_data")
     if public_set is not None and eval_set is not None:
         check_disjoint(public_set, eval_set, "eval_data", against="public_eval_data")
-    privacy = req.privacy.for_dataset(len(train))
+    units = _load_units(req, data, train, public_eval_data, eval_data)
+    privacy = req.privacy.for_dataset(len(train) if units is None else units.num_units)
     # the ledger's dataset is the WHOLE training file: fingerprint it before any private-validation split
     # (a split's rows would hash to a new fingerprint, i.e. a fresh budget for the same data)
     fingerprint, file_name = _dataset_identity(train)
@@ -555,13 +620,30 @@ def _load_inputs(req: _Request, data, *, eval_data, public_eval_data, labels, mo
     if selection == "private_validation_noisy":  # drawn later, from the run's seed (_split_private_validation)
         frac = check_real(validation_fraction, "validation_fraction", low=0.0, high=0.5)
         n_train_public, n_val_public = _planned_split_sizes(len(train), frac, privacy.delta)
+    if units is not None:  # N_u stands where n stood (q = B/N_u, the plan, the divisors, what is published)
+        n_train_public = declare_public_size(train, units.num_units).public_size
     return _Inputs(train=train, eval_set=eval_set, public_set=public_set, private_val=None,
                    selection=selection, privacy=privacy, num_labels=num_labels, label_names=names,
                    label_source=label_source, fingerprint=fingerprint, file_name=file_name, embedded=embedded,
                    train_source=train_source,
                    reported_split=reported_split or (None if eval_data is None else release.split_name(
                        eval_data, "in-memory evaluation split")),
-                   validation_fraction=frac, n_train_public=n_train_public, n_val_public=n_val_public)
+                   validation_fraction=frac, n_train_public=n_train_public, n_val_public=n_val_public,
+                   units=units, max_rows_per_unit=None if units is None else req.units[1])
+
+
+def _load_units(req: _Request, data: Any, train: Any, public_eval_data: Any, eval_data: Any) -> Any:
+    """User level: the training rows' :class:`~privtune.engine.units.UnitIndex` (δ < 1/N_u checked), after
+    refusing a public or reported split that shares a unit with the training data (checked when the split has
+    the unit column; without it only its rows are checked, by :func:`check_disjoint`).  None at example level."""
+    if req.units is None:
+        return None
+    column = req.units[0]
+    units = checked_units(load_units(data, column, len(train), dataset=train), len(train), req.units[1], "poisson")
+    check_unit_delta(req.privacy.delta, units.num_units, units.name)
+    for split, what in ((public_eval_data, "public_eval_data"), (eval_data, "eval_data")):
+        check_units_disjoint(data, split, column, what)
+    return units
 
 
 def _planned_split_sizes(n: int, frac: float, delta: float) -> tuple[int, int]:
@@ -853,7 +935,10 @@ class TuneJob:
         clf = _load_model(self.arguments.model, inputs, loaded.files.run_seed, image_size=self.arguments.image_size,
                           batchnorm=self.arguments.batchnorm)
         log(f"privtune tune: strategy={req.strategy.name}, mode={req.mode}, total ε={req.privacy.epsilon:g}, "
-            f"δ={inputs.privacy.delta:g}, data={inputs.train_source} (n={inputs.n_train}), "
+            f"δ={inputs.privacy.delta:g}, data={inputs.train_source} ("
+            + (f"n={inputs.n_train}" if inputs.units is None else
+               f"N_u={inputs.n_train} units of {inputs.units.name}, at most {inputs.max_rows_per_unit} rows each per "
+               "step") + "), "
             f"selection={common.describe_selection(_selection_of_strategy(req, inputs))}")
         tplan = _plan_run(req, inputs, log, warning_log=loaded.prog.log_to_file, lora_capable=_lora_capable(clf),
                           cost=backbone_cost(clf))
@@ -883,7 +968,8 @@ class TuneJob:
             resume_key=files.run_id,
             events=lambda led: _cover_candidates(led, fp, planned.tplan.mode_plans, eps_total, delta, accountant),
             resuming=files.state_header is not None, file_name=None if in_run_dir else inputs.file_name,
-            reserve_delta=delta, strict_resume=True, replayed=bool(files.state_entries), run_dir=files.run_dir)
+            reserve_delta=delta, strict_resume=True, replayed=bool(files.state_entries), run_dir=files.run_dir,
+            privacy_unit=None if inputs.units is None else inputs.units.name)
 
     def open_ledger(self, loaded: _Loaded, files: _RunFiles) -> tuple[Any, str]:
         return open_ledger_for(self.arguments.ledger, run_dir=files.run_dir, in_run_dir=loaded.inputs.embedded)
@@ -940,7 +1026,8 @@ class TuneJob:
                                          None if req.strategy.not_private else budget.dataset_id)
         return Described(events=ran.events, delta=inputs.privacy.delta, accountant=req.privacy.accountant,
                          metadata=as_plain(metadata), seed=req.seed,
-                         epsilon_limit=None if req.strategy.not_private else req.privacy.epsilon)
+                         epsilon_limit=None if req.strategy.not_private else req.privacy.epsilon,
+                         neighbouring=neighbouring_relation(None if inputs.units is None else inputs.units.name))
 
     def figures(self, loaded: _Loaded, planned: _Planned, files: _RunFiles, ran: _Ran, budget: Any,
                 cert: Any) -> tuple[dict, dict]:
@@ -970,13 +1057,15 @@ class TuneJob:
             "wall_time_s": (None if ran.outcome.certificate_events is not None
                             else round(time.time() - self._started, 1)),
         }
+        if inputs.units is not None:  # the unit's name, k and N_u (public); n_train is N_u
+            metrics["privacy_unit"] = inputs.unit_description
         _list_warnings(metrics, req, inputs, planned.tplan)
         if strat.not_private:
             metrics["not_private"] = True
             metrics["label"] = "NOT PRIVATE"
         if self.arguments.nonprivate_reference and not strat.not_private and ran.features is not None:
             metrics["nonprivate_reference"] = _oracle_reference(ran.features, ran.selector, req.privacy.epsilon,
-                                                                delta, accountant, req.seed, inputs.eval_set, prog)
+                                                                delta, accountant, req.seed, inputs.unit_option, prog)
         history = {
             "final_run": _final_curves(ran.outcome.final_history),
             "trials": [as_plain(t.to_dict()) for t in ran.trials],
@@ -1059,6 +1148,8 @@ def _certificate_metadata(req: _Request, inputs: _Inputs, tplan: _TunePlan, ran:
         "dataset_id": dataset_id, "plan": as_plain(tplan.plan.notes),
         "notes": [*(ran.outcome.strategy_data.get("notes", []) or [])],
     }
+    if inputs.units is not None:  # user level: every pilot, trial, score and the final run sample and weigh units
+        metadata["privacy_unit"] = inputs.unit_description
     metadata.update(_trial_section(ran.trials, ran.outcome, req.strategy.not_private))
     if req.strategy.not_private:
         metadata["label"] = "NOT PRIVATE"
@@ -1351,7 +1442,8 @@ def _execute(req: _Request, inputs: _Inputs, tplan: _TunePlan, clf, prog, seed: 
     sel_eff = _selection_of_strategy(req, inputs)
     # what the pilots' backends and selectors read (device, memory, the journal that records their draws)
     kw = {"journal": journal, "device": req.device, "accountant": accountant,
-          "max_physical_batch_size": req.schedule.max_physical_batch_size, "executor": req.executor}
+          "max_physical_batch_size": req.schedule.max_physical_batch_size, "executor": req.executor,
+          "units": inputs.unit_option}
     feats: dict = {}
 
     def features():
@@ -1381,19 +1473,19 @@ def _execute(req: _Request, inputs: _Inputs, tplan: _TunePlan, clf, prog, seed: 
                 feats["_center"] = feats["public"][0].mean(dim=0)
                 feats["_center_note"] = "features centred by the mean of the PUBLIC validation split (free)"
             elif tplan.center_sigma:
-                g = make_generator(seed, offset=4242)  # noise of the private centring
-                noisy = noisy_feature_sum(feats["train"][0], tplan.center_sigma, g).value  # planned: tplan's event
-                feats["_center"] = noisy / inputs.n_train  # public n (a random split's realised size is private)
-                feats["_center_note"] = (f"features centred by a PRIVATE mean (Gaussian, σ = {tplan.center_sigma:.3g}, "
-                                         "charged)")
+                feats["_center"], feats["_center_note"] = _private_centre(feats["train"][0], tplan.center_sigma,
+                                                                          inputs, seed)
         return feats
 
-    # a score on the private validation split is normalised by its planned size, never its realised one
-    scored_size = inputs.n_val_public if sel_name == "private_validation_noisy" else None
+    # a score on the private validation split is normalised by its planned size, never its realised one; at user
+    # level by N_u
+    scored_size = inputs.n_val_public if sel_name == "private_validation_noisy" else inputs.units and inputs.n_train
 
     def make_selector(source, data_kind: str):
         if source == "none":
             return None
+        weights = inputs.score_weights(source)  # user level, charged: each unit's rows weighted to sum to one
+        size = None if source == "public_validation" else scored_size
         if data_kind == "features":
             f = features()
             if source == "public_validation":
@@ -1403,10 +1495,11 @@ def _execute(req: _Request, inputs: _Inputs, tplan: _TunePlan, clf, prog, seed: 
             else:
                 X, y = f["train"]
             return _journaled(Selector(source, X, y, noise_std=tplan.selection_sigma or 0.0,
-                                       name=f"selection:{source}", seed=seed, public_size=scored_size), kw)
+                                       name=f"selection:{source}", seed=seed, public_size=size,
+                                       row_weights=weights), kw)
         return _journaled(Selector(source, selector_data, _labels_tensor(selector_data),
                                    noise_std=tplan.selection_sigma or 0.0, name=f"selection:{source}", seed=seed,
-                                   public_size=scored_size), kw)
+                                   public_size=size, row_weights=weights), kw)
 
     def plan_time(pilots_left, mode):  # the work ahead, for the time left of the whole tune
         prog.plan_ahead(_work_ahead(tplan, inputs, pilots_left, mode, cached=bool(feats)))
@@ -1430,7 +1523,7 @@ def _execute(req: _Request, inputs: _Inputs, tplan: _TunePlan, clf, prog, seed: 
         f = features()
         X, y = f["train"]
         backend = _journaled(FeatureBackend(X, y, clf.num_labels, curve_data=f.get("public"), center=f.get("_center"),
-                                            device=req.device, public_n=inputs.n_train), kw)
+                                            device=req.device, public_n=inputs.n_train, units=inputs.unit_option), kw)
         selector = make_selector(sel_eff, "features")
         prog.start_phase(f"{strat.name} on cached features", None, unit="runs")
         if journal is not None and plan.accounting == "repeat-and-select":
@@ -1448,7 +1541,7 @@ def _execute(req: _Request, inputs: _Inputs, tplan: _TunePlan, clf, prog, seed: 
         backend = _journaled(ModelBackend(clf, train, used_mode, optimizer=req.optimizer.name or DEFAULT_OPTIMIZER,
                                           clipping=req.clipping.clipping or DEFAULT_CLIPPING,
                                           max_physical_batch_size=req.schedule.max_physical_batch_size,
-                                          curve_data=public_set, device=req.device), kw)
+                                          curve_data=public_set, device=req.device, units=inputs.unit_option), kw)
         selector = make_selector(sel_eff, "model")
         prog.start_phase(f"{strat.name} ({used_mode})", None, unit="runs")
         if used_mode not in strat.modes:  # refused in tune() before anything is reserved; kept as a guard
@@ -1457,6 +1550,15 @@ def _execute(req: _Request, inputs: _Inputs, tplan: _TunePlan, clf, prog, seed: 
         prog.end_phase()
         final_model = out.state
     return _ran(out, final_model, used_mode, pilot_records, selector, feats, tplan, delta, accountant)
+
+
+def _private_centre(X: torch.Tensor, sigma: float, inputs: _Inputs, seed: int) -> tuple[torch.Tensor, str]:
+    """The charged private feature mean (tplan's planned ``GaussianEvent(σ, 1)``) and its note: the noisy sum of
+    the rows scaled to norm ≤ 1, over the public n (or N_u: a random split's realised size is private).  User
+    level: each unit adds the mean of its rows (sensitivity 1 per unit)."""
+    g = make_generator(seed, offset=4242)  # noise of the private centring
+    noisy = noisy_feature_sum(X, sigma, g, weights=inputs.score_weights("centre")).value
+    return noisy / inputs.n_train, f"features centred by a PRIVATE mean (Gaussian, σ = {sigma:.3g}, charged)"
 
 
 def _adopt_pilots_choice(tplan: _TunePlan, mode: str, pilot_records: list, delta: float, accountant: str,
@@ -1494,7 +1596,7 @@ def _run_pilots(modes, clf, train, features, make_selector, source, pilot_eps, d
             f = features()
             X, y = f["train"]
             be = _journaled(FeatureBackend(X, y, clf.num_labels, center=f.get("_center"), device=kw.get("device"),
-                                           public_n=n), kw)
+                                           public_n=n, units=kw.get("units")), kw)
             sel = make_selector(source, "features")
             sigma = common.calibrate_final(pilot_eps, delta, [], sample_rate=1.0, steps=1, sampling="full_batch",
                                            accountant=kw.get("accountant", "pld"), what="a mode pilot")
@@ -1503,7 +1605,7 @@ def _run_pilots(modes, clf, train, features, make_selector, source, pilot_eps, d
             hp = {"mode": m, "optimizer": "sgd", "steps": 1, "batch": "full", "noise_multiplier": sigma}
         else:
             be = _journaled(ModelBackend(clf, train, m, max_physical_batch_size=kw.get("max_physical_batch_size") or 32,
-                                         device=kw.get("device")),
+                                         device=kw.get("device"), units=kw.get("units")),
                             kw)
             sel = make_selector(source, "model")
             q, T = _pilot_batch(n) / n, _PILOT_STEPS  # a short, cheap pilot on a Poisson subsample
@@ -1528,7 +1630,7 @@ def _run_pilots(modes, clf, train, features, make_selector, source, pilot_eps, d
     return best.hyperparameters["mode"], records
 
 
-def _oracle_reference(feats, selector, eps, delta, accountant, seed, eval_set, prog) -> dict:
+def _oracle_reference(feats, selector, eps, delta, accountant, seed, units, prog) -> dict:
     """NOT PRIVATE grid-oracle reference on the same features (never released)."""
     X, y = feats["train"]
     sel = selector
@@ -1537,7 +1639,8 @@ def _oracle_reference(feats, selector, eps, delta, accountant, seed, eval_set, p
             return {"label": "NOT PRIVATE", "note": "no public selection split; reference skipped"}
         Xs, ys = feats["select"]
         sel = Selector("public_validation", Xs, ys, name="oracle")
-    be = FeatureBackend(X, y, int(y.max().item()) + 1)
+    be = FeatureBackend(X, y, int(y.max().item()) + 1, units=units,
+                        public_n=None if units is None else units[0].num_units)
     res = grid_oracle.run(be, sel, grid_oracle.GridOracleConfig(), eps, delta, seed=seed, accountant=accountant,
                           progress=prog.log)
     return {"kind": "grid-oracle (tuning uncharged)", "label": "NOT PRIVATE", "selection_score": res.score,
