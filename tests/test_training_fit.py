@@ -56,6 +56,20 @@ def test_accumulation_equals_one_batch(model_path, data):
         torch.testing.assert_close(results[0][k], results[1][k], atol=2e-6, rtol=1e-5)
 
 
+def test_full_batch_accumulation_keeps_each_row_with_its_label(model_path, data):
+    """A full batch of texts larger than the micro-batch is reordered by length before it is split; every row
+    must still be paired with its own label (the same step as one micro-batch holding every row)."""
+    results = []
+    for phys in (5, 64):
+        m = load_classifier(model_path, seed=0)
+        apply_mode(m, "bitfit")
+        fit(m, data[0], noise=NoiseSpec(noise_multiplier=0.0, sample_rate=1.0, steps=2, sampling="full_batch"),
+            optimizer=OptimizerSpec(name="sgd", learning_rate=1.0), options=LoopOptions(seed=3, max_physical_batch_size=phys))
+        results.append(_params(m))
+    for k in results[0]:
+        torch.testing.assert_close(results[0][k], results[1][k], atol=2e-6, rtol=1e-5)
+
+
 def test_same_seed_same_result_different_seed_differs(model_path, data):
     outs = []
     for seed in (5, 5, 6):

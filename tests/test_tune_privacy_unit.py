@@ -88,7 +88,7 @@ def test_every_run_score_and_centre_of_a_tune_is_unit_level(files, tmp_path, mon
     real_fit, real_centre, real_score = backends.fit, tune_mod.noisy_feature_sum, common.Selector.score
 
     def fit(*a, **kw):
-        fits.append((kw.get("privacy_unit"), kw.get("max_rows_per_unit")))
+        fits.append((kw["noise"].privacy_unit, kw["noise"].max_rows_per_unit))
         return real_fit(*a, **kw)
 
     def centre(X, sigma, g, weights=None):
