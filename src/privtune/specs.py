@@ -33,6 +33,7 @@ from privtune._validation import (
     suggest_delta,
 )
 from privtune.accounting.accountant import ACCOUNTANTS
+from privtune.accounting.calibration import calibrate_noise_multiplier
 from privtune.accounting.events import SAMPLING_SCHEMES
 from privtune.engine.private_gradient import CLIPPINGS
 from privtune.engine.units import DEFAULT_MAX_ROWS_PER_UNIT
@@ -293,8 +294,12 @@ class NoiseSpec:
     assume_poisson : with ``sampling="shuffle"`` only: account the shuffled batches AS IF Poisson sampled.
     privacy_unit : None (one example is the unit), or the unit of every row (user-level DP;
         :mod:`privtune.engine.units`), with at most ``max_rows_per_unit`` rows (k ≥ 1) of a unit per step.
-    delta, accountant : δ (a probability) and the accountant of the ε spent so far that a progress display
-        shows; they change nothing that is trained or charged.
+    delta, accountant : δ in (0, 1) (a probability) and the accountant of the ε these events compose to: what a
+        progress display shows, and the claim an audit (:func:`privtune.audit.audit_dp_step`) tests; they change
+        nothing that is trained or charged.
+
+    >>> NoiseSpec.for_epsilon(1.0, delta=1e-5, sample_rate=1.0, steps=10).sampling
+    'full_batch'
     """
 
     noise_multiplier: float
@@ -315,7 +320,24 @@ class NoiseSpec:
         _set(self, "steps", check_steps(self.steps))
         _set(self, "sampling", check_choice(self.sampling, "sampling", SAMPLING_SCHEMES))
         _check_flag(self.assume_poisson, "assume_poisson")
+        _set(self, "max_rows_per_unit", check_int(self.max_rows_per_unit, "max_rows_per_unit", low=1,
+                                                  fix="Pass the most rows one unit may contribute to a step."))
+        if self.delta is not None:
+            _set(self, "delta", check_real(self.delta, "delta", low=0.0, high=1.0, fix="Pass e.g. delta=1e-5."))
         _set(self, "accountant", check_choice(self.accountant, "accountant", ACCOUNTANTS))
+
+    @classmethod
+    def for_epsilon(cls, epsilon: float, *, delta: float, sample_rate: float, steps: int,
+                    sampling: str | None = None, accountant: str = "pld", **options: Any) -> NoiseSpec:
+        """The mechanism whose T = ``steps`` steps at rate q = ``sample_rate`` compose to ``epsilon`` at
+        ``delta``: σ calibrated by the accountant.  ``sampling=None`` = "full_batch" at q = 1, else "poisson";
+        ``options``: the other fields (``max_rows_per_unit``, ...)."""
+        q, T = check_sample_rate(sample_rate), check_steps(steps)
+        sampling = ("full_batch" if q == 1.0 else "poisson") if sampling is None else sampling
+        sigma = calibrate_noise_multiplier(check_epsilon(epsilon), check_real(delta, "delta", low=0.0, high=1.0),
+                                           sample_rate=q, steps=T, accountant=accountant, sampling=sampling)
+        return cls(noise_multiplier=sigma, sample_rate=q, steps=T, sampling=sampling, delta=delta,
+                   accountant=accountant, **options)
 
 
 @dataclass(frozen=True)

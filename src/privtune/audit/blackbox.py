@@ -27,7 +27,7 @@ import string
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,34 +36,25 @@ import torch.nn.functional as F
 
 # module, not function: tests replace training.train with a spy
 from privtune import training
-from privtune._validation import (
-    check_accounted_noise_multiplier,
-    check_choice,
-    check_delta,
-    check_epsilon,
-    check_int,
-    check_real,
-    check_steps,
-    suggest_delta,
-)
+from privtune._validation import check_int
 from privtune.accounting import calibrate_noise_multiplier, compute_epsilon
 from privtune.accounting.events import DPSGDEvent
 from privtune.audit.result import AuditResult, best_guesses
+from privtune.audit.specs import AUDITED_MODES, AuditSpec, ProbeSpec
 from privtune.audit.whitebox import audit_dp_step
 from privtune.data import TextDataset, load_dataset
 from privtune.data.datasets import declared_label_set
 from privtune import _release
+from privtune.engine.units import DEFAULT_MAX_ROWS_PER_UNIT, load_units
 from privtune.errors import BudgetExceededError, DataError, InvalidParameterError, PrivtuneError, UnknownDatasetError
 from privtune.ledger import Ledger, dataset_identity, open_ledger
 from privtune.models.classifier import check_model
 from privtune.run import budget as run_budget
 from privtune.run import release as run_release
 from privtune.run.budget import BudgetRequest
+from privtune.specs import ClippingSpec, NoiseSpec, OptimizerSpec, PrivacySpec, ScheduleSpec
 
-__all__ = ["audit", "AuditReport", "make_text_canaries", "AUDITED_MODES"]
-
-# two-phase switches the trainable set mid-run (two events); audit each phase's mode on its own
-AUDITED_MODES = ("full", "bitfit", "last-layer", "lora")
+__all__ = ["audit", "run_audit", "AuditInputs", "AuditReport", "make_text_canaries", "AUDITED_MODES"]
 
 
 @dataclass
@@ -179,76 +170,93 @@ def audit(
     Everything knowable (arguments, data, the model and ``max_length``, the output directory) is checked
     before the ledger reservation: a refused audit charges nothing and leaves no output directory.
 
+    The keywords are those of ``privtune audit`` and mirror :func:`privtune.train`'s; they are turned at once into
+    a validated :class:`~privtune.audit.specs.AuditSpec` and :class:`AuditInputs`, and :func:`run_audit` (the same
+    audit from those objects) runs it.
+
     Returns:
         :class:`AuditReport`.
     """
     given = dict(locals())  # the arguments as passed: a resumed audit must repeat them
-    epsilon, noise_multiplier, epochs, steps = _check_budget_and_length(
-        whitebox, blackbox, epsilon, noise_multiplier, epochs, steps)
-    mode, sampling, m, confidence, seed = _check_options(data, mode, sampling, num_canaries, confidence, public_data,
-                                                         seed, resume)
-    out = _check_audit_output(output_dir, resume)
-    user = _load_user_text(data, labels, model, text_column, label_column)
-    units = _audit_units(data, user, privacy_unit, max_rows_per_unit, canary_rows)
+    spec = AuditSpec(
+        privacy=PrivacySpec(epsilon=epsilon, delta=delta, noise_multiplier=noise_multiplier, accountant=accountant),
+        mode=mode,
+        schedule=ScheduleSpec(epochs=epochs, steps=steps, batch_size=batch_size, sampling=sampling,
+                              max_physical_batch_size=max_physical_batch_size),
+        optim=OptimizerSpec(name=optimizer, learning_rate=learning_rate),
+        clipping=ClippingSpec(clip=clip, clipping=clipping),
+        num_canaries=num_canaries, whitebox=whitebox, blackbox=blackbox, public_data=public_data,
+        confidence=confidence, seed=seed, privacy_unit=privacy_unit, max_rows_per_unit=max_rows_per_unit,
+        canary_rows=canary_rows)
+    inputs = AuditInputs(data=data, model=model, labels=labels, text_column=text_column, label_column=label_column,
+                         max_length=max_length, device=device, ledger=ledger, output_dir=output_dir, resume=resume,
+                         progress=progress, arguments={k: given[k] for k in _RESUME_COMPARED})
+    return run_audit(spec, inputs)
+
+
+@dataclass(frozen=True)
+class AuditInputs:
+    """Where an audit reads and writes, beside its :class:`~privtune.audit.specs.AuditSpec`: the data, the model
+    and the label set (as for :func:`privtune.train`), the device, the ledger, the output directory, whether to
+    resume, whether to show progress, and the arguments a resumed audit must repeat."""
+
+    data: Any
+    model: Any = None
+    labels: Any = None
+    text_column: str | None = None
+    label_column: str | None = None
+    max_length: int | None = None
+    device: Any = None
+    ledger: Any = None
+    output_dir: str | os.PathLike | None = None
+    resume: bool = False
+    progress: bool = False
+    arguments: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.data is None:
+            raise InvalidParameterError("`data` is required: the training data of the configuration to audit.")
+        if not isinstance(self.resume, bool):
+            raise InvalidParameterError(f"`resume` must be True or False. Got {self.resume!r}.")
+
+
+def run_audit(spec: AuditSpec, inputs: AuditInputs) -> AuditReport:
+    """The audit of :func:`audit`, from its validated spec: everything knowable (the data, the model and
+    ``max_length``, the output directory) is checked before the ledger reservation."""
+    out = _check_audit_output(inputs.output_dir, inputs.resume)
+    user = _load_user_text(inputs)
+    units = _audit_units(inputs.data, user, spec)
     n_public = len(user) if units is None else units.num_units  # δ < 1/N_u at user level
-    delta = check_delta(min(1e-5, suggest_delta(n_public)) if delta is None else delta, dataset_size=n_public)
-    if blackbox and not isinstance(model, torch.nn.Module):
-        check_model(model, max_length=max_length)  # a missing model or too long max_length: before the reservation
-    arguments = {**{k: given[k] for k in _RESUME_COMPARED}, "data": dataset_identity(user)[0],
-                 "model": None if model is None else str(model),
+    privacy = spec.privacy.for_dataset(n_public)
+    if spec.blackbox and not isinstance(inputs.model, torch.nn.Module):
+        check_model(inputs.model, max_length=inputs.max_length)  # a missing model, too long max_length: before
+    arguments = {**inputs.arguments, "data": dataset_identity(user)[0],
+                 "model": None if inputs.model is None else str(inputs.model),
                  "labels": list(user.label_names) if user.label_names is not None else user.num_labels,
                  "privacy_unit": None if units is None else [units.name, units.k, units.r]}
-    state = _audit_state(out, resume, arguments, seed, charged=blackbox and not public_data)
-    can_texts, can_labels, included, union = _add_canaries(user, m, state.audit_seed, units)
-    B, T, sigma, planned, claimed = _plan_union_run(
-        len(union) if units is None else units.union_size(included), batch_size=batch_size, steps=steps, epochs=epochs, sampling=sampling, epsilon=epsilon,
-        noise_multiplier=noise_multiplier, delta=delta, accountant=accountant)
+    state = _audit_state(out, inputs.resume, arguments, spec.seed, charged=spec.blackbox and not spec.public_data)
+    canaries = _add_canaries(user, spec.num_canaries, state.audit_seed, units)
+    plan = _plan_union_run(canaries.union_size, spec, privacy)
     created = _release.prepare_output_dir(out, (), _AUDIT_DIRS) if out is not None else []
-    if state.path is not None and not resume:
+    if state.path is not None and not inputs.resume:
         # written before the reservation: an audit killed at any later point resumes under that reservation
         state.save()
-    audit_seed = state.audit_seed
     report = AuditReport()
-    if whitebox:
-        report.whitebox = audit_dp_step(
-            noise_multiplier=sigma, delta=delta, sample_rate=planned[0].sample_rate, steps=T, clip=clip,
-            clipping=clipping, num_canaries=m, max_physical_batch_size=max_physical_batch_size,
-            confidence=confidence, accountant=accountant, seed=audit_seed,
-            **({} if units is None else {"rows_per_unit": units.r, "max_rows_per_unit": units.k}))
-        report.whitebox.config["mode"] = mode
-    if blackbox:
+    if spec.whitebox:
+        probe = ProbeSpec(num_canaries=spec.num_canaries, max_physical_batch_size=spec.schedule.max_physical_batch_size,
+                          rows_per_unit=1 if units is None else units.r)
+        report.whitebox = audit_dp_step(plan.whitebox_claim, spec.clipping, probe, confidence=spec.confidence,
+                                        seed=state.audit_seed)
+        report.whitebox.config["mode"] = spec.mode
+    if spec.blackbox:
         try:
-            report.blackbox = _blackbox(
-                user, union, can_texts, can_labels, included, planned, claimed, delta, sigma, T, B,
-                model=model, mode=mode, learning_rate=learning_rate, clip=clip, clipping=clipping,
-                optimizer=optimizer, sampling=sampling, accountant=accountant, public_data=public_data,
-                ledger=ledger, confidence=confidence, seed=seed, train_seed=state.train_seed, progress=progress,
-                max_physical_batch_size=max_physical_batch_size, max_length=max_length, device=device,
-                resume_key=state.run_id, resume=resume, units=units)
+            report.blackbox = _blackbox(spec, inputs, plan, canaries, state)
         except _Unreserved as refused:  # nothing was charged: remove what this audit created
-            _release.discard_unreserved(created, [state.path] if state.path is not None and not resume else [])
+            _release.discard_unreserved(created, [state.path] if state.path is not None and not inputs.resume else [])
             raise refused.error from None
     if out is not None:
         _save_report(report, out, state)
     return report
-
-
-def _check_options(data: Any, mode: Any, sampling: Any, num_canaries: Any, confidence: Any, public_data: Any,
-                   seed: Any, resume: Any) -> tuple[str, str, int, float, int | None]:
-    """:func:`audit`'s options checked in order; returns ``(mode, sampling, m, confidence, seed)``."""
-    mode = check_choice(mode, "mode", AUDITED_MODES)
-    sampling = check_choice(sampling, "sampling", ("poisson", "full_batch"))
-    m = check_int(num_canaries, "num_canaries", low=10, fix="Use at least 10 canaries (1000 is a good default).")
-    confidence = check_real(confidence, "confidence", low=0.0, high=1.0, fix="Pass e.g. confidence=0.95.")
-    if not isinstance(public_data, bool):
-        raise InvalidParameterError(f"`public_data` must be True or False. Got {public_data!r}.")
-    if data is None:
-        raise InvalidParameterError("`data` is required: the training data of the configuration to audit.")
-    if seed is not None:
-        seed = check_int(seed, "seed", low=0, high=2**62)
-    if not isinstance(resume, bool):
-        raise InvalidParameterError(f"`resume` must be True or False. Got {resume!r}.")
-    return mode, sampling, m, confidence, seed
 
 
 #: the arguments a resumed audit must repeat (besides the data, the model and the label set)
@@ -366,64 +374,17 @@ def _audit_state(out: Path | None, resume: bool, arguments: dict, seed: int | No
     return state
 
 
-def _check_budget_and_length(whitebox: Any, blackbox: Any, epsilon: Any, noise_multiplier: Any, epochs: Any,
-                             steps: Any) -> tuple[float | None, float | None, float | None, int | None]:
-    """Refuse an audit of nothing, and validate the privacy target (exactly one of ε or σ) and the run length
-    (at most one of epochs or steps); returns ``(epsilon, noise_multiplier, epochs, steps)``."""
-    if not (whitebox or blackbox):
-        raise InvalidParameterError("Nothing to audit: `whitebox` and `blackbox` are both False. Enable one.")
-    if (epsilon is None) == (noise_multiplier is None):
-        raise InvalidParameterError(
-            "Pass exactly one of `epsilon` (with `delta`) or `noise_multiplier`. Got "
-            f"epsilon={epsilon!r}, noise_multiplier={noise_multiplier!r}. E.g. epsilon=8, delta=1e-5."
-        )
-    if epsilon is not None:
-        epsilon = check_epsilon(epsilon)
-    else:
-        noise_multiplier = check_accounted_noise_multiplier(noise_multiplier)
-    if epochs is not None and steps is not None:
-        raise InvalidParameterError(
-            f"Pass either `epochs` or `steps`, not both. Got epochs={epochs!r}, steps={steps!r}.")
-    if epochs is not None:
-        epochs = check_real(epochs, "epochs", low=0.0, fix="Pass a positive number of passes over the data.")
-    if steps is not None:
-        steps = check_steps(steps)
-    return epsilon, noise_multiplier, epochs, steps
-
-
-def _load_user_text(data: Any, labels: Any, model: Any, text_column: str | None,
-                    label_column: str | None) -> TextDataset:
+def _load_user_text(inputs: AuditInputs) -> TextDataset:
     """The user's labelled text training data; the label set is public input, as in train(): declared, or the
     model's own (never read from the private rows)."""
-    num_labels, label_names, _ = declared_label_set(labels, model=model)
-    user = load_dataset(data, text_column, label_column, num_labels=num_labels, label_names=label_names)
+    num_labels, label_names, _ = declared_label_set(inputs.labels, model=inputs.model)
+    user = load_dataset(inputs.data, inputs.text_column, inputs.label_column, num_labels=num_labels,
+                        label_names=label_names)
     if getattr(user, "kind", None) != "text":
         raise DataError("The black-box audit inserts text canaries: pass text training data (.tsv/.csv/.jsonl).")
     if not user.has_labels:
         raise DataError("The training data has no labels. Pass a file with a label column.")
     return user
-
-
-def _add_canaries(user: TextDataset, m: int, audit_seed: int, units: "_AuditUnits | None" = None
-                  ) -> tuple[list[str], list[int], list[bool], TextDataset]:
-    """``m`` synthetic canaries (no user data), each included with probability 1/2 (seeded by ``audit_seed``);
-    returns their texts, labels, membership and the union of ``user`` and the included ones.
-
-    User level (``units``): canary i is a unit of r rows (r texts of one random label, at rows i·r … i·r + r − 1
-    of the returned lists), included or left out whole; ``units`` gets the union's unit keys."""
-    gen = random.Random(audit_seed)
-    r = 1 if units is None else units.r
-    can_texts, can_labels = make_text_canaries(m * r, user.num_labels, seed=gen.randrange(2**62))
-    if r > 1:  # one label per canary unit: its rows pull the same way (the worst case for per-row clipping)
-        can_labels = [can_labels[(i // r) * r] for i in range(m * r)]
-    included = [gen.random() < 0.5 for _ in range(m)]
-    ins = [i for i in range(m * r) if included[i // r]]
-    union = TextDataset(texts=list(user.texts) + [can_texts[i] for i in ins],
-                        labels=list(user.labels) + [can_labels[i] for i in ins],
-                        num_labels=user.num_labels, label_names=user.label_names)
-    if units is not None:
-        units.union_keys = list(units.user_keys) + [f"canary unit {i // r}" for i in ins]
-    return can_texts, can_labels, included, union
 
 
 @dataclass
@@ -438,111 +399,170 @@ class _AuditUnits:
     num_units: int
     union_keys: list = field(default_factory=list)
 
-    def union_size(self, included: list) -> int:
-        """N_u of the union: the user's units and the included canary units."""
-        return self.num_units + sum(bool(x) for x in included)
+
+@dataclass(frozen=True)
+class _Canaries:
+    """The black-box canaries and the union they make with the user's data: the canary rows' texts and labels
+    (canary i: rows i·r … i·r + r − 1), each canary's membership, the union, and its public size N (examples, or
+    units N_u at user level)."""
+
+    texts: list
+    labels: list
+    included: list
+    user: TextDataset
+    union: TextDataset
+    union_size: int
+    units: _AuditUnits | None = None
 
 
-def _audit_units(data: Any, user: TextDataset, privacy_unit: Any, k: Any, canary_rows: Any) -> _AuditUnits | None:
-    """The audit's privacy unit, read and checked before anything is reserved (None: example level)."""
-    if privacy_unit is None:
-        if k is not None or canary_rows is not None:
-            raise InvalidParameterError("`max_rows_per_unit` and `canary_rows` apply only with `privacy_unit` "
-                                        "(--privacy-unit COLUMN). Add it, or drop them.")
+def _add_canaries(user: TextDataset, m: int, audit_seed: int, units: _AuditUnits | None = None) -> _Canaries:
+    """``m`` synthetic canaries (no user data), each included with probability 1/2 (seeded by ``audit_seed``),
+    added to ``user``.
+
+    User level (``units``): canary i is a unit of r rows (r texts of one random label), included or left out
+    whole; ``units`` gets the union's unit keys."""
+    gen = random.Random(audit_seed)
+    r = 1 if units is None else units.r
+    can_texts, can_labels = make_text_canaries(m * r, user.num_labels, seed=gen.randrange(2**62))
+    if r > 1:  # one label per canary unit: its rows pull the same way (the worst case for per-row clipping)
+        can_labels = [can_labels[(i // r) * r] for i in range(m * r)]
+    included = [gen.random() < 0.5 for _ in range(m)]
+    ins = [i for i in range(m * r) if included[i // r]]
+    union = TextDataset(texts=list(user.texts) + [can_texts[i] for i in ins],
+                        labels=list(user.labels) + [can_labels[i] for i in ins],
+                        num_labels=user.num_labels, label_names=user.label_names)
+    if units is not None:
+        units.union_keys = list(units.user_keys) + [f"canary unit {i // r}" for i in ins]
+    size = len(union) if units is None else units.num_units + sum(included)
+    return _Canaries(can_texts, can_labels, included, user, union, size, units)
+
+
+def _audit_units(data: Any, user: TextDataset, spec: AuditSpec) -> _AuditUnits | None:
+    """The audit's privacy unit (its column read and checked before anything is reserved); None: example level."""
+    if spec.privacy_unit is None:
         return None
-    from privtune.engine.units import DEFAULT_MAX_ROWS_PER_UNIT, check_max_rows_per_unit, load_units
-
-    if not isinstance(privacy_unit, str):
-        raise InvalidParameterError(f"`privacy_unit` must name a column of the data. Got {type(privacy_unit).__name__}.")
-    k = check_max_rows_per_unit(DEFAULT_MAX_ROWS_PER_UNIT if k is None else k)
-    r = check_int(k if canary_rows is None else canary_rows, "canary_rows", low=1,
-                  fix="Pass the rows of each canary unit, e.g. the cap k.")
-    index = load_units(data, privacy_unit, len(user))
-    return _AuditUnits(name=index.name, k=k, r=r, user_keys=[f"user unit {u}" for u in index.unit_of_row.tolist()],
-                       num_units=index.num_units)
+    index = load_units(data, spec.privacy_unit, len(user))
+    return _AuditUnits(name=index.name, k=spec.max_rows_per_unit, r=spec.canary_rows,
+                       user_keys=[f"user unit {u}" for u in index.unit_of_row.tolist()], num_units=index.num_units)
 
 
-def _plan_union_run(n: int, *, batch_size: int | None, steps: int | None, epochs: float | None, sampling: str,
-                    epsilon: float | None, noise_multiplier: float | None, delta: float, accountant: str
-                    ) -> tuple[int, int, float, list, float]:
-    """The plan train() makes for the union of ``n`` examples: ``(B, T, σ, planned events, claimed ε)`` with the
-    expected batch size B (examples), T steps (default 3 epochs), σ calibrated from ε at q = B/n and T when ε is
-    given, and the ε those events compose to at ``delta``."""
-    B = batch_size if batch_size is not None else min(n, 256)
+@dataclass(frozen=True)
+class _UnionPlan:
+    """The plan of the training run on the union: the expected batch size B (examples, or units), the planned
+    DP-SGD mechanism (σ, q = B/N, T, δ, accountant), its events and the claimed ε they compose to at δ."""
+
+    batch_size: int
+    noise: NoiseSpec
+    planned: list
+    claimed: float
+
+    @property
+    def whitebox_claim(self) -> NoiseSpec:
+        """The same step for the white-box probe (which samples full batches at q = 1)."""
+        q = self.noise.sample_rate
+        return replace(self.noise, sampling="full_batch" if q == 1.0 else "poisson")
+
+
+def _plan_union_run(n: int, spec: AuditSpec, privacy: PrivacySpec) -> _UnionPlan:
+    """The plan train() makes for the union of ``n`` examples (or units): B (default min(n, 256)), T steps
+    (default 3 epochs), σ calibrated from ε at q = B/n and T when ε is given, and the claimed ε."""
+    schedule = spec.schedule
+    B = schedule.batch_size if schedule.batch_size is not None else min(n, 256)
     B = check_int(B, "batch_size", low=1, high=n, fix=f"Pass batch_size ≤ {n}.")
+    sampling, delta, accountant = schedule.sampling, privacy.delta, privacy.accountant
     q = 1.0 if sampling == "full_batch" else B / n
-    T = steps if steps is not None else max(1, math.ceil((epochs if epochs is not None else 3.0) / q - 1e-9))
-    sigma = (calibrate_noise_multiplier(epsilon, delta, sample_rate=q, steps=T, accountant=accountant,
-                                        sampling=sampling) if epsilon is not None else noise_multiplier)
+    epochs = schedule.epochs if schedule.epochs is not None else 3.0
+    T = schedule.steps if schedule.steps is not None else max(1, math.ceil(epochs / q - 1e-9))
+    sigma = (calibrate_noise_multiplier(privacy.epsilon, delta, sample_rate=q, steps=T, accountant=accountant,
+                                        sampling=sampling) if privacy.epsilon is not None
+             else privacy.noise_multiplier)
+    noise = NoiseSpec(noise_multiplier=sigma, sample_rate=q, steps=T, sampling=sampling, delta=delta,
+                      accountant=accountant, max_rows_per_unit=spec.max_rows_per_unit or DEFAULT_MAX_ROWS_PER_UNIT)
     planned = [DPSGDEvent(sigma, q, T, sampling=sampling, label="audit")]
-    return B, T, sigma, planned, compute_epsilon(planned, delta, accountant=accountant)
+    return _UnionPlan(B, noise, planned, compute_epsilon(planned, delta, accountant=accountant))
 
 
-def _blackbox(user, union, can_texts, can_labels, included, planned, claimed, delta, sigma, T, B, *, model, mode,
-              learning_rate, clip, clipping, optimizer, sampling, accountant, public_data, ledger, confidence,
-              seed, train_seed, progress, max_physical_batch_size, max_length, device, resume_key,
-              resume, units=None) -> AuditResult:
+def _blackbox(spec: AuditSpec, inputs: AuditInputs, plan: _UnionPlan, canaries: _Canaries,
+              state: _AuditState) -> AuditResult:
+    """The black-box audit: one real train() run on the union (charged to the user's budget unless the data is
+    declared public), then each canary scored by minus the trained model's mean loss on its rows."""
     t0 = time.perf_counter()
-    m = len(included)
-    config = {"mode": mode, "noise_multiplier": sigma, "sample_rate": planned[0].sample_rate, "steps": T,
-              "batch_size": B, "clip": clip, "clipping": clipping, "optimizer": optimizer, "sampling": sampling,
-              "learning_rate": learning_rate, "accountant": accountant, "canary": "random letter-words, random label",
-              "seed": seed if seed is not None else "OS entropy (not recorded)"}
+    m, units, union, noise, delta = len(canaries.included), canaries.units, canaries.union, plan.noise, plan.noise.delta
+    config = {"mode": spec.mode, "noise_multiplier": noise.noise_multiplier, "sample_rate": noise.sample_rate,
+              "steps": noise.steps, "batch_size": plan.batch_size, "clip": spec.clipping.clip,
+              "clipping": spec.clipping.clipping, "optimizer": spec.optim.name, "sampling": noise.sampling,
+              "learning_rate": spec.optim.learning_rate, "accountant": noise.accountant,
+              "canary": "random letter-words, random label",
+              "seed": spec.seed if spec.seed is not None else "OS entropy (not recorded)"}
     if units is not None:  # canary units of r rows; batch_size counts units
         config.update(privacy_unit=units.name, max_rows_per_unit=units.k, canary_rows=units.r,
-                      canary="units of random letter-word rows, one random label per unit")
+                      canary="units of random letter-words rows, one random label per unit")
     # the union's label set is the declared one (the canaries' labels are drawn from it)
     declared = list(union.label_names) if union.label_names is not None else list(range(union.num_labels))
-    kwargs = dict(model=model, mode=mode, labels=declared, noise_multiplier=sigma, delta=delta, steps=T, batch_size=B,
-                  learning_rate=learning_rate, clip=clip, clipping=clipping, optimizer=optimizer, sampling=sampling,
-                  accountant=accountant, output_dir=None, seed=train_seed, progress=progress,
-                  max_physical_batch_size=max_physical_batch_size, max_length=max_length, device=device,
+    kwargs = dict(model=inputs.model, mode=spec.mode, labels=declared, noise_multiplier=noise.noise_multiplier,
+                  delta=delta, steps=noise.steps, batch_size=plan.batch_size, learning_rate=spec.optim.learning_rate,
+                  clip=spec.clipping.clip, clipping=spec.clipping.clipping, optimizer=spec.optim.name,
+                  sampling=noise.sampling, accountant=noise.accountant, output_dir=None, seed=state.train_seed,
+                  progress=inputs.progress, max_physical_batch_size=spec.schedule.max_physical_batch_size,
+                  max_length=inputs.max_length, device=inputs.device,
                   **({} if units is None else {"privacy_unit": units.union_keys, "max_rows_per_unit": units.k}))
     with tempfile.TemporaryDirectory(prefix="privtune-audit-") as tmp:
         # the union is a new dataset: its own throw-away ledger; the user's budget is charged below
         scratch = Ledger(Path(tmp) / "audit-ledger.db")
-        if public_data:
+        if spec.public_data:
             result = training.train(union, ledger=scratch, **kwargs)
             privacy = "data declared public by the user: not charged to the ledger"
         else:
-            led = open_ledger(ledger)
-            fp, _name = dataset_identity(user)
-            # the one reservation path (privtune.run.budget), on a budget the user registered: a run killed after
-            # its commit repeats the charged run with the same seeds, without a new charge
-            request = BudgetRequest(fingerprint=fp, total_epsilon=claimed, delta=delta, accountant=accountant,
-                                    command="audit", config={"audit": config}, resume_key=resume_key,
-                                    events=planned, resuming=bool(resume), reserve_delta=delta, register=False,
-                                    privacy_unit=None if units is None else units.name)
-            try:
-                reservation = run_budget.reserve(led, request).reservation
-            except UnknownDatasetError:
-                raise _Unreserved(UnknownDatasetError(
-                    f"The black-box audit trains on this dataset and spends ε = {claimed:.4g} of its budget, but the "
-                    "dataset has no budget in the ledger yet. Register it first with a total that covers the audit "
-                    "and your real runs (`privtune budget init`), pass --public-data if the data is public, or run "
-                    "the white-box audit only (--no-blackbox), which uses no data.")) from None
-            except BudgetExceededError as exc:
-                raise _Unreserved(exc) from None
+            reservation = _reserve(inputs, plan, canaries, state, config)
             result = training.train(union, ledger=scratch, **kwargs)
             run_release.commit(reservation, result.events)
-            privacy = (f"trained on the user's data: charged to the ledger like train (ε = {claimed:.4g}, "
+            privacy = (f"trained on the user's data: charged to the ledger like train (ε = {plan.claimed:.4g}, "
                        f"δ = {delta:g}); no model released")
-    clf = result.model
+    scores = _canary_scores(result.model, canaries)
+    del result
+    best = best_guesses(scores, canaries.included, delta=delta, confidence=spec.confidence)
+    return AuditResult(
+        kind="black-box", claimed_epsilon=float(plan.claimed), delta=delta,
+        epsilon_lower_bound=best["epsilon_lower_bound"], confidence=spec.confidence, num_canaries=m,
+        num_guesses=best["num_guesses"], correct_guesses=best["correct_guesses"], scores=scores,
+        included=list(canaries.included), seconds=time.perf_counter() - t0, config=config,
+        candidates=best["candidates"], privacy=privacy)
+
+
+def _reserve(inputs: AuditInputs, plan: _UnionPlan, canaries: _Canaries, state: _AuditState, config: dict) -> Any:
+    """Reserve the planned events on the user's registered budget through the one reservation path
+    (privtune.run.budget): a run killed after its commit repeats the charged run with the same seeds, without a
+    new charge.  A refusal raises :class:`_Unreserved` (nothing was charged)."""
+    led = open_ledger(inputs.ledger)
+    fp, _name = dataset_identity(canaries.user)
+    units, delta = canaries.units, plan.noise.delta
+    request = BudgetRequest(fingerprint=fp, total_epsilon=plan.claimed, delta=delta, accountant=plan.noise.accountant,
+                            command="audit", config={"audit": config}, resume_key=state.run_id,
+                            events=plan.planned, resuming=bool(inputs.resume), reserve_delta=delta, register=False,
+                            privacy_unit=None if units is None else units.name)
+    try:
+        return run_budget.reserve(led, request).reservation
+    except UnknownDatasetError:
+        raise _Unreserved(UnknownDatasetError(
+            f"The black-box audit trains on this dataset and spends ε = {plan.claimed:.4g} of its budget, but the "
+            "dataset has no budget in the ledger yet. Register it first with a total that covers the audit "
+            "and your real runs (`privtune budget init`), pass --public-data if the data is public, or run "
+            "the white-box audit only (--no-blackbox), which uses no data.")) from None
+    except BudgetExceededError as exc:
+        raise _Unreserved(exc) from None
+
+
+def _canary_scores(clf: Any, canaries: _Canaries) -> list[float]:
+    """Each canary's score: minus the trained model's mean cross-entropy loss on its rows (one row per canary at
+    example level)."""
     clf.eval()
-    canaries = TextDataset(texts=list(can_texts), labels=list(can_labels), num_labels=union.num_labels)
-    y = torch.tensor(can_labels)
+    union = canaries.union
+    rows = TextDataset(texts=list(canaries.texts), labels=list(canaries.labels), num_labels=union.num_labels)
+    y = torch.tensor(canaries.labels)
     losses = []
     with torch.no_grad():
-        for s in range(0, len(can_texts), 64):
-            idx = torch.arange(s, min(len(can_texts), s + 64))
-            logits = clf(**clf.encode(canaries, idx)).float().cpu()
+        for s in range(0, len(canaries.texts), 64):
+            idx = torch.arange(s, min(len(canaries.texts), s + 64))
+            logits = clf(**clf.encode(rows, idx)).float().cpu()
             losses.append(F.cross_entropy(logits, y[idx], reduction="none"))
-    # a canary unit's score: minus the mean loss of its rows (one row per canary at example level)
-    scores = (-torch.cat(losses).view(m, -1).mean(dim=1)).tolist()
-    del result, clf
-    best = best_guesses(scores, included, delta=delta, confidence=confidence)
-    return AuditResult(
-        kind="black-box", claimed_epsilon=float(claimed), delta=delta, epsilon_lower_bound=best["epsilon_lower_bound"],
-        confidence=confidence, num_canaries=m, num_guesses=best["num_guesses"],
-        correct_guesses=best["correct_guesses"], scores=scores, included=list(included),
-        seconds=time.perf_counter() - t0, config=config, candidates=best["candidates"], privacy=privacy)
+    return (-torch.cat(losses).view(len(canaries.included), -1).mean(dim=1)).tolist()

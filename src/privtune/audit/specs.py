@@ -1,0 +1,171 @@
+"""Validated specifications of an audit: the white-box probe and the configuration an audit tests.
+
+Like :mod:`privtune.specs`, each object checks its fields in ``__post_init__``, so a bad value is one
+:class:`~privtune.errors.InvalidParameterError` naming the argument, raised before any data is read or any
+budget is reserved.
+
+* :class:`ProbeSpec`: the gradient canaries and the linear probe of :func:`privtune.audit.audit_dp_step`.
+* :class:`AuditSpec`: what :func:`privtune.audit.audit` audits (the training configuration, the canaries,
+  which audits run); :func:`~privtune.audit.audit` builds it from its keywords at once.
+
+>>> ProbeSpec(num_canaries=100).width
+50
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from privtune._validation import check_accounted_noise_multiplier, check_choice, check_int, check_real
+from privtune.engine.units import DEFAULT_MAX_ROWS_PER_UNIT, check_max_rows_per_unit
+from privtune.errors import InvalidParameterError
+from privtune.specs import ClippingSpec, OptimizerSpec, PrivacySpec, ScheduleSpec
+
+__all__ = ["ProbeSpec", "AuditSpec", "AUDITED_MODES", "CANARY_KINDS"]
+
+# two-phase switches the trainable set mid-run (two events); audit each phase's mode on its own
+AUDITED_MODES = ("full", "bitfit", "last-layer", "lora")
+#: the white-box canaries: one probe coordinate each, or random unit directions
+CANARY_KINDS = ("dirac", "random")
+
+
+def _set(spec: object, name: str, value: object) -> None:
+    object.__setattr__(spec, name, value)
+
+
+def _check_flag(value: object, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidParameterError(f"`{name}` must be True or False. Got {value!r}.")
+    return value
+
+
+def _check_canaries(m: object) -> int:
+    return check_int(m, "num_canaries", low=10, fix="Use at least 10 canaries (1000 is a good default).")
+
+
+def _check_confidence(confidence: object) -> float:
+    return check_real(confidence, "confidence", low=0.0, high=1.0, fix="Pass e.g. confidence=0.95.")
+
+
+@dataclass(frozen=True)
+class ProbeSpec:
+    """The white-box audit's probe: a bias-free linear layer W (``num_classes`` × ``width``) and its canaries.
+
+    num_canaries : m ≥ 10 gradient canaries, each included with probability 1/2.
+    canary : ``"dirac"`` (canary c owns one coordinate of W, so ``width · num_classes`` ≥ m) or ``"random"``
+        (random unit directions, slightly overlapping).
+    num_features : d, the probe's input features (an integer ≥ 1); ``None`` = the smallest d with d·K ≥ m for
+        Dirac canaries, 64 for random ones (:attr:`width`).
+    num_classes : K ≥ 2, the rows of W.
+    background_examples : synthetic Gaussian examples (cross-entropy loss) trained alongside the canaries (≥ 0).
+    max_physical_batch_size : examples per micro-batch (≥ 1); the logical batch is split into micro-batches.
+    learning_rate : the probe's SGD step size (> 0, parameter units per unit of noisy mean gradient); the
+        scores are normalised by it.
+    rows_per_unit : r ≥ 1; r > 1 audits the user-level step with canary *units* of r rows, all pulling the
+        canary's direction (the worst case: their clipped gradients add up), sampled and weighted like training.
+    """
+
+    num_canaries: int = 1000
+    canary: str = "dirac"
+    num_features: int | None = None
+    num_classes: int = 2
+    background_examples: int = 0
+    max_physical_batch_size: int = 64
+    learning_rate: float = 1.0
+    rows_per_unit: int = 1
+
+    def __post_init__(self) -> None:
+        _set(self, "num_canaries", _check_canaries(self.num_canaries))
+        _set(self, "canary", check_choice(self.canary, "canary", CANARY_KINDS))
+        _set(self, "num_classes", check_int(self.num_classes, "num_classes", low=2))
+        _set(self, "background_examples", check_int(self.background_examples, "background_examples", low=0))
+        _set(self, "max_physical_batch_size", check_int(self.max_physical_batch_size, "max_physical_batch_size",
+                                                        low=1))
+        _set(self, "learning_rate", check_real(self.learning_rate, "learning_rate", low=0.0))
+        _set(self, "rows_per_unit", check_int(self.rows_per_unit, "rows_per_unit", low=1,
+                                              fix="Pass the rows of each canary unit, e.g. 4."))
+        if self.num_features is not None:
+            _set(self, "num_features", check_int(self.num_features, "num_features", low=1))
+        m, K, d = self.num_canaries, self.num_classes, self.width
+        if self.canary == "dirac" and d * K < m:
+            raise InvalidParameterError(
+                f"Dirac canaries need one probe coordinate each: num_features · num_classes ≥ num_canaries. Got "
+                f"{d} · {K} < {m}. Pass num_features ≥ {math.ceil(m / K)}, or canary='random'."
+            )
+
+    @property
+    def width(self) -> int:
+        """d, the probe's input features: ``num_features``, or its default (see the class docstring)."""
+        if self.num_features is not None:
+            return self.num_features
+        return math.ceil(self.num_canaries / self.num_classes) if self.canary == "dirac" else 64
+
+
+@dataclass(frozen=True)
+class AuditSpec:
+    """What :func:`privtune.audit.audit` audits: one ``privtune train`` configuration and the audit's canaries.
+
+    privacy : the claim: ε (σ is calibrated for the union of the data and the included canaries) or σ (≥ 1e-6,
+        ε is computed); δ (``None`` = from the data size) and the accountant.
+    mode : what is trained, one of :data:`AUDITED_MODES` (two-phase is audited phase by phase).
+    schedule : epochs or steps, the expected batch size B (examples, or units at user level; ``None`` =
+        min(N, 256)), sampling ("poisson" or "full_batch") and the micro-batch size (examples per pass).
+    optim, clipping : the optimizer (name, learning rate; ``None`` = the mode's default) and the clipping (C in
+        units of the gradient's L2 norm, the rule), as for :func:`privtune.train`.
+    num_canaries : m ≥ 10 canaries per audit, each included with probability 1/2.
+    whitebox, blackbox : which audits run (at least one): the white-box audit of the DP step (no user data) and
+        the black-box audit (one real training run on the data plus the included canaries).
+    public_data : the data is declared public: the black-box run is not charged to the ledger.
+    confidence : 1 − β of the lower bounds, in (0, 1).
+    seed : an integer in [0, 2⁶²] seeding canaries, membership, the probe and the training run; ``None`` = OS
+        entropy (and the training run's seeds are never recorded).
+    privacy_unit : ``None`` (example level) or the column naming each row's unit (user level).
+    max_rows_per_unit : k ≥ 1, the public cap on one unit's rows per step (default 8; user level only).
+    canary_rows : r ≥ 1 rows of each canary unit, in or out whole (default k; user level only).
+    """
+
+    privacy: PrivacySpec
+    mode: str = "bitfit"
+    schedule: ScheduleSpec = field(default_factory=ScheduleSpec)
+    optim: OptimizerSpec = field(default_factory=OptimizerSpec)
+    clipping: ClippingSpec = field(default_factory=ClippingSpec)
+    num_canaries: int = 1000
+    whitebox: bool = True
+    blackbox: bool = True
+    public_data: bool = False
+    confidence: float = 0.95
+    seed: int | None = None
+    privacy_unit: str | None = None
+    max_rows_per_unit: int | None = None
+    canary_rows: int | None = None
+
+    def __post_init__(self) -> None:
+        if not (_check_flag(self.whitebox, "whitebox") | _check_flag(self.blackbox, "blackbox")):
+            raise InvalidParameterError("Nothing to audit: `whitebox` and `blackbox` are both False. Enable one.")
+        if self.privacy.noise_multiplier is not None:
+            check_accounted_noise_multiplier(self.privacy.noise_multiplier)
+        _set(self, "mode", check_choice(self.mode, "mode", AUDITED_MODES))
+        check_choice(self.schedule.sampling, "sampling", ("poisson", "full_batch"))
+        _set(self, "clipping", self.clipping.with_defaults())
+        _set(self, "num_canaries", _check_canaries(self.num_canaries))
+        _set(self, "confidence", _check_confidence(self.confidence))
+        _check_flag(self.public_data, "public_data")
+        if self.seed is not None:
+            _set(self, "seed", check_int(self.seed, "seed", low=0, high=2**62))
+        self._check_unit()
+
+    def _check_unit(self) -> None:
+        if self.privacy_unit is None:
+            if self.max_rows_per_unit is not None or self.canary_rows is not None:
+                raise InvalidParameterError("`max_rows_per_unit` and `canary_rows` apply only with `privacy_unit` "
+                                            "(--privacy-unit COLUMN). Add it, or drop them.")
+            return
+        if not isinstance(self.privacy_unit, str):
+            raise InvalidParameterError(
+                f"`privacy_unit` must name a column of the data. Got {type(self.privacy_unit).__name__}.")
+        k = check_max_rows_per_unit(DEFAULT_MAX_ROWS_PER_UNIT if self.max_rows_per_unit is None
+                                    else self.max_rows_per_unit)
+        _set(self, "max_rows_per_unit", k)
+        _set(self, "canary_rows", check_int(k if self.canary_rows is None else self.canary_rows, "canary_rows",
+                                            low=1, fix="Pass the rows of each canary unit, e.g. the cap k."))
