@@ -197,3 +197,13 @@ def test_model_error_names_the_path(tmp_path):
 
     with pytest.raises(ModelError, match="does not exist"):
         check_model(tmp_path / "nope")
+
+
+@pytest.mark.parametrize("kw, match", [(dict(optimizer="bogus"), "optimizer"), (dict(clip=-1.0), "clip"),
+                                       (dict(learning_rate=0.0), "learning_rate"), (dict(clipping="nope"), "clipping")])
+def test_a_bad_training_option_is_refused_before_the_reservation(files, tmp_path, kw, match):
+    """The training options are checked when the audit's spec is built, not by the training run after the charge."""
+    url = _ledger(files, tmp_path)
+    with pytest.raises(InvalidParameterError, match=match):
+        audit(files["train"], model=files["model"], ledger=url, output_dir=tmp_path / "out", seed=0, **ARGS, **kw)
+    assert _actions(url, files) == ["init"] and not (tmp_path / "out").exists()
