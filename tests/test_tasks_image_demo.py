@@ -107,7 +107,8 @@ def test_benchmarks_page_renders_the_fashion_mnist_cells_from_their_files(tmp_pa
         folder.mkdir()
         sizes = {"n_private": 58000, "n_public": 2000, "n_test": 10000, "device": "cpu"}
         (folder / "default_eps3.json").write_text(json.dumps(
-            {"cell": "default", "test_accuracy": 0.9012, "certificate_epsilon": 2.9998, "wall_s": 120, **sizes}))
+            {"cell": "default", "test_accuracy": 0.9012, "certificate_epsilon": 2.9998, "wall_s": 120,
+             "features_l2_normalised": True, **sizes}))
         (folder / "nonpriv-last-layer.json").write_text(json.dumps(
             {"cell": "nonpriv-last-layer", "test_accuracy": 0.9234, "certificate_epsilon": None, "not_private": True,
              "wall_s": 60, **sizes}))
@@ -117,3 +118,4 @@ def test_benchmarks_page_renders_the_fashion_mnist_cells_from_their_files(tmp_pa
     assert "## Fashion-MNIST" in page and "58,000" in page
     assert "| 3 | 90.1 % (ε 3; 2.0 min) | – |" in page
     assert "92.3 %" in page and "Not run yet: `auto`" in page
+    assert "Cells `default` train the head on L2-normalised features" in page  # the ceiling's file predates it
