@@ -277,6 +277,17 @@ def _fashion_cell_text(run: dict | None) -> str:
     return f"{_pct(run['test_accuracy'])} ({cert}; {_minutes(run['wall_s'])}){label}"
 
 
+def _fashion_features_note(runs: dict) -> list[str]:
+    """Which cells' heads read L2-normalised features (``features_l2_normalised``; a file without it was written
+    when the features were not normalised), when the cells differ."""
+    normalised = {bool(r.get("features_l2_normalised")) for r in runs.values()}
+    if len(normalised) < 2:
+        return []
+    names = sorted({r.get("cell", "?") for r in runs.values() if r.get("features_l2_normalised")})
+    return [f"Cells {', '.join(f'`{n}`' for n in names)} train the head on L2-normalised features (what privtune "
+            "does for an image backbone); the others were measured on the raw pooled features.", ""]
+
+
 def render_fashion_mnist(files: list[Path]) -> str:
     runs = {p.name: _load(p) for p in files}
     cells = {(m["cell"], float(m["eps"])): runs[name] for name in runs if (m := FASHION_CELL.match(name))}
@@ -298,6 +309,7 @@ def render_fashion_mnist(files: list[Path]) -> str:
                    f"features, 300 L-BFGS iterations, its regularisation chosen on the public split; NOT PRIVATE): test accuracy "
                    f"{_pct(ceiling['test_accuracy'])} ({_minutes(ceiling['wall_s'])}).")
         out.append("")
+    out += _fashion_features_note(runs)
     missing = [cell for cell, _ in FASHION_COLUMNS if not any((cell, eps) in cells for eps in epsilons)]
     if missing:
         out.append("Not run yet: " + "; ".join(f"`{c}`: {FASHION_NOT_RUN[c]}" for c in missing) + ".")

@@ -51,15 +51,23 @@ def backbone_cannot_learn(mode: str, n: int, epsilon: float) -> bool:
     return mode in BACKBONE_MODES and n * float(epsilon) <= FINETUNE_AT_CHANCE_N_EPS
 
 
-def unlikely_to_learn_message(mode: str, n: int, epsilon: float, *, command: str) -> str | None:
+def threshold_evidence(kind: str | None) -> str:
+    """Where :data:`FINETUNE_AT_CHANCE_N_EPS` was measured, worded for data of ``kind`` ("text", "image")."""
+    if kind == "image":
+        return "on text: SST-2, MiniLM; applied to images as is, where it has not been measured"
+    return "SST-2, MiniLM"
+
+
+def unlikely_to_learn_message(mode: str, n: int, epsilon: float, *, command: str, kind: str | None = None) -> str | None:
     """The pre-run warning for ``mode`` on ``n`` private examples at total ``epsilon`` (None: no warning).
-    ``command`` (``"train"`` or ``"tune"``) names the command the advice is for."""
+    ``command`` (``"train"`` or ``"tune"``) names the command the advice is for; ``kind`` the data's kind
+    (:func:`threshold_evidence`)."""
     if not backbone_cannot_learn(mode, n, epsilon):
         return None
     return (f"mode {mode} on n = {n:,} private examples at ε = {epsilon:.3g} (n·ε = {n * epsilon:,.0f}) is unlikely "
             f"to learn: DP fine-tuning of the backbone was measured at chance (a model predicting about one class) "
             f"up to n·ε = {FINETUNE_AT_CHANCE_N_EPS:,}, where the DP linear probe on cached features reached 76-77 % "
-            f"(SST-2, MiniLM; docs/training.md). Use more data or a larger ε, or `--mode last-layer`"
+            f"({threshold_evidence(kind)}; docs/training.md). Use more data or a larger ε, or `--mode last-layer`"
             + (", or `privtune tune --mode auto`" if command == "train" else " or `--mode auto`")
             + " (which chooses last-layer here).")
 

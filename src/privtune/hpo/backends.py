@@ -178,16 +178,20 @@ class FeatureBackend:
     public number of training rows when the realised one is private (a private-validation split);
     the expected batch size and :attr:`n` use it (:func:`privtune.training.public_size`).  ``units``: user level,
     ``(UnitIndex of the rows of X, k)``: every run samples units (:mod:`privtune.engine.units`); :attr:`n` is then
-    the number of units N_u (``public_n``).
+    the number of units N_u (``public_n``).  ``data_kind``: what the features were computed from (hyperfree's
+    η0 for a head on image features, :func:`privtune.hpo.hyperfree.default_lr0`).
     """
 
     kind = "features"
     mode = "last-layer"
     executor: Any = None
+    #: what the features were computed from ("text", "image"; None: given as features); public
+    data_kind: str | None = None
 
     def __init__(self, X: torch.Tensor, y: torch.Tensor, num_classes: int, *, curve_data=None,
                  center: torch.Tensor | None = None, device: Any = None, public_n: int | None = None,
-                 units: tuple | None = None):
+                 units: tuple | None = None, data_kind: str | None = None):
+        self.data_kind = data_kind
         self.center = None if center is None else center.float()
         self.X = self._c(X.float())
         self.y = y.long()

@@ -90,6 +90,19 @@ MIN_TRIAL_STEPS = 3
 #: default initial learning rate per fine-tuning mode (digest 001 §9 D22; seed 004 Table 8 for bitfit/full)
 #: η0 by mode; for full fine-tuning the head's rate (the pre-trained weights step at α·η: DEFAULT_BACKBONE_LR_SCALES)
 DEFAULT_LR0 = {"last-layer": 1e-1, "features": 1e-1, "bitfit": 5e-3, "full": 5e-3, "lora": 1e-3, "two-phase": 5e-4}
+#: η0 of a head on a frozen image backbone's features (L2-normalised per example, finetune.head_input_normalization).
+#: Chosen on the public split of the Fashion-MNIST bench (EfficientNet-Lite0, 2,000 images declared public): at
+#: ε = 3 the public accuracy was 83.6 % with η0 = 0.1 and 85.6 % with 0.3 (docs/strategies/hyperfree.md); one
+#: dataset and one backbone, so a default, not a law: ``strategy_options: {lr0: ...}`` sets another.
+IMAGE_HEAD_LR0 = 3e-1
+
+
+def default_lr0(mode: str, data_kind: str | None = None) -> float:
+    """hyperfree's η0 for ``mode`` when none is given: :data:`IMAGE_HEAD_LR0` for a head on image features,
+    else :data:`DEFAULT_LR0`."""
+    if mode == "last-layer" and data_kind == "image":
+        return IMAGE_HEAD_LR0
+    return DEFAULT_LR0.get(mode, 1e-4)
 
 
 # --------------------------------------------------------------------------------------
@@ -177,7 +190,7 @@ class HyperfreeConfig:
     interval : K, the η update interval in steps (default 5).
     probes : P, loss releases per update (3: {−η, 0, +η}).
     gamma_noise : γ = σ_g/σ (1.01): the share of the budget freed for the losses.
-    lr0 : initial η, or None for the per-mode default (:data:`DEFAULT_LR0`).
+    lr0 : initial η, or None for the per-mode default (:func:`default_lr0`).
     R_l0, R_min : initial and minimum loss clipping threshold.
     clamp_factor, smoothing, lr_min : guards of the update (see :func:`gen_lr_update`).
     batch_size, epochs : expected batch size and epochs; None → :func:`privtune.hpo.recommend`.
@@ -634,7 +647,7 @@ def run(backend, config: HyperfreeConfig, p: HyperfreePlan, *, mode: str = "last
         progress=None, selector=None):
     """Execute a planned HyFreeDP run on ``backend`` (features or a model), after its η-placement
     trials when the plan has them (scored by ``selector``)."""
-    lr0 = config.lr0 if config.lr0 is not None else DEFAULT_LR0.get(mode, 1e-4)
+    lr0 = config.lr0 if config.lr0 is not None else default_lr0(mode, getattr(backend, "data_kind", None))
     trials: list = []
     lr_default = lr0
     if p.lr_trials:

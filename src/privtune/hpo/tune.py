@@ -577,7 +577,8 @@ def _load_inputs(req: _Request, data, *, eval_data, public_eval_data, labels, mo
     if embedded:
         train, pub, test = embedded_fashion_mnist() if image_demo else embedded_sst2()
         # the image demo names its reported split (the SST-2 demo's is named by its dataset)
-        reported_split = "embedded Fashion-MNIST test (1,000 test-set images)" if image_demo and eval_data is None else None
+        reported_split = (f"embedded Fashion-MNIST test ({len(test):,} test-set images)"
+                          if image_demo and eval_data is None else None)
         public_eval_data = pub if public_eval_data is None else public_eval_data
         eval_data = test if eval_data is None else eval_data
         train_source = f"embedded {'Fashion-MNIST' if image_demo else 'SST-2'} subset (train 3,000)"
@@ -779,7 +780,8 @@ def _plan_run(req: _Request, inputs: _Inputs, log, warning_log=None, lora_capabl
     pilot_modes = candidates if len(candidates) > 1 else []
     run_mode = candidates[0] if not pilot_modes else "auto"
     # (a mode left alone by the time budget was explained when it was dropped)
-    auto_note = (_auto_without_pilots_note(req, strat, n_train, run_mode, lora_capable)
+    kind = getattr(inputs.train, "kind", None)
+    auto_note = (_auto_without_pilots_note(req, strat, n_train, run_mode, lora_capable, kind=kind)
                  if not pilot_modes and candidates == auto_candidates else None)
     if pilot_modes and inputs.selection == "public_validation":
         _check_public_split_can_compare(inputs.public_set, pilot_modes)
@@ -829,7 +831,8 @@ def _plan_run(req: _Request, inputs: _Inputs, log, warning_log=None, lora_capabl
     for m in candidates[1:]:
         log(f"  if the pilots choose {m}: planned ε = {mode_plans[m].planned_epsilon():.4g}")
     # a plan that works but cannot learn: warned of before the reservation (nothing spent yet)
-    usefulness.warn(usefulness.unlikely_to_learn_message(run_mode, n_train, req.privacy.epsilon, command="tune"),
+    usefulness.warn(usefulness.unlikely_to_learn_message(run_mode, n_train, req.privacy.epsilon, command="tune",
+                                                         kind=kind),
                     UnlikelyToLearnWarning, warning_log or log)
     # under repeat-and-select the number of trials is random and not published; durations grow with it
     hide_timing = any(p.accounting == "repeat-and-select" for p in mode_plans.values())
@@ -1190,7 +1193,8 @@ def _list_warnings(metrics: dict, req: _Request, inputs: _Inputs, tplan: _TunePl
     nearly one class (``metrics["majority_prediction"]``), the post-run one, issued once the release is in place
     (:func:`tune`).  Public quantities only."""
     after = usefulness.one_class_message(metrics.get("majority_prediction"))
-    before = usefulness.unlikely_to_learn_message(tplan.run_mode, inputs.n_train, req.privacy.epsilon, command="tune")
+    before = usefulness.unlikely_to_learn_message(tplan.run_mode, inputs.n_train, req.privacy.epsilon, command="tune",
+                                                  kind=getattr(inputs.train, "kind", None))
     found = [w for w in (before, after) if w]
     if found:
         metrics["warnings"] = found
@@ -1318,8 +1322,10 @@ def _lora_capable(clf) -> bool:
     return True
 
 
-def _auto_without_pilots_note(req: _Request, strat, n: int, run_mode: str, lora_capable: bool = True) -> str | None:
-    """Why ``--mode auto`` runs no pilot (None when the mode was given): public quantities only."""
+def _auto_without_pilots_note(req: _Request, strat, n: int, run_mode: str, lora_capable: bool = True,
+                              kind: str | None = None) -> str | None:
+    """Why ``--mode auto`` runs no pilot (None when the mode was given): public quantities only; ``kind``, the
+    data's ("text", "image"), words where the threshold was measured (usefulness.threshold_evidence)."""
     if req.mode != "auto":
         return None
     small = AUTO_MODES if lora_capable else AUTO_MODES_WITHOUT_LORA
@@ -1329,7 +1335,8 @@ def _auto_without_pilots_note(req: _Request, strat, n: int, run_mode: str, lora_
     eps = req.privacy.epsilon
     return (f"mode auto: {run_mode} without mode pilots: at n·ε = {n * eps:,.0f} (n = {n:,}, ε = {eps:g}), at or "
             f"below {usefulness.FINETUNE_AT_CHANCE_N_EPS:,}, DP fine-tuning of the backbone ({', '.join(skipped)}) "
-            "was measured at chance (SST-2, MiniLM), so its pilots could not win and are not run")
+            f"was measured at chance ({usefulness.threshold_evidence(kind)}), so its pilots could not win and are "
+            "not run")
 
 
 def _check_public_split_can_compare(public_set, pilot_modes) -> None:
@@ -1523,7 +1530,8 @@ def _execute(req: _Request, inputs: _Inputs, tplan: _TunePlan, clf, prog, seed: 
         f = features()
         X, y = f["train"]
         backend = _journaled(FeatureBackend(X, y, clf.num_labels, curve_data=f.get("public"), center=f.get("_center"),
-                                            device=req.device, public_n=inputs.n_train, units=inputs.unit_option), kw)
+                                            device=req.device, public_n=inputs.n_train, units=inputs.unit_option,
+                                            data_kind=clf.kind), kw)
         selector = make_selector(sel_eff, "features")
         prog.start_phase(f"{strat.name} on cached features", None, unit="runs")
         if journal is not None and plan.accounting == "repeat-and-select":

@@ -403,6 +403,10 @@ class Classifier(nn.Module):
             "lora_merged": self.lora_config,
             "base_model": public_model_name(self.source),
         }
+        if self.kind == "image":  # no tokenizer: a text length means nothing here
+            del meta["max_length"]
+            if hasattr(self.backbone, "vision_config"):  # a timm/torchvision network pools by its own global mean
+                del meta["pooling"]
         (out / CLASSIFIER_CONFIG).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         from privtune._release import public_modes  # lazy: the release helpers only when saving
 
