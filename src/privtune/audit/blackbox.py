@@ -441,10 +441,10 @@ def _plan_union_run(n: int, spec: AuditSpec, privacy: PrivacySpec) -> _UnionPlan
     batches), T steps
     (default 3 epochs), σ calibrated from ε at q = B/n and T when ε is given, and the claimed ε."""
     schedule = spec.schedule
-    if schedule.sampling == "full_batch" and schedule.batch_size not in (None, n):
-        raise InvalidParameterError(
-            "`batch_size` does not apply to sampling='full_batch': every step takes the whole union of the data and "
-            "the included canaries. Drop --batch-size (batch_size).")
+    if spec.blackbox and schedule.sampling == "full_batch" and schedule.batch_size not in (None, n):
+        raise InvalidParameterError(  # the training run would refuse it after the reservation
+            "`batch_size` does not apply to sampling='full_batch': every step of the black-box run takes the whole "
+            "union of the data and the included canaries. Drop --batch-size (batch_size).")
     B = schedule.batch_size if schedule.batch_size is not None else (n if schedule.sampling == "full_batch"
                                                                     else min(n, 256))
     B = check_int(B, "batch_size", low=1, high=n, fix=f"Pass batch_size ≤ {n}.")
