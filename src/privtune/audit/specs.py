@@ -109,6 +109,9 @@ class ProbeSpec:
 class AuditSpec:
     """What :func:`privtune.audit.audit` audits: one ``privtune train`` configuration and the audit's canaries.
 
+    Build it from its parts (only ``privacy`` is required; the rest default to ``privtune audit``'s defaults), or
+    with :meth:`create` from the flat keywords of ``privtune audit``.
+
     privacy : the claim: ε (σ is calibrated for the union of the data and the included canaries) or σ (≥ 1e-6,
         ε is computed); δ (``None`` = from the data size) and the accountant.
     mode : what is trained, one of :data:`AUDITED_MODES` (two-phase is audited phase by phase).
