@@ -1,5 +1,6 @@
 """The audit's typed specs: AuditSpec (what privtune.audit audits) and ProbeSpec (the white-box probe) are
-validated when built, fill in their defaults, and the flat audit() runs the same audit as run_audit on them."""
+validated when built and fill in their defaults; AuditSpec.create builds the nested specs from flat keywords, the
+CLI builds the spec from its options, and audit(data, spec) runs the same audit as run_audit."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from privtune.audit import AuditSpec, ProbeSpec
 from privtune.audit.blackbox import AuditInputs, audit, run_audit
 from privtune.errors import InvalidParameterError
 from privtune.models.testing import make_toy_text_files
-from privtune.specs import ClippingSpec, PrivacySpec, ScheduleSpec
+from privtune.specs import ClippingSpec, OptimizerSpec, PrivacySpec, ScheduleSpec
 
 EPS = PrivacySpec(epsilon=1.0, delta=1e-3)
 
@@ -53,14 +54,80 @@ def test_probe_spec_width_and_checks():
             ProbeSpec(**kw)
 
 
-def test_the_flat_audit_runs_the_spec_audit(tmp_path):
-    files = make_toy_text_files(tmp_path, {"train": ("train.tsv", 40, 0)})
-    flat = audit(files["train"], labels=[0, 1], epsilon=1.0, delta=1e-3, steps=2, batch_size=10, num_canaries=20,
-                 blackbox=False, seed=0, clip=0.5)
-    spec = AuditSpec(privacy=EPS, schedule=ScheduleSpec(steps=2, batch_size=10), clipping=ClippingSpec(clip=0.5),
-                     num_canaries=20, blackbox=False, seed=0)
-    typed = run_audit(spec, AuditInputs(data=files["train"], labels=[0, 1]))
-    assert typed.blackbox is None and typed.whitebox.scores == flat.whitebox.scores
-    assert typed.whitebox.config == flat.whitebox.config and typed.whitebox.config["clip"] == 0.5
+def test_create_builds_the_nested_specs_from_flat_keywords():
+    made = AuditSpec.create(epsilon=1.0, delta=1e-3, mode="last-layer", steps=2, batch_size=10, sampling="full_batch",
+                            max_physical_batch_size=8, optimizer="sgd", learning_rate=0.1, clip=0.5,
+                            clipping="automatic", num_canaries=20, blackbox=False, seed=0, privacy_unit="u",
+                            max_rows_per_unit=2)
+    assert made == AuditSpec(
+        privacy=EPS, mode="last-layer",
+        schedule=ScheduleSpec(steps=2, batch_size=10, sampling="full_batch", max_physical_batch_size=8),
+        optim=OptimizerSpec(name="sgd", learning_rate=0.1), clipping=ClippingSpec(clip=0.5, clipping="automatic"),
+        num_canaries=20, blackbox=False, seed=0, privacy_unit="u", max_rows_per_unit=2)
+    assert made.canary_rows == 2
+    assert AuditSpec.create(noise_multiplier=1.0) == AuditSpec(privacy=PrivacySpec(noise_multiplier=1.0))
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(epsilon=1.0, bogus=1), "does not take `bogus`"),
+    (dict(epsilon=1.0, privacy=EPS), "does not take `privacy`"),  # the nested specs' keywords are spelled out
+    (dict(), "exactly one of `epsilon`"),
+    (dict(epsilon=1.0, optimizer="nope"), "optimizer"),
+    (dict(epsilon=1.0, clip=-1.0), "clip"),
+    (dict(epsilon=1.0, epochs=1.0, steps=2), "either `epochs` or `steps`"),
+])
+def test_create_refuses_bad_keywords_in_one_error(kw, match):
+    with pytest.raises(InvalidParameterError, match=match):
+        AuditSpec.create(**kw)
+
+
+def test_a_spec_of_the_wrong_type_is_one_clear_error(tmp_path):
+    with pytest.raises(InvalidParameterError, match="`privacy` must be a PrivacySpec"):
+        AuditSpec(privacy={"epsilon": 1.0})
+    with pytest.raises(InvalidParameterError, match="`schedule` must be a ScheduleSpec"):
+        AuditSpec(privacy=EPS, schedule={"steps": 2})
+    for spec in (None, {"epsilon": 1.0}):
+        with pytest.raises(InvalidParameterError, match="`spec` must be an AuditSpec"):
+            audit(tmp_path / "train.tsv", spec)
     with pytest.raises(InvalidParameterError, match="`data` is required"):
         AuditInputs(data=None)
+
+
+def test_audit_runs_the_spec_audit(tmp_path):
+    files = make_toy_text_files(tmp_path, {"train": ("train.tsv", 40, 0)})
+    spec = AuditSpec(privacy=EPS, schedule=ScheduleSpec(steps=2, batch_size=10), clipping=ClippingSpec(clip=0.5),
+                     num_canaries=20, blackbox=False, seed=0)
+    report = audit(files["train"], spec, labels=[0, 1])
+    typed = run_audit(spec, AuditInputs(data=files["train"], labels=[0, 1]))
+    assert typed.blackbox is None and typed.whitebox.scores == report.whitebox.scores
+    assert typed.whitebox.config == report.whitebox.config and typed.whitebox.config["clip"] == 0.5
+
+
+def test_the_cli_builds_the_spec_from_its_options(tmp_path, monkeypatch):
+    from privtune.audit import blackbox
+    from privtune.audit.blackbox import AuditReport
+    from privtune.cli import main
+
+    seen = []
+    monkeypatch.setattr(blackbox, "audit", lambda data, spec, **kw: seen.append((data, spec, kw)) or AuditReport())
+    rc = main(["audit", "--data", "d.tsv", "--labels", "0,1", "--mode", "last-layer", "--epsilon", "2", "--delta",
+               "1e-3", "--steps", "3", "--batch-size", "20", "--learning-rate", "0.1", "--clip", "0.5", "--optimizer",
+               "sgd", "--canaries", "20", "--no-whitebox", "--public-data", "--confidence", "0.9", "--seed", "4",
+               "--privacy-unit", "u", "--max-rows-per-unit", "3", "--canary-rows", "2", "--ledger", "sqlite:///x.db",
+               "--output", str(tmp_path / "o"), "--max-physical-batch-size", "8", "--quiet"])
+    assert rc == 0
+    (data, spec, kw), = seen
+    assert data == "d.tsv" and spec == AuditSpec.create(
+        mode="last-layer", epsilon=2.0, delta=1e-3, steps=3, batch_size=20, learning_rate=0.1, clip=0.5,
+        optimizer="sgd", num_canaries=20, whitebox=False, public_data=True, confidence=0.9, seed=4,
+        privacy_unit="u", max_rows_per_unit=3, canary_rows=2, max_physical_batch_size=8)
+    assert kw == dict(model=None, labels="0,1", text_column=None, label_column=None, ledger="sqlite:///x.db",
+                      device=None, resume=False, output_dir=str(tmp_path / "o"), progress=False)
+
+
+def test_a_bad_cli_option_is_one_error_line(capsys):
+    from privtune.cli import main
+
+    assert main(["audit", "--data", "d.tsv", "--epsilon", "1", "--canaries", "5", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and "num_canaries" in err and len(err.strip().splitlines()) == 1

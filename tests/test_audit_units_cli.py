@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from privtune.audit import audit
+from privtune.audit import AuditSpec, audit
 from privtune.cli import main
 from privtune.engine.units import UnitIndex
 from privtune.ledger import Ledger
@@ -63,9 +63,10 @@ def test_blackbox_with_canary_units_trains_on_units_and_charges_the_unit(files, 
     url = f"sqlite:///{tmp_path / 'l.db'}"
     led = Ledger(url)
     led.init_dataset(files["train"], 50.0, 1e-3)
-    rep = audit(files["train"], model=files["model"], mode="last-layer", labels=[0, 1], epsilon=2.0, delta=1e-3,
-                steps=3, batch_size=5, learning_rate=0.5, num_canaries=12, seed=0, whitebox=False, ledger=url,
-                privacy_unit="user_id", max_rows_per_unit=2, canary_rows=3)
+    spec = AuditSpec.create(mode="last-layer", epsilon=2.0, delta=1e-3, steps=3, batch_size=5, learning_rate=0.5,
+                            num_canaries=12, seed=0, whitebox=False, privacy_unit="user_id", max_rows_per_unit=2,
+                            canary_rows=3)
+    rep = audit(files["train"], spec, model=files["model"], labels=[0, 1], ledger=url)
     r = rep.blackbox
     assert len(r.scores) == 12 and r.config["canary_rows"] == 3 and r.config["privacy_unit"] == "user_id"
     assert r.epsilon_lower_bound <= r.claimed_epsilon
@@ -80,4 +81,4 @@ def test_blackbox_with_canary_units_trains_on_units_and_charges_the_unit(files, 
 
 def test_unit_options_without_a_unit_are_refused(files):
     with pytest.raises(Exception, match="only with `privacy_unit`"):
-        audit(files["train"], labels=[0, 1], epsilon=1.0, blackbox=False, canary_rows=3)
+        AuditSpec.create(epsilon=1.0, blackbox=False, canary_rows=3)

@@ -52,7 +52,7 @@ from privtune.models.classifier import check_model
 from privtune.run import budget as run_budget
 from privtune.run import release as run_release
 from privtune.run.budget import BudgetRequest
-from privtune.specs import ClippingSpec, NoiseSpec, OptimizerSpec, PrivacySpec, ScheduleSpec
+from privtune.specs import NoiseSpec, PrivacySpec
 
 __all__ = ["audit", "run_audit", "AuditInputs", "AuditReport", "make_text_canaries", "AUDITED_MODES"]
 
@@ -105,92 +105,56 @@ def make_text_canaries(num_canaries: int, num_labels: int, *, words: int = 8, se
 
 def audit(
     data: Any = None,
+    spec: AuditSpec | None = None,
     *,
     model: Any = None,
-    mode: str = "bitfit",
-    epsilon: float | None = None,
-    noise_multiplier: float | None = None,
-    delta: float | None = None,
-    epochs: float | None = None,
-    steps: int | None = None,
-    batch_size: int | None = None,
-    learning_rate: float | None = None,
-    clip: float = 1.0,
-    clipping: str = "flat",
-    optimizer: str = "adam",
-    sampling: str = "poisson",
-    accountant: str = "pld",
-    num_canaries: int = 1000,
-    whitebox: bool = True,
-    blackbox: bool = True,
-    public_data: bool = False,
-    ledger: Any = None,
-    output_dir: str | os.PathLike | None = None,
-    confidence: float = 0.95,
-    seed: int | None = None,
-    progress: bool = False,
+    labels: Any = None,
     text_column: str | None = None,
     label_column: str | None = None,
-    labels: Any = None,
-    max_physical_batch_size: int = 32,
     max_length: int | None = None,
     device: Any = None,
+    ledger: Any = None,
+    output_dir: str | os.PathLike | None = None,
     resume: bool = False,
-    privacy_unit: str | None = None,
-    max_rows_per_unit: int | None = None,
-    canary_rows: int | None = None,
+    progress: bool = False,
 ) -> AuditReport:
     """One-run privacy audit of a ``privtune train`` configuration (Steinke, Nasr & Jagielski 2023).
 
     Args:
         data: the training data, as for :func:`privtune.train` (text data).
-        model, mode, epsilon, noise_multiplier, delta, epochs, steps, batch_size, learning_rate, clip,
-            clipping, optimizer, sampling ("poisson" or "full_batch"), accountant, text_column,
-            label_column, labels, max_physical_batch_size, max_length, device: the configuration, as for
-            :func:`privtune.train` (mode: "full", "bitfit", "last-layer" or "lora"; ``labels`` is the public
-            label set, declared or the model's own, never read from ``data``).
-        num_canaries: m canaries per audit (each included with probability 1/2).
-        whitebox: run the white-box audit of the DP step at this configuration's (σ, q, T, C) (no user data).
-        blackbox: run the black-box audit: one real training run on ``data`` plus the included canaries.
-        public_data: declare ``data`` public: the black-box run is then not charged to the ledger.
-            Otherwise the dataset must be registered in the ledger and the run is charged like ``train``.
+        spec: what is audited, a validated :class:`~privtune.audit.specs.AuditSpec`: the claim (ε or σ, δ,
+            accountant), the mode ("full", "bitfit", "last-layer" or "lora"), the schedule, optimizer and clipping
+            as for :func:`privtune.train`, the number of canaries, which audits run (white-box: the DP step at
+            this configuration's (σ, q, T, C), no user data; black-box: one real training run on ``data`` plus
+            the included canaries), ``public_data`` (the black-box run is then not charged to the ledger;
+            otherwise the dataset must be registered in the ledger and the run is charged like ``train``), the
+            confidence of the bounds, the seed and the user-level fields.  Build it with
+            ``AuditSpec.create(epsilon=8.0, delta=1e-5, mode="bitfit", ...)`` (the keywords of ``privtune
+            audit``) or from the nested specs.
+        model, labels, text_column, label_column, max_length, device: as for :func:`privtune.train` (``labels``
+            is the public label set, declared or the model's own, never read from ``data``).
         ledger: Ledger, URL or None (default ledger), as for :func:`privtune.train`.
         output_dir: write ``whitebox/`` and ``blackbox/`` (audit.json, audit.png, audit.html) there.
-        confidence: 1 − β of the lower bounds (default 0.95).
-        seed: seeds canaries, membership, the white-box probe and the training run (experiments); None draws
-            from the OS, and the training run's seeds are then never recorded (as in ``train``).
         resume: finish an audit that was interrupted (killed, a full disk) in ``output_dir``: the same
             arguments repeat the same audit under its ledger reservation, without a second charge.  A charged
             audit with ``output_dir`` keeps its seeds there (``.privtune-audit-state.json``, 0600) until its
             files are written.
-        privacy_unit, max_rows_per_unit, canary_rows: the user-level configuration (docs/privacy-unit.md): the
-            unit column of ``data`` and k; the canaries are units of r = ``canary_rows`` (default k) rows, in or out
-            whole, scored by their rows' mean; units are sampled at q = B/N_u; the charge records the unit.
+        progress: show the training run's progress.
 
-    Everything knowable (arguments, data, the model and ``max_length``, the output directory) is checked
+    The spec's seed seeds canaries, membership, the white-box probe and the training run (experiments); without
+    one they are drawn from the OS, and the training run's seeds are then never recorded (as in ``train``).
+    At user level (``privacy_unit``, docs/privacy-unit.md) the canaries are units of r = ``canary_rows`` rows, in
+    or out whole, scored by their rows' mean; units are sampled at q = B/N_u; the charge records the unit.
+
+    Everything knowable (the spec, the data, the model and ``max_length``, the output directory) is checked
     before the ledger reservation: a refused audit charges nothing and leaves no output directory.
-
-    The keywords are those of ``privtune audit`` and mirror :func:`privtune.train`'s; they are turned at once into
-    a validated :class:`~privtune.audit.specs.AuditSpec` and :class:`AuditInputs`, and :func:`run_audit` (the same
-    audit from those objects) runs it.
 
     Returns:
         :class:`AuditReport`.
     """
-    given = dict(locals())  # the arguments as passed: a resumed audit must repeat them
-    spec = AuditSpec(
-        privacy=PrivacySpec(epsilon=epsilon, delta=delta, noise_multiplier=noise_multiplier, accountant=accountant),
-        mode=mode,
-        schedule=ScheduleSpec(epochs=epochs, steps=steps, batch_size=batch_size, sampling=sampling,
-                              max_physical_batch_size=max_physical_batch_size),
-        optim=OptimizerSpec(name=optimizer, learning_rate=learning_rate),
-        clipping=ClippingSpec(clip=clip, clipping=clipping),
-        num_canaries=num_canaries, whitebox=whitebox, blackbox=blackbox, public_data=public_data,
-        confidence=confidence, seed=seed, privacy_unit=privacy_unit, max_rows_per_unit=max_rows_per_unit,
-        canary_rows=canary_rows)
     inputs = AuditInputs(data=data, model=model, labels=labels, text_column=text_column, label_column=label_column,
                          max_length=max_length, device=device, ledger=ledger, output_dir=output_dir, resume=resume,
-                         progress=progress, arguments={k: given[k] for k in _RESUME_COMPARED})
+                         progress=progress)
     return run_audit(spec, inputs)
 
 
@@ -198,7 +162,7 @@ def audit(
 class AuditInputs:
     """Where an audit reads and writes, beside its :class:`~privtune.audit.specs.AuditSpec`: the data, the model
     and the label set (as for :func:`privtune.train`), the device, the ledger, the output directory, whether to
-    resume, whether to show progress, and the arguments a resumed audit must repeat."""
+    resume and whether to show progress."""
 
     data: Any
     model: Any = None
@@ -211,7 +175,6 @@ class AuditInputs:
     output_dir: str | os.PathLike | None = None
     resume: bool = False
     progress: bool = False
-    arguments: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.data is None:
@@ -223,6 +186,10 @@ class AuditInputs:
 def run_audit(spec: AuditSpec, inputs: AuditInputs) -> AuditReport:
     """The audit of :func:`audit`, from its validated spec: everything knowable (the data, the model and
     ``max_length``, the output directory) is checked before the ledger reservation."""
+    if not isinstance(spec, AuditSpec):
+        raise InvalidParameterError(
+            "`spec` must be an AuditSpec: the configuration to audit. Got "
+            f"{type(spec).__name__}. E.g. AuditSpec.create(epsilon=8.0, delta=1e-5, mode='bitfit').")
     out = _check_audit_output(inputs.output_dir, inputs.resume)
     user = _load_user_text(inputs)
     units = _audit_units(inputs.data, user, spec)
@@ -230,7 +197,7 @@ def run_audit(spec: AuditSpec, inputs: AuditInputs) -> AuditReport:
     privacy = spec.privacy.for_dataset(n_public)
     if spec.blackbox and not isinstance(inputs.model, torch.nn.Module):
         check_model(inputs.model, max_length=inputs.max_length)  # a missing model, too long max_length: before
-    arguments = {**inputs.arguments, "data": dataset_identity(user)[0],
+    arguments = {**_compared_arguments(spec, inputs), "data": dataset_identity(user)[0],
                  "model": None if inputs.model is None else str(inputs.model),
                  "labels": list(user.label_names) if user.label_names is not None else user.num_labels,
                  "privacy_unit": None if units is None else [units.name, units.k, units.r]}
@@ -259,10 +226,16 @@ def run_audit(spec: AuditSpec, inputs: AuditInputs) -> AuditReport:
     return report
 
 
-#: the arguments a resumed audit must repeat (besides the data, the model and the label set)
-_RESUME_COMPARED = ("mode", "epsilon", "noise_multiplier", "delta", "epochs", "steps", "batch_size", "learning_rate",
-                    "clip", "clipping", "optimizer", "sampling", "accountant", "num_canaries", "whitebox", "blackbox",
-                    "public_data", "confidence", "seed", "max_length", "max_physical_batch_size")
+def _compared_arguments(spec: AuditSpec, inputs: AuditInputs) -> dict:
+    """The configuration a resumed audit must repeat (besides the data, the model, the label set and the unit),
+    by its keywords' names (those of ``privtune audit``)."""
+    p, sch, o, c = spec.privacy, spec.schedule, spec.optim, spec.clipping
+    return {"mode": spec.mode, "epsilon": p.epsilon, "noise_multiplier": p.noise_multiplier, "delta": p.delta,
+            "epochs": sch.epochs, "steps": sch.steps, "batch_size": sch.batch_size, "learning_rate": o.learning_rate,
+            "clip": c.clip, "clipping": c.clipping, "optimizer": o.name, "sampling": sch.sampling,
+            "accountant": p.accountant, "num_canaries": spec.num_canaries, "whitebox": spec.whitebox,
+            "blackbox": spec.blackbox, "public_data": spec.public_data, "confidence": spec.confidence,
+            "seed": spec.seed, "max_length": inputs.max_length, "max_physical_batch_size": sch.max_physical_batch_size}
 
 
 def _save_report(report: AuditReport, out: Path, state: "_AuditState") -> None:
@@ -464,10 +437,16 @@ class _UnionPlan:
 
 
 def _plan_union_run(n: int, spec: AuditSpec, privacy: PrivacySpec) -> _UnionPlan:
-    """The plan train() makes for the union of ``n`` examples (or units): B (default min(n, 256)), T steps
+    """The plan train() makes for the union of ``n`` examples (or units): B (default min(n, 256); n for full
+    batches), T steps
     (default 3 epochs), σ calibrated from ε at q = B/n and T when ε is given, and the claimed ε."""
     schedule = spec.schedule
-    B = schedule.batch_size if schedule.batch_size is not None else min(n, 256)
+    if spec.blackbox and schedule.sampling == "full_batch" and schedule.batch_size not in (None, n):
+        raise InvalidParameterError(  # the training run would refuse it after the reservation
+            "`batch_size` does not apply to sampling='full_batch': every step of the black-box run takes the whole "
+            "union of the data and the included canaries. Drop --batch-size (batch_size).")
+    B = schedule.batch_size if schedule.batch_size is not None else (n if schedule.sampling == "full_batch"
+                                                                    else min(n, 256))
     B = check_int(B, "batch_size", low=1, high=n, fix=f"Pass batch_size ≤ {n}.")
     sampling, delta, accountant = schedule.sampling, privacy.delta, privacy.accountant
     q = 1.0 if sampling == "full_batch" else B / n

@@ -6,16 +6,19 @@ budget is reserved.
 
 * :class:`ProbeSpec`: the gradient canaries and the linear probe of :func:`privtune.audit.audit_dp_step`.
 * :class:`AuditSpec`: what :func:`privtune.audit.audit` audits (the training configuration, the canaries,
-  which audits run); :func:`~privtune.audit.audit` builds it from its keywords at once.
+  which audits run); :meth:`AuditSpec.create` builds it from flat keywords (those of ``privtune audit``).
 
 >>> ProbeSpec(num_canaries=100).width
 50
+>>> AuditSpec.create(epsilon=8.0, delta=1e-5, mode="last-layer", steps=100).schedule.steps
+100
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from privtune._validation import check_accounted_noise_multiplier, check_choice, check_int, check_real
 from privtune.engine.units import DEFAULT_MAX_ROWS_PER_UNIT, check_max_rows_per_unit
@@ -106,6 +109,9 @@ class ProbeSpec:
 class AuditSpec:
     """What :func:`privtune.audit.audit` audits: one ``privtune train`` configuration and the audit's canaries.
 
+    Build it from its parts (only ``privacy`` is required; the rest default to ``privtune audit``'s defaults), or
+    with :meth:`create` from the flat keywords of ``privtune audit``.
+
     privacy : the claim: ε (σ is calibrated for the union of the data and the included canaries) or σ (≥ 1e-6,
         ε is computed); δ (``None`` = from the data size) and the accountant.
     mode : what is trained, one of :data:`AUDITED_MODES` (two-phase is audited phase by phase).
@@ -140,7 +146,45 @@ class AuditSpec:
     max_rows_per_unit: int | None = None
     canary_rows: int | None = None
 
+    @classmethod
+    def create(cls, *, epsilon: float | None = None, noise_multiplier: float | None = None,
+               delta: float | None = None, accountant: str = "pld", mode: str = "bitfit",
+               epochs: float | None = None, steps: int | None = None, batch_size: int | None = None,
+               sampling: str = "poisson", max_physical_batch_size: int = 32, optimizer: str = "adam",
+               learning_rate: float | None = None, clip: float = 1.0, clipping: str = "flat",
+               **fields: Any) -> AuditSpec:
+        """An :class:`AuditSpec` from flat keywords, those of ``privtune audit`` and :func:`privtune.train`.
+
+        The keywords of the nested specs are spelled out: ``epsilon``, ``noise_multiplier``, ``delta``,
+        ``accountant`` (:class:`~privtune.specs.PrivacySpec`); ``epochs``, ``steps``, ``batch_size``, ``sampling``,
+        ``max_physical_batch_size`` (:class:`~privtune.specs.ScheduleSpec`); ``optimizer``, ``learning_rate``
+        (:class:`~privtune.specs.OptimizerSpec`); ``clip``, ``clipping`` (:class:`~privtune.specs.ClippingSpec`).
+        ``mode`` and ``fields`` are this class's own fields (``num_canaries``, ``whitebox``, ``blackbox``,
+        ``public_data``, ``confidence``, ``seed``, ``privacy_unit``, ``max_rows_per_unit``, ``canary_rows``).
+        Every value is checked here, as when the class is built directly.
+        """
+        unknown = sorted(set(fields) - set(_OWN_FIELDS))
+        if unknown:
+            raise InvalidParameterError(
+                f"AuditSpec.create() does not take {', '.join(f'`{k}`' for k in unknown)}. It takes the privacy, "
+                f"schedule, optimizer and clipping keywords, `mode` and: {', '.join(_OWN_FIELDS)}.")
+        return cls(
+            privacy=PrivacySpec(epsilon=epsilon, delta=delta, noise_multiplier=noise_multiplier, accountant=accountant),
+            mode=mode,
+            schedule=ScheduleSpec(epochs=epochs, steps=steps, batch_size=batch_size, sampling=sampling,
+                                  max_physical_batch_size=max_physical_batch_size),
+            optim=OptimizerSpec(name=optimizer, learning_rate=learning_rate),
+            clipping=ClippingSpec(clip=clip, clipping=clipping), **fields)
+
     def __post_init__(self) -> None:
+        if not isinstance(self.privacy, PrivacySpec):
+            raise InvalidParameterError(
+                f"`privacy` must be a PrivacySpec, e.g. PrivacySpec(epsilon=1.0, delta=1e-5). Got "
+                f"{type(self.privacy).__name__}. Or build the spec with AuditSpec.create(epsilon=..., delta=...).")
+        for name, kind in (("schedule", ScheduleSpec), ("optim", OptimizerSpec), ("clipping", ClippingSpec)):
+            if not isinstance(getattr(self, name), kind):
+                raise InvalidParameterError(f"`{name}` must be a {kind.__name__}. Got "
+                                            f"{type(getattr(self, name)).__name__}.")
         if not (_check_flag(self.whitebox, "whitebox") | _check_flag(self.blackbox, "blackbox")):
             raise InvalidParameterError("Nothing to audit: `whitebox` and `blackbox` are both False. Enable one.")
         if self.privacy.noise_multiplier is not None:
@@ -169,3 +213,8 @@ class AuditSpec:
         _set(self, "max_rows_per_unit", k)
         _set(self, "canary_rows", check_int(k if self.canary_rows is None else self.canary_rows, "canary_rows",
                                             low=1, fix="Pass the rows of each canary unit, e.g. the cap k."))
+
+
+#: AuditSpec's own fields that AuditSpec.create takes as they are (the nested specs' are spelled out)
+_OWN_FIELDS = ("num_canaries", "whitebox", "blackbox", "public_data", "confidence", "seed", "privacy_unit",
+               "max_rows_per_unit", "canary_rows")

@@ -1,4 +1,5 @@
-"""``privtune audit``: a thin click edge over :func:`privtune.audit.audit`.
+"""``privtune audit``: a thin click edge over :func:`privtune.audit.audit` (its options build the
+:class:`~privtune.audit.specs.AuditSpec`).
 
 ::
 
@@ -24,6 +25,8 @@ from privtune.optim import OPTIMIZERS
 
 # an audit trains one configuration: two-phase (two events) is audited phase by phase
 MODES = tuple(m for m in TRAIN_MODES if m != "two-phase")
+#: the options that say where the audit reads and writes (audit()'s keywords); the rest build its AuditSpec
+_INPUTS = ("data", "model", "labels", "text_column", "label_column", "ledger", "device", "resume", "quiet")
 
 
 @click.command("audit", context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
@@ -73,11 +76,14 @@ def audit(**opts) -> int:
     dataset's budget in the ledger like `privtune train` (unless --public-data); no model is released.
     A lower bound is evidence, not proof: above the claimed ε it shows a bug; below it, it proves nothing.
     """
+    # deferred: the audit and its specs import torch and the training stack (`privtune audit --help` stays fast)
     from privtune.audit.blackbox import audit as run_audit
+    from privtune.audit.specs import AuditSpec
 
-    quiet = opts.pop("quiet")
     output = opts.pop("output")
-    report = run_audit(opts.pop("data"), output_dir=output, progress=not quiet, **opts)
+    inputs = {name: opts.pop(name) for name in _INPUTS}
+    report = run_audit(inputs.pop("data"), AuditSpec.create(**opts), output_dir=output,
+                       progress=not inputs.pop("quiet"), **inputs)
     click.echo(report.summary())
     if output:
         click.echo(f"\nwritten: {report.output_dir}/{{whitebox,blackbox}}/audit.{{json,png,html}}")
