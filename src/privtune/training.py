@@ -1568,10 +1568,11 @@ def _load_train_inputs(data, eval_data, model, labels, privacy: PrivacySpec, *, 
         check_disjoint(train_set, eval_set, "eval_data")  # accuracy on training rows is not held-out (nor private)
     units = None
     if privacy_unit[0] is not None:  # user level: N_u replaces n in δ < 1/N_u and the sampling rate
-        from privtune.engine.units import check_unit_delta, load_units
+        from privtune.engine.units import check_unit_delta, check_units_disjoint, load_units
 
         units = checked_units(load_units(data, privacy_unit[0], n, dataset=train_set), n, privacy_unit[1],
                               privacy_unit[2])
+        check_units_disjoint(data, eval_data, privacy_unit[0], "eval_data")  # a reported split holds no private unit
         if privacy.delta is not None:
             check_unit_delta(privacy.delta, units.num_units, units.name)
         n = units.num_units
