@@ -856,6 +856,8 @@ def fit(model: nn.Module, train_set: Any, *, noise: NoiseSpec, optimizer: Optimi
         check_finite_features(train_set, "train_set")
     plan = _checked_loop_options(train_set, noise, optimizer, clipping, options, device)
     own_progress = _make_progress(True, None, None) if progress is True else None
+    if own_progress is not None and plan.units is not None:  # unit level: step times grow with the private rows
+        own_progress.hide_timing()
     loop = _Loop(model, train_set, plan, eval_set=eval_set, callback=callback, hooks=hooks, task=task,
                  progress=own_progress if progress is True else None if progress is False else progress)
     _run_loop(loop, own_progress)
@@ -1609,10 +1611,11 @@ def _load_generation_inputs(data, eval_data, model, labels, privacy: PrivacySpec
     check_generation_disjoint(train_set, eval_set, "eval_data")
     n, units = len(train_set), None
     if privacy_unit[0] is not None:  # user level: N_u replaces n in δ < 1/N_u and the sampling rate
-        from privtune.engine.units import check_unit_delta, load_units
+        from privtune.engine.units import check_unit_delta, check_units_disjoint, load_units
 
-        units = checked_units(load_units(train_set.source if demo else data, privacy_unit[0], n), n, privacy_unit[1],
-                              privacy_unit[2])
+        source = train_set.source if demo else data
+        units = checked_units(load_units(source, privacy_unit[0], n), n, privacy_unit[1], privacy_unit[2])
+        check_units_disjoint(source, eval_data, privacy_unit[0], "eval_data")  # a reported split holds no private unit
         if privacy.delta is not None:
             check_unit_delta(privacy.delta, units.num_units, units.name)
         n = units.num_units

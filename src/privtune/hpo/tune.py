@@ -317,7 +317,8 @@ def tune(
 #: tune()'s arguments a generator's tuning takes (privtune.hpo.generation_tune.GenerationTuneRequest)
 _GENERATION_ARGUMENTS = ("data", "eval_data", "public_eval_data", "model", "mode", "strategy", "epsilon", "delta",
                          "ledger", "output_dir", "seed", "trials", "epochs", "batch_size", "clip",
-                         "max_physical_batch_size", "text_column", "label_column", "quiet", "write_files", "device")
+                         "max_physical_batch_size", "text_column", "label_column", "quiet", "write_files", "device",
+                         "privacy_unit", "max_rows_per_unit")
 #: tune()'s other arguments at their defaults (a generator's tuning refuses any other value)
 _GENERATION_UNUSED = {"selection": None, "selection_noise": None, "validation_fraction": 0.1, "steps": None,
                       "clipping": None, "optimizer": None, "strategy_options": None, "nonprivate_reference": False,
