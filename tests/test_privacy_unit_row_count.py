@@ -33,8 +33,21 @@ def _released_text(run_dir) -> dict:
     return out
 
 
+def _ledger_text(db) -> str:
+    """Every row of every table of the SQLite ledger, as text (the ledger is written too)."""
+    import sqlite3
+
+    con = sqlite3.connect(str(db))
+    try:
+        tables = [t for (t,) in con.execute("select name from sqlite_master where type='table'")]
+        return "\n".join(repr(row) for t in tables for row in con.execute(f'select * from "{t}"'))
+    finally:
+        con.close()
+
+
 def _assert_count_nowhere(n: int, run_dir, printed: str) -> None:
     files = _released_text(run_dir)
+    files["<ledger>"] = _ledger_text(run_dir.parent / "l.db")
     assert "log.txt" in files and "metrics.json" in files and "certificate.json" in files and "report.html" in files
     assert any(name.endswith("README.md") for name in files)  # the model card
     where = [name for name, text in {**files, "<printed>": printed}.items() if _count(n).search(text)]
