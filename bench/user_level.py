@@ -1,6 +1,22 @@
-"""User-level DP: what a step costs at the unit level against the example level (``--overhead``).
+"""User-level DP: what a step costs at the unit level against the example level (``--overhead``), and the price
+of the honest unit on SST-2 with the review sentence as unit (``--sst2``).
 
     python bench/user_level.py --overhead --out bench/results/user_level/overhead.json
+    python bench/user_level.py --sst2 --out bench/results/user_level/sst2.json
+
+``--sst2``: SST-2's training phrases (``--sst2-dir``, GLUE's ``train.tsv`` and ``dev.tsv``) with the review sentence
+as the privacy unit.  GLUE does not say which sentence a phrase comes from, so the sentences are rebuilt by this
+rule: **a sentence is a training phrase that is no contiguous sub-phrase (by tokens) of another training phrase;
+each phrase belongs to the longest sentence that contains it, ties broken by the sentence's position in the
+file** (phrases are taken longest first, so every sentence is met before its sub-phrases).  On GLUE's 67,349
+phrases this gives 6,886 sentences, 9.8 phrases each on average, at most 46.  A seeded subset of
+``--sentences`` sentences (``random.Random(0).sample`` of the sentence ids) with all their phrases is the private
+data; the reported split is GLUE's 872 dev sentences.  At each ε of ``--epsilons`` and each seed of ``--seeds``:
+``privtune tune --mode last-layer`` (hyperfree, everything charged, δ = ``--delta``) at the user level
+(``--privacy-unit review``, k = ``--max-rows-per-unit``) and at the example level, on the backbone features
+cached once (``feature_cache_dir``).  For the example-level run the result also gives what it guarantees the
+most active review (c rows): by group privacy, (ε, δ)-DP for one row gives a group of c rows (c·ε, c·e^{(c−1)ε}·δ),
+computed from the run's certificate ε and δ (a δ term ≥ 1 is no guarantee at all).
 
 ``--overhead`` times one DP step of :func:`privtune.training.fit` at the example level and at the unit level
 with **the same rows in every step**: a full batch of R rows, at the unit level grouped into R/r units of r
@@ -107,6 +123,85 @@ def overhead(args) -> dict:
     return out
 
 
+def assign_sentences(phrases: list[str]) -> list[int]:
+    """The sentence of every phrase by the rule of the module doc: a sentence is a phrase that is no contiguous
+    token sub-sequence of another phrase; a phrase belongs to the longest sentence containing it (ties: the
+    sentence first in the file).  Returns one sentence id per phrase (ids in the order the sentences are met)."""
+    order = sorted(range(len(phrases)), key=lambda i: (-len(phrases[i].split()), i))
+    owner: dict[str, int] = {}  # every sub-phrase of a sentence met so far -> the first (longest) such sentence
+    sentence_of = [0] * len(phrases)
+    count = 0
+    for i in order:
+        p = " ".join(phrases[i].split())
+        if p in owner:
+            sentence_of[i] = owner[p]
+            continue
+        toks = p.split()
+        for a in range(len(toks)):
+            for b in range(a + 1, len(toks) + 1):
+                owner.setdefault(" ".join(toks[a:b]), count)
+        sentence_of[i] = count
+        count += 1
+    return sentence_of
+
+
+def _group_privacy(epsilon: float, delta: float, rows: int) -> dict:
+    """(c·ε, c·e^{(c−1)ε}·δ) for a group of c = ``rows`` rows (the δ term as log10, and capped at 1 in words)."""
+    import math
+
+    log10_delta = math.log10(rows) + (rows - 1) * epsilon / math.log(10) + math.log10(delta)
+    return {"rows": rows, "epsilon": rows * epsilon, "delta_log10": log10_delta,
+            "delta": 10 ** log10_delta if log10_delta < 0 else None, "meaningful": log10_delta < 0}
+
+
+def sst2(args) -> dict:
+    """The ``--sst2`` part (module doc): user level against example level on the review-sentence units."""
+    import random
+    import tempfile
+
+    import privtune
+
+    torch.set_num_threads(1)
+    root = Path(args.sst2_dir)
+    rows = [line.rstrip("\n").split("\t") for line in open(root / "train.tsv", encoding="utf-8")][1:]
+    sentence_of = assign_sentences([r[1] for r in rows])
+    n_sentences = max(sentence_of) + 1
+    chosen = set(random.Random(0).sample(range(n_sentences), args.sentences))
+    keep = [i for i in range(len(rows)) if sentence_of[i] in chosen]
+    per_unit: dict[int, int] = {}
+    for i in keep:
+        per_unit[sentence_of[i]] = per_unit.get(sentence_of[i], 0) + 1
+    work = Path(tempfile.mkdtemp(prefix="privtune-user-level-"))
+    data = work / "train.tsv"
+    data.write_text("label\tsentence\treview\n" + "".join(f"{rows[i][0]}\t{rows[i][1]}\ts{sentence_of[i]}\n"
+                                                        for i in keep), encoding="utf-8")
+    c_max = max(per_unit.values())
+    out = {"subset": {"rule": "phrases of random.Random(0).sample(range(sentences), --sentences) sentences",
+                      "sentences_in_train": n_sentences, "phrases_in_train": len(rows),
+                      "sentences": len(per_unit), "phrases": len(keep), "most_phrases_of_one_sentence": c_max,
+                      "mean_phrases_per_sentence": len(keep) / len(per_unit)},
+           "delta": args.delta, "max_rows_per_unit": args.max_rows_per_unit, "runs": []}
+    print(f"sst2: {len(keep)} phrases of {len(per_unit)} sentences (at most {c_max} phrases each)", flush=True)
+    for eps in args.epsilons:
+        for seed in args.seeds:
+            for level in ("user", "example"):
+                t0 = time.perf_counter()
+                unit = {"privacy_unit": "review", "max_rows_per_unit": args.max_rows_per_unit} if level == "user" else {}
+                r = privtune.tune(str(data), eval_data=str(root / "dev.tsv"), mode="last-layer", epsilon=eps,
+                                  delta=args.delta, labels=["0", "1"], seed=seed, quiet=True, write_files=False,
+                                  ledger=f"sqlite:///{work / f'{level}-{eps:g}-{seed}.db'}",
+                                  feature_cache_dir=str(work / "features"), **unit)
+                run = {"level": level, "epsilon": eps, "seed": seed, "dev_accuracy": r.metrics["accuracy"],
+                       "certificate_epsilon": r.certificate.epsilon, "certificate_delta": r.certificate.delta,
+                       "neighbouring": r.certificate.neighbouring, "seconds": round(time.perf_counter() - t0, 1)}
+                if level == "example":
+                    run["most_active_review"] = _group_privacy(r.certificate.epsilon, r.certificate.delta, c_max)
+                out["runs"].append(run)
+                print(f"ε={eps:g} seed={seed} {level}: dev {run['dev_accuracy']:.4f} (certificate ε "
+                      f"{run['certificate_epsilon']:.4g}, {run['seconds']} s)", flush=True)
+    return out
+
+
 def _machine() -> dict:
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False).stdout.strip()
@@ -132,12 +227,20 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=5, help="timed steps per run (after one warm-up step)")
     ap.add_argument("--repeats", type=int, default=3, help="runs per level, alternating")
     ap.add_argument("--clock", choices=("cpu", "wall"), default="cpu")
+    ap.add_argument("--sst2", action="store_true", help="SST-2 with the review sentence as unit (module doc)")
+    ap.add_argument("--sst2-dir", default="/work/shared/data/sst2", help="GLUE SST-2: train.tsv and dev.tsv")
+    ap.add_argument("--sentences", type=int, default=4000, help="review sentences in the private subset")
+    ap.add_argument("--epsilons", type=float, nargs="+", default=[3.0, 8.0])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--delta", type=float, default=1e-5)
+    ap.add_argument("--max-rows-per-unit", type=int, default=8, help="k at the user level")
     ap.add_argument("--out", default=None, help="also write the results as JSON to this path")
     args = ap.parse_args(argv)
-    if not args.overhead:
-        ap.error("choose what to run: --overhead")
+    if args.overhead == args.sst2:
+        ap.error("choose what to run: --overhead or --sst2")
     t0 = time.perf_counter()
-    res = overhead(args)
+    cpu0 = time.process_time()
+    res = overhead(args) if args.overhead else {**sst2(args), "cpu_seconds_total": round(time.process_time() - cpu0, 1)}
     doc = {"command": " ".join(["python", "bench/user_level.py", *(argv if argv is not None else sys.argv[1:])]),
            "clock": args.clock, "statistic": "median seconds per step over steps, then over repeats",
            "machine": _machine(), "seconds_total_wall": round(time.perf_counter() - t0, 1), **res}

@@ -89,3 +89,44 @@ def test_idx_images_name_their_units_in_a_sidecar_table(tmp_path):
     _table(tmp_path / "train-images-idx3-ubyte.gz.units.tsv", [("writer",)] + [(f"w{i % 2}",) for i in range(5)])
     units = load_units(str(images), "writer", len(ds), dataset=ds)
     assert units.num_units == 2 and units.unit_of_row.tolist() == [0, 1, 0, 1, 0] and units.name == "writer"
+
+
+@pytest.mark.parametrize("command", ["tune", "train"])
+def test_an_image_split_sharing_a_unit_with_the_training_images_is_refused_before_any_charge(tmp_path, capsys,
+                                                                                              command):
+    """A public (tune) or reported (train) image folder whose units table names an owner of training images is
+    refused before the ledger is touched; the same split with owners of its own is accepted."""
+    from privtune.cli import main
+    from privtune.ledger import Ledger
+    from privtune.models.testing import make_tiny_image_model
+
+    root = _folder(tmp_path / "imgs")
+    _table(root / "units.tsv", [("file", "owner")] + [(f"{c}/{i}.png", f"o{i % 4}") for c in ("cat", "dog")
+                                                       for i in range(6)])
+    public = tmp_path / "pub"  # images of their own (no row in common with the training images)
+    for cls, color in (("cat", (200, 60, 60)), ("dog", (60, 60, 200))):
+        (public / cls).mkdir(parents=True)
+        for i in range(3):
+            Image.new("RGB", (8, 8), tuple(c + 7 * i for c in color)).save(public / cls / f"{i}.png")
+    model = make_tiny_image_model(tmp_path / "vit")
+    split_flag = "--public-eval-data" if command == "tune" else "--eval-data"
+
+    def run(owners, tag):
+        _table(public / "units.tsv", [("file", "owner")] + [(f"{c}/{i}.png", owners(i)) for c in ("cat", "dog")
+                                                             for i in range(3)])
+        argv = [command, "--data", str(root), split_flag, str(public), "--model", str(model), "--labels", "cat,dog",
+                "--mode", "last-layer", "--epsilon", "3", "--delta", "1e-2", "--privacy-unit", "owner", "--seed",
+                "0", "--quiet", "--ledger", f"sqlite:///{tmp_path / (tag + '.db')}", "--output", str(tmp_path / tag)]
+        if command == "train":
+            argv += ["--steps", "2", "--batch-size", "2"]
+        code = main(argv)
+        return code, capsys.readouterr().err, tmp_path / (tag + ".db"), tmp_path / tag
+
+    code, err, db, run_dir = run(lambda i: "o2" if i == 1 else f"p{i}", "shared")  # one image of owner o2
+    assert code != 0 and "shares privacy units with the private training data" in err and "Traceback" not in err
+    assert "o2" not in err and "Nothing was charged" in err
+    assert not db.exists() or not Ledger(f"sqlite:///{db}").datasets()
+    assert not (run_dir / "certificate.json").exists()
+    code, err, _, run_dir = run(lambda i: f"p{i}", "own")
+    assert code == 0, err
+    assert json.loads((run_dir / "certificate.json").read_text())["neighbouring"] == "add/remove all rows of one owner"

@@ -856,6 +856,8 @@ def fit(model: nn.Module, train_set: Any, *, noise: NoiseSpec, optimizer: Optimi
         check_finite_features(train_set, "train_set")
     plan = _checked_loop_options(train_set, noise, optimizer, clipping, options, device)
     own_progress = _make_progress(True, None, None) if progress is True else None
+    if own_progress is not None and plan.units is not None:  # unit level: step times grow with the private rows
+        own_progress.hide_timing()
     loop = _Loop(model, train_set, plan, eval_set=eval_set, callback=callback, hooks=hooks, task=task,
                  progress=own_progress if progress is True else None if progress is False else progress)
     _run_loop(loop, own_progress)
@@ -1324,7 +1326,7 @@ class TrainJob:
         units = inputs.units  # user level: N_u units stand where the N rows stood (q = B/N_u)
         sched = _plan_schedule(len(inputs.train_set) if units is None else units.num_units, r.mode, inputs.privacy,
                                r.schedule, r.optim, phase1_epochs=r.phase1_epochs,
-                               phase1_learning_rate=r.phase1_learning_rate)
+                               phase1_learning_rate=r.phase1_learning_rate, unit=units and units.name)
         if getattr(inputs.train_set, "kind", None) == "generation":  # the warning's measurements are classifiers'
             sched = dataclasses.replace(sched, unlikely_to_learn=None)
         hyper = _hyperparameters(r.mode, sched, inputs.privacy, r.schedule, r.optim, r.clipping, inputs.mode_info,
@@ -1339,9 +1341,14 @@ class TrainJob:
         r, sched, out = self.request, plan.schedule, inputs.out
         run_id, state, created, fresh_files = _prepare_run_dir(out, inputs.ckpt_path, r.resume, inputs.fingerprint,
                                                                plan.hyper)
-        log = release.run_log(out / "log.txt" if out is not None else None)
+        # at the unit level the number of rows is private: the log names N_u and k, and carries no time (feature
+        # caching and every step take time in proportion to the private rows)
+        units, k = inputs.units, r.privacy_unit[1]
+        log = release.run_log(out / "log.txt" if out is not None else None, timestamps=units is None)
         group = inputs.group
-        log(f"{'resume' if r.resume else 'start'} privtune train: mode={r.mode} N={len(inputs.train_set)} "
+        size = (f"N={len(inputs.train_set)}" if units is None else
+                f"N_u={units.num_units} units of {units.name} (at most {k} rows each per step)")
+        log(f"{'resume' if r.resume else 'start'} privtune train: mode={r.mode} {size} "
             f"q={sched.sample_rate:.5g} T={sched.steps} σ={sched.noise_multiplier:.5g} "
             f"planned ε={sched.planned_epsilon:.4g} δ={inputs.privacy.delta:g}"
             + (f" on {group.world_size} processes" if group else ""))
@@ -1393,6 +1400,8 @@ class TrainJob:
         r, out = self.request, inputs.out
         prog = _make_progress(r.progress, out / "log.txt" if out is not None else None,
                               plan.schedule.planned_epsilon)
+        if prog is not None and inputs.units is not None:  # unit level: durations grow with the private rows
+            prog.hide_timing()
         loop, actual = _run_training(r, inputs, plan, files, prog)
         return _Trained(loop=loop, events=actual, hyper=plan.hyper)
 
@@ -1561,10 +1570,11 @@ def _load_train_inputs(data, eval_data, model, labels, privacy: PrivacySpec, *, 
         check_disjoint(train_set, eval_set, "eval_data")  # accuracy on training rows is not held-out (nor private)
     units = None
     if privacy_unit[0] is not None:  # user level: N_u replaces n in δ < 1/N_u and the sampling rate
-        from privtune.engine.units import check_unit_delta, load_units
+        from privtune.engine.units import check_unit_delta, check_units_disjoint, load_units
 
         units = checked_units(load_units(data, privacy_unit[0], n, dataset=train_set), n, privacy_unit[1],
                               privacy_unit[2])
+        check_units_disjoint(data, eval_data, privacy_unit[0], "eval_data")  # a reported split holds no private unit
         if privacy.delta is not None:
             check_unit_delta(privacy.delta, units.num_units, units.name)
         n = units.num_units
@@ -1601,10 +1611,11 @@ def _load_generation_inputs(data, eval_data, model, labels, privacy: PrivacySpec
     check_generation_disjoint(train_set, eval_set, "eval_data")
     n, units = len(train_set), None
     if privacy_unit[0] is not None:  # user level: N_u replaces n in δ < 1/N_u and the sampling rate
-        from privtune.engine.units import check_unit_delta, load_units
+        from privtune.engine.units import check_unit_delta, check_units_disjoint, load_units
 
-        units = checked_units(load_units(train_set.source if demo else data, privacy_unit[0], n), n, privacy_unit[1],
-                              privacy_unit[2])
+        source = train_set.source if demo else data
+        units = checked_units(load_units(source, privacy_unit[0], n), n, privacy_unit[1], privacy_unit[2])
+        check_units_disjoint(source, eval_data, privacy_unit[0], "eval_data")  # a reported split holds no private unit
         if privacy.delta is not None:
             check_unit_delta(privacy.delta, units.num_units, units.name)
         n = units.num_units
@@ -1629,9 +1640,10 @@ class _Schedule:
 
 
 def _plan_schedule(n: int, mode: str, privacy: PrivacySpec, schedule: ScheduleSpec, optim: OptimizerSpec, *,
-                   phase1_epochs: float | None, phase1_learning_rate: float | None) -> _Schedule:
-    """q, T, σ and the planned events for ``n`` training rows (σ calibrated to ``privacy.epsilon`` at
-    ``privacy.delta``, or ``privacy.noise_multiplier`` as given)."""
+                   phase1_epochs: float | None, phase1_learning_rate: float | None,
+                   unit: str | None = None) -> _Schedule:
+    """q, T, σ and the planned events for ``n`` training rows, or ``n`` units of the privacy unit ``unit`` (σ
+    calibrated to ``privacy.epsilon`` at ``privacy.delta``, or ``privacy.noise_multiplier`` as given)."""
     sampling, assume_poisson, batch_size = schedule.sampling, schedule.assume_poisson, schedule.batch_size
     B = batch_size if batch_size is not None else min(n, 256)
     if B > n:
@@ -1669,7 +1681,7 @@ def _plan_schedule(n: int, mode: str, privacy: PrivacySpec, schedule: ScheduleSp
     return _Schedule(batch_size=B, sample_rate=q, steps=T, noise_multiplier=sigma, phases=phases,
                      phase1_steps=phase1_steps, planned=planned, planned_epsilon=planned_epsilon,
                      unlikely_to_learn=usefulness.unlikely_to_learn_message(
-                         mode, n, privacy.epsilon or planned_epsilon, command="train"))
+                         mode, n, privacy.epsilon or planned_epsilon, command="train", unit=unit))
 
 
 def _hyperparameters(mode: str, sched: _Schedule, privacy: PrivacySpec, schedule: ScheduleSpec, optim: OptimizerSpec,
@@ -1778,7 +1790,8 @@ def _run_training(r: _TrainRequest, inputs: _TrainInputs, plan: _TrainPlan, file
         prog.__enter__()
     try:
         if mode == "last-layer":  # frozen backbone: compute its features once (after the reservation)
-            fit_data, fit_eval = _cached_for_last_layer(clf, train_set, eval_set, prog, log)
+            fit_data, fit_eval = _cached_for_last_layer(clf, train_set, eval_set, prog, log,
+                                                        rows_private=inputs.units is not None)
             if fit_data is not train_set:
                 phys = 65536
         if not distributed.is_main_process():
@@ -1830,16 +1843,19 @@ def _check_predictions(metrics: dict, final_eval: dict | None, label_names, pre_
         metrics["warnings"] = found
 
 
-def _cached_for_last_layer(clf, train_set, eval_set, prog, log):
+def _cached_for_last_layer(clf, train_set, eval_set, prog, log, rows_private: bool = False):
     """Features of the frozen backbone for last-layer training (falls back to full forward passes when the
     model's own head pools after the head, e.g. GPT-2).  In a data-parallel run each process computes the
     features of the training examples it owns only (the other rows stay zero and are never read) and only
-    rank 0, which evaluates, those of the evaluation split."""
+    rank 0, which evaluates, those of the evaluation split.  ``rows_private`` (the unit level, where the number
+    of training rows is private): no line counts the training rows."""
     from privtune.finetune import FeatureSet, cache_features
 
     def cached(ds, name):
+        counted = not (rows_private and name.startswith("train"))
         if prog is not None:
-            prog.start_phase(f"caching features ({name})", total=len(ds), unit="examples")
+            prog.start_phase(f"caching features ({name})", total=len(ds) if counted else None, unit="examples",
+                             counted=counted)
         return cache_features(clf, ds, progress=(lambda k: prog.advance(k, examples=k)) if prog else None)
 
     group = distributed.current()
@@ -1857,7 +1873,8 @@ def _cached_for_last_layer(clf, train_set, eval_set, prog, log):
         log(f"last-layer without feature caching: {exc}")
         return train_set, eval_set
     fe = cached(eval_set, "eval") if eval_set is not None and (group is None or group.is_main) else None
-    log(f"cached backbone features of {len(fs)} training examples (dimension {fs.num_features})"
+    log(f"cached backbone features of {'the' if rows_private else len(fs)} training examples (dimension "
+        f"{fs.num_features})"
         + (f", {group.world_size} processes computing their own examples' features" if group else ""))
     return fs, fe
 

@@ -390,7 +390,8 @@ def _column_keys(data: Any, column: str) -> tuple[list, list, str]:
 
 
 def check_units_disjoint(train_data: Any, split: Any, column: str, what: str) -> bool:
-    """Refuse a split ``split`` (a public or reported split, path or ``datasets.Dataset``) that holds a row of a
+    """Refuse a split ``split`` (a public or reported split: a table, an image folder or IDX file with its
+    privacy-unit table, or a ``datasets.Dataset``) that holds a row of a
     privacy unit that owns rows of the private ``train_data``: at user level a split outside the private data
     must be disjoint from it by unit, not only by row.  Checked when ``split`` has the unit ``column``; returns
     False when it has not (then only its rows can be checked, and its disjointness by unit is the user's
@@ -398,12 +399,12 @@ def check_units_disjoint(train_data: Any, split: Any, column: str, what: str) ->
     if split is None or not isinstance(column, str):
         return False
     try:
-        columns, keys, _ = _column_keys(split, column)
+        columns, keys = _split_unit_keys(split, column)
     except (DataError, InvalidParameterError):  # no columns (an in-memory dataset): not checkable
         return False
     if column not in columns:
         return False
-    _, private, _ = _column_keys(train_data, column)
+    _, private = _split_unit_keys(train_data, column)
     private_ids = {_plain_key(k) for k in private}
     if any(_plain_key(k) in private_ids for k in keys if k is not None):
         raise DataError(
@@ -411,6 +412,21 @@ def check_units_disjoint(train_data: Any, split: Any, column: str, what: str) ->
             f"of both. A split outside the private data must hold no row of a private {column}; remove those rows "
             "from it (or from the training data). Nothing was charged.")
     return True
+
+
+def _split_unit_keys(data: Any, column: str) -> tuple[list, list]:
+    """``(columns, the values of column)`` of a split: an image folder's or IDX file's privacy-unit table (every
+    row of the table: the conservative reading), else the split's own table (:func:`_column_keys`)."""
+    from privtune.data.datasets import TEXT_SUFFIXES, read_table
+
+    is_table = isinstance(data, (str, os.PathLike)) and Path(data).suffix.lower() in TEXT_SUFFIXES
+    sidecar = None if is_table else _image_sidecar(data)
+    if sidecar is None:
+        columns, keys, _ = _column_keys(data, column)
+        return columns, keys
+
+    columns, rows = read_table(sidecar, TEXT_SUFFIXES[sidecar.suffix.lower()], single_column_ok=True)
+    return list(columns), [r.get(column) for r in rows] if column in columns else []
 
 
 def _plain_key(key: Any) -> Any:

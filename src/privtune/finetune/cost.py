@@ -38,10 +38,26 @@ class BackboneCost:
                 f"takes {1e3 * self.forward_seconds:.3g} ms per example here")
 
 
+def _image_size(model: Any) -> int:
+    """The side in pixels the model's images are given at: a vision backbone's preprocessor's ``image_size``, a
+    Hugging Face image processor's ``size`` (height, or shortest edge), else the backbone's configured size."""
+    processor = getattr(model, "processor", None)
+    size = getattr(processor, "image_size", None)
+    if size is None:
+        declared = getattr(processor, "size", None)
+        if isinstance(declared, dict):
+            size = declared.get("height") or declared.get("shortest_edge")
+        elif isinstance(declared, int):
+            size = declared
+    if size is None:
+        size = getattr(getattr(getattr(model, "backbone", None), "config", None), "image_size", None)
+    return int(size) if isinstance(size, int) and size > 0 else 224
+
+
 def _dummy_batch(model: Any, batch: int) -> tuple[dict, str]:
     """A public input of ``batch`` examples the model takes: blank images, or texts of max_length tokens."""
     if getattr(model, "kind", "text") == "image":
-        size = int(getattr(model.processor, "image_size", 224))
+        size = _image_size(model)
         return {"pixel_values": torch.zeros(batch, 3, size, size)}, f"{size} × {size} pixels"
     length = int(getattr(model, "max_length", None) or 128)
     ids = torch.ones(batch, length, dtype=torch.long)

@@ -317,7 +317,8 @@ def tune(
 #: tune()'s arguments a generator's tuning takes (privtune.hpo.generation_tune.GenerationTuneRequest)
 _GENERATION_ARGUMENTS = ("data", "eval_data", "public_eval_data", "model", "mode", "strategy", "epsilon", "delta",
                          "ledger", "output_dir", "seed", "trials", "epochs", "batch_size", "clip",
-                         "max_physical_batch_size", "text_column", "label_column", "quiet", "write_files", "device")
+                         "max_physical_batch_size", "text_column", "label_column", "quiet", "write_files", "device",
+                         "privacy_unit", "max_rows_per_unit")
 #: tune()'s other arguments at their defaults (a generator's tuning refuses any other value)
 _GENERATION_UNUSED = {"selection": None, "selection_noise": None, "validation_fraction": 0.1, "steps": None,
                       "clipping": None, "optimizer": None, "strategy_options": None, "nonprivate_reference": False,
@@ -755,7 +756,7 @@ class _TunePlan:
     pilot_events: list  # the pilots' planned events, the charged feature centre first when there is one
     center_sigma: float | None  # σ of the charged feature centre (last-layer without a public split)
     selection_sigma: float | None  # σ of a charged score (None: public validation, free)
-    hide_timing: bool  # repeat-and-select: the number of trials (hence durations) is not published
+    hide_timing: bool  # repeat-and-select (the number of trials) or the unit level (the rows): no durations
 
     @property
     def center_events(self) -> list:
@@ -831,11 +832,14 @@ def _plan_run(req: _Request, inputs: _Inputs, log, warning_log=None, lora_capabl
     for m in candidates[1:]:
         log(f"  if the pilots choose {m}: planned ε = {mode_plans[m].planned_epsilon():.4g}")
     # a plan that works but cannot learn: warned of before the reservation (nothing spent yet)
+    unit = None if inputs.units is None else inputs.units.name
     usefulness.warn(usefulness.unlikely_to_learn_message(run_mode, n_train, req.privacy.epsilon, command="tune",
-                                                         kind=kind),
+                                                         kind=kind, unit=unit),
                     UnlikelyToLearnWarning, warning_log or log)
-    # under repeat-and-select the number of trials is random and not published; durations grow with it
-    hide_timing = any(p.accounting == "repeat-and-select" for p in mode_plans.values())
+    # under repeat-and-select the number of trials is random and not published; durations grow with it; at the
+    # unit level every phase over the training rows (feature caching, each step) takes time in proportion to the
+    # private number of rows
+    hide_timing = unit is not None or any(p.accounting == "repeat-and-select" for p in mode_plans.values())
     return _TunePlan(plan=plan, mode_plans=mode_plans, candidates=candidates, pilot_modes=pilot_modes,
                      run_mode=run_mode, pilot_eps=pilot_eps, pilot_events=pilot_events, center_sigma=center_sigma,
                      selection_sigma=sel_sigma, hide_timing=hide_timing)
@@ -1057,7 +1061,7 @@ class TuneJob:
             "trials": ran.published_trial_count, "ledger_registered_new_dataset": budget.registered,
             "majority_prediction": majority,
             # under repeat-and-select the wall time grows with the hidden number of trials: not published
-            "wall_time_s": (None if ran.outcome.certificate_events is not None
+            "wall_time_s": (None if ran.outcome.certificate_events is not None or planned.tplan.hide_timing
                             else round(time.time() - self._started, 1)),
         }
         if inputs.units is not None:  # the unit's name, k and N_u (public); n_train is N_u
@@ -1194,7 +1198,8 @@ def _list_warnings(metrics: dict, req: _Request, inputs: _Inputs, tplan: _TunePl
     (:func:`tune`).  Public quantities only."""
     after = usefulness.one_class_message(metrics.get("majority_prediction"))
     before = usefulness.unlikely_to_learn_message(tplan.run_mode, inputs.n_train, req.privacy.epsilon, command="tune",
-                                                  kind=getattr(inputs.train, "kind", None))
+                                                  kind=getattr(inputs.train, "kind", None),
+                                                  unit=None if inputs.units is None else inputs.units.name)
     found = [w for w in (before, after) if w]
     if found:
         metrics["warnings"] = found
@@ -1332,8 +1337,9 @@ def _auto_without_pilots_note(req: _Request, strat, n: int, run_mode: str, lora_
     skipped = [m for m in small if m in strat.modes and m != run_mode]
     if not skipped:
         return f"mode auto: strategy {strat.name} trains {run_mode} only; no mode pilots are run"
-    eps = req.privacy.epsilon
-    return (f"mode auto: {run_mode} without mode pilots: at n·ε = {n * eps:,.0f} (n = {n:,}, ε = {eps:g}), at or "
+    eps, unit = req.privacy.epsilon, req.units and req.units[0]
+    size = f"n = {n:,}" if not unit else (f"n = N_u = {n:,} units" + (f" ({unit})" if isinstance(unit, str) else ""))
+    return (f"mode auto: {run_mode} without mode pilots: at n·ε = {n * eps:,.0f} ({size}, ε = {eps:g}), at or "
             f"below {usefulness.FINETUNE_AT_CHANCE_N_EPS:,}, DP fine-tuning of the backbone ({', '.join(skipped)}) "
             f"was measured at chance ({usefulness.threshold_evidence(kind)}), so its pilots could not win and are "
             "not run")
@@ -1468,8 +1474,9 @@ def _execute(req: _Request, inputs: _Inputs, tplan: _TunePlan, clf, prog, seed: 
                 if name == "public" and ds is selector_data and "select" in feats:
                     feats["public"] = feats["select"]
                     continue
-                prog.start_phase(f"caching features ({name})", len(ds), unit="examples", work=public_size(ds),
-                                 kind="forward")
+                counted = inputs.units is None or name != "train"  # unit level: the rows' number is private
+                prog.start_phase(f"caching features ({name})", len(ds) if counted else None, unit="examples",
+                                 work=public_size(ds), kind="forward", counted=counted)
                 fs = finetune.cache_features(clf, ds, cache_dir=feature_cache_dir, progress=lambda k: prog.advance(k, examples=k))
                 prog.end_phase()
                 feats[name] = (fs.features.float(), fs.labels)
