@@ -69,7 +69,7 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    from privtune.audit import audit
+    from privtune.audit import AuditSpec, audit
     from privtune.data import load_text_dataset
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -90,10 +90,11 @@ def main(argv=None) -> int:
     for mode in args.modes:
         for eps in args.epsilons:
             t0 = time.perf_counter()
-            rep = audit(train, mode=mode, labels=[0, 1], epsilon=eps, delta=args.delta, epochs=args.epochs,
-                        batch_size=args.batch_size, learning_rate=LEARNING_RATES[mode], clip=1.0,
-                        num_canaries=args.canaries, blackbox=not args.no_blackbox, public_data=True,
-                        seed=args.seed, progress=False, max_length=args.max_length)
+            spec = AuditSpec.create(mode=mode, epsilon=eps, delta=args.delta, epochs=args.epochs,
+                                    batch_size=args.batch_size, learning_rate=LEARNING_RATES[mode], clip=1.0,
+                                    num_canaries=args.canaries, blackbox=not args.no_blackbox, public_data=True,
+                                    seed=args.seed)
+            rep = audit(train, spec, labels=[0, 1], progress=False, max_length=args.max_length)
             wb, bb = rep.whitebox, rep.blackbox
             row = {"mode": mode, "claimed_epsilon": wb.claimed_epsilon, "delta": args.delta, "m": args.canaries,
                    "noise_multiplier": wb.config["noise_multiplier"], "sample_rate": wb.config["sample_rate"],

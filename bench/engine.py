@@ -25,6 +25,16 @@ example-gradients per second, through the closed-form LinearHeadGradient and thr
 PrivateGradient hooks, next to non-private head training.
 Opacus is given contiguous (B, T) ``position_ids`` (its per-sample rules crash on the (1, T)
 buffer that the plain HF call uses); privtune and non-DP runs use the plain call.
+
+``--backbone efficientnet-lite0`` (modes full / bitfit, as privtune's ``apply_mode`` sets them) times the bundled
+ImageNet EfficientNet-Lite0 instead, on Fashion-MNIST training images (``/usr/share/datasets/fashion-mnist``;
+random pixels where it is absent: the speed does not depend on the values) at ``--image-size`` pixels (default
+64), B = 32, with a zero-initialised 10-class head.  ``--batchnorm eval`` (default) is the network privtune trains:
+BatchNorm with the pretrained running statistics; Opacus refuses a trainable BatchNorm, so it runs only with
+``--batchnorm group`` (every BatchNorm replaced by a GroupNorm, for all methods of that run), and with timm's
+in-place activations switched to out-of-place (its backward hooks fail on them).
+
+    python bench/engine.py --backbone efficientnet-lite0 --modes full,bitfit --methods nondp,privtune
 """
 
 from __future__ import annotations
@@ -204,6 +214,130 @@ def child(mode: str, method: str, steps: int, warmup: int, batch_size: int, max_
             "peak_growth_mib": (peak - base) / 1024, "trainable": n_trainable, "steps": steps}
 
 
+def _fashion_pixels(n: int, image_size: int, processor) -> tuple:
+    """``n`` Fashion-MNIST training images through privtune's image preprocessing (random pixels if the Debian
+    package is absent) and their labels."""
+    import gzip
+
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    src = Path("/usr/share/datasets/fashion-mnist")
+    try:
+        raw = gzip.decompress((src / "train-images-idx3-ubyte.gz").read_bytes())
+        imgs = np.frombuffer(raw, dtype=np.uint8, offset=16).reshape(-1, 28, 28)[:n]
+        lab = gzip.decompress((src / "train-labels-idx1-ubyte.gz").read_bytes())
+        labels = torch.tensor(np.frombuffer(lab, dtype=np.uint8, offset=8)[:n].astype(np.int64))
+        origin = "Fashion-MNIST"
+    except OSError:
+        imgs = np.random.default_rng(0).integers(0, 256, (n, 28, 28), dtype=np.uint8)
+        labels, origin = torch.randint(0, 10, (n,)), "random pixels"
+    pixels = processor(images=[Image.fromarray(a) for a in imgs])["pixel_values"]
+    return pixels, labels, origin
+
+
+def image_child(mode: str, method: str, steps: int, warmup: int, batch_size: int, image_size: int,
+                batchnorm: str) -> dict:
+    """One DP (or non-DP) training step on EfficientNet-Lite0, timed like :func:`child`."""
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    from privtune.finetune import apply_mode
+    from privtune.models import load_classifier
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    clf = load_classifier("efficientnet-lite0", num_labels=10, image_size=image_size, batchnorm=batchnorm, seed=0)
+    apply_mode(clf, mode, zero_init_head=True)
+    clf.train()  # BatchNorm stays in eval mode (VisionBackbone.train); GroupNorm has no running statistics
+
+    class Net(nn.Module):
+        """pixels → logits, a positional call for Opacus (the extra argument is the text child's mask)."""
+
+        def __init__(self):
+            super().__init__()
+            self.clf = clf
+
+        def forward(self, x, _mask=None, position_ids=None):
+            return self.clf(pixel_values=x)
+
+    model = Net().train()
+    x, y, origin = _fashion_pixels(batch_size * (steps + warmup), image_size, clf.processor)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.Adam(params, lr=1e-4)
+    if method == "nondp":
+        def step(b):
+            F.cross_entropy(model(b[0]), b[2]).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    elif method == "privtune":
+        from privtune.engine import PrivateGradient
+
+        pg = PrivateGradient(model, max_grad_norm=1.0, noise_multiplier=1.0, expected_batch_size=batch_size, seed=0)
+
+        def step(b):
+            pg.backward(F.cross_entropy(model(b[0]), b[2], reduction="none"))
+            pg.release()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    else:
+        import warnings
+
+        from opacus import PrivacyEngine
+
+        warnings.filterwarnings("ignore")
+        # Opacus's module backward hooks fail on timm's in-place activations (ReLU6(inplace=True): "a view ...
+        # modified inplace"); the usual Opacus fix, the same arithmetic out of place
+        for m in model.modules():
+            if isinstance(getattr(m, "inplace", None), bool):
+                m.inplace = False
+        dl = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=batch_size)
+        gmode = "ghost" if method == "opacus-ghost" else "hooks"
+        crit = nn.CrossEntropyLoss()
+        kwargs = dict(module=model, optimizer=opt, data_loader=dl, noise_multiplier=1.0, max_grad_norm=1.0,
+                      poisson_sampling=False, grad_sample_mode=gmode)
+        if gmode == "ghost":
+            model, opt, crit, dl = PrivacyEngine().make_private(criterion=crit, **kwargs)
+        else:
+            model, opt, dl = PrivacyEngine().make_private(**kwargs)
+
+        def step(b):
+            crit(model(b[0]), b[2]).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+    def batches():
+        for s in range(steps + warmup):
+            sl = slice(s * batch_size, (s + 1) * batch_size)
+            yield x[sl], None, y[sl]
+
+    res = _timed(step, batches(), steps, warmup)
+    res.update(mode=mode, method=method, examples_per_s=batch_size * steps / res.pop("dt"),
+               examples_per_cpu_s=batch_size * steps / res.pop("dc"), trainable=sum(p.numel() for p in params),
+               steps=steps, data=origin, batchnorm=batchnorm, image_size=image_size)
+    return res
+
+
+def _timed(step, it, steps: int, warmup: int) -> dict:
+    """Wall and CPU seconds of ``steps`` calls of ``step`` after ``warmup`` untimed ones, and the peak memory
+    growth over the resident set before them."""
+    import gc
+
+    gc.collect()
+    base = _rss_kib("VmRSS")
+    peak_ok = _reset_peak()
+    for _ in range(warmup):
+        step(next(it))
+    t0, c0 = time.perf_counter(), time.process_time()
+    for _ in range(steps):
+        step(next(it))
+    dt, dc = time.perf_counter() - t0, time.process_time() - c0
+    peak = _rss_kib("VmHWM") if peak_ok else _rss_kib("VmRSS")
+    return {"dt": dt, "dc": dc, "peak_growth_mib": (peak - base) / 1024}
+
+
 def head_child(method: str, steps: int, warmup: int, batch_size: int = 1024) -> dict:
     """Last-layer training on cached features: example-gradients per second (one CPU thread)."""
     import torch
@@ -255,6 +389,16 @@ def head_child(method: str, steps: int, warmup: int, batch_size: int = 1024) -> 
 
 
 HEAD_METHODS = ("nondp", "privtune", "privtune-hooks")
+BACKBONES = ("minilm", "efficientnet-lite0")
+IMAGE_MODES = ("full", "bitfit")
+
+
+def _image_setup(args, results) -> dict:
+    """The JSON's setup entries of an image run (they replace the text ones)."""
+    data = next((r["data"] for rs in results.values() for r in rs if "data" in r), "?")
+    return {"model": "EfficientNet-Lite0 (ImageNet, bundled) + zero-initialised linear head, 10 classes",
+            "data": f"{data} training images, 28 px greyscale → {args.image_size} px, 3 channels",
+            "image_size": args.image_size, "batchnorm": args.batchnorm, "max_length": None, "padding": None}
 
 
 def _machine() -> dict:
@@ -283,7 +427,8 @@ def _machine() -> dict:
 def run_one(mode, method, args) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", mode, method, "--steps", str(args.steps),
            "--warmup", str(args.warmup), "--batch-size", str(args.batch_size), "--max-length", str(args.max_length),
-           "--padding", args.padding]
+           "--padding", args.padding, "--backbone", args.backbone, "--image-size", str(args.image_size),
+           "--batchnorm", args.batchnorm]
     p = subprocess.run(cmd, capture_output=True, text=True)
     for line in p.stdout.splitlines()[::-1]:
         if line.startswith("RESULT "):
@@ -307,16 +452,30 @@ def main(argv=None) -> int:
     ap.add_argument("--padding", choices=("max_length", "longest"), default="max_length",
                     help="pad every batch to --max-length (default) or to its longest sentence")
     ap.add_argument("--out", default=None, help="also write the results as JSON to this path")
+    ap.add_argument("--backbone", choices=BACKBONES, default="minilm",
+                    help="all-MiniLM-L6-v2 on SST-2 (default) or EfficientNet-Lite0 on Fashion-MNIST images")
+    ap.add_argument("--image-size", type=int, default=64, help="input pixels of the image backbone")
+    ap.add_argument("--batchnorm", choices=("eval", "group"), default="eval",
+                    help="image backbone: pretrained BatchNorm in eval mode, or every BatchNorm replaced by GroupNorm")
     ap.add_argument("--child", nargs=2, metavar=("MODE", "METHOD"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    image = args.backbone != "minilm"
+    if image and args.modes == ap.get_default("modes"):
+        args.modes = ",".join(IMAGE_MODES)
+    if image and (bad := [m for m in args.modes.split(",") if m and m not in IMAGE_MODES]):
+        ap.error(f"--backbone {args.backbone} times the modes {', '.join(IMAGE_MODES)}; got {bad}")
     if args.steps is None:
         args.steps = 2 if args.quick else 20
     if args.warmup is None:
         args.warmup = 1 if args.quick else 2
     if args.child:
         mode, method = args.child
-        res = (head_child(method, args.steps * 10, args.warmup) if mode == "head"
-               else child(mode, method, args.steps, args.warmup, args.batch_size, args.max_length, args.padding))
+        if image:
+            res = image_child(mode, method, args.steps, args.warmup, args.batch_size, args.image_size, args.batchnorm)
+        elif mode == "head":
+            res = head_child(method, args.steps * 10, args.warmup)
+        else:
+            res = child(mode, method, args.steps, args.warmup, args.batch_size, args.max_length, args.padding)
         print("RESULT " + json.dumps(res))
         return 0
 
@@ -343,7 +502,10 @@ def main(argv=None) -> int:
         return statistics.median(vals) if vals else None
 
     pad = "padded to T" if args.padding == "max_length" else "each batch padded to its longest sentence, at most T"
-    print(f"\nMiniLM-L6 + SST-2, B={args.batch_size}, T={args.max_length} ({pad}), 1 CPU thread, {args.steps} timed steps"
+    what = (f"EfficientNet-Lite0 ({'eval-mode BatchNorm' if args.batchnorm == 'eval' else 'BatchNorm → GroupNorm'}) "
+            f"+ Fashion-MNIST, B={args.batch_size}, {args.image_size} × {args.image_size} px" if image
+            else f"MiniLM-L6 + SST-2, B={args.batch_size}, T={args.max_length} ({pad})")
+    print(f"\n{what}, 1 CPU thread, {args.steps} timed steps"
           f"{' (QUICK: indicative only)' if args.quick else ''}, median of {args.repeats}; "
           f"throughput = examples per {'CPU' if args.clock == 'cpu' else 'wall-clock'} second")
     table: list[dict] = []
@@ -374,7 +536,8 @@ def main(argv=None) -> int:
                           "privtune_vs_this": p_tp / tp if p_tp else None,
                           "runs": [r.get(tkey) for r in rs]})
     print("privtune × = privtune throughput / this method's throughput (same mode, same run).")
-    print("Opacus is called with contiguous (B, T) position_ids; privtune and non-DP use the plain HF call.")
+    if not image:
+        print("Opacus is called with contiguous (B, T) position_ids; privtune and non-DP use the plain HF call.")
     if "head" in modes:
         base = med(results.get(("head", "nondp"), []), tkey)
         print(f"\nlast layer on cached features: nn.Linear(384, 2), 67,349 examples, expected batch 1024 (Poisson), "
@@ -394,6 +557,7 @@ def main(argv=None) -> int:
                "machine": _machine(), "load_average_end": list(os.getloadavg()),
                "setup": {"model": "all-MiniLM-L6-v2 + mean pooling + linear head", "data": "SST-2 train sentences",
                          "batch_size": args.batch_size, "max_length": args.max_length, "padding": args.padding,
+                         **(_image_setup(args, results) if image else {}),
                          "threads": 1, "steps": args.steps, "warmup": args.warmup, "repeats": args.repeats,
                          "clock": args.clock, "statistic": "median over repeats"},
                "table": table,

@@ -78,6 +78,8 @@ def _tune_cell(split, eps, seed, **kw) -> dict:
         import shutil
 
         shutil.rmtree(folder)
+    for scratch in (folder.with_name(folder.name + ".db"), folder.with_name(folder.name + ".db.key")):
+        scratch.unlink(missing_ok=True)  # a rerun of the cell starts a fresh ledger, not the spent one
     # last-layer: the test split is scored by the bench on the shared cached features (_test_accuracy), after the
     # run, exactly as privtune would score it; a mode that trains the backbone is scored by privtune itself
     # (the grid oracle releases no model: privtune scores its selected point on the test split itself)
@@ -94,7 +96,7 @@ def _tune_cell(split, eps, seed, **kw) -> dict:
             "certificate_epsilon": None if r.certificate is None else float(r.certificate.epsilon),
             "not_private": bool(r.metrics.get("not_private")), "mode": r.metrics["mode"],
             "strategy": r.metrics["strategy"], "hyperparameters": r.metrics.get("hyperparameters"),
-            "trials": len(r.trials or [])}
+            "trials": len(r.trials or []), "features_l2_normalised": bool(getattr(r.model, "normalize", False))}
 
 
 def _features(split, names=("train", "public", "test")) -> dict:
@@ -106,7 +108,7 @@ def _features(split, names=("train", "public", "test")) -> dict:
 
     clf = load_classifier(MODEL, num_labels=10, seed=0)
     clf.normalize = head_input_normalization(clf, "last-layer")  # as privtune tune does: the same cache key
-    out = {}
+    out = {"_normalised": bool(clf.normalize)}
     for name in names:
         fs = cache_features(clf, load_dataset(split[name], num_labels=10), cache_dir=RESULTS / "features")
         out[name] = (fs.features.numpy(), fs.labels.numpy())
@@ -144,7 +146,8 @@ def _nonprivate_cell(split) -> dict:
     acc = best[2].score(scaler.transform(f["test"][0]), f["test"][1])
     return {"test_accuracy": float(acc), "certificate_epsilon": None, "not_private": True,
             "mode": "last-layer", "strategy": "non-private logistic regression",
-            "hyperparameters": {"C": best[1], "public_accuracy": float(best[0])}}
+            "hyperparameters": {"C": best[1], "public_accuracy": float(best[0])},
+            "features_l2_normalised": f["_normalised"]}
 
 
 def _opacus_cell(split, eps, seed) -> dict:
@@ -176,7 +179,8 @@ def _opacus_cell(split, eps, seed) -> dict:
     return {"test_accuracy": float(acc), "certificate_epsilon": float(engine.get_epsilon(DELTA)),
             "not_private": False, "mode": "last-layer", "strategy": "Opacus DP-SGD, fixed setting",
             "hyperparameters": {"batch_size": 1024, "epochs": 10, "learning_rate": 0.1, "momentum": 0.9,
-                                "max_grad_norm": 1.0}}
+                                "max_grad_norm": 1.0},
+            "features_l2_normalised": f["_normalised"]}
 
 
 def run_cell(cell, split, eps, seed) -> dict:

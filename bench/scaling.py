@@ -45,6 +45,7 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 sys.path.insert(0, str(HERE))
 from hpo import SST2, read_sst2_tsv  # noqa: E402  (bench/ is on sys.path: this script's folder)
+from privtune.specs import ClippingSpec, LoopOptions, NoiseSpec, OptimizerSpec
 
 
 def _subset(n: int, seed: int = 0):
@@ -73,8 +74,10 @@ def _measure(rank: int, cfg: dict) -> dict:
         steps.append((info.seconds, info.batch_size, now - cpu[0]))
         cpu[0] = now
 
-    fit(clf, data, noise_multiplier=1.0, sample_rate=cfg["batch_size"] / cfg["subset"], steps=cfg["steps"] + 1,
-        learning_rate=5e-3, clip=1.0, seed=0, max_physical_batch_size=32, device="cpu", callback=record)
+    fit(clf, data,
+        noise=NoiseSpec(noise_multiplier=1.0, sample_rate=cfg["batch_size"] / cfg["subset"], steps=cfg["steps"] + 1),
+        optimizer=OptimizerSpec(learning_rate=5e-3), clipping=ClippingSpec(clip=1.0),
+        options=LoopOptions(seed=0, max_physical_batch_size=32), device="cpu", callback=record)
     timed = steps[1:]  # the first step is a warm-up
     seconds = sum(s for s, _, _ in timed)
     examples = sum(b for _, b, _ in timed)

@@ -40,6 +40,7 @@ from pathlib import Path
 import offline  # noqa: E402,F401  (sets the offline environment: bench/offline.py)
 
 import torch  # noqa: E402
+from privtune.specs import ClippingSpec, LoopOptions, NoiseSpec, OptimizerSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "sst2"
@@ -119,9 +120,10 @@ def main(argv=None) -> int:
             model = load_classifier(max_length=args.max_length, seed=args.seed)
             apply_mode(model, mode)
             t0 = time.perf_counter()
-            r = fit(model, train, noise_multiplier=sigma, sample_rate=q, steps=steps,
-                    learning_rate=cfg["dp_lr"], clip=1.0, optimizer="adam", seed=args.seed,
-                    max_physical_batch_size=32)
+            r = fit(model, train, noise=NoiseSpec(noise_multiplier=sigma, sample_rate=q, steps=steps),
+                    optimizer=OptimizerSpec(learning_rate=cfg["dp_lr"], name="adam"),
+                    clipping=ClippingSpec(clip=1.0),
+                    options=LoopOptions(seed=args.seed, max_physical_batch_size=32))
             eps_cert = compute_epsilon(r.events, args.delta)
             acc = evaluate(model, dev)["accuracy"]
             rows.append({"mode": mode, "method": f"DP-{cfg['label']}", "epsilon": eps_cert, "accuracy": acc,

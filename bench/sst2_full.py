@@ -98,6 +98,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "scripts"))
 from hpo import SST2, read_sst2_tsv  # noqa: E402  (bench/ is on sys.path)
 from make_embedded_data import containment_violations, spans, words  # noqa: E402
+from privtune.specs import ClippingSpec, LoopOptions, NoiseSpec, OptimizerSpec
 
 RESULTS = HERE / "results" / "sst2_full"
 CELLS = ("default", "bitfit", "full", "random", "oracle", "nonpriv-bitfit", "nonpriv-full", "default-no-eta-trials",
@@ -402,9 +403,10 @@ def _dp_fit(train, q, steps, sigma, lr, seed, mode="bitfit", normalize_features=
             left = took / info.step * (steps - info.step)  # at this run's mean rate so far
             print(f"    step {info.step}/{steps}  {took:.0f} s, about {left / 60:.0f} min left in this run", flush=True)
 
-    res = fit(m, train, noise_multiplier=sigma, sample_rate=q, steps=steps, learning_rate=lr, clip=1.0,
-              clipping="flat", optimizer="adam", seed=seed, callback=show, backbone_lr_scale=backbone_lr_scale,
-              hooks=hooks, **PHYSICAL)
+    res = fit(m, train, noise=NoiseSpec(noise_multiplier=sigma, sample_rate=q, steps=steps),
+              optimizer=OptimizerSpec(name="adam", learning_rate=lr, backbone_lr_scale=backbone_lr_scale),
+              clipping=ClippingSpec(clip=1.0, clipping="flat"), options=LoopOptions(seed=seed, **PHYSICAL),
+              callback=show, hooks=hooks)
     return m, list(res.events)
 
 

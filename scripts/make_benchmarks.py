@@ -277,6 +277,17 @@ def _fashion_cell_text(run: dict | None) -> str:
     return f"{_pct(run['test_accuracy'])} ({cert}; {_minutes(run['wall_s'])}){label}"
 
 
+def _fashion_features_note(runs: dict) -> list[str]:
+    """Which cells' heads read L2-normalised features (``features_l2_normalised``; a file without it was written
+    when the features were not normalised), when the cells differ."""
+    normalised = {bool(r.get("features_l2_normalised")) for r in runs.values()}
+    if len(normalised) < 2:
+        return []
+    names = sorted({r.get("cell", "?") for r in runs.values() if r.get("features_l2_normalised")})
+    return [f"Cells {', '.join(f'`{n}`' for n in names)} train the head on L2-normalised features (what privtune "
+            "does for an image backbone); the others were measured on the raw pooled features.", ""]
+
+
 def render_fashion_mnist(files: list[Path]) -> str:
     runs = {p.name: _load(p) for p in files}
     cells = {(m["cell"], float(m["eps"])): runs[name] for name in runs if (m := FASHION_CELL.match(name))}
@@ -298,6 +309,7 @@ def render_fashion_mnist(files: list[Path]) -> str:
                    f"features, 300 L-BFGS iterations, its regularisation chosen on the public split; NOT PRIVATE): test accuracy "
                    f"{_pct(ceiling['test_accuracy'])} ({_minutes(ceiling['wall_s'])}).")
         out.append("")
+    out += _fashion_features_note(runs)
     missing = [cell for cell, _ in FASHION_COLUMNS if not any((cell, eps) in cells for eps in epsilons)]
     if missing:
         out.append("Not run yet: " + "; ".join(f"`{c}`: {FASHION_NOT_RUN[c]}" for c in missing) + ".")
@@ -385,10 +397,54 @@ def render_sst2_backbones(files: list[Path]) -> str:
     return BACKBONES_INTRO + "\n".join(rows) + "\n"
 
 
+USER_LEVEL_INTRO = """\
+## SST-2 with the review sentence as privacy unit
+
+`{command}`: {phrases:,} SST-2 training phrases of {sentences:,} review sentences (a seeded sample of the
+{all_sentences:,} sentences rebuilt from GLUE's {all_phrases:,} phrases; at most {c_max} phrases in one sentence,
+{mean:.1f} on average; the rule is in `bench/user_level.py` and [Choosing the privacy unit](privacy-unit.md)).
+`privtune tune --mode last-layer` (hyperfree, everything charged) on the bundled MiniLM's cached features, δ =
+{delta:g}, dev accuracy on GLUE's 872 dev sentences, mean over seeds {seeds}. User level: (ε, δ)-DP for all
+phrases of one review (k = {k}). Example level: (ε, δ)-DP for one phrase; the last column is what that run
+guarantees the review with {c_max} phrases by group privacy, (c·ε, c·e^(c−1)ε·δ). {cpu}
+
+| total ε | user level (one review) | example level (one phrase) | difference | example level for the most active review |
+|---|---|---|---|---|
+"""
+
+
+def _mean_accuracy(runs: list[dict]) -> float:
+    return statistics.mean(r["dev_accuracy"] for r in runs)
+
+
+def render_user_level_sst2(files: list[Path]) -> str:
+    doc = _load(files[0])
+    sub, runs = doc["subset"], doc["runs"]
+    seeds = sorted({r["seed"] for r in runs})
+    cpu = (f"The whole part took {_minutes(doc['cpu_seconds_total'])} of CPU time (one thread)."
+           if doc.get("cpu_seconds_total") is not None else "")
+    out = [USER_LEVEL_INTRO.format(command=doc["command"], phrases=sub["phrases"], sentences=sub["sentences"],
+                                   all_sentences=sub["sentences_in_train"], all_phrases=sub["phrases_in_train"],
+                                   c_max=sub["most_phrases_of_one_sentence"], mean=sub["mean_phrases_per_sentence"],
+                                   delta=doc["delta"], seeds=", ".join(map(str, seeds)), k=doc["max_rows_per_unit"],
+                                   cpu=cpu).rstrip("\n")]
+    for eps in sorted({r["epsilon"] for r in runs}):
+        user = [r for r in runs if r["epsilon"] == eps and r["level"] == "user"]
+        example = [r for r in runs if r["epsilon"] == eps and r["level"] == "example"]
+        group = example[0]["most_active_review"]
+        delta_text = (f"δ = 10^{group['delta_log10']:.0f}" if group["meaningful"] else
+                      f"δ term 10^{group['delta_log10']:.0f} ≥ 1: no guarantee")
+        out.append(f"| {eps:g} | {_pct(_mean_accuracy(user))} | {_pct(_mean_accuracy(example))} | "
+                   f"{100 * (_mean_accuracy(user) - _mean_accuracy(example)):+.1f} points | "
+                   f"ε = {group['epsilon']:.0f}, {delta_text} |")
+    return "\n".join(out) + "\n"
+
+
 SECTIONS: list[Section] = [
     Section("sst2-full", ("sst2_full/full/*_eps*_seed*.json",), render_sst2_full),
     Section("sst2-backbones", ("sst2_full/full_*/*_eps*_seed*.json",), render_sst2_backbones),
     Section("fashion-mnist", ("fashion_mnist/*.json",), render_fashion_mnist),
+    Section("user-level-sst2", ("user_level/sst2.json",), render_user_level_sst2),
     Section("generation", ("generation/generation-[0-9]*.json",), render_generation),
 ]
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 import privtune
-from privtune.audit import audit
+from privtune.audit import AuditSpec, audit
 from privtune.cli import main
 from privtune.errors import PrivtuneError, UnknownDatasetError
 from privtune.ledger import Ledger
@@ -19,13 +19,18 @@ def files(tmp_path_factory):
     return make_toy_text_files(tmp_path_factory.mktemp("audit"), {"train": ("train.tsv", 60, 0)})
 
 
-ARGS = dict(mode="bitfit", labels=[0, 1], epsilon=2.0, delta=1e-3, steps=3, batch_size=20, learning_rate=1e-2,
-            num_canaries=20, seed=0, progress=False)
+ARGS = dict(mode="bitfit", epsilon=2.0, delta=1e-3, steps=3, batch_size=20, learning_rate=1e-2, num_canaries=20,
+            seed=0)
+
+
+def spec(**kw) -> AuditSpec:
+    return AuditSpec.create(**{**ARGS, **kw})
 
 
 def test_public_data_audit_runs_both_audits_and_charges_nothing(files, tmp_path):
     url = f"sqlite:///{tmp_path / 'l.db'}"
-    rep = audit(files["train"], model=files["model"], public_data=True, ledger=url, output_dir=tmp_path / "a", **ARGS)
+    rep = audit(files["train"], spec(public_data=True), model=files["model"], labels=[0, 1], ledger=url,
+                output_dir=tmp_path / "a")
     for r in (rep.whitebox, rep.blackbox):
         assert r.num_canaries == 20 and r.claimed_epsilon == pytest.approx(2.0, abs=1e-3)
         assert r.epsilon_lower_bound <= r.claimed_epsilon and len(r.scores) == 20
@@ -39,11 +44,11 @@ def test_public_data_audit_runs_both_audits_and_charges_nothing(files, tmp_path)
 def test_private_audit_needs_a_registered_budget_and_charges_it(files, tmp_path):
     url = f"sqlite:///{tmp_path / 'l.db'}"
     with pytest.raises(UnknownDatasetError, match="no budget in the ledger yet"):
-        audit(files["train"], model=files["model"], whitebox=False, ledger=url, **ARGS)
+        audit(files["train"], spec(whitebox=False), model=files["model"], labels=[0, 1], ledger=url)
     led = Ledger(url)
     led.init_dataset(files["train"], 10.0, 1e-3)
     before = led.status(files["train"]).remaining_epsilon
-    rep = audit(files["train"], model=files["model"], whitebox=False, ledger=url, **ARGS)
+    rep = audit(files["train"], spec(whitebox=False), model=files["model"], labels=[0, 1], ledger=url)
     after = Ledger(url).status(files["train"]).remaining_epsilon
     assert rep.whitebox is None and "charged to the ledger" in rep.blackbox.privacy
     assert before - after == pytest.approx(rep.blackbox.claimed_epsilon, rel=0.05)
@@ -51,7 +56,7 @@ def test_private_audit_needs_a_registered_budget_and_charges_it(files, tmp_path)
 
 def test_privtune_audit_is_callable_from_the_top_level(files, tmp_path):
     assert callable(privtune.audit)
-    rep = privtune.audit(files["train"], model=files["model"], blackbox=False, **ARGS)
+    rep = privtune.audit(files["train"], spec(blackbox=False), model=files["model"], labels=[0, 1])
     assert rep.blackbox is None and rep.whitebox.kind == "white-box"
 
 
@@ -83,7 +88,7 @@ def test_cli_reports_a_usage_error_in_one_line(files, capsys):
 ])
 def test_audit_rejects_bad_arguments_before_training(files, kw, match):
     with pytest.raises(PrivtuneError, match=match):
-        audit(files["train"], model=files["model"], public_data=True, **{**ARGS, **kw})
+        audit(files["train"], spec(public_data=True, **kw), model=files["model"], labels=[0, 1])
 
 
 def test_training_on_user_data_gets_no_recorded_seed_unless_given(files, monkeypatch):
@@ -97,7 +102,7 @@ def test_training_on_user_data_gets_no_recorded_seed_unless_given(files, monkeyp
         return real_train(data, **kw)
 
     monkeypatch.setattr(training, "train", spy)
-    rep = audit(files["train"], model=files["model"], public_data=True, **{**ARGS, "seed": None})
+    rep = audit(files["train"], spec(public_data=True, seed=None), model=files["model"], labels=[0, 1])
     assert seen == [None]  # the noise of a run on private data is seeded from the OS, never stored
     assert rep.blackbox.config["seed"] == "OS entropy (not recorded)"
     assert isinstance(rep.whitebox.config["seed"], int)  # the probe touches no user data

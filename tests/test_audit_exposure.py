@@ -17,7 +17,7 @@ from torch import nn
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-from privtune.audit import audit  # noqa: E402
+from privtune.audit import AuditSpec, audit  # noqa: E402
 from privtune.audit.exposure import (CANARY_PROMPT, NOT_PRIVATE_REFERENCE, DigitCanaries,  # noqa: E402
                                      exposure_estimates, make_digit_secrets, secret_losses)
 from privtune.cli import main  # noqa: E402
@@ -84,7 +84,7 @@ def _toy(chain: list[str] | None = None, *, random_seed: int | None = None) -> G
 
 
 def _canaries(secrets, digits, candidates=2000):
-    return DigitCanaries(secrets=list(secrets), included=[True] * len(secrets), union=None, digits=digits,
+    return DigitCanaries(secrets=list(secrets), included=[True] * len(secrets), user=None, union=None, digits=digits,
                          candidates=candidates, sample_seed=0)
 
 
@@ -136,12 +136,17 @@ def files(tmp_path_factory):
 
 
 ARGS = dict(mode="full", epsilon=8.0, delta=1e-3, epochs=10.0, batch_size=20, learning_rate=1e-2, num_canaries=20,
-            canary_digits=3, seed=0, progress=False)
+            canary_digits=3, seed=0)
+
+
+def _audit(data, *, spec: dict, **inputs):
+    """audit(data, AuditSpec.create(**spec), ...) with the test's defaults."""
+    return audit(data, AuditSpec.create(**{**ARGS, **spec}), progress=False, **inputs)
 
 
 def test_audit_reports_exposures_beside_the_one_run_bound_and_releases_nothing(files, tmp_path):
     out = tmp_path / "a"
-    rep = audit(files["train"], model=files["model"], public_data=True, output_dir=out, **ARGS)
+    rep = _audit(files["train"], spec=dict(public_data=True), model=files["model"], output_dir=out)
     mem = rep.memorisation
     assert rep.blackbox.num_canaries == 20 and rep.blackbox.epsilon_lower_bound <= 8.0
     assert len(mem.dp) == len(mem.reference) == 20 and mem.space_size == 1000
@@ -161,27 +166,27 @@ def test_audit_reports_exposures_beside_the_one_run_bound_and_releases_nothing(f
 def test_private_audit_charges_the_dp_run_only(files, tmp_path):
     url = f"sqlite:///{tmp_path / 'l.db'}"
     with pytest.raises(UnknownDatasetError):
-        audit(files["train"], model=files["model"], whitebox=False, ledger=url, **ARGS)
+        _audit(files["train"], spec=dict(whitebox=False), model=files["model"], ledger=url)
     led = Ledger(url)
     led.init_dataset(files["train"], 20.0, 1e-3)
-    rep = audit(files["train"], model=files["model"], whitebox=False, ledger=url, **{**ARGS, "reference": False})
+    rep = _audit(files["train"], spec=dict(whitebox=False, reference=False), model=files["model"], ledger=url)
     spent = 20.0 - Ledger(url).status(files["train"]).remaining_epsilon
     assert spent == pytest.approx(rep.blackbox.claimed_epsilon, rel=0.05)
     assert rep.memorisation.reference is None and "charged to the ledger" in rep.memorisation.privacy
     assert "non-private*" not in rep.summary() and "NOT PRIVATE: the non-private" not in rep.summary()
 
 
-@pytest.mark.parametrize("kw, error, match", [
-    (dict(mode="bitfit"), ModelError, "has none"),
-    (dict(mode="last-layer"), InvalidParameterError, "mode"),
-    (dict(max_length=10, canary_digits=6), InvalidParameterError, "cuts the audit's canaries"),
-    (dict(canary_digits=1), InvalidParameterError, "too few"),
+@pytest.mark.parametrize("spec, inputs, error, match", [
+    (dict(mode="bitfit"), {}, ModelError, "has none"),
+    (dict(mode="last-layer"), {}, InvalidParameterError, "mode"),
+    (dict(canary_digits=6), dict(max_length=10), InvalidParameterError, "cuts the audit's canaries"),
+    (dict(privacy_unit="prompt"), {}, InvalidParameterError, "example-level"),
 ])
-def test_refusals_come_before_any_charge_or_output(files, tmp_path, kw, error, match):
+def test_refusals_come_before_any_charge_or_output(files, tmp_path, spec, inputs, error, match):
     url = f"sqlite:///{tmp_path / 'l.db'}"
     Ledger(url).init_dataset(files["train"], 20.0, 1e-3)
     with pytest.raises(error, match=match):
-        audit(files["train"], model=files["model"], ledger=url, output_dir=tmp_path / "o", **{**ARGS, **kw})
+        _audit(files["train"], spec=spec, model=files["model"], ledger=url, output_dir=tmp_path / "o", **inputs)
     assert Ledger(url).status(files["train"]).remaining_epsilon == pytest.approx(20.0)
     assert not (tmp_path / "o").exists()
 
@@ -206,3 +211,24 @@ def test_cli_refuses_a_max_length_that_cuts_the_canaries_in_one_line(files, tmp_
     err = capsys.readouterr().err
     assert rc == 2 and err.startswith("error:") and "--max-length" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(canary_digits=1), "too few"),  # 10 secrets for the default 100 canaries
+    (dict(canary_digits=3, num_canaries=600), "too few"),
+    (dict(canary_digits=13), "canary_digits"),
+    (dict(candidates=10), "candidates"),
+    (dict(reference="no"), "reference"),
+])
+def test_the_secret_canaries_are_checked_when_the_spec_is_built(kw, match):
+    with pytest.raises(InvalidParameterError, match=match):
+        AuditSpec.create(epsilon=8.0, **kw)
+
+
+def test_the_data_kind_fills_in_mode_and_canaries():
+    spec = AuditSpec.create(epsilon=8.0, canary_digits=4, candidates=500, reference=False)
+    assert (spec.mode, spec.num_canaries) == (None, None)
+    assert (spec.exposure.canary_digits, spec.exposure.candidates, spec.exposure.reference) == (4, 500, False)
+    lm, clf = spec.for_data(generation=True), spec.for_data(generation=False)
+    assert (lm.mode, lm.num_canaries, clf.mode, clf.num_canaries) == ("lora", 100, "bitfit", 1000)
+    assert AuditSpec.create(epsilon=8.0, mode="full", num_canaries=20).for_data(True).mode == "full"

@@ -11,7 +11,7 @@ import os
 import pytest
 
 from privtune._release import FAULT_ENV, InjectedFault
-from privtune.audit import audit
+from privtune.audit import AuditSpec, audit
 from privtune.audit.blackbox import AUDIT_STATE
 from privtune.audit.result import AuditResult
 from privtune.cli import main
@@ -19,8 +19,13 @@ from privtune.errors import InvalidParameterError, ModelError
 from privtune.ledger import Ledger
 from privtune.models.testing import make_toy_text_files
 
-ARGS = dict(mode="last-layer", labels=[0, 1], epsilon=2.0, delta=1e-3, steps=3, batch_size=20, num_canaries=20,
-            whitebox=False, progress=False)
+ARGS = dict(mode="last-layer", epsilon=2.0, delta=1e-3, steps=3, batch_size=20, num_canaries=20, whitebox=False)
+
+
+def _audit(files, *, seed=0, public_data=False, spec=None, **inputs):
+    """The reliability tests' audit: ARGS with ``seed`` (and the ``spec`` overrides), on the toy model."""
+    built = AuditSpec.create(**{**ARGS, "seed": seed, "public_data": public_data, **(spec or {})})
+    return audit(files["train"], built, model=files["model"], labels=[0, 1], **inputs)
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +63,7 @@ def test_output_whose_subdirectory_is_a_file_is_refused_before_the_reservation(f
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "blackbox").write_text("x")
     with pytest.raises(InvalidParameterError, match="blackbox"):
-        audit(files["train"], model=files["model"], ledger=url, output_dir=tmp_path / "out", seed=0, **ARGS)
+        _audit(files, ledger=url, output_dir=tmp_path / "out", seed=0)
     assert _actions(url, files) == ["init"]
 
 
@@ -76,7 +81,7 @@ def test_read_only_output_is_refused_before_the_reservation(files, tmp_path):
             pass
         url = _ledger(files, tmp_path)
         with pytest.raises(InvalidParameterError, match="cannot be written"):
-            audit(files["train"], model=files["model"], ledger=url, output_dir=ro / "out", seed=0, **ARGS)
+            _audit(files, ledger=url, output_dir=ro / "out", seed=0)
         assert _actions(url, files) == ["init"]
     finally:
         os.chmod(ro, 0o755)
@@ -85,7 +90,7 @@ def test_read_only_output_is_refused_before_the_reservation(files, tmp_path):
 def test_read_only_output_is_refused_before_the_reservation_simulated(files, tmp_path, monkeypatch, capsys):
     """The same refusal where the tests run as root (permissions do not bind root): writes under the directory
     fail as they would in a read-only one."""
-    from test_output_errors import _deny_writes_under
+    from test_cli_output_errors import _deny_writes_under
 
     url = _ledger(files, tmp_path)
     ro = tmp_path / "ro"
@@ -112,7 +117,7 @@ def test_missing_model_is_refused_before_the_reservation(files, tmp_path, capsys
 def test_max_length_beyond_the_model_is_refused_before_the_reservation(files, tmp_path):
     url = _ledger(files, tmp_path)
     with pytest.raises(InvalidParameterError, match="position embeddings hold 64 tokens"):
-        audit(files["train"], model=files["model"], ledger=url, max_length=100, seed=0, **ARGS)
+        _audit(files, ledger=url, max_length=100, seed=0)
     assert _actions(url, files) == ["init"]
 
 
@@ -120,7 +125,7 @@ def test_refused_reservation_leaves_no_output_directory(files, tmp_path):
     url = f"sqlite:///{tmp_path / 'l.db'}"
     Ledger(url).init_dataset(files["train"], 0.5, 1e-3)  # the audit plans ε = 2
     with pytest.raises(Exception, match="budget|exceed"):
-        audit(files["train"], model=files["model"], ledger=url, output_dir=tmp_path / "out", seed=0, **ARGS)
+        _audit(files, ledger=url, output_dir=tmp_path / "out", seed=0)
     assert _actions(url, files) == ["init"] and not (tmp_path / "out").exists()
 
 
@@ -132,17 +137,16 @@ def test_interrupted_audit_resumes_under_its_reservation(files, tmp_path, monkey
     out = tmp_path / "out"
     monkeypatch.setenv(FAULT_ENV, "after-last-step")
     with pytest.raises(InjectedFault):
-        audit(files["train"], model=files["model"], ledger=url, output_dir=out, seed=seed, **ARGS)
+        _audit(files, ledger=url, output_dir=out, seed=seed)
     monkeypatch.delenv(FAULT_ENV)
     assert _actions(url, files) == ["init", "reserve"]
     assert (out / AUDIT_STATE).is_file() and oct((out / AUDIT_STATE).stat().st_mode & 0o777) == "0o600"
     with pytest.raises(InvalidParameterError, match="interrupted audit"):
-        audit(files["train"], model=files["model"], ledger=url, output_dir=out, seed=seed, **ARGS)
+        _audit(files, ledger=url, output_dir=out, seed=seed)
     with pytest.raises(InvalidParameterError, match="arguments differ"):
-        audit(files["train"], model=files["model"], ledger=url, output_dir=out, seed=seed, resume=True,
-              **{**ARGS, "steps": 4})
+        _audit(files, ledger=url, output_dir=out, seed=seed, resume=True, spec={"steps": 4})
     assert _actions(url, files) == ["init", "reserve"]
-    rep = audit(files["train"], model=files["model"], ledger=url, output_dir=out, seed=seed, resume=True, **ARGS)
+    rep = _audit(files, ledger=url, output_dir=out, seed=seed, resume=True)
     assert _actions(url, files) == ["init", "reserve", "resume", "commit"]
     st = Ledger(url).status(files["train"])
     assert len([e for e in st.entries if e.charged]) == 1
@@ -152,14 +156,13 @@ def test_interrupted_audit_resumes_under_its_reservation(files, tmp_path, monkey
 
 def test_resume_repeats_the_same_audit(files, tmp_path, monkeypatch):
     """Same canaries, same membership, same training noise: a resumed audit equals an uninterrupted one."""
-    ref = audit(files["train"], model=files["model"], public_data=True, seed=0, **ARGS)
+    ref = _audit(files, public_data=True, seed=0)
     url = _ledger(files, tmp_path)
     monkeypatch.setenv(FAULT_ENV, "after-reserve")
     with pytest.raises(InjectedFault):
-        audit(files["train"], model=files["model"], ledger=url, output_dir=tmp_path / "o", seed=0, **ARGS)
+        _audit(files, ledger=url, output_dir=tmp_path / "o", seed=0)
     monkeypatch.delenv(FAULT_ENV)
-    rep = audit(files["train"], model=files["model"], ledger=url, output_dir=tmp_path / "o", seed=0, resume=True,
-                **ARGS)
+    rep = _audit(files, ledger=url, output_dir=tmp_path / "o", seed=0, resume=True)
     assert rep.blackbox.scores == ref.blackbox.scores and rep.blackbox.included == ref.blackbox.included
 
 
@@ -187,8 +190,7 @@ def test_full_disk_while_writing_the_audit_is_one_error_and_resume_writes_it_wit
 def test_resume_without_an_interrupted_audit_is_refused(files, tmp_path):
     url = _ledger(files, tmp_path)
     with pytest.raises(InvalidParameterError, match="no interrupted audit"):
-        audit(files["train"], model=files["model"], ledger=url, output_dir=tmp_path / "out", seed=0, resume=True,
-              **ARGS)
+        _audit(files, ledger=url, output_dir=tmp_path / "out", seed=0, resume=True)
     assert _actions(url, files) == ["init"] and not (tmp_path / "out").exists()
 
 
@@ -197,3 +199,22 @@ def test_model_error_names_the_path(tmp_path):
 
     with pytest.raises(ModelError, match="does not exist"):
         check_model(tmp_path / "nope")
+
+
+@pytest.mark.parametrize("kw, match", [(dict(optimizer="bogus"), "optimizer"), (dict(clip=-1.0), "clip"),
+                                       (dict(learning_rate=0.0), "learning_rate"), (dict(clipping="nope"), "clipping")])
+def test_a_bad_training_option_is_refused_before_the_reservation(files, tmp_path, kw, match):
+    """The training options are checked when the audit's spec is built, not by the training run after the charge."""
+    url = _ledger(files, tmp_path)
+    with pytest.raises(InvalidParameterError, match=match):
+        _audit(files, ledger=url, output_dir=tmp_path / "out", seed=0, spec=kw)
+    assert _actions(url, files) == ["init"] and not (tmp_path / "out").exists()
+
+
+def test_a_batch_size_with_full_batch_sampling_is_refused_before_the_reservation(files, tmp_path):
+    """Every full-batch step takes the whole union of the data and the included canaries (its size depends on the
+    canaries' draw): a batch size is refused before anything is reserved, not by the training run after it."""
+    url = _ledger(files, tmp_path)
+    with pytest.raises(InvalidParameterError, match="does not apply to sampling='full_batch'"):
+        _audit(files, ledger=url, output_dir=tmp_path / "out", spec={"sampling": "full_batch", "batch_size": 20})
+    assert _actions(url, files) == ["init"] and not (tmp_path / "out").exists()

@@ -11,6 +11,7 @@ from torch import nn
 
 from privtune.engine import PrivateGradient, clipping_diagnostics, retained_weight
 from privtune.errors import InvalidParameterError
+from privtune.specs import ClippingSpec, LoopOptions, NoiseSpec, OptimizerSpec
 
 
 def test_flat_whole_gradient_is_seed_003():
@@ -103,9 +104,10 @@ def test_fit_diagnostics_follow_the_run(model_path, clipping, per_layer):
 
     m = load_classifier(model_path, seed=0)
     apply_mode(m, "bitfit")
-    r = fit(m, make_toy_text_dataset(24, seed=0), noise_multiplier=1.0, sample_rate=0.5, steps=2,
-            learning_rate=1e-2, seed=0, clip=0.05, clipping=clipping, per_layer_clipping=per_layer,
-            clipping_diagnostics=True, device="cpu")
+    r = fit(m, make_toy_text_dataset(24, seed=0), noise=NoiseSpec(noise_multiplier=1.0, sample_rate=0.5, steps=2),
+            optimizer=OptimizerSpec(learning_rate=1e-2),
+            clipping=ClippingSpec(clip=0.05, clipping=clipping, per_layer=per_layer),
+            options=LoopOptions(seed=0, clipping_diagnostics=True), device="cpu")
     d = r.clipping_diagnostics
     assert d["label"] == "NOT PRIVATE" and d["mse_optimal_clip"]["label"] == "NOT PRIVATE"
     assert d["clipping"] == clipping and d["per_layer"] is per_layer

@@ -93,3 +93,29 @@ def test_budget_spend_records_an_external_user_level_run(tmp_path, capsys):
     assert rc != 0 and err.startswith("error:") and "cannot be composed" in err
     rc, out, _ = run("history", "--dataset", "chats", "--json")
     assert rc == 0 and any("[privacy unit: all rows of one sender]" in r["events_summary"] for r in json.loads(out))
+
+
+def test_spends_of_one_unit_compose_and_the_total_binds_at_the_unit_level(url):
+    """Two spends protecting the same unit compose like any two spends (one accountant, the dataset's δ); the
+    dataset's total refuses a third that would exceed it, before anything is charged; an open user-level
+    reservation already fixes the unit for a concurrent example-level one."""
+    from privtune.errors import BudgetExceededError
+    from privtune.ledger import composed_epsilon
+
+    ledger = Ledger(url)
+    fp = ledger.init_dataset(b"composed unit rows", 3.0, 1e-6, accountant="rdp").fingerprint
+    first, second = [GaussianEvent(3.0)], [GaussianEvent(4.0)]
+    with ledger.spend(fp, first, command="tune", privacy_unit="user_id"):
+        pass
+    ledger.record_spend(fp, second, command="train", privacy_unit="user_id")
+    status = Ledger(url).status(fp)
+    assert status.spent_epsilon == pytest.approx(composed_epsilon([], 1e-6, "rdp", new=first + second), rel=1e-9)
+    assert status.spent_epsilon > max(composed_epsilon([], 1e-6, "rdp", new=e) for e in (first, second))
+    with pytest.raises(BudgetExceededError):
+        ledger.reserve(fp, [GaussianEvent(0.5)], command="too much", privacy_unit="user_id")
+    assert Ledger(url).status(fp).spent_epsilon == pytest.approx(status.spent_epsilon, rel=1e-12)
+    open_fp = ledger.init_dataset(b"open reservation rows", 20.0, 1e-6, accountant="rdp").fingerprint
+    held = ledger.reserve(open_fp, [GaussianEvent(4.0)], command="running", privacy_unit="user_id")
+    with pytest.raises(LedgerError, match="cannot be composed"):
+        ledger.reserve(open_fp, [GaussianEvent(4.0)], command="example level meanwhile")
+    held.commit([GaussianEvent(4.0)])

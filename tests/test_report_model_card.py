@@ -71,3 +71,45 @@ def test_model_card_of_the_demo_says_the_demo_declared_its_split_public(tmp_path
     (run / "config.yaml").write_text("epsilon: 1.0\nstrategy: hyperfree\n")  # no --data: the embedded demo
     _, body = _split(write_model_card(run).read_text())
     assert "declared public by the demo" in body and "the user declared public" not in body
+
+
+def _as_image_run(run, *, demo: bool = False):
+    """``make_run``'s directory with the files a released image model has (its kind, its preprocessing)."""
+    model = run / "model"
+    model.mkdir(parents=True, exist_ok=True)
+    (model / "privtune_classifier.json").write_text(json.dumps(
+        {"base_model": "efficientnet-lite0", "kind": "image", "num_labels": 10, "pooling": "mean"}))
+    (model / "privtune_image_preprocessor.json").write_text(json.dumps(
+        {"image_size": 96, "mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5]}))
+    if demo:
+        (run / "config.yaml").write_text("data: embedded:fashion-mnist\nmodel: efficientnet-lite0\nepsilon: 1.0\n")
+    return run
+
+
+def test_model_card_of_an_image_model_says_image_classification_and_how_images_go_in(tmp_path):
+    run = _as_image_run(make_run(tmp_path / "run", "hyperfree", reference=False, clipping=False))
+    fm, body = _split(write_model_card(run).read_text())
+    assert fm["pipeline_tag"] == "image-classification"
+    assert "image-classification" in fm["tags"] and "text-classification" not in fm["tags"]
+    assert fm["model-index"][0]["results"][0]["task"]["type"] == "image-classification"
+    assert "library_name" not in fm  # not loadable by transformers: privtune's own files
+    assert fm["base_model"] == "efficientnet-lite0"
+    assert "96 × 96 pixels" in body and "mean (0.5, 0.5, 0.5)" in body
+    assert "--data path/to/images/" in body and ".tsv" not in body
+
+
+def test_model_card_of_a_text_model_keeps_text_classification(tmp_path):
+    fm, body = _split(write_model_card(make_run(tmp_path / "run", reference=False, clipping=False)).read_text())
+    assert fm["pipeline_tag"] == "text-classification" and fm["library_name"] == "transformers"
+    assert "## Inputs" not in body and "examples.tsv" in body
+
+
+def test_image_demo_card_and_report_describe_images(tmp_path):
+    from privtune.report import write_report
+
+    run = _as_image_run(make_run(tmp_path / "run", "hyperfree", reference=False, clipping=False), demo=True)
+    fm, body = _split(write_model_card(run).read_text())
+    assert fm["pipeline_tag"] == "image-classification" and fm["datasets"] == ["zalando-datasets/fashion_mnist"]
+    assert "images of the image demo's public validation split" in body and "phrase" not in body
+    html_text = write_report(run).read_text()
+    assert "the image model (privtune" in html_text and "Hugging Face save_pretrained" not in html_text

@@ -95,10 +95,10 @@ class _Recording(Progress):
         self.loss_labels: dict = {}
         self.plans: list = []
 
-    def start_phase(self, name, total=None, unit="steps", work=None, kind=None, loss_label="loss"):
+    def start_phase(self, name, total=None, unit="steps", work=None, kind=None, loss_label="loss", counted=True):
         self.phases.append((name, total))
         self.loss_labels[name] = loss_label
-        super().start_phase(name, total, unit, work=work, kind=kind, loss_label=loss_label)
+        super().start_phase(name, total, unit, work=work, kind=kind, loss_label=loss_label, counted=counted)
 
     def plan_ahead(self, items):
         self.plans.append([(k, w) for k, w in items])

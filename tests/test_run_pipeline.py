@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import privtune
-from privtune.audit import audit
+from privtune.audit import AuditSpec, audit
 from privtune.ledger import Ledger
 from privtune.models.testing import make_toy_text_files
 from privtune.run import budget as run_budget
@@ -76,8 +76,9 @@ def test_the_black_box_audit_trains_through_the_same_stages(files, tmp_path, cal
     url = f"sqlite:///{tmp_path / 'l.db'}"
     led = Ledger(url)
     led.init_dataset(files["train"], 10.0, 1e-3)
-    audit(files["train"], model=files["model"], whitebox=False, ledger=url, mode="bitfit", labels=[0, 1],
-          epsilon=2.0, delta=1e-3, steps=2, batch_size=20, num_canaries=10, seed=0, progress=False)
+    spec = AuditSpec.create(whitebox=False, mode="bitfit", epsilon=2.0, delta=1e-3, steps=2, batch_size=20,
+                            num_canaries=10, seed=0)
+    audit(files["train"], spec, model=files["model"], ledger=url, labels=[0, 1])
     assert _stages(calls) == list(run_pipeline.STAGES)
     assert {job for name, job in calls if name == "certify"} == {"TrainJob"}
 

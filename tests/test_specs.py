@@ -16,7 +16,8 @@ import pytest
 import privtune
 from privtune import specs
 from privtune.errors import InvalidParameterError, PrivtuneError
-from privtune.specs import ClippingSpec, LoraSpec, OptimizerSpec, PrivacySpec, ScheduleSpec
+from privtune.specs import (ClippingSpec, LoopOptions, LoraSpec, NoiseSpec, OptimizerSpec, PrivacySpec,
+                            ScheduleSpec)
 
 SRC = Path(privtune.__file__).resolve().parent
 
@@ -63,6 +64,8 @@ def test_specs_are_public_and_exported_lazily():
     (OptimizerSpec(), "learning_rate"),
     (ClippingSpec(), "clip"),
     (LoraSpec(), "rank"),
+    (NoiseSpec(noise_multiplier=1.0, sample_rate=0.5, steps=3), "steps"),
+    (LoopOptions(), "seed"),
 ])
 def test_specs_are_frozen(spec, field):
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -73,6 +76,14 @@ def test_specs_are_frozen(spec, field):
     (lambda: PrivacySpec(epsilon=0.0, delta=1e-5), r"`epsilon` must be a finite number in \(0, inf\). Got 0.0"),
     (lambda: PrivacySpec(epsilon=float("nan")), "`epsilon` must be a finite number"),
     (lambda: PrivacySpec(epsilon=1.0, delta=1.5), r"`delta` must be a finite number in \(0, 1\). Got 1.5"),
+    (lambda: NoiseSpec(noise_multiplier=-1.0, sample_rate=0.5, steps=1), "`noise_multiplier` must be"),
+    (lambda: NoiseSpec(noise_multiplier=1.0, sample_rate=1.5, steps=1), "`sample_rate` must be"),
+    (lambda: NoiseSpec(noise_multiplier=1.0, sample_rate=0.5, steps=0), "`steps` must be"),
+    (lambda: NoiseSpec(noise_multiplier=1.0, sample_rate=0.5, steps=1, sampling="possion"), "`sampling` must be"),
+    (lambda: LoopOptions(max_physical_batch_size=0), "`max_physical_batch_size` must be"),
+    (lambda: LoopOptions(nonfinite_features="keep"), "`nonfinite_features` must be one of"),
+    (lambda: ClippingSpec(gamma=0.0), "`gamma` must be"),
+    (lambda: OptimizerSpec(eps=-1.0), "`eps` must be"),
     (lambda: PrivacySpec(), "exactly one of `epsilon`"),
     (lambda: PrivacySpec(epsilon=1.0, noise_multiplier=1.0), "exactly one of `epsilon`"),
     (lambda: PrivacySpec(noise_multiplier=-1.0), "`noise_multiplier` must be"),

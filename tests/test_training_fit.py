@@ -15,6 +15,7 @@ from privtune.models import load_classifier
 from privtune.models.testing import make_tiny_text_model, make_toy_text_dataset
 from privtune.tasks import TextClassification
 from privtune.training import FitResult, fit, fit_nonprivate
+from privtune.specs import ClippingSpec, LoopOptions, NoiseSpec, OptimizerSpec
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +35,8 @@ def _params(m):  # on the CPU: fit moves the model to the default device (the GP
 def test_fit_returns_events_of_steps_taken(model_path, data):
     m = load_classifier(model_path, seed=0)
     apply_mode(m, "bitfit")
-    r = fit(m, data[0], noise_multiplier=1.3, sample_rate=0.25, steps=4, learning_rate=1e-2, seed=0,
-            eval_set=data[1])
+    r = fit(m, data[0], noise=NoiseSpec(noise_multiplier=1.3, sample_rate=0.25, steps=4),
+            optimizer=OptimizerSpec(learning_rate=1e-2), options=LoopOptions(seed=0), eval_set=data[1])
     assert isinstance(r, FitResult) and r.private
     assert r.events == [DPSGDEvent(1.3, 0.25, 4, sampling="poisson", label="")]
     assert r.steps == 4 and len(r.history["train_loss"]) == 4
@@ -48,8 +49,22 @@ def test_accumulation_equals_one_batch(model_path, data):
     for phys in (5, 64):
         m = load_classifier(model_path, seed=0)
         apply_mode(m, "bitfit")
-        fit(m, data[0], noise_multiplier=0.8, sample_rate=0.5, steps=3, learning_rate=1e-2, seed=3,
-            max_physical_batch_size=phys)
+        fit(m, data[0], noise=NoiseSpec(noise_multiplier=0.8, sample_rate=0.5, steps=3),
+            optimizer=OptimizerSpec(learning_rate=1e-2), options=LoopOptions(seed=3, max_physical_batch_size=phys))
+        results.append(_params(m))
+    for k in results[0]:
+        torch.testing.assert_close(results[0][k], results[1][k], atol=2e-6, rtol=1e-5)
+
+
+def test_full_batch_accumulation_keeps_each_row_with_its_label(model_path, data):
+    """A full batch of texts larger than the micro-batch is reordered by length before it is split; every row
+    must still be paired with its own label (the same step as one micro-batch holding every row)."""
+    results = []
+    for phys in (5, 64):
+        m = load_classifier(model_path, seed=0)
+        apply_mode(m, "bitfit")
+        fit(m, data[0], noise=NoiseSpec(noise_multiplier=0.0, sample_rate=1.0, steps=2, sampling="full_batch"),
+            optimizer=OptimizerSpec(name="sgd", learning_rate=1.0), options=LoopOptions(seed=3, max_physical_batch_size=phys))
         results.append(_params(m))
     for k in results[0]:
         torch.testing.assert_close(results[0][k], results[1][k], atol=2e-6, rtol=1e-5)
@@ -60,7 +75,8 @@ def test_same_seed_same_result_different_seed_differs(model_path, data):
     for seed in (5, 5, 6):
         m = load_classifier(model_path, seed=0)
         apply_mode(m, "bitfit")
-        fit(m, data[0], noise_multiplier=1.0, sample_rate=0.3, steps=2, learning_rate=1e-2, seed=seed)
+        fit(m, data[0], noise=NoiseSpec(noise_multiplier=1.0, sample_rate=0.3, steps=2),
+            optimizer=OptimizerSpec(learning_rate=1e-2), options=LoopOptions(seed=seed))
         outs.append(m.classification_head.weight.detach().clone())
     assert torch.equal(outs[0], outs[1])
     assert not torch.equal(outs[0], outs[2])
@@ -75,8 +91,8 @@ def test_fast_head_path_equals_hooks_path(model_path, data):
         h = torch.nn.Linear(fs.num_features, 2)
         torch.nn.init.zeros_(h.weight)
         torch.nn.init.zeros_(h.bias)
-        fit(h, fs, noise_multiplier=1.0, sample_rate=0.5, steps=5, learning_rate=0.05, seed=1, fast_head=fast,
-            optimizer="sgd")
+        fit(h, fs, noise=NoiseSpec(noise_multiplier=1.0, sample_rate=0.5, steps=5),
+            optimizer=OptimizerSpec(learning_rate=0.05, name="sgd"), options=LoopOptions(seed=1, fast_head=fast))
         heads.append(h.weight.detach().clone())
     torch.testing.assert_close(heads[0], heads[1], atol=1e-5, rtol=1e-4)
 
@@ -86,7 +102,8 @@ def test_single_full_batch_step_on_features(model_path, data):
     m = load_classifier(model_path, seed=0)
     apply_mode(m, "last-layer")
     fs, fe = cache_features(m, data[0]), cache_features(m, data[1])
-    r = fit(m, fs, noise_multiplier=2.0, sample_rate=1.0, steps=1, learning_rate=0.1, seed=0, eval_set=fe)
+    r = fit(m, fs, noise=NoiseSpec(noise_multiplier=2.0, sample_rate=1.0, steps=1),
+            optimizer=OptimizerSpec(learning_rate=0.1), options=LoopOptions(seed=0), eval_set=fe)
     assert r.events == [DPSGDEvent(2.0, 1.0, 1, sampling="full_batch", label="")]
     assert m.classification_head.weight.abs().sum() > 0  # moved from zero
 
@@ -96,7 +113,8 @@ def test_last_layer_learns_without_noise(model_path):
     apply_mode(m, "last-layer")
     fs = cache_features(m, make_toy_text_dataset(128, seed=0))
     fe = cache_features(m, make_toy_text_dataset(64, seed=1))
-    r = fit(m, fs, noise_multiplier=0.0, sample_rate=0.25, steps=100, learning_rate=0.1, seed=0, eval_set=fe)
+    r = fit(m, fs, noise=NoiseSpec(noise_multiplier=0.0, sample_rate=0.25, steps=100),
+            optimizer=OptimizerSpec(learning_rate=0.1), options=LoopOptions(seed=0), eval_set=fe)
     assert not r.private and "NOT PRIVATE" in r.label
     assert r.eval["accuracy"] > 0.65
     # a step without noise is not free: its event composes to ε = ∞ (it used to be [], i.e. ε = 0)
@@ -119,8 +137,9 @@ def test_two_phase_switches_to_bitfit(model_path, data):
     m = load_classifier(model_path, seed=0)
     apply_mode(m, "two-phase")
     before = _params(m)
-    r = fit(m, data[0], noise_multiplier=1.0, sample_rate=0.25, steps=4, learning_rate=1e-2, seed=0,
-            mode="two-phase", phase1_steps=1)
+    r = fit(m, data[0], noise=NoiseSpec(noise_multiplier=1.0, sample_rate=0.25, steps=4),
+            optimizer=OptimizerSpec(learning_rate=1e-2),
+            options=LoopOptions(seed=0, mode="two-phase", phase1_steps=1))
     assert [e.steps for e in r.events] == [1, 3]
     assert r.events[0].label.startswith("two-phase 1/2") and r.events[1].label.startswith("two-phase 2/2")
     trainable = {n for n, p in m.named_parameters() if p.requires_grad}
@@ -129,7 +148,8 @@ def test_two_phase_switches_to_bitfit(model_path, data):
     assert not torch.equal(before["backbone.encoder.layer.0.attention.self.query.weight"],
                            m.backbone.encoder.layer[0].attention.self.query.weight.detach().cpu())
     with pytest.raises(InvalidParameterError, match="phase1_steps"):
-        fit(m, data[0], noise_multiplier=1.0, sample_rate=0.25, steps=4, learning_rate=1e-2, mode="two-phase")
+        fit(m, data[0], noise=NoiseSpec(noise_multiplier=1.0, sample_rate=0.25, steps=4),
+            optimizer=OptimizerSpec(learning_rate=1e-2), options=LoopOptions(mode="two-phase"))
 
 
 def test_callback_can_stop_and_is_charged_for_the_plan(model_path, data):
@@ -137,15 +157,17 @@ def test_callback_can_stop_and_is_charged_for_the_plan(model_path, data):
     apply_mode(m, "last-layer")
     fs = cache_features(m, data[0])
     seen = []
-    r = fit(m, fs, noise_multiplier=1.0, sample_rate=0.5, steps=10, learning_rate=0.1, seed=0,
+    r = fit(m, fs, noise=NoiseSpec(noise_multiplier=1.0, sample_rate=0.5, steps=10),
+            optimizer=OptimizerSpec(learning_rate=0.1), options=LoopOptions(seed=0),
             callback=lambda info: seen.append(info.step) or info.step >= 3)
     # training stops after step 3, but the stopping time is chosen during the run: the 10 planned steps are charged
     assert seen == [1, 2, 3] and r.steps == 3 and r.events[0].steps == 10
-    full = fit(m, fs, noise_multiplier=1.0, sample_rate=0.5, steps=10, learning_rate=0.1, seed=0)
+    full = fit(m, fs, noise=NoiseSpec(noise_multiplier=1.0, sample_rate=0.5, steps=10),
+               optimizer=OptimizerSpec(learning_rate=0.1), options=LoopOptions(seed=0))
     assert r.events == full.events
     # a callback that never stops changes nothing
-    quiet = fit(m, fs, noise_multiplier=1.0, sample_rate=0.5, steps=4, learning_rate=0.1, seed=0,
-                callback=lambda info: None)
+    quiet = fit(m, fs, noise=NoiseSpec(noise_multiplier=1.0, sample_rate=0.5, steps=4),
+                optimizer=OptimizerSpec(learning_rate=0.1), options=LoopOptions(seed=0), callback=lambda info: None)
     assert quiet.steps == 4 and quiet.events[0].steps == 4
 
 
@@ -153,18 +175,20 @@ def test_clipping_diagnostics_are_labelled(model_path, data):
     m = load_classifier(model_path, seed=0)
     apply_mode(m, "last-layer")
     fs = cache_features(m, data[0])
-    r = fit(m, fs, noise_multiplier=1.0, sample_rate=0.5, steps=2, learning_rate=0.1, seed=0)
+    r = fit(m, fs, noise=NoiseSpec(noise_multiplier=1.0, sample_rate=0.5, steps=2),
+            optimizer=OptimizerSpec(learning_rate=0.1), options=LoopOptions(seed=0))
     assert r.clipping_diagnostics is None  # off by default
-    r = fit(m, fs, noise_multiplier=1.0, sample_rate=0.5, steps=2, learning_rate=0.1, seed=0,
-            clipping_diagnostics=True, clip=0.5)
+    r = fit(m, fs, noise=NoiseSpec(noise_multiplier=1.0, sample_rate=0.5, steps=2),
+            optimizer=OptimizerSpec(learning_rate=0.1), clipping=ClippingSpec(clip=0.5),
+            options=LoopOptions(seed=0, clipping_diagnostics=True))
     d = r.clipping_diagnostics
     assert d["label"] == "NOT PRIVATE" and 0 <= d["fraction_clipped"] <= 1
     assert len(d["retained_weight_per_class"]) == 2
     assert d["mse_optimal_clip"]["label"] == "NOT PRIVATE" and d["mse_optimal_clip"]["C"] > 0
     m2 = load_classifier(model_path, seed=0)
     apply_mode(m2, "bitfit")
-    r2 = fit(m2, data[0], noise_multiplier=1.0, sample_rate=0.5, steps=1, learning_rate=0.1, seed=0,
-             clipping_diagnostics=True)
+    r2 = fit(m2, data[0], noise=NoiseSpec(noise_multiplier=1.0, sample_rate=0.5, steps=1),
+             optimizer=OptimizerSpec(learning_rate=0.1), options=LoopOptions(seed=0, clipping_diagnostics=True))
     assert r2.clipping_diagnostics["mse_optimal_clip"]["C"] > 0
 
 
@@ -185,8 +209,11 @@ def test_fit_bad_arguments(model_path, data, kwargs, match):
     apply_mode(m, "last-layer")
     base = dict(noise_multiplier=1.0, sample_rate=0.5, steps=1, learning_rate=0.1)
     base.update(kwargs)
+    noise = {k: base[k] for k in ("noise_multiplier", "sample_rate", "steps", "sampling") if k in base}
     with pytest.raises(InvalidParameterError, match=match):
-        fit(m, data[0], **base)
+        fit(m, data[0], noise=NoiseSpec(**noise),
+            optimizer=OptimizerSpec(name=base.get("optimizer", "adam"), learning_rate=base["learning_rate"]),
+            clipping=ClippingSpec(clipping=base.get("clipping", "flat")))
 
 
 def test_bundled_minilm_last_layer_on_32_examples():
@@ -199,7 +226,8 @@ def test_bundled_minilm_last_layer_on_32_examples():
     fe = cache_features(m, test.subset(range(32)))
     assert fs.features.shape == (32, 384)
     torch.testing.assert_close(fs.features.norm(dim=1), torch.ones(32), atol=1e-4, rtol=0)  # normalised
-    r = fit(m, fs, noise_multiplier=0.5, sample_rate=1.0, steps=1, learning_rate=0.1, seed=0, eval_set=fe)
+    r = fit(m, fs, noise=NoiseSpec(noise_multiplier=0.5, sample_rate=1.0, steps=1),
+            optimizer=OptimizerSpec(learning_rate=0.1), options=LoopOptions(seed=0), eval_set=fe)
     assert isinstance(r.eval["accuracy"], float)
 
 
@@ -208,7 +236,8 @@ def test_only_trainable_parameters_change(model_path, data, mode):
     m = load_classifier(model_path, seed=0)
     apply_mode(m, mode, lora_rank=2)
     before = _params(m)
-    fit(m, data[0], noise_multiplier=0.5, sample_rate=0.5, steps=2, learning_rate=1e-2, seed=0)
+    fit(m, data[0], noise=NoiseSpec(noise_multiplier=0.5, sample_rate=0.5, steps=2),
+        optimizer=OptimizerSpec(learning_rate=1e-2), options=LoopOptions(seed=0))
     after = _params(m)
     trainable = {n for n, p in m.named_parameters() if p.requires_grad}
     for n in before:
@@ -224,7 +253,8 @@ def test_shuffled_run_accounts_the_batch_size_it_uses(model_path):
     m = load_classifier(model_path, seed=0)
     apply_mode(m, "last-layer")
     fs = cache_features(m, make_toy_text_dataset(11, seed=2))
-    r = fit(m, fs, noise_multiplier=1.0, sample_rate=0.25, steps=44, learning_rate=0.1, seed=0, sampling="shuffle")
+    r = fit(m, fs, noise=NoiseSpec(noise_multiplier=1.0, sample_rate=0.25, steps=44, sampling="shuffle"),
+            optimizer=OptimizerSpec(learning_rate=0.1), options=LoopOptions(seed=0))
     (event,) = r.events
     assert event.sampling == "shuffle" and event.sample_rate == pytest.approx(3 / 11)
     assert event.epochs == 12
@@ -246,22 +276,22 @@ def test_backbone_lr_scale_scales_every_step_outside_the_head(model_path, data):
         m = load_classifier(model_path, seed=0)
         apply_mode(m, "full", zero_init_head=True)
         before = _params(m)
-        fit(m, data[0], noise_multiplier=1.0, sample_rate=0.5, steps=1, learning_rate=1e-2, seed=0,
-            backbone_lr_scale=alpha)
+        fit(m, data[0], noise=NoiseSpec(noise_multiplier=1.0, sample_rate=0.5, steps=1),
+            optimizer=OptimizerSpec(learning_rate=1e-2, backbone_lr_scale=alpha), options=LoopOptions(seed=0))
         moves[alpha] = _largest_moves(m, before)
     assert moves[0.1][0] == pytest.approx(moves[1.0][0], rel=1e-4)
     assert moves[0.1][1] == pytest.approx(0.1 * moves[1.0][1], rel=1e-3)
 
 
 def test_backbone_lr_scale_keeps_its_ratio_when_a_hook_sets_the_rate(model_path, data):
-    from privtune.training import _Loop, _Phase
+    from privtune.training import _checked_loop_options, _Loop
 
     m = load_classifier(model_path, seed=0)
     apply_mode(m, "bitfit")
-    loop = _Loop(m, data[0], noise_multiplier=1.0, sample_rate=0.5, phases=[_Phase(1, 1e-2, None)], clip=1.0,
-                 clipping="flat", optimizer="adam", momentum=0.0, weight_decay=0.0, sampling="poisson",
-                 max_physical_batch_size=16, seed=0, eval_set=None, eval_every=None, callback=None, progress=None,
-                 delta=None, accountant="pld", clipping_diagnostics=False, backbone_lr_scale=0.25)
+    plan = _checked_loop_options(data[0], NoiseSpec(noise_multiplier=1.0, sample_rate=0.5, steps=1),
+                                 OptimizerSpec(learning_rate=1e-2, backbone_lr_scale=0.25), ClippingSpec(),
+                                 LoopOptions(seed=0, max_physical_batch_size=16), None)
+    loop = _Loop(m, data[0], plan)
     assert loop.learning_rate == pytest.approx(1e-2)
     loop.set_learning_rate(4e-2)
     assert loop.learning_rate == pytest.approx(4e-2)
@@ -273,7 +303,8 @@ def test_backbone_lr_scale_outside_0_1_is_one_clear_error(model_path, data, alph
     m = load_classifier(model_path, seed=0)
     apply_mode(m, "full")
     with pytest.raises(InvalidParameterError, match=r"backbone_lr_scale.*\(0, 1\]"):
-        fit(m, data[0], noise_multiplier=1.0, sample_rate=0.5, steps=1, learning_rate=1e-2, backbone_lr_scale=alpha)
+        fit(m, data[0], noise=NoiseSpec(noise_multiplier=1.0, sample_rate=0.5, steps=1),
+            optimizer=OptimizerSpec(learning_rate=1e-2, backbone_lr_scale=alpha))
 
 
 class _ScaledLoss(TextClassification):
@@ -290,8 +321,9 @@ class _ScaledLoss(TextClassification):
 def _norms_and_losses(model_path, data, task):
     m = load_classifier(model_path, seed=0)
     apply_mode(m, "bitfit")
-    r = fit(m, data[0], noise_multiplier=1.0, sample_rate=0.5, steps=1, learning_rate=1e-2, seed=4,
-            clipping_diagnostics=True, task=task)
+    r = fit(m, data[0], noise=NoiseSpec(noise_multiplier=1.0, sample_rate=0.5, steps=1),
+            optimizer=OptimizerSpec(learning_rate=1e-2), options=LoopOptions(seed=4, clipping_diagnostics=True),
+            task=task)
     return r.clipping_diagnostics["norm_quantiles"], r.history["train_loss"][0]
 
 
@@ -320,8 +352,9 @@ def test_a_task_loss_on_cached_features_goes_through_the_hooks(model_path, data)
         h = torch.nn.Linear(fs.num_features, 2)
         torch.nn.init.zeros_(h.weight)
         torch.nn.init.zeros_(h.bias)
-        fit(h, fs, noise_multiplier=0.0, sample_rate=1.0, steps=1, learning_rate=0.1, seed=1, optimizer="sgd",
-            clip=100.0, task=task)
+        fit(h, fs, noise=NoiseSpec(noise_multiplier=0.0, sample_rate=1.0, steps=1),
+            optimizer=OptimizerSpec(learning_rate=0.1, name="sgd"), clipping=ClippingSpec(clip=100.0),
+            options=LoopOptions(seed=1), task=task)
         heads[name] = h.weight.detach().clone()
         if task is not None:
             assert task.calls >= 1

@@ -13,6 +13,7 @@ from privtune.errors import DataError, InvalidParameterError, ModelError
 from privtune.ledger import Ledger
 from privtune.models.testing import make_toy_text_dataset, make_toy_text_files
 from privtune.training import fit, train
+from privtune.specs import NoiseSpec, OptimizerSpec
 
 
 
@@ -191,10 +192,11 @@ def test_assume_poisson_needs_shuffling(files, tmp_path, capsys):
     apply_mode(m, "last-layer")
     ds = load_dataset(files["train"])
     with pytest.raises(InvalidParameterError, match="assume_poisson"):
-        fit(m, ds, noise_multiplier=1.0, sample_rate=0.5, steps=1, learning_rate=0.1, assume_poisson=True,
-            device="cpu")
-    r = fit(m, ds, noise_multiplier=1.0, sample_rate=0.5, steps=1, learning_rate=0.1, sampling="shuffle",
-            assume_poisson=True, device="cpu")
+        fit(m, ds, noise=NoiseSpec(noise_multiplier=1.0, sample_rate=0.5, steps=1, assume_poisson=True),
+            optimizer=OptimizerSpec(learning_rate=0.1), device="cpu")
+    r = fit(m, ds,
+            noise=NoiseSpec(noise_multiplier=1.0, sample_rate=0.5, steps=1, sampling="shuffle", assume_poisson=True),
+            optimizer=OptimizerSpec(learning_rate=0.1), device="cpu")
     assert r.events[0].assume_poisson is True and r.events[0].sampling == "shuffle"
 
 
@@ -304,8 +306,8 @@ def test_cuda_requested_without_cuda(files, tmp_path, capsys):
 
     apply_mode(m, "bitfit")
     with pytest.raises(InvalidParameterError, match="CUDA is not available"):
-        fit(m, make_toy_text_dataset(8), noise_multiplier=1.0, sample_rate=0.5, steps=1, learning_rate=0.1,
-            device="cuda:0")
+        fit(m, make_toy_text_dataset(8), noise=NoiseSpec(noise_multiplier=1.0, sample_rate=0.5, steps=1),
+            optimizer=OptimizerSpec(learning_rate=0.1), device="cuda:0")
     rc, _, err = _cli(capsys, "train", "--data", files["train"], "--labels", "0,1", "--mode", "bitfit", "--epsilon", "1",
                       "--output", tmp_path / "x", "--device", "cuda")
     assert rc == 2 and err.count("\n") == 1 and "CUDA is not available" in err

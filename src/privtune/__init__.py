@@ -40,6 +40,8 @@ _EXPORTS = {
     "OptimizerSpec": "privtune.specs",
     "ClippingSpec": "privtune.specs",
     "LoraSpec": "privtune.specs",
+    "NoiseSpec": "privtune.specs",
+    "LoopOptions": "privtune.specs",
 }
 
 

@@ -13,6 +13,7 @@ import math
 import numbers
 from typing import Any
 
+from privtune.choices import BATCHNORM_POLICIES, BATCHNORM_TRAIN_REFUSAL, IMAGE_SIZE_BOUNDS
 from privtune.errors import InvalidParameterError
 
 
@@ -83,6 +84,19 @@ def check_choice(value: Any, name: str, choices: tuple[str, ...] | list[str]) ->
     close = difflib.get_close_matches(str(value), list(choices), n=1)
     fix = f"Did you mean {close[0]!r}?" if close else None
     raise _fail(name, "one of " + ", ".join(repr(c) for c in choices), value, fix)
+
+
+def check_batchnorm(value: Any, name: str = "batchnorm") -> str:
+    """A BatchNorm policy of :data:`privtune.choices.BATCHNORM_POLICIES`; ``"train"`` is refused with its reason."""
+    if isinstance(value, str) and value.strip().lower() == "train":
+        raise InvalidParameterError(f"`{name}` cannot be 'train'. {BATCHNORM_TRAIN_REFUSAL}")
+    return check_choice(value, name, BATCHNORM_POLICIES)
+
+
+def check_image_size(value: Any, name: str = "image_size") -> int:
+    """An input resolution in pixels within :data:`privtune.choices.IMAGE_SIZE_BOUNDS`."""
+    return check_int(value, name, low=IMAGE_SIZE_BOUNDS[0], high=IMAGE_SIZE_BOUNDS[1],
+                     fix="The input resolution is in pixels, e.g. 64 (CPU) or 224 (ImageNet).")
 
 
 def check_epsilon(value: Any, name: str = "epsilon") -> float:

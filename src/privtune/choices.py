@@ -29,6 +29,18 @@ STRATEGIES = ("linear-scaling", "hyperfree", "single-step", "random-search", "gr
 SELECTIONS = ("public-validation", "private-validation", "train-accuracy", "train-loss")
 #: where independent trials run (privtune.hpo.executors)
 EXECUTORS = ("local", "ray")
+#: what DP training does with a vision backbone's BatchNorm layers (privtune.models.vision): keep them in eval mode
+#: (the pretrained running statistics) or replace each with a GroupNorm; train mode is refused
+#: (BATCHNORM_TRAIN_REFUSAL)
+BATCHNORM_POLICIES = ("eval", "group")
+#: why ``batchnorm="train"`` is refused, in the one error every entry point gives
+BATCHNORM_TRAIN_REFUSAL = (
+    "BatchNorm in train mode normalises each example by the statistics of its batch, so one example changes "
+    "every other example's output: per-example gradients, and so differential privacy, do not exist. Use eval "
+    "(the default: the pretrained running statistics, a fixed map per example) or group (a GroupNorm in place "
+    "of each BatchNorm).")
+#: ``image_size``: the input resolution in pixels (square), smallest and largest accepted
+IMAGE_SIZE_BOUNDS = (8, 4096)
 #: ``recommend(prefer=...)``: the smallest batch on the noise plateau (the paper's rule) or the largest batch
 #: with at least min_steps steps (privtune.hpo.recommend)
 PREFERENCES = ("smallest", "cap")
@@ -42,4 +54,5 @@ RECOMMEND_DEFAULTS = {"min_steps": 20, "plateau_tol": 0.10, "prefer": "smallest"
 __all__ = [
     "ACCOUNTANTS", "SAMPLING_SCHEMES", "CLIPPINGS", "OPTIMIZERS", "TRAIN_MODES", "TUNABLE_MODES", "TUNE_MODES",
     "STRATEGIES", "SELECTIONS", "EXECUTORS", "PREFERENCES", "TUNE_DEFAULTS", "RECOMMEND_DEFAULTS",
+    "BATCHNORM_POLICIES", "BATCHNORM_TRAIN_REFUSAL", "IMAGE_SIZE_BOUNDS",
 ]

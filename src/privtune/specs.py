@@ -28,12 +28,15 @@ from privtune._validation import (
     check_int,
     check_noise_multiplier,
     check_real,
+    check_sample_rate,
     check_steps,
     suggest_delta,
 )
 from privtune.accounting.accountant import ACCOUNTANTS
+from privtune.accounting.calibration import calibrate_noise_multiplier
 from privtune.accounting.events import SAMPLING_SCHEMES
 from privtune.engine.private_gradient import CLIPPINGS
+from privtune.engine.units import DEFAULT_MAX_ROWS_PER_UNIT
 from privtune.errors import InvalidParameterError
 from privtune.finetune.modes import DEFAULT_LEARNING_RATES, default_backbone_lr_scale
 from privtune.optim import OPTIMIZERS
@@ -165,6 +168,7 @@ class OptimizerSpec:
     backbone_lr_scale : α in (0, 1]: every trainable parameter outside the classification head steps at
         α·learning_rate (Mehta et al.'s pre-trained-layer multiplier; 1 = one rate for everything); ``None`` = the
         default of the mode (:data:`privtune.finetune.modes.DEFAULT_BACKBONE_LR_SCALES`).
+    eps : the denominator constant of Adam/AdamW/LAMB (> 0, dimensionless).
     """
 
     name: str | None = DEFAULT_OPTIMIZER
@@ -172,6 +176,7 @@ class OptimizerSpec:
     momentum: float = 0.0
     weight_decay: float = 0.0
     backbone_lr_scale: float | None = None
+    eps: float = 1e-8
 
     def __post_init__(self) -> None:
         if self.name is not None:
@@ -184,6 +189,7 @@ class OptimizerSpec:
         _set(self, "weight_decay", check_real(self.weight_decay, "weight_decay", low=0.0, low_inclusive=True))
         if self.backbone_lr_scale is not None:
             _set(self, "backbone_lr_scale", check_backbone_lr_scale(self.backbone_lr_scale))
+        _set(self, "eps", check_real(self.eps, "eps", low=0.0, fix="Pass a small positive constant such as 1e-8."))
 
     def for_mode(self, mode: str) -> OptimizerSpec:
         """This spec with every default filled in for training ``mode`` (name, learning rate and α)."""
@@ -203,11 +209,14 @@ class ClippingSpec:
     clipping : the clipping rule, one of :data:`privtune.engine.private_gradient.CLIPPINGS` ("flat":
         g·min(1, C/‖g‖)); ``None`` = the command's default (train: "flat").
     per_layer : clip each layer's gradient at C/√L instead of the whole gradient at C.
+    gamma : the AUTO-S stability constant γ of ``clipping="automatic"`` (factor C/(‖g‖ + γ); > 0, in units of
+        the gradient's L2 norm).
     """
 
     clip: float | None = DEFAULT_CLIP
     clipping: str | None = DEFAULT_CLIPPING
     per_layer: bool = False
+    gamma: float = 0.01
 
     def __post_init__(self) -> None:
         if self.clip is not None:
@@ -216,6 +225,7 @@ class ClippingSpec:
         if self.clipping is not None:
             _set(self, "clipping", check_choice(self.clipping, "clipping", CLIPPINGS))
         _check_flag(self.per_layer, "per_layer_clipping")
+        _set(self, "gamma", check_real(self.gamma, "gamma", low=0.0))
 
     def with_defaults(self) -> ClippingSpec:
         """This spec with train()'s defaults filled in (C = 1.0, flat clipping)."""
@@ -271,4 +281,100 @@ class LoraSpec:
                    alpha=DEFAULT_LORA_ALPHA if alpha is None else alpha, target_modules=target_modules)
 
 
-__all__ = ["PrivacySpec", "ScheduleSpec", "OptimizerSpec", "ClippingSpec", "LoraSpec"]
+@dataclass(frozen=True)
+class NoiseSpec:
+    """The DP-SGD mechanism of one :func:`privtune.training.fit` (what its privacy events account).
+
+    noise_multiplier : σ ≥ 0, the Gaussian noise's standard deviation divided by the clipping norm C
+        (dimensionless; σ = 0 is NOT PRIVATE, for references only).
+    sample_rate : q in (0, 1], each example's (Poisson) inclusion probability per step; the expected batch
+        size is q·N.  ``sampling="full_batch"`` needs q = 1.
+    steps : T, the number of optimizer steps (logical batches), an integer ≥ 1 (both phases of two-phase).
+    sampling : how batches are drawn, one of :data:`privtune.accounting.events.SAMPLING_SCHEMES`.
+    assume_poisson : with ``sampling="shuffle"`` only: account the shuffled batches AS IF Poisson sampled.
+    privacy_unit : None (one example is the unit), or the unit of every row (user-level DP;
+        :mod:`privtune.engine.units`), with at most ``max_rows_per_unit`` rows (k ≥ 1) of a unit per step.
+    delta, accountant : δ in (0, 1) (a probability) and the accountant of the ε these events compose to: what a
+        progress display shows, and the claim an audit (:func:`privtune.audit.audit_dp_step`) tests; they change
+        nothing that is trained or charged.
+
+    >>> NoiseSpec.for_epsilon(1.0, delta=1e-5, sample_rate=1.0, steps=10).sampling
+    'full_batch'
+    """
+
+    noise_multiplier: float
+    sample_rate: float
+    steps: int
+    sampling: str = "poisson"
+    assume_poisson: bool = False
+    privacy_unit: Any = None
+    max_rows_per_unit: int = DEFAULT_MAX_ROWS_PER_UNIT
+    delta: float | None = None
+    accountant: str = "pld"
+
+    def __post_init__(self) -> None:
+        _set(self, "noise_multiplier", check_real(self.noise_multiplier, "noise_multiplier", low=0.0,
+                                                  low_inclusive=True,
+                                                  fix="σ is the noise std divided by C; σ = 0 means no privacy."))
+        _set(self, "sample_rate", check_sample_rate(self.sample_rate))
+        _set(self, "steps", check_steps(self.steps))
+        _set(self, "sampling", check_choice(self.sampling, "sampling", SAMPLING_SCHEMES))
+        _check_flag(self.assume_poisson, "assume_poisson")
+        _set(self, "max_rows_per_unit", check_int(self.max_rows_per_unit, "max_rows_per_unit", low=1,
+                                                  fix="Pass the most rows one unit may contribute to a step."))
+        if self.delta is not None:
+            _set(self, "delta", check_real(self.delta, "delta", low=0.0, high=1.0, fix="Pass e.g. delta=1e-5."))
+        _set(self, "accountant", check_choice(self.accountant, "accountant", ACCOUNTANTS))
+
+    @classmethod
+    def for_epsilon(cls, epsilon: float, *, delta: float, sample_rate: float, steps: int,
+                    sampling: str | None = None, accountant: str = "pld", **options: Any) -> NoiseSpec:
+        """The mechanism whose T = ``steps`` steps at rate q = ``sample_rate`` compose to ``epsilon`` at
+        ``delta``: σ calibrated by the accountant.  ``sampling=None`` = "full_batch" at q = 1, else "poisson";
+        ``options``: the other fields (``max_rows_per_unit``, ...)."""
+        q, T = check_sample_rate(sample_rate), check_steps(steps)
+        sampling = ("full_batch" if q == 1.0 else "poisson") if sampling is None else sampling
+        sigma = calibrate_noise_multiplier(check_epsilon(epsilon), check_real(delta, "delta", low=0.0, high=1.0),
+                                           sample_rate=q, steps=T, accountant=accountant, sampling=sampling)
+        return cls(noise_multiplier=sigma, sample_rate=q, steps=T, sampling=sampling, delta=delta,
+                   accountant=accountant, **options)
+
+
+@dataclass(frozen=True)
+class LoopOptions:
+    """How :func:`privtune.training.fit` runs its steps; none of these changes the privacy events.
+
+    seed : seeds the sampler (seed) and the noise (seed + 1) for reproducible experiments; None draws both
+        from the OS.
+    max_physical_batch_size : examples per forward/backward pass (memory only; None: 32 for a model, 65536
+        for cached features).
+    mode : ``"two-phase"`` runs ``phase1_steps`` DP full fine-tuning steps at ``phase1_learning_rate``
+        (default: the learning rate / 10), then DP-BiTFiT; any other value only labels the events.
+    eval_every : evaluate ``eval_set`` every this many steps (and at the end); None: at the end only.
+    clipping_diagnostics : collect per-example gradient norms (NOT PRIVATE, labelled so in the result).
+    fast_head : on cached features, compute the linear head's clipped gradients in closed form.
+    nonfinite_features : cached features with a NaN or inf value: ``"refuse"`` (an error) or ``"drop"``
+        (such an example adds nothing to the clipped sum).
+    """
+
+    seed: int | None = None
+    max_physical_batch_size: int | None = None
+    mode: str | None = None
+    phase1_steps: int | None = None
+    phase1_learning_rate: float | None = None
+    eval_every: int | None = None
+    clipping_diagnostics: bool = False
+    fast_head: bool = True
+    nonfinite_features: str = "refuse"
+
+    def __post_init__(self) -> None:
+        if self.max_physical_batch_size is not None:
+            _set(self, "max_physical_batch_size", check_int(self.max_physical_batch_size, "max_physical_batch_size",
+                                                            low=1))
+        if self.eval_every is not None:
+            _set(self, "eval_every", check_int(self.eval_every, "eval_every", low=1))
+        _set(self, "nonfinite_features", check_choice(self.nonfinite_features, "nonfinite_features",
+                                                      ("refuse", "drop")))
+
+
+__all__ = ["PrivacySpec", "ScheduleSpec", "OptimizerSpec", "ClippingSpec", "LoraSpec", "NoiseSpec", "LoopOptions"]

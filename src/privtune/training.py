@@ -32,7 +32,7 @@ import os
 import secrets
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -42,18 +42,15 @@ from torch import nn
 
 from privtune import _release
 from privtune._validation import (
-    check_backbone_lr_scale,
+    check_batchnorm,
     check_choice,
+    check_image_size,
     check_int,
     check_real,
-    check_sample_rate,
-    check_steps,
 )
-from privtune.accounting.events import SAMPLING_SCHEMES as SAMPLINGS
 from privtune.accounting.certificate import neighbouring_relation
 from privtune.accounting.events import DPSGDEvent, NonPrivateEvent
 from privtune.engine import distributed
-from privtune.engine.private_gradient import CLIPPINGS
 from privtune.engine.sampling import check_shuffle_batching
 from privtune.engine.step import DPStep, MicroBatch
 from privtune.engine.units import DEFAULT_MAX_ROWS_PER_UNIT, checked_units, unit_description
@@ -63,13 +60,13 @@ from privtune.finetune import usefulness
 from privtune.finetune.modes import MODES
 from privtune.ledger import check_ledger_argument, open_ledger
 from privtune.models import resolve_device
-from privtune.optim import OPTIMIZERS
 from privtune.report.progress import BATCH_LOSS_LABEL
 from privtune.run import pipeline as run_pipeline
 from privtune.run import release
 from privtune.run.budget import BudgetRequest
 from privtune.run.inputs import check_training_split, load_split
-from privtune.specs import ClippingSpec, LoraSpec, OptimizerSpec, PrivacySpec, ScheduleSpec
+from privtune.specs import (DEFAULT_OPTIMIZER, ClippingSpec, LoopOptions, LoraSpec, NoiseSpec, OptimizerSpec,
+                            PrivacySpec, ScheduleSpec)
 from privtune.tasks import TASKS, Task, TextClassification, task_for
 
 NOT_PRIVATE_LOSS = (
@@ -390,26 +387,26 @@ class _Phase:
 class _Loop:
     """The DP training loop with exact checkpoint/resume state (internal; see :func:`fit`)."""
 
-    def __init__(self, model, data, *, noise_multiplier, sample_rate, phases: list[_Phase], clip, clipping,
-                 optimizer, per_layer_clipping=False, momentum, weight_decay, sampling, max_physical_batch_size, seed, eval_set,
-                 eval_every, callback, progress, delta, accountant, clipping_diagnostics, fast_head=True,
-                 assume_poisson=False, device=None, hooks=(), gamma=0.01, eps=1e-8, backbone_lr_scale=1.0,
-                 units=None, max_rows_per_unit=None, task=None):
+    def __init__(self, model, data, plan: _LoopPlan, *, eval_set=None, callback=None, progress=None, hooks=(),
+                 task: Task | None = None):
         self.model, self.data = model, data
         self.task = _task_of(data, task)
+        units, max_rows_per_unit, device, seed = plan.units, plan.max_rows_per_unit, plan.device, plan.seed
+        sampling, sample_rate, phases = plan.sampling, plan.q, plan.phases
         self.units, self.max_rows_per_unit = units, max_rows_per_unit  # privacy unit (None: one example)
-        self.backbone_lr_scale = float(backbone_lr_scale)
+        opt = plan.optimizer
+        self.backbone_lr_scale = float(opt.backbone_lr_scale)
         self.hooks = list(hooks)
-        self.gamma, self.eps = gamma, eps
-        self.assume_poisson = bool(assume_poisson)
-        self.fast_head = fast_head
-        self.sigma, self.q, self.phases = noise_multiplier, sample_rate, phases
-        self.clip, self.clipping, self.optimizer_name = clip, clipping, optimizer
-        self.per_layer = per_layer_clipping
-        self.momentum, self.weight_decay = momentum, weight_decay
-        self.sampling, self.max_phys = sampling, max_physical_batch_size
-        self.eval_set, self.eval_every, self.callback, self.progress = eval_set, eval_every, callback, progress
-        self.delta, self.accountant = delta, accountant
+        self.gamma, self.eps = plan.clipping.gamma, opt.eps
+        self.assume_poisson = bool(plan.assume_poisson)
+        self.fast_head = plan.fast_head
+        self.sigma, self.q, self.phases = plan.sigma, sample_rate, phases
+        self.clip, self.clipping, self.optimizer_name = plan.clipping.clip, plan.clipping.clipping, opt.name
+        self.per_layer = plan.clipping.per_layer
+        self.momentum, self.weight_decay = opt.momentum, opt.weight_decay
+        self.sampling, self.max_phys = sampling, plan.max_phys
+        self.eval_set, self.eval_every, self.callback, self.progress = eval_set, plan.eval_every, callback, progress
+        self.delta, self.accountant = plan.delta, plan.accountant
         self.n = len(data)
         self.labels = _labels_tensor(data)
         # texts of similar length share a micro-batch (less padding; the clipped sum is order-free)
@@ -454,7 +451,7 @@ class _Loop:
         self.nonfinite_examples = 0  # examples dropped for a NaN/inf loss or gradient norm (NOT PRIVATE)
         self.stopped_early = False  # a callback stopped the run before its planned steps
         self.seconds = 0.0
-        self.diag = {"norms": [], "labels": [], "layer_norms": []} if clipping_diagnostics else None
+        self.diag = {"norms": [], "labels": [], "layer_norms": []} if plan.clipping_diagnostics else None
         self.pg: DPStep | None = None
         self.opt = None
         self._setup_phase(0, first=True)
@@ -531,6 +528,12 @@ class _Loop:
         return self.pg.paused()
 
     @torch.no_grad()
+    def unit_weights(self, idx: torch.Tensor) -> torch.Tensor | None:
+        """User level: the weights 1/m_u of the rows ``idx`` of one logical batch (what the DP step weights their
+        clipped gradients by, :meth:`privtune.engine.units.UnitIndex.row_weights`), for a hook that releases a
+        per-row statistic of the batch; None at example level."""
+        return None if self.units is None else self.units.row_weights(idx)
+
     def per_example_losses(self, idx: torch.Tensor) -> torch.Tensor:
         """The task's per-example losses (float64 on the CPU, shape (len(idx),)) of the training examples
         ``idx`` at the current parameters; engine paused, model in eval mode like every training step.
@@ -622,14 +625,18 @@ class _Loop:
     def _one_step(self) -> StepInfo:
         t0 = time.perf_counter()
         idx = self.stream.next()
+        # a unit sample of every row (q = 1, every unit within the cap: sorted, so torch.arange(n)) of features or
+        # images is read like an example-level full batch, as views of the data
+        full = self.sampler_is_full_batch or (self.units is not None and self.group is None and self.lengths is None
+                                              and idx.numel() == self.n)
         if self.lengths is not None and idx.numel() > self.max_phys:
             idx = idx[torch.argsort(self.lengths[idx], stable=True)]
+            full = False  # reordered by length: row s of the batch is idx[s], no longer row s of the data
         # user level: weight 1/m_u per row, so each sampled unit adds the mean of its clipped gradients
         weights = self.units.row_weights(idx) if self.units is not None else None
         loss_sum, count, batch_losses = 0.0, 0, []
         for s in range(0, idx.numel(), self.max_phys):
             chunk = idx[s : s + self.max_phys]
-            full = self.sampler_is_full_batch
             y = (None if _is_generation(self.data)  # no classes: the task's batch holds the token labels
                  else (self.labels[s : s + self.max_phys] if full else self.labels[chunk]).to(self.device))
             w = None if weights is None else weights[s : s + self.max_phys]
@@ -782,19 +789,14 @@ def _phases_for(mode: str | None, steps: int, learning_rate: float, phase1_steps
     return [_Phase(steps, learning_rate, None, mode or "")]
 
 
-def fit(
-    model: nn.Module, train_set: Any, *, noise_multiplier: float, sample_rate: float, steps: int, learning_rate: float,
-    clip: float = 1.0, clipping: str = "flat", per_layer_clipping: bool = False, optimizer: str = "adam",
-    eval_set: Any = None, seed: int | None = None, max_physical_batch_size: int | None = None,
-    callback: Callable[[StepInfo], bool | None] | None = None, sampling: str = "poisson", momentum: float = 0.0,
-    weight_decay: float = 0.0, mode: str | None = None, phase1_steps: int | None = None, privacy_unit: Any = None,
-    phase1_learning_rate: float | None = None, eval_every: int | None = None, progress: Any = None,
-    delta: float | None = None, accountant: str = "pld", clipping_diagnostics: bool = False, fast_head: bool = True,
-    assume_poisson: bool = False, device: Any = None, hooks: Sequence[LoopHook] = (), gamma: float = 0.01,
-    eps: float = 1e-8, backbone_lr_scale: float = 1.0, nonfinite_features: str = "refuse", max_rows_per_unit: int = 8,
-    task: Task | None = None,
-) -> FitResult:
-    """Train ``model`` privately for ``steps`` DP steps and return a :class:`FitResult`; no ledger, no files.
+def fit(model: nn.Module, train_set: Any, *, noise: NoiseSpec, optimizer: OptimizerSpec,
+        clipping: ClippingSpec = ClippingSpec(), options: LoopOptions = LoopOptions(), eval_set: Any = None,
+        callback: Callable[[StepInfo], bool | None] | None = None, progress: Any = None,
+        hooks: Sequence[LoopHook] = (), device: Any = None, task: Task | None = None) -> FitResult:
+    """Train ``model`` privately for ``noise.steps`` DP steps and return a :class:`FitResult`; no ledger, no files.
+
+    >>> fit(model, train_set, noise=NoiseSpec(noise_multiplier=1.0, sample_rate=0.01, steps=500),
+    ...     optimizer=OptimizerSpec("adam", learning_rate=1e-3), clipping=ClippingSpec(clip=1.0))
 
     Parameters
     ----------
@@ -804,132 +806,109 @@ def fit(
     train_set : TextDataset, ImageDataset or FeatureSet
         Labelled training data.  With a :class:`~privtune.finetune.FeatureSet` only the
         classification head is trained (on the cached features), at the same DP semantics.
-    noise_multiplier : float
-        σ ≥ 0: noise std divided by the clipping norm C (σ = 0 is NOT PRIVATE; references only).
-    sample_rate : float
-        q in (0, 1]: Poisson inclusion probability per step (expected batch size q·N).
-        ``sampling="full_batch"`` needs q = 1; ``"shuffle"`` uses fixed batches of B = round(q·N) and
-        refuses N mod B ∈ {0, 1} (the σ/√5-per-epoch accounting needs the same number of batches per
-        epoch for N ± 1 examples; ``privtune.engine.sampling.check_shuffle_batching``).
-    steps : int
-        T, the number of optimizer steps (logical batches) in total (both phases for two-phase).
-    learning_rate : float
-        Step size of the optimizer (DP-BiTFiT phase for two-phase).
-    clip : float, default 1.0
-        Clipping norm C (L2 over all trainable parameters).
-    clipping : {"flat", "automatic"}
-        Abadi min(1, C/‖g‖) or AUTO-S C/(‖g‖ + 0.01).
-    per_layer_clipping : bool, default False
-        Clip each layer's part of the per-example gradient to C/√K (K layers with trainable
-        parameters) instead of the whole gradient to C; the sensitivity stays C, so σ and ε are
-        unchanged (:class:`privtune.engine.PrivateGradient`, ``per_layer``).
-    optimizer : {"sgd", "adam", "adamw", "lamb"}
-        Applied to the privatised gradient (:func:`privtune.optim.make_optimizer`).
-    eval_set : labelled data, optional; evaluated every ``eval_every`` steps and at the end.
-    seed : int, optional
-        Seeds the sampler (seed) and the noise (seed + 1) for reproducible experiments; None draws
-        both from the OS.
-    max_physical_batch_size : int, optional
-        Micro-batch size for the forward/backward passes (default 32 for models, 65536 for features);
-        results do not depend on it (accumulation ≡ one batch).
+    noise : privtune.specs.NoiseSpec
+        The mechanism: σ ≥ 0 (noise std / C; σ = 0 is NOT PRIVATE), q in (0, 1] (Poisson inclusion
+        probability per step; expected batch size q·N), T steps, the sampling scheme
+        (``"full_batch"`` needs q = 1; ``"shuffle"`` uses fixed batches of B = round(q·N) and refuses
+        N mod B ∈ {0, 1}, see ``privtune.engine.sampling.check_shuffle_batching``; ``assume_poisson``
+        accounts them AS IF Poisson sampled, an assumption every certificate states), the privacy unit
+        (user-level DP with cap k; docs/privacy-unit.md), and δ / accountant of the ε-so-far display.
+    optimizer : privtune.specs.OptimizerSpec
+        Applied to the privatised gradient (:func:`privtune.optim.make_optimizer`): its name, the step size
+        η (required; the DP-BiTFiT phase's for two-phase), momentum μ, decoupled weight decay, Adam's ε and
+        ``backbone_lr_scale`` α in (0, 1] (None: 1): every trainable parameter outside the classification
+        head (``model.head``) steps at α·η (Mehta et al.'s pre-trained-layer multiplier; post-processing, no
+        effect on ε; ignored when training a head on cached features).
+    clipping : privtune.specs.ClippingSpec, default C = 1.0, flat
+        Per-example clipping norm C (L2 over all trainable parameters), the rule (Abadi min(1, C/‖g‖) or
+        AUTO-S C/(‖g‖ + γ)) and ``per_layer`` (each layer's part to C/√K; the sensitivity stays C).
+    options : privtune.specs.LoopOptions
+        Seed (sampler: seed, noise: seed + 1), micro-batch size (results do not depend on it), two-phase
+        mode, ``eval_every``, clipping diagnostics (NOT PRIVATE), the closed-form head step (``fast_head``;
+        a task with another loss always uses the hooks) and non-finite cached features (``"refuse"``:
+        DataError with the count before training; ``"drop"``: the DP step gives such an example clip factor
+        0, counted in ``FitResult.nonfinite_examples``, NOT PRIVATE; for features computed after a budget
+        was reserved, where a refusal would come too late).
+    eval_set : labelled data, optional; evaluated every ``options.eval_every`` steps and at the end.
     callback : callable, optional
         Called with a :class:`StepInfo` after each step; returning True stops training, still charged
-        for every planned step (``FitResult.events`` cover all ``steps``: a stopping time chosen during
-        the run is not a public number of steps).  Covered are stops on released or public values
-        (accuracy on a split you declare public); ``StepInfo.loss`` and ``.batch_size`` are computed
-        without noise, and a stop that reads them is covered by no ε, whatever is charged.
-    mode : str, optional
-        ``"two-phase"`` runs ``phase1_steps`` DP full steps (lr ``phase1_learning_rate``, default
-        learning_rate/10) then DP-BiTFiT; other values only label the events.
+        for every planned step (``FitResult.events`` cover all steps: a stopping time chosen during the
+        run is not a public number of steps).  Covered are stops on released or public values;
+        ``StepInfo.loss`` and ``.batch_size`` are computed without noise, and a stop that reads them is
+        covered by no ε, whatever is charged.
     progress : bool or privtune.report.progress.Progress, optional
-        True shows a rich progress bar; or pass a Progress to advance (one unit per step).  The batch
-        loss it shows is computed without noise (NOT PRIVATE).
-    delta : float, optional; δ of the ε spent so far that the progress display shows.
-    clipping_diagnostics : bool, default False
-        Collect per-example gradient norms (fraction clipped, quantiles, retained weight per class);
-        **NOT PRIVATE**, labelled so in the result.
-    fast_head : bool, default True
-        On a FeatureSet, compute the linear head's per-example gradients in closed form
-        (:class:`privtune.finetune.LinearHeadGradient`: same clipping, noise generator and
-        normalisation as PrivateGradient); False (or a task with another loss) uses the hooks.
-    assume_poisson : bool, default False
-        Only with ``sampling="shuffle"``: account the shuffled fixed-size batches AS IF they were
-        Poisson sampled with rate q (amplification by subsampling).  This is an assumption, not a
-        proof; the events carry it and every certificate built from them states it.  By default
-        shuffling is accounted without amplification (per epoch, one Gaussian release with
-        multiplier σ/√5: two batch sums can change under add/remove-one; docs/accounting.md).
-    device : str or torch.device, optional
-        Where the model and each batch live: ``None`` (default) is ``"cuda"`` when
-        ``torch.cuda.is_available()``, else ``"cpu"``; or ``"cpu"``, ``"cuda"``, ``"cuda:N"``, ``"mps"``.
-        The model is moved there in place.  Sampling and noise generators stay on the CPU (so a seed
-        gives the same batches and noise on every device); the noise is moved to the parameters' device.
+        True shows a progress bar; or pass a Progress to advance (one unit per step).  The batch loss it
+        shows is computed without noise (NOT PRIVATE).
     hooks : sequence of LoopHook, optional
         Called around every optimizer step (:class:`LoopHook`); what a hook releases must be charged by
         the caller (``fit``'s events cover only the gradient releases).
-    gamma : float, default 0.01
-        AUTO-S constant γ of ``clipping="automatic"`` (factor C/(‖g‖ + γ)).  ``eps``: Adam/LAMB's denominator.
-    backbone_lr_scale : float, default 1.0
-        α in (0, 1]: every trainable parameter outside the classification head (``model.head``) steps at
-        α·``learning_rate``, the head at ``learning_rate`` (seed 002's pre-trained-layer multiplier, Table 8).
-        Under DP noise an adaptive optimizer moves every weight by about η per step whether or not its
-        gradient carries signal; α keeps the pre-trained weights' walk small while the new head learns at its
-        own rate.  Post-processing: no effect on ε.  Ignored when training a head on cached features.
-    nonfinite_features : {"refuse", "drop"}, default "refuse"
-        A FeatureSet ``train_set`` with a NaN or inf value: ``"refuse"`` raises DataError (with the count
-        of such rows) before training; ``"drop"`` trains, and the DP step gives such an example clip
-        factor 0 (it adds nothing; sensitivity C), as it does for whatever turns non-finite in training
-        (counted in ``FitResult.nonfinite_examples``, NOT PRIVATE).  ``"drop"`` is for features
-        computed after a budget was reserved, where a refusal would come too late.
-    privacy_unit, max_rows_per_unit : user-level DP with cap k (docs/privacy-unit.md, engine/units.py)
+    device : str or torch.device, optional
+        ``None``: ``"cuda"`` when available, else ``"cpu"``; or ``"cpu"``, ``"cuda:N"``, ``"mps"``.  The
+        model is moved there in place; sampling and noise generators stay on the CPU (a seed gives the
+        same batches and noise on every device).
     task : privtune.tasks.Task, optional
         Its ``batch`` and ``per_example_loss`` give the (B,) losses the DP step clips; default: the task of
         ``train_set``'s kind (classification cross-entropy).
     """
-    if check_choice(nonfinite_features, "nonfinite_features", ("refuse", "drop")) == "refuse":
+    if options.nonfinite_features == "refuse":
         from privtune.finetune.last_layer import check_finite_features
 
         check_finite_features(train_set, "train_set")
-    options = _checked_loop_options(
-        train_set, noise_multiplier=noise_multiplier, sample_rate=sample_rate, steps=steps, learning_rate=learning_rate,
-        clip=clip, clipping=clipping, optimizer=optimizer, sampling=sampling, assume_poisson=assume_poisson, gamma=gamma,
-        device=device, max_physical_batch_size=max_physical_batch_size, eval_every=eval_every, mode=mode,
-        phase1_steps=phase1_steps, phase1_learning_rate=phase1_learning_rate, units=(privacy_unit, max_rows_per_unit))
+    plan = _checked_loop_options(train_set, noise, optimizer, clipping, options, device)
     own_progress = _make_progress(True, None, None) if progress is True else None
-    loop = _Loop(model, train_set, **options, per_layer_clipping=per_layer_clipping, momentum=momentum,
-                 weight_decay=weight_decay, seed=seed, eval_set=eval_set, callback=callback, delta=delta, eps=eps,
-                 progress=own_progress if progress is True else None if progress is False else progress, hooks=hooks,
-                 accountant=accountant, clipping_diagnostics=clipping_diagnostics, fast_head=fast_head,
-                 backbone_lr_scale=check_backbone_lr_scale(backbone_lr_scale), task=task)
+    if own_progress is not None and plan.units is not None:  # unit level: step times grow with the private rows
+        own_progress.hide_timing()
+    loop = _Loop(model, train_set, plan, eval_set=eval_set, callback=callback, hooks=hooks, task=task,
+                 progress=own_progress if progress is True else None if progress is False else progress)
     _run_loop(loop, own_progress)
     return _result(loop)
 
 
-def _checked_loop_options(
-    train_set: Any, *, noise_multiplier: Any, sample_rate: Any, steps: Any, learning_rate: Any, clip: Any,
-    clipping: Any, optimizer: Any, sampling: Any, assume_poisson: Any, device: Any, max_physical_batch_size: Any,
-    eval_every: Any, mode: Any, phase1_steps: Any, phase1_learning_rate: Any, gamma: Any, units: tuple = (None, 8),
-) -> dict[str, Any]:
-    """Validate :func:`fit`'s privacy, schedule and clipping options (in this order, so the first bad one is the
-    one reported) and return them as :class:`_Loop` keyword arguments.
+@dataclass(frozen=True)
+class _LoopPlan:
+    """The checked options of one :class:`_Loop` (:func:`_checked_loop_options`; ``train`` builds its own from
+    its plan).  ``q`` is the rate the sampler really uses; ``units`` the checked privacy units (None: rows)."""
+
+    sigma: float
+    q: float
+    phases: list
+    sampling: str
+    clipping: ClippingSpec
+    optimizer: OptimizerSpec  # name, momentum, weight decay, Adam's ε and α filled in (η: the phases')
+    max_phys: int
+    seed: int | None = None
+    eval_every: int | None = None
+    assume_poisson: bool = False
+    device: Any = None
+    units: Any = None
+    max_rows_per_unit: int | None = None
+    delta: float | None = None
+    accountant: str = "pld"
+    clipping_diagnostics: bool = False
+    fast_head: bool = True
+
+
+def _checked_loop_options(train_set: Any, noise: NoiseSpec, optimizer: OptimizerSpec, clipping: ClippingSpec,
+                          options: LoopOptions, device: Any) -> _LoopPlan:
+    """Check :func:`fit`'s specs against the training data (the specs have checked their own fields) and return
+    the :class:`_LoopPlan` of its loop.
 
     The sample rate q is returned as the rate the sampler really uses: ``round(q·N)/N`` for ``sampling="shuffle"``
     and ``sampling="full_batch"`` for Poisson sampling with q = 1.
     """
-    sigma = check_real(noise_multiplier, "noise_multiplier", low=0.0, low_inclusive=True,
-                       fix="σ is the noise std divided by C; σ = 0 means no privacy.")
-    q = check_sample_rate(sample_rate)
-    steps = check_steps(steps)
-    lr = check_real(learning_rate, "learning_rate", low=0.0, fix="Pass a positive step size such as 1e-3.")
-    clip = check_real(clip, "clip", low=0.0, fix="Pass the per-example clipping norm C, e.g. clip=1.0.")
-    clipping = check_choice(clipping, "clipping", CLIPPINGS)
-    optimizer = check_choice(optimizer, "optimizer", OPTIMIZERS)
-    sampling = check_choice(sampling, "sampling", SAMPLINGS)
-    unit_index = checked_units(units[0], len(train_set), units[1], sampling)  # before the row-level sampling checks
+    if optimizer.learning_rate is None:
+        raise InvalidParameterError("`learning_rate` must be given to fit (OptimizerSpec(learning_rate=...)). Got "
+                                    "None. Pass a positive step size such as 1e-3.")
+    optimizer = replace(optimizer, name=optimizer.name or DEFAULT_OPTIMIZER,
+                        backbone_lr_scale=1.0 if optimizer.backbone_lr_scale is None else optimizer.backbone_lr_scale)
+    clipping = clipping.with_defaults()
+    q, sampling = noise.sample_rate, noise.sampling
+    unit_index = checked_units(noise.privacy_unit, len(train_set), noise.max_rows_per_unit, sampling)
     if sampling == "full_batch" and q != 1.0:
         raise InvalidParameterError(f"`sample_rate` must be 1.0 for sampling='full_batch'. Got {q!r}.")
     if q == 1.0 and sampling == "poisson":
         sampling = "full_batch"
-    assume_poisson = _check_assume_poisson(assume_poisson, sampling)
+    assume_poisson = _check_assume_poisson(noise.assume_poisson, sampling)
     device = resolve_device(device)
     if len(train_set) == 0:
         raise DataError("The training data is empty. Pass at least one labelled example.")
@@ -937,18 +916,18 @@ def _checked_loop_options(
         # The sampler cuts batches of round(q·N); account the rate it really uses, so that the number of
         # epochs ⌈T·B/N⌉ is never smaller than the passes the steps actually make.
         q = max(1, round(q * len(train_set))) / len(train_set)
-        if not assume_poisson:  # σ/√5 per epoch needs N mod B ∉ {0, 1}
+        if not assume_poisson:  # σ/√5 per epoch needs N mod B ∈ {0, 1}
             check_shuffle_batching(len(train_set), round(q * len(train_set)))
-    if max_physical_batch_size is None:
-        max_physical_batch_size = 65536 if _is_features(train_set) else 32
-    max_phys = check_int(max_physical_batch_size, "max_physical_batch_size", low=1)
-    if eval_every is not None:
-        eval_every = check_int(eval_every, "eval_every", low=1)
-    phases = _phases_for(mode, steps, lr, phase1_steps, phase1_learning_rate)
-    return dict(noise_multiplier=sigma, sample_rate=q, phases=phases, clip=clip, clipping=clipping,
-                optimizer=optimizer, sampling=sampling, max_physical_batch_size=max_phys, eval_every=eval_every,
-                assume_poisson=assume_poisson, device=device, gamma=check_real(gamma, "gamma", low=0.0),
-                units=unit_index, max_rows_per_unit=units[1])
+    max_phys = options.max_physical_batch_size
+    if max_phys is None:
+        max_phys = 65536 if _is_features(train_set) else 32
+    phases = _phases_for(options.mode, noise.steps, optimizer.learning_rate, options.phase1_steps,
+                         options.phase1_learning_rate)
+    return _LoopPlan(sigma=noise.noise_multiplier, q=q, phases=phases, sampling=sampling, clipping=clipping,
+                     optimizer=optimizer, max_phys=max_phys, seed=options.seed, eval_every=options.eval_every,
+                     assume_poisson=assume_poisson, device=device, units=unit_index,
+                     max_rows_per_unit=noise.max_rows_per_unit, delta=noise.delta, accountant=noise.accountant,
+                     clipping_diagnostics=options.clipping_diagnostics, fast_head=options.fast_head)
 
 
 def _run_loop(loop: _Loop, own_progress: Any) -> None:
@@ -1098,6 +1077,8 @@ def train(
     backbone_lr_scale: float | None = None,
     privacy_unit: Any = None,
     max_rows_per_unit: int = DEFAULT_MAX_ROWS_PER_UNIT,
+    image_size: int | None = None,
+    batchnorm: str | None = None,
 ) -> TrainResult:
     """Fine-tune a classifier privately with fixed hyperparameters: one complete, accounted run.
 
@@ -1161,6 +1142,13 @@ def train(
         number of units N_u is public by declaration, like N; how many rows a unit has is not released.
     max_rows_per_unit : int, default 8
         k, the public cap on the rows of one unit used in a step.
+    image_size : int, optional
+        A vision backbone's input resolution in pixels, a public choice (default 64, or the size the network
+        requires); only with a vision backbone name (:mod:`privtune.models.vision`).
+    batchnorm : {"eval", "group"}, optional
+        A vision backbone's BatchNorm policy: ``"eval"`` (default) keeps the pretrained running statistics,
+        ``"group"`` replaces each BatchNorm with a GroupNorm; ``"train"`` is refused (batch statistics mix the
+        examples of a batch, so per-example gradients do not exist).
 
     Returns
     -------
@@ -1182,6 +1170,8 @@ def train(
     request = _TrainRequest(
         data=data, eval_data=eval_data, model=model, mode=mode, labels=labels, text_column=text_column,
         label_column=label_column, pooling=pooling, max_length=max_length,
+        image_size=None if image_size is None else check_image_size(image_size),
+        batchnorm=None if batchnorm is None else check_batchnorm(batchnorm),
         privacy=PrivacySpec(epsilon=epsilon, delta=delta, noise_multiplier=noise_multiplier, accountant=accountant),
         schedule=ScheduleSpec(epochs=epochs, steps=steps, batch_size=batch_size, sampling=sampling,
                               assume_poisson=assume_poisson, max_physical_batch_size=max_physical_batch_size),
@@ -1213,6 +1203,8 @@ class _TrainRequest:
     label_column: str | None
     pooling: str
     max_length: int | None
+    image_size: int | None  # a vision backbone's input resolution (None: its default)
+    batchnorm: str | None  # a vision backbone's BatchNorm policy (None: "eval")
     privacy: PrivacySpec
     schedule: ScheduleSpec
     optim: OptimizerSpec
@@ -1313,7 +1305,7 @@ class TrainJob:
         train_set, eval_set, clf, privacy, units = _load_train_inputs(
             r.data, r.eval_data, r.model, r.labels, r.privacy, text_column=r.text_column,
             label_column=r.label_column, pooling=r.pooling, max_length=r.max_length, seed=r.seed,
-            privacy_unit=(*r.privacy_unit, r.schedule.sampling))
+            privacy_unit=(*r.privacy_unit, r.schedule.sampling), vision=(r.image_size, r.batchnorm))
         if getattr(train_set, "kind", None) == "generation":
             from privtune.models.generator import apply_generation_mode
 
@@ -1334,7 +1326,7 @@ class TrainJob:
         units = inputs.units  # user level: N_u units stand where the N rows stood (q = B/N_u)
         sched = _plan_schedule(len(inputs.train_set) if units is None else units.num_units, r.mode, inputs.privacy,
                                r.schedule, r.optim, phase1_epochs=r.phase1_epochs,
-                               phase1_learning_rate=r.phase1_learning_rate)
+                               phase1_learning_rate=r.phase1_learning_rate, unit=units and units.name)
         if getattr(inputs.train_set, "kind", None) == "generation":  # the warning's measurements are classifiers'
             sched = dataclasses.replace(sched, unlikely_to_learn=None)
         hyper = _hyperparameters(r.mode, sched, inputs.privacy, r.schedule, r.optim, r.clipping, inputs.mode_info,
@@ -1349,9 +1341,14 @@ class TrainJob:
         r, sched, out = self.request, plan.schedule, inputs.out
         run_id, state, created, fresh_files = _prepare_run_dir(out, inputs.ckpt_path, r.resume, inputs.fingerprint,
                                                                plan.hyper)
-        log = release.run_log(out / "log.txt" if out is not None else None)
+        # at the unit level the number of rows is private: the log names N_u and k, and carries no time (feature
+        # caching and every step take time in proportion to the private rows)
+        units, k = inputs.units, r.privacy_unit[1]
+        log = release.run_log(out / "log.txt" if out is not None else None, timestamps=units is None)
         group = inputs.group
-        log(f"{'resume' if r.resume else 'start'} privtune train: mode={r.mode} N={len(inputs.train_set)} "
+        size = (f"N={len(inputs.train_set)}" if units is None else
+                f"N_u={units.num_units} units of {units.name} (at most {k} rows each per step)")
+        log(f"{'resume' if r.resume else 'start'} privtune train: mode={r.mode} {size} "
             f"q={sched.sample_rate:.5g} T={sched.steps} σ={sched.noise_multiplier:.5g} "
             f"planned ε={sched.planned_epsilon:.4g} δ={inputs.privacy.delta:g}"
             + (f" on {group.world_size} processes" if group else ""))
@@ -1403,6 +1400,8 @@ class TrainJob:
         r, out = self.request, inputs.out
         prog = _make_progress(r.progress, out / "log.txt" if out is not None else None,
                               plan.schedule.planned_epsilon)
+        if prog is not None and inputs.units is not None:  # unit level: durations grow with the private rows
+            prog.hide_timing()
         loop, actual = _run_training(r, inputs, plan, files, prog)
         return _Trained(loop=loop, events=actual, hyper=plan.hyper)
 
@@ -1541,10 +1540,11 @@ def _check_run_dir_args(output_dir: Any, resume: bool) -> tuple[Path | None, Pat
 
 
 def _load_train_inputs(data, eval_data, model, labels, privacy: PrivacySpec, *, text_column, label_column, pooling,
-                       max_length, seed, privacy_unit=(None, None, "poisson")):
+                       max_length, seed, privacy_unit=(None, None, "poisson"), vision=(None, None)):
     """Load and check the training and evaluation splits and the classifier (no budget spent).
 
-    ``privacy_unit`` is ``(unit, k, sampling)`` (unit None: example level).  Returns ``(train_set, eval_set,
+    ``privacy_unit`` is ``(unit, k, sampling)`` (unit None: example level); ``vision`` is ``(image_size,
+    batchnorm)`` (None: the backbone's defaults).  Returns ``(train_set, eval_set,
     classifier, privacy, units)``; δ defaults from the training set size, or the number of units N_u."""
     from privtune.data.datasets import check_disjoint, declared_label_set
     from privtune.data.generation import is_generation_data
@@ -1570,15 +1570,17 @@ def _load_train_inputs(data, eval_data, model, labels, privacy: PrivacySpec, *, 
         check_disjoint(train_set, eval_set, "eval_data")  # accuracy on training rows is not held-out (nor private)
     units = None
     if privacy_unit[0] is not None:  # user level: N_u replaces n in δ < 1/N_u and the sampling rate
-        from privtune.engine.units import check_unit_delta, load_units
+        from privtune.engine.units import check_unit_delta, check_units_disjoint, load_units
 
-        units = checked_units(load_units(data, privacy_unit[0], n), n, privacy_unit[1], privacy_unit[2])
+        units = checked_units(load_units(data, privacy_unit[0], n, dataset=train_set), n, privacy_unit[1],
+                              privacy_unit[2])
+        check_units_disjoint(data, eval_data, privacy_unit[0], "eval_data")  # a reported split holds no private unit
         if privacy.delta is not None:
             check_unit_delta(privacy.delta, units.num_units, units.name)
         n = units.num_units
     privacy = privacy.for_dataset(n)
     clf = task.build_model(model, num_labels=num_labels, pooling=pooling, label_names=label_names,
-                           max_length=max_length, seed=seed)
+                           max_length=max_length, seed=seed, image_size=vision[0], batchnorm=vision[1])
     check_model_label_set(clf, num_labels, label_names, label_source)
     if getattr(clf, "kind", "text") != train_set.kind:
         raise DataError(f"The model takes {clf.kind} inputs but the training data is {train_set.kind}.")
@@ -1609,10 +1611,11 @@ def _load_generation_inputs(data, eval_data, model, labels, privacy: PrivacySpec
     check_generation_disjoint(train_set, eval_set, "eval_data")
     n, units = len(train_set), None
     if privacy_unit[0] is not None:  # user level: N_u replaces n in δ < 1/N_u and the sampling rate
-        from privtune.engine.units import check_unit_delta, load_units
+        from privtune.engine.units import check_unit_delta, check_units_disjoint, load_units
 
-        units = checked_units(load_units(train_set.source if demo else data, privacy_unit[0], n), n, privacy_unit[1],
-                              privacy_unit[2])
+        source = train_set.source if demo else data
+        units = checked_units(load_units(source, privacy_unit[0], n), n, privacy_unit[1], privacy_unit[2])
+        check_units_disjoint(source, eval_data, privacy_unit[0], "eval_data")  # a reported split holds no private unit
         if privacy.delta is not None:
             check_unit_delta(privacy.delta, units.num_units, units.name)
         n = units.num_units
@@ -1637,9 +1640,10 @@ class _Schedule:
 
 
 def _plan_schedule(n: int, mode: str, privacy: PrivacySpec, schedule: ScheduleSpec, optim: OptimizerSpec, *,
-                   phase1_epochs: float | None, phase1_learning_rate: float | None) -> _Schedule:
-    """q, T, σ and the planned events for ``n`` training rows (σ calibrated to ``privacy.epsilon`` at
-    ``privacy.delta``, or ``privacy.noise_multiplier`` as given)."""
+                   phase1_epochs: float | None, phase1_learning_rate: float | None,
+                   unit: str | None = None) -> _Schedule:
+    """q, T, σ and the planned events for ``n`` training rows, or ``n`` units of the privacy unit ``unit`` (σ
+    calibrated to ``privacy.epsilon`` at ``privacy.delta``, or ``privacy.noise_multiplier`` as given)."""
     sampling, assume_poisson, batch_size = schedule.sampling, schedule.assume_poisson, schedule.batch_size
     B = batch_size if batch_size is not None else min(n, 256)
     if B > n:
@@ -1677,7 +1681,7 @@ def _plan_schedule(n: int, mode: str, privacy: PrivacySpec, schedule: ScheduleSp
     return _Schedule(batch_size=B, sample_rate=q, steps=T, noise_multiplier=sigma, phases=phases,
                      phase1_steps=phase1_steps, planned=planned, planned_epsilon=planned_epsilon,
                      unlikely_to_learn=usefulness.unlikely_to_learn_message(
-                         mode, n, privacy.epsilon or planned_epsilon, command="train"))
+                         mode, n, privacy.epsilon or planned_epsilon, command="train", unit=unit))
 
 
 def _hyperparameters(mode: str, sched: _Schedule, privacy: PrivacySpec, schedule: ScheduleSpec, optim: OptimizerSpec,
@@ -1786,18 +1790,21 @@ def _run_training(r: _TrainRequest, inputs: _TrainInputs, plan: _TrainPlan, file
         prog.__enter__()
     try:
         if mode == "last-layer":  # frozen backbone: compute its features once (after the reservation)
-            fit_data, fit_eval = _cached_for_last_layer(clf, train_set, eval_set, prog, log)
+            fit_data, fit_eval = _cached_for_last_layer(clf, train_set, eval_set, prog, log,
+                                                        rows_private=inputs.units is not None)
             if fit_data is not train_set:
                 phys = 65536
         if not distributed.is_main_process():
             fit_eval = None  # a data-parallel run evaluates on rank 0, which writes the metrics
-        loop = _Loop(clf, fit_data, noise_multiplier=sigma, sample_rate=q, phases=phases, clip=clip,
-                     clipping=clipping, per_layer_clipping=per_layer_clipping, optimizer=optimizer, momentum=momentum, weight_decay=weight_decay,
-                     sampling=sampling, max_physical_batch_size=phys, seed=seed, eval_set=fit_eval,
-                     eval_every=eval_every, callback=None, progress=None, delta=delta, accountant=accountant,
-                     clipping_diagnostics=clipping_diagnostics, assume_poisson=assume_poisson, device=device,
-                     backbone_lr_scale=hyper.get("backbone_lr_scale", 1.0), units=inputs.units,
-                     max_rows_per_unit=(hyper.get("privacy_unit") or {}).get("max_rows_per_unit"))
+        loop_plan = _LoopPlan(
+            sigma=sigma, q=q, phases=phases, sampling=sampling, max_phys=phys, seed=seed, eval_every=eval_every,
+            clipping=ClippingSpec(clip=clip, clipping=clipping, per_layer=per_layer_clipping),
+            optimizer=OptimizerSpec(name=optimizer, momentum=momentum, weight_decay=weight_decay,
+                                    backbone_lr_scale=hyper.get("backbone_lr_scale", 1.0)),
+            delta=delta, accountant=accountant, clipping_diagnostics=clipping_diagnostics,
+            assume_poisson=assume_poisson, device=device, units=inputs.units,
+            max_rows_per_unit=(hyper.get("privacy_unit") or {}).get("max_rows_per_unit"))
+        loop = _Loop(clf, fit_data, loop_plan, eval_set=fit_eval)
         if state is not None and "model" in state:
             loop.load_state_dict(state)
             log(f"resumed from step {loop.step}")
@@ -1836,16 +1843,19 @@ def _check_predictions(metrics: dict, final_eval: dict | None, label_names, pre_
         metrics["warnings"] = found
 
 
-def _cached_for_last_layer(clf, train_set, eval_set, prog, log):
+def _cached_for_last_layer(clf, train_set, eval_set, prog, log, rows_private: bool = False):
     """Features of the frozen backbone for last-layer training (falls back to full forward passes when the
     model's own head pools after the head, e.g. GPT-2).  In a data-parallel run each process computes the
     features of the training examples it owns only (the other rows stay zero and are never read) and only
-    rank 0, which evaluates, those of the evaluation split."""
+    rank 0, which evaluates, those of the evaluation split.  ``rows_private`` (the unit level, where the number
+    of training rows is private): no line counts the training rows."""
     from privtune.finetune import FeatureSet, cache_features
 
     def cached(ds, name):
+        counted = not (rows_private and name.startswith("train"))
         if prog is not None:
-            prog.start_phase(f"caching features ({name})", total=len(ds), unit="examples")
+            prog.start_phase(f"caching features ({name})", total=len(ds) if counted else None, unit="examples",
+                             counted=counted)
         return cache_features(clf, ds, progress=(lambda k: prog.advance(k, examples=k)) if prog else None)
 
     group = distributed.current()
@@ -1863,7 +1873,8 @@ def _cached_for_last_layer(clf, train_set, eval_set, prog, log):
         log(f"last-layer without feature caching: {exc}")
         return train_set, eval_set
     fe = cached(eval_set, "eval") if eval_set is not None and (group is None or group.is_main) else None
-    log(f"cached backbone features of {len(fs)} training examples (dimension {fs.num_features})"
+    log(f"cached backbone features of {'the' if rows_private else len(fs)} training examples (dimension "
+        f"{fs.num_features})"
         + (f", {group.world_size} processes computing their own examples' features" if group else ""))
     return fs, fe
 
@@ -1929,6 +1940,8 @@ def _effective_config(r: _TrainRequest, inputs: _TrainInputs, hyper: dict, out: 
     unit = hyper.get("privacy_unit")
     if unit and unit.get("column"):  # a unit read from a column reloads (keys or a callable passed in Python do not)
         cfg.update(privacy_unit=unit["column"], max_rows_per_unit=unit["max_rows_per_unit"])
+    if isinstance(getattr(getattr(clf, "backbone", None), "batchnorm", None), str):  # a vision backbone by name
+        cfg.update(image_size=clf.processor.image_size, batchnorm=clf.backbone.batchnorm)  # what it trained with
     if r.device is not None:  # only when asked for: a config written on a GPU machine must run elsewhere
         cfg["device"] = str(r.device)
     config, _ = release.effective_config(cfg, path_keys=("data", "eval_data", "model", "output"))

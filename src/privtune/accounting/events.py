@@ -141,7 +141,7 @@ class NonPrivateEvent:
     """A release with no differential-privacy guarantee: ε = ∞ (δ = 1) in every accountant.
 
     Emitted by every path that releases something computed from private data without noise or
-    without a sensitivity bound, e.g. ``fit(noise_multiplier=0)`` and ``fit_nonprivate``.  It
+    without a sensitivity bound, e.g. ``fit`` with ``NoiseSpec(noise_multiplier=0, ...)`` and ``fit_nonprivate``.  It
     is dp_accounting's ``NonPrivateDpEvent``: any composition containing it has ε = ∞, so a
     non-private step can never look free (an empty event list composes to ε = 0).  ``reason``
     says what was released without protection; it appears in notes and certificates.  It

@@ -1,9 +1,12 @@
 """Empirical privacy auditing in one training run (Steinke, Nasr & Jagielski 2023).
 
 * :func:`epsilon_lower_bound`, :func:`p_value`: the exact bound from m canaries, r guesses, v correct.
-* :func:`audit_dp_step`: white-box audit of the DP step (gradient canaries in the real engine).
+* :func:`audit_dp_step`: white-box audit of the DP step (gradient canaries in the real engine), of a
+  :class:`~privtune.specs.NoiseSpec` claim with a :class:`ProbeSpec`.
 * :func:`audit`: black-box audit of a real ``train`` run on the user's configuration (input canaries,
-  scored by their loss); it trains on the user's data and is charged to the ledger like ``train``.
+  scored by their loss); it trains on the user's data and is charged to the ledger like ``train``.  On
+  prompt → response data its canaries are secret digit codes, and it also reports their exposure
+  (:mod:`privtune.audit.exposure`, an :class:`ExposureSpec`).
 
 A lower bound is evidence, not proof: above the claimed ε it shows a bug; below it, it shows nothing
 about the claim being tight or correct.  See docs/auditing.md.
@@ -16,6 +19,7 @@ import types
 
 from privtune.audit.bounds import epsilon_lower_bound, max_epsilon_lower_bound, p_value
 from privtune.audit.result import AuditResult, best_guesses
+from privtune.audit.specs import AuditSpec, ExposureSpec, ProbeSpec
 from privtune.audit.whitebox import audit_dp_step
 
 
@@ -40,4 +44,4 @@ class _CallableModule(types.ModuleType):
 sys.modules[__name__].__class__ = _CallableModule
 
 __all__ = ["epsilon_lower_bound", "max_epsilon_lower_bound", "p_value", "AuditResult", "best_guesses",
-           "audit_dp_step", "audit"]
+           "audit_dp_step", "audit", "AuditSpec", "ExposureSpec", "ProbeSpec"]

@@ -7,8 +7,9 @@ loss on it (a canary the model has seen tends to have a lower loss).  This audit
 pipeline (data loading, mode, sampling, engine, optimizer) end to end.
 
 On prompt → response data (a causal language model) the canaries are secret digit codes
-(:mod:`privtune.audit.exposure`): the same one-run bound from their log-perplexities, and the exposure of
-each canary (Carlini et al. 2019) in the DP-trained model and in a non-private reference (NOT PRIVATE).
+(:mod:`privtune.audit.exposure`, configured by the spec's :class:`~privtune.audit.specs.ExposureSpec`): the
+same one-run bound from their log-perplexities, and the exposure of each canary (Carlini et al. 2019) in the
+DP model and in a non-private reference (NOT PRIVATE).
 
 Privacy of the audit itself.  The black-box run **trains on the user's private data**, so it is
 charged to that dataset's budget in the ledger exactly like ``train`` (the planned events are
@@ -31,7 +32,7 @@ import string
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,41 +41,28 @@ import torch.nn.functional as F
 
 # module, not function: tests replace training.train with a spy
 from privtune import training
-from privtune._validation import (
-    check_accounted_noise_multiplier,
-    check_choice,
-    check_delta,
-    check_epsilon,
-    check_int,
-    check_real,
-    check_steps,
-    suggest_delta,
-)
+from privtune._validation import check_int
 from privtune.accounting import calibrate_noise_multiplier, compute_epsilon
 from privtune.accounting.events import DPSGDEvent
-from privtune.audit.exposure import (DEFAULT_CANARY_DIGITS, DEFAULT_CANDIDATES, DEFAULT_GENERATION_CANARIES,
-                                     DigitCanaries, ExposureReport, check_canary_options, load_generation_user,
-                                     nonprivate_reference)
+from privtune.audit.exposure import DigitCanaries, ExposureReport, load_generation_user, nonprivate_reference
 from privtune.audit.result import AuditResult, best_guesses
+from privtune.audit.specs import AUDITED_MODES, AuditSpec, ProbeSpec
 from privtune.audit.whitebox import audit_dp_step
 from privtune.data import TextDataset, load_dataset
 from privtune.data.datasets import declared_label_set
 from privtune.data.generation import is_generation_data
 from privtune import _release
+from privtune.engine.units import DEFAULT_MAX_ROWS_PER_UNIT, load_units
 from privtune.errors import BudgetExceededError, DataError, InvalidParameterError, PrivtuneError, UnknownDatasetError
 from privtune.ledger import Ledger, dataset_identity, open_ledger
 from privtune.models.classifier import check_model
-from privtune.models.generator import GENERATION_MODES, apply_generation_mode, generation_modes
+from privtune.models.generator import apply_generation_mode, generation_modes
 from privtune.run import budget as run_budget
 from privtune.run import release as run_release
 from privtune.run.budget import BudgetRequest
+from privtune.specs import NoiseSpec, PrivacySpec
 
-__all__ = ["audit", "AuditReport", "make_text_canaries", "AUDITED_MODES"]
-
-# two-phase switches the trainable set mid-run (two events); audit each phase's mode on its own
-AUDITED_MODES = ("full", "bitfit", "last-layer", "lora")
-#: a classifier's default: canaries and mode
-DEFAULT_CANARIES, DEFAULT_MODE = 1000, "bitfit"
+__all__ = ["audit", "run_audit", "AuditInputs", "AuditReport", "make_text_canaries", "AUDITED_MODES"]
 
 
 @dataclass
@@ -132,189 +120,193 @@ def make_text_canaries(num_canaries: int, num_labels: int, *, words: int = 8, se
 
 def audit(
     data: Any = None,
+    spec: AuditSpec | None = None,
     *,
     model: Any = None,
-    mode: str | None = None,
-    epsilon: float | None = None,
-    noise_multiplier: float | None = None,
-    delta: float | None = None,
-    epochs: float | None = None,
-    steps: int | None = None,
-    batch_size: int | None = None,
-    learning_rate: float | None = None,
-    clip: float = 1.0,
-    clipping: str = "flat",
-    optimizer: str = "adam",
-    sampling: str = "poisson",
-    accountant: str = "pld",
-    num_canaries: int | None = None,
-    canary_digits: int = DEFAULT_CANARY_DIGITS, candidates: int = DEFAULT_CANDIDATES, reference: bool = True,
-    whitebox: bool = True,
-    blackbox: bool = True,
-    public_data: bool = False,
-    ledger: Any = None,
-    output_dir: str | os.PathLike | None = None,
-    confidence: float = 0.95,
-    seed: int | None = None,
-    progress: bool = False,
+    labels: Any = None,
     text_column: str | None = None,
     label_column: str | None = None,
-    labels: Any = None,
-    max_physical_batch_size: int = 32,
     max_length: int | None = None,
     device: Any = None,
+    ledger: Any = None,
+    output_dir: str | os.PathLike | None = None,
     resume: bool = False,
+    progress: bool = False,
 ) -> AuditReport:
     """One-run privacy audit of a ``privtune train`` configuration (Steinke, Nasr & Jagielski 2023).
 
     Args:
-        data: the training data, as for :func:`privtune.train`: labelled text, or prompt → response pairs
-            (then a causal language model: digit canaries and their exposures, see :mod:`privtune.audit.exposure`).
-        model, mode, epsilon, noise_multiplier, delta, epochs, steps, batch_size, learning_rate, clip,
-            clipping, optimizer, sampling ("poisson" or "full_batch"), accountant, text_column,
-            label_column, labels, max_physical_batch_size, max_length, device: the configuration, as for
-            :func:`privtune.train` (mode: "full", "bitfit", "last-layer" or "lora", default "bitfit"; on
-            prompt → response data "lora" (default), "full" or "bitfit"; ``labels`` is the public label set,
-            declared or the model's own, never read from ``data``).
-        num_canaries: m canaries per audit (each included with probability 1/2); default 1000, and 100 on
-            prompt → response data.
-        canary_digits, candidates, reference: prompt → response data only: the secret's length (|R| = 10^digits),
-            how many secrets are scored to rank each canary (all of R when it is no larger), and whether a
-            non-private reference model is also trained and measured (NOT PRIVATE; not charged, not released).
-        whitebox: run the white-box audit of the DP step at this configuration's (σ, q, T, C) (no user data).
-        blackbox: run the black-box audit: one real training run on ``data`` plus the included canaries.
-        public_data: declare ``data`` public: the black-box run is then not charged to the ledger.
-            Otherwise the dataset must be registered in the ledger and the run is charged like ``train``.
+        data: the training data, as for :func:`privtune.train`: labelled text, or prompt → response pairs (then
+            a causal language model: digit canaries and their exposures, see :mod:`privtune.audit.exposure`).
+        spec: what is audited, a validated :class:`~privtune.audit.specs.AuditSpec`: the claim (ε or σ, δ,
+            accountant), the mode ("full", "bitfit", "last-layer" or "lora"; default "bitfit", and "lora" on
+            prompt → response data, which takes "lora", "full" or "bitfit"), the schedule, optimizer and clipping
+            as for :func:`privtune.train`, the number of canaries, which audits run (white-box: the DP step at
+            this configuration's (σ, q, T, C), no user data; black-box: one real training run on ``data`` plus
+            the included canaries), ``public_data`` (the black-box run is then not charged to the ledger;
+            otherwise the dataset must be registered in the ledger and the run is charged like ``train``), the
+            confidence of the bounds, the seed, the user-level fields (labelled text only) and, for prompt →
+            response data, the secret canaries (``exposure``: their digits, the secrets scored per rank, whether a
+            non-private reference is also measured, NOT PRIVATE).  Build it with
+            ``AuditSpec.create(epsilon=8.0, delta=1e-5, mode="bitfit", ...)`` (the keywords of ``privtune
+            audit``) or from the nested specs.
+        model, labels, text_column, label_column, max_length, device: as for :func:`privtune.train` (``labels``
+            is the public label set, declared or the model's own, never read from ``data``).
         ledger: Ledger, URL or None (default ledger), as for :func:`privtune.train`.
-        output_dir: write ``whitebox/`` and ``blackbox/`` (audit.json, audit.png, audit.html) there.
-        confidence: 1 − β of the lower bounds (default 0.95).
-        seed: seeds canaries, membership, the white-box probe and the training run (experiments); None draws
-            from the OS, and the training run's seeds are then never recorded (as in ``train``).
+        output_dir: write ``whitebox/`` and ``blackbox/`` (audit.json, audit.png, audit.html) there, and
+            ``memorisation/exposure.json`` on prompt → response data.
         resume: finish an audit that was interrupted (killed, a full disk) in ``output_dir``: the same
             arguments repeat the same audit under its ledger reservation, without a second charge.  A charged
             audit with ``output_dir`` keeps its seeds there (``.privtune-audit-state.json``, 0600) until its
             files are written.
+        progress: show the training run's progress.
 
-    Everything knowable (arguments, data, the model and ``max_length``, the output directory) is checked
+    The spec's seed seeds canaries, membership, the white-box probe and the training run (experiments); without
+    one they are drawn from the OS, and the training run's seeds are then never recorded (as in ``train``).
+    At user level (``privacy_unit``, docs/privacy-unit.md) the canaries are units of r = ``canary_rows`` rows, in
+    or out whole, scored by their rows' mean; units are sampled at q = B/N_u; the charge records the unit.
+
+    Everything knowable (the spec, the data, the model and ``max_length``, the output directory) is checked
     before the ledger reservation: a refused audit charges nothing and leaves no output directory.
 
     Returns:
         :class:`AuditReport`.
     """
-    given = dict(locals())  # the arguments as passed: a resumed audit must repeat them
-    epsilon, noise_multiplier, epochs, steps = _check_budget_and_length(
-        whitebox, blackbox, epsilon, noise_multiplier, epochs, steps)
-    generation = is_generation_data(data)
-    mode, sampling, m, confidence, seed = _check_options(given, generation)
-    out = _check_audit_output(output_dir, resume)
-    user, model, generator = _load_audited(given, generation, mode, m)
-    delta = check_delta(min(1e-5, suggest_delta(len(user))) if delta is None else delta, dataset_size=len(user))
+    inputs = AuditInputs(data=data, model=model, labels=labels, text_column=text_column, label_column=label_column,
+                         max_length=max_length, device=device, ledger=ledger, output_dir=output_dir, resume=resume,
+                         progress=progress)
+    return run_audit(spec, inputs)
+
+
+@dataclass(frozen=True)
+class AuditInputs:
+    """Where an audit reads and writes, beside its :class:`~privtune.audit.specs.AuditSpec`: the data, the model
+    and the label set (as for :func:`privtune.train`), the device, the ledger, the output directory, whether to
+    resume and whether to show progress."""
+
+    data: Any
+    model: Any = None
+    labels: Any = None
+    text_column: str | None = None
+    label_column: str | None = None
+    max_length: int | None = None
+    device: Any = None
+    ledger: Any = None
+    output_dir: str | os.PathLike | None = None
+    resume: bool = False
+    progress: bool = False
+
+    def __post_init__(self) -> None:
+        if self.data is None:
+            raise InvalidParameterError("`data` is required: the training data of the configuration to audit.")
+        if not isinstance(self.resume, bool):
+            raise InvalidParameterError(f"`resume` must be True or False. Got {self.resume!r}.")
+
+
+def run_audit(spec: AuditSpec, inputs: AuditInputs) -> AuditReport:
+    """The audit of :func:`audit`, from its validated spec: everything knowable (the data, the model and
+    ``max_length``, the output directory) is checked before the ledger reservation."""
+    if not isinstance(spec, AuditSpec):
+        raise InvalidParameterError(
+            "`spec` must be an AuditSpec: the configuration to audit. Got "
+            f"{type(spec).__name__}. E.g. AuditSpec.create(epsilon=8.0, delta=1e-5, mode='bitfit').")
+    generation = is_generation_data(inputs.data)
+    spec = spec.for_data(generation)  # the data kind's defaults (mode, canaries) and its refusals
+    out = _check_audit_output(inputs.output_dir, inputs.resume)
+    user, inputs, generator = _load_audited(spec, inputs, generation)
+    units = _audit_units(inputs.data, user, spec)
+    n_public = len(user) if units is None else units.num_units  # δ < 1/N_u at user level
+    privacy = spec.privacy.for_dataset(n_public)
     label_names = getattr(user, "label_names", None)
-    arguments = {**{k: given[k] for k in _RESUME_COMPARED}, "data": dataset_identity(user)[0],
-                 "model": None if model is None else str(model),
-                 "labels": None if generation else list(label_names) if label_names is not None else user.num_labels}
-    state = _audit_state(out, resume, arguments, seed, charged=blackbox and not public_data)
-    canaries = _make_canaries(user, m, state.audit_seed, given, generator)
+    arguments = {**_compared_arguments(spec, inputs), "data": dataset_identity(user)[0],
+                 "model": None if inputs.model is None else str(inputs.model),
+                 "labels": None if generation else list(label_names) if label_names is not None else user.num_labels,
+                 "privacy_unit": None if units is None else [units.name, units.k, units.r]}
+    state = _audit_state(out, inputs.resume, arguments, spec.seed, charged=spec.blackbox and not spec.public_data)
+    canaries = _make_canaries(user, spec, state.audit_seed, units, generator)
     del generator
-    B, T, sigma, planned, claimed = _plan_union_run(
-        len(canaries.union), batch_size=batch_size, steps=steps, epochs=epochs, sampling=sampling, epsilon=epsilon,
-        noise_multiplier=noise_multiplier, delta=delta, accountant=accountant)
+    plan = _plan_union_run(canaries.union_size, spec, privacy)
     created = _release.prepare_output_dir(out, (), _AUDIT_DIRS) if out is not None else []
-    if state.path is not None and not resume:
+    if state.path is not None and not inputs.resume:
         # written before the reservation: an audit killed at any later point resumes under that reservation
         state.save()
     report = AuditReport()
-    if whitebox:
-        report.whitebox = audit_dp_step(
-            noise_multiplier=sigma, delta=delta, sample_rate=planned[0].sample_rate, steps=T, clip=clip,
-            clipping=clipping, num_canaries=m, max_physical_batch_size=max_physical_batch_size,
-            confidence=confidence, accountant=accountant, seed=state.audit_seed)
-        report.whitebox.config["mode"] = mode
-    if blackbox:
+    if spec.whitebox:
+        probe = ProbeSpec(num_canaries=spec.num_canaries, max_physical_batch_size=spec.schedule.max_physical_batch_size,
+                          rows_per_unit=1 if units is None else units.r)
+        report.whitebox = audit_dp_step(plan.whitebox_claim, spec.clipping, probe, confidence=spec.confidence,
+                                        seed=state.audit_seed)
+        report.whitebox.config["mode"] = spec.mode
+    if spec.blackbox:
         try:
-            report.blackbox, measured = _blackbox(
-                user, canaries, planned, claimed, delta, sigma, T, B,
-                model=model, mode=mode, learning_rate=learning_rate, clip=clip, clipping=clipping,
-                optimizer=optimizer, sampling=sampling, accountant=accountant, public_data=public_data,
-                ledger=ledger, confidence=confidence, seed=seed, train_seed=state.train_seed, progress=progress,
-                max_physical_batch_size=max_physical_batch_size, max_length=max_length, device=device,
-                resume_key=state.run_id, resume=resume)
+            report.blackbox, measured = _blackbox(spec, inputs, plan, canaries, state)
         except _Unreserved as refused:  # nothing was charged: remove what this audit created
-            _release.discard_unreserved(created, [state.path] if state.path is not None and not resume else [])
+            _release.discard_unreserved(created, [state.path] if state.path is not None and not inputs.resume else [])
             raise refused.error from None
         if generation:  # the exposures, and those of the NOT PRIVATE non-private reference
-            report.memorisation = _memorisation(
-                canaries, measured, report.blackbox, reference=reference, model=model, mode=mode,
-                epochs=T * planned[0].sample_rate, batch_size=min(B, max_physical_batch_size), seed=state.train_seed,
-                **{k: given[k] for k in ("learning_rate", "optimizer", "max_length", "device")})
+            report.memorisation = _memorisation(spec, inputs, plan, canaries, measured, report.blackbox,
+                                                seed=state.train_seed)
     if out is not None:
         _save_report(report, out, state)
     return report
 
 
-#: the arguments a resumed audit must repeat (besides the data, the model and the label set)
-_RESUME_COMPARED = ("mode", "epsilon", "noise_multiplier", "delta", "epochs", "steps", "batch_size", "learning_rate",
-                    "clip", "clipping", "optimizer", "sampling", "accountant", "num_canaries", "whitebox", "blackbox",
-                    "public_data", "confidence", "seed", "max_length", "max_physical_batch_size", "canary_digits",
-                    "candidates", "reference")
+def _compared_arguments(spec: AuditSpec, inputs: AuditInputs) -> dict:
+    """The configuration a resumed audit must repeat (besides the data, the model, the label set and the unit),
+    by its keywords' names (those of ``privtune audit``)."""
+    p, sch, o, c = spec.privacy, spec.schedule, spec.optim, spec.clipping
+    return {"mode": spec.mode, "epsilon": p.epsilon, "noise_multiplier": p.noise_multiplier, "delta": p.delta,
+            "epochs": sch.epochs, "steps": sch.steps, "batch_size": sch.batch_size, "learning_rate": o.learning_rate,
+            "clip": c.clip, "clipping": c.clipping, "optimizer": o.name, "sampling": sch.sampling,
+            "accountant": p.accountant, "num_canaries": spec.num_canaries, "whitebox": spec.whitebox,
+            "blackbox": spec.blackbox, "public_data": spec.public_data, "confidence": spec.confidence,
+            "seed": spec.seed, "max_length": inputs.max_length, "max_physical_batch_size": sch.max_physical_batch_size,
+            "canary_digits": spec.exposure.canary_digits, "candidates": spec.exposure.candidates,
+            "reference": spec.exposure.reference}
 
 
-def _check_options(given: dict, generation: bool) -> tuple[str, str, int, float, int | None]:
-    """The audit's own arguments (``given``: audit()'s, as passed), checked; returns ``(mode, sampling, m,
-    confidence, seed)`` with the defaults of the data's kind (a classifier, or a causal language model)."""
-    mode = check_choice(given["mode"] if given["mode"] is not None else "lora" if generation else DEFAULT_MODE,
-                        "mode", GENERATION_MODES if generation else AUDITED_MODES)
-    sampling = check_choice(given["sampling"], "sampling", ("poisson", "full_batch"))
-    m = check_int(given["num_canaries"] if given["num_canaries"] is not None else
-                  DEFAULT_GENERATION_CANARIES if generation else DEFAULT_CANARIES,
-                  "num_canaries", low=10, fix="Use at least 10 canaries (1000 is a good default).")
-    confidence = check_real(given["confidence"], "confidence", low=0.0, high=1.0, fix="Pass e.g. confidence=0.95.")
-    for flag in ("public_data", "resume", "reference"):
-        if not isinstance(given[flag], bool):
-            raise InvalidParameterError(f"`{flag}` must be True or False. Got {given[flag]!r}.")
-    if given["data"] is None:
-        raise InvalidParameterError("`data` is required: the training data of the configuration to audit.")
-    seed = check_int(given["seed"], "seed", low=0, high=2**62) if given["seed"] is not None else None
-    return mode, sampling, m, confidence, seed
-
-
-def _load_audited(given: dict, generation: bool, mode: str, m: int) -> tuple[Any, Any, Any]:
+def _load_audited(spec: AuditSpec, inputs: AuditInputs, generation: bool) -> tuple[Any, AuditInputs, Any]:
     """The user's training data and what the black-box run needs checked before the reservation: the model (a
-    missing one, a too long ``max_length``; a causal LM: the mode applies, the canary options).  Returns
-    ``(user data, model, loaded generator or None)``."""
-    g = given
+    missing one, a too long ``max_length``; a causal language model: the mode applies).  Returns ``(user data,
+    inputs with the model filled in, loaded generator or None)``."""
     if not generation:
-        user = _load_user_text(g["data"], g["labels"], g["model"], g["text_column"], g["label_column"])
-        if g["blackbox"] and not isinstance(g["model"], torch.nn.Module):
-            check_model(g["model"], max_length=g["max_length"])
-        return user, g["model"], None
-    check_canary_options(g["canary_digits"], g["candidates"], m)
-    user, model, generator = load_generation_user(g["data"], g["model"], g["text_column"], g["label_column"],
-                                                  g["max_length"], load_model=g["blackbox"])
-    if generator is not None and mode not in generation_modes(generator):
-        apply_generation_mode(generator, mode)  # the one clear refusal (e.g. bitfit without biases)
-    return user, model, generator
+        user = _load_user_text(inputs)
+        if spec.blackbox and not isinstance(inputs.model, torch.nn.Module):
+            check_model(inputs.model, max_length=inputs.max_length)  # a missing model, too long max_length
+        return user, inputs, None
+    user, model, generator = load_generation_user(inputs.data, inputs.model, inputs.text_column,
+                                                  inputs.label_column, inputs.max_length, load_model=spec.blackbox)
+    if generator is not None and spec.mode not in generation_modes(generator):
+        apply_generation_mode(generator, spec.mode)  # the one clear refusal (e.g. bitfit without biases)
+    return user, replace(inputs, model=model), generator
 
 
-def _make_canaries(user: Any, m: int, audit_seed: int, given: dict, generator: Any) -> Any:
-    """The audit's ``m`` canaries and the training union: digit canaries on prompt → response data (checked
-    against the loaded generator, before the reservation), letter-word texts with random labels otherwise."""
+def _make_canaries(user: Any, spec: AuditSpec, audit_seed: int, units: "_AuditUnits | None",
+                   generator: Any) -> "_Canaries | DigitCanaries":
+    """The audit's canaries and the training union: digit canaries on prompt → response data (checked against
+    the loaded generator, before the reservation), letter-word texts with random labels otherwise."""
     if getattr(user, "kind", None) != "generation":
-        return _TextCanaries.add_to(user, m, audit_seed)
-    canaries = DigitCanaries.add_to(user, m, audit_seed, digits=given["canary_digits"],
-                                    candidates=given["candidates"])
+        return _add_canaries(user, spec.num_canaries, audit_seed, units)
+    canaries = DigitCanaries.add_to(user, spec.num_canaries, audit_seed, digits=spec.exposure.canary_digits,
+                                    candidates=spec.exposure.candidates)
     if generator is not None:
         canaries.check_model(generator)  # digits the tokenizer spells, a max_length that keeps a canary whole
     return canaries
 
 
-def _memorisation(canaries: DigitCanaries, measured: dict, dp: AuditResult, *, reference: bool, **reference_run
-                  ) -> ExposureReport:
-    """The exposures of the DP-trained model's canaries and, with ``reference``, of a non-private reference
-    (NOT PRIVATE: trained and measured here, never released)."""
+def _memorisation(spec: AuditSpec, inputs: AuditInputs, plan: "_UnionPlan", canaries: DigitCanaries,
+                  measured: dict, dp: AuditResult, *, seed: int | None) -> ExposureReport:
+    """The exposures of the DP-trained model's canaries and, with ``spec.exposure.reference``, of a non-private
+    reference (NOT PRIVATE: trained and measured here on the same union, epochs and learning rate, never
+    released)."""
     ref, bound, config = None, None, {}
-    if reference:
-        ref = nonprivate_reference(canaries, **reference_run)
+    if spec.exposure.reference:
+        noise = plan.noise
+        ref = nonprivate_reference(
+            canaries, model=inputs.model, mode=spec.mode, epochs=noise.steps * noise.sample_rate,
+            batch_size=min(plan.batch_size, spec.schedule.max_physical_batch_size),
+            learning_rate=spec.optim.learning_rate, optimizer=spec.optim.name, seed=seed,
+            max_length=inputs.max_length, device=inputs.device)
         bound = best_guesses(ref["scores"], canaries.included, delta=dp.delta,
                              confidence=dp.confidence)["epsilon_lower_bound"]
         config = ref.pop("config")
@@ -432,37 +424,12 @@ def _audit_state(out: Path | None, resume: bool, arguments: dict, seed: int | No
     return state
 
 
-def _check_budget_and_length(whitebox: Any, blackbox: Any, epsilon: Any, noise_multiplier: Any, epochs: Any,
-                             steps: Any) -> tuple[float | None, float | None, float | None, int | None]:
-    """Refuse an audit of nothing, and validate the privacy target (exactly one of ε or σ) and the run length
-    (at most one of epochs or steps); returns ``(epsilon, noise_multiplier, epochs, steps)``."""
-    if not (whitebox or blackbox):
-        raise InvalidParameterError("Nothing to audit: `whitebox` and `blackbox` are both False. Enable one.")
-    if (epsilon is None) == (noise_multiplier is None):
-        raise InvalidParameterError(
-            "Pass exactly one of `epsilon` (with `delta`) or `noise_multiplier`. Got "
-            f"epsilon={epsilon!r}, noise_multiplier={noise_multiplier!r}. E.g. epsilon=8, delta=1e-5."
-        )
-    if epsilon is not None:
-        epsilon = check_epsilon(epsilon)
-    else:
-        noise_multiplier = check_accounted_noise_multiplier(noise_multiplier)
-    if epochs is not None and steps is not None:
-        raise InvalidParameterError(
-            f"Pass either `epochs` or `steps`, not both. Got epochs={epochs!r}, steps={steps!r}.")
-    if epochs is not None:
-        epochs = check_real(epochs, "epochs", low=0.0, fix="Pass a positive number of passes over the data.")
-    if steps is not None:
-        steps = check_steps(steps)
-    return epsilon, noise_multiplier, epochs, steps
-
-
-def _load_user_text(data: Any, labels: Any, model: Any, text_column: str | None,
-                    label_column: str | None) -> TextDataset:
+def _load_user_text(inputs: AuditInputs) -> TextDataset:
     """The user's labelled text training data; the label set is public input, as in train(): declared, or the
     model's own (never read from the private rows)."""
-    num_labels, label_names, _ = declared_label_set(labels, model=model)
-    user = load_dataset(data, text_column, label_column, num_labels=num_labels, label_names=label_names)
+    num_labels, label_names, _ = declared_label_set(inputs.labels, model=inputs.model)
+    user = load_dataset(inputs.data, inputs.text_column, inputs.label_column, num_labels=num_labels,
+                        label_names=label_names)
     if getattr(user, "kind", None) != "text":
         raise DataError("The black-box audit inserts text canaries: pass text training data (.tsv/.csv/.jsonl).")
     if not user.has_labels:
@@ -471,30 +438,36 @@ def _load_user_text(data: Any, labels: Any, model: Any, text_column: str | None,
 
 
 @dataclass
-class _TextCanaries:
-    """The canaries of a classifier's audit (synthetic letter-word texts with random labels, never user data),
-    their membership and the training union; :class:`privtune.audit.exposure.DigitCanaries` is the same for
-    a causal language model."""
+class _AuditUnits:
+    """A user-level audit's privacy unit: its name, k, the rows r of a canary unit, the user rows' unit keys
+    (private: used only inside the run) and, once the canaries are added, the union's."""
 
-    texts: list[str]
-    labels: list[int]
-    included: list[bool]
+    name: str
+    k: int
+    r: int
+    user_keys: list
+    num_units: int
+    union_keys: list = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _Canaries:
+    """The black-box canaries and the union they make with the user's data: the canary rows' texts and labels
+    (canary i: rows i·r … i·r + r − 1), each canary's membership, the union, and its public size N (examples, or
+    units N_u at user level)."""
+
+    texts: list
+    labels: list
+    included: list
+    user: TextDataset
     union: TextDataset
-    description = "random letter-words, random label"
-    kind = "text"
+    union_size: int
+    units: _AuditUnits | None = None
 
-    @classmethod
-    def add_to(cls, user: TextDataset, m: int, audit_seed: int) -> "_TextCanaries":
-        """``m`` canaries, each included with probability 1/2 (seeded by ``audit_seed``), and the union of
-        ``user`` and the included ones."""
-        gen = random.Random(audit_seed)
-        can_texts, can_labels = make_text_canaries(m, user.num_labels, seed=gen.randrange(2**62))
-        included = [gen.random() < 0.5 for _ in range(m)]
-        ins = [i for i in range(m) if included[i]]
-        union = TextDataset(texts=list(user.texts) + [can_texts[i] for i in ins],
-                            labels=list(user.labels) + [can_labels[i] for i in ins],
-                            num_labels=user.num_labels, label_names=user.label_names)
-        return cls(can_texts, can_labels, included, union)
+    @property
+    def description(self) -> str:
+        return ("random letter-words, random label" if self.units is None
+                else "units of random letter-words rows, one random label per unit")
 
     def train_kwargs(self) -> dict:
         """The union's label set is the declared one (the canaries' labels are drawn from it)."""
@@ -502,85 +475,164 @@ class _TextCanaries:
         return {"labels": list(u.label_names) if u.label_names is not None else list(range(u.num_labels))}
 
     def measure(self, clf: Any, *, batch_size: int = 64) -> dict:
-        """``{"scores"}``: minus the trained classifier's loss on each canary (higher = guessed included)."""
-        canaries = TextDataset(texts=list(self.texts), labels=list(self.labels), num_labels=self.union.num_labels)
-        y = torch.tensor(self.labels)
-        losses = []
-        clf.eval()
-        with torch.no_grad():
-            for s in range(0, len(self.texts), batch_size):
-                idx = torch.arange(s, min(len(self.texts), s + batch_size))
-                logits = clf(**clf.encode(canaries, idx)).float().cpu()
-                losses.append(F.cross_entropy(logits, y[idx], reduction="none"))
-        return {"scores": (-torch.cat(losses)).tolist()}
+        """``{"scores"}``: minus the trained classifier's mean loss on each canary's rows."""
+        return {"scores": _canary_scores(clf, self, batch_size=batch_size)}
 
 
-def _plan_union_run(n: int, *, batch_size: int | None, steps: int | None, epochs: float | None, sampling: str,
-                    epsilon: float | None, noise_multiplier: float | None, delta: float, accountant: str
-                    ) -> tuple[int, int, float, list, float]:
-    """The plan train() makes for the union of ``n`` examples: ``(B, T, σ, planned events, claimed ε)`` with the
-    expected batch size B (examples), T steps (default 3 epochs), σ calibrated from ε at q = B/n and T when ε is
-    given, and the ε those events compose to at ``delta``."""
-    B = batch_size if batch_size is not None else min(n, 256)
+def _add_canaries(user: TextDataset, m: int, audit_seed: int, units: _AuditUnits | None = None) -> _Canaries:
+    """``m`` synthetic canaries (no user data), each included with probability 1/2 (seeded by ``audit_seed``),
+    added to ``user``.
+
+    User level (``units``): canary i is a unit of r rows (r texts of one random label), included or left out
+    whole; ``units`` gets the union's unit keys."""
+    gen = random.Random(audit_seed)
+    r = 1 if units is None else units.r
+    can_texts, can_labels = make_text_canaries(m * r, user.num_labels, seed=gen.randrange(2**62))
+    if r > 1:  # one label per canary unit: its rows pull the same way (the worst case for per-row clipping)
+        can_labels = [can_labels[(i // r) * r] for i in range(m * r)]
+    included = [gen.random() < 0.5 for _ in range(m)]
+    ins = [i for i in range(m * r) if included[i // r]]
+    union = TextDataset(texts=list(user.texts) + [can_texts[i] for i in ins],
+                        labels=list(user.labels) + [can_labels[i] for i in ins],
+                        num_labels=user.num_labels, label_names=user.label_names)
+    if units is not None:
+        units.union_keys = list(units.user_keys) + [f"canary unit {i // r}" for i in ins]
+    size = len(union) if units is None else units.num_units + sum(included)
+    return _Canaries(can_texts, can_labels, included, user, union, size, units)
+
+
+def _audit_units(data: Any, user: TextDataset, spec: AuditSpec) -> _AuditUnits | None:
+    """The audit's privacy unit (its column read and checked before anything is reserved); None: example level."""
+    if spec.privacy_unit is None:
+        return None
+    index = load_units(data, spec.privacy_unit, len(user))
+    return _AuditUnits(name=index.name, k=spec.max_rows_per_unit, r=spec.canary_rows,
+                       user_keys=[f"user unit {u}" for u in index.unit_of_row.tolist()], num_units=index.num_units)
+
+
+@dataclass(frozen=True)
+class _UnionPlan:
+    """The plan of the training run on the union: the expected batch size B (examples, or units), the planned
+    DP-SGD mechanism (σ, q = B/N, T, δ, accountant), its events and the claimed ε they compose to at δ."""
+
+    batch_size: int
+    noise: NoiseSpec
+    planned: list
+    claimed: float
+
+    @property
+    def whitebox_claim(self) -> NoiseSpec:
+        """The same step for the white-box probe (which samples full batches at q = 1)."""
+        q = self.noise.sample_rate
+        return replace(self.noise, sampling="full_batch" if q == 1.0 else "poisson")
+
+
+def _plan_union_run(n: int, spec: AuditSpec, privacy: PrivacySpec) -> _UnionPlan:
+    """The plan train() makes for the union of ``n`` examples (or units): B (default min(n, 256); n for full
+    batches), T steps
+    (default 3 epochs), σ calibrated from ε at q = B/n and T when ε is given, and the claimed ε."""
+    schedule = spec.schedule
+    if spec.blackbox and schedule.sampling == "full_batch" and schedule.batch_size not in (None, n):
+        raise InvalidParameterError(  # the training run would refuse it after the reservation
+            "`batch_size` does not apply to sampling='full_batch': every step of the black-box run takes the whole "
+            "union of the data and the included canaries. Drop --batch-size (batch_size).")
+    B = schedule.batch_size if schedule.batch_size is not None else (n if schedule.sampling == "full_batch"
+                                                                    else min(n, 256))
     B = check_int(B, "batch_size", low=1, high=n, fix=f"Pass batch_size ≤ {n}.")
+    sampling, delta, accountant = schedule.sampling, privacy.delta, privacy.accountant
     q = 1.0 if sampling == "full_batch" else B / n
-    T = steps if steps is not None else max(1, math.ceil((epochs if epochs is not None else 3.0) / q - 1e-9))
-    sigma = (calibrate_noise_multiplier(epsilon, delta, sample_rate=q, steps=T, accountant=accountant,
-                                        sampling=sampling) if epsilon is not None else noise_multiplier)
+    epochs = schedule.epochs if schedule.epochs is not None else 3.0
+    T = schedule.steps if schedule.steps is not None else max(1, math.ceil(epochs / q - 1e-9))
+    sigma = (calibrate_noise_multiplier(privacy.epsilon, delta, sample_rate=q, steps=T, accountant=accountant,
+                                        sampling=sampling) if privacy.epsilon is not None
+             else privacy.noise_multiplier)
+    noise = NoiseSpec(noise_multiplier=sigma, sample_rate=q, steps=T, sampling=sampling, delta=delta,
+                      accountant=accountant, max_rows_per_unit=spec.max_rows_per_unit or DEFAULT_MAX_ROWS_PER_UNIT)
     planned = [DPSGDEvent(sigma, q, T, sampling=sampling, label="audit")]
-    return B, T, sigma, planned, compute_epsilon(planned, delta, accountant=accountant)
+    return _UnionPlan(B, noise, planned, compute_epsilon(planned, delta, accountant=accountant))
 
 
-def _blackbox(user, canaries, planned, claimed, delta, sigma, T, B, *, model, mode,
-              learning_rate, clip, clipping, optimizer, sampling, accountant, public_data, ledger, confidence,
-              seed, train_seed, progress, max_physical_batch_size, max_length, device, resume_key,
-              resume) -> tuple[AuditResult, dict]:
-    """One training run on the union (charged to the user's budget unless the data is declared public), the
-    canaries measured on the trained model (which is then dropped): the result and the measurements."""
+def _blackbox(spec: AuditSpec, inputs: AuditInputs, plan: _UnionPlan, canaries: _Canaries | DigitCanaries,
+              state: _AuditState) -> tuple[AuditResult, dict]:
+    """The black-box audit: one real train() run on the union (charged to the user's budget unless the data is
+    declared public), then each canary scored by minus the trained model's mean loss on its rows (a digit
+    canary: minus its log-perplexity).  Returns the result and the canaries' measurements (the trained model is
+    dropped)."""
     t0 = time.perf_counter()
-    union, included, m = canaries.union, canaries.included, len(canaries.included)
-    config = {"mode": mode, "noise_multiplier": sigma, "sample_rate": planned[0].sample_rate, "steps": T,
-              "batch_size": B, "clip": clip, "clipping": clipping, "optimizer": optimizer, "sampling": sampling,
-              "learning_rate": learning_rate, "accountant": accountant, "canary": canaries.description,
-              "seed": seed if seed is not None else "OS entropy (not recorded)"}
-    kwargs = dict(model=model, mode=mode, **canaries.train_kwargs(), noise_multiplier=sigma, delta=delta, steps=T,
-                  batch_size=B, learning_rate=learning_rate, clip=clip, clipping=clipping, optimizer=optimizer, sampling=sampling,
-                  accountant=accountant, output_dir=None, seed=train_seed, progress=progress,
-                  max_physical_batch_size=max_physical_batch_size, max_length=max_length, device=device)
+    m, units, union, noise, delta = len(canaries.included), canaries.units, canaries.union, plan.noise, plan.noise.delta
+    config = {"mode": spec.mode, "noise_multiplier": noise.noise_multiplier, "sample_rate": noise.sample_rate,
+              "steps": noise.steps, "batch_size": plan.batch_size, "clip": spec.clipping.clip,
+              "clipping": spec.clipping.clipping, "optimizer": spec.optim.name, "sampling": noise.sampling,
+              "learning_rate": spec.optim.learning_rate, "accountant": noise.accountant,
+              "canary": canaries.description,
+              "seed": spec.seed if spec.seed is not None else "OS entropy (not recorded)"}
+    if units is not None:  # canary units of r rows; batch_size counts units
+        config.update(privacy_unit=units.name, max_rows_per_unit=units.k, canary_rows=units.r)
+    kwargs = dict(model=inputs.model, mode=spec.mode, **canaries.train_kwargs(), noise_multiplier=noise.noise_multiplier,
+                  delta=delta, steps=noise.steps, batch_size=plan.batch_size, learning_rate=spec.optim.learning_rate,
+                  clip=spec.clipping.clip, clipping=spec.clipping.clipping, optimizer=spec.optim.name,
+                  sampling=noise.sampling, accountant=noise.accountant, output_dir=None, seed=state.train_seed,
+                  progress=inputs.progress, max_physical_batch_size=spec.schedule.max_physical_batch_size,
+                  max_length=inputs.max_length, device=inputs.device,
+                  **({} if units is None else {"privacy_unit": units.union_keys, "max_rows_per_unit": units.k}))
     with tempfile.TemporaryDirectory(prefix="privtune-audit-") as tmp:
         # the union is a new dataset: its own throw-away ledger; the user's budget is charged below
         scratch = Ledger(Path(tmp) / "audit-ledger.db")
-        if public_data:
+        if spec.public_data:
             result = training.train(union, ledger=scratch, **kwargs)
             privacy = "data declared public by the user: not charged to the ledger"
         else:
-            led = open_ledger(ledger)
-            fp, _name = dataset_identity(user)
-            # the one reservation path (privtune.run.budget), on a budget the user registered: a run killed after
-            # its commit repeats the charged run with the same seeds, without a new charge
-            request = BudgetRequest(fingerprint=fp, total_epsilon=claimed, delta=delta, accountant=accountant,
-                                    command="audit", config={"audit": config}, resume_key=resume_key,
-                                    events=planned, resuming=bool(resume), reserve_delta=delta, register=False)
-            try:
-                reservation = run_budget.reserve(led, request).reservation
-            except UnknownDatasetError:
-                raise _Unreserved(UnknownDatasetError(
-                    f"The black-box audit trains on this dataset and spends ε = {claimed:.4g} of its budget, but the "
-                    "dataset has no budget in the ledger yet. Register it first with a total that covers the audit "
-                    "and your real runs (`privtune budget init`), pass --public-data if the data is public, or run "
-                    "the white-box audit only (--no-blackbox), which uses no data.")) from None
-            except BudgetExceededError as exc:
-                raise _Unreserved(exc) from None
+            reservation = _reserve(inputs, plan, canaries, state, config)
             result = training.train(union, ledger=scratch, **kwargs)
             run_release.commit(reservation, result.events)
-            privacy = (f"trained on the user's data: charged to the ledger like train (ε = {claimed:.4g}, "
+            privacy = (f"trained on the user's data: charged to the ledger like train (ε = {plan.claimed:.4g}, "
                        f"δ = {delta:g}); no model released")
-    measured = canaries.measure(result.model, batch_size=max_physical_batch_size)
+    measured = canaries.measure(result.model, batch_size=spec.schedule.max_physical_batch_size)
     del result  # no model is released
     scores = measured["scores"]
-    best = best_guesses(scores, included, delta=delta, confidence=confidence)
+    best = best_guesses(scores, canaries.included, delta=delta, confidence=spec.confidence)
     return AuditResult(
-        kind="black-box", claimed_epsilon=float(claimed), delta=delta, epsilon_lower_bound=best["epsilon_lower_bound"],
-        confidence=confidence, num_canaries=m, num_guesses=best["num_guesses"],
-        correct_guesses=best["correct_guesses"], scores=scores, included=list(included),
-        seconds=time.perf_counter() - t0, config=config, candidates=best["candidates"], privacy=privacy), measured
+        kind="black-box", claimed_epsilon=float(plan.claimed), delta=delta,
+        epsilon_lower_bound=best["epsilon_lower_bound"], confidence=spec.confidence, num_canaries=m,
+        num_guesses=best["num_guesses"], correct_guesses=best["correct_guesses"], scores=scores,
+        included=list(canaries.included), seconds=time.perf_counter() - t0, config=config,
+        candidates=best["candidates"], privacy=privacy), measured
+
+
+def _reserve(inputs: AuditInputs, plan: _UnionPlan, canaries: _Canaries | DigitCanaries, state: _AuditState, config: dict) -> Any:
+    """Reserve the planned events on the user's registered budget through the one reservation path
+    (privtune.run.budget): a run killed after its commit repeats the charged run with the same seeds, without a
+    new charge.  A refusal raises :class:`_Unreserved` (nothing was charged)."""
+    led = open_ledger(inputs.ledger)
+    fp, _name = dataset_identity(canaries.user)
+    units, delta = canaries.units, plan.noise.delta
+    request = BudgetRequest(fingerprint=fp, total_epsilon=plan.claimed, delta=delta, accountant=plan.noise.accountant,
+                            command="audit", config={"audit": config}, resume_key=state.run_id,
+                            events=plan.planned, resuming=bool(inputs.resume), reserve_delta=delta, register=False,
+                            privacy_unit=None if units is None else units.name)
+    try:
+        return run_budget.reserve(led, request).reservation
+    except UnknownDatasetError:
+        raise _Unreserved(UnknownDatasetError(
+            f"The black-box audit trains on this dataset and spends ε = {plan.claimed:.4g} of its budget, but the "
+            "dataset has no budget in the ledger yet. Register it first with a total that covers the audit "
+            "and your real runs (`privtune budget init`), pass --public-data if the data is public, or run "
+            "the white-box audit only (--no-blackbox), which uses no data.")) from None
+    except BudgetExceededError as exc:
+        raise _Unreserved(exc) from None
+
+
+def _canary_scores(clf: Any, canaries: _Canaries, *, batch_size: int = 64) -> list[float]:
+    """Each canary's score: minus the trained model's mean cross-entropy loss on its rows (one row per canary at
+    example level)."""
+    clf.eval()
+    union = canaries.union
+    rows = TextDataset(texts=list(canaries.texts), labels=list(canaries.labels), num_labels=union.num_labels)
+    y = torch.tensor(canaries.labels)
+    losses = []
+    with torch.no_grad():
+        for s in range(0, len(canaries.texts), batch_size):
+            idx = torch.arange(s, min(len(canaries.texts), s + batch_size))
+            logits = clf(**clf.encode(rows, idx)).float().cpu()
+            losses.append(F.cross_entropy(logits, y[idx], reduction="none"))
+    return (-torch.cat(losses).view(len(canaries.included), -1).mean(dim=1)).tolist()

@@ -36,6 +36,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from privtune.audit.specs import DEFAULT_CANARY_DIGITS, DEFAULT_CANDIDATES
 from privtune.errors import DataError, InvalidParameterError, ModelError
 
 __all__ = ["CANARY_PROMPT", "DigitCanaries", "ExposureReport", "exposure_estimates", "make_digit_secrets",
@@ -43,14 +44,8 @@ __all__ = ["CANARY_PROMPT", "DigitCanaries", "ExposureReport", "exposure_estimat
 
 #: the canary prompt (public: the canary's fixed format)
 CANARY_PROMPT = "my secret code is"
-#: default secret length (digits): |R| = 10^6
-DEFAULT_CANARY_DIGITS = 6
-#: default number of secrets scored to estimate a rank
-DEFAULT_CANDIDATES = 2000
 #: below this many sampled secrets at most as perplexing as the canary, the skew-normal fit estimates the rank
 MIN_SAMPLED_BELOW = 20
-#: default number of canaries of a generation audit
-DEFAULT_GENERATION_CANARIES = 100
 
 NOT_PRIVATE_REFERENCE = (
     "NOT PRIVATE: the non-private reference is a model of the private data trained without DP; its figures "
@@ -148,17 +143,24 @@ class DigitCanaries:
     """The canaries of a generation audit (synthetic: never user data) and the training union.
 
     ``secrets[i]`` is canary i's response to :data:`CANARY_PROMPT`; ``included[i]`` whether it was added to the
-    training data (probability 1/2); ``union`` is the user's pairs followed by the included canaries;
-    ``candidates`` is how many secrets estimate a rank; ``sample_seed`` seeds their sample."""
+    training data (probability 1/2); ``user`` is the user's pairs and ``union`` those followed by the included
+    canaries; ``candidates`` is how many secrets estimate a rank; ``sample_seed`` seeds their sample.  The
+    audit's public size is the union's (example level: no privacy unit)."""
 
     secrets: list[str]
     included: list[bool]
+    user: Any
     union: Any
     digits: int
     candidates: int
     sample_seed: int
     prompt: str = CANARY_PROMPT
     kind: str = "generation"
+    units: None = None
+
+    @property
+    def union_size(self) -> int:
+        return len(self.union)
 
     @classmethod
     def add_to(cls, user: Any, m: int, audit_seed: int, *, digits: int = DEFAULT_CANARY_DIGITS,
@@ -172,7 +174,7 @@ class DigitCanaries:
         ins = [s for s, i in zip(secrets_, included) if i]
         union = GenerationDataset(prompts=list(user.prompts) + [CANARY_PROMPT] * len(ins),
                                   responses=list(user.responses) + ins)
-        return cls(secrets_, included, union, digits, candidates, gen.randrange(2**62))
+        return cls(secrets_, included, user, union, digits, candidates, gen.randrange(2**62))
 
     @property
     def description(self) -> str:
@@ -307,19 +309,6 @@ class ExposureReport:
         path = out / "exposure.json"
         path.write_text(json.dumps(self.to_dict(), indent=2, default=float), encoding="utf-8")
         return path
-
-
-def check_canary_options(digits: Any, candidates: Any, m: int) -> tuple[int, int]:
-    """``canary_digits`` (1–12) and ``candidates`` (≥ 100), checked; m distinct secrets must exist."""
-    from privtune._validation import check_int
-
-    digits = check_int(digits, "canary_digits", low=1, high=12, fix="Pass 4 to 8 digits (6 is the default).")
-    candidates = check_int(candidates, "candidates", low=100, high=10**6,
-                           fix="Pass e.g. 2000 secrets to score per model.")
-    if 10 ** digits < 2 * m:
-        raise InvalidParameterError(f"`canary_digits` {digits}: 10^{digits} secrets are too few for {m} distinct "
-                                    "canaries. Pass more digits or fewer canaries.")
-    return digits, candidates
 
 
 def load_generation_user(data: Any, model: Any, text_column: str | None, label_column: str | None,

@@ -28,15 +28,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from privtune._validation import check_choice, check_int, check_real, check_sample_rate, check_steps
-from privtune.accounting import calibrate_noise_multiplier, compute_epsilon
+from privtune._validation import check_int, check_real
+from privtune.accounting import compute_epsilon
 from privtune.accounting.events import DPSGDEvent
 from privtune.audit.result import AuditResult, best_guesses
+from privtune.audit.specs import ProbeSpec
 from privtune.engine import PoissonSampler, PrivateGradient
 from privtune.engine.sampling import poisson_mask
 from privtune.engine.units import UnitIndex, UnitSampler
 from privtune.errors import InvalidParameterError
 from privtune.optim import make_optimizer
+from privtune.specs import ClippingSpec, NoiseSpec
 
 __all__ = ["audit_dp_step", "CANARY_GRADIENT_SCALE"]
 
@@ -44,133 +46,94 @@ __all__ = ["audit_dp_step", "CANARY_GRADIENT_SCALE"]
 CANARY_GRADIENT_SCALE = 100.0
 
 
-def audit_dp_step(
-    *,
-    epsilon: float | None = None,
-    noise_multiplier: float | None = None,
-    delta: float = 1e-5,
-    sample_rate: float,
-    steps: int,
-    clip: float = 1.0,
-    clipping: str = "flat",
-    per_layer_clipping: bool = False,
-    num_canaries: int = 1000,
-    canary: str = "dirac",
-    num_features: int | None = None,
-    num_classes: int = 2,
-    background_examples: int = 0,
-    max_physical_batch_size: int = 64,
-    learning_rate: float = 1.0,
-    confidence: float = 0.95,
-    accountant: str = "pld",
-    seed: int | None = None,
-    rows_per_unit: int = 1,
-    max_rows_per_unit: int = 8,
-) -> AuditResult:
+def audit_dp_step(claim: NoiseSpec, clipping: ClippingSpec | None = None, probe: ProbeSpec | None = None, *,
+                  confidence: float = 0.95, seed: int | None = None) -> AuditResult:
     """One-run white-box audit of the DP-SGD step for (σ, q, T, C).
 
     Args:
-        epsilon: the claimed ε (σ is calibrated from it for q, T, δ), or
-        noise_multiplier: σ (the claimed ε is then computed).  Exactly one of the two.
-        delta: δ of the claim.
-        sample_rate: Poisson rate q in (0, 1] (1 = full batch).
-        steps: T, the number of DP steps (logical batches).
-        clip: clipping norm C.  clipping, per_layer_clipping: as in :func:`privtune.train`.
-        num_canaries: m (≥ 10).  Each is included with probability 1/2.
-        canary: ``"dirac"`` or ``"random"`` (see module doc).
-        num_features: d of the probe (default: the smallest with d·K ≥ m for Dirac canaries, 64 for random).
-        num_classes: K rows of the probe.
-        background_examples: synthetic Gaussian examples (cross-entropy loss) trained alongside the canaries.
-        max_physical_batch_size: micro-batch size (the logical batch is split into micro-batches).
-        learning_rate: SGD step size of the probe (the score is normalised by it).
-        confidence: 1 − β of the lower bound.
-        accountant: ``"pld"`` or ``"rdp"`` for the claimed ε.
+        claim: the step and its claim: σ, q (``sample_rate``; 1 = full batch, else Poisson), T (``steps``),
+            δ (``delta``, required) and the accountant of the claimed ε, which they compose to (σ = 0: ε = ∞,
+            NOT PRIVATE).  :meth:`NoiseSpec.for_epsilon <privtune.specs.NoiseSpec.for_epsilon>` calibrates σ
+            for a claimed ε.  At user level (``probe.rows_per_unit`` > 1) ``claim.max_rows_per_unit`` is k.
+        clipping: the clipping norm C, the rule and per-layer clipping, as in :func:`privtune.train`
+            (default: C = 1, flat).
+        probe: the canaries and the linear probe (:class:`~privtune.audit.specs.ProbeSpec`; default: 1000
+            Dirac canaries on a 2-row probe).
+        confidence: 1 − β of the lower bound, in (0, 1).
         seed: seeds canaries, membership, sampling and noise; None draws from the OS.
-        rows_per_unit: r ≥ 1: audit the user-level step (docs/privacy-unit.md) with canary *units* of r rows
-            each, all with the canary's direction (the worst case: their clipped gradients add up); units are
-            Poisson sampled and each contributes at most ``max_rows_per_unit`` rows weighted 1/m_u, so a
-            canary unit must enter the sum as one vector of norm C, like one canary row at r = 1.
-        max_rows_per_unit: k, the user-level cap (used when r > 1).
 
     Returns:
         :class:`AuditResult` with kind ``"white-box"``.
     """
     t0 = time.perf_counter()
-    if (epsilon is None) == (noise_multiplier is None):
-        raise InvalidParameterError(
-            "Pass exactly one of `epsilon` or `noise_multiplier`. Got "
-            f"epsilon={epsilon!r}, noise_multiplier={noise_multiplier!r}. E.g. epsilon=1.0, delta=1e-5."
-        )
-    delta = check_real(delta, "delta", low=0.0, high=1.0, fix="Pass e.g. delta=1e-5.")
-    q = check_sample_rate(sample_rate)
-    T = check_steps(steps)
-    clip = check_real(clip, "clip", low=0.0, fix="Pass the clipping norm C, e.g. clip=1.0.")
-    canary = check_choice(canary, "canary", ("dirac", "random"))
-    m = check_int(num_canaries, "num_canaries", low=10, fix="Use at least 10 canaries (1000 is a good default).")
-    K = check_int(num_classes, "num_classes", low=2)
-    n_bg = check_int(background_examples, "background_examples", low=0)
-    phys = check_int(max_physical_batch_size, "max_physical_batch_size", low=1)
-    lr = check_real(learning_rate, "learning_rate", low=0.0)
-    d = _probe_width(num_features, m, K, canary)
-    r = check_int(rows_per_unit, "rows_per_unit", low=1, fix="Pass the rows of each canary unit, e.g. 4.")
-    sampling = "full_batch" if q == 1.0 else "poisson"
-    sigma = (calibrate_noise_multiplier(epsilon, delta, sample_rate=q, steps=T, accountant=accountant,
-                                        sampling=sampling) if epsilon is not None else noise_multiplier)
-    sigma = check_real(sigma, "noise_multiplier", low=0.0, low_inclusive=True)
+    q, T, delta, sampling = _check_claim(claim)
+    clipping = (clipping or ClippingSpec()).with_defaults()
+    probe = probe or ProbeSpec()
+    confidence = check_real(confidence, "confidence", low=0.0, high=1.0, fix="Pass e.g. confidence=0.95.")
+    clip, m, K, d, r = clipping.clip, probe.num_canaries, probe.num_classes, probe.width, probe.rows_per_unit
+    sigma = claim.noise_multiplier
     events = [DPSGDEvent(sigma, q, T, sampling=sampling, label="audited DP step")]
-    claimed = compute_epsilon(events, delta, accountant=accountant) if sigma > 0 else math.inf
+    claimed = compute_epsilon(events, delta, accountant=claim.accountant) if sigma > 0 else math.inf
 
-    if seed is None:
-        seed = secrets.randbits(62)
+    seed = check_int(seed, "seed", low=0, high=2**62) if seed is not None else secrets.randbits(62)
     gen = torch.Generator().manual_seed(int(seed))
-    rows, U, included = _canary_directions(m, d, K, canary, gen)
-    X_all, y_all, is_canary = _probe_training_set(U, rows, included, n_bg, K, CANARY_GRADIENT_SCALE * clip, gen)
-    units = None
+    rows, U, included = _canary_directions(m, d, K, probe.canary, gen)
+    X_all, y_all, is_canary = _probe_training_set(U, rows, included, probe.background_examples, K,
+                                                  CANARY_GRADIENT_SCALE * clip, gen)
+    n_bg, units = probe.background_examples, None
     if r > 1:  # each canary unit: r copies of its row; a background row is a unit of its own
         keep = _unit_rows(n_bg, X_all.shape[0], r)
         X_all, y_all, is_canary = (t.repeat_interleave(r, 0)[keep] for t in (X_all, y_all, is_canary))
         units = UnitIndex(list(range(n_bg)) + [n_bg + i // r for i in range(X_all.shape[0] - n_bg)])
     expected = q * max(1, X_all.shape[0] if units is None else units.num_units)
-    probe = nn.Linear(d, K, bias=False).to(torch.float64)
-    nn.init.zeros_(probe.weight)
-    w0 = probe.weight.detach().clone()
-    pg = PrivateGradient(probe, max_grad_norm=clip, noise_multiplier=sigma, expected_batch_size=expected,
-                         clipping=clipping, per_layer=per_layer_clipping, seed=int(seed) + 1)
-    _train_probe(probe, pg, X_all, y_all, is_canary, steps=T, sample_rate=q, learning_rate=lr,
-                 max_physical_batch_size=phys, seed=int(seed) + 2,
-                 units=None if units is None else (units, check_int(max_rows_per_unit, "max_rows_per_unit", low=1)))
-    delta_w = (probe.weight.detach() - w0)  # (K, d)
+    layer = nn.Linear(d, K, bias=False).to(torch.float64)
+    nn.init.zeros_(layer.weight)
+    w0 = layer.weight.detach().clone()
+    pg = PrivateGradient(layer, max_grad_norm=clip, noise_multiplier=sigma, expected_batch_size=expected,
+                         clipping=clipping.clipping, gamma=clipping.gamma, per_layer=clipping.per_layer,
+                         seed=int(seed) + 1)
+    _train_probe(layer, pg, X_all, y_all, is_canary, steps=T, sample_rate=q, learning_rate=probe.learning_rate,
+                 max_physical_batch_size=probe.max_physical_batch_size, seed=int(seed) + 2,
+                 units=None if units is None else (units, claim.max_rows_per_unit))
+    delta_w = (layer.weight.detach() - w0)  # (K, d)
     proj = (delta_w[rows] * U).sum(1)  # <ΔW, e_{k_c} u_cᵀ>
-    scores = (proj * expected / (lr * clip)).tolist()
+    scores = (proj * expected / (probe.learning_rate * clip)).tolist()
     best = best_guesses(scores, included.tolist(), delta=delta, confidence=confidence)
     return AuditResult(
         kind="white-box", claimed_epsilon=float(claimed), delta=delta,
         epsilon_lower_bound=best["epsilon_lower_bound"], confidence=confidence, num_canaries=m,
         num_guesses=best["num_guesses"], correct_guesses=best["correct_guesses"], scores=scores,
         included=included.tolist(), seconds=time.perf_counter() - t0,
-        config={"noise_multiplier": sigma, "sample_rate": q, "steps": T, "clip": clip, "clipping": clipping,
-                "per_layer_clipping": per_layer_clipping, "canary": canary, "num_features": d,
-                "num_classes": K, "background_examples": n_bg, "max_physical_batch_size": phys,
-                "accountant": accountant, "sampling": sampling, "seed": int(seed), "rows_per_unit": r,
-                "max_rows_per_unit": int(max_rows_per_unit) if r > 1 else None},
+        config={"noise_multiplier": sigma, "sample_rate": q, "steps": T, "clip": clip, "clipping": clipping.clipping,
+                "per_layer_clipping": clipping.per_layer, "canary": probe.canary, "num_features": d,
+                "num_classes": K, "background_examples": n_bg,
+                "max_physical_batch_size": probe.max_physical_batch_size, "accountant": claim.accountant,
+                "sampling": sampling, "seed": int(seed), "rows_per_unit": r,
+                "max_rows_per_unit": claim.max_rows_per_unit if r > 1 else None},
         candidates=best["candidates"],
         privacy="no user data: gradient canaries and synthetic examples only (nothing charged to the ledger)",
     )
 
 
-def _probe_width(num_features: int | None, m: int, K: int, canary: str) -> int:
-    """d, the number of input features of the probe: by default the smallest with d·K ≥ m for Dirac canaries
-    (one coordinate each), 64 for random ones."""
-    d = num_features
-    if d is None:
-        d = math.ceil(m / K) if canary == "dirac" else 64
-    d = check_int(d, "num_features", low=1)
-    if canary == "dirac" and d * K < m:
+def _check_claim(claim: NoiseSpec) -> tuple[float, int, float, str]:
+    """``(q, T, δ, sampling)`` of the audited step: the probe samples Poisson batches at q < 1 and full batches at
+    q = 1, so the claim must be one of those two; its δ is required (the bound is at δ)."""
+    if not isinstance(claim, NoiseSpec):
         raise InvalidParameterError(
-            f"Dirac canaries need one probe coordinate each: num_features · num_classes ≥ num_canaries. Got "
-            f"{d} · {K} < {m}. Pass num_features ≥ {math.ceil(m / K)}, or canary='random'."
-        )
-    return d
+            "`claim` must be a privtune.specs.NoiseSpec (σ, q, T, δ), e.g. NoiseSpec.for_epsilon(1.0, delta=1e-5, "
+            f"sample_rate=1.0, steps=10). Got {type(claim).__name__}.")
+    if claim.delta is None:
+        raise InvalidParameterError("The audited claim needs its δ: pass NoiseSpec(..., delta=1e-5).")
+    if claim.privacy_unit is not None:
+        raise InvalidParameterError(
+            "The white-box probe makes its own canary units: leave the claim's `privacy_unit` unset and pass "
+            "ProbeSpec(rows_per_unit=R) (with the claim's max_rows_per_unit=K).")
+    q = claim.sample_rate
+    if claim.sampling not in ("poisson", "full_batch") or (claim.sampling == "full_batch" and q != 1.0):
+        raise InvalidParameterError(
+            f"The white-box audit samples Poisson batches (q < 1) or full batches (q = 1). Got "
+            f"sampling={claim.sampling!r} at q={q:g}. Pass sampling='poisson', or 'full_batch' with sample_rate=1.")
+    return q, claim.steps, claim.delta, "full_batch" if q == 1.0 else "poisson"
 
 
 def _canary_directions(m: int, d: int, K: int, canary: str, gen: torch.Generator

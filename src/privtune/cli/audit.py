@@ -1,10 +1,12 @@
-"""``privtune audit``: a thin click edge over :func:`privtune.audit.audit`.
+"""``privtune audit``: a thin click edge over :func:`privtune.audit.audit` (its options build the
+:class:`~privtune.audit.specs.AuditSpec`).
 
 ::
 
     privtune audit --data FILE --mode {full,bitfit,last-layer,lora} (--epsilon E [--delta D] | --noise-multiplier S)
                    [--epochs N | --steps N] [--batch-size B] [--canaries M] [--no-blackbox] [--public-data]
                    [--labels neg,pos] [--ledger URL] [--output DIR [--resume]]
+                   [--privacy-unit COLUMN [--max-rows-per-unit K] [--canary-rows R]]    (labelled text)
                    [--canary-digits K] [--candidates S] [--no-reference]    (prompt → response data)
 
 Prints, per audit (white-box and black-box): the claimed ε, the empirical lower bound at 95 %
@@ -26,6 +28,9 @@ from privtune.optim import OPTIMIZERS
 
 # an audit trains one configuration: two-phase (two events) is audited phase by phase
 MODES = tuple(m for m in TRAIN_MODES if m != "two-phase")
+#: the options that say where the audit reads and writes (audit()'s keywords); the rest build its AuditSpec
+_INPUTS = ("data", "model", "labels", "text_column", "label_column", "max_length", "ledger", "device", "resume",
+           "quiet")
 
 
 @click.command("audit", context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
@@ -51,6 +56,13 @@ MODES = tuple(m for m in TRAIN_MODES if m != "two-phase")
 @click.option("--accountant", type=click.Choice(ACCOUNTANTS), default="pld", help="Privacy accountant.")
 @click.option("--canaries", "num_canaries", type=int, default=None,
               help="Number m of canaries per audit. Default: 1000; 100 on prompt → response data.")
+@click.option("--privacy-unit", type=str, help="Audit the user-level configuration (labelled text): the column of "
+              "--data naming each row's unit. The canaries are then units of --canary-rows rows each, in or out "
+              "whole; --batch-size counts units. See docs/privacy-unit.md.")
+@click.option("--max-rows-per-unit", type=int, help="With --privacy-unit: the public cap k on one unit's rows per "
+              "step (default 8).")
+@click.option("--canary-rows", type=int, help="With --privacy-unit: rows r of each canary unit, all pulling the "
+              "same way (default k: the most one unit can put into a step).")
 @click.option("--canary-digits", type=int, default=6,
               help="Prompt → response data: digits of each secret canary (|R| = 10^K candidate secrets).")
 @click.option("--candidates", type=int, default=2000,
@@ -64,7 +76,8 @@ MODES = tuple(m for m in TRAIN_MODES if m != "two-phase")
 @click.option("--public-data", is_flag=True, default=False,
               help="Declare --data public: the black-box run is not charged to the ledger.")
 @click.option("--ledger", type=str, help="Budget ledger URL (default $PRIVTUNE_LEDGER or ~/.privtune/ledger.db).")
-@click.option("--output", type=str, help="Write whitebox/ and blackbox/ (audit.json, audit.png, audit.html) here.")
+@click.option("--output", type=str, help="Write whitebox/ and blackbox/ (audit.json, audit.png, audit.html) here; "
+              "memorisation/exposure.json on prompt → response data.")
 @click.option("--confidence", type=float, default=0.95, help="Confidence 1 − β of the lower bounds.")
 @click.option("--seed", type=int, help="Seed for canaries, membership and training (experiments).")
 @data_options()
@@ -87,11 +100,14 @@ def audit(**opts) -> int:
     the audit also reports each one's exposure (Carlini et al. 2019) in the DP model and in a non-private
     reference (NOT PRIVATE).
     """
+    # deferred: the audit and its specs import torch and the training stack (`privtune audit --help` stays fast)
     from privtune.audit.blackbox import audit as run_audit
+    from privtune.audit.specs import AuditSpec
 
-    quiet = opts.pop("quiet")
     output = opts.pop("output")
-    report = run_audit(opts.pop("data"), output_dir=output, progress=not quiet, **opts)
+    inputs = {name: opts.pop(name) for name in _INPUTS}
+    report = run_audit(inputs.pop("data"), AuditSpec.create(**opts), output_dir=output,
+                       progress=not inputs.pop("quiet"), **inputs)
     click.echo(report.summary())
     if output:
         click.echo(f"\nwritten: {report.output_dir}/{{whitebox,blackbox}}/audit.{{json,png,html}}"

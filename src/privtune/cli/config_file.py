@@ -44,11 +44,14 @@ from typing import Any, Mapping
 import yaml
 
 # Every choice set is declared once, in privtune.choices, which imports nothing: reading, checking and
-# templating a configuration file loads neither torch nor the tuning stack (tests/test_option_sources.py
+# templating a configuration file loads neither torch nor the tuning stack (tests/test_cli_option_sources.py
 # fails on a second declaration, tests/test_choices.py when an implementation disagrees).
 from privtune.choices import (
     ACCOUNTANTS,
+    BATCHNORM_POLICIES,
+    BATCHNORM_TRAIN_REFUSAL,
     CLIPPINGS as CLIPPING,
+    IMAGE_SIZE_BOUNDS,
     EXECUTORS,
     OPTIMIZERS,
     SAMPLING_SCHEMES as SAMPLING,
@@ -85,6 +88,8 @@ class Option:
     high_exclusive: bool = False
     low_inclusive: bool = False
     active: bool = False
+    #: values refused with a reason of their own (value -> why, what to use instead) rather than "must be one of"
+    refused: tuple[tuple[str, str], ...] = ()
 
 
 def _common(mode_choices: tuple[str, ...], mode_example: str, data_active: bool) -> list[Option]:
@@ -100,6 +105,13 @@ def _common(mode_choices: tuple[str, ...], mode_example: str, data_active: bool)
                "never read from the private data.", ["neg", "pos"]),
         Option("model", "path", "Pretrained model directory (Hugging Face format); unset = bundled all-MiniLM-L6-v2.",
                "path/to/pretrained-model"),
+        Option("image_size", "int", "Vision backbones (efficientnet-lite0, timm:ARCH@WEIGHTS, torchvision:ARCH@WEIGHTS): "
+               "the input resolution in pixels, a public choice (unset = 64, or the size the network requires).", 64,
+               low=IMAGE_SIZE_BOUNDS[0], high=IMAGE_SIZE_BOUNDS[1], low_inclusive=True),
+        Option("batchnorm", "choice", "Vision backbones: what DP training does with BatchNorm: eval (the pretrained "
+               "running statistics; unset = eval) or group (a GroupNorm in place of each BatchNorm); train is "
+               "refused (batch statistics mix examples).", "eval", choices=BATCHNORM_POLICIES,
+               refused=(("train", BATCHNORM_TRAIN_REFUSAL),)),
         Option("mode", "choice", "What is trained: " + ", ".join(mode_choices) + ".", mode_example,
                choices=mode_choices, active=True),
         Option("epsilon", "float", "Privacy budget ε (total, tuning included for `tune`).", 1.0, low=0.0,
@@ -110,6 +122,15 @@ def _common(mode_choices: tuple[str, ...], mode_example: str, data_active: bool)
                choices=ACCOUNTANTS),
     ]
 
+
+#: user-level DP, for train and tune alike (docs/privacy-unit.md)
+_UNIT_OPTIONS = [
+    Option("privacy_unit", "str", "User-level DP: the column naming the person (document, conversation) owning each "
+           "row; the guarantee is then for adding or removing all rows of one unit, batch_size counts units and "
+           "delta must be below 1/(number of units). Unset = one row (docs/privacy-unit.md).", "user_id"),
+    Option("max_rows_per_unit", "int", "With privacy_unit: the public cap k on the rows of one unit used in a step "
+           "(a fresh random k each step).", 8, low=0.0),
+]
 
 _TRAIN: list[Option] = [
     *_common(TRAIN_MODES, "bitfit", data_active=True),
@@ -124,11 +145,7 @@ _TRAIN: list[Option] = [
            low=0.0),
     Option("max_physical_batch_size", "int",
            "Largest micro-batch held in memory; accumulation does not change the result.", 32, low=0.0),
-    Option("privacy_unit", "str", "User-level DP: the column naming the person (document, conversation) owning each "
-           "row; the guarantee is then for adding or removing all rows of one unit, batch_size counts units and "
-           "delta must be below 1/(number of units). Unset = one row (docs/privacy-unit.md).", "user_id"),
-    Option("max_rows_per_unit", "int", "With privacy_unit: the public cap k on the rows of one unit used in a step "
-           "(a fresh random k each step).", 8, low=0.0),
+    *_UNIT_OPTIONS,
     Option("learning_rate", "float", "Learning rate η.", 1e-3, low=0.0),
     Option("backbone_lr_scale", "float", "α in (0, 1]: the head trains at the learning rate, every other trainable "
            "parameter at α times it (Mehta et al.'s pre-trained-layer multiplier, large-scale transfer; unset = "
@@ -197,6 +214,9 @@ _TUNE: list[Option] = [
            "depend on the strategy, e.g. hyperfree: interval, lr0, gamma_noise; linear-scaling: runs_per_sweep, "
            "lr_bounds, sweep_epsilons; random-search: trials, accounting; single-step: optimizer.",
            {"interval": 5, "gamma_noise": 1.01}),
+    Option("time_budget", "float", "Minutes the run may take: the plan prices every mode from the backbone's size "
+           "and a timed forward pass (always logged); with a budget, mode auto pilots only the modes estimated to "
+           "fit and an explicit mode estimated above it is refused before anything is charged.", 60.0, low=0.0),
     Option("nonprivate_reference", "bool",
            "Also train a non-private reference for comparison. NOT PRIVATE; never released.", False),
     Option("ledger", "str", "Budget ledger URL; unset = $PRIVTUNE_LEDGER or ~/.privtune/ledger.db "
@@ -209,6 +229,7 @@ _TUNE: list[Option] = [
            "private data: keep it as private as the data).", "feature-cache"),
     Option("device", "str", "Where every trial, pilot and the final run train: cpu, cuda, cuda:N or mps; unset = "
            "cuda when available, else cpu.", "cpu"),
+    *_UNIT_OPTIONS,
     Option("executor", "choice", "Where the independent trials of random-search, linear-scaling and grid-oracle "
            "run: " + ", ".join(EXECUTORS) + " (local: this process, the default; ray: one Ray task per trial, "
            "`pip install privtune[ray]`).", "local", choices=EXECUTORS),
@@ -374,6 +395,9 @@ def validate_value(opt: Option, value: Any, source: str = "config") -> Any:
     if kind == "choice":
         if isinstance(value, str) and value in opt.choices:
             return value
+        why = dict(opt.refused).get(value.strip().lower()) if isinstance(value, str) else None
+        if why is not None:
+            raise InvalidParameterError(f"{source}: `{opt.key}` cannot be {value!r}. {why}")
         close = difflib.get_close_matches(str(value), list(opt.choices), n=1)
         fix = f"Did you mean {close[0]!r}?" if close else ""
         raise _type_error(opt, value, source, "one of " + ", ".join(repr(c) for c in opt.choices), fix)

@@ -31,4 +31,27 @@ def data_options(*, labels_default: str | None = "the model's own labels",
     return decorate
 
 
-__all__ = ["data_options"]
+def model_options() -> Callable:
+    """``--image-size`` and ``--batchnorm``: how a vision backbone is loaded (public choices), on every command
+    that loads a backbone by name (``train``, ``tune``).  Their values are checked once, by the configuration
+    schema (:mod:`privtune.cli.config_file`), so that a flag and a YAML key give the same error."""
+    options = [
+        click.option("--image-size", type=int,
+                     help="Vision backbones (efficientnet-lite0, timm:ARCH@WEIGHTS, torchvision:ARCH@WEIGHTS): input "
+                          "resolution in pixels, a public choice (default 64, or the size the network requires)."),
+        # a plain string, not click.Choice: `--batchnorm train` gets its own reason (config_file), not a list
+        click.option("--batchnorm", type=str,
+                     help="Vision backbones: BatchNorm under DP: eval (default: the pretrained running statistics) "
+                          "or group (a GroupNorm in place of each BatchNorm). train is refused: batch statistics "
+                          "mix the examples of a batch."),
+    ]
+
+    def decorate(command: Callable) -> Callable:
+        for option in reversed(options):
+            command = option(command)
+        return command
+
+    return decorate
+
+
+__all__ = ["data_options", "model_options"]

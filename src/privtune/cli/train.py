@@ -24,7 +24,7 @@ from privtune.accounting.accountant import ACCOUNTANTS
 from privtune.accounting.events import SAMPLING_SCHEMES
 from privtune.cli.config_file import explicit_cli_values, resolve_options
 from privtune.cli.notices import registration_notice
-from privtune.cli.options import data_options
+from privtune.cli.options import data_options, model_options
 from privtune.engine.private_gradient import CLIPPINGS
 from privtune.finetune.modes import MODES
 from privtune.models.classifier import POOLING_CHOICES
@@ -41,6 +41,7 @@ _TRAIN_DEFAULTS = {name: p.default for name, p in inspect.signature(run_train).p
               "demo).")
 @click.option("--eval-data", type=str, help="Evaluation split (accuracy reported on it).")
 @click.option("--model", type=str, help="Backbone directory (Hugging Face format). Default: bundled all-MiniLM-L6-v2.")
+@model_options()
 @click.option("--mode", type=click.Choice(MODES), help="What is trained.  [required; on prompt → response pairs "
               "lora by default, also full, or bitfit where the model has biases]")
 @click.option("--epsilon", type=float, help="Target ε of this run (with --delta).")
@@ -128,7 +129,8 @@ def train(**kwargs) -> None:
     for key in ("clip", "clipping", "per_layer_clipping", "optimizer", "sampling", "accountant", "backbone_lr_scale",
                 "max_physical_batch_size",
                 "phase1_epochs", "pooling", "max_length", "assume_poisson", "lora_rank", "lora_alpha",
-                "lora_target_modules", "device", "labels", "privacy_unit", "max_rows_per_unit"):
+                "lora_target_modules", "device", "labels", "privacy_unit", "max_rows_per_unit", "image_size",
+                "batchnorm"):
         if opts.get(key) is not None:
             args[key] = opts[key]
     result = run_train(**args)

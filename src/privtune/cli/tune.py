@@ -32,7 +32,7 @@ from privtune.choices import TUNE_DEFAULTS as _TUNE_DEFAULTS
 from privtune.cli.config_file import explicit_cli_values, resolve_options
 from privtune.cli.notices import registration_notice
 from privtune.data.datasets import EMBEDDED_IMAGE_DEMO
-from privtune.cli.options import data_options
+from privtune.cli.options import data_options, model_options
 
 
 def run_tune(data=None, **kwargs):
@@ -64,10 +64,14 @@ def _number(x: float) -> str:
               help="Validation split you declare PUBLIC: scores trials at no privacy cost.")
 @data_options(labels_default="the labels of --public-eval-data, else the model's")
 @click.option("--model", type=str, help="Backbone directory (Hugging Face format). Default: bundled all-MiniLM-L6-v2.")
+@model_options()
 @click.option("--mode", type=click.Choice(MODES), help="What is trained; auto compares last-layer/bitfit/lora "
               "(bitfit/full when N·ε ≥ 20,000; full/bitfit from N = 60,000) with charged pilots; ties keep the first; "
               "at N·ε ≤ 4,000 it trains last-layer without pilots. "
               f"[default: {_TUNE_DEFAULTS['mode']}]")
+@click.option("--time-budget", type=float, help="Minutes the run may take. The plan always logs each mode's time "
+              "estimate (backbone size, a timed forward pass); with a budget, --mode auto pilots only the modes that "
+              "fit and an explicit mode estimated above it is refused before anything is charged.")
 @click.option("--strategy", type=click.Choice(STRATEGIES), help="Tuning strategy (grid-oracle is NOT PRIVATE, "
               f"reference only). [default: {_TUNE_DEFAULTS['strategy']}]")
 @click.option("--epsilon", type=float, help=f"TOTAL ε for tuning plus training. [default: {_TUNE_DEFAULTS['epsilon']}]")
@@ -94,6 +98,13 @@ def _number(x: float) -> str:
               f"[default: {_TUNE_DEFAULTS['executor']}]")
 @click.option("--ray-address", type=str, help="With --executor ray: auto, local, HOST:PORT or ray://HOST:PORT "
               "(default: $RAY_ADDRESS, else a `ray start` instance on this machine, else a new local one).")
+@click.option("--privacy-unit", type=str,
+              help="User-level DP: the column of --data naming the person (document, conversation) owning each row. "
+                   "Every pilot, trial, charged score and the final run then protect all rows of one unit; "
+                   "--batch-size counts units and --delta must be below 1/(number of units). See "
+                   "docs/privacy-unit.md.")
+@click.option("--max-rows-per-unit", type=int,
+              help="With --privacy-unit: the public cap k on one unit's rows per step (default 8).")
 @click.option("--quiet", is_flag=True, default=None, help="No progress display (log.txt is still written).")
 def tune(**kwargs) -> None:
     """Tune hyperparameters privately and train the final model: one (ε, δ) for everything."""
@@ -104,6 +115,10 @@ def tune(**kwargs) -> None:
     result = run_tune(call.get("data"), **{k: v for k, v in call.items() if k != "data"})
     m = result.metrics
     click.echo(f"run directory: {result.run_dir}")
+    if m.get("privacy_unit"):
+        unit = m["privacy_unit"]
+        click.echo(f"privacy unit: {unit['unit']} ({unit['num_units']} units, at most {unit['max_rows_per_unit']} "
+                   "rows each per step): the guarantee covers all rows of one unit")
     if m.get("resumed"):
         click.echo(f"resumed: {m['resumed']['replayed_trials']} completed trial(s) replayed, not recomputed; the "
                    "same ledger reservation was continued")

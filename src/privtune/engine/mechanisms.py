@@ -99,12 +99,18 @@ def noisy_scalar(clipped_sum: float, noise_multiplier: float, sensitivity: float
 
 
 def noisy_feature_sum(features: torch.Tensor, noise_multiplier: float,
-                      generator: torch.Generator) -> Release[torch.Tensor]:
+                      generator: torch.Generator, weights: torch.Tensor | None = None) -> Release[torch.Tensor]:
     """``Σ_i x_i / max(1, ‖x_i‖) + σ·N(0, I_d)``: the sum of the (n, d) ``features`` rows, each scaled to norm ≤ 1
     (sensitivity 1), plus noise drawn in the default dtype from ``generator``.  Divide by a public n for a mean
     (never by the realised number of rows when that is private).  Returns the noisy (d,) sum and
-    ``GaussianEvent(σ, 1)``."""
+    ``GaussianEvent(σ, 1)``.
+
+    ``weights`` (n,), user level: row i's scaled vector is multiplied by w_i, with the weights of one privacy
+    unit's rows summing to at most 1 (:meth:`privtune.engine.units.UnitIndex.mean_weights`), so a unit adds
+    the mean of its rows' vectors and the sensitivity stays 1 per unit."""
     scaled = features * (1.0 / features.norm(dim=1, keepdim=True).clamp_min(1.0))
+    if weights is not None:
+        scaled = scaled * weights.to(scaled.dtype).unsqueeze(1)
     total = scaled.sum(0)
     if noise_multiplier > 0:
         total = total + noise_multiplier * torch.randn(features.shape[1], generator=generator)

@@ -89,9 +89,19 @@ class UnitIndex:
     def row_weights(self, idx: torch.Tensor) -> torch.Tensor:
         """(len(idx),) float64 weights 1/m_u of the rows ``idx`` of one logical batch, m_u the number of rows
         of row i's unit among ``idx``.  A unit's weighted clipped gradients sum to their mean (norm ≤ C)."""
+        if idx.numel() == self.num_rows:  # every row (a full batch within the cap): m_u = c_u, the same each step
+            if getattr(self, "_all_weights", None) is None:
+                self._all_weights = self.mean_weights()
+            return self._all_weights[idx]
         units = self.unit_of_row[idx]
         used = torch.bincount(units, minlength=self.num_units)
         return 1.0 / used[units].to(torch.float64)
+
+    def mean_weights(self) -> torch.Tensor:
+        """(N,) float64 weights 1/c_u of every row, c_u all the rows of its unit: a statistic summed with these
+        weights adds each unit's *mean* of its rows' values, so a unit moves a sum of per-row values in [−b, b] by
+        at most b however many rows it has (the charged scores and the private feature centre of tuning)."""
+        return 1.0 / self._counts[self.unit_of_row].to(torch.float64)
 
     def subset(self, rows: torch.Tensor) -> "UnitIndex":
         """The index of the rows ``rows`` (a split of the data keeps its rows' units)."""
@@ -181,6 +191,8 @@ class UnitSampler:
     def sample(self) -> torch.Tensor:
         """Draw one logical batch: the rows used from each sampled unit (≤ k per unit), sorted."""
         if self.sample_rate >= 1.0:  # every unit, nothing drawn (as example-level full batch)
+            if int(self.units._counts.max()) <= self.max_rows_per_unit:  # every row, every step
+                return torch.arange(self.units.num_rows)
             unit_mask = torch.ones(self.units.num_units, dtype=torch.bool)
         else:
             unit_mask = poisson_mask(self.units.num_units, self.sample_rate, self._g)
@@ -275,36 +287,30 @@ def checked_units(privacy_unit: Any, num_rows: int, max_rows_per_unit: Any, samp
     return unit_index(privacy_unit, num_rows)
 
 
-def load_units(data: Any, privacy_unit: Any, num_rows: int) -> UnitIndex:
+#: the sidecar table of an image dataset that names each image's privacy unit (docs/privacy-unit.md, "Images"):
+#: ``ROOT/units.<ext>`` in an image folder (a ``file`` column: the image's path under ROOT), or
+#: ``<IDX images file>.units.<ext>`` next to IDX images (one row per image, in the file's order)
+UNITS_SIDECAR = "units"
+UNITS_SIDECAR_SUFFIXES = (".tsv", ".csv", ".jsonl")
+
+
+def load_units(data: Any, privacy_unit: Any, num_rows: int, dataset: Any = None) -> UnitIndex:
     """The :class:`UnitIndex` of a loaded training set: ``privacy_unit`` a column name of the text table
-    ``data`` (.tsv/.csv/.jsonl file or a ``datasets.Dataset``), or anything :func:`unit_index` takes.
+    ``data`` (.tsv/.csv/.jsonl file or a ``datasets.Dataset``) or of an image dataset's sidecar table
+    (:data:`UNITS_SIDECAR`; ``dataset`` the loaded :class:`privtune.data.ImageDataset`, whose images it must
+    cover), or anything :func:`unit_index` takes.  Nothing here depends on the task: any loaded dataset whose
+    rows have a fixed order can name its units with one key per row (Python) or a table column.
 
     Raises one clear error for a column that is not there or a file type without columns; a message names
     the column and row numbers, never a unit's value."""
     if not isinstance(privacy_unit, str):
         return unit_index(privacy_unit, num_rows)
     column = privacy_unit
-    if isinstance(data, (str, os.PathLike)):
-        from privtune.data.datasets import TEXT_SUFFIXES, read_table
-
-        path = Path(data).expanduser()
-        fmt = TEXT_SUFFIXES.get(path.suffix.lower())
-        if fmt is None or path.is_dir():
-            raise DataError(
-                f"--privacy-unit {column!r}: {str(path)!r} has no columns; a privacy-unit column is read from a text "
-                "table (.tsv/.csv/.jsonl). For images or other data pass privacy_unit=[one key per row] in Python."
-            )
-        columns, rows = read_table(path, fmt)
-        keys = [row.get(column) for row in rows]
-        where = str(path)
-    elif hasattr(data, "column_names"):  # a datasets.Dataset
-        columns, where = list(data.column_names), "the dataset"
-        keys = list(data[column]) if column in columns else []
+    sidecar = _image_sidecar(data) if getattr(dataset, "kind", None) == "image" else None
+    if sidecar is not None:
+        columns, keys, where = _sidecar_keys(sidecar, data, dataset, column)
     else:
-        raise InvalidParameterError(
-            f"`privacy_unit` {column!r} names a column, but the data is a {type(data).__name__} without columns. Pass "
-            "one key per row (privacy_unit=[...]) or a callable f(row_index) -> key."
-        )
+        columns, keys, where = _column_keys(data, column)
     if column not in columns:
         close = difflib.get_close_matches(column, columns, n=1)
         raise DataError(
@@ -314,3 +320,116 @@ def load_units(data: Any, privacy_unit: Any, num_rows: int) -> UnitIndex:
     index = unit_index(keys, num_rows, name=column)
     index.column = column
     return index
+
+
+def _image_sidecar(data: Any) -> Path | None:
+    """The sidecar table of the image dataset at ``data`` (a folder, or an IDX images file), if there is one."""
+    if not isinstance(data, (str, os.PathLike)):
+        return None
+    path = Path(data).expanduser()
+    base = path / UNITS_SIDECAR if path.is_dir() else path.with_name(f"{path.name}.{UNITS_SIDECAR}")
+    found = [base.with_name(base.name + s) for s in UNITS_SIDECAR_SUFFIXES if base.with_name(base.name + s).is_file()]
+    if len(found) > 1:
+        raise DataError(f"{str(path)!r} has {len(found)} privacy-unit tables ({', '.join(f.name for f in found)}); "
+                        "keep one.")
+    return found[0] if found else None
+
+
+def _sidecar_keys(sidecar: Path, data: Any, dataset: Any, column: str) -> tuple[list, list, str]:
+    """``(columns, one key per image of dataset, where)`` from an image dataset's sidecar table: for an image
+    folder its ``file`` column (the image's path under the folder) matches each image, for IDX images its rows
+    are the images in order.  An image the table does not list (or a table row for no image) is an error
+    that counts them, naming no file and no unit."""
+    from privtune.data.datasets import TEXT_SUFFIXES, read_table
+
+    columns, rows = read_table(sidecar, TEXT_SUFFIXES[sidecar.suffix.lower()], single_column_ok=True)
+    where = str(sidecar)
+    if column not in columns:
+        return list(columns), [], where
+    root = Path(data).expanduser()
+    if root.is_dir():
+        if "file" not in columns:
+            raise DataError(f"{where}: the privacy-unit table of an image folder needs a `file` column (each image's "
+                            "path under the folder, e.g. cat/001.png) next to the unit column.")
+        by_file = {str(Path(str(r.get("file", "")).strip())): r.get(column) for r in rows}
+        files = [Path(img).resolve().relative_to(root.resolve()).as_posix() for img in dataset.images]
+        missing = sum(f not in by_file for f in files)
+        if missing or len(by_file) != len(files):
+            raise DataError(f"{where}: {missing} image(s) of the folder are not listed and {len(by_file) - len(files) + missing} "
+                            "row(s) name no image of it. List every image once, by its path under the folder.")
+        return list(columns), [by_file[f] for f in files], where
+    if len(rows) != len(dataset):
+        raise DataError(f"{where}: {len(rows)} row(s) for {len(dataset)} image(s). Give one row per image of the IDX "
+                        "file, in the file's order.")
+    return list(columns), [r.get(column) for r in rows], where
+
+
+def _column_keys(data: Any, column: str) -> tuple[list, list, str]:
+    """``(columns, keys of column (empty when absent), how errors name the data)`` of a text table ``data``."""
+    if isinstance(data, (str, os.PathLike)):
+        from privtune.data.datasets import TEXT_SUFFIXES, read_table
+
+        path = Path(data).expanduser()
+        fmt = TEXT_SUFFIXES.get(path.suffix.lower())
+        if fmt is None or path.is_dir():
+            raise DataError(
+                f"--privacy-unit {column!r}: {str(path)!r} has no columns; a privacy-unit column is read from a text "
+                "table (.tsv/.csv/.jsonl) or, for images, from a table `units.tsv` in the image folder (columns `file` "
+                "and the unit) or `<IDX images file>.units.tsv` (one row per image). In Python pass "
+                "privacy_unit=[one key per row]."
+            )
+        columns, rows = read_table(path, fmt)
+        return list(columns), [row.get(column) for row in rows], str(path)
+    if hasattr(data, "column_names"):  # a datasets.Dataset
+        columns = list(data.column_names)
+        return columns, (list(data[column]) if column in columns else []), "the dataset"
+    raise InvalidParameterError(
+        f"`privacy_unit` {column!r} names a column, but the data is a {type(data).__name__} without columns. Pass "
+        "one key per row (privacy_unit=[...]) or a callable f(row_index) -> key."
+    )
+
+
+def check_units_disjoint(train_data: Any, split: Any, column: str, what: str) -> bool:
+    """Refuse a split ``split`` (a public or reported split: a table, an image folder or IDX file with its
+    privacy-unit table, or a ``datasets.Dataset``) that holds a row of a
+    privacy unit that owns rows of the private ``train_data``: at user level a split outside the private data
+    must be disjoint from it by unit, not only by row.  Checked when ``split`` has the unit ``column``; returns
+    False when it has not (then only its rows can be checked, and its disjointness by unit is the user's
+    declaration).  The message names no unit."""
+    if split is None or not isinstance(column, str):
+        return False
+    try:
+        columns, keys = _split_unit_keys(split, column)
+    except (DataError, InvalidParameterError):  # no columns (an in-memory dataset): not checkable
+        return False
+    if column not in columns:
+        return False
+    _, private = _split_unit_keys(train_data, column)
+    private_ids = {_plain_key(k) for k in private}
+    if any(_plain_key(k) in private_ids for k in keys if k is not None):
+        raise DataError(
+            f"`{what}` shares privacy units with the private training data: at least one {column!r} value owns rows "
+            f"of both. A split outside the private data must hold no row of a private {column}; remove those rows "
+            "from it (or from the training data). Nothing was charged.")
+    return True
+
+
+def _split_unit_keys(data: Any, column: str) -> tuple[list, list]:
+    """``(columns, the values of column)`` of a split: an image folder's or IDX file's privacy-unit table (every
+    row of the table: the conservative reading), else the split's own table (:func:`_column_keys`)."""
+    from privtune.data.datasets import TEXT_SUFFIXES, read_table
+
+    is_table = isinstance(data, (str, os.PathLike)) and Path(data).suffix.lower() in TEXT_SUFFIXES
+    sidecar = None if is_table else _image_sidecar(data)
+    if sidecar is None:
+        columns, keys, _ = _column_keys(data, column)
+        return columns, keys
+
+    columns, rows = read_table(sidecar, TEXT_SUFFIXES[sidecar.suffix.lower()], single_column_ok=True)
+    return list(columns), [r.get(column) for r in rows] if column in columns else []
+
+
+def _plain_key(key: Any) -> Any:
+    """A unit key compared across files: its text without surrounding spaces (a TSV's "7" and a JSONL's 7 are
+    one unit: the conservative reading for a disjointness check)."""
+    return str(key).strip()

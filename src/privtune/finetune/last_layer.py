@@ -6,7 +6,7 @@ and reused by every step, trial and run: :func:`cache_features` returns a :class
 training data and then trains only the classification head on it, with the same DP step (clipping,
 noise once per logical batch, division by the expected batch size) as every other mode, at hundreds
 of thousands of example-gradients per second; seed 002's single full-batch step is
-``fit(model, features, sample_rate=1.0, steps=1, optimizer="adam", ...)`` from the zero head that
+``fit(model, features, noise=NoiseSpec(σ, sample_rate=1.0, steps=1), optimizer=OptimizerSpec("adam", ...))`` from the zero head that
 ``apply_mode(model, "last-layer")`` sets up.
 
 Feature caching computes the features of private examples without noise; nothing derived from them

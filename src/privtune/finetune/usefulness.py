@@ -8,7 +8,8 @@ Two warnings of ``privtune train`` and ``privtune tune`` (and :func:`privtune.tr
 * **after the run** (:class:`privtune.errors.OneClassModelWarning`): the released model puts at least
   :data:`ONE_CLASS_SHARE` of its predictions on a split that is not private into one class.
 
-Both read public quantities only: n (public by declaration: it sets q = B/n), ε, the mode, and the model's
+Both read public quantities only: n (public by declaration: it sets q = B/n; at the unit level the number
+of units N_u, never the private number of rows), ε, the mode, and the model's
 predictions on the reported split (public by declaration) or on the split the user declares public, never on
 the private training data.  ``--mode auto`` uses the same line to leave the fine-tuning modes out of its pilots
 (:func:`backbone_cannot_learn`).
@@ -51,15 +52,32 @@ def backbone_cannot_learn(mode: str, n: int, epsilon: float) -> bool:
     return mode in BACKBONE_MODES and n * float(epsilon) <= FINETUNE_AT_CHANCE_N_EPS
 
 
-def unlikely_to_learn_message(mode: str, n: int, epsilon: float, *, command: str) -> str | None:
+def threshold_evidence(kind: str | None) -> str:
+    """Where :data:`FINETUNE_AT_CHANCE_N_EPS` was measured, worded for data of ``kind`` ("text", "image")."""
+    if kind == "image":
+        return "on text: SST-2, MiniLM; applied to images as is, where it has not been measured"
+    return "SST-2, MiniLM"
+
+
+def count_phrase(n: int, unit: str | None = None) -> str:
+    """How a warning names the public size: ``n = 1,000 private examples``, or at the unit level (``unit``: the
+    privacy unit's name) ``n = N_u = 41 units (user_id)``: there the number of rows is private, and the count
+    that sets the noise per unit is the number of units."""
+    return f"n = {n:,} private examples" if unit is None else f"n = N_u = {n:,} units ({unit})"
+
+
+def unlikely_to_learn_message(mode: str, n: int, epsilon: float, *, command: str, kind: str | None = None,
+                              unit: str | None = None) -> str | None:
     """The pre-run warning for ``mode`` on ``n`` private examples at total ``epsilon`` (None: no warning).
-    ``command`` (``"train"`` or ``"tune"``) names the command the advice is for."""
+    ``command`` (``"train"`` or ``"tune"``) names the command the advice is for; ``kind`` the data's kind
+    (:func:`threshold_evidence`); ``unit`` the privacy unit (then ``n`` is the number of units N_u, and the
+    message counts units, never rows)."""
     if not backbone_cannot_learn(mode, n, epsilon):
         return None
-    return (f"mode {mode} on n = {n:,} private examples at ε = {epsilon:.3g} (n·ε = {n * epsilon:,.0f}) is unlikely "
+    return (f"mode {mode} on {count_phrase(n, unit)} at ε = {epsilon:.3g} (n·ε = {n * epsilon:,.0f}) is unlikely "
             f"to learn: DP fine-tuning of the backbone was measured at chance (a model predicting about one class) "
             f"up to n·ε = {FINETUNE_AT_CHANCE_N_EPS:,}, where the DP linear probe on cached features reached 76-77 % "
-            f"(SST-2, MiniLM; docs/training.md). Use more data or a larger ε, or `--mode last-layer`"
+            f"({threshold_evidence(kind)}; docs/training.md). Use more data or a larger ε, or `--mode last-layer`"
             + (", or `privtune tune --mode auto`" if command == "train" else " or `--mode auto`")
             + " (which chooses last-layer here).")
 
@@ -99,5 +117,5 @@ def warn(message: str | None, category: type[Warning], log: Callable[[str], None
 
 
 __all__ = ["FINETUNE_AT_CHANCE_N_EPS", "BACKBONE_MODES", "ONE_CLASS_SHARE", "backbone_cannot_learn",
-           "unlikely_to_learn_message", "majority_prediction", "one_class_message", "warn",
+           "unlikely_to_learn_message", "count_phrase", "majority_prediction", "one_class_message", "warn",
            "UnlikelyToLearnWarning", "OneClassModelWarning"]

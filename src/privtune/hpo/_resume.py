@@ -314,6 +314,10 @@ class _JournalBackend:
         return self._inner.runs
 
     @property
+    def data_kind(self) -> str | None:
+        return getattr(self._inner, "data_kind", None)
+
+    @property
     def executor(self) -> Any:
         return self._inner.executor
 

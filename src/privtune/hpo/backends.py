@@ -23,6 +23,7 @@ from privtune.errors import InvalidParameterError
 from privtune.finetune import apply_mode
 from privtune.finetune.last_layer import FeatureSet
 from privtune.hpo import _heads
+from privtune.specs import ClippingSpec, LoopOptions, NoiseSpec, OptimizerSpec
 from privtune.training import LoopHook, declare_public_size, evaluate, fit, public_size
 
 
@@ -154,6 +155,18 @@ class HeadRunOptions:
     hooks: RunHooks | None = None
 
 
+@dataclass(frozen=True)
+class ModelRunOptions(HeadRunOptions):
+    """The options of one :meth:`ModelBackend.run` (a fresh copy of the model): :class:`HeadRunOptions`' fields
+    with a model's defaults (``optimizer``/``clipping`` None: the backend's; a head's ``momentum``,
+    ``free_step``, ``eps_adam`` and ``bias`` do not apply to a model)."""
+
+    optimizer: str | None = None
+    momentum: float = 0.0
+    clipping: str | None = None
+    bias: bool = True
+
+
 class FeatureBackend:
     """Trials on cached features: zero-initialised linear heads trained by :func:`privtune.training.fit`
     (closed-form clipped head gradient, :class:`privtune.finetune.LinearHeadGradient`).
@@ -163,15 +176,22 @@ class FeatureBackend:
     no privacy cost; never pass the reported split here.  ``device``: where the heads train
     (None = CUDA when available, else CPU); the returned heads live on the CPU.  ``public_n``: the
     public number of training rows when the realised one is private (a private-validation split);
-    the expected batch size and :attr:`n` use it (:func:`privtune.training.public_size`).
+    the expected batch size and :attr:`n` use it (:func:`privtune.training.public_size`).  ``units``: user level,
+    ``(UnitIndex of the rows of X, k)``: every run samples units (:mod:`privtune.engine.units`); :attr:`n` is then
+    the number of units N_u (``public_n``).  ``data_kind``: what the features were computed from (hyperfree's
+    η0 for a head on image features, :func:`privtune.hpo.hyperfree.default_lr0`).
     """
 
     kind = "features"
     mode = "last-layer"
     executor: Any = None
+    #: what the features were computed from ("text", "image"; None: given as features); public
+    data_kind: str | None = None
 
     def __init__(self, X: torch.Tensor, y: torch.Tensor, num_classes: int, *, curve_data=None,
-                 center: torch.Tensor | None = None, device: Any = None, public_n: int | None = None):
+                 center: torch.Tensor | None = None, device: Any = None, public_n: int | None = None,
+                 units: tuple | None = None, data_kind: str | None = None):
+        self.data_kind = data_kind
         self.center = None if center is None else center.float()
         self.X = self._c(X.float())
         self.y = y.long()
@@ -181,6 +201,7 @@ class FeatureBackend:
         self.features = FeatureSet(self.X, self.y, self.num_classes)
         if public_n is not None:
             declare_public_size(self.features, public_n)
+        self.units = units
         self.runs = 0
 
     def _zero_head(self, bias: bool) -> nn.Linear:
@@ -237,11 +258,14 @@ class FeatureBackend:
             loop_hooks.append(curve)
         if free_step and optimizer == "sgd" and momentum > 0:
             loop_hooks.append(_FreeMomentumStep())
-        fit(lin, self.features, noise_multiplier=noise_multiplier, sample_rate=sample_rate, steps=int(steps),
-            learning_rate=learning_rate, clip=clip, clipping=clipping, optimizer=optimizer,
-            momentum=momentum if optimizer == "sgd" else 0.0, eps=o.eps_adam, seed=seed, hooks=loop_hooks,
-            gamma=o.gamma, weight_decay=o.weight_decay, device=self.device,
-            nonfinite_features="drop")  # features cached after the reservation
+        fit(lin, self.features,
+            noise=NoiseSpec(noise_multiplier=noise_multiplier, sample_rate=sample_rate, steps=int(steps),
+                            **_unit_options(self.units)),
+            optimizer=OptimizerSpec(name=optimizer, learning_rate=learning_rate, eps=o.eps_adam,
+                                    momentum=momentum if optimizer == "sgd" else 0.0, weight_decay=o.weight_decay),
+            clipping=ClippingSpec(clip=clip, clipping=clipping, gamma=o.gamma),
+            options=LoopOptions(seed=seed, nonfinite_features="drop"),  # features cached after the reservation
+            hooks=loop_hooks, device=self.device)
         # the events of a head trial as planned by the strategies: a full batch is exactly √T/σ-GDP
         if hooks is not None:
             events = hooks.events_at(int(steps))
@@ -291,7 +315,7 @@ class ModelBackend:
 
     def __init__(self, model: Any, train_set: Any, mode: str, *, optimizer: str = "adam", clipping: str = "flat",
                  max_physical_batch_size: int = 64, curve_data=None, lora_rank: int = 8,
-                 zero_init_head: bool = True, device: Any = None):
+                 zero_init_head: bool = True, device: Any = None, units: tuple | None = None):
         """``zero_init_head``: start every run from a zero classification head (seed 002).  With the
         random head of a fresh Hugging Face classifier, AUTO-S (hyperfree) DP-BiTFiT of MiniLM stayed
         at chance on SST-2 even without noise, while from a zero head it learned (docs/strategies/hyperfree.md)."""
@@ -307,6 +331,7 @@ class ModelBackend:
         self.mode_info = (apply_mode(self.base, mode, lora_rank=lora_rank, zero_init_head=self.zero_init_head)
                           if mode != "lora" else None)
         self._lora_rank = lora_rank
+        self.units = units  # user level: (UnitIndex of train_set's rows, k); every run samples units
         self.runs = 0
 
     @property
@@ -321,18 +346,17 @@ class ModelBackend:
         return m
 
     def run(self, hp: dict, *, noise_multiplier: float, sample_rate: float, steps: int, learning_rate: float,
-            optimizer: str | None = None, momentum: float = 0.0, clip: float = 1.0, free_step: bool = False,
-            seed: int | None = None, label: str = "", eps_adam: float = 1e-8, record: bool = False,
-            clipping: str | None = None, bias: bool = True, progress=None, backbone_lr_scale: float = 1.0,
-            gamma: float = 0.01, weight_decay: float = 0.0, hooks: RunHooks | None = None) -> TrialRun:
+            **options: Any) -> TrialRun:
         """One DP run with :func:`privtune.training.fit` (``backbone_lr_scale``: its α) on a fresh copy of the
-        model.  ``progress`` (a :class:`privtune.report.progress.Progress` or anything with its ``advance``)
-        receives one update per step: examples, the batch loss (computed WITHOUT noise: NOT PRIVATE) and no ε
+        model; ``options`` are :class:`ModelRunOptions`' fields.  ``progress`` (a
+        :class:`privtune.report.progress.Progress` or anything with its ``advance``) receives one update per step: examples, the batch loss (computed WITHOUT noise: NOT PRIVATE) and no ε
         (the caller adds the ε spent so far).  With ``record=True`` and ``curve_data`` (a PUBLIC split)
         accuracy is evaluated at a few points for the learning curves.  With ``hooks`` (e.g. hyperfree's
         learning-rate probe) the hooks get ``progress`` and the public curve accuracy instead of the loop.
         ``momentum``, ``free_step``, ``eps_adam`` and ``bias`` are a head's options: a model's optimizer keeps
         its defaults."""
+        o = ModelRunOptions(**options)
+        seed, label, record, progress, hooks = o.seed, o.label, o.record, o.progress, o.hooks
         self.runs += 1
         model = self._fresh()
         loop_hooks: Sequence[LoopHook] = ()
@@ -343,12 +367,15 @@ class ModelBackend:
                                                 _eval_every(steps) if evaluate_public is not None else 0))
             progress, record = None, False
         curve = self.curve_data if record else None
-        res = fit(model, self.train_set, noise_multiplier=noise_multiplier, sample_rate=sample_rate, steps=int(steps),
-                  learning_rate=learning_rate, clip=clip, clipping=clipping or self.clipping,
-                  optimizer=optimizer or self.optimizer, eval_set=curve, seed=seed,
-                  eval_every=_eval_every(steps) if curve is not None else None,
-                  max_physical_batch_size=self.max_physical_batch_size, progress=progress, device=self.device,
-                  backbone_lr_scale=backbone_lr_scale, gamma=gamma, weight_decay=weight_decay, hooks=loop_hooks)
+        res = fit(model, self.train_set,
+                  noise=NoiseSpec(noise_multiplier=noise_multiplier, sample_rate=sample_rate, steps=int(steps),
+                                  **_unit_options(self.units)),
+                  optimizer=OptimizerSpec(name=o.optimizer or self.optimizer, learning_rate=learning_rate,
+                                          backbone_lr_scale=o.backbone_lr_scale, weight_decay=o.weight_decay),
+                  clipping=ClippingSpec(clip=o.clip, clipping=o.clipping or self.clipping, gamma=o.gamma),
+                  options=LoopOptions(seed=seed, eval_every=_eval_every(steps) if curve is not None else None,
+                                      max_physical_batch_size=self.max_physical_batch_size),
+                  eval_set=curve, progress=progress, device=self.device, hooks=loop_hooks)
         if hooks is not None:
             events = hooks.events_at(int(steps))
         else:
@@ -362,6 +389,11 @@ class ModelBackend:
 
     def logits(self, state: Any, data: Any) -> torch.Tensor:
         return state.predict_logits(data)
+
+
+def _unit_options(units: tuple | None) -> dict:
+    """:func:`privtune.training.fit`'s privacy-unit options of a backend's ``units`` (None: example level)."""
+    return {} if units is None else {"privacy_unit": units[0], "max_rows_per_unit": units[1]}
 
 
 def _eval_every(steps: int, points: int = 5) -> int:

@@ -340,6 +340,9 @@ class Selector:
     loss_clip: float = 3.0
     log: list = field(default_factory=list)
     public_size: int | None = None
+    #: user level: (n,) weights 1/c_u of the scored rows (privtune.engine.units.UnitIndex.mean_weights), so that
+    #: each privacy unit adds the mean of its rows' terms and a charged score's sensitivity is per unit; None: 1
+    row_weights: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.source not in SELECTION_SOURCES or self.source == "none":
@@ -385,6 +388,10 @@ class Selector:
         """The number of scored rows a score is divided by: :attr:`public_size` when set, else the split's."""
         return max(1, int(self.public_size if self.public_size is not None else self.labels.shape[0]))
 
+    def _weighted(self, terms: torch.Tensor) -> torch.Tensor:
+        """Per-row terms times :attr:`row_weights` (user level), else unchanged."""
+        return terms if self.row_weights is None else terms.double() * self.row_weights.to(torch.float64)
+
     def score(self, outputs: torch.Tensor, label: str = "") -> tuple[float, list]:
         """Return (score, events charged) for a trial's outputs on ``data``.
 
@@ -404,11 +411,11 @@ class Selector:
             if out.dim() != 2:
                 raise InvalidParameterError("selection='train-loss' needs logits, not labels.")
             losses = torch.nn.functional.cross_entropy(out.float(), self.labels, reduction="none")
-            total = float(losses.clamp(0.0, self.loss_clip).sum().item())
+            total = float(self._weighted(losses.clamp(0.0, self.loss_clip)).sum().item())
             released = noisy_scalar(total, self.noise_std, self.loss_clip, self._gen, label=self._label(label))
             return -released.value / n, [released.event]
         pred = out.argmax(dim=1) if out.dim() == 2 else out.long().view(-1)
-        correct = float((pred == self.labels).sum().item())
+        correct = float(self._weighted((pred == self.labels).double()).sum().item())
         if not self.charged:
             return correct / n, []
         released = noisy_scalar(correct, self.noise_std, 1.0, self._gen, label=self._label(label))

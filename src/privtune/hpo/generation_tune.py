@@ -75,6 +75,8 @@ class GenerationTuneRequest:
     write_files: bool = True
     device: Any = None
     scored_rows: int | None = None  # reported rows decoded for BLEU/chrF/ROUGE-L (None: the task's default)
+    privacy_unit: Any = None  # user level: the unit column (or keys, or a callable); None: one example
+    max_rows_per_unit: int | None = None  # k, the public cap on one unit's rows per step (None: the default)
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,19 @@ class _Inputs:
     demo: bool
     out: Path | None
     privacy: Any
+    units: Any = None  # user level: the training rows' privtune.engine.units.UnitIndex; None: one example
+    max_rows_per_unit: int | None = None
+
+    @property
+    def n(self) -> int:
+        """The public size the plan is made from: the number of rows, or at the unit level of units N_u."""
+        return len(self.train) if self.units is None else self.units.num_units
+
+    @property
+    def unit_description(self) -> dict | None:
+        from privtune.engine.units import unit_description
+
+        return None if self.units is None else unit_description(self.units, self.max_rows_per_unit)
 
 
 @dataclass(frozen=True)
@@ -165,6 +180,7 @@ class GenerationTuneJob:
             reported = task.load_split(r.eval_data, "eval_data", text_column=r.text_column, label_column=r.label_column)
         check_generation_disjoint(train, public, "public_eval_data")
         check_generation_disjoint(train, reported, "eval_data")
+        units, k = self._units(train, demo)
         model_source = "smollm2-135m" if demo and r.model is None else r.model
         probe = load_generator(model_source, max_length=r.max_length)  # errors here, before any charge
         modes = generation_modes(probe) if r.mode == "auto" else [r.mode]
@@ -180,9 +196,34 @@ class GenerationTuneJob:
                 "or use privtune train).")
         fp, file_name = dataset_identity(train)
         out = self._output_dir()
-        privacy = PrivacySpec(epsilon=r.epsilon, delta=r.delta).for_dataset(len(train))
+        privacy = PrivacySpec(epsilon=r.epsilon, delta=r.delta).for_dataset(len(train) if units is None
+                                                                             else units.num_units)
         return _Inputs(train=train, public=public, reported=reported, model_source=model_source, modes=modes,
-                       fingerprint=fp, file_name=file_name, demo=demo, out=out, privacy=privacy)
+                       fingerprint=fp, file_name=file_name, demo=demo, out=out, privacy=privacy, units=units,
+                       max_rows_per_unit=k)
+
+    def _units(self, train: Any, demo: bool) -> tuple[Any, int | None]:
+        """User level: the training rows' units (δ < 1/N_u checked; a public or reported split with the unit
+        column shares no unit with them) and k; ``(None, None)`` at example level.  Before any charge."""
+        from privtune.engine.units import (DEFAULT_MAX_ROWS_PER_UNIT, check_max_rows_per_unit, check_unit_delta,
+                                           check_units_disjoint, checked_units, load_units)
+
+        r = self.request
+        if r.privacy_unit is None:
+            if r.max_rows_per_unit is not None:
+                raise InvalidParameterError(
+                    "`max_rows_per_unit` applies only with `privacy_unit` (user-level DP). Pass privacy_unit=COLUMN "
+                    "(CLI --privacy-unit), or drop max_rows_per_unit.")
+            return None, None
+        k = check_max_rows_per_unit(DEFAULT_MAX_ROWS_PER_UNIT if r.max_rows_per_unit is None
+                                    else r.max_rows_per_unit)
+        data = train.source if demo else r.data
+        units = checked_units(load_units(data, r.privacy_unit, len(train)), len(train), k, "poisson")
+        if r.delta is not None:
+            check_unit_delta(r.delta, units.num_units, units.name)
+        for split, what in ((r.public_eval_data, "public_eval_data"), (r.eval_data, "eval_data")):
+            check_units_disjoint(data, split, r.privacy_unit, what)
+        return units, k
 
     def _trial_count(self, n_modes: int) -> int:
         from privtune._validation import check_int
@@ -211,7 +252,7 @@ class GenerationTuneJob:
         from privtune.models.generator import GENERATION_LEARNING_RATES
 
         r = self.request
-        n = len(inputs.train)
+        n = inputs.n  # at the unit level N_u: q = B/N_u, and batch_size counts units
         strategy = GENERATION_STRATEGIES[r.strategy]
         k = self._trial_count(len(inputs.modes))
         rng = random.Random(self._seed)
@@ -254,9 +295,13 @@ class GenerationTuneJob:
             created = _release.prepare_output_dir(out, release.RELEASED_FILES, release.RELEASED_DIRS)
             if not log_existed:
                 fresh.append(out / "log.txt")
-        log = release.run_log(out / "log.txt" if out is not None else None)
+        # at the unit level the number of rows is private: N_u and k only, and no time (steps take time in
+        # proportion to the rows their units contribute)
+        log = release.run_log(out / "log.txt" if out is not None else None, timestamps=inputs.units is None)
+        size = (f"N={len(inputs.train)}" if inputs.units is None else f"N_u={inputs.n} units of {inputs.units.name} "
+                f"(at most {inputs.max_rows_per_unit} rows each per step)")
         log(f"start privtune tune (generation): strategy={plan.strategy} trials={len(plan.candidates)} "
-            f"N={len(inputs.train)} q={plan.sample_rate:.5g} T={plan.steps} σ={plan.noise_multiplier:.5g} "
+            f"{size} q={plan.sample_rate:.5g} T={plan.steps} σ={plan.noise_multiplier:.5g} "
             f"total ε={self.request.epsilon:g} δ={inputs.privacy.delta:g}")
         return _Files(run_id=uuid.uuid4().hex, log=log, created=created, fresh=fresh)
 
@@ -266,7 +311,8 @@ class GenerationTuneJob:
             accountant="pld", command="tune",
             config={"strategy": plan.strategy, "trials": plan.candidates,
                     "output_dir": str(inputs.out) if inputs.out else None},
-            resume_key=files.run_id, events=plan.events, file_name=inputs.file_name, run_dir=inputs.out)
+            resume_key=files.run_id, events=plan.events, file_name=inputs.file_name, run_dir=inputs.out,
+            privacy_unit=None if inputs.units is None else inputs.units.name)
 
     def open_ledger(self, inputs: _Inputs, files: _Files) -> tuple[Any, str]:
         from privtune.run.budget import open_ledger_for
@@ -289,6 +335,7 @@ class GenerationTuneJob:
     def run(self, inputs: _Inputs, plan: _Plan, files: _Files, budget: Any) -> _Outcome:
         from privtune.models.generator import apply_generation_mode, load_generator
         from privtune.tasks.generation import Generation
+        from privtune.specs import ClippingSpec, LoopOptions, NoiseSpec, OptimizerSpec
         from privtune.training import fit
 
         r, task = self.request, Generation()
@@ -296,10 +343,14 @@ class GenerationTuneJob:
         for i, cand in enumerate(plan.candidates):
             model = load_generator(inputs.model_source, max_length=r.max_length)
             apply_generation_mode(model, cand["mode"])
-            result = fit(model, inputs.train, noise_multiplier=plan.noise_multiplier, sample_rate=plan.sample_rate,
-                         steps=plan.steps, learning_rate=cand["learning_rate"], clip=r.clip or 1.0,
-                         seed=(self._seed + 2 * i) % 2**62 if r.seed is not None else None, device=r.device,
-                         max_physical_batch_size=r.max_physical_batch_size, progress=not r.quiet)
+            noise = NoiseSpec(noise_multiplier=plan.noise_multiplier, sample_rate=plan.sample_rate, steps=plan.steps,
+                              **({} if inputs.units is None else
+                                 {"privacy_unit": inputs.units, "max_rows_per_unit": inputs.max_rows_per_unit}))
+            options = LoopOptions(seed=(self._seed + 2 * i) % 2**62 if r.seed is not None else None,
+                                  max_physical_batch_size=r.max_physical_batch_size)
+            result = fit(model, inputs.train, noise=noise, optimizer=OptimizerSpec(learning_rate=cand["learning_rate"]),
+                         clipping=ClippingSpec(clip=r.clip or 1.0), options=options, device=r.device,
+                         progress=not r.quiet, task=task)
             score = (task.evaluate(model, inputs.public, generate=False)["perplexity"] if inputs.public is not None
                      else None)
             trials.append({**cand, "trial": i + 1, "public_perplexity": score,
@@ -320,23 +371,32 @@ class GenerationTuneJob:
         r = self.request
         metadata = {"command": "tune", "task": "text-generation", "strategy": plan.strategy,
                     "trials": len(plan.candidates), "selection": self._selection(inputs),
-                    "hyperparameters": self._hyper(plan, outcome), "dataset_id": budget.dataset_id,
+                    "hyperparameters": self._hyper(plan, outcome, inputs), "dataset_id": budget.dataset_id,
                     "run_id": files.run_id, "privtune_version": privtune.__version__,
                     "seeds": {"explicit_seed": r.seed},
                     "notes": [f"all {len(plan.candidates)} trials are charged; the selected trial's model is released"]}
+        if inputs.units is not None:  # the unit's name, k and N_u (public)
+            metadata["privacy_unit"] = inputs.unit_description
+        from privtune.accounting.certificate import neighbouring_relation
+
         return run_pipeline.Described(events=outcome.events, delta=inputs.privacy.delta, accountant="pld",
-                                      metadata=metadata, seed=r.seed, epsilon_limit=float(r.epsilon))
+                                      metadata=metadata, seed=r.seed, epsilon_limit=float(r.epsilon),
+                                      neighbouring=neighbouring_relation(None if inputs.units is None
+                                                                         else inputs.units.name))
 
     def _selection(self, inputs: _Inputs) -> str:
         if inputs.public is None:
             return "none (one trial)"
         return f"public-validation: perplexity on {release.split_name(self.request.public_eval_data or inputs.public)}"
 
-    def _hyper(self, plan: _Plan, outcome: _Outcome) -> dict:
+    def _hyper(self, plan: _Plan, outcome: _Outcome, inputs: _Inputs) -> dict:
         chosen = plan.candidates[outcome.selected]
-        return {"mode": chosen["mode"], "learning_rate": chosen["learning_rate"], "batch_size": plan.batch_size,
-                "sample_rate": plan.sample_rate, "steps": plan.steps, "noise_multiplier": plan.noise_multiplier,
-                "clip": self.request.clip or 1.0, "optimizer": "adam", "max_length": outcome.model.max_length}
+        hyper = {"mode": chosen["mode"], "learning_rate": chosen["learning_rate"], "batch_size": plan.batch_size,
+                 "sample_rate": plan.sample_rate, "steps": plan.steps, "noise_multiplier": plan.noise_multiplier,
+                 "clip": self.request.clip or 1.0, "optimizer": "adam", "max_length": outcome.model.max_length}
+        if inputs.units is not None:
+            hyper["privacy_unit"] = inputs.unit_description
+        return hyper
 
     def figures(self, inputs: _Inputs, plan: _Plan, files: _Files, outcome: _Outcome, budget: Any,
                 certificate: Any) -> tuple[dict, dict]:
@@ -346,7 +406,7 @@ class GenerationTuneJob:
         metrics: dict = {"task": "text-generation", "strategy": plan.strategy, "mode": plan.candidates[
             outcome.selected]["mode"], "selection": self._selection(inputs), "trials": len(plan.candidates),
             "epsilon": float(certificate.epsilon), "delta": float(inputs.privacy.delta),
-            "total_epsilon": float(r.epsilon), "hyperparameters": self._hyper(plan, outcome),
+            "total_epsilon": float(r.epsilon), "hyperparameters": self._hyper(plan, outcome, inputs),
             "dataset_id": budget.dataset_id, "ledger_url": budget.ledger_url,
             "ledger_registered_new_dataset": budget.registered, "train_seconds": outcome.seconds, "accuracy": None}
         if r.strategy == "hyperfree":
@@ -380,6 +440,8 @@ class GenerationTuneJob:
                    "mode": r.mode, "strategy": r.strategy, "epsilon": r.epsilon, "delta": inputs.privacy.delta,
                    "trials": r.trials, "epochs": r.epochs, "batch_size": r.batch_size, "output": inputs.out,
                    "ledger": r.ledger if isinstance(r.ledger, str) else None, "seed": r.seed}
+            if isinstance(r.privacy_unit, str):  # a unit read from a column reloads (keys passed in Python do not)
+                cfg.update(privacy_unit=r.privacy_unit, max_rows_per_unit=inputs.max_rows_per_unit)
             config, _ = release.effective_config(cfg, path_keys=("data", "eval_data", "public_eval_data", "model",
                                                                  "output"))
         return run_pipeline.ReleaseTarget(run_dir=inputs.out, model=outcome.model, config=config, log=files.log)

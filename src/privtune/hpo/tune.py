@@ -40,7 +40,8 @@ from typing import Any
 import torch
 
 from privtune import _release, finetune  # finetune.cache_features: a test seam, read at call time
-from privtune._validation import check_choice, check_int, check_real
+from privtune._validation import check_batchnorm, check_choice, check_image_size, check_int, check_real
+from privtune.accounting.certificate import neighbouring_relation
 from privtune.accounting.events import GaussianEvent, event_to_dict
 from privtune.data import embedded_fashion_mnist, embedded_sst2
 from privtune.data.datasets import (EMBEDDED_IMAGE_DEMO, EMBEDDED_IMAGE_LABELS, EMBEDDED_IMAGE_MODEL, EMBEDDED_LABELS,
@@ -48,9 +49,12 @@ from privtune.data.datasets import (EMBEDDED_IMAGE_DEMO, EMBEDDED_IMAGE_LABELS, 
 from privtune.engine import distributed
 from privtune.engine.mechanisms import noisy_feature_sum
 from privtune.engine.sampling import make_generator, poisson_mask
+from privtune.engine.units import (DEFAULT_MAX_ROWS_PER_UNIT, check_max_rows_per_unit, check_unit_delta,
+                                   check_units_disjoint, checked_units, load_units, unit_description)
 from privtune.errors import (InfeasibleBudgetError, InvalidParameterError, ModelError, OneClassModelWarning,
                              PrivtuneError, UnlikelyToLearnWarning)
 from privtune.finetune import usefulness
+from privtune.finetune.cost import backbone_cost, estimate_seconds, format_duration, format_estimates
 from privtune.finetune.last_layer import check_finite_features
 from privtune.finetune.modes import DEFAULT_LEARNING_RATES, default_backbone_lr_scale, default_lora_target_modules
 from privtune.hpo import common, grid_oracle
@@ -200,6 +204,11 @@ def tune(
     device: Any = None,
     executor: Any = "local",
     ray_address: str | None = None,
+    image_size: int | None = None,
+    batchnorm: str | None = None,
+    time_budget: float | None = None,
+    privacy_unit: Any = None,
+    max_rows_per_unit: int | None = None,
     **unknown: Any,
 ) -> TuneResult:
     """Tune hyperparameters privately and train, under one total (ε, δ).
@@ -267,6 +276,24 @@ def tune(
     ray_address : with ``executor="ray"``: ``"auto"``, ``"local"``, ``HOST:PORT`` or ``ray://HOST:PORT``;
         ``None`` = Ray already initialised here, else ``$RAY_ADDRESS``, else a ``ray start`` instance on this
         machine, else a new local one.
+    image_size, batchnorm : a vision backbone's input resolution in pixels (default 64, or the size the network
+        requires) and BatchNorm policy (``"eval"``, the default: the pretrained running statistics; ``"group"``: a
+        GroupNorm in place of each BatchNorm; ``"train"`` is refused), public choices; only with a vision
+        backbone name (:mod:`privtune.models.vision`), e.g. the image demo's.
+    time_budget : minutes, optional
+        The plan prices every candidate mode before anything is reserved (the backbone's size and a timed forward
+        pass on a dummy input, :mod:`privtune.finetune.cost`) and logs the estimates.  With a budget, ``mode="auto"``
+        pilots only the modes estimated to fit in it (the cheapest when none does), and an explicit mode estimated
+        above it is refused before the reservation.
+    privacy_unit : str, sequence or callable, optional
+        User-level DP (docs/privacy-unit.md): the column of ``data`` naming the unit (person, document) that owns
+        each row, one key per row, or a callable ``f(row_index) -> key``.  Every pilot, trial, charged score, the
+        private feature centre and the final run then protect all rows of one unit: runs sample units (Poisson,
+        at most ``max_rows_per_unit`` rows each, weighted 1/m_u), scores and the centre weight each unit's rows
+        to sum to one, and the accounting is over the N_u units (δ < 1/N_u; ``batch_size`` counts units).  A
+        public or reported split with the unit column must share no unit with the training data.
+        ``selection="private-validation"`` is refused with it.
+    max_rows_per_unit : k, the public cap on one unit's rows per step (default 8); only with ``privacy_unit``.
     """
     from privtune.data.generation import is_generation_data
 
@@ -281,14 +308,17 @@ def tune(
         epochs=epochs, steps=steps, batch_size=batch_size, clip=clip, clipping=clipping,
         optimizer=optimizer, max_physical_batch_size=max_physical_batch_size, strategy_options=strategy_options, nonprivate_reference=nonprivate_reference, accountant=accountant,
         text_column=text_column, label_column=label_column, quiet=quiet, write_files=write_files, feature_cache_dir=feature_cache_dir,
-        resume=resume, labels=labels, device=device, executor=executor, ray_address=ray_address)
+        resume=resume, labels=labels, device=device, executor=executor, ray_address=ray_address,
+        image_size=image_size, batchnorm=batchnorm, time_budget=time_budget,
+        privacy_unit=privacy_unit, max_rows_per_unit=max_rows_per_unit)
     return run_pipeline.execute(TuneJob(arguments, unknown))
 
 
 #: tune()'s arguments a generator's tuning takes (privtune.hpo.generation_tune.GenerationTuneRequest)
 _GENERATION_ARGUMENTS = ("data", "eval_data", "public_eval_data", "model", "mode", "strategy", "epsilon", "delta",
                          "ledger", "output_dir", "seed", "trials", "epochs", "batch_size", "clip",
-                         "max_physical_batch_size", "text_column", "label_column", "quiet", "write_files", "device")
+                         "max_physical_batch_size", "text_column", "label_column", "quiet", "write_files", "device",
+                         "privacy_unit", "max_rows_per_unit")
 #: tune()'s other arguments at their defaults (a generator's tuning refuses any other value)
 _GENERATION_UNUSED = {"selection": None, "selection_noise": None, "validation_fraction": 0.1, "steps": None,
                       "clipping": None, "optimizer": None, "strategy_options": None, "nonprivate_reference": False,
@@ -356,6 +386,11 @@ class TuneArguments:
     device: Any
     executor: Any
     ray_address: str | None
+    image_size: int | None = None
+    batchnorm: str | None = None
+    time_budget: float | None = None
+    privacy_unit: Any = None  # user level: the unit column (or keys, or a callable); None: one example
+    max_rows_per_unit: int | None = None  # k (None: the default)
 
     def options(self) -> dict:
         """Every argument by name, in :func:`tune`'s order; the label set as one spelling ([0, 1], "0,1" and
@@ -384,6 +419,8 @@ class _Request:
     options: dict  # strategy_options
     device: Any
     executor: Any  # where independent trials run (hpo.executors; checked and connected before data is read)
+    time_budget: float | None = None  # minutes; None: estimates are logged, nothing is refused or skipped
+    units: tuple | None = None  # user level: (the unit column / keys / callable, k); None: one example
 
 
 def _check_arguments(args: TuneArguments, unknown: dict) -> _Request:
@@ -403,6 +440,10 @@ def _check_arguments(args: TuneArguments, unknown: dict) -> _Request:
             + f" Valid options: {', '.join(valid)}."
         )
     strategy = check_choice(args.strategy, "strategy", STRATEGIES)
+    if args.image_size is not None:
+        check_image_size(args.image_size)
+    if args.batchnorm is not None:
+        check_batchnorm(args.batchnorm)
     strat = get_strategy(strategy)
     device = resolve_device(args.device)  # one clear error for a bad or absent device, before any data is read
     mode = check_choice(args.mode, "mode", MODES)
@@ -434,11 +475,38 @@ def _check_arguments(args: TuneArguments, unknown: dict) -> _Request:
             check_choice(args.selection, "selection", common.SELECTIONS)
     schedule = ScheduleSpec(epochs=args.epochs, steps=args.steps, batch_size=args.batch_size,
                             max_physical_batch_size=args.max_physical_batch_size)
+    units = _check_unit_arguments(args, selection)
     return _Request(strategy=strat, mode=mode, privacy=privacy, schedule=schedule, clipping=clipping,
                     optimizer=OptimizerSpec(name=args.optimizer), trials=args.trials, seed=seed,
                     selection=selection, selection_noise=args.selection_noise,
                     options=dict(args.strategy_options or {}), device=device,
-                    executor=for_tune(args.executor, args.ray_address, strat))
+                    executor=for_tune(args.executor, args.ray_address, strat), units=units,
+                    time_budget=None if args.time_budget is None else check_real(
+                        args.time_budget, "time_budget", low=0.0, fix="Pass the minutes the run may take, e.g. 30."))
+
+
+def _check_unit_arguments(args: TuneArguments, selection: str | None) -> tuple | None:
+    """``(privacy unit, k)`` of a user-level tune, or None; refused before any data is read: k without a unit,
+    a unit without the user's own data (the embedded demos have no unit column), a private validation split
+    (its random split is drawn per row)."""
+    if args.privacy_unit is None:
+        if args.max_rows_per_unit is not None:
+            raise InvalidParameterError(
+                "`max_rows_per_unit` applies only with `privacy_unit` (user-level DP). Pass privacy_unit=COLUMN "
+                "(CLI --privacy-unit), or drop max_rows_per_unit.")
+        return None
+    k = check_max_rows_per_unit(DEFAULT_MAX_ROWS_PER_UNIT if args.max_rows_per_unit is None
+                                else args.max_rows_per_unit)
+    if args.data is None or (isinstance(args.data, str) and args.data.startswith("embedded:")):
+        raise InvalidParameterError(
+            "`privacy_unit` needs your own training data with a column naming each row's unit (--data FILE); the "
+            "embedded demos have none.")
+    if selection == "private_validation_noisy":
+        raise InvalidParameterError(
+            "selection='private-validation' is not available with `privacy_unit` (its held-out split is drawn row "
+            "by row). Use selection='public-validation' with a split you declare public, or 'train-accuracy' / "
+            "'train-loss' (charged per unit).")
+    return args.privacy_unit, k
 
 
 @dataclass(frozen=True)
@@ -468,6 +536,27 @@ class _Inputs:
     n_val_public: int | None = None  # planned validation rows
     whole: Any = None  # the whole training file, once split (its features are cached once, n rows: public)
     val_mask: Any = None  # (n,) bool, True for the validation rows (PRIVATE: never written)
+    #: user level: the privacy units of the training rows (privtune.engine.units.UnitIndex) and the cap k; the
+    #: public size n_train_public is then N_u, the number of units (how many rows each unit has is private)
+    units: Any = None
+    max_rows_per_unit: int | None = None
+
+    @property
+    def unit_option(self) -> tuple | None:
+        """What a backend's runs take (:class:`privtune.hpo.backends.FeatureBackend`): ``(units, k)`` or None."""
+        return None if self.units is None else (self.units, self.max_rows_per_unit)
+
+    def score_weights(self, source: str) -> torch.Tensor | None:
+        """User level: the weights 1/c_u of the training rows for a charged score on them (each unit adds the
+        mean of its rows' terms, sensitivity 1 per unit); None for a public split or at example level."""
+        if self.units is None or source == "public_validation":
+            return None
+        return self.units.mean_weights()
+
+    @property
+    def unit_description(self) -> dict | None:
+        """What the run publishes about its unit (name, k, N_u: :func:`privtune.engine.units.unit_description`)."""
+        return None if self.units is None else unit_description(self.units, self.max_rows_per_unit)
 
     @property
     def n_train(self) -> int:
@@ -489,7 +578,8 @@ def _load_inputs(req: _Request, data, *, eval_data, public_eval_data, labels, mo
     if embedded:
         train, pub, test = embedded_fashion_mnist() if image_demo else embedded_sst2()
         # the image demo names its reported split (the SST-2 demo's is named by its dataset)
-        reported_split = "embedded Fashion-MNIST test (1,000 test-set images)" if image_demo and eval_data is None else None
+        reported_split = (f"embedded Fashion-MNIST test ({len(test):,} test-set images)"
+                          if image_demo and eval_data is None else None)
         public_eval_data = pub if public_eval_data is None else public_eval_data
         eval_data = test if eval_data is None else eval_data
         train_source = f"embedded {'Fashion-MNIST' if image_demo else 'SST-2'} subset (train 3,000)"
@@ -517,7 +607,8 @@ def _load_inputs(req: _Request, data, *, eval_data, public_eval_data, labels, mo
         check_disjoint(train, eval_set, "eval_data")
     if public_set is not None and eval_set is not None:
         check_disjoint(public_set, eval_set, "eval_data", against="public_eval_data")
-    privacy = req.privacy.for_dataset(len(train))
+    units = _load_units(req, data, train, public_eval_data, eval_data)
+    privacy = req.privacy.for_dataset(len(train) if units is None else units.num_units)
     # the ledger's dataset is the WHOLE training file: fingerprint it before any private-validation split
     # (a split's rows would hash to a new fingerprint, i.e. a fresh budget for the same data)
     fingerprint, file_name = _dataset_identity(train)
@@ -531,13 +622,30 @@ def _load_inputs(req: _Request, data, *, eval_data, public_eval_data, labels, mo
     if selection == "private_validation_noisy":  # drawn later, from the run's seed (_split_private_validation)
         frac = check_real(validation_fraction, "validation_fraction", low=0.0, high=0.5)
         n_train_public, n_val_public = _planned_split_sizes(len(train), frac, privacy.delta)
+    if units is not None:  # N_u stands where n stood (q = B/N_u, the plan, the divisors, what is published)
+        n_train_public = declare_public_size(train, units.num_units).public_size
     return _Inputs(train=train, eval_set=eval_set, public_set=public_set, private_val=None,
                    selection=selection, privacy=privacy, num_labels=num_labels, label_names=names,
                    label_source=label_source, fingerprint=fingerprint, file_name=file_name, embedded=embedded,
                    train_source=train_source,
                    reported_split=reported_split or (None if eval_data is None else release.split_name(
                        eval_data, "in-memory evaluation split")),
-                   validation_fraction=frac, n_train_public=n_train_public, n_val_public=n_val_public)
+                   validation_fraction=frac, n_train_public=n_train_public, n_val_public=n_val_public,
+                   units=units, max_rows_per_unit=None if units is None else req.units[1])
+
+
+def _load_units(req: _Request, data: Any, train: Any, public_eval_data: Any, eval_data: Any) -> Any:
+    """User level: the training rows' :class:`~privtune.engine.units.UnitIndex` (δ < 1/N_u checked), after
+    refusing a public or reported split that shares a unit with the training data (checked when the split has
+    the unit column; without it only its rows are checked, by :func:`check_disjoint`).  None at example level."""
+    if req.units is None:
+        return None
+    column = req.units[0]
+    units = checked_units(load_units(data, column, len(train), dataset=train), len(train), req.units[1], "poisson")
+    check_unit_delta(req.privacy.delta, units.num_units, units.name)
+    for split, what in ((public_eval_data, "public_eval_data"), (eval_data, "eval_data")):
+        check_units_disjoint(data, split, column, what)
+    return units
 
 
 def _planned_split_sizes(n: int, frac: float, delta: float) -> tuple[int, int]:
@@ -625,10 +733,12 @@ def _open_run_files(args: TuneArguments, req: _Request, inputs: _Inputs) -> _Run
                      unsaved=unsaved, state_header=header, state_entries=entries, run_seed=run_seed, run_id=run_id)
 
 
-def _load_model(model: Any, inputs: _Inputs, run_seed: int):
-    """The classifier with the declared label set (its head initialised from ``run_seed``)."""
+def _load_model(model: Any, inputs: _Inputs, run_seed: int, *, image_size: int | None = None,
+                batchnorm: str | None = None):
+    """The classifier with the declared label set (its head initialised from ``run_seed``); ``image_size`` and
+    ``batchnorm``: a vision backbone's (None: its defaults)."""
     clf = load_classifier(model, num_labels=inputs.num_labels, label_names=inputs.label_names,
-                          seed=derive_seed(run_seed, "model"))
+                          seed=derive_seed(run_seed, "model"), image_size=image_size, batchnorm=batchnorm)
     check_model_label_set(clf, inputs.num_labels, inputs.label_names, inputs.label_source)
     return clf
 
@@ -646,25 +756,34 @@ class _TunePlan:
     pilot_events: list  # the pilots' planned events, the charged feature centre first when there is one
     center_sigma: float | None  # σ of the charged feature centre (last-layer without a public split)
     selection_sigma: float | None  # σ of a charged score (None: public validation, free)
-    hide_timing: bool  # repeat-and-select: the number of trials (hence durations) is not published
+    hide_timing: bool  # repeat-and-select (the number of trials) or the unit level (the rows): no durations
 
     @property
     def center_events(self) -> list:
         return self.pilot_events[:1] if self.center_sigma else []
 
 
-def _plan_run(req: _Request, inputs: _Inputs, log, warning_log=None, lora_capable: bool = True) -> _TunePlan:
+def _plan_run(req: _Request, inputs: _Inputs, log, warning_log=None, lora_capable: bool = True,
+              cost: Any = None) -> _TunePlan:
     """Plan every candidate mode (and the --mode auto pilots) before anything is reserved: a combination
     that cannot work fails here, with the numbers and a fix; one that cannot learn is warned of (a Python
-    warning, written to ``warning_log``: the log file alone, the console shows the warning itself)."""
+    warning, written to ``warning_log``: the log file alone, the console shows the warning itself).  With the
+    backbone's ``cost`` (:func:`privtune.finetune.cost.backbone_cost`) every candidate is priced and the estimates
+    logged; ``req.time_budget`` then drops the candidates above it (:func:`_within_time_budget`)."""
     strat, n_train, delta, accountant = req.strategy, inputs.n_train, inputs.privacy.delta, req.privacy.accountant
     # --mode auto: pilot only the modes this strategy can train; with one candidate there is nothing to
     # choose and nothing is spent on pilots
     candidates = (_auto_candidates(strat.modes, n_train, req.privacy.epsilon, lora_capable=lora_capable)
                   if req.mode == "auto" else [req.mode])
+    auto_candidates = list(candidates)
+    if cost is not None:
+        candidates = _within_time_budget(req, inputs, candidates, cost, log)
     pilot_modes = candidates if len(candidates) > 1 else []
     run_mode = candidates[0] if not pilot_modes else "auto"
-    auto_note = _auto_without_pilots_note(req, strat, n_train, run_mode, lora_capable) if not pilot_modes else None
+    # (a mode left alone by the time budget was explained when it was dropped)
+    kind = getattr(inputs.train, "kind", None)
+    auto_note = (_auto_without_pilots_note(req, strat, n_train, run_mode, lora_capable, kind=kind)
+                 if not pilot_modes and candidates == auto_candidates else None)
     if pilot_modes and inputs.selection == "public_validation":
         _check_public_split_can_compare(inputs.public_set, pilot_modes)
     pilot_events, pilot_eps = [], min(0.1, 0.1 * req.privacy.epsilon)
@@ -713,10 +832,14 @@ def _plan_run(req: _Request, inputs: _Inputs, log, warning_log=None, lora_capabl
     for m in candidates[1:]:
         log(f"  if the pilots choose {m}: planned ε = {mode_plans[m].planned_epsilon():.4g}")
     # a plan that works but cannot learn: warned of before the reservation (nothing spent yet)
-    usefulness.warn(usefulness.unlikely_to_learn_message(run_mode, n_train, req.privacy.epsilon, command="tune"),
+    unit = None if inputs.units is None else inputs.units.name
+    usefulness.warn(usefulness.unlikely_to_learn_message(run_mode, n_train, req.privacy.epsilon, command="tune",
+                                                         kind=kind, unit=unit),
                     UnlikelyToLearnWarning, warning_log or log)
-    # under repeat-and-select the number of trials is random and not published; durations grow with it
-    hide_timing = any(p.accounting == "repeat-and-select" for p in mode_plans.values())
+    # under repeat-and-select the number of trials is random and not published; durations grow with it; at the
+    # unit level every phase over the training rows (feature caching, each step) takes time in proportion to the
+    # private number of rows
+    hide_timing = unit is not None or any(p.accounting == "repeat-and-select" for p in mode_plans.values())
     return _TunePlan(plan=plan, mode_plans=mode_plans, candidates=candidates, pilot_modes=pilot_modes,
                      run_mode=run_mode, pilot_eps=pilot_eps, pilot_events=pilot_events, center_sigma=center_sigma,
                      selection_sigma=sel_sigma, hide_timing=hide_timing)
@@ -816,11 +939,16 @@ class TuneJob:
     def plan(self, loaded: _Loaded) -> _Planned:
         """The classifier, then every candidate's plan (no data read yet)."""
         req, inputs, log = loaded.req, loaded.inputs, loaded.prog.log
-        clf = _load_model(self.arguments.model, inputs, loaded.files.run_seed)
+        clf = _load_model(self.arguments.model, inputs, loaded.files.run_seed, image_size=self.arguments.image_size,
+                          batchnorm=self.arguments.batchnorm)
         log(f"privtune tune: strategy={req.strategy.name}, mode={req.mode}, total ε={req.privacy.epsilon:g}, "
-            f"δ={inputs.privacy.delta:g}, data={inputs.train_source} (n={inputs.n_train}), "
+            f"δ={inputs.privacy.delta:g}, data={inputs.train_source} ("
+            + (f"n={inputs.n_train}" if inputs.units is None else
+               f"N_u={inputs.n_train} units of {inputs.units.name}, at most {inputs.max_rows_per_unit} rows each per "
+               "step") + "), "
             f"selection={common.describe_selection(_selection_of_strategy(req, inputs))}")
-        tplan = _plan_run(req, inputs, log, warning_log=loaded.prog.log_to_file, lora_capable=_lora_capable(clf))
+        tplan = _plan_run(req, inputs, log, warning_log=loaded.prog.log_to_file, lora_capable=_lora_capable(clf),
+                          cost=backbone_cost(clf))
         if tplan.hide_timing:  # no time on any line: the time the search's lines span would tell its K
             loaded.prog.hide_timing()
         loaded.prog.release_lines()
@@ -847,7 +975,8 @@ class TuneJob:
             resume_key=files.run_id,
             events=lambda led: _cover_candidates(led, fp, planned.tplan.mode_plans, eps_total, delta, accountant),
             resuming=files.state_header is not None, file_name=None if in_run_dir else inputs.file_name,
-            reserve_delta=delta, strict_resume=True, replayed=bool(files.state_entries), run_dir=files.run_dir)
+            reserve_delta=delta, strict_resume=True, replayed=bool(files.state_entries), run_dir=files.run_dir,
+            privacy_unit=None if inputs.units is None else inputs.units.name)
 
     def open_ledger(self, loaded: _Loaded, files: _RunFiles) -> tuple[Any, str]:
         return open_ledger_for(self.arguments.ledger, run_dir=files.run_dir, in_run_dir=loaded.inputs.embedded)
@@ -904,7 +1033,8 @@ class TuneJob:
                                          None if req.strategy.not_private else budget.dataset_id)
         return Described(events=ran.events, delta=inputs.privacy.delta, accountant=req.privacy.accountant,
                          metadata=as_plain(metadata), seed=req.seed,
-                         epsilon_limit=None if req.strategy.not_private else req.privacy.epsilon)
+                         epsilon_limit=None if req.strategy.not_private else req.privacy.epsilon,
+                         neighbouring=neighbouring_relation(None if inputs.units is None else inputs.units.name))
 
     def figures(self, loaded: _Loaded, planned: _Planned, files: _RunFiles, ran: _Ran, budget: Any,
                 cert: Any) -> tuple[dict, dict]:
@@ -931,16 +1061,18 @@ class TuneJob:
             "trials": ran.published_trial_count, "ledger_registered_new_dataset": budget.registered,
             "majority_prediction": majority,
             # under repeat-and-select the wall time grows with the hidden number of trials: not published
-            "wall_time_s": (None if ran.outcome.certificate_events is not None
+            "wall_time_s": (None if ran.outcome.certificate_events is not None or planned.tplan.hide_timing
                             else round(time.time() - self._started, 1)),
         }
+        if inputs.units is not None:  # the unit's name, k and N_u (public); n_train is N_u
+            metrics["privacy_unit"] = inputs.unit_description
         _list_warnings(metrics, req, inputs, planned.tplan)
         if strat.not_private:
             metrics["not_private"] = True
             metrics["label"] = "NOT PRIVATE"
         if self.arguments.nonprivate_reference and not strat.not_private and ran.features is not None:
             metrics["nonprivate_reference"] = _oracle_reference(ran.features, ran.selector, req.privacy.epsilon,
-                                                                delta, accountant, req.seed, inputs.eval_set, prog)
+                                                                delta, accountant, req.seed, inputs.unit_option, prog)
         history = {
             "final_run": _final_curves(ran.outcome.final_history),
             "trials": [as_plain(t.to_dict()) for t in ran.trials],
@@ -1023,6 +1155,8 @@ def _certificate_metadata(req: _Request, inputs: _Inputs, tplan: _TunePlan, ran:
         "dataset_id": dataset_id, "plan": as_plain(tplan.plan.notes),
         "notes": [*(ran.outcome.strategy_data.get("notes", []) or [])],
     }
+    if inputs.units is not None:  # user level: every pilot, trial, score and the final run sample and weigh units
+        metadata["privacy_unit"] = inputs.unit_description
     metadata.update(_trial_section(ran.trials, ran.outcome, req.strategy.not_private))
     if req.strategy.not_private:
         metadata["label"] = "NOT PRIVATE"
@@ -1063,7 +1197,9 @@ def _list_warnings(metrics: dict, req: _Request, inputs: _Inputs, tplan: _TunePl
     nearly one class (``metrics["majority_prediction"]``), the post-run one, issued once the release is in place
     (:func:`tune`).  Public quantities only."""
     after = usefulness.one_class_message(metrics.get("majority_prediction"))
-    before = usefulness.unlikely_to_learn_message(tplan.run_mode, inputs.n_train, req.privacy.epsilon, command="tune")
+    before = usefulness.unlikely_to_learn_message(tplan.run_mode, inputs.n_train, req.privacy.epsilon, command="tune",
+                                                  kind=getattr(inputs.train, "kind", None),
+                                                  unit=None if inputs.units is None else inputs.units.name)
     found = [w for w in (before, after) if w]
     if found:
         metrics["warnings"] = found
@@ -1112,6 +1248,55 @@ def _trial_section(trial_list, outcome, not_private: bool) -> dict:
 # --------------------------------------------------------------------------------------
 
 
+def _mode_estimates(req: _Request, inputs: _Inputs, modes: list, cost: Any) -> dict:
+    """{mode: estimated seconds of a run in that mode} (no pilots), from a plan of each mode made from public sizes
+    only and the backbone's measured forward cost."""
+    strat, n = req.strategy, inputs.n_train
+    sched = req.schedule
+    request = PlanRequest(total_epsilon=req.privacy.epsilon, delta=inputs.privacy.delta, n_train=n,
+                          accountant=req.privacy.accountant, epochs=sched.epochs, steps=sched.steps,
+                          batch_size=sched.batch_size)
+    cfg = strat.make_config(dict(req.options), trials=req.trials, optimizer=req.optimizer.name,
+                            clip=req.clipping.clip, clipping=req.clipping.clipping)
+    out = {}
+    for m in modes:
+        plan = strat.plan(cfg, m, request)
+        priced = _TunePlan(plan=plan, mode_plans={m: plan}, candidates=[m], pilot_modes=[], run_mode=m, pilot_eps=0.0,
+                           pilot_events=[], center_sigma=None, selection_sigma=None, hide_timing=False)
+        out[m] = estimate_seconds(cost, _work_ahead(priced, inputs, [], m, cached=False))
+    return out
+
+
+def _within_time_budget(req: _Request, inputs: _Inputs, candidates: list, cost: Any, log) -> list:
+    """The candidate modes, priced and logged; with ``req.time_budget`` (minutes) those estimated above it are
+    dropped (--mode auto keeps the cheapest when none fits) and an explicit mode above it is refused."""
+    try:
+        estimates = _mode_estimates(req, inputs, candidates, cost)
+    except PrivtuneError:  # a mode that cannot be planned is reported by the plan itself, with its fix
+        return candidates
+    log(f"time estimate before the run ({cost.describe()}): {format_estimates(estimates)}")
+    if req.time_budget is None:
+        return candidates
+    budget = 60.0 * req.time_budget
+    fits = [m for m in candidates if estimates[m] <= budget]
+    if req.mode != "auto" and not fits:
+        m = candidates[0]
+        cheaper = {k: v for k, v in _mode_estimates(req, inputs, [x for x in req.strategy.modes if x != m],
+                                                    cost).items() if v <= budget}
+        raise InvalidParameterError(
+            f"mode {m} is estimated at {format_duration(estimates[m])} on this machine "
+            f"({cost.describe()}), above `time_budget` = {req.time_budget:g} min. "
+            + (f"Choose a cheaper mode ({format_estimates(cheaper)}) or raise `time_budget`." if cheaper
+               else "Raise `time_budget`, or run on a faster device (--device cuda)."))
+    if not fits:
+        fits = [min(candidates, key=estimates.get)]
+    dropped = [m for m in candidates if m not in fits]
+    if dropped:
+        log(f"mode auto: {', '.join(dropped)} not piloted: estimated above the time budget of "
+            f"{req.time_budget:g} min")
+    return fits
+
+
 def _auto_candidates(supported_modes, n: int, eps_total: float, lora_capable: bool = True) -> list:
     """The modes ``--mode auto`` compares, in the order that breaks their ties, from public sizes only: at
     fine-tuning scale (n·ε ≥ :data:`_FINETUNE_SCALE`) the fine-tuning modes the strategy trains (full first
@@ -1142,18 +1327,22 @@ def _lora_capable(clf) -> bool:
     return True
 
 
-def _auto_without_pilots_note(req: _Request, strat, n: int, run_mode: str, lora_capable: bool = True) -> str | None:
-    """Why ``--mode auto`` runs no pilot (None when the mode was given): public quantities only."""
+def _auto_without_pilots_note(req: _Request, strat, n: int, run_mode: str, lora_capable: bool = True,
+                              kind: str | None = None) -> str | None:
+    """Why ``--mode auto`` runs no pilot (None when the mode was given): public quantities only; ``kind``, the
+    data's ("text", "image"), words where the threshold was measured (usefulness.threshold_evidence)."""
     if req.mode != "auto":
         return None
     small = AUTO_MODES if lora_capable else AUTO_MODES_WITHOUT_LORA
     skipped = [m for m in small if m in strat.modes and m != run_mode]
     if not skipped:
         return f"mode auto: strategy {strat.name} trains {run_mode} only; no mode pilots are run"
-    eps = req.privacy.epsilon
-    return (f"mode auto: {run_mode} without mode pilots: at n·ε = {n * eps:,.0f} (n = {n:,}, ε = {eps:g}), at or "
+    eps, unit = req.privacy.epsilon, req.units and req.units[0]
+    size = f"n = {n:,}" if not unit else (f"n = N_u = {n:,} units" + (f" ({unit})" if isinstance(unit, str) else ""))
+    return (f"mode auto: {run_mode} without mode pilots: at n·ε = {n * eps:,.0f} ({size}, ε = {eps:g}), at or "
             f"below {usefulness.FINETUNE_AT_CHANCE_N_EPS:,}, DP fine-tuning of the backbone ({', '.join(skipped)}) "
-            "was measured at chance (SST-2, MiniLM), so its pilots could not win and are not run")
+            f"was measured at chance ({usefulness.threshold_evidence(kind)}), so its pilots could not win and are "
+            "not run")
 
 
 def _check_public_split_can_compare(public_set, pilot_modes) -> None:
@@ -1266,7 +1455,8 @@ def _execute(req: _Request, inputs: _Inputs, tplan: _TunePlan, clf, prog, seed: 
     sel_eff = _selection_of_strategy(req, inputs)
     # what the pilots' backends and selectors read (device, memory, the journal that records their draws)
     kw = {"journal": journal, "device": req.device, "accountant": accountant,
-          "max_physical_batch_size": req.schedule.max_physical_batch_size, "executor": req.executor}
+          "max_physical_batch_size": req.schedule.max_physical_batch_size, "executor": req.executor,
+          "units": inputs.unit_option}
     feats: dict = {}
 
     def features():
@@ -1284,8 +1474,9 @@ def _execute(req: _Request, inputs: _Inputs, tplan: _TunePlan, clf, prog, seed: 
                 if name == "public" and ds is selector_data and "select" in feats:
                     feats["public"] = feats["select"]
                     continue
-                prog.start_phase(f"caching features ({name})", len(ds), unit="examples", work=public_size(ds),
-                                 kind="forward")
+                counted = inputs.units is None or name != "train"  # unit level: the rows' number is private
+                prog.start_phase(f"caching features ({name})", len(ds) if counted else None, unit="examples",
+                                 work=public_size(ds), kind="forward", counted=counted)
                 fs = finetune.cache_features(clf, ds, cache_dir=feature_cache_dir, progress=lambda k: prog.advance(k, examples=k))
                 prog.end_phase()
                 feats[name] = (fs.features.float(), fs.labels)
@@ -1296,19 +1487,19 @@ def _execute(req: _Request, inputs: _Inputs, tplan: _TunePlan, clf, prog, seed: 
                 feats["_center"] = feats["public"][0].mean(dim=0)
                 feats["_center_note"] = "features centred by the mean of the PUBLIC validation split (free)"
             elif tplan.center_sigma:
-                g = make_generator(seed, offset=4242)  # noise of the private centring
-                noisy = noisy_feature_sum(feats["train"][0], tplan.center_sigma, g).value  # planned: tplan's event
-                feats["_center"] = noisy / inputs.n_train  # public n (a random split's realised size is private)
-                feats["_center_note"] = (f"features centred by a PRIVATE mean (Gaussian, σ = {tplan.center_sigma:.3g}, "
-                                         "charged)")
+                feats["_center"], feats["_center_note"] = _private_centre(feats["train"][0], tplan.center_sigma,
+                                                                          inputs, seed)
         return feats
 
-    # a score on the private validation split is normalised by its planned size, never its realised one
-    scored_size = inputs.n_val_public if sel_name == "private_validation_noisy" else None
+    # a score on the private validation split is normalised by its planned size, never its realised one; at user
+    # level by N_u
+    scored_size = inputs.n_val_public if sel_name == "private_validation_noisy" else inputs.units and inputs.n_train
 
     def make_selector(source, data_kind: str):
         if source == "none":
             return None
+        weights = inputs.score_weights(source)  # user level, charged: each unit's rows weighted to sum to one
+        size = None if source == "public_validation" else scored_size
         if data_kind == "features":
             f = features()
             if source == "public_validation":
@@ -1318,10 +1509,11 @@ def _execute(req: _Request, inputs: _Inputs, tplan: _TunePlan, clf, prog, seed: 
             else:
                 X, y = f["train"]
             return _journaled(Selector(source, X, y, noise_std=tplan.selection_sigma or 0.0,
-                                       name=f"selection:{source}", seed=seed, public_size=scored_size), kw)
+                                       name=f"selection:{source}", seed=seed, public_size=size,
+                                       row_weights=weights), kw)
         return _journaled(Selector(source, selector_data, _labels_tensor(selector_data),
                                    noise_std=tplan.selection_sigma or 0.0, name=f"selection:{source}", seed=seed,
-                                   public_size=scored_size), kw)
+                                   public_size=size, row_weights=weights), kw)
 
     def plan_time(pilots_left, mode):  # the work ahead, for the time left of the whole tune
         prog.plan_ahead(_work_ahead(tplan, inputs, pilots_left, mode, cached=bool(feats)))
@@ -1345,7 +1537,8 @@ def _execute(req: _Request, inputs: _Inputs, tplan: _TunePlan, clf, prog, seed: 
         f = features()
         X, y = f["train"]
         backend = _journaled(FeatureBackend(X, y, clf.num_labels, curve_data=f.get("public"), center=f.get("_center"),
-                                            device=req.device, public_n=inputs.n_train), kw)
+                                            device=req.device, public_n=inputs.n_train, units=inputs.unit_option,
+                                            data_kind=clf.kind), kw)
         selector = make_selector(sel_eff, "features")
         prog.start_phase(f"{strat.name} on cached features", None, unit="runs")
         if journal is not None and plan.accounting == "repeat-and-select":
@@ -1363,7 +1556,7 @@ def _execute(req: _Request, inputs: _Inputs, tplan: _TunePlan, clf, prog, seed: 
         backend = _journaled(ModelBackend(clf, train, used_mode, optimizer=req.optimizer.name or DEFAULT_OPTIMIZER,
                                           clipping=req.clipping.clipping or DEFAULT_CLIPPING,
                                           max_physical_batch_size=req.schedule.max_physical_batch_size,
-                                          curve_data=public_set, device=req.device), kw)
+                                          curve_data=public_set, device=req.device, units=inputs.unit_option), kw)
         selector = make_selector(sel_eff, "model")
         prog.start_phase(f"{strat.name} ({used_mode})", None, unit="runs")
         if used_mode not in strat.modes:  # refused in tune() before anything is reserved; kept as a guard
@@ -1372,6 +1565,15 @@ def _execute(req: _Request, inputs: _Inputs, tplan: _TunePlan, clf, prog, seed: 
         prog.end_phase()
         final_model = out.state
     return _ran(out, final_model, used_mode, pilot_records, selector, feats, tplan, delta, accountant)
+
+
+def _private_centre(X: torch.Tensor, sigma: float, inputs: _Inputs, seed: int) -> tuple[torch.Tensor, str]:
+    """The charged private feature mean (tplan's planned ``GaussianEvent(σ, 1)``) and its note: the noisy sum of
+    the rows scaled to norm ≤ 1, over the public n (or N_u: a random split's realised size is private).  User
+    level: each unit adds the mean of its rows (sensitivity 1 per unit)."""
+    g = make_generator(seed, offset=4242)  # noise of the private centring
+    noisy = noisy_feature_sum(X, sigma, g, weights=inputs.score_weights("centre")).value
+    return noisy / inputs.n_train, f"features centred by a PRIVATE mean (Gaussian, σ = {sigma:.3g}, charged)"
 
 
 def _adopt_pilots_choice(tplan: _TunePlan, mode: str, pilot_records: list, delta: float, accountant: str,
@@ -1409,7 +1611,7 @@ def _run_pilots(modes, clf, train, features, make_selector, source, pilot_eps, d
             f = features()
             X, y = f["train"]
             be = _journaled(FeatureBackend(X, y, clf.num_labels, center=f.get("_center"), device=kw.get("device"),
-                                           public_n=n), kw)
+                                           public_n=n, units=kw.get("units")), kw)
             sel = make_selector(source, "features")
             sigma = common.calibrate_final(pilot_eps, delta, [], sample_rate=1.0, steps=1, sampling="full_batch",
                                            accountant=kw.get("accountant", "pld"), what="a mode pilot")
@@ -1418,7 +1620,7 @@ def _run_pilots(modes, clf, train, features, make_selector, source, pilot_eps, d
             hp = {"mode": m, "optimizer": "sgd", "steps": 1, "batch": "full", "noise_multiplier": sigma}
         else:
             be = _journaled(ModelBackend(clf, train, m, max_physical_batch_size=kw.get("max_physical_batch_size") or 32,
-                                         device=kw.get("device")),
+                                         device=kw.get("device"), units=kw.get("units")),
                             kw)
             sel = make_selector(source, "model")
             q, T = _pilot_batch(n) / n, _PILOT_STEPS  # a short, cheap pilot on a Poisson subsample
@@ -1443,7 +1645,7 @@ def _run_pilots(modes, clf, train, features, make_selector, source, pilot_eps, d
     return best.hyperparameters["mode"], records
 
 
-def _oracle_reference(feats, selector, eps, delta, accountant, seed, eval_set, prog) -> dict:
+def _oracle_reference(feats, selector, eps, delta, accountant, seed, units, prog) -> dict:
     """NOT PRIVATE grid-oracle reference on the same features (never released)."""
     X, y = feats["train"]
     sel = selector
@@ -1452,7 +1654,8 @@ def _oracle_reference(feats, selector, eps, delta, accountant, seed, eval_set, p
             return {"label": "NOT PRIVATE", "note": "no public selection split; reference skipped"}
         Xs, ys = feats["select"]
         sel = Selector("public_validation", Xs, ys, name="oracle")
-    be = FeatureBackend(X, y, int(y.max().item()) + 1)
+    be = FeatureBackend(X, y, int(y.max().item()) + 1, units=units,
+                        public_n=None if units is None else units[0].num_units)
     res = grid_oracle.run(be, sel, grid_oracle.GridOracleConfig(), eps, delta, seed=seed, accountant=accountant,
                           progress=prog.log)
     return {"kind": "grid-oracle (tuning uncharged)", "label": "NOT PRIVATE", "selection_score": res.score,

@@ -403,6 +403,10 @@ class Classifier(nn.Module):
             "lora_merged": self.lora_config,
             "base_model": public_model_name(self.source),
         }
+        if self.kind == "image":  # no tokenizer: a text length means nothing here
+            del meta["max_length"]
+            if hasattr(self.backbone, "vision_config"):  # a timm/torchvision network pools by its own global mean
+                del meta["pooling"]
         (out / CLASSIFIER_CONFIG).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         from privtune._release import public_modes  # lazy: the release helpers only when saving
 
@@ -428,6 +432,11 @@ def length_order(dataset: Any) -> list[int]:
     if getattr(dataset, "kind", None) == "text":
         return sorted(range(len(dataset)), key=lambda i: len(dataset.texts[i]))
     return list(range(len(dataset)))
+
+
+def _model_words(path: Any) -> str:
+    """How an error names a model: the bundled one, or its directory's name (never a full local path)."""
+    return "the bundled all-MiniLM-L6-v2" if path is None else repr(Path(str(path)).name or str(path))
 
 
 def _is_image_config(config: Any) -> bool:
@@ -506,6 +515,8 @@ def load_classifier(
     label_names: Sequence[str] | None = None,
     max_length: int | None = None,
     seed: int | None = None,
+    image_size: int | None = None,
+    batchnorm: str | None = None,
 ) -> Classifier:
     """Load a classifier from a local Hugging Face checkpoint (offline).
 
@@ -530,6 +541,12 @@ def load_classifier(
         Token truncation length for text (default 128).
     seed : int, optional
         Seed for the random initialisation of a new head.
+    image_size : int, optional
+        A vision backbone's input resolution in pixels (default 64, or the size a network requires).
+    batchnorm : {"eval", "group"}, optional
+        A vision backbone's BatchNorm policy (default "eval"; "train" is refused: see
+        :mod:`privtune.models.vision`).  ``image_size`` and ``batchnorm`` apply to the vision backbone names only
+        (a Hugging Face image model resizes as its image processor says): given for another model, an error.
 
     Raises
     ------
@@ -538,9 +555,16 @@ def load_classifier(
         architecture without a classification/base model class.
     """
     check_choice(pooling, "pooling", POOLING_CHOICES)
+    vision = {k: v for k, v in (("image_size", image_size), ("batchnorm", batchnorm)) if v is not None}
     for matches, load in MODEL_FAMILIES:
         if matches(path):
-            return load(path, num_labels, pooling, label_names=label_names, seed=seed)
+            return load(path, num_labels, pooling, label_names=label_names, seed=seed, **vision)
+    if vision:
+        key = next(iter(vision))
+        raise InvalidParameterError(
+            f"`{key}` applies to the vision backbones (efficientnet-lite0, timm:ARCH@WEIGHTS, "
+            f"torchvision:ARCH@WEIGHTS) only; {_model_words(path)} is not one of them (a Hugging Face image model "
+            f"resizes as its image processor says). Drop `{key}` (CLI: --{key.replace('_', '-')}).")
     num_labels = check_int(num_labels, "num_labels", low=2, fix="A classifier needs at least two classes.")
     d, config, max_length = _checked_model_config(path, max_length)
     meta = _read_classifier_meta(d)

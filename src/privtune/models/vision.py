@@ -41,7 +41,8 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from privtune._validation import check_choice, check_int
+from privtune._validation import check_batchnorm, check_image_size, check_int
+from privtune.choices import BATCHNORM_POLICIES
 from privtune.errors import InvalidParameterError, ModelError
 from privtune.models.classifier import CLASSIFIER_CONFIG, HEAD_FILE, Classifier, register_model_family
 
@@ -51,7 +52,7 @@ __all__ = [
 ]
 
 #: what DP training does with BatchNorm layers (module docstring)
-BATCHNORM_CHOICES = ("eval", "group")
+BATCHNORM_CHOICES = BATCHNORM_POLICIES
 #: input resolution in pixels (square) when none is chosen: CPU-friendly; 28-pixel images are upsampled
 DEFAULT_IMAGE_SIZE = 64
 #: the config.json key that marks a saved privtune vision backbone
@@ -86,8 +87,7 @@ class ImagePreprocessor:
 
     def __init__(self, image_size: int = DEFAULT_IMAGE_SIZE, mean: Sequence[float] = (0.5, 0.5, 0.5),
                  std: Sequence[float] = (0.5, 0.5, 0.5)) -> None:
-        self.image_size = check_int(image_size, "image_size", low=8, high=4096,
-                                    fix="The input resolution is in pixels, e.g. 64 (CPU) or 224 (ImageNet).")
+        self.image_size = check_image_size(image_size)
         self.mean = [float(m) for m in mean]
         self.std = [float(s) for s in std]
         if len(self.mean) != 3 or len(self.std) != 3 or any(s <= 0 for s in self.std):
@@ -390,7 +390,7 @@ def build_vision_classifier(net: nn.Module, num_labels: int, *, image_size: int 
     """A :class:`~privtune.models.Classifier` (``head(mean(features))``, pooling ``"mean"``) around any image
     network ``net`` (see :class:`VisionBackbone`).  ``config`` (architecture, source) is what
     :meth:`Classifier.save_pretrained` records; a network without one saves but cannot be reloaded by name."""
-    batchnorm = check_choice(batchnorm, "batchnorm", BATCHNORM_CHOICES)
+    batchnorm = check_batchnorm(batchnorm)
     processor = ImagePreprocessor(image_size, mean, std)
     if batchnorm == "group":
         replace_batchnorm_with_groupnorm(net)
@@ -405,7 +405,7 @@ def build_vision_classifier(net: nn.Module, num_labels: int, *, image_size: int 
             raise ModelError(
                 f"The vision backbone {source or type(net).__name__!r} cannot run at image_size="
                 f"{processor.image_size}: {(str(exc).splitlines() or [type(exc).__name__])[0]}. Choose another "
-                "image_size (Python: privtune.models.vision.load_vision_classifier(..., image_size=...))."
+                "image size (--image-size, or image_size=... in Python)."
             ) from None
     if seed is not None:
         torch.manual_seed(seed)
@@ -418,7 +418,7 @@ def build_vision_classifier(net: nn.Module, num_labels: int, *, image_size: int 
 
 def load_vision_classifier(path: str | os.PathLike, num_labels: int = 2, pooling: str = "auto", *,
                            label_names: Sequence[str] | None = None, image_size: int | None = None,
-                           batchnorm: str = "eval", seed: int | None = None):
+                           batchnorm: str | None = None, seed: int | None = None):
     """Load a vision classifier from a model name or a saved directory (module docstring).
 
     Parameters
@@ -435,8 +435,9 @@ def load_vision_classifier(path: str | os.PathLike, num_labels: int = 2, pooling
     image_size : int, optional
         Input resolution in pixels (default: 64, or the one size a network with a fixed input size accepts, such
         as 224 for most ViTs; a saved directory keeps its own).
-    batchnorm : {"eval", "group"}, default "eval"
-        BatchNorm policy (module docstring).
+    batchnorm : {"eval", "group"}, optional
+        BatchNorm policy (module docstring; default "eval"; "train" is refused).  A saved directory keeps its own:
+        a different ``image_size`` or ``batchnorm`` for one is an error.
     seed : int, optional
         Seed of the new head's random initialisation.
 
@@ -452,15 +453,30 @@ def load_vision_classifier(path: str | os.PathLike, num_labels: int = 2, pooling
             f"features). Got {pooling!r}."
         )
     num_labels = check_int(num_labels, "num_labels", low=2, fix="A classifier needs at least two classes.")
+    image_size = None if image_size is None else check_image_size(image_size)
+    batchnorm = None if batchnorm is None else check_batchnorm(batchnorm)
     saved = _saved_vision_dir(path)
     if saved is not None:
-        return _load_saved(saved)
+        model = _load_saved(saved)
+        _check_saved_choices(model, saved, image_size, batchnorm)
+        return model
     source = str(path)
     net, config, mean, std = _pretrained_net(source)
     image_size = image_size or _fixed_input_size(net) or DEFAULT_IMAGE_SIZE
     return build_vision_classifier(net, num_labels, image_size=image_size, mean=mean, std=std,
-                                   batchnorm=batchnorm, label_names=label_names, source=source, config=config,
-                                   seed=seed)
+                                   batchnorm=batchnorm or "eval", label_names=label_names, source=source,
+                                   config=config, seed=seed)
+
+
+def _check_saved_choices(model: Any, saved: Path, image_size: int | None, batchnorm: str | None) -> None:
+    """A saved model was trained at its own resolution and BatchNorm policy: asking for others is an error."""
+    own = {"image_size": model.processor.image_size, "batchnorm": model.backbone.batchnorm}
+    for key, asked in (("image_size", image_size), ("batchnorm", batchnorm)):
+        if asked is not None and asked != own[key]:
+            raise InvalidParameterError(
+                f"`{key}` {asked!r} differs from the saved model's own ({own[key]!r}, in {str(saved)!r}): a saved "
+                f"model keeps the {key.replace('_', ' ')} it was trained with. Drop `{key}`, or start from the "
+                "pretrained backbone's name.")
 
 
 def _load_saved(d: Path):

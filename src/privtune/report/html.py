@@ -27,6 +27,7 @@ from privtune.accounting.events import describe_event
 from privtune.audit.result import AuditResult
 from privtune.errors import PrivtuneError
 from privtune.report import plots as P
+from privtune.report.model_card import is_image_run
 from privtune.report.release import NOT_PRIVATE_DIR, PublicPaths, load_not_private, seeded_notice
 from privtune.report.run import RunData, load_events, load_run
 
@@ -455,7 +456,9 @@ def _certificate_section(run: RunData) -> str:
 def _files_section(run: RunData) -> str:
     rd = run.run_dir
     items = []
-    for rel, what in (("model/", "the model (Hugging Face save_pretrained)"), ("model/README.md", "model card"),
+    model_words = ("the image model (privtune's save_pretrained: backbone weights, head, image preprocessing)"
+                   if is_image_run(run) else "the model (Hugging Face save_pretrained)")
+    for rel, what in (("model/", model_words), ("model/README.md", "model card"),
                       ("certificate.json", "privacy certificate"), ("metrics.json", "metrics"),
                       ("history.json", "trial and training history"), ("config.yaml", "effective configuration"),
                       ("log.txt", "log")):

@@ -33,11 +33,14 @@ EMBEDDED_GENERATION_DATASET = "BYU-PCCL/chitchat-dataset"
 #: a generator's scores as the card names them
 GENERATION_METRICS = (("bleu", "BLEU"), ("chrf", "chrF"), ("rouge_l", "ROUGE-L"), ("perplexity", "perplexity"))
 
+EMBEDDED_DATASET = "stanfordnlp/sst2"
+EMBEDDED_IMAGE_DATASET = "zalando-datasets/fashion_mnist"
+#: the saved image model's preprocessing (privtune.models.vision.PREPROCESSOR_FILE), read without torch
+IMAGE_PREPROCESSOR_FILE = "privtune_image_preprocessor.json"
+
 
 def _is_generation(run: RunData) -> bool:
     return run.metrics.get("task") == "text-generation"
-EMBEDDED_DATASET = "stanfordnlp/sst2"
-EMBEDDED_IMAGE_DATASET = "zalando-datasets/fashion_mnist"
 
 
 def _is_bundled(model: str) -> bool:
@@ -75,6 +78,33 @@ def _file_name(value: Any) -> str:
     return Path(text).name if os.sep in text else text
 
 
+def saved_model_meta(run_dir: Path) -> dict:
+    """The released model's own description (``model/privtune_classifier.json``); {} when absent or unreadable."""
+    try:
+        meta = json.loads((Path(run_dir) / "model" / CLASSIFIER_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
+def is_image_run(run: RunData) -> bool:
+    """Whether the run trained an image classifier: the saved model says so (``kind``), or the run is the image
+    demo (whose model is an image model even before it is written)."""
+    kind = saved_model_meta(run.run_dir).get("kind")
+    if kind in ("image", "text"):
+        return kind == "image"
+    return run.config.get("data") == EMBEDDED_IMAGE_DEMO
+
+
+def image_preprocessing(run_dir: Path) -> dict:
+    """The released image model's preprocessing (resolution, normalisation): public choices saved with it."""
+    try:
+        pre = json.loads((Path(run_dir) / "model" / IMAGE_PREPROCESSOR_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return pre if isinstance(pre, dict) else {}
+
+
 def _is_demo(run: RunData) -> bool:
     """`privtune tune` without --data: the embedded demo (its split is declared public by privtune)."""
     return not run.config.get("data") and bool(run.metrics.get("strategy") or run.strategy_name)
@@ -102,7 +132,8 @@ def _dataset(run: RunData) -> tuple[str, str]:
 
 def _front_matter(run: RunData, base: str, dataset: str) -> str:
     mode = run.metrics.get("mode")
-    task = "text-generation" if _is_generation(run) else "text-classification"
+    task = ("text-generation" if _is_generation(run) else "image-classification" if is_image_run(run)
+            else "text-classification")
     tags = ["differential-privacy", "dp-sgd", "privtune", task]
     if mode:
         tags.append(f"privtune-{mode}")
@@ -110,14 +141,17 @@ def _front_matter(run: RunData, base: str, dataset: str) -> str:
         tags.append("not-private-reference")
     if run.seeded:
         tags.append("not-private-seeded")
-    fm: dict[str, Any] = {"library_name": "transformers", "pipeline_tag": task, "tags": tags,
-                          "base_model": base, "datasets": [dataset]}
+    # a text model is a Hugging Face transformers backbone with privtune's head (a generator a plain transformers
+    # causal LM); an image model's backbone is a timm/torchvision network in privtune's own files (loaded by
+    # privtune, not by transformers): no library named
+    fm: dict[str, Any] = ({} if task == "image-classification" else {"library_name": "transformers"})
+    fm.update({"pipeline_tag": task, "tags": tags, "base_model": base, "datasets": [dataset]})
     if task == "text-generation":
         return _generation_front_matter(run, fm, dataset)
     acc = run.metrics.get("accuracy")
     fm["metrics"] = ["accuracy"]
     if isinstance(acc, (int, float)):
-        result = {"task": {"type": "text-classification"},
+        result = {"task": {"type": task},
                   "dataset": {"name": dataset, "type": dataset,
                               "split": _file_name(run.metrics.get("reported_split", "test"))},
                   "metrics": [{"type": "accuracy", "value": round(float(acc), 4),
@@ -292,16 +326,43 @@ def render_model_card(run: RunData) -> str:
     lines.append("")
     lines.append("The run that produced this model also wrote `report.html`, a report with plots of how the budget "
                  "was spent, into its run directory (beside this directory, not inside it).\n")
+    image = is_image_run(run)
+    if image:
+        lines += _image_input_lines(run)
     lines.append("## How to use\n")
     if _is_generation(run):
         lines.append("```bash\nprivtune predict --model path/to/this/model --data prompts.jsonl --max-new-tokens 32\n"
                      "```\n")
         lines.append("It is also a plain Hugging Face causal LM (`AutoModelForCausalLM.from_pretrained`); the "
                      "prompt format it was trained on is in `privtune_generator.json`.\n")
+    elif image:
+        lines.append("Classify the images of a folder with one sub-folder per class, `ROOT/<class>/<image file>` "
+                     "(PNG/JPEG, any size or colour mode; the accuracy is computed over them), or IDX image files:\n")
+        lines.append("```bash\nprivtune predict --model path/to/this/model --data path/to/images/ --json\n```\n")
     else:
         lines.append("```bash\nprivtune predict --model path/to/this/model --data examples.tsv --json\n```\n")
     lines.append("Produced by privtune (differentially private fine-tuning with privately chosen hyperparameters).\n")
     return "\n".join(lines)
+
+
+def _image_input_lines(run: RunData) -> list[str]:
+    """The card's "Inputs" section of an image model: what every image goes through (public choices)."""
+    pre = image_preprocessing(run.run_dir)
+    size, mean, std = pre.get("image_size"), pre.get("mean"), pre.get("std")
+    lines = ["## Inputs\n"]
+    if isinstance(size, int):
+        norm = (f", normalised per channel with mean {_values(mean)} and standard deviation {_values(std)}"
+                if isinstance(mean, list) and isinstance(std, list) else "")
+        lines.append(f"Images are converted to RGB (a greyscale image becomes three equal channels), resized to "
+                     f"{size} × {size} pixels{norm}. These are public choices saved with the model "
+                     f"(`{IMAGE_PREPROCESSOR_FILE}`); `privtune predict` applies them.\n")
+    else:
+        lines.append("Images are preprocessed as the saved model's files describe; `privtune predict` applies it.\n")
+    return lines
+
+
+def _values(v: list) -> str:
+    return "(" + ", ".join(f"{x:g}" if isinstance(x, (int, float)) else str(x) for x in v) + ")"
 
 
 def write_model_card(run_dir: str | os.PathLike) -> Path:

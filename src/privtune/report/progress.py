@@ -133,6 +133,16 @@ RELATIVE_COST = {"forward": 1.0, "predict": 1.8, "features": 0.001,
 _DEFAULT_MODEL_COST = 3.3  # a model mode not listed above
 
 
+def relative_cost(kind: str) -> float:
+    """Seconds per example of ``kind`` of work relative to a forward pass (:data:`RELATIVE_COST`)."""
+    return _relative_cost(kind)
+
+
+def format_duration(seconds: float) -> str:
+    """``1h05m``, ``12m30s`` or ``45s``."""
+    return _fmt_duration(seconds)
+
+
 def _relative_cost(kind: str) -> float:
     return RELATIVE_COST.get(kind, _DEFAULT_MODEL_COST if kind.startswith("model:") else 1.0)
 
@@ -173,6 +183,7 @@ class Progress:
         self._done = 0.0
         self._total: float | None = None
         self._unit = "steps"
+        self._counted = True
         self._t0 = time.monotonic()
         self._last_log = self._t0
         self._last_tenth = 0
@@ -361,11 +372,13 @@ class Progress:
         return ", ".join(parts)
 
     def start_phase(self, name: str, total: float | None = None, unit: str = "steps",
-                    work: float | None = None, kind: str | None = None, loss_label: str = "loss") -> None:
+                    work: float | None = None, kind: str | None = None, loss_label: str = "loss",
+                    counted: bool = True) -> None:
         """End the current phase (if any) and start ``name`` with ``total`` units of work; ``work`` is its
         planned work in expected examples and ``kind`` the kind of that work (see :meth:`plan_ahead`; default
         ``"run"``, the kind of :meth:`plan_work`).  ``loss_label`` names the loss the display shows
-        (e.g. :data:`BATCH_LOSS_LABEL`, ``"privatised loss"``)."""
+        (e.g. :data:`BATCH_LOSS_LABEL`, ``"privatised loss"``).  ``counted=False``: no line or display shows how
+        many units were done (a phase over private rows whose number is private, e.g. at the unit level)."""
         if self.phase is not None:
             # an open-ended phase with nothing done yet is an umbrella (e.g. "hyperfree (bitfit)") whose own
             # steps start as phases of their own: closing it silently avoids a "done …: 0 runs" line before
@@ -380,13 +393,15 @@ class Progress:
         self._done = 0.0
         self._total = total
         self._unit = unit
+        self._counted = counted
         self.loss = None
         self._loss_label = loss_label
         self._last_tenth = 0
         self._t0 = self._last_log = time.monotonic()
-        self._write(f"start {name}" + (f" ({total:g} {unit})" if total is not None else ""))
+        self._write(f"start {name}" + (f" ({total:g} {unit})" if total is not None and counted else ""))
         if self._rich is not None:
-            self._task = self._rich.add_task(name, total=total, unit=unit, counted=total is not None, rate="", loss="",
+            self._task = self._rich.add_task(name, total=total, unit=unit, counted=counted and total is not None,
+                                             rate="", loss="",
                                              eps=_fmt_eps(self.epsilon, self.total_epsilon), left="")
 
     def advance(
@@ -443,7 +458,7 @@ class Progress:
         without noise (the batch loss, the sampled batch sizes); log.txt stays shareable.  The terminal
         display shows both, for the person running the job."""
         parts = [f"{self.phase}: {self._done:g}" + (f"/{self._total:g}" if self._total is not None else "")
-                 + f" {self._unit}"]
+                 + f" {self._unit}" if self._counted else f"{self.phase}"]
         if self.epsilon is not None:
             parts.append(_fmt_eps(self.epsilon, self.total_epsilon))
         left = self._left_text()

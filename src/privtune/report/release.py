@@ -34,6 +34,10 @@ NOT_PRIVATE_DIR = "not_private"
 NON_PRIVATE_METRICS = ("examples_per_second", "examples_processed", "nonprivate_reference",
                        "nonfinite_examples_dropped")
 
+#: metrics keys of wall time: released at example level (a side channel like every timing), NOT PRIVATE at the
+#: unit level, where the time of every phase over the training rows grows with their private number
+TIMING_METRICS = ("train_seconds", "steps_per_second", "wall_time_s")
+
 #: history keys that are NOT PRIVATE wherever they appear
 NON_PRIVATE_HISTORY = ("clipping_diagnostics",)
 
@@ -77,12 +81,14 @@ def split_release(metrics: dict, history: dict) -> tuple[dict, dict, dict]:
     final-run loss curve that is not labelled privatised (the batch loss of DP-SGD, computed
     without noise).  The released metrics keep only data-independent timing:
     ``train_seconds`` (wall time, a side channel like every timing) with ``steps_per_second``,
-    never the exact number of sampled examples Σ_t |S_t|.
+    never the exact number of sampled examples Σ_t |S_t|; at the unit level (metrics naming a
+    ``privacy_unit``) not even those (:data:`TIMING_METRICS`).
     """
     pub_m = dict(metrics)
     pub_h = dict(history)
     private: dict = {"metrics": {}, "history": {}}
-    for k in NON_PRIVATE_METRICS:
+    unit_level = bool(pub_m.get("privacy_unit") or (pub_m.get("hyperparameters") or {}).get("privacy_unit"))
+    for k in NON_PRIVATE_METRICS + (TIMING_METRICS if unit_level else ()):
         if k in pub_m:
             private["metrics"][k] = pub_m.pop(k)
     for k in NON_PRIVATE_HISTORY:

@@ -75,8 +75,9 @@ def write_json(path: Path, obj: Any, *, sort_keys: bool = False) -> None:
     os.replace(tmp, path)
 
 
-def run_log(path: Path | None) -> Callable[[str], None]:
-    """A function that appends one timestamped line to ``path`` (``RUN_DIR/log.txt``) per call.
+def run_log(path: Path | None, *, timestamps: bool = True) -> Callable[[str], None]:
+    """A function that appends one timestamped line to ``path`` (``RUN_DIR/log.txt``) per call
+    (``timestamps=False``: lines without the time, for runs whose durations would tell something private).
 
     The lines are :class:`privtune.report.progress.RunLog` lines, the format the progress display
     writes to the same file.  The file is opened per line, so a run that dies holds no handle.
@@ -88,6 +89,7 @@ def run_log(path: Path | None) -> Callable[[str], None]:
 
     def write(message: str) -> None:
         with RunLog(path) as log:
+            log.timestamps = timestamps
             log.write(message)
 
     return write

@@ -34,11 +34,16 @@ class TextClassification:
         return split
 
     def build_model(self, model: Any, *, num_labels: int, label_names: Sequence[str] | None = None,
-                    pooling: str = "auto", max_length: int | None = None, seed: int | None = None) -> nn.Module:
+                    pooling: str = "auto", max_length: int | None = None, seed: int | None = None,
+                    image_size: int | None = None, batchnorm: str | None = None) -> nn.Module:
         if isinstance(model, nn.Module):
+            if image_size is not None or batchnorm is not None:
+                raise InvalidParameterError(
+                    "`image_size` and `batchnorm` are choices for loading a vision backbone by name; the model "
+                    "given is already built. Drop them, or pass the backbone's name.")
             return model
         return load_classifier(model, num_labels=num_labels, pooling=pooling, label_names=label_names,
-                               max_length=max_length, seed=seed)
+                               max_length=max_length, seed=seed, image_size=image_size, batchnorm=batchnorm)
 
     def batch(self, model: nn.Module, data: Any, idx: torch.Tensor) -> dict[str, torch.Tensor]:
         """``{"labels": (B,) classes}`` with the encoder's inputs (``model.encode``), or for cached features

@@ -15,6 +15,7 @@ from privtune.finetune.last_layer import LinearHeadGradient
 from privtune.models import load_classifier
 from privtune.models.testing import make_tiny_text_model, make_toy_text_dataset
 from privtune.training import fit
+from privtune.specs import LoopOptions, NoiseSpec, OptimizerSpec
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +36,9 @@ def test_one_row_per_unit_equals_example_level_exactly(model_path):
     for unit in (None, [f"user{i}" for i in range(len(data))]):
         m = load_classifier(model_path, seed=0)
         apply_mode(m, "bitfit")
-        r = fit(m, data, noise_multiplier=1.1, sample_rate=0.3, steps=3, learning_rate=1e-2, seed=7,
-                max_physical_batch_size=8, privacy_unit=unit, device="cpu")
+        r = fit(m, data, noise=NoiseSpec(noise_multiplier=1.1, sample_rate=0.3, steps=3, privacy_unit=unit),
+                optimizer=OptimizerSpec(learning_rate=1e-2),
+                options=LoopOptions(seed=7, max_physical_batch_size=8), device="cpu")
         out.append((_params(m), r.events))
     (p0, e0), (p1, e1) = out
     assert e0 == e1
@@ -174,8 +176,10 @@ def test_fit_with_units_uses_at_most_k_rows_per_unit(model_path):
     m = load_classifier(model_path, seed=0)
     apply_mode(m, "bitfit")
     sizes = []
-    r = fit(m, data, noise_multiplier=1.0, sample_rate=1.0, steps=2, learning_rate=1e-2, seed=0, device="cpu",
-            privacy_unit=keys, max_rows_per_unit=2, callback=lambda info: sizes.append(info.batch_size))
+    r = fit(m, data,
+            noise=NoiseSpec(noise_multiplier=1.0, sample_rate=1.0, steps=2, privacy_unit=keys, max_rows_per_unit=2),
+            optimizer=OptimizerSpec(learning_rate=1e-2), options=LoopOptions(seed=0), device="cpu",
+            callback=lambda info: sizes.append(info.batch_size))
     assert sizes == [8, 8]
     assert r.events[0].sample_rate == 1.0
 
@@ -187,15 +191,19 @@ def test_refusals(model_path):
     data = make_toy_text_dataset(12, seed=0)
     m = load_classifier(model_path, seed=0)
     apply_mode(m, "bitfit")
-    common = dict(noise_multiplier=1.0, sample_rate=0.5, steps=1, learning_rate=1e-2, device="cpu")
+    common = dict(noise_multiplier=1.0, sample_rate=0.5, steps=1)
+
+    def fit_units(**noise):
+        fit(m, data, noise=NoiseSpec(**common, **noise), optimizer=OptimizerSpec(learning_rate=1e-2), device="cpu")
+
     with pytest.raises(InvalidParameterError, match="sampling='shuffle' is not supported"):
-        fit(m, data, **common, privacy_unit=[0] * 12, sampling="shuffle")
+        fit_units(privacy_unit=[0] * 12, sampling="shuffle")
     with pytest.raises(InvalidParameterError, match="max_rows_per_unit"):
-        fit(m, data, **common, privacy_unit=[0] * 12, max_rows_per_unit=0)
+        fit_units(privacy_unit=[0] * 12, max_rows_per_unit=0)
     with pytest.raises(InvalidParameterError, match="one unit per training row"):
-        fit(m, data, **common, privacy_unit=[0] * 5)
+        fit_units(privacy_unit=[0] * 5)
     with pytest.raises(InvalidParameterError, match="column name"):
-        fit(m, data, **common, privacy_unit="user_id")
+        fit_units(privacy_unit="user_id")
     with pytest.raises(DataError, match="no privacy unit"):
         unit_index(["a", "", "b"], 3)
     for missing in (None, float("nan"), " ", "NaN", "null", "None"):
@@ -217,8 +225,8 @@ def test_the_default_cap_is_one_constant():
     from privtune.engine.units import DEFAULT_MAX_ROWS_PER_UNIT
     from privtune.training import train
 
-    for fn in (fit, train):
-        assert inspect.signature(fn).parameters["max_rows_per_unit"].default == DEFAULT_MAX_ROWS_PER_UNIT
+    assert inspect.signature(train).parameters["max_rows_per_unit"].default == DEFAULT_MAX_ROWS_PER_UNIT
+    assert NoiseSpec(noise_multiplier=1.0, sample_rate=0.5, steps=1).max_rows_per_unit == DEFAULT_MAX_ROWS_PER_UNIT
 
 
 # ------------------------------------------------------------------------------------------ the statement
@@ -265,14 +273,16 @@ def test_units_on_cached_features_match_example_level_and_cap_rows():
     out = []
     for unit in (None, list(range(60))):
         head = _zero_head(5)
-        fit(head, feats, noise_multiplier=1.0, sample_rate=0.2, steps=4, learning_rate=0.1, seed=3, device="cpu",
-            privacy_unit=unit)
+        fit(head, feats, noise=NoiseSpec(noise_multiplier=1.0, sample_rate=0.2, steps=4, privacy_unit=unit),
+            optimizer=OptimizerSpec(learning_rate=0.1), options=LoopOptions(seed=3), device="cpu")
         out.append([p.detach().clone() for p in head.parameters()])
     for a, b in zip(*out):
         assert torch.equal(a, b)
     sizes = []
-    fit(_zero_head(5), feats, noise_multiplier=1.0, sample_rate=1.0, steps=2, learning_rate=0.1, seed=3, device="cpu",
-        privacy_unit=[i % 6 for i in range(60)], max_rows_per_unit=3, callback=lambda info: sizes.append(info.batch_size))
+    fit(_zero_head(5), feats,
+        noise=NoiseSpec(noise_multiplier=1.0, sample_rate=1.0, steps=2, privacy_unit=[i % 6 for i in range(60)], max_rows_per_unit=3),
+        optimizer=OptimizerSpec(learning_rate=0.1), options=LoopOptions(seed=3), device="cpu",
+        callback=lambda info: sizes.append(info.batch_size))
     assert sizes == [18, 18]
 
 

@@ -20,6 +20,7 @@ from privtune.engine.sampling import check_shuffle_batching, shuffle_batching_is
 from privtune.errors import InvalidParameterError
 from privtune.finetune import FeatureSet
 from privtune.training import fit
+from privtune.specs import NoiseSpec, OptimizerSpec
 
 
 @pytest.mark.parametrize("n", range(2, 70))
@@ -60,8 +61,8 @@ def _statistic(fs: FeatureSet) -> float:
     head = torch.nn.Linear(2, 2)
     torch.nn.init.zeros_(head.weight)
     torch.nn.init.zeros_(head.bias)
-    fit(head, fs, noise_multiplier=14.0, sample_rate=256 / len(fs), steps=30, learning_rate=1e-4,
-        optimizer="sgd", sampling="shuffle")  # OS-seeded noise and permutations
+    fit(head, fs, noise=NoiseSpec(noise_multiplier=14.0, sample_rate=256 / len(fs), steps=30, sampling="shuffle"),
+        optimizer=OptimizerSpec(learning_rate=1e-4, name="sgd"))  # OS-seeded noise and permutations
     return float(head.weight[0, 0] - head.weight[1, 0])
 
 

@@ -14,6 +14,7 @@ from privtune.errors import DataError
 from privtune.finetune import FeatureSet, LinearHeadGradient
 from privtune.ledger import Ledger
 from privtune.training import fit
+from privtune.specs import LoopOptions, NoiseSpec, OptimizerSpec
 
 
 def _features(n: int = 40, d: int = 6, bad_row: int | None = 7, seed: int = 0) -> FeatureSet:
@@ -55,8 +56,9 @@ def test_review_experiment_inf_row_sampled_gives_a_finite_head(fast_head):
     (q = 0.5); the released head is finite and the run does not stop."""
     for q in (1.0, 0.5):
         head = nn.Linear(6, 2)
-        res = fit(head, _features(), noise_multiplier=1.0, sample_rate=q, steps=6, learning_rate=0.1, seed=5,
-                  optimizer="sgd", fast_head=fast_head, nonfinite_features="drop")
+        res = fit(head, _features(), noise=NoiseSpec(noise_multiplier=1.0, sample_rate=q, steps=6),
+                  optimizer=OptimizerSpec(learning_rate=0.1, name="sgd"),
+                  options=LoopOptions(seed=5, fast_head=fast_head, nonfinite_features="drop"))
         assert res.steps == 6
         assert torch.isfinite(head.weight).all() and torch.isfinite(head.bias).all()
         assert res.nonfinite_examples >= (6 if q == 1.0 else 1)
@@ -68,7 +70,8 @@ def test_fit_refuses_nonfinite_features_before_training():
     fs = _features()
     fs.features[11, 0] = float("nan")
     with pytest.raises(DataError, match=r"`train_set` has 2 feature row\(s\) with NaN or infinite") as err:
-        fit(head, fs, noise_multiplier=1.0, sample_rate=0.5, steps=3, learning_rate=0.1)
+        fit(head, fs, noise=NoiseSpec(noise_multiplier=1.0, sample_rate=0.5, steps=3),
+            optimizer=OptimizerSpec(learning_rate=0.1))
     assert "inf," not in str(err.value) and "tensor" not in str(err.value)  # a count, never row values
     assert torch.equal(head.weight.detach(), before)
 

@@ -64,12 +64,19 @@ def test_image_demo_end_to_end_then_predict(tmp_path, monkeypatch, capsys):
     assert main(["tune", "--data", "embedded:fashion-mnist", "--output", str(run), "--quiet"]) == 0
     out = capsys.readouterr().out
     assert "accuracy on embedded Fashion-MNIST test" in out and "mode: last-layer" in out
+    assert "(60 test-set images)" in out and "1,000" not in out  # the reported split as used, not as shipped
     metrics = json.loads((run / "metrics.json").read_text(encoding="utf-8"))
     cert = json.loads((run / "certificate.json").read_text(encoding="utf-8"))
     assert metrics["mode"] == "last-layer" and metrics["strategy"] == "hyperfree"
+    assert metrics["hyperparameters"]["learning_rate_initial"] == 0.3  # η0 of a head on (normalised) image features
     assert cert["epsilon"] <= 1.0 + 1e-9
     # --mode auto explains its choice with the modes this backbone can train (no LoRA in a CNN)
-    assert "DP fine-tuning of the backbone (bitfit, full)" in (run / "log.txt").read_text(encoding="utf-8")
+    log = (run / "log.txt").read_text(encoding="utf-8")
+    assert "DP fine-tuning of the backbone (bitfit, full)" in log
+    assert "applied to images as is, where it has not been measured" in log  # the threshold's evidence is text
+    meta = json.loads((run / "model" / "privtune_classifier.json").read_text(encoding="utf-8"))
+    assert meta["kind"] == "image" and "max_length" not in meta and "pooling" not in meta  # text-only keys
+    assert meta["normalize"] is True  # last-layer on images: the head reads L2-normalised features
     assert (run / "ledger.db").exists()  # the demo's ledger lives in its run directory
     assert (run / "report.html").exists() and (run / "model" / "privtune_image_preprocessor.json").exists()
     card = (run / "model" / "README.md").read_text(encoding="utf-8")
@@ -100,7 +107,8 @@ def test_benchmarks_page_renders_the_fashion_mnist_cells_from_their_files(tmp_pa
         folder.mkdir()
         sizes = {"n_private": 58000, "n_public": 2000, "n_test": 10000, "device": "cpu"}
         (folder / "default_eps3.json").write_text(json.dumps(
-            {"cell": "default", "test_accuracy": 0.9012, "certificate_epsilon": 2.9998, "wall_s": 120, **sizes}))
+            {"cell": "default", "test_accuracy": 0.9012, "certificate_epsilon": 2.9998, "wall_s": 120,
+             "features_l2_normalised": True, **sizes}))
         (folder / "nonpriv-last-layer.json").write_text(json.dumps(
             {"cell": "nonpriv-last-layer", "test_accuracy": 0.9234, "certificate_epsilon": None, "not_private": True,
              "wall_s": 60, **sizes}))
@@ -110,3 +118,4 @@ def test_benchmarks_page_renders_the_fashion_mnist_cells_from_their_files(tmp_pa
     assert "## Fashion-MNIST" in page and "58,000" in page
     assert "| 3 | 90.1 % (ε 3; 2.0 min) | – |" in page
     assert "92.3 %" in page and "Not run yet: `auto`" in page
+    assert "Cells `default` train the head on L2-normalised features" in page  # the ceiling's file predates it

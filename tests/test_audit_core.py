@@ -8,14 +8,18 @@ norm accumulation or sampler change.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
 
-from privtune.audit import audit_dp_step, epsilon_lower_bound, p_value
+from privtune.accounting import compute_epsilon
+from privtune.accounting.events import DPSGDEvent
+from privtune.audit import ProbeSpec, audit_dp_step, epsilon_lower_bound, p_value
 from privtune.audit.result import best_guesses
 from privtune.engine import PrivateGradient
 from privtune.errors import InvalidParameterError
+from privtune.specs import ClippingSpec, NoiseSpec
 
 
 def _logit(p: float) -> float:
@@ -84,13 +88,15 @@ def test_best_guesses_perfect_separation_uses_all_guesses():
 
 # claimed ε = 1 at δ = 1e-5; full batch (q = 1, T = 10) and Poisson (q = 0.5); 1000 Dirac canaries,
 # micro-batches of 64 (≈ 8 per full batch) and 32 (≈ 8 per Poisson batch of ≈ 250 canaries).
-FULL = dict(epsilon=1.0, delta=1e-5, sample_rate=1.0, steps=10, num_canaries=1000, seed=0,
-            max_physical_batch_size=64)
-POISSON = dict(FULL, sample_rate=0.5, seed=1, max_physical_batch_size=32)
+FULL = dict(claim=NoiseSpec.for_epsilon(1.0, delta=1e-5, sample_rate=1.0, steps=10),
+            probe=ProbeSpec(num_canaries=1000, max_physical_batch_size=64), seed=0)
+POISSON = dict(claim=NoiseSpec.for_epsilon(1.0, delta=1e-5, sample_rate=0.5, steps=10),
+               probe=ProbeSpec(num_canaries=1000, max_physical_batch_size=32), seed=1)
 
 
-@pytest.mark.parametrize("cfg", [FULL, POISSON, dict(FULL, canary="random", background_examples=200, seed=2),
-                                 dict(FULL, clipping="automatic", seed=3)],
+@pytest.mark.parametrize("cfg", [FULL, POISSON, dict(FULL, probe=replace(FULL["probe"], canary="random",
+                                                                        background_examples=200), seed=2),
+                                 dict(FULL, clipping=ClippingSpec(clipping="automatic"), seed=3)],
                          ids=["full-batch", "poisson", "random-canaries+background", "automatic-clipping"])
 def test_real_engine_lower_bound_stays_below_claim(cfg):
     res = audit_dp_step(**cfg)
@@ -154,14 +160,30 @@ def test_broken_engine_is_caught(monkeypatch, breakage, cfg):
 
 
 def test_audit_dp_step_rejects_bad_arguments():
-    with pytest.raises(InvalidParameterError, match="exactly one of `epsilon` or `noise_multiplier`"):
-        audit_dp_step(sample_rate=1.0, steps=1)
+    with pytest.raises(InvalidParameterError, match="needs its δ"):
+        audit_dp_step(NoiseSpec(noise_multiplier=1.0, sample_rate=1.0, steps=1))
+    with pytest.raises(InvalidParameterError, match="samples Poisson batches"):
+        audit_dp_step(NoiseSpec(noise_multiplier=1.0, sample_rate=0.5, steps=1, sampling="shuffle", delta=1e-5))
+    with pytest.raises(InvalidParameterError, match="must be a privtune.specs.NoiseSpec"):
+        audit_dp_step({"epsilon": 1.0, "sample_rate": 1.0, "steps": 1})
     with pytest.raises(InvalidParameterError, match="num_features"):
-        audit_dp_step(epsilon=1.0, sample_rate=1.0, steps=1, num_canaries=100, num_features=10)
+        ProbeSpec(num_canaries=100, num_features=10)
+    with pytest.raises(InvalidParameterError, match="num_canaries"):
+        ProbeSpec(num_canaries=5)
+    with pytest.raises(InvalidParameterError, match="delta"):
+        NoiseSpec(noise_multiplier=1.0, sample_rate=1.0, steps=1, delta=2.0)
+
+
+def test_a_claim_calibrated_for_epsilon_composes_to_it():
+    claim = NoiseSpec.for_epsilon(2.0, delta=1e-5, sample_rate=0.1, steps=50)
+    events = [DPSGDEvent(claim.noise_multiplier, 0.1, 50, sampling="poisson")]
+    assert claim.sampling == "poisson" and compute_epsilon(events, 1e-5, accountant="pld") == pytest.approx(2.0, 1e-3)
+    assert NoiseSpec.for_epsilon(2.0, delta=1e-5, sample_rate=1.0, steps=5).sampling == "full_batch"
 
 
 def test_result_files(tmp_path):
-    res = audit_dp_step(**dict(FULL, steps=2, num_canaries=100))
+    res = audit_dp_step(NoiseSpec.for_epsilon(1.0, delta=1e-5, sample_rate=1.0, steps=2),
+                        probe=ProbeSpec(num_canaries=100, max_physical_batch_size=64), seed=0)
     paths = res.save(tmp_path / "audit")
     assert paths["png"].stat().st_size > 1000
     page = paths["html"].read_text()

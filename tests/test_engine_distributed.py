@@ -23,6 +23,7 @@ import torch.multiprocessing as mp
 
 import privtune.engine.distributed  # noqa: F401 - before any worker makes a group (see its module note)
 from privtune.models.testing import make_toy_text_files
+from privtune.specs import ClippingSpec, LoopOptions, NoiseSpec, OptimizerSpec
 
 WORLD = 2
 MODES = ("last-layer", "bitfit", "full", "lora", "two-phase")
@@ -68,8 +69,9 @@ def _fit_every_mode(rank: int, files: dict, sigma: float) -> dict:
         apply_mode(clf, mode)
         train_set = cache_features(clf, data) if mode == "last-layer" else data
         two_phase = {"mode": "two-phase", "phase1_steps": 1} if mode == "two-phase" else {}
-        r = fit(clf, train_set, noise_multiplier=sigma, sample_rate=0.3, steps=3, learning_rate=0.05, clip=0.5,
-                seed=7, max_physical_batch_size=4, device="cpu", optimizer="sgd", **two_phase)
+        r = fit(clf, train_set, noise=NoiseSpec(noise_multiplier=sigma, sample_rate=0.3, steps=3),
+                optimizer=OptimizerSpec(name="sgd", learning_rate=0.05), clipping=ClippingSpec(clip=0.5),
+                options=LoopOptions(seed=7, max_physical_batch_size=4, **two_phase), device="cpu")
         trained = {k: v.detach().clone() for k, v in clf.named_parameters() if v.requires_grad}
         out[mode] = {"params": trained, "loss": r.history["train_loss"], "events": r.events,
                      "batches": list(batches)}
@@ -186,8 +188,9 @@ def _joins_like_torchrun(rank: int, world: int, port: int, files: dict, out_dir:
     group = weakref.ref(dist.distributed_c10d._get_default_group())
     model = load_classifier(files["model"], num_labels=2, seed=0)
     apply_mode(model, "bitfit")
-    fit(model, load_dataset(files["train"], num_labels=2), noise_multiplier=1.0, sample_rate=0.25, steps=2,
-        learning_rate=1e-2, seed=0, device="cpu")
+    fit(model, load_dataset(files["train"], num_labels=2),
+        noise=NoiseSpec(noise_multiplier=1.0, sample_rate=0.25, steps=2),
+        optimizer=OptimizerSpec(learning_rate=1e-2), options=LoopOptions(seed=0), device="cpu")
     shutdown()
     gc.collect()
     (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps({"group_freed": group() is None}))
@@ -288,8 +291,8 @@ def test_loop_hooks_are_refused_in_a_data_parallel_run(monkeypatch):
     monkeypatch.setattr(distributed, "current", lambda device=None: distributed.ProcessGroup(0, 2, 0, "gloo"))
     data = FeatureSet(torch.randn(20, 4), torch.randint(0, 2, (20,)), 2)
     with pytest.raises(InvalidParameterError, match="data-parallel"):
-        fit(torch.nn.Linear(4, 2), data, noise_multiplier=1.0, sample_rate=0.5, steps=1, learning_rate=0.1,
-            device="cpu", hooks=[LoopHook()])
+        fit(torch.nn.Linear(4, 2), data, noise=NoiseSpec(noise_multiplier=1.0, sample_rate=0.5, steps=1),
+            optimizer=OptimizerSpec(learning_rate=0.1), device="cpu", hooks=[LoopHook()])
 
 
 @pytest.fixture(scope="module")

@@ -29,6 +29,7 @@ from privtune.hpo.tune import MODES as TUNE_MODES
 from privtune.hpo.tune import STRATEGIES, tune
 from privtune.ledger import Ledger
 from privtune.models.classifier import POOLING_CHOICES
+from privtune.models.vision import BATCHNORM_CHOICES
 from privtune.optim import OPTIMIZERS
 from privtune.report.html import STRATEGY_TEXT
 from privtune.training import train
@@ -48,6 +49,7 @@ OWNERS = {
     "selections": (SELECTIONS, "choices.py"),
     "executors": (EXECUTORS, "choices.py"),
     "pooling": (POOLING_CHOICES, "models/classifier.py"),
+    "batchnorm policies": (BATCHNORM_CHOICES, "choices.py"),
     "recommend preferences": (PREFERENCES, "choices.py"),
     "config commands": (COMMANDS, "cli/config_file.py"),
 }
@@ -115,9 +117,10 @@ def test_click_choices_are_the_owning_tuples(command, expected):
 def test_config_choices_are_the_owning_tuples_and_their_help_names_every_choice():
     expected = {
         "train": {"mode": TRAIN_MODES, "optimizer": OPTIMIZERS, "clipping": CLIPPINGS, "sampling": SAMPLING_SCHEMES,
-                  "accountant": ACCOUNTANTS},
+                  "accountant": ACCOUNTANTS, "batchnorm": BATCHNORM_CHOICES},
         "tune": {"mode": TUNE_MODES, "strategy": STRATEGIES, "selection": SELECTIONS, "optimizer": OPTIMIZERS,
-                 "clipping": CLIPPINGS, "accountant": ACCOUNTANTS, "executor": EXECUTORS},
+                 "clipping": CLIPPINGS, "accountant": ACCOUNTANTS, "executor": EXECUTORS,
+                 "batchnorm": BATCHNORM_CHOICES},
     }
     for command, schema in SCHEMAS.items():
         choices = {key: tuple(o.choices) for key, o in schema.items() if o.kind == "choice"}

@@ -17,6 +17,7 @@ import privtune.training as training
 from privtune.cli import main
 from privtune.errors import InvalidParameterError
 from privtune.models.testing import make_toy_text_files
+from privtune.specs import ClippingSpec, LoopOptions, NoiseSpec, OptimizerSpec
 
 SRC = pathlib.Path(privtune.__file__).parent
 
@@ -159,8 +160,9 @@ def test_one_clip_factor_rule(files, monkeypatch, mode, clipping):
     model = load_classifier(files["model"], seed=0)
     apply_mode(model, mode)
     before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
-    training.fit(model, make_toy_text_dataset(16), noise_multiplier=0.0, sample_rate=0.5, steps=2, learning_rate=1.0,
-                 optimizer="sgd", clipping=clipping, mode=mode, device="cpu", seed=0)
+    training.fit(model, make_toy_text_dataset(16), noise=NoiseSpec(noise_multiplier=0.0, sample_rate=0.5, steps=2),
+                 optimizer=OptimizerSpec(learning_rate=1.0, name="sgd"), clipping=ClippingSpec(clipping=clipping),
+                 options=LoopOptions(mode=mode, seed=0), device="cpu")
     trained = {n: p.detach() for n, p in model.named_parameters() if n in before}
     assert trained, "no trainable parameter found"
     moved = [n for n, p in trained.items() if not torch.equal(p, before[n])]
