@@ -440,10 +440,33 @@ def render_user_level_sst2(files: list[Path]) -> str:
     return "\n".join(out) + "\n"
 
 
+ETA_INTRO = """\
+## Time-left estimates
+
+`privtune tune` prints the time left for the current phase and for the whole run; `python bench/eta.py [--full]
+[--quick]` runs a tune and compares every whole-run estimate in its `log.txt` with the time that was actually left
+(target: estimate ÷ actual within [1/2, 2] on every line, or within 5 s). A measurement, not a test: the ratios
+depend on the machine and on what else runs on it (the load is recorded).
+"""
+
+
+def render_eta(files: list[Path]) -> str:
+    out = [ETA_INTRO, "| run | what ran | lines within target | worst ratios (low … high) | run time | 1-min load before / after |",
+           "|---" * 6 + "|"]
+    for path in files:
+        r = _load(path)
+        load = [r.get("machine", {}).get(k, {}).get("load_average_1_5_15", [None])[0] for k in ("before", "after")]
+        load_text = " / ".join("?" if x is None else f"{x:.1f}" for x in load)
+        out.append(f"| `{r['name']}` | {r.get('source', '')} | {r['lines_within_target']}/{r['lines_checked']} | "
+                   f"{r['worst_low_ratio']:g} … {r['worst_high_ratio']:g} | {_minutes(r['run_seconds'])} | {load_text} |")
+    return "\n".join(out).rstrip() + "\n"
+
+
 SECTIONS: list[Section] = [
     Section("sst2-full", ("sst2_full/full/*_eps*_seed*.json",), render_sst2_full),
     Section("sst2-backbones", ("sst2_full/full_*/*_eps*_seed*.json",), render_sst2_backbones),
     Section("fashion-mnist", ("fashion_mnist/*.json",), render_fashion_mnist),
+    Section("eta", ("eta/*.json",), render_eta),
     Section("user-level-sst2", ("user_level/sst2.json",), render_user_level_sst2),
     Section("generation", ("generation/generation-[0-9]*.json",), render_generation),
 ]
