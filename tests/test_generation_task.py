@@ -181,6 +181,20 @@ def test_tune_random_search_and_refusals(cli, files, tmp_path):
     assert r.exit_code != 0 and "not available for prompt" in r.output
 
 
+def test_tune_refuses_options_that_do_not_apply_to_a_generator(files, tmp_path):
+    """Options of image or classifier tuning are one clear error on prompt → response data, before anything is
+    read or charged (the typed arguments are checked, not a dict of locals)."""
+    import privtune
+    from privtune.errors import InvalidParameterError
+
+    for option in ({"image_size": 64}, {"time_budget": 5.0}, {"selection": "train-accuracy"}, {"labels": [0, 1]}):
+        ledger = tmp_path / f"{next(iter(option))}.db"
+        with pytest.raises(InvalidParameterError, match=f"`{next(iter(option))}` does not apply"):
+            privtune.tune(str(files["train"]), model=str(files["gpt2"]), ledger=f"sqlite:///{ledger}",
+                          output_dir=tmp_path / next(iter(option)), quiet=True, **option)
+        assert not ledger.exists() and not (tmp_path / next(iter(option))).exists()
+
+
 def test_predict_generates_greedy_and_beam_and_refuses_bad_input(cli, files, tmp_path):
     out, _ = _tune(cli, files, tmp_path, "--trials", "1", "--mode", "full")
     prompts = _write(tmp_path / "prompts.jsonl", [{"prompt": "hello how are you ?"}, {"prompt": "are you good ?"}])

@@ -459,10 +459,10 @@ class GenerationTuneJob:
                 "metrics": released.metrics, "history": released.history, "run_dir": inputs.out}
 
 
-def tune_generation(**kwargs: Any) -> dict:
+def tune_generation(request: GenerationTuneRequest) -> dict:
     """:func:`privtune.hpo.tune` on prompt → response pairs (see the module doc); returns the fields of its
     :class:`privtune.hpo.tune.TuneResult`."""
-    return run_pipeline.execute(GenerationTuneJob(GenerationTuneRequest(**kwargs)))
+    return run_pipeline.execute(GenerationTuneJob(request))
 
 
 __all__ = ["GENERATION_STRATEGIES", "GenerationTuneJob", "GenerationTuneRequest", "tune_generation"]

@@ -297,8 +297,6 @@ def tune(
     """
     from privtune.data.generation import is_generation_data
 
-    if is_generation_data(data):  # prompt → response pairs: a causal LM (privtune.hpo.generation_tune)
-        return _tune_generation(locals())
     if model is None and isinstance(data, str) and data == EMBEDDED_IMAGE_DEMO:
         model = EMBEDDED_IMAGE_MODEL  # the image demo's backbone
     arguments = TuneArguments(
@@ -311,6 +309,8 @@ def tune(
         resume=resume, labels=labels, device=device, executor=executor, ray_address=ray_address,
         image_size=image_size, batchnorm=batchnorm, time_budget=time_budget,
         privacy_unit=privacy_unit, max_rows_per_unit=max_rows_per_unit)
+    if is_generation_data(data):  # prompt → response pairs: a causal LM (privtune.hpo.generation_tune)
+        return _tune_generation(arguments, unknown)
     return run_pipeline.execute(TuneJob(arguments, unknown))
 
 
@@ -326,18 +326,20 @@ _GENERATION_UNUSED = {"selection": None, "selection_noise": None, "validation_fr
                       "executor": "local", "ray_address": None}
 
 
-def _tune_generation(given: dict) -> TuneResult:
+def _tune_generation(arguments: TuneArguments, unknown: dict) -> TuneResult:
     """:func:`tune` on prompt → response pairs (:mod:`privtune.hpo.generation_tune`); an option that does not
     apply to a generator is one clear error, before anything is read or charged."""
-    from privtune.hpo.generation_tune import tune_generation
+    from privtune.hpo.generation_tune import GenerationTuneRequest, tune_generation
 
-    unknown = given.get("unknown") or {}
-    extra = [k for k, default in _GENERATION_UNUSED.items() if given.get(k) != default] + sorted(unknown)
+    extra = [k for k, default in _GENERATION_UNUSED.items() if getattr(arguments, k) != default] + sorted(unknown)
+    if arguments.image_size is not None or arguments.batchnorm is not None or arguments.time_budget is not None:
+        extra += [k for k in ("image_size", "batchnorm", "time_budget") if getattr(arguments, k) is not None]
     if extra:
         raise InvalidParameterError(
             f"`{extra[0]}` does not apply to tuning a generator on prompt → response data. Drop it (options that "
             f"apply: {', '.join(a for a in _GENERATION_ARGUMENTS if a != 'data')}).")
-    return TuneResult(**tune_generation(**{k: given[k] for k in _GENERATION_ARGUMENTS}))
+    request = GenerationTuneRequest(**{k: getattr(arguments, k) for k in _GENERATION_ARGUMENTS})
+    return TuneResult(**tune_generation(request))
 
 
 # --------------------------------------------------------------------------------------
