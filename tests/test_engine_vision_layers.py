@@ -132,11 +132,13 @@ def test_each_convolution_kind_against_the_loop(padding_mode):
         nn.ReLU6(),
         nn.Conv2d(12, 8, 1),                                                               # pointwise
         nn.SiLU(),
+        nn.Conv2d(8, 8, 3, padding=1, groups=4, padding_mode=padding_mode),               # grouped, 2 in → 2 out
+        nn.Tanh(),
         nn.Conv2d(8, 4, 1, stride=2, groups=2),                                            # pointwise grouped, strided
         Pool(), nn.Linear(4, 3)).double()
     check_against_loop(model, *_inputs(size=11), kinds=["conv"])
     kinds = _handler_types(model)
-    assert kinds["2"] == kinds["4"] == "GroupedConvHandler" and kinds["0"] == kinds["6"] == "ConvHandler"
+    assert kinds["2"] == kinds["4"] == kinds["8"] == "GroupedConvHandler" and kinds["0"] == kinds["6"] == "ConvHandler"
     conv1d = nn.Sequential(nn.Conv1d(2, 4, 3, padding=1), nn.Tanh(), nn.Conv1d(4, 4, 5, stride=2, padding=2, groups=4),
                            nn.Tanh(), nn.Conv1d(4, 4, 1), Pool(), nn.Linear(4, 3)).double()
     g = torch.Generator().manual_seed(5)

@@ -72,11 +72,10 @@ MAX_CHANNELS_PER_GROUP = 16
 
 class GroupedConvHandler(_MaterialisingHandler):
     """Depthwise and other narrow grouped convolutions (``nn.Conv1d/2d``, timm's ``Conv2dSame``) with a trainable
-    weight: per-example gradients materialised in one batched product over the unfolded input,
-    ``∇W_i[g, o, j] = Σ_l u_i[g, j, l] · g_i[g, o, l]`` (u: the patches of group g, l: output positions), and
-    ``∇b_i = Σ_l g_i``.  The unfold-based rule of ``ConvHandler`` works group by group, which costs one pass per
-    channel for a depthwise convolution; this is one pass for all.  A depthwise convolution (one input channel per
-    group) reads, for each kernel offset, a strided view of its input instead of unfolding it.  Norms are those of
+    weight: per-example gradients materialised by one grouped convolution over the whole batch (each example's
+    input channels correlated with its own output gradients, :meth:`_by_grouped_conv`), and ``∇b_i = Σ_l g_i``.
+    The unfold-based rule of ``ConvHandler`` works group by group, which costs one pass per channel for a
+    depthwise convolution; this is one pass for all, without an unfolded copy of the input.  Norms are those of
     exactly the vectors added (float64, rounded up), as for the normalisation layers."""
 
     kind = "conv"
@@ -89,19 +88,11 @@ class GroupedConvHandler(_MaterialisingHandler):
         x = super().store_input(args, kwargs)
         return _pad_tf_same(self.module, x) if self.same_pad else x
 
-    def _unfold(self, x: torch.Tensor) -> torch.Tensor:
-        m = self.module
-        if not self.same_pad and any(m._reversed_padding_repeated_twice):
-            mode = "constant" if m.padding_mode == "zeros" else m.padding_mode
-            x = F.pad(x, m._reversed_padding_repeated_twice, mode=mode)
-        if isinstance(m, nn.Conv1d):
-            return F.unfold(x.unsqueeze(2), (1, m.kernel_size[0]), dilation=(1, m.dilation[0]), stride=(1, m.stride[0]))
-        return F.unfold(x, m.kernel_size, dilation=m.dilation, stride=m.stride)  # (B, Cin·k, L)
-
-    def _depthwise(self, x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-        """Per-example weight gradients of a depthwise convolution (one input channel per group), (B, *W): for
-        each kernel offset, the strided view of the padded input it reads times the output gradient, summed over
-        positions; no unfolded copy of the input (k² times its size) is made."""
+    def _by_grouped_conv(self, x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        """Per-example weight gradients (B, *W) as one convolution with B·Cin groups: each example's input
+        channel is correlated with its own output gradients used as kernels (dilated by the stride; the layer's
+        dilation becomes the stride), ``∇W_i[o, j, u, v] = Σ_l x_i[j, u·d + l·s] g_i[o, l]``; no unfolded copy of
+        the input is made."""
         m = self.module
         if not self.same_pad and any(m._reversed_padding_repeated_twice):
             mode = "constant" if m.padding_mode == "zeros" else m.padding_mode
@@ -109,30 +100,22 @@ class GroupedConvHandler(_MaterialisingHandler):
         k, st, dil = m.kernel_size, m.stride, m.dilation
         if isinstance(m, nn.Conv1d):
             x, g, k, st, dil = x.unsqueeze(2), g.unsqueeze(2), (1, k[0]), (1, st[0]), (1, dil[0])
-        B, G = x.shape[:2]
+        B, Cin = x.shape[:2]
+        G, Cout = m.groups, g.shape[1]
+        n, mo = Cin // G, Cout // G
         Ho, Wo = g.shape[-2:]
-        go = g.reshape(B, G, -1, Ho, Wo)  # (B, G, Cout/G, Ho, Wo)
-        cols = []
-        for i in range(k[0]):
-            for j in range(k[1]):
-                xs = x[:, :, i * dil[0]: i * dil[0] + st[0] * (Ho - 1) + 1: st[0],
-                       j * dil[1]: j * dil[1] + st[1] * (Wo - 1) + 1: st[1]]
-                cols.append((xs.unsqueeze(2) * go).sum((3, 4)))  # (B, G, Cout/G)
-        return torch.stack(cols, -1).reshape(B, *self.params["weight"].shape)
+        kernels = g.reshape(B, G, 1, mo, Ho, Wo).expand(B, G, n, mo, Ho, Wo).reshape(B * Cin * mo, 1, Ho, Wo)
+        r = F.conv2d(x.reshape(1, B * Cin, *x.shape[-2:]), kernels, stride=dil, dilation=st, groups=B * Cin)
+        r = r.reshape(B, G, n, mo, r.shape[-2], r.shape[-1])[..., :k[0], :k[1]]
+        return r.permute(0, 1, 3, 2, 4, 5).reshape(B, *self.params["weight"].shape)
 
     def per_example(self, records):
-        G = self.module.groups
         w = self.params["weight"]
         out: dict = {}
         for r in records:
             g = r.grads[0]
             B, Cout = g.shape[0], g.shape[1]
-            if self.module.in_channels == G:
-                pe = self._depthwise(r.act, g)
-            else:
-                u = self._unfold(r.act)
-                go = g.reshape(B, G, Cout // G, -1)  # (B, G, Cout/G, L)
-                pe = torch.einsum("bgil,bgol->bgoi", u.reshape(B, G, -1, u.shape[-1]), go).reshape(B, *w.shape)
+            pe = self._by_grouped_conv(r.act, g)
             out[w] = out.get(w, 0) + pe
             if "bias" in self.params:
                 b = self.params["bias"]
