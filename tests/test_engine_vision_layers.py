@@ -148,7 +148,7 @@ def test_each_convolution_kind_against_the_loop(padding_mode):
 
 def test_convolutions_sum_the_per_example_gradients_they_bounded():
     """Where the per-example form of the norm is the cheaper one (few weights, many positions), the clipped sum
-    adds those float64 per-example gradients: one non-finite example is dropped and the rest match the loop."""
+    adds exactly those per-example gradients: one non-finite example is dropped and the rest match the loop."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.Tanh(), nn.Conv2d(4, 4, 1), Pool(),
                           nn.Linear(4, 3)).float()

@@ -190,16 +190,14 @@ def _token_norm_sum(a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
 
 
 def _linear_weight_sq(a: torch.Tensor, g: torch.Tensor, cache: dict | None = None,
-                      U: torch.Tensor | None = None, cache_key: Any = None,
-                      pe_out: list | None = None) -> torch.Tensor:
+                      U: torch.Tensor | None = None, cache_key: Any = None) -> torch.Tensor:
     """Per-example upper bound on ‖g_iᵀ a_i‖²_F for a (B, T, d), g (B, T, p): float64, shape (B,).
 
     Computed in float64 with the cheaper form (:func:`linear_norm_form`: ghost when 2T² < p·d) plus that
     form's worst-case float64 rounding error (module docstring), so it is ≥ the exact squared norm
     whatever the data; for natural data it exceeds it by ~1e-12 relative.  ``U``: :func:`_token_norm_sum`
     of (a, g) when the caller has it already; ``cache_key``: the Gram cache's key for ``a`` when ``a`` is a
-    temporary (default: its address); ``pe_out``: a list to which the per-example form appends the float64
-    per-example gradients it computed, (B, p, d), whose norms the result bounds (a caller may sum exactly those)."""
+    temporary (default: its address)."""
     _, T, d = a.shape
     p = g.shape[-1]
     form = linear_norm_form(T, p, d)
@@ -223,8 +221,6 @@ def _linear_weight_sq(a: torch.Tensor, g: torch.Tensor, cache: dict | None = Non
         return ((aa * gg).sum((1, 2)).clamp_min(0.0) + _gamma(d + p + T * T + 1) * U.pow(2)) * (1.0 + 4 * _U64)
     # entries of the per-example gradient are sums of T products: ‖Ĝ − G‖_F ≤ γ_T · U
     G = torch.bmm(g64.transpose(1, 2), a.to(torch.float64))
-    if pe_out is not None:
-        pe_out.append(G)
     norm = _inflate(G.pow(2).sum((1, 2)), p * d).sqrt() + _gamma(T) * U
     return norm.pow(2) * (1.0 + 8 * _U64)
 
@@ -403,9 +399,11 @@ class ConvHandler(LinearHandler):
     """nn.Conv1d / nn.Conv2d: unfold the (padded) input so the layer is a linear map per position.
 
     A pointwise (1×1, unpadded) convolution is a linear layer over positions: its input is read as (B, C, L)
-    without unfolding.  Where the per-example form of the weight norm is the cheaper one (small kernels over many
-    positions, :func:`linear_norm_form`), the float64 per-example gradients it computes are kept, and the clipped
-    sum is their weighted sum (B·|W| operations instead of another pass over every position)."""
+    without unfolding.  Where the per-example form of the weight norm is the cheaper one (few weights over many
+    positions, :func:`linear_norm_form`), the per-example gradients are materialised in the layer's precision
+    (one batched product), their norms are those of exactly these vectors (float64, rounded up, as for the
+    normalisation layers), and the clipped sum is their weighted sum (B·|W| operations instead of another pass
+    over every position).  Otherwise the ghost norm bounds the exact norm, as for nn.Linear."""
 
     kind = "conv"
 
@@ -453,13 +451,16 @@ class ConvHandler(LinearHandler):
             gb = sum(r.grads[0] for r in records)
             return _inflate(gb.to(torch.float64).pow(2).sum(1), gb.shape[1])
         a, g = self._cat(records)
-        pes: list = []
-        parts = [_linear_weight_sq(a[j], g[j], pe_out=pes) for j in range(a.shape[0])]
-        sq = sum(parts)
-        if len(pes) == a.shape[0]:  # per-example form: keep exactly the vectors whose norms were bounded
+        if linear_norm_form(a.shape[2], g.shape[3], a.shape[3]) == "per-example":
+            # materialise (small: p·d ≤ 2T²) in the layer's precision, one batched product per group; the norms
+            # are those of exactly the vectors that clipped_sum adds (float64, rounded up)
             w = self.params["weight"]
-            self._pe = {w: torch.stack(pes, 1).reshape(a.shape[1], *w.shape)}  # (B, G, Cout/G, CK/G) → (B, *W)
+            pe = torch.matmul(g.transpose(2, 3), a).transpose(0, 1).reshape(a.shape[1], *w.shape)  # (B, *W)
+            self._pe = {w: pe}
+            sq = _inflate(pe.reshape(pe.shape[0], -1).to(torch.float64).pow(2).sum(1), w.numel())
         else:
+            parts = [_linear_weight_sq(a[j], g[j]) for j in range(a.shape[0])]
+            sq = sum(parts)
             self.ill = any(_ill_conditioned(part, a[j], g[j]) for j, part in enumerate(parts))
         if "bias" in self.params:  # per-example bias gradients; clipped_sum adds exactly these vectors
             self._bias_pe = g.sum(2).permute(1, 0, 2).reshape(g.shape[1], -1)
@@ -472,7 +473,7 @@ class ConvHandler(LinearHandler):
         w = self.params["weight"]
         pe = getattr(self, "_pe", None)
         if pe is not None and pe[w].shape[0] == c.shape[0]:
-            out = {w: torch.tensordot(factors_as(c, pe[w].dtype), pe[w], dims=1)}  # float64
+            out = {w: torch.tensordot(factors_as(c, pe[w].dtype), pe[w], dims=1)}
             g = None
         else:
             a, g = self._cat(records)
