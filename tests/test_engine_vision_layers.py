@@ -112,6 +112,65 @@ def test_depthwise_and_grouped_convolutions(mode):
         assert kinds["Conv2d6"] == kinds["Conv2d2"] == "GroupedConvHandler" and kinds["Conv2d1"] == "ConvHandler"
 
 
+def _handler_types(model):
+    pg = PrivateGradient(model, max_grad_norm=1.0, noise_multiplier=0.0, expected_batch_size=1.0)
+    kinds = {name: type(h).__name__ for name, h in ((pg._owner_of(h), h) for h in pg.handlers)}
+    pg.close()
+    return kinds
+
+
+@pytest.mark.parametrize("padding_mode", ["zeros", "reflect"])
+def test_each_convolution_kind_against_the_loop(padding_mode):
+    """Depthwise (multiplier 1 and 2, stride, dilation), pointwise (stride 1 and 2, grouped), a regular 3×3
+    convolution with stride and padding, and a 1-D depthwise one."""
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 6, 3, stride=2, padding=1, padding_mode=padding_mode), nn.SiLU(),   # regular, strided
+        nn.Conv2d(6, 6, 3, padding=2, dilation=2, groups=6, padding_mode=padding_mode),  # depthwise, dilated
+        nn.Tanh(),
+        nn.Conv2d(6, 12, 3, stride=2, padding=1, groups=6, bias=False),                  # depthwise ×2, strided
+        nn.ReLU6(),
+        nn.Conv2d(12, 8, 1),                                                               # pointwise
+        nn.SiLU(),
+        nn.Conv2d(8, 8, 3, padding=1, groups=4, padding_mode=padding_mode),               # grouped, 2 in → 2 out
+        nn.Tanh(),
+        nn.Conv2d(8, 4, 1, stride=2, groups=2),                                            # pointwise grouped, strided
+        Pool(), nn.Linear(4, 3)).double()
+    check_against_loop(model, *_inputs(size=11), kinds=["conv"])
+    kinds = _handler_types(model)
+    assert kinds["2"] == kinds["4"] == kinds["8"] == "GroupedConvHandler" and kinds["0"] == kinds["6"] == "ConvHandler"
+    conv1d = nn.Sequential(nn.Conv1d(2, 4, 3, padding=1), nn.Tanh(), nn.Conv1d(4, 4, 5, stride=2, padding=2, groups=4),
+                           nn.Tanh(), nn.Conv1d(4, 4, 1), Pool(), nn.Linear(4, 3)).double()
+    g = torch.Generator().manual_seed(5)
+    check_against_loop(conv1d, torch.randn(B, 2, 13, generator=g, dtype=torch.float64), torch.tensor([0, 1, 2, 1]),
+                       kinds=["conv"])
+
+
+def test_convolutions_sum_the_per_example_gradients_they_bounded():
+    """Where the per-example form of the norm is the cheaper one (few weights, many positions), the clipped sum
+    adds exactly those per-example gradients: one non-finite example is dropped and the rest match the loop."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.Tanh(), nn.Conv2d(4, 4, 1), Pool(),
+                          nn.Linear(4, 3)).float()
+    x, y = _inputs(size=12)
+    x = x.float()
+    pg = PrivateGradient(model, max_grad_norm=1.0, noise_multiplier=0.0, expected_batch_size=1.0)
+    pe_kept = []
+    conv = pg.handlers[0]
+    real_clipped_sum = conv.clipped_sum
+    conv.clipped_sum = lambda recs, c: (pe_kept.append(conv._pe is not None), real_clipped_sum(recs, c))[1]
+    x[0, 0, 0, 0] = float("nan")
+    norms = pg.backward(F.cross_entropy(model(x), y, reduction="none"))
+    info = pg.release()
+    got = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+    pg.close()
+    assert pe_kept == [True] and info.nonfinite_examples == 1 and not torch.isfinite(norms[0])
+    params = list(model.parameters())
+    ref_norms, ref_sum = _oracle(model.double(), x[1:].double(), y[1:], [p for p in params], 1.0)
+    assert torch.allclose(norms[1:].double(), ref_norms, rtol=1e-5)
+    assert (got.double() - ref_sum).norm() <= 1e-5 * ref_sum.norm()
+
+
 @pytest.mark.parametrize("mode", ["full", "bias"])
 def test_eval_mode_batchnorm_has_an_exact_fast_rule(mode):
     torch.manual_seed(0)
@@ -193,6 +252,34 @@ def test_timm_batchnorm_with_activation(mode, act):
     if mode == "bias":
         _bias_only(model)
     check_against_loop(model, *_inputs(), kinds=["batchnorm"])
+
+
+@pytest.mark.parametrize("mode", ["full", "bias"])
+def test_timm_batchnorm_with_activation_captures_the_gradient_before_it(mode):
+    """The gradient is read at the normalised values (the input of the module's ``drop``): β alone stores no
+    activation, and a dropout in train mode there (p = 0 here, so the loop sees the same function) is exact."""
+    require("timm")
+    from timm.layers import BatchNormAct2d
+
+    torch.manual_seed(0)
+    bn = _bn_with_stats(BatchNormAct2d(5, act_layer=nn.ReLU6, act_kwargs={"inplace": True}))
+    bn.drop = nn.Dropout(0.0)
+    model = nn.Sequential(nn.Conv2d(3, 5, 3, bias=False), bn, Pool(), nn.Linear(5, 3)).double().eval()
+    bn.drop.train()
+    if mode == "bias":
+        _bias_only(model)
+    described = check_against_loop(model, *_inputs(), kinds=["batchnorm"])
+    if mode == "bias":
+        assert described["1"] == "batchnorm (bias only, no activations)"
+
+
+def test_timm_batchnorm_with_activation_in_train_mode_is_refused():
+    require("timm")
+    from timm.layers import BatchNormAct2d
+
+    model = nn.Sequential(nn.Conv2d(3, 5, 3), BatchNormAct2d(5), Pool(), nn.Linear(5, 3))
+    with pytest.raises(UnsupportedModuleError, match="train mode"):
+        PrivateGradient(model, max_grad_norm=1.0, noise_multiplier=1.0, expected_batch_size=4)
 
 
 def test_timm_squeeze_excite_and_a_small_timm_efficientnet():

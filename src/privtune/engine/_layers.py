@@ -108,9 +108,15 @@ class Handler(ABC):
 
     kind = "base"
 
+    #: a submodule called inside ``module`` whose *input* is the tensor whose gradient the rule needs, when that
+    #: is not the module's output (timm's ``BatchNormAct2d``: the normalised values before the activation); the
+    #: engine then captures that tensor's gradient instead of the output's
+    capture_module: nn.Module | None = None
+
     def __init__(self, module: nn.Module, params: dict[str, nn.Parameter]):
         self.module = module
         self.params = params
+        self.pending: Record | None = None  # with capture_module: the record begun by its pre-hook
         self.records: list[Record] = []
         self.sq: torch.Tensor | None = None  # per-example squared norm, filled when all records are ready
         self.gram_cache: dict | None = None   # shared across handlers for one backward pass
@@ -390,7 +396,14 @@ class LinearHandler(Handler):
 
 
 class ConvHandler(LinearHandler):
-    """nn.Conv1d / nn.Conv2d: unfold the (padded) input so the layer is a linear map per position."""
+    """nn.Conv1d / nn.Conv2d: unfold the (padded) input so the layer is a linear map per position.
+
+    A pointwise (1×1, unpadded) convolution is a linear layer over positions: its input is read as (B, C, L)
+    without unfolding.  Where the per-example form of the weight norm is the cheaper one (few weights over many
+    positions, :func:`linear_norm_form`), the per-example gradients are materialised in the layer's precision
+    (one batched product), their norms are those of exactly these vectors (float64, rounded up, as for the
+    normalisation layers), and the clipped sum is their weighted sum (B·|W| operations instead of another pass
+    over every position).  Otherwise the ghost norm bounds the exact norm, as for nn.Linear."""
 
     kind = "conv"
 
@@ -404,6 +417,9 @@ class ConvHandler(LinearHandler):
     def _unfold(self, x: torch.Tensor) -> torch.Tensor:
         m = self.module
         pad = m._reversed_padding_repeated_twice
+        if all(k == 1 for k in m.kernel_size) and not any(pad):  # pointwise: the positions are the patches
+            x = x[:, :, ::m.stride[0]] if isinstance(m, nn.Conv1d) else x[:, :, ::m.stride[0], ::m.stride[1]]
+            return x.reshape(x.shape[0], x.shape[1], -1)
         if any(pad):
             mode = "constant" if m.padding_mode == "zeros" else m.padding_mode
             x = F.pad(x, pad, mode=mode)
@@ -430,13 +446,22 @@ class ConvHandler(LinearHandler):
 
     def sq_norms(self, records):
         self.ill = False
+        self._pe = None
         if not self.needs_input:
             gb = sum(r.grads[0] for r in records)
             return _inflate(gb.to(torch.float64).pow(2).sum(1), gb.shape[1])
         a, g = self._cat(records)
-        parts = [_linear_weight_sq(a[j], g[j]) for j in range(a.shape[0])]
-        sq = sum(parts)
-        self.ill = any(_ill_conditioned(part, a[j], g[j]) for j, part in enumerate(parts))
+        if linear_norm_form(a.shape[2], g.shape[3], a.shape[3]) == "per-example":
+            # materialise (small: p·d ≤ 2T²) in the layer's precision, one batched product per group; the norms
+            # are those of exactly the vectors that clipped_sum adds (float64, rounded up)
+            w = self.params["weight"]
+            pe = torch.matmul(g.transpose(2, 3), a).transpose(0, 1).reshape(a.shape[1], *w.shape)  # (B, *W)
+            self._pe = {w: pe}
+            sq = _inflate(pe.reshape(pe.shape[0], -1).to(torch.float64).pow(2).sum(1), w.numel())
+        else:
+            parts = [_linear_weight_sq(a[j], g[j]) for j in range(a.shape[0])]
+            sq = sum(parts)
+            self.ill = any(_ill_conditioned(part, a[j], g[j]) for j, part in enumerate(parts))
         if "bias" in self.params:  # per-example bias gradients; clipped_sum adds exactly these vectors
             self._bias_pe = g.sum(2).permute(1, 0, 2).reshape(g.shape[1], -1)
             sq = sq + _inflate(self._bias_pe.to(torch.float64).pow(2).sum(1), self._bias_pe.shape[1])
@@ -445,19 +470,29 @@ class ConvHandler(LinearHandler):
     def clipped_sum(self, records, c):
         if not self.needs_input:
             return super().clipped_sum(records, c)
-        a, g = self._cat(records)
-        if getattr(self, "ill", False):  # heavy cancellation inside an example: accumulate in float64
-            a, g = a.to(torch.float64), g.to(torch.float64)
-        gc = g * factors_as(c, g.dtype)[None, :, None, None]
         w = self.params["weight"]
-        parts = [gc[j].reshape(-1, gc.shape[-1]).t() @ a[j].reshape(-1, a.shape[-1]) for j in range(a.shape[0])]
-        out = {w: torch.cat(parts, 0).reshape(w.shape)}
+        pe = getattr(self, "_pe", None)
+        if pe is not None and pe[w].shape[0] == c.shape[0]:
+            out = {w: torch.tensordot(factors_as(c, pe[w].dtype), pe[w], dims=1)}
+            g = None
+        else:
+            a, g = self._cat(records)
+            if getattr(self, "ill", False):  # heavy cancellation inside an example: accumulate in float64
+                a, g = a.to(torch.float64), g.to(torch.float64)
+            gc = g * factors_as(c, g.dtype)[None, :, None, None]
+            parts = [gc[j].reshape(-1, gc.shape[-1]).t() @ a[j].reshape(-1, a.shape[-1]) for j in range(a.shape[0])]
+            out = {w: torch.cat(parts, 0).reshape(w.shape)}
         if "bias" in self.params:
             bias_pe = getattr(self, "_bias_pe", None)
             if bias_pe is None or bias_pe.shape[0] != c.shape[0]:
+                g = self._cat(records)[1] if g is None else g
                 bias_pe = g.sum(2).permute(1, 0, 2).reshape(g.shape[1], -1)
             out[self.params["bias"]] = factors_as(c, bias_pe.dtype) @ bias_pe
         return out
+
+    def clear(self):
+        super().clear()
+        self._pe = None
 
 
 # ----------------------------------------------------------------------------------------

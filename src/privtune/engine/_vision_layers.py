@@ -5,8 +5,8 @@
   activation inside the module): with the running statistics fixed, ``y = γ·x̂ + β`` with
   ``x̂ = (x − μ_run)/√(σ²_run + ε)`` is a per-example affine map, so per example
   ``∂/∂γ_c = Σ_spatial g·x̂`` and ``∂/∂β_c = Σ_spatial g`` (g: the gradient at the normalised output, before
-  the activation; for ``BatchNormAct2d`` it is recovered from the module-output gradient by one vector-Jacobian
-  product of the activation).  Exact, vectorised over the batch, (B, C) per parameter.
+  the activation; for ``BatchNormAct2d`` the engine captures it at the input of the module's ``drop``, which
+  follows the normalisation).  Exact, vectorised over the batch, (B, C) per parameter.
 * **TF-"same" padded convolutions** (timm's ``Conv2dSame`` / ``Conv2dSameExport``, used by the ``tf_*``
   EfficientNets): the module pads its input asymmetrically inside ``forward``; the stored input is padded the
   same way, then the ordinary unfold rule applies.
@@ -27,7 +27,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from privtune.engine._layers import ConvHandler, _MaterialisingHandler
-from privtune.errors import UnsupportedModuleError
 
 __all__ = ["BatchNormHandler", "GroupedConvHandler", "SamePadConvHandler", "has_own_forward", "vision_handler"]
 
@@ -73,11 +72,11 @@ MAX_CHANNELS_PER_GROUP = 16
 
 class GroupedConvHandler(_MaterialisingHandler):
     """Depthwise and other narrow grouped convolutions (``nn.Conv1d/2d``, timm's ``Conv2dSame``) with a trainable
-    weight: per-example gradients materialised in one batched product over the unfolded input,
-    ``∇W_i[g, o, j] = Σ_l u_i[g, j, l] · g_i[g, o, l]`` (u: the patches of group g, l: output positions), and
-    ``∇b_i = Σ_l g_i``.  The unfold-based rule of ``ConvHandler`` works group by group, which costs one pass per
-    channel for a depthwise convolution; this is one pass for all.  Norms are those of exactly the vectors added
-    (float64, rounded up), as for the normalisation layers."""
+    weight: per-example gradients materialised by one grouped convolution over the whole batch (each example's
+    input channels correlated with its own output gradients, :meth:`_by_grouped_conv`), and ``∇b_i = Σ_l g_i``.
+    The unfold-based rule of ``ConvHandler`` works group by group, which costs one pass per channel for a
+    depthwise convolution; this is one pass for all, without an unfolded copy of the input.  Norms are those of
+    exactly the vectors added (float64, rounded up), as for the normalisation layers."""
 
     kind = "conv"
 
@@ -89,25 +88,34 @@ class GroupedConvHandler(_MaterialisingHandler):
         x = super().store_input(args, kwargs)
         return _pad_tf_same(self.module, x) if self.same_pad else x
 
-    def _unfold(self, x: torch.Tensor) -> torch.Tensor:
+    def _by_grouped_conv(self, x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        """Per-example weight gradients (B, *W) as one convolution with B·Cin groups: each example's input
+        channel is correlated with its own output gradients used as kernels (dilated by the stride; the layer's
+        dilation becomes the stride), ``∇W_i[o, j, u, v] = Σ_l x_i[j, u·d + l·s] g_i[o, l]``; no unfolded copy of
+        the input is made."""
         m = self.module
         if not self.same_pad and any(m._reversed_padding_repeated_twice):
             mode = "constant" if m.padding_mode == "zeros" else m.padding_mode
             x = F.pad(x, m._reversed_padding_repeated_twice, mode=mode)
+        k, st, dil = m.kernel_size, m.stride, m.dilation
         if isinstance(m, nn.Conv1d):
-            return F.unfold(x.unsqueeze(2), (1, m.kernel_size[0]), dilation=(1, m.dilation[0]), stride=(1, m.stride[0]))
-        return F.unfold(x, m.kernel_size, dilation=m.dilation, stride=m.stride)  # (B, Cin·k, L)
+            x, g, k, st, dil = x.unsqueeze(2), g.unsqueeze(2), (1, k[0]), (1, st[0]), (1, dil[0])
+        B, Cin = x.shape[:2]
+        G, Cout = m.groups, g.shape[1]
+        n, mo = Cin // G, Cout // G
+        Ho, Wo = g.shape[-2:]
+        kernels = g.reshape(B, G, 1, mo, Ho, Wo).expand(B, G, n, mo, Ho, Wo).reshape(B * Cin * mo, 1, Ho, Wo)
+        r = F.conv2d(x.reshape(1, B * Cin, *x.shape[-2:]), kernels, stride=dil, dilation=st, groups=B * Cin)
+        r = r.reshape(B, G, n, mo, r.shape[-2], r.shape[-1])[..., :k[0], :k[1]]
+        return r.permute(0, 1, 3, 2, 4, 5).reshape(B, *self.params["weight"].shape)
 
     def per_example(self, records):
-        G = self.module.groups
         w = self.params["weight"]
         out: dict = {}
         for r in records:
             g = r.grads[0]
             B, Cout = g.shape[0], g.shape[1]
-            u = self._unfold(r.act)
-            go = g.reshape(B, G, Cout // G, -1)  # (B, G, Cout/G, L)
-            pe = torch.einsum("bgil,bgol->bgoi", u.reshape(B, G, -1, u.shape[-1]), go).reshape(B, *w.shape)
+            pe = self._by_grouped_conv(r.act, g)
             out[w] = out.get(w, 0) + pe
             if "bias" in self.params:
                 b = self.params["bias"]
@@ -118,46 +126,29 @@ class GroupedConvHandler(_MaterialisingHandler):
 class BatchNormHandler(_MaterialisingHandler):
     """Eval-mode BatchNorm (running statistics): per-example ``∂/∂γ = Σ_spatial g·x̂``, ``∂/∂β = Σ_spatial g``.
 
-    For timm's ``BatchNormAct2d`` the module output is ``act(drop(BN(x)))``; the input is stored even when only
-    β is trainable, and g at the BN output is the vector-Jacobian product of ``act ∘ drop`` (per element, so per
-    example).  A module in train mode, or one without running statistics, is refused by the engine's BatchNorm
-    check before it gets here."""
+    For timm's ``BatchNormAct2d`` the module output is ``act(drop(BN(x)))``: the engine captures the gradient of
+    ``drop``'s input, the BN output itself (:attr:`capture_module`), so g needs no recomputation of the activation
+    and β alone keeps no activation (DP-BiTFiT), as for the plain layer.  A dropout there is allowed: its mask,
+    drawn in the forward pass, is part of each example's own computation.  A module in train mode, or one without
+    running statistics, is refused by the engine's BatchNorm check before it gets here."""
 
     kind = "batchnorm"
 
     def __init__(self, module, params, with_activation: bool):
         super().__init__(module, params)
         self.with_activation = with_activation
-
-    @property
-    def needs_input(self) -> bool:
-        return self.with_activation or "weight" in self.params
+        if with_activation:
+            self.capture_module = module.drop
 
     def reduce_grad(self, g):
         if self.needs_input:
             return g
-        return g.reshape(g.shape[0], g.shape[1], -1).sum(2)  # β only, no activation: (B, C), DP-BiTFiT
+        return g.reshape(g.shape[0], g.shape[1], -1).sum(2)  # β only: (B, C), DP-BiTFiT
 
     def _normalised(self, x: torch.Tensor) -> torch.Tensor:
         m = self.module
         shape = (1, -1) + (1,) * (x.dim() - 2)
         return (x - m.running_mean.reshape(shape)) * torch.rsqrt(m.running_var.reshape(shape) + m.eps)
-
-    def _grad_before_activation(self, x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-        m = self.module
-        if m.drop.training and not isinstance(m.drop, nn.Identity):
-            raise UnsupportedModuleError(
-                f"{type(m).__name__} has an active dropout ({type(m.drop).__name__}) after its normalisation; "
-                "per-example gradients need it off. Fix: call model.eval() (privtune's training does)."
-            )
-        w = m.weight.detach() if m.weight is not None else None
-        b = m.bias.detach() if m.bias is not None else None
-        with torch.enable_grad():
-            # the forward's own kernel, so that the activation's kinks fall where they fell in the forward pass
-            y = F.batch_norm(x, m.running_mean, m.running_var, w, b, False, 0.0, m.eps).requires_grad_(True)
-            z = m.act(m.drop(y.clone()))  # clone: the activation may work in place
-            (g_pre,) = torch.autograd.grad(z, y, g)
-        return g_pre
 
     def per_example(self, records):
         out: dict = {}
@@ -167,12 +158,9 @@ class BatchNormHandler(_MaterialisingHandler):
                 out[self.params["bias"]] = out.get(self.params["bias"], 0) + g
                 continue
             B, C = g.shape[0], g.shape[1]
-            xhat = self._normalised(r.act)
-            if self.with_activation:
-                g = self._grad_before_activation(r.act, g)
             gs = g.reshape(B, C, -1)
-            if "weight" in self.params:
-                out[self.params["weight"]] = out.get(self.params["weight"], 0) + (xhat.reshape(B, C, -1) * gs).sum(2)
+            out[self.params["weight"]] = out.get(self.params["weight"], 0) + \
+                (self._normalised(r.act).reshape(B, C, -1) * gs).sum(2)
             if "bias" in self.params:
                 out[self.params["bias"]] = out.get(self.params["bias"], 0) + gs.sum(2)
         return out
@@ -194,6 +182,7 @@ def vision_handler(module: nn.Module, own: dict[str, nn.Parameter]):
     if isinstance(module, _BATCHNORM_BASES) and module.affine:
         if not any(has_own_forward(module, base) for base in _BATCHNORM_BASES if isinstance(module, base)):
             return BatchNormHandler(module, own, with_activation=False)
-        if _is_timm(module, "BatchNormAct2d") and hasattr(module, "act") and hasattr(module, "drop"):
+        if _is_timm(module, "BatchNormAct2d") and isinstance(getattr(module, "drop", None), nn.Module) \
+                and isinstance(getattr(module, "act", None), nn.Module):
             return BatchNormHandler(module, own, with_activation=True)
     return None

@@ -274,6 +274,8 @@ class PrivateGradient:
         self._hooks.append(model.register_forward_pre_hook(self._pre_forward, with_kwargs=True))
         for h in self.handlers:
             self._hooks.append(h.module.register_forward_hook(self._make_forward_hook(h), with_kwargs=True))
+            if h.capture_module is not None:  # runs inside h.module's forward, before the hook above
+                self._hooks.append(h.capture_module.register_forward_pre_hook(self._make_capture_hook(h)))
         self._reset_accumulators()
         self._releases = 0
         self._last_layer_norms: torch.Tensor | None = None
@@ -402,6 +404,7 @@ class PrivateGradient:
         for h in self.handlers:
             if h.records:
                 h.clear()
+            h.pending = None
         self._edges = []
         self._batch = None
         for v in tree_flatten((args, kwargs))[0]:  # first tensor argument (also inside dicts/lists)
@@ -452,10 +455,32 @@ class PrivateGradient:
                     "need the batch on dimension 0 of every trainable layer's input and output. "
                     "Fix: keep the batch dimension first, or freeze this module."
                 )
+            if handler.capture_module is not None:  # the gradient was captured inside the module's forward
+                rec, handler.pending = handler.pending, None
+                if rec is None:
+                    return None
+                rec.act = handler.store_input(act_args, kwargs)
+                handler.records.append(rec)
+                return None
             rec = Record(act=handler.store_input(act_args, kwargs), grads=[None])
             self._capture(handler, rec, 0, output)
             handler.records.append(rec)
             return new_output
+
+        return hook
+
+    def _make_capture_hook(self, handler: Handler):
+        """Forward pre-hook of ``handler.capture_module``: capture the gradient of its input (before any in-place
+        operation that follows changes that tensor) in a record that ``handler``'s forward hook completes."""
+        def hook(module, args):
+            if self._suspended or not torch.is_grad_enabled():
+                return None
+            t = args[0] if args else None
+            if isinstance(t, torch.Tensor) and t.requires_grad and t.dim() > 0:
+                rec = Record(grads=[None])
+                self._capture(handler, rec, 0, t)
+                handler.pending = rec
+            return None
 
         return hook
 
