@@ -364,7 +364,8 @@ def lr_transfer(lr_trials: dict, final_events, steps: int, delta: float, account
     # capped at 1 (digest 000 D6: clamp the extrapolation): the trials measured no η above their own, so the
     # final run never starts above the winning trial's η (short runs, e.g. T = 6 with 3-step trials, would
     # otherwise extrapolate to about 6× it)
-    scale = min(1.0, lr_trials["steps"] / steps * eps_final / eps_trial)
+    # (a trial whose ε rounds to 0, at a tiny total ε, measured nothing to extrapolate from: the cap applies)
+    scale = min(1.0, lr_trials["steps"] / steps * eps_final / eps_trial) if eps_trial > 0 else 1.0
     return {"final_scale": scale, "trial_epsilon": eps_trial, "final_epsilon": eps_final}
 
 

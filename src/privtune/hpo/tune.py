@@ -778,8 +778,9 @@ def _plan_run(req: _Request, inputs: _Inputs, log, warning_log=None, lora_capabl
     candidates = (_auto_candidates(strat.modes, n_train, req.privacy.epsilon, lora_capable=lora_capable)
                   if req.mode == "auto" else [req.mode])
     auto_candidates = list(candidates)
+    timing_lines: list[str] = []  # the measured-speed estimates: logged below unless the run hides timing
     if cost is not None:
-        candidates = _within_time_budget(req, inputs, candidates, cost, log)
+        candidates = _within_time_budget(req, inputs, candidates, cost, log, timing_lines)
     pilot_modes = candidates if len(candidates) > 1 else []
     run_mode = candidates[0] if not pilot_modes else "auto"
     # (a mode left alone by the time budget was explained when it was dropped)
@@ -842,6 +843,9 @@ def _plan_run(req: _Request, inputs: _Inputs, log, warning_log=None, lora_capabl
     # unit level every phase over the training rows (feature caching, each step) takes time in proportion to the
     # private number of rows
     hide_timing = unit is not None or any(p.accounting == "repeat-and-select" for p in mode_plans.values())
+    if not hide_timing:  # a measured speed varies from run to run: under hidden timing no line carries one
+        for line in timing_lines:
+            log(line)
     return _TunePlan(plan=plan, mode_plans=mode_plans, candidates=candidates, pilot_modes=pilot_modes,
                      run_mode=run_mode, pilot_eps=pilot_eps, pilot_events=pilot_events, center_sigma=center_sigma,
                      selection_sigma=sel_sigma, hide_timing=hide_timing)
@@ -1269,14 +1273,16 @@ def _mode_estimates(req: _Request, inputs: _Inputs, modes: list, cost: Any) -> d
     return out
 
 
-def _within_time_budget(req: _Request, inputs: _Inputs, candidates: list, cost: Any, log) -> list:
-    """The candidate modes, priced and logged; with ``req.time_budget`` (minutes) those estimated above it are
-    dropped (--mode auto keeps the cheapest when none fits) and an explicit mode above it is refused."""
+def _within_time_budget(req: _Request, inputs: _Inputs, candidates: list, cost: Any, log,
+                        timing_lines: list) -> list:
+    """The candidate modes, priced (the estimate's line appended to ``timing_lines``, for the caller to log when
+    the run shows timing); with ``req.time_budget`` (minutes) those estimated above it are dropped (--mode auto
+    keeps the cheapest when none fits) and an explicit mode above it is refused."""
     try:
         estimates = _mode_estimates(req, inputs, candidates, cost)
     except PrivtuneError:  # a mode that cannot be planned is reported by the plan itself, with its fix
         return candidates
-    log(f"time estimate before the run ({cost.describe()}): {format_estimates(estimates)}")
+    timing_lines.append(f"time estimate before the run ({cost.describe()}): {format_estimates(estimates)}")
     if req.time_budget is None:
         return candidates
     budget = 60.0 * req.time_budget
