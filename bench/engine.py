@@ -196,22 +196,10 @@ def child(mode: str, method: str, steps: int, warmup: int, batch_size: int, max_
             opt.step()
             opt.zero_grad(set_to_none=True)
 
-    it = batches()
-    import gc
-
-    gc.collect()
-    base = _rss_kib("VmRSS")
-    peak_ok = _reset_peak()
-    for _ in range(warmup):
-        step(next(it))
-    t0, c0 = time.perf_counter(), time.process_time()
-    for _ in range(steps):
-        step(next(it))
-    dt, dc = time.perf_counter() - t0, time.process_time() - c0
-    peak = _rss_kib("VmHWM") if peak_ok else _rss_kib("VmRSS")
-    return {"mode": mode, "method": method, "examples_per_s": batch_size * steps / dt,
-            "examples_per_cpu_s": batch_size * steps / dc,
-            "peak_growth_mib": (peak - base) / 1024, "trainable": n_trainable, "steps": steps}
+    t = _timed(step, batches(), steps, warmup)
+    return {"mode": mode, "method": method, "examples_per_s": batch_size * steps / t["dt"],
+            "examples_per_cpu_s": batch_size * steps / t["dc"],
+            "peak_growth_mib": t["peak_growth_mib"], "trainable": n_trainable, "steps": steps}
 
 
 def _fashion_pixels(n: int, image_size: int, processor) -> tuple:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
 import os
 from pathlib import Path
@@ -16,6 +15,7 @@ from privtune import __version__
 from privtune._validation import check_choice, check_int
 from privtune.data.labels import check_label_set, describe_label_set
 from privtune.errors import InvalidParameterError, ModelError
+from privtune.models._lora import merged_copy
 from privtune.models.backbones import (  # noqa: F401 (default_model_path: re-exported)
     default_model_path,
     public_backbone_name,
@@ -349,19 +349,7 @@ class Classifier(nn.Module):
         """The backbone with LoRA adapters merged into the base weights (a plain HF model)."""
         if self.lora_config is None:
             return self.backbone
-        # Lazy: peft only for LoRA.
-        from peft.tuners.lora import LoraLayer
-
-        bb = copy.deepcopy(self.backbone)
-        for name, mod in list(bb.named_modules()):
-            if isinstance(mod, LoraLayer):
-                mod.merge()
-                parent_name, _, child = name.rpartition(".")
-                parent = bb.get_submodule(parent_name) if parent_name else bb
-                setattr(parent, child, mod.get_base_layer())
-        if hasattr(bb, "peft_config"):
-            del bb.peft_config
-        return bb
+        return merged_copy(self.backbone)
 
     def save_pretrained(self, save_directory: str | os.PathLike) -> Path:
         """Write the classifier to a directory (HF convention; LoRA adapters are merged).

@@ -15,7 +15,6 @@ quantity DP-SGD clips.
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import warnings
@@ -27,6 +26,7 @@ from torch import nn
 
 from privtune.data.generation import DEFAULT_TEMPLATE, GenerationDataset, tokenize_generation
 from privtune.errors import InvalidParameterError, ModelError
+from privtune.models._lora import merged_copy
 
 #: the saved generator's own description (template, max_length, base model), beside config.json
 GENERATOR_CONFIG = "privtune_generator.json"
@@ -106,18 +106,7 @@ class Generator(nn.Module):
         """The causal LM with LoRA adapters merged into the base weights (a plain Hugging Face model)."""
         if self.lora_config is None:
             return self.backbone
-        from peft.tuners.lora import LoraLayer
-
-        bb = copy.deepcopy(self.backbone)
-        for name, mod in list(bb.named_modules()):
-            if isinstance(mod, LoraLayer):
-                mod.merge()
-                parent_name, _, child = name.rpartition(".")
-                parent = bb.get_submodule(parent_name) if parent_name else bb
-                setattr(parent, child, mod.get_base_layer())
-        if hasattr(bb, "peft_config"):
-            del bb.peft_config
-        return bb
+        return merged_copy(self.backbone)
 
     def save_pretrained(self, save_directory: str | os.PathLike) -> Path:
         """Write a Hugging Face causal-LM directory (LoRA merged) with the tokenizer and ``privtune_generator.json``;
