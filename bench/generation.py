@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import sys
 import tempfile
 import time
@@ -43,24 +42,13 @@ RESULTS = ROOT / "bench" / "results" / "generation"
 
 def split_by_conversation(sizes: dict[str, int], seed: int = 0) -> dict[str, list[dict]]:
     """``{split: rows}`` of chitchat pairs, conversations assigned whole in the order of ``sizes``."""
-    from privtune.data.generation import load_chitchat
+    from privtune.data.generation import load_chitchat, split_by_group
 
     ds = load_chitchat(context_turns=1)
     by_conv: dict[str, list[dict]] = {}
     for p, r, g in zip(ds.prompts, ds.responses, ds.groups):
         by_conv.setdefault(g, []).append({"context": p, "response": r})
-    convs = sorted(by_conv)
-    random.Random(seed).shuffle(convs)
-    out: dict[str, list[dict]] = {name: [] for name in sizes}
-    it = iter(convs)
-    for name, size in sizes.items():
-        while len(out[name]) < size:
-            try:
-                rows = by_conv[next(it)]
-            except StopIteration:
-                raise SystemExit(f"chitchat has too few conversations for the split sizes {sizes}") from None
-            out[name] += rows[: size - len(out[name])]
-    return out
+    return split_by_group(by_conv, sizes, seed)
 
 
 def _write(path: Path, rows: list[dict]) -> Path:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,21 +30,14 @@ MAX_CONTEXT, MAX_RESPONSE = 160, 120
 
 
 def build(seed: int = 0) -> dict[str, list[dict]]:
-    from privtune.data.generation import load_chitchat
+    from privtune.data.generation import load_chitchat, split_by_group
 
     ds = load_chitchat(context_turns=1)
     by_conv: dict[str, list[dict]] = {}
     for p, r, g in zip(ds.prompts, ds.responses, ds.groups):
         if len(p) <= MAX_CONTEXT and len(r) <= MAX_RESPONSE:
             by_conv.setdefault(g, []).append({"context": p, "response": r, "conversation": g})
-    convs = sorted(by_conv)
-    random.Random(seed).shuffle(convs)
-    splits: dict[str, list[dict]] = {name: [] for name in SIZES}
-    it = iter(convs)
-    for name, size in SIZES.items():
-        while len(splits[name]) < size:
-            rows = by_conv[next(it)]
-            splits[name] += rows[: size - len(splits[name])]
+    splits = split_by_group(by_conv, SIZES, seed)
     seen: dict[str, str] = {}
     for name, rows in splits.items():
         for row in rows:

@@ -267,6 +267,25 @@ def chitchat_path() -> Path:
     return Path(list(spec.submodule_search_locations)[0]) / "dataset.json"
 
 
+def split_by_group(rows_by_group: dict[str, list], sizes: dict[str, int], seed: int = 0) -> dict[str, list]:
+    """``{split: rows}`` with ``sizes[split]`` rows each, whole groups (conversations, senders) assigned to one split
+    in a seeded random order of the groups, splits filled in the order of ``sizes``: no group is on two sides (a
+    group's rows beyond its split's size are left out).  Too few groups for the sizes is a :class:`DataError`."""
+    import random
+
+    order = sorted(rows_by_group)
+    random.Random(seed).shuffle(order)
+    out: dict[str, list] = {name: [] for name in sizes}
+    it = iter(order)
+    for name, size in sizes.items():
+        while len(out[name]) < size:
+            group = next(it, None)
+            if group is None:
+                raise DataError(f"Too few groups ({len(order)}) for the split sizes {sizes}.")
+            out[name] += rows_by_group[group][: size - len(out[name])]
+    return out
+
+
 def load_chitchat(*, context_turns: int = 1, max_conversations: int | None = None,
                   path: str | os.PathLike | None = None) -> GenerationDataset:
     """The chitchat conversations (BYU PCC lab, MIT) as context → response pairs, in file order.
