@@ -143,3 +143,19 @@ def test_chitchat_package():
     ds = load_chitchat(max_conversations=20)  # some conversations are a single turn: no pair
     assert len(ds) > 20 and 1 < len(set(ds.groups)) <= 20 and all(s for s in ds.senders)
     assert all(p.strip() and r.strip() for p, r in zip(ds.prompts, ds.responses))
+
+
+def test_split_by_group_keeps_every_group_on_one_side_and_refuses_too_few_groups():
+    from privtune.data.generation import split_by_group
+    from privtune.errors import DataError
+
+    groups = {f"c{i}": [(f"c{i}", j) for j in range(1 + i % 4)] for i in range(40)}
+    out = split_by_group(groups, {"public": 10, "test": 10, "train": 30}, seed=3)
+    assert [len(v) for v in out.values()] == [10, 10, 30]
+    sides = {}
+    for name, rows in out.items():
+        for g, _ in rows:
+            assert sides.setdefault(g, name) == name
+    assert out == split_by_group(groups, {"public": 10, "test": 10, "train": 30}, seed=3)
+    with pytest.raises(DataError, match="Too few groups"):
+        split_by_group(groups, {"train": 1000})
