@@ -15,8 +15,6 @@ Rows: total ε (``--epsilons``, default 1,3,8; δ = 1e-5).  Columns (``--cells``
   last-layer     ``privtune.tune(mode="last-layer")``: the head on cached features of the frozen backbone
   random-last-layer  ``privtune.tune(mode="last-layer", strategy="random-search")``: privtune's charged random
                  search over the head on the same cached features
-  oracle-last-layer  ``privtune.tune(mode="last-layer", strategy="grid-oracle")``: NOT PRIVATE, privtune's grid
-                 oracle on the same features (every point at the full ε, selection uncharged)
   default-no-eta-trials  ablation: the default with ``strategy_options={"lr_trials": []}`` (no η placement)
   full-no-eta-trials     the same ablation of ``full``
   full-batch4096         ``full`` at expected batch 4,096 (the planner's choice at ε = 3; at ε = 1 it plans 2,048)
@@ -106,7 +104,7 @@ CELLS = ("default", "bitfit", "full", "random", "oracle", "nonpriv-bitfit", "non
          "full-no-eta-trials", "full-batch4096", "random-full", "oracle-full",
          "default-lr0-1e-2", "fixed-bitfit", "fixed-bitfit-normalised", "fixed-bitfit-normalised-lr3e-2",
          "fixed-full", "fixed-full-lr2e-3", "fixed-full-lr2e-3-epochs3", "fixed-full-lr5e-3", "fixed-full-lr1e-2",
-         "last-layer", "random-last-layer", "oracle-last-layer")
+         "last-layer", "random-last-layer")
 #: the fixed, uncharged DP references (one setting each, its choice not charged)
 class Fixed(NamedTuple):
     mode: str
@@ -141,7 +139,7 @@ FIXED = {"fixed-bitfit": Fixed("bitfit", 1e-2, False, 3.0), "fixed-bitfit-normal
          "fixed-full-alpha0.1-epochs3-frozen-embeddings": Fixed("full", 1e-2, False, 3.0, backbone_lr_scale=0.1,
                                                                 train_embeddings=False)}
 CELLS = CELLS + tuple(c for c in FIXED if c not in CELLS)
-NOT_PRIVATE = {"oracle", "oracle-full", "oracle-last-layer", "nonpriv-bitfit", "nonpriv-full", *(c for c, f in FIXED.items() if not f.noise)}
+NOT_PRIVATE = {"oracle", "oracle-full", "nonpriv-bitfit", "nonpriv-full", *(c for c, f in FIXED.items() if not f.noise)}
 DELTA = 1e-5
 RS_TRIALS, RS_LR, RS_EPOCHS = 8, (1.25e-3, 8e-2), (1, 2, 3)
 GRID_LR, GRID_EPOCHS = (2.5e-3, 1e-2, 4e-2), (1, 3)
@@ -546,9 +544,8 @@ def run_cell(cell, split, eps, seed, folder, epochs=None, trials=None):
         return _tune_cell(split, eps, seed, folder, **extra)
     if cell in ("bitfit", "full", "last-layer"):
         return _tune_cell(split, eps, seed, folder, mode=cell, **_shared_features(cell), **extra)
-    if cell in ("random-last-layer", "oracle-last-layer"):
-        strategy = "random-search" if cell.startswith("random") else "grid-oracle"
-        return _tune_cell(split, eps, seed, folder, mode="last-layer", strategy=strategy,
+    if cell == "random-last-layer":
+        return _tune_cell(split, eps, seed, folder, mode="last-layer", strategy="random-search",
                           **_shared_features("last-layer"), **extra)
     if cell == "default-no-eta-trials":  # ablation: the default without hyperfree's η-placement trials
         return _tune_cell(split, eps, seed, folder, strategy_options={"lr_trials": []}, **extra)
@@ -720,8 +717,10 @@ def main(argv=None) -> int:
                 else:
                     res.pop("dp_examples")
                 path.write_text(json.dumps(res, indent=2, default=str))
-                say(f"{key}: dev {100 * res['dev_accuracy']:.2f} %, certificate ε {res['certificate_epsilon']:.4g}, "
-                    f"{res['seconds'] / 60:.1f} min, compute {res.get('compute_vs_final')}× one final run"
+                cert = res["certificate_epsilon"]
+                say(f"{key}: dev {100 * res['dev_accuracy']:.2f} %, "
+                    + ("NOT PRIVATE (no certificate), " if cert is None else f"certificate ε {cert:.4g}, ")
+                    + f"{res['seconds'] / 60:.1f} min, compute {res.get('compute_vs_final')}× one final run"
                     + (f", {res['dp_examples_per_second']} DP examples/s" if "dp_examples_per_second" in res else ""))
     say("\n" + table(tag_dir, epsilons, cells, seeds_of))
     return 0
