@@ -15,6 +15,9 @@ Rows: total ε (``--epsilons``, default 1,3,8; δ = 1e-5).  Columns (``--cells``
   last-layer     ``privtune.tune(mode="last-layer")``: the head on cached features of the frozen backbone
   random-last-layer  ``privtune.tune(mode="last-layer", strategy="random-search")``: privtune's charged random
                  search over the head on the same cached features
+  oracle-last-layer  NOT PRIVATE: ``privtune.tune(mode="last-layer", strategy="grid-oracle")``, privtune's grid
+                 oracle over the same head on the same features (every grid point at the full ε, the best on the
+                 public split; its head is scored on the dev set and never released)
   default-no-eta-trials  ablation: the default with ``strategy_options={"lr_trials": []}`` (no η placement)
   full-no-eta-trials     the same ablation of ``full``
   full-batch4096         ``full`` at expected batch 4,096 (the planner's choice at ε = 3; at ε = 1 it plans 2,048)
@@ -104,7 +107,7 @@ CELLS = ("default", "bitfit", "full", "random", "oracle", "nonpriv-bitfit", "non
          "full-no-eta-trials", "full-batch4096", "random-full", "oracle-full",
          "default-lr0-1e-2", "fixed-bitfit", "fixed-bitfit-normalised", "fixed-bitfit-normalised-lr3e-2",
          "fixed-full", "fixed-full-lr2e-3", "fixed-full-lr2e-3-epochs3", "fixed-full-lr5e-3", "fixed-full-lr1e-2",
-         "last-layer", "random-last-layer")
+         "last-layer", "random-last-layer", "oracle-last-layer")
 #: the fixed, uncharged DP references (one setting each, its choice not charged)
 class Fixed(NamedTuple):
     mode: str
@@ -139,7 +142,7 @@ FIXED = {"fixed-bitfit": Fixed("bitfit", 1e-2, False, 3.0), "fixed-bitfit-normal
          "fixed-full-alpha0.1-epochs3-frozen-embeddings": Fixed("full", 1e-2, False, 3.0, backbone_lr_scale=0.1,
                                                                 train_embeddings=False)}
 CELLS = CELLS + tuple(c for c in FIXED if c not in CELLS)
-NOT_PRIVATE = {"oracle", "oracle-full", "nonpriv-bitfit", "nonpriv-full", *(c for c, f in FIXED.items() if not f.noise)}
+NOT_PRIVATE = {"oracle", "oracle-full", "oracle-last-layer", "nonpriv-bitfit", "nonpriv-full", *(c for c, f in FIXED.items() if not f.noise)}
 DELTA = 1e-5
 RS_TRIALS, RS_LR, RS_EPOCHS = 8, (1.25e-3, 8e-2), (1, 2, 3)
 GRID_LR, GRID_EPOCHS = (2.5e-3, 1e-2, 4e-2), (1, 3)
@@ -275,7 +278,8 @@ def _tune_cell(split, eps, seed, folder, **kw):
     final = COUNTER.loops[-1] if COUNTER.loops else 0
     # the grid oracle certifies nothing (NOT PRIVATE): its cell has no certificate ε
     return {"dev_accuracy": r.metrics["accuracy"],
-            "certificate_epsilon": None if r.certificate is None else r.certificate.epsilon,
+            "certificate_epsilon": (None if r.certificate is None or r.metrics.get("not_private")
+                                    else r.certificate.epsilon),
             "mode": r.metrics["mode"], "strategy": r.metrics["strategy"], "hyperparameters": hp,
             "compute_vs_final": _relative(final),
             "trials": [{"phase": t.get("phase"), "hyperparameters": t.get("hyperparameters"), "score": t.get("score")}
@@ -546,6 +550,9 @@ def run_cell(cell, split, eps, seed, folder, epochs=None, trials=None):
         return _tune_cell(split, eps, seed, folder, mode=cell, **_shared_features(cell), **extra)
     if cell == "random-last-layer":
         return _tune_cell(split, eps, seed, folder, mode="last-layer", strategy="random-search",
+                          **_shared_features("last-layer"), **extra)
+    if cell == "oracle-last-layer":  # NOT PRIVATE reference: tuning uncharged, no model released
+        return _tune_cell(split, eps, seed, folder, mode="last-layer", strategy="grid-oracle",
                           **_shared_features("last-layer"), **extra)
     if cell == "default-no-eta-trials":  # ablation: the default without hyperfree's η-placement trials
         return _tune_cell(split, eps, seed, folder, strategy_options={"lr_trials": []}, **extra)

@@ -157,6 +157,10 @@ def test_grid_oracle_is_labelled_and_releases_nothing(files, tmp_path):
     m = json.loads((r.run_dir / "metrics.json").read_text())
     assert m["not_private"] is True and m["label"] == "NOT PRIVATE"
     assert r.certificate.metadata["label"] == "NOT PRIVATE"
+    # its best grid point's head is scored on the reported split (labelled NOT PRIVATE), never released
+    assert isinstance(m["accuracy"], float) and 0.0 <= m["accuracy"] <= 1.0
+    assert r.metrics["accuracy"] == m["accuracy"]
+    assert "grid oracle's best head (NOT PRIVATE)" in (r.run_dir / "log.txt").read_text()
 
 
 def test_cli_tune(files, tmp_path, capsys):

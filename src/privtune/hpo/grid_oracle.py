@@ -118,7 +118,8 @@ class GridOracle(Strategy):
     def run(self, backend, selector, plan: BudgetPlan, *, mode: str, seed=None, progress=None):
         res = run(backend, selector, plan.config, plan.total_epsilon, plan.delta, seed=seed, accountant=plan.accountant,
                   progress=progress)
-        return StrategyOutcome(state=None, final_events=[], final_hyperparameters=res.hyperparameters,
+        # the best grid point's head (NOT PRIVATE): tune scores it on the reported split and never releases it
+        return StrategyOutcome(state=res.state, final_events=[], final_hyperparameters=res.hyperparameters,
                                trials=res.trials, strategy_data={"name": self.name, "label": "NOT PRIVATE",
                                                                  "best": res.to_dict()["hyperparameters"],
                                                                  "best_score": res.score},

@@ -863,6 +863,8 @@ class _Ran:
     features: dict  # cached features (last-layer), for the NOT PRIVATE reference
     trials: list  # pilot records and the strategy's trials, ε after each filled in
     events: list  # the certificate's events
+    #: the NOT PRIVATE grid oracle's best head in the classifier: scored on the reported split, never released
+    reference_model: Any = None
 
     @property
     def published_trial_count(self) -> int | None:
@@ -1048,9 +1050,9 @@ class TuneJob:
         and history."""
         req, inputs, prog, strat = loaded.req, loaded.inputs, loaded.prog, loaded.req.strategy
         delta, accountant, selection = inputs.privacy.delta, req.privacy.accountant, _selection_of_run(req, inputs, ran)
-        acc, majority = _reported_accuracy(ran, inputs, prog) if not strat.not_private else (None, None)
-        if strat.not_private and inputs.eval_set is not None:
-            acc = ran.outcome.strategy_data.get("reported_accuracy")
+        # the NOT PRIVATE grid oracle: its best head scored on the reported split (metrics say NOT PRIVATE)
+        acc, majority = _reported_accuracy(ran, inputs, prog, model=ran.reference_model if strat.not_private
+                                           else ran.model)
         remaining = None
         try:
             remaining = (float(budget.ledger.status(inputs.fingerprint).remaining_epsilon)
@@ -1170,12 +1172,13 @@ def _certificate_metadata(req: _Request, inputs: _Inputs, tplan: _TunePlan, ran:
     return metadata
 
 
-def _reported_accuracy(ran: _Ran, inputs: _Inputs, prog) -> tuple:
-    """``(accuracy, majority prediction)`` of the released model on the reported split (public by declaration):
+def _reported_accuracy(ran: _Ran, inputs: _Inputs, prog, *, model: Any) -> tuple:
+    """``(accuracy, majority prediction)`` of ``model`` (the released one, or the NOT PRIVATE grid oracle's
+    best head) on the reported split (public by declaration):
     :func:`privtune.finetune.usefulness.majority_prediction`; without a labelled reported split no accuracy
     and the majority prediction on the public split (never on private data).  ``(None, None)`` without either."""
     eval_set, names = inputs.eval_set, inputs.label_names
-    if ran.model is None:
+    if model is None:
         return None, None
     if eval_set is None or getattr(eval_set, "labels", None) is None:
         public_set = inputs.public_set
@@ -1183,17 +1186,18 @@ def _reported_accuracy(ran: _Ran, inputs: _Inputs, prog) -> tuple:
             return None, None
         prog.start_phase("predicting the public split", len(public_set), unit="examples", work=len(public_set),
                          kind="predict")
-        counts = torch.bincount(ran.model.predict_logits(public_set).argmax(1), minlength=inputs.num_labels)
+        counts = torch.bincount(model.predict_logits(public_set).argmax(1), minlength=inputs.num_labels)
         prog.advance(len(public_set))
         prog.end_phase()
         return None, usefulness.majority_prediction(counts.tolist(), names, "the public validation split")
     prog.start_phase("evaluating on the reported split", len(eval_set), unit="examples", work=len(eval_set),
                      kind="predict")
-    logits = ran.model.predict_logits(eval_set)
+    logits = model.predict_logits(eval_set)
     prog.advance(len(eval_set))
     acc = float((logits.argmax(1) == _labels_tensor(eval_set)).float().mean().item())
     prog.end_phase()
-    prog.log(f"accuracy on the reported split ({inputs.reported_split}): {acc:.4f}")
+    what = "" if model is ran.model else " of the grid oracle's best head (NOT PRIVATE)"
+    prog.log(f"accuracy{what} on the reported split ({inputs.reported_split}): {acc:.4f}")
     counts = torch.bincount(logits.argmax(1), minlength=logits.shape[1]).tolist()
     return acc, usefulness.majority_prediction(counts, names, inputs.reported_split)
 
@@ -1553,10 +1557,12 @@ def _execute(req: _Request, inputs: _Inputs, tplan: _TunePlan, clf, prog, seed: 
             journal.hide_trials = True  # not even the count of trials goes to log.txt
         out = strat.run(backend, selector, plan, mode=used_mode, seed=seed_s, progress=prog.log)
         prog.end_phase()
-        final_model = None
-        if not strat.not_private:  # the NOT PRIVATE reference releases no model
-            finetune.apply_mode(clf, "last-layer")
+        final_model = reference_model = None
+        finetune.apply_mode(clf, "last-layer")
+        if not strat.not_private:
             final_model = head_into_classifier(clf, out.state, f.get("_center"))
+        elif out.state is not None:  # the NOT PRIVATE reference releases no model; its head is only scored
+            reference_model = head_into_classifier(clf, out.state, f.get("_center"))
             if f.get("_center_note"):
                 out.strategy_data.setdefault("notes", []).append(f["_center_note"])
     else:
@@ -1572,7 +1578,8 @@ def _execute(req: _Request, inputs: _Inputs, tplan: _TunePlan, clf, prog, seed: 
         out = strat.run(backend, selector, plan, mode=used_mode, seed=seed_s, progress=prog.log)
         prog.end_phase()
         final_model = out.state
-    return _ran(out, final_model, used_mode, pilot_records, selector, feats, tplan, delta, accountant)
+    ran = _ran(out, final_model, used_mode, pilot_records, selector, feats, tplan, delta, accountant)
+    return replace(ran, reference_model=reference_model) if used_mode == "last-layer" else ran
 
 
 def _private_centre(X: torch.Tensor, sigma: float, inputs: _Inputs, seed: int) -> tuple[torch.Tensor, str]:
