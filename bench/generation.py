@@ -153,6 +153,13 @@ def main(argv: list[str] | None = None) -> dict:
     epsilons = [float(e) for e in args.epsilons.split(",")]
     results: dict = {"config": {k: v for k, v in vars(args).items() if k != "out"}, "cells": {},
                      "started": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": machine(args)}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"generation-{'quick-' if args.quick else ''}{time.strftime('%Y%m%d-%H%M%S')}.json"
+
+    def save():  # after every cell: a long bench that stops keeps the cells it finished
+        path.write_text(json.dumps(results, indent=2, default=str) + "\n", encoding="utf-8")
+
     for cell in cells:
         if cell == "zero-shot":
             results["cells"]["zero-shot"] = zero_shot(args, files)
@@ -160,13 +167,12 @@ def main(argv: list[str] | None = None) -> dict:
             for eps in epsilons:
                 strategy = "random-search" if cell == "random-search" else None
                 results["cells"][f"{cell}@eps={eps:g}"] = tuned(args, files, eps, strategy, work)
+                save()
         else:
             results["cells"][cell] = nonprivate(args, files, cell.split("-", 1)[1])
         print(json.dumps({k: v for k, v in results["cells"].items()}, default=str)[-400:], flush=True)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"generation-{'quick-' if args.quick else ''}{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps(results, indent=2, default=str) + "\n", encoding="utf-8")
+        save()
+    save()
     print(f"wrote {path}")
     return results
 

@@ -366,11 +366,40 @@ def render_generation(files: list[Path]) -> str:
             if machine and machine not in notes:
                 notes.append(machine)
     out.append("")
+    out.extend(_generation_gain_lines(runs))
     for m in notes:
         out.append(f"Machine: {m.get('cpus')} CPU cores, {m.get('torch_threads')} torch threads, 1-minute load "
                    f"{m.get('load_before')} before the run; model `{m.get('model')}`, {m.get('max_length')} tokens "
                    "per pair.")
     return "\n".join(out).rstrip() + "\n"
+
+
+def _generation_gain_lines(runs: list[dict]) -> list[str]:
+    """The target's ratio, from cells of one file only (one split, one machine): how much of the best non-private
+    run's BLEU gain over the zero-shot model each private ``tune-default`` run recovers."""
+    lines = []
+    for run in runs:
+        cells = run.get("cells", {})
+        private = [n for n in ("nonprivate-lora", "nonprivate-full") if n in cells]
+        if "zero-shot" not in cells or not private:
+            continue
+        floor = cells["zero-shot"]["bleu"]
+        best = max(private, key=lambda n: cells[n]["bleu"])
+        gain = cells[best]["bleu"] - floor
+        for key, cell in sorted(cells.items()):
+            if not key.startswith("tune-default@eps="):
+                continue
+            eps = key.partition("@eps=")[2]
+            size = f"{run.get('config', {}).get('private', 0):,} private pairs"
+            if gain <= 0:
+                lines.append(f"At ε = {eps} ({size}): the best non-private run ({best}) gained no BLEU over the "
+                             "zero-shot model, so the share of its gain recovered is undefined.")
+            else:
+                share = (cell["bleu"] - floor) / gain
+                lines.append(f"At ε = {eps} ({size}): `privtune tune` recovers **{100 * share:.0f} %** of the BLEU "
+                             f"gain of the best non-private run ({best}: {gain:+.2f} BLEU over zero-shot; private "
+                             f"{cell['bleu'] - floor:+.2f}), all from the same run of the bench.")
+    return lines + ([""] if lines else [])
 
 
 BACKBONES_INTRO = """\
