@@ -182,6 +182,8 @@ class UnitSampler:
         # rows grouped by unit, for the choice of k rows in over-cap units
         self._rows_by_unit = torch.argsort(units.unit_of_row, stable=True)
         self._first_row = torch.cumsum(units._counts, 0) - units._counts
+        # no unit above the cap: a step's rows are all rows of its units (no choice, no sort: nonzero is sorted)
+        self._all_within_cap = int(units._counts.max()) <= self.max_rows_per_unit if units.num_units else True
 
     @property
     def expected_batch_size(self) -> float:
@@ -191,7 +193,7 @@ class UnitSampler:
     def sample(self) -> torch.Tensor:
         """Draw one logical batch: the rows used from each sampled unit (≤ k per unit), sorted."""
         if self.sample_rate >= 1.0:  # every unit, nothing drawn (as example-level full batch)
-            if int(self.units._counts.max()) <= self.max_rows_per_unit:  # every row, every step
+            if self._all_within_cap:  # every row, every step
                 return torch.arange(self.units.num_rows)
             unit_mask = torch.ones(self.units.num_units, dtype=torch.bool)
         else:
@@ -201,6 +203,8 @@ class UnitSampler:
     def rows_of(self, unit_mask: torch.Tensor) -> torch.Tensor:
         """Sorted rows used from the units of ``unit_mask`` (N_u,) bool: all rows of a unit with ≤ k rows,
         a uniformly random k of them otherwise (from this sampler's row generator)."""
+        if self._all_within_cap:
+            return unit_mask[self.units.unit_of_row].nonzero().squeeze(1)
         k = self.max_rows_per_unit
         counts = self.units._counts
         big = unit_mask & (counts > k)
