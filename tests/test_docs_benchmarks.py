@@ -123,3 +123,17 @@ def test_the_generation_section_states_the_share_of_the_non_private_gain(make_be
     # (2.5 − 1) / (3 − 1): the best non-private run is the reference
     assert "At ε = 8 (3,000 private pairs): `privtune tune` recovers **75 %**" in page
     assert "nonprivate-lora: +2.00 BLEU" in page
+
+
+def test_the_generation_section_gives_a_second_task_its_own_table(make_benchmarks, tmp_path):
+    folder = tmp_path / "generation"
+    folder.mkdir()
+    cell = {"bleu": 4.5, "chrf": 20.0, "rouge_l": 15.0, "perplexity": 30.0, "scored_rows": 100, "epsilon": 0.0,
+            "seconds": 60.0}
+    run = {"config": {"private": 1725, "reported": 300, "task": "bbc"}, "cells": {"zero-shot": cell},
+           "started": "2026-01-01"}
+    (folder / "generation-20260101-000000.json").write_text(json.dumps(run))
+    page = make_benchmarks.render_page(tmp_path)
+    chitchat, _, bbc = page.partition("### BBC headlines")
+    assert "| zero-shot model (no training) | – | – | – |" in chitchat  # not run on chitchat
+    assert "| zero-shot model (no training) | – | – | 300 (100) | 4.50 |" in bbc

