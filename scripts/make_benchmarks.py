@@ -425,31 +425,40 @@ BACKBONES_INTRO = """\
 ## SST-2 with another backbone
 
 The same split and dev set as above, with `--model NAME` (`python bench/sst2_full.py --backbone NAME --cells CELL
---epsilons E --seed S`); certificate ε covers every trial and the final run. One row per kept result. The
+--epsilons E --seed S`; a row on 20,000 private phrases ran with `--quick`, a seeded subset of the same private
+split); certificate ε covers every trial and the final run. One row per kept result. The
 last-layer cells share one cache of the frozen backbone's features: a cell that found them cached took under a
 minute, the one that computed them (the ε = 3 cell; the ε = 1 seed-0 cell ran before the cache was shared) about
-20 minutes more. `random-last-layer` is privtune's charged random search over the head on the same features;
+20 minutes more. `bitfit` is `privtune tune --mode bitfit` (DP-BiTFiT: charged η trials, then the final
+hyperfree run) through the whole backbone. `random-last-layer` is privtune's charged random search over the head
+on the same features;
 `oracle-last-layer` is privtune's grid oracle over the same head (**NOT PRIVATE**: every grid point at the
 whole ε, the best on the public split, tuning not charged, so it certifies nothing; its head is scored on the dev
 set and never released).
 
-| backbone | cell | total ε | seed | dev accuracy | certificate ε | time |
-|---|---|---|---|---|---|---|
+| backbone | cell | private phrases | total ε | seed | dev accuracy | certificate ε | time |
+|---|---|---|---|---|---|---|---|
 """
 
 
 def render_sst2_backbones(files: list[Path]) -> str:
-    rows = []
+    rows, seeds = [], {}
     for path in files:
         r = _load(path)
         threads = r.get("threads", 1)
         cert = r["certificate_epsilon"]
         cell = f"{r['cell']} (NOT PRIVATE)" if r.get("not_private") else r["cell"]
-        rows.append(f"| {r.get('backbone', path.parent.name)} | {cell} | {r['epsilon']:g} | {r['seed']} | "
+        rows.append(f"| {r.get('backbone', path.parent.name)} | {cell} | {r.get('n_private', 0):,} | "
+                    f"{r['epsilon']:g} | {r['seed']} | "
                     f"{_pct(r['dev_accuracy'])} | {'none' if cert is None else f'{cert:.5f}'} | "
                     f"{_minutes(r['seconds'])} "
                     f"({threads} thread{'s' if threads > 1 else ''}) |")
-    return BACKBONES_INTRO + "\n".join(rows) + "\n"
+        seeds.setdefault((r.get("backbone", path.parent.name), r["cell"], r.get("n_private"), r["epsilon"]),
+                         []).append(100 * r["dev_accuracy"])
+    spread = [f"{b} `{c}` at ε = {e:g}: {min(a):.1f}–{max(a):.1f} % over {len(a)} seeds (range {max(a) - min(a):.1f} "
+              "points)" for (b, c, _, e), a in seeds.items() if len(a) > 1]
+    tail = f"\nRun to run (seeds of one cell): {'; '.join(spread)}.\n" if spread else ""
+    return BACKBONES_INTRO + "\n".join(rows) + "\n" + tail
 
 
 USER_LEVEL_INTRO = """\
@@ -517,12 +526,54 @@ def render_eta(files: list[Path]) -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
+USER_OVERHEAD_INTRO = """\
+## What a user-level step costs
+
+`{command}`: one DP step of `privtune.training.fit` at the example level and at the unit level with the same rows
+(units of {r} rows, cap k = {r}: the unit level adds the unit sampler and the weights 1/m_u), alternated, median of
+{repeats} repeats of {steps} steps, {clock} seconds, {threads} torch thread; at a rate below 1 both levels sample
+Poisson at q (rows, or units) and the figure is per the workload's rows used. Workloads: `head`, a linear head on
+4,096 cached 384-d features (the closed-form head gradient); `bitfit`, DP-BiTFiT of the bundled MiniLM on 64
+SST-2 phrases. Target: user level ≤ 1.2× example level.
+
+| workload | rate q | rows (units) | example level | user level | user ÷ example |
+|---|---|---|---|---|---|
+"""
+
+
+def render_user_overhead(files: list[Path]) -> str:
+    out = []
+    for path in files:
+        r = _load(path)
+        cmd = r.get("command", "python bench/user_level.py --overhead")
+        args = cmd.split()
+
+        def arg(flag, default):
+            return args[args.index(flag) + 1] if flag in args else default
+
+        first = next(iter(r["workloads"].values()))
+        out.append(USER_OVERHEAD_INTRO.rstrip("\n").format(command=cmd, r=first["rows_per_unit"], repeats=arg("--repeats", "3"),
+                                              steps=arg("--steps", "5"), clock=r.get("clock", "cpu").upper(),
+                                              threads=r.get("machine", {}).get("threads", 1)))
+        for name, w in r["workloads"].items():
+            t = w["seconds_per_step_of_all_rows"]
+            out.append(f"| {name.split()[0]} | {w['sample_rate']:g} | {w['rows']:,} ({w['units']:,}) | "
+                       f"{1e3 * t['example_level']:.2f} ms | {1e3 * t['user_level']:.2f} ms | "
+                       f"{w['ratio_user_over_example']:.2f}× |")
+        load = r.get("machine", {}).get("load_average_at_end")
+        if load:
+            out.append(f"\n1-minute load at the end: {load[0]:.1f} (2 cores; the timed process ran at high priority).")
+    return "\n".join(out).rstrip() + "\n"
+
+
 SECTIONS: list[Section] = [
     Section("sst2-full", ("sst2_full/full/*_eps*_seed*.json",), render_sst2_full),
-    Section("sst2-backbones", ("sst2_full/full_*/*_eps*_seed*.json",), render_sst2_backbones),
+    Section("sst2-backbones", ("sst2_full/full_*/*_eps*_seed*.json", "sst2_full/quick_*/*_eps*_seed*.json"),
+            render_sst2_backbones),
     Section("fashion-mnist", ("fashion_mnist/*.json",), render_fashion_mnist),
     Section("eta", ("eta/*.json",), render_eta),
     Section("user-level-sst2", ("user_level/sst2.json",), render_user_level_sst2),
+    Section("user-level-overhead", ("user_level/overhead.json",), render_user_overhead),
     Section("generation", ("generation/generation-[0-9]*.json",), render_generation),
 ]
 
