@@ -96,7 +96,18 @@ def _tune_cell(split, eps, seed, **kw) -> dict:
             "certificate_epsilon": None if r.certificate is None else float(r.certificate.epsilon),
             "not_private": bool(r.metrics.get("not_private")), "mode": r.metrics["mode"],
             "strategy": r.metrics["strategy"], "hyperparameters": r.metrics.get("hyperparameters"),
-            "trials": len(r.trials or []), "features_l2_normalised": bool(getattr(r.model, "normalize", False))}
+            "trials": len(r.trials or []), "features_l2_normalised": _normalised(r.model)}
+
+
+def _normalised(model) -> bool:
+    """Whether the head read L2-normalised features: the released model's flag, or (the grid oracle releases no
+    model) what privtune does for this backbone's last layer."""
+    if model is not None:
+        return bool(getattr(model, "normalize", False))
+    from privtune.finetune.modes import head_input_normalization
+    from privtune.models import load_classifier
+
+    return head_input_normalization(load_classifier(MODEL, num_labels=10, seed=0), "last-layer")
 
 
 def _features(split, names=("train", "public", "test")) -> dict:
@@ -222,7 +233,9 @@ def main(argv=None) -> int:
         for cell in cells:
             if cell == "nonpriv-last-layer" and (RESULTS / "nonpriv-last-layer.json").exists():
                 continue
-            key = cell if cell == "nonpriv-last-layer" else f"{cell}_eps{eps:g}"
+            # seed 0's file has no suffix; further seeds (the ε = 1 default's) have their own
+            key = cell if cell == "nonpriv-last-layer" else f"{cell}_eps{eps:g}" + (f"_seed{args.seed}" if args.seed
+                                                                                    else "")
             t0 = time.time()
             res = run_cell(cell, split, eps, args.seed)
             res.update(cell=cell, epsilon=None if cell == "nonpriv-last-layer" else eps, seed=args.seed,

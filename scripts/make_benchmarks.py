@@ -241,7 +241,7 @@ FASHION_COLUMNS = (("default", "`privtune tune --mode last-layer` (hyperfree, ev
                    ("random", "charged random search"),
                    ("opacus-last-layer", "Opacus, one fixed setting"),
                    ("oracle", "grid oracle (NOT PRIVATE)"))
-FASHION_CELL = re.compile(r"^(?P<cell>[a-z-]+)_eps(?P<eps>[0-9.]+)\.json$")
+FASHION_CELL = re.compile(r"^(?P<cell>[a-z-]+)_eps(?P<eps>[0-9.]+)(_seed(?P<seed>[0-9]+))?\.json$")
 
 FASHION_INTRO = """\
 ## Fashion-MNIST, ImageNet EfficientNet-Lite0
@@ -266,13 +266,20 @@ FASHION_NOT_RUN = {
 }
 
 
-def _fashion_cell_text(run: dict | None) -> str:
-    if run is None:
+def _fashion_cell_text(seeds: list[dict] | None) -> str:
+    """One cell: its run's test accuracy, or the mean ± standard deviation over its seeds (each named)."""
+    if not seeds:
         return "–"
-    eps = run.get("certificate_epsilon")
+    run = seeds[0]
+    eps = max((r.get("certificate_epsilon") or 0.0 for r in seeds), default=None) or run.get("certificate_epsilon")
     cert = f"ε {eps:.3g}" if isinstance(eps, (int, float)) else "no certificate"
     label = " NOT PRIVATE" if run.get("not_private") and run.get("cell") != "default" else ""
-    return f"{_pct(run['test_accuracy'])} ({cert}; {_minutes(run['wall_s'])}){label}"
+    if len(seeds) == 1:
+        return f"{_pct(run['test_accuracy'])} ({cert}; {_minutes(run['wall_s'])}){label}"
+    acc = [100 * r["test_accuracy"] for r in seeds]
+    each = ", ".join(f"{a:.1f}" for a in acc)
+    return (f"{statistics.mean(acc):.1f} ± {statistics.stdev(acc):.1f} % ({len(seeds)} seeds: {each}; {cert}; "
+            f"{_minutes(statistics.mean(r['wall_s'] for r in seeds))} each){label}")
 
 
 def _fashion_features_note(runs: dict) -> list[str]:
@@ -288,7 +295,10 @@ def _fashion_features_note(runs: dict) -> list[str]:
 
 def render_fashion_mnist(files: list[Path]) -> str:
     runs = {p.name: _load(p) for p in files}
-    cells = {(m["cell"], float(m["eps"])): runs[name] for name in runs if (m := FASHION_CELL.match(name))}
+    cells: dict[tuple[str, float], list[dict]] = {}  # (cell, ε) → its runs, one per seed
+    for name in sorted(runs):
+        if m := FASHION_CELL.match(name):
+            cells.setdefault((m["cell"], float(m["eps"])), []).append(runs[name])
     any_run = next(iter(runs.values()))
     p = 0.9
     out = [FASHION_INTRO.format(n_private=any_run.get("n_private", 0), n_public=any_run.get("n_public", 0),

@@ -137,3 +137,14 @@ def test_the_generation_section_gives_a_second_task_its_own_table(make_benchmark
     chitchat, _, bbc = page.partition("### BBC headlines")
     assert "| zero-shot model (no training) | – | – | – |" in chitchat  # not run on chitchat
     assert "| zero-shot model (no training) | – | – | 300 (100) | 4.50 |" in bbc
+
+
+def test_fashion_seeds_of_one_cell_are_averaged(make_benchmarks, tmp_path):
+    folder = tmp_path / "fashion_mnist"
+    folder.mkdir()
+    run = {"cell": "default", "test_accuracy": 0.84, "certificate_epsilon": 1.0, "wall_s": 120.0, "n_private": 58000,
+           "n_public": 2000, "n_test": 10000, "features_l2_normalised": True}
+    (folder / "default_eps1.json").write_text(json.dumps(run))
+    (folder / "default_eps1_seed1.json").write_text(json.dumps(run | {"test_accuracy": 0.86}))
+    page = make_benchmarks.render_page(tmp_path)
+    assert "85.0 ± 1.4 % (2 seeds: 84.0, 86.0; ε 1;" in page
