@@ -21,7 +21,7 @@ from privtune.audit import AuditSpec, audit  # noqa: E402
 from privtune.audit.exposure import (CANARY_PROMPT, NOT_PRIVATE_REFERENCE, DigitCanaries,  # noqa: E402
                                      exposure_estimates, make_digit_secrets, secret_losses)
 from privtune.cli import main  # noqa: E402
-from privtune.errors import InvalidParameterError, ModelError, UnknownDatasetError  # noqa: E402
+from privtune.errors import DataError, InvalidParameterError, ModelError, UnknownDatasetError  # noqa: E402
 from privtune.ledger import Ledger  # noqa: E402
 from privtune.models.generator import Generator  # noqa: E402
 from privtune.models.testing_causal_lm import make_tiny_causal_lm, make_tiny_tokenizer  # noqa: E402
@@ -180,7 +180,7 @@ def test_private_audit_charges_the_dp_run_only(files, tmp_path):
     (dict(mode="bitfit"), {}, ModelError, "has none"),
     (dict(mode="last-layer"), {}, InvalidParameterError, "mode"),
     (dict(canary_digits=6), dict(max_length=10), InvalidParameterError, "cuts the audit's canaries"),
-    (dict(privacy_unit="prompt"), {}, InvalidParameterError, "example-level"),
+    (dict(privacy_unit="speaker"), {}, DataError, "privacy-unit column 'speaker'"),
 ])
 def test_refusals_come_before_any_charge_or_output(files, tmp_path, spec, inputs, error, match):
     url = f"sqlite:///{tmp_path / 'l.db'}"
@@ -189,6 +189,36 @@ def test_refusals_come_before_any_charge_or_output(files, tmp_path, spec, inputs
         _audit(files["train"], spec=spec, model=files["model"], ledger=url, output_dir=tmp_path / "o", **inputs)
     assert Ledger(url).status(files["train"]).remaining_epsilon == pytest.approx(20.0)
     assert not (tmp_path / "o").exists()
+
+
+def test_user_level_audit_inserts_canary_units_and_trains_on_units(files, tmp_path, monkeypatch):
+    """--privacy-unit on prompt → response data: each included canary is r rows of its secret, the run samples
+    units (the user's senders and the canary units), and the report says so."""
+    import privtune.training as training
+
+    rows = [json.loads(line) for line in open(files["train"], encoding="utf-8")]
+    data = tmp_path / "senders.jsonl"
+    data.write_text("".join(json.dumps({**r, "sender": f"s{i % 8}"}) + "\n" for i, r in enumerate(rows)))
+    seen = {}
+    real_train = training.train
+
+    def spy(union, **kw):
+        seen.update(rows=len(union), units=list(kw.get("privacy_unit") or []), k=kw.get("max_rows_per_unit"),
+                    secrets=[r for p, r in zip(union.prompts, union.responses) if p == CANARY_PROMPT])
+        return real_train(union, **kw)
+
+    monkeypatch.setattr(training, "train", spy)
+    rep = _audit(str(data), spec=dict(public_data=True, whitebox=False, reference=False, privacy_unit="sender",
+                                      max_rows_per_unit=3, canary_rows=3, batch_size=4), model=files["model"])
+    included = rep.memorisation.included
+    assert seen["rows"] == 40 + 3 * sum(included) and seen["k"] == 3
+    assert len(set(seen["units"])) == 8 + sum(included)  # 8 senders and one unit per included canary
+    ins = [s for s, i in zip(rep.memorisation.secrets, included) if i]
+    assert seen["secrets"] == [s for s in ins for _ in range(3)]  # each secret three times, in its unit
+    assert rep.blackbox.config["privacy_unit"] == "sender" and rep.blackbox.config["canary_rows"] == 3
+    assert rep.memorisation.privacy_unit == {"unit": "sender", "max_rows_per_unit": 3, "canary_rows": 3}
+    assert "each canary is a unit of 3 rows" in rep.memorisation.summary()
+    assert rep.blackbox.epsilon_lower_bound <= rep.blackbox.claimed_epsilon
 
 
 def test_cli_prints_one_exposure_table(files, tmp_path, capsys):

@@ -288,7 +288,7 @@ def _make_canaries(user: Any, spec: AuditSpec, audit_seed: int, units: "_AuditUn
     if getattr(user, "kind", None) != "generation":
         return _add_canaries(user, spec.num_canaries, audit_seed, units)
     canaries = DigitCanaries.add_to(user, spec.num_canaries, audit_seed, digits=spec.exposure.canary_digits,
-                                    candidates=spec.exposure.candidates)
+                                    candidates=spec.exposure.candidates, units=units)
     if generator is not None:
         canaries.check_model(generator)  # digits the tokenizer spells, a max_length that keeps a canary whole
     return canaries

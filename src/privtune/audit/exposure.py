@@ -145,7 +145,8 @@ class DigitCanaries:
     ``secrets[i]`` is canary i's response to :data:`CANARY_PROMPT`; ``included[i]`` whether it was added to the
     training data (probability 1/2); ``user`` is the user's pairs and ``union`` those followed by the included
     canaries; ``candidates`` is how many secrets estimate a rank; ``sample_seed`` seeds their sample.  The
-    audit's public size is the union's (example level: no privacy unit)."""
+    audit's public size is the union's rows, or at user level (``units``, the audit's privacy unit) its units:
+    each canary is then a unit of r rows, its secret r times, included or left out whole."""
 
     secrets: list[str]
     included: list[bool]
@@ -156,29 +157,36 @@ class DigitCanaries:
     sample_seed: int
     prompt: str = CANARY_PROMPT
     kind: str = "generation"
-    units: None = None
+    units: Any = None  # the audit's privacy unit (privtune.audit.blackbox._AuditUnits), None: example level
 
     @property
     def union_size(self) -> int:
-        return len(self.union)
+        """The union's public size: its rows, or at user level its units (the user's and the included canaries')."""
+        return len(self.union) if self.units is None else self.units.num_units + sum(self.included)
 
     @classmethod
     def add_to(cls, user: Any, m: int, audit_seed: int, *, digits: int = DEFAULT_CANARY_DIGITS,
-               candidates: int = DEFAULT_CANDIDATES) -> "DigitCanaries":
-        """``m`` digit canaries (seeded by ``audit_seed``), each included with probability 1/2, and the union."""
+               candidates: int = DEFAULT_CANDIDATES, units: Any = None) -> "DigitCanaries":
+        """``m`` digit canaries (seeded by ``audit_seed``), each included with probability 1/2, and the union.
+        User level (``units``): canary i is a unit of ``units.r`` rows, its secret each time; ``units`` gets the
+        union's unit keys."""
         from privtune.data.generation import GenerationDataset
 
         gen = random.Random(audit_seed)
         secrets_ = make_digit_secrets(m, digits, random.Random(gen.randrange(2**62)))
         included = [gen.random() < 0.5 for _ in range(m)]
-        ins = [s for s, i in zip(secrets_, included) if i]
+        r = 1 if units is None else units.r
+        ins = [i for i, inc in enumerate(included) if inc for _ in range(r)]  # canary i's r rows, in order
         union = GenerationDataset(prompts=list(user.prompts) + [CANARY_PROMPT] * len(ins),
-                                  responses=list(user.responses) + ins)
-        return cls(secrets_, included, user, union, digits, candidates, gen.randrange(2**62))
+                                  responses=list(user.responses) + [secrets_[i] for i in ins])
+        if units is not None:
+            units.union_keys = list(units.user_keys) + [f"canary unit {i}" for i in ins]
+        return cls(secrets_, included, user, union, digits, candidates, gen.randrange(2**62), units=units)
 
     @property
     def description(self) -> str:
-        return f"{self.prompt!r} → {self.digits} random digits"
+        rows = "" if self.units is None or self.units.r == 1 else f", units of {self.units.r} rows"
+        return f"{self.prompt!r} → {self.digits} random digits{rows}"
 
     @property
     def space_size(self) -> int:
@@ -247,15 +255,19 @@ class ExposureReport:
     claimed_epsilon: float | None = None
     privacy: str = ""
     seconds: float = 0.0
+    #: user level: the audit's privacy unit (its column name), k and the rows r of a canary unit; None: example level
+    privacy_unit: dict | None = None
 
     @classmethod
     def from_measurements(cls, canaries: DigitCanaries, dp: dict, reference: dict | None = None, **kw
                           ) -> "ExposureReport":
         join = (lambda m: None if m is None else [{**e, "log_perplexity": float(lp)}  # noqa: E731
                                                   for e, lp in zip(m["exposure"], m["log_perplexity"])])
+        u = canaries.units
+        unit = None if u is None else {"unit": u.name, "max_rows_per_unit": u.k, "canary_rows": u.r}
         return cls(prompt=canaries.prompt, digits=canaries.digits, space_size=canaries.space_size,
                    candidates_scored=dp["candidates_scored"], secrets=list(canaries.secrets),
-                   included=list(canaries.included), dp=join(dp), reference=join(reference), **kw)
+                   included=list(canaries.included), dp=join(dp), reference=join(reference), privacy_unit=unit, **kw)
 
     def _stats(self, rows: list | None, inserted: bool) -> tuple[float, float] | None:
         if rows is None:
@@ -274,6 +286,10 @@ class ExposureReport:
         lines = [f"memorisation (exposure, Carlini et al. 2019): canaries {self.prompt!r} → {self.digits} random "
                  f"digits, |R| = 10^{self.digits} (exposure 0 … {math.log2(self.space_size):.1f} bits), {how}",
                  row("canary", "inserted", "exposure DP", "non-private*", "how (DP)")]
+        if self.privacy_unit is not None:
+            u = self.privacy_unit
+            lines.insert(1, f"user level: (ε, δ) with respect to one {u['unit']!r}; each canary is a unit of "
+                            f"{u['canary_rows']} rows, its secret each time (cap k = {u['max_rows_per_unit']})")
         order = sorted((i for i, inc in enumerate(self.included) if inc), key=lambda i: -self.dp[i]["exposure"])
         for i in order[:max_rows]:
             lines.append(row(self.secrets[i], "yes", f"{self.dp[i]['exposure']:.2f}",

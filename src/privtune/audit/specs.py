@@ -179,8 +179,8 @@ class AuditSpec:
     max_rows_per_unit : k ≥ 1, the public cap on one unit's rows per step (default 8; user level only).
     canary_rows : r ≥ 1 rows of each canary unit, in or out whole (default k; user level only).
 
-    A user-level audit (``privacy_unit``) takes labelled text; the memorisation audit of prompt → response data
-    is example level.
+    A user-level audit (``privacy_unit``) inserts canary units of r rows, in or out whole: on labelled text r
+    random texts of one label, on prompt → response data the same secret r times (a person who repeats it).
     """
 
     privacy: PrivacySpec
@@ -279,16 +279,12 @@ class AuditSpec:
     def for_data(self, generation: bool) -> AuditSpec:
         """This spec with the data kind's defaults filled in (``mode``, ``num_canaries``; see :data:`DEFAULTS`)
         and checked against that kind: prompt → response data (a causal language model) takes the modes of
-        :data:`GENERATION_AUDITED_MODES` and is audited at example level."""
+        :data:`GENERATION_AUDITED_MODES`."""
         mode, m = DEFAULTS["generation" if generation else "classifier"]
         spec = replace(self, mode=self.mode if self.mode is not None else mode,
                        num_canaries=self.num_canaries if self.num_canaries is not None else m)
         if generation:
             check_choice(spec.mode, "mode", GENERATION_AUDITED_MODES)
-            if spec.privacy_unit is not None:
-                raise InvalidParameterError(
-                    "The memorisation audit of prompt → response data inserts one-row canaries: it audits the "
-                    "example-level configuration only. Drop --privacy-unit (privacy_unit).")
         return spec
 
 

@@ -6,7 +6,7 @@
     privtune audit --data FILE --mode {full,bitfit,last-layer,lora} (--epsilon E [--delta D] | --noise-multiplier S)
                    [--epochs N | --steps N] [--batch-size B] [--canaries M] [--no-blackbox] [--public-data]
                    [--labels neg,pos] [--ledger URL] [--output DIR [--resume]]
-                   [--privacy-unit COLUMN [--max-rows-per-unit K] [--canary-rows R]]    (labelled text)
+                   [--privacy-unit COLUMN [--max-rows-per-unit K] [--canary-rows R]]
                    [--canary-digits K] [--candidates S] [--no-reference]    (prompt → response data)
 
 Prints, per audit (white-box and black-box): the claimed ε, the empirical lower bound at 95 %
@@ -56,9 +56,9 @@ _INPUTS = ("data", "model", "labels", "text_column", "label_column", "max_length
 @click.option("--accountant", type=click.Choice(ACCOUNTANTS), default="pld", help="Privacy accountant.")
 @click.option("--canaries", "num_canaries", type=int, default=None,
               help="Number m of canaries per audit. Default: 1000; 100 on prompt → response data.")
-@click.option("--privacy-unit", type=str, help="Audit the user-level configuration (labelled text): the column of "
-              "--data naming each row's unit. The canaries are then units of --canary-rows rows each, in or out "
-              "whole; --batch-size counts units. See docs/privacy-unit.md.")
+@click.option("--privacy-unit", type=str, help="Audit the user-level configuration: the column of --data naming "
+              "each row's unit. The canaries are then units of --canary-rows rows each, in or out whole (on prompt → "
+              "response data the same secret each time); --batch-size counts units. See docs/privacy-unit.md.")
 @click.option("--max-rows-per-unit", type=int, help="With --privacy-unit: the public cap k on one unit's rows per "
               "step (default 8).")
 @click.option("--canary-rows", type=int, help="With --privacy-unit: rows r of each canary unit, all pulling the "
