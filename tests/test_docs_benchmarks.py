@@ -148,3 +148,21 @@ def test_fashion_seeds_of_one_cell_are_averaged(make_benchmarks, tmp_path):
     (folder / "default_eps1_seed1.json").write_text(json.dumps(run | {"test_accuracy": 0.86}))
     page = make_benchmarks.render_page(tmp_path)
     assert "85.0 ± 1.4 % (2 seeds: 84.0, 86.0; ε 1;" in page
+
+
+def test_the_generation_speed_table_reads_the_newest_speed_file(make_benchmarks, tmp_path):
+    folder = tmp_path / "generation"
+    folder.mkdir()
+
+    def cell(mode, method, eps, rss):
+        return {"mode": mode, "method": method, "examples_per_second": eps, "peak_rss_mib": rss}
+
+    run = {"config": {"model": "smollm2-135m", "micro_batch": 8, "max_length": 64, "speed_steps": 4},
+           "started": "2026-01-02", "machine": {"cpus": 2, "torch_threads": 2, "load_before": 0.5},
+           "cells": [cell("lora", "nonprivate", 10.0, 1000.0), cell("lora", "dp", 8.5, 1100.0),
+                     cell("full", "nonprivate", 4.0, 2000.0), cell("full", "dp", 2.0, 2400.0)]}
+    (folder / "speed-20260102-000000.json").write_text(json.dumps(run))
+    (folder / "speed-20260101-000000.json").write_text(json.dumps(run | {"started": "2026-01-01", "cells": []}))
+    page = make_benchmarks.render_page(tmp_path)
+    assert "| lora | 10.00 | 8.50 | 0.85× | 1,000 MiB | 1,100 MiB | 1.10× |" in page
+    assert "| full | 4.00 | 2.00 | 0.50× | 2,000 MiB | 2,400 MiB | 1.20× |" in page
