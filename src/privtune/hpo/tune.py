@@ -1557,14 +1557,7 @@ def _execute(req: _Request, inputs: _Inputs, tplan: _TunePlan, clf, prog, seed: 
             journal.hide_trials = True  # not even the count of trials goes to log.txt
         out = strat.run(backend, selector, plan, mode=used_mode, seed=seed_s, progress=prog.log)
         prog.end_phase()
-        final_model = reference_model = None
-        finetune.apply_mode(clf, "last-layer")
-        if not strat.not_private:
-            final_model = head_into_classifier(clf, out.state, f.get("_center"))
-        elif out.state is not None:  # the NOT PRIVATE reference releases no model; its head is only scored
-            reference_model = head_into_classifier(clf, out.state, f.get("_center"))
-            if f.get("_center_note"):
-                out.strategy_data.setdefault("notes", []).append(f["_center_note"])
+        final_model, reference_model = _heads_in_classifier(clf, out, strat, f)
     else:
         # curves of the final run: accuracy on the PUBLIC validation split only (free); never the reported split
         backend = _journaled(ModelBackend(clf, train, used_mode, optimizer=req.optimizer.name or DEFAULT_OPTIMIZER,
@@ -1580,6 +1573,17 @@ def _execute(req: _Request, inputs: _Inputs, tplan: _TunePlan, clf, prog, seed: 
         final_model = out.state
     ran = _ran(out, final_model, used_mode, pilot_records, selector, feats, tplan, delta, accountant)
     return replace(ran, reference_model=reference_model) if used_mode == "last-layer" else ran
+
+
+def _heads_in_classifier(clf, out, strat, feats: dict) -> tuple[Any, Any]:
+    """``(released model, None)`` of a last-layer run, or for the NOT PRIVATE grid oracle ``(None, its best head in
+    the classifier)``: scored on the reported split, never released."""
+    finetune.apply_mode(clf, "last-layer")
+    if strat.not_private:
+        return None, (None if out.state is None else head_into_classifier(clf, out.state, feats.get("_center")))
+    if feats.get("_center_note"):
+        out.strategy_data.setdefault("notes", []).append(feats["_center_note"])
+    return head_into_classifier(clf, out.state, feats.get("_center")), None
 
 
 def _private_centre(X: torch.Tensor, sigma: float, inputs: _Inputs, seed: int) -> tuple[torch.Tensor, str]:
