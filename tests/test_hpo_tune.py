@@ -220,3 +220,9 @@ def test_mode_auto_at_fine_tuning_scale_compares_bitfit_and_full_on_a_charged_su
     events = tune_mod._plan_pilots(["bitfit", "full"], 0.1, 1e-5, 60_000, None, "pld")
     assert [type(e) for e in events] == [DPSGDEvent, DPSGDEvent]
     assert all(e.sample_rate == pytest.approx(256 / 60_000) and e.steps == 10 for e in events)
+
+
+def test_a_released_head_states_how_its_features_were_centred(files, tmp_path):
+    r = _tune(files, tmp_path, strategy="single-step")
+    notes = json.loads((r.run_dir / "history.json").read_text())["strategy"].get("notes", [])
+    assert any("centred by the mean of the PUBLIC validation split" in n for n in notes)
