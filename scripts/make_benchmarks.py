@@ -428,6 +428,13 @@ def _generation_gain_lines(runs: list[dict]) -> list[str]:
                 lines.append(f"At ε = {eps} ({size}): `privtune tune` recovers **{100 * share:.0f} %** of the BLEU "
                              f"gain of the best non-private run ({best}: {gain:+.2f} BLEU over zero-shot; private "
                              f"{cell['bleu'] - floor:+.2f}), all from the same run of the bench.")
+            top = min(private, key=lambda n: cells[n]["perplexity"])
+            drop = cells["zero-shot"]["perplexity"] - cells[top]["perplexity"]
+            if drop > 0:
+                ppl_share = (cells["zero-shot"]["perplexity"] - cell["perplexity"]) / drop
+                lines.append(f"In perplexity it recovers {100 * ppl_share:.0f} % of the best non-private run's drop "
+                             f"({top}: {cells['zero-shot']['perplexity']:.1f} → {cells[top]['perplexity']:.1f}; "
+                             f"private {cell['perplexity']:.1f}).")
     return lines + ([""] if lines else [])
 
 

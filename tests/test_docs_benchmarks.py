@@ -111,18 +111,20 @@ def test_the_generation_section_states_the_share_of_the_non_private_gain(make_be
     folder = tmp_path / "generation"
     folder.mkdir()
 
-    def cell(bleu):
-        return {"bleu": bleu, "chrf": 1.0, "rouge_l": 1.0, "perplexity": 9.0, "scored_rows": 10, "epsilon": 8.0,
-                "seconds": 60.0}
+    def cell(bleu, perplexity=9.0):
+        return {"bleu": bleu, "chrf": 1.0, "rouge_l": 1.0, "perplexity": perplexity, "scored_rows": 10,
+                "epsilon": 8.0, "seconds": 60.0}
 
     run = {"config": {"private": 3000, "reported": 500}, "started": "2026-01-01",
-           "cells": {"zero-shot": cell(1.0), "tune-default@eps=8": cell(2.5), "nonprivate-lora": cell(3.0),
-                     "nonprivate-full": cell(2.0)}}
+           "cells": {"zero-shot": cell(1.0, 20.0), "tune-default@eps=8": cell(2.5, 15.0),
+                     "nonprivate-lora": cell(3.0, 12.0), "nonprivate-full": cell(2.0, 10.0)}}
     (folder / "generation-20260101-000000.json").write_text(json.dumps(run))
     page = make_benchmarks.render_page(tmp_path)
     # (2.5 − 1) / (3 − 1): the best non-private run is the reference
     assert "At ε = 8 (3,000 private pairs): `privtune tune` recovers **75 %**" in page
     assert "nonprivate-lora: +2.00 BLEU" in page
+    # perplexity: (20 − 15) / (20 − 10), the reference the run with the lowest perplexity (full here)
+    assert "In perplexity it recovers 50 % of the best non-private run's drop (nonprivate-full: 20.0 → 10.0" in page
 
 
 def test_the_generation_section_gives_a_second_task_its_own_table(make_benchmarks, tmp_path):
