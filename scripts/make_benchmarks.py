@@ -369,7 +369,7 @@ def render_generation(files: list[Path]) -> str:
         for key, cell in run.get("cells", {}).items():
             name, _, eps = key.partition("@eps=")
             rows[(task, name, float(eps) if eps else None)] = (cell, run)
-    out, notes = [GENERATION_INTRO], []
+    out, notes = [GENERATION_INTRO.rstrip("\n")], []
     tasks = ["chitchat"] + sorted({k[0] for k in rows} - {"chitchat"})
     for task in tasks:
         if task != "chitchat":
@@ -419,7 +419,9 @@ def _generation_gain_lines(runs: list[dict]) -> list[str]:
                 continue
             eps = key.partition("@eps=")[2]
             task = run.get("config", {}).get("task", "chitchat")
-            size = f"{'' if task == 'chitchat' else task + ', '}{run.get('config', {}).get('private', 0):,} private pairs"
+            cfg = run.get("config", {})
+            batch = f", expected batch {cfg['batch_size']}" if cfg.get("batch_size") else ""
+            size = f"{'' if task == 'chitchat' else task + ', '}{cfg.get('private', 0):,} private pairs{batch}"
             if gain <= 0:
                 lines.append(f"At ε = {eps} ({size}): the best non-private run ({best}) gained no BLEU over the "
                              "zero-shot model, so the share of its gain recovered is undefined.")
