@@ -128,13 +128,11 @@ def test_the_generation_section_states_the_share_of_the_non_private_gain(make_be
 
 
 def test_the_generation_section_gives_a_second_task_its_own_table(make_benchmarks, tmp_path):
-    folder = tmp_path / "generation"
-    folder.mkdir()
-    cell = {"bleu": 4.5, "chrf": 20.0, "rouge_l": 15.0, "perplexity": 30.0, "scored_rows": 100, "epsilon": 0.0,
-            "seconds": 60.0}
-    run = {"config": {"private": 1725, "reported": 300, "task": "bbc"}, "cells": {"zero-shot": cell},
-           "started": "2026-01-01"}
-    (folder / "generation-20260101-000000.json").write_text(json.dumps(run))
+    (tmp_path / "generation").mkdir()
+    zero_shot = dict(bleu=4.5, chrf=20.0, rouge_l=15.0, perplexity=30.0, scored_rows=100, epsilon=0.0, seconds=60.0)
+    (tmp_path / "generation" / "generation-20260101-000000.json").write_text(json.dumps(
+        {"config": {"private": 1725, "reported": 300, "task": "bbc"}, "cells": {"zero-shot": zero_shot},
+         "started": "2026-01-01"}))
     page = make_benchmarks.render_page(tmp_path)
     chitchat, _, bbc = page.partition("### BBC headlines")
     assert "| zero-shot model (no training) | – | – | – |" in chitchat  # not run on chitchat
