@@ -1570,9 +1570,9 @@ def _execute(req: _Request, inputs: _Inputs, tplan: _TunePlan, clf, prog, seed: 
             raise InvalidParameterError(f"strategy={strat.name!r} is not available for mode={used_mode!r}.")
         out = strat.run(backend, selector, plan, mode=used_mode, seed=seed_s, progress=prog.log)
         prog.end_phase()
-        final_model = out.state
+        final_model, reference_model = out.state, None
     ran = _ran(out, final_model, used_mode, pilot_records, selector, feats, tplan, delta, accountant)
-    return replace(ran, reference_model=reference_model) if used_mode == "last-layer" else ran
+    return replace(ran, reference_model=reference_model)
 
 
 def _heads_in_classifier(clf, out, strat, feats: dict) -> tuple[Any, Any]:
