@@ -1,8 +1,10 @@
 """User-level DP: what a step costs at the unit level against the example level (``--overhead``), and the price
-of the honest unit on SST-2 with the review sentence as unit (``--sst2``).
+of the honest unit on SST-2 with the review sentence as unit (``--sst2``) and on chat with the sender as unit
+(``--chat``).
 
     python bench/user_level.py --overhead --out bench/results/user_level/overhead.json
     python bench/user_level.py --sst2 --out bench/results/user_level/sst2.json
+    python bench/user_level.py --chat --out bench/results/user_level/chat.json
 
 ``--sst2``: SST-2's training phrases (``--sst2-dir``, GLUE's ``train.tsv`` and ``dev.tsv``) with the review sentence
 as the privacy unit.  GLUE does not say which sentence a phrase comes from, so the sentences are rebuilt by this
@@ -17,6 +19,23 @@ data; the reported split is GLUE's 872 dev sentences.  At each ε of ``--epsilon
 cached once (``feature_cache_dir``).  For the example-level run the result also gives what it guarantees the
 most active review (c rows): by group privacy, (ε, δ)-DP for one row gives a group of c rows (c·ε, c·e^{(c−1)ε}·δ),
 computed from the run's certificate ε and δ (a δ term ≥ 1 is no guarantee at all).
+
+``--chat``: the chitchat conversations (PyPI ``chitchat-dataset``, one previous turn as the context) with the
+**sender of the response as the privacy unit**, SmolLM2-135M-Instruct with LoRA (``privtune tune``'s generation
+default).  The splits are disjoint by person, not only by row: conversations are taken in a seeded order
+(``random.Random(0)``), a conversation is used only if both its participants answer in it (so both are known),
+and it goes to the split that already owns one of its participants, or, when neither is owned yet, to the first
+split in the order public, reported, private that still has room; a conversation whose participants are owned by
+two splits, or by a full one, is skipped.  So no person's words (as response or as context) are on two sides.
+Sizes: ``--public`` pairs (selection by perplexity), ``--reported`` pairs (scored, never selected on) and
+``--chat-private`` private pairs.  Cells, one seed each, at each ε of ``--epsilons``: the zero-shot model (the
+floor, once), ``privtune tune`` at the user level (``--privacy-unit sender``, k = ``--max-rows-per-unit``,
+``--unit-batch-size`` expected senders per step for ``--unit-epochs`` epochs of senders) and at the example
+level (``--batch-size`` rows per step, ``--epochs``), everything charged.  Scores as in ``bench/generation.py``:
+BLEU, chrF, ROUGE-L of greedy replies to the first ``--scored-rows`` reported pairs, perplexity on all of them.
+The gain of a run is its drop in perplexity from the zero-shot model (the BLEU gain too); the price of the unit
+is the user-level gain over the example-level gain at the same ε.  The example-level result also gives what it
+guarantees the most active sender (group privacy at that sender's row count, as for ``--sst2``).
 
 ``--overhead`` times one DP step of :func:`privtune.training.fit` at the example level and at the unit level
 with **the same rows in every step**: a full batch of R rows, at the unit level grouped into R/r units of r
@@ -202,6 +221,106 @@ def sst2(args) -> dict:
     return out
 
 
+def split_by_person(conversations: dict[str, list[dict]], sizes: dict[str, int],
+                    seed: int = 0) -> dict[str, list[dict]]:
+    """``{split: rows}`` with no person on two sides (the rule of the module doc): ``conversations`` maps a
+    conversation id to its rows (``sender`` = who wrote the response); splits are filled in the order of
+    ``sizes``."""
+    import random
+
+    order = sorted(conversations)
+    random.Random(seed).shuffle(order)
+    owner: dict[str, str] = {}
+    out: dict[str, list[dict]] = {name: [] for name in sizes}
+    for cid in order:
+        rows = conversations[cid]
+        people = {r["sender"] for r in rows}
+        if len(people) < 2:  # the opening turn's writer answers nowhere: unknown, so not used
+            continue
+        owners = {owner[p] for p in people if p in owner}
+        if len(owners) > 1:
+            continue
+        free = [n for n in sizes if len(out[n]) < sizes[n]]
+        if not free:
+            break
+        name = owners.pop() if owners else free[0]
+        if name not in free:
+            continue
+        owner.update((p, name) for p in people)
+        out[name] += rows[: sizes[name] - len(out[name])]
+    short = {n: len(r) for n, r in out.items() if len(r) < sizes[n]}
+    if short:
+        raise SystemExit(f"too few conversations for the split sizes {sizes}: got {short}")
+    return out
+
+
+def _chat_cell(args, files: dict, work: Path, level: str | None, eps: float | None) -> dict:
+    """One column: the zero-shot model (``level=None``) or ``privtune tune`` at the user or example level."""
+    from privtune.data.generation import load_generation_dataset
+    from privtune.hpo.tune import tune
+    from privtune.models.generator import load_generator
+    from privtune.tasks.generation import Generation
+
+    t0 = time.perf_counter()
+    if level is None:
+        model, extra = load_generator(args.model, max_length=args.max_length), {"epsilon": 0.0}
+    else:
+        unit = ({"privacy_unit": "sender", "max_rows_per_unit": args.max_rows_per_unit,
+                 "batch_size": args.unit_batch_size, "epochs": args.unit_epochs} if level == "user"
+                else {"batch_size": args.batch_size, "epochs": args.epochs})
+        r = tune(str(files["private"]), eval_data=str(files["reported"]), public_eval_data=str(files["public"]),
+                 model=args.model, mode="lora", epsilon=eps, delta=args.delta, max_length=args.max_length,
+                 ledger=f"sqlite:///{work / f'ledger-{level}-{eps:g}.db'}", output_dir=work / f"run-{level}-{eps:g}",
+                 quiet=True, seed=None, max_physical_batch_size=args.micro_batch, **unit)
+        model = r.model
+        extra = {"level": level, "epsilon": r.certificate.epsilon, "delta": r.certificate.delta,
+                 "neighbouring": r.certificate.neighbouring, "hyperparameters": r.metrics["hyperparameters"]}
+    s = Generation().evaluate(model, load_generation_dataset(files["reported"]), scored_rows=args.scored_rows)
+    cell = {k: s[k] for k in ("bleu", "chrf", "rouge_l", "perplexity", "scored_rows")}
+    return {**cell, **extra, "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def chat(args, save) -> dict:
+    """The ``--chat`` part (module doc): user level (sender) against example level on chitchat."""
+    import collections
+    import os
+    import tempfile
+
+    from privtune.data.generation import load_chitchat
+
+    work = Path(tempfile.mkdtemp(prefix="privtune-user-level-chat-"))
+    os.environ.setdefault("PRIVTUNE_HOME", str(work / "home"))
+    ds = load_chitchat(context_turns=1)
+    conversations: dict[str, list[dict]] = {}
+    for p, r, g, who in zip(ds.prompts, ds.responses, ds.groups, ds.senders):
+        conversations.setdefault(g, []).append({"context": p, "response": r, "sender": who})
+    splits = split_by_person(conversations, {"public": args.public, "reported": args.reported,
+                                             "private": args.chat_private})
+    files = {}
+    for name, rows in splits.items():
+        files[name] = work / f"{name}.jsonl"
+        files[name].write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    per_sender = collections.Counter(r["sender"] for r in splits["private"])
+    c_max = max(per_sender.values())
+    out = {"subset": {"rule": "split_by_person (module doc), seed 0", "pairs": {n: len(r) for n, r in splits.items()},
+                      "senders": {n: len({r['sender'] for r in rows}) for n, rows in splits.items()},
+                      "most_rows_of_one_sender": c_max,
+                      "mean_rows_per_sender": len(splits["private"]) / len(per_sender)},
+           "model": args.model, "max_length": args.max_length, "delta": args.delta,
+           "max_rows_per_unit": args.max_rows_per_unit, "cells": {}}
+    print(f"chat: {out['subset']['pairs']} pairs; private senders {len(per_sender)} (at most {c_max} rows)", flush=True)
+    cells = [("zero-shot", None, None)] + [(f"{lv}@eps={e:g}", lv, e) for e in args.epsilons for lv in args.levels]
+    for name, level, eps in cells:
+        cell = _chat_cell(args, files, work, level, eps)
+        if level == "example":
+            cell["most_active_sender"] = _group_privacy(cell["epsilon"], cell["delta"], c_max)
+        out["cells"][name] = cell
+        print(f"{name}: perplexity {cell['perplexity']:.2f}, BLEU {cell['bleu']:.2f} (ε {cell['epsilon']:.4g}, "
+              f"{cell['seconds']} s)", flush=True)
+        save(out)
+    return out
+
+
 def _machine() -> dict:
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False).stdout.strip()
@@ -214,7 +333,7 @@ def _machine() -> dict:
     except OSError:
         load = None
     return {"python": platform.python_version(), "torch": torch.__version__, "cpu": platform.processor() or
-            platform.machine(), "threads": 1, "git_commit": commit, "load_average_at_end": load}
+            platform.machine(), "threads": torch.get_num_threads(), "git_commit": commit, "load_average_at_end": load}
 
 
 def main(argv=None) -> int:
@@ -234,20 +353,38 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--delta", type=float, default=1e-5)
     ap.add_argument("--max-rows-per-unit", type=int, default=8, help="k at the user level")
+    ap.add_argument("--chat", action="store_true", help="chitchat generation with the sender as unit (module doc)")
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--chat-private", type=int, default=2000, help="private pairs")
+    ap.add_argument("--public", type=int, default=1000, help="public pairs (selection)")
+    ap.add_argument("--reported", type=int, default=500, help="reported pairs (scored)")
+    ap.add_argument("--scored-rows", type=int, default=200, help="reported pairs decoded for BLEU/chrF/ROUGE-L")
+    ap.add_argument("--max-length", type=int, default=64, help="tokens per pair")
+    ap.add_argument("--micro-batch", type=int, default=16)
+    ap.add_argument("--batch-size", type=int, default=64, help="rows per step at the example level")
+    ap.add_argument("--epochs", type=float, default=1.0, help="epochs of rows at the example level")
+    ap.add_argument("--unit-batch-size", type=int, default=16, help="expected senders per step at the user level")
+    ap.add_argument("--unit-epochs", type=float, default=2.0, help="epochs of senders at the user level")
+    ap.add_argument("--levels", nargs="+", default=["user", "example"], choices=("user", "example"))
     ap.add_argument("--out", default=None, help="also write the results as JSON to this path")
     args = ap.parse_args(argv)
-    if args.overhead == args.sst2:
-        ap.error("choose what to run: --overhead or --sst2")
+    if args.overhead + args.sst2 + args.chat != 1:
+        ap.error("choose what to run: --overhead, --sst2 or --chat")
     t0 = time.perf_counter()
     cpu0 = time.process_time()
-    res = overhead(args) if args.overhead else {**sst2(args), "cpu_seconds_total": round(time.process_time() - cpu0, 1)}
-    doc = {"command": " ".join(["python", "bench/user_level.py", *(argv if argv is not None else sys.argv[1:])]),
-           "clock": args.clock, "statistic": "median seconds per step over steps, then over repeats",
-           "machine": _machine(), "seconds_total_wall": round(time.perf_counter() - t0, 1), **res}
-    if args.out:
-        path = Path(args.out)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    command = " ".join(["python", "bench/user_level.py", *(argv if argv is not None else sys.argv[1:])])
+
+    def save(res: dict) -> None:  # the chat bench writes after every cell: a long run that stops keeps its cells
+        timing = {"clock": args.clock, "statistic": "median seconds per step over steps, then over repeats"}
+        doc = {"command": command, **(timing if args.overhead else {}), "machine": _machine(),
+               "seconds_total_wall": round(time.perf_counter() - t0, 1),
+               "cpu_seconds_total": round(time.process_time() - cpu0, 1), **res}
+        if args.out:
+            path = Path(args.out)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+
+    save(chat(args, save) if args.chat else overhead(args) if args.overhead else sst2(args))
     return 0
 
 

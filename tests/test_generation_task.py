@@ -170,9 +170,16 @@ def test_tune_auto_charges_every_trial_and_shows_public_generations_only(cli, fi
 
 
 def test_tune_random_search_and_refusals(cli, files, tmp_path):
-    out, _ = _tune(cli, files, tmp_path, "--strategy", "random-search", "--trials", "2", "--mode", "lora")
+    out, _ = _tune(cli, files, tmp_path, "--strategy", "random-search", "--trials", "2", "--mode", "lora",
+                   "--max-length", "24")
     m = json.loads((out / "metrics.json").read_text())
     assert m["strategy"] == "random-search" and m["trials"] == 2 and m["mode"] == "lora"
+    assert m["hyperparameters"]["max_length"] == 24  # the public token length reaches every trial's generator
+    r = cli(["tune", "--data", str(files["train"]), "--model", str(files["gpt2"]), "--public-eval-data",
+             str(files["public"]), "--max-length", "1", "--output", str(tmp_path / "z"), "--ledger",
+             f"sqlite:///{tmp_path / 'l3.db'}", "--quiet"])
+    assert r.exit_code != 0 and "max_length" in r.output and "Traceback" not in r.output
+    assert not (tmp_path / "l3.db").exists()
     r = cli(["tune", "--data", str(files["train"]), "--model", str(files["gpt2"]), "--output",
                                   str(tmp_path / "x"), "--ledger", f"sqlite:///{tmp_path / 'l2.db'}", "--quiet"])
     assert r.exit_code != 0 and "--public-eval-data" in r.output and "Traceback" not in r.output

@@ -185,6 +185,8 @@ _TRAIN: list[Option] = [
 
 _TUNE: list[Option] = [
     *_common(TUNE_MODES, "auto", data_active=False),
+    Option("max_length", "int", "Tokens per text, a public choice: a classifier's input, a generator's prompt + "
+           "response (the prompt loses its oldest tokens first); unset = 128.", 128, low=1.0),
     Option("strategy", "choice", "Tuning strategy: " + ", ".join(STRATEGIES)
            + " (grid-oracle is NOT PRIVATE: a reference only).", "hyperfree", choices=STRATEGIES, active=True),
     Option("public_eval_data", "path",

@@ -105,6 +105,8 @@ def _number(x: float) -> str:
                    "docs/privacy-unit.md.")
 @click.option("--max-rows-per-unit", type=int,
               help="With --privacy-unit: the public cap k on one unit's rows per step (default 8).")
+@click.option("--max-length", type=int, help="Tokens per text, a public choice: a classifier's input, a generator's "
+              "prompt + response (the prompt loses its oldest tokens first). Default 128.")
 @click.option("--quiet", is_flag=True, default=None, help="No progress display (log.txt is still written).")
 def tune(**kwargs) -> None:
     """Tune hyperparameters privately and train the final model: one (ε, δ) for everything."""

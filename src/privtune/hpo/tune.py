@@ -209,6 +209,7 @@ def tune(
     time_budget: float | None = None,
     privacy_unit: Any = None,
     max_rows_per_unit: int | None = None,
+    max_length: int | None = None,
     **unknown: Any,
 ) -> TuneResult:
     """Tune hyperparameters privately and train, under one total (ε, δ).
@@ -294,6 +295,9 @@ def tune(
         public or reported split with the unit column must share no unit with the training data.
         ``selection="private-validation"`` is refused with it.
     max_rows_per_unit : k, the public cap on one unit's rows per step (default 8); only with ``privacy_unit``.
+    max_length : tokens per text (a classifier's input; a generator's prompt + response), a public choice;
+        ``None`` = 128, or what a released privtune model recorded.  Longer texts are cut (a generator's prompt
+        loses its oldest tokens first).
     """
     from privtune.data.generation import is_generation_data
 
@@ -308,7 +312,7 @@ def tune(
         text_column=text_column, label_column=label_column, quiet=quiet, write_files=write_files, feature_cache_dir=feature_cache_dir,
         resume=resume, labels=labels, device=device, executor=executor, ray_address=ray_address,
         image_size=image_size, batchnorm=batchnorm, time_budget=time_budget,
-        privacy_unit=privacy_unit, max_rows_per_unit=max_rows_per_unit)
+        privacy_unit=privacy_unit, max_rows_per_unit=max_rows_per_unit, max_length=max_length)
     if is_generation_data(data):  # prompt → response pairs: a causal LM (privtune.hpo.generation_tune)
         return _tune_generation(arguments, unknown)
     return run_pipeline.execute(TuneJob(arguments, unknown))
@@ -318,7 +322,7 @@ def tune(
 _GENERATION_ARGUMENTS = ("data", "eval_data", "public_eval_data", "model", "mode", "strategy", "epsilon", "delta",
                          "ledger", "output_dir", "seed", "trials", "epochs", "batch_size", "clip",
                          "max_physical_batch_size", "text_column", "label_column", "quiet", "write_files", "device",
-                         "privacy_unit", "max_rows_per_unit")
+                         "privacy_unit", "max_rows_per_unit", "max_length")
 #: tune()'s other arguments at their defaults (a generator's tuning refuses any other value)
 _GENERATION_UNUSED = {"selection": None, "selection_noise": None, "validation_fraction": 0.1, "steps": None,
                       "clipping": None, "optimizer": None, "strategy_options": None, "nonprivate_reference": False,
@@ -393,6 +397,7 @@ class TuneArguments:
     time_budget: float | None = None
     privacy_unit: Any = None  # user level: the unit column (or keys, or a callable); None: one example
     max_rows_per_unit: int | None = None  # k (None: the default)
+    max_length: int | None = None  # tokens per text (None: the model's default)
 
     def options(self) -> dict:
         """Every argument by name, in :func:`tune`'s order; the label set as one spelling ([0, 1], "0,1" and
@@ -446,6 +451,8 @@ def _check_arguments(args: TuneArguments, unknown: dict) -> _Request:
         check_image_size(args.image_size)
     if args.batchnorm is not None:
         check_batchnorm(args.batchnorm)
+    if args.max_length is not None:
+        check_int(args.max_length, "max_length", low=2)
     strat = get_strategy(strategy)
     device = resolve_device(args.device)  # one clear error for a bad or absent device, before any data is read
     mode = check_choice(args.mode, "mode", MODES)
@@ -736,11 +743,12 @@ def _open_run_files(args: TuneArguments, req: _Request, inputs: _Inputs) -> _Run
 
 
 def _load_model(model: Any, inputs: _Inputs, run_seed: int, *, image_size: int | None = None,
-                batchnorm: str | None = None):
+                batchnorm: str | None = None, max_length: int | None = None):
     """The classifier with the declared label set (its head initialised from ``run_seed``); ``image_size`` and
-    ``batchnorm``: a vision backbone's (None: its defaults)."""
+    ``batchnorm``: a vision backbone's (None: its defaults); ``max_length``: a text backbone's tokens per text."""
     clf = load_classifier(model, num_labels=inputs.num_labels, label_names=inputs.label_names,
-                          seed=derive_seed(run_seed, "model"), image_size=image_size, batchnorm=batchnorm)
+                          seed=derive_seed(run_seed, "model"), image_size=image_size, batchnorm=batchnorm,
+                          max_length=max_length)
     check_model_label_set(clf, inputs.num_labels, inputs.label_names, inputs.label_source)
     return clf
 
@@ -948,7 +956,7 @@ class TuneJob:
         """The classifier, then every candidate's plan (no data read yet)."""
         req, inputs, log = loaded.req, loaded.inputs, loaded.prog.log
         clf = _load_model(self.arguments.model, inputs, loaded.files.run_seed, image_size=self.arguments.image_size,
-                          batchnorm=self.arguments.batchnorm)
+                          batchnorm=self.arguments.batchnorm, max_length=self.arguments.max_length)
         log(f"privtune tune: strategy={req.strategy.name}, mode={req.mode}, total ε={req.privacy.epsilon:g}, "
             f"δ={inputs.privacy.delta:g}, data={inputs.train_source} ("
             + (f"n={inputs.n_train}" if inputs.units is None else
