@@ -527,6 +527,63 @@ def render_user_level_sst2(files: list[Path]) -> str:
     return "\n".join(out) + "\n"
 
 
+USER_LEVEL_CHAT_INTRO = """\
+## Chat generation with the sender as privacy unit
+
+`{command}`: `{model}` with LoRA (`privtune tune`'s generation default, everything charged) on chitchat context →
+response pairs, the **sender of the response as the unit**: {private:,} private pairs from {senders} senders (at
+most {c_max} pairs from one sender, {mean:.1f} on average), selection by perplexity on {public:,} public pairs, scores on
+{reported:,} reported pairs; no person's words are on two sides of a split (the rule is in `bench/user_level.py`).
+Tokens per pair: {max_length}; δ = {delta:g}; one seed. User level: (ε, δ)-DP for all pairs of one sender, k =
+{k} pairs per sender per step, {unit_batch} senders per step on average; example level: one pair, {batch} pairs per
+step. The zero-shot model scores perplexity {zero_ppl:.1f}, BLEU {zero_bleu:.2f}. The gain of a run is its drop
+from the zero-shot model; "user ÷ example" is the share of the example-level gain the user level keeps (target on
+BLEU: ≥ 85 %). BLEU is over {scored} greedy replies with one reference each: near zero in every column, so the
+perplexity share is the signal. The last column is what the example-level run guarantees the sender with
+{c_max} pairs by group privacy. {minutes}
+
+| total ε | user level: perplexity (BLEU) | example level: perplexity (BLEU) | user ÷ example, perplexity gain | user ÷ example, BLEU gain | example level for the most active sender |
+|---|---|---|---|---|---|
+"""
+
+
+def _share(zero: float, user: float, example: float, lower_is_better: bool) -> str:
+    gain_user, gain_example = (zero - user, zero - example) if lower_is_better else (user - zero, example - zero)
+    if gain_example <= 0:
+        return f"no example-level gain ({gain_example:+.2f})"
+    return f"{100 * gain_user / gain_example:.0f} %"
+
+
+def render_user_level_chat(files: list[Path]) -> str:
+    doc = _load(files[0])
+    sub, cells = doc["subset"], doc["cells"]
+    zero = cells["zero-shot"]
+    args = doc["command"].split()
+
+    def arg(flag, default):
+        return args[args.index(flag) + 1] if flag in args else default
+
+    minutes = f"The whole part took {_minutes(doc['seconds_total_wall'])} (2 threads)."
+    out = [USER_LEVEL_CHAT_INTRO.format(
+        command=doc["command"], model=doc["model"], private=sub["pairs"]["private"], senders=sub["senders"]["private"],
+        c_max=sub["most_rows_of_one_sender"], mean=sub["mean_rows_per_sender"], public=sub["pairs"]["public"],
+        reported=sub["pairs"]["reported"], max_length=doc["max_length"], delta=doc["delta"], k=doc["max_rows_per_unit"],
+        unit_batch=arg("--unit-batch-size", "16"), batch=arg("--batch-size", "64"), zero_ppl=zero["perplexity"],
+        zero_bleu=zero["bleu"], scored=zero["scored_rows"], minutes=minutes).rstrip("\n")]
+    epsilons = sorted({float(name.split("@eps=")[1]) for name in cells if "@eps=" in name})
+    for eps in epsilons:  # a row once both levels at this ε have run
+        user, example = cells.get(f"user@eps={eps:g}"), cells.get(f"example@eps={eps:g}")
+        if user is None or example is None:
+            continue
+        group = example["most_active_sender"]
+        delta_text = (f"δ = 10^{group['delta_log10']:.0f}" if group["meaningful"] else
+                      f"δ term 10^{group['delta_log10']:.0f} ≥ 1: no guarantee")
+        out.append(f"| {eps:g} | {user['perplexity']:.1f} ({user['bleu']:.2f}) | {example['perplexity']:.1f} "
+                   f"({example['bleu']:.2f}) | {_share(zero['perplexity'], user['perplexity'], example['perplexity'], True)} | "
+                   f"{_share(zero['bleu'], user['bleu'], example['bleu'], False)} | ε = {group['epsilon']:.0f}, {delta_text} |")
+    return "\n".join(out) + "\n"
+
+
 ETA_INTRO = """\
 ## Time-left estimates
 
@@ -630,6 +687,7 @@ SECTIONS: list[Section] = [
     Section("fashion-mnist", ("fashion_mnist/*.json",), render_fashion_mnist),
     Section("eta", ("eta/*.json",), render_eta),
     Section("user-level-sst2", ("user_level/sst2.json",), render_user_level_sst2),
+    Section("user-level-chat", ("user_level/chat.json",), render_user_level_chat),
     Section("user-level-overhead", ("user_level/overhead.json",), render_user_overhead),
     Section("generation", ("generation/generation-[0-9]*.json",), render_generation),
     Section("generation-speed", ("generation/speed-[0-9]*.json",), render_generation_speed),

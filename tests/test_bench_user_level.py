@@ -46,3 +46,29 @@ def test_group_privacy_of_the_most_active_unit(bench):
     big = bench._group_privacy(8.0, 1e-5, 45)
     assert big["epsilon"] == pytest.approx(360.0) and not big["meaningful"] and big["delta"] is None
     assert big["delta_log10"] == pytest.approx(math.log10(45) + 44 * 8 / math.log(10) - 5)
+
+
+def test_chat_splits_share_no_person(bench):
+    """--chat: a conversation goes whole to the split owning one of its two people (or to the first split with
+    room); one whose people are owned by two splits, or by a full one, or whose opener never answers, is skipped."""
+    def conv(a, b, n):
+        return [{"context": "c", "response": "r", "sender": (a, b)[i % 2]} for i in range(n)]
+
+    convs = {"c0": conv("ann", "bob", 4), "c1": conv("bob", "cat", 3), "c2": conv("dan", "eve", 4),
+             "c3": conv("ann", "eve", 2), "c4": [{"context": "c", "response": "r", "sender": "fay"}],
+             "c5": conv("gus", "hal", 6), "c6": conv("ivy", "jon", 6)}
+    done = 0
+    for seed in range(20):
+        try:  # some orders leave too few conversations for these sizes: the bench stops, it never shrinks a split
+            out = bench.split_by_person(convs, {"public": 3, "reported": 3, "private": 4}, seed=seed)
+        except SystemExit as stop:
+            assert "too few conversations" in str(stop)
+            continue
+        done += 1
+        people = {name: {r["sender"] for r in rows} for name, rows in out.items()}
+        assert [len(out[n]) for n in ("public", "reported", "private")] == [3, 3, 4]
+        assert not people["public"] & people["reported"] and not people["public"] & people["private"]
+        assert not people["reported"] & people["private"] and "fay" not in set().union(*people.values())
+    assert done >= 5
+    with pytest.raises(SystemExit, match="too few conversations"):
+        bench.split_by_person(convs, {"public": 3, "private": 100})
