@@ -296,8 +296,8 @@ def tune(
         ``selection="private-validation"`` is refused with it.
     max_rows_per_unit : k, the public cap on one unit's rows per step (default 8); only with ``privacy_unit``.
     max_length : tokens per text (a classifier's input; a generator's prompt + response), a public choice;
-        ``None`` = 128, or what a released privtune model recorded.  Longer texts are cut (a generator's prompt
-        loses its oldest tokens first).
+        ``None`` = 128 (at most the model's positions), or what a released privtune model recorded.  Longer
+        texts are cut (a generator's prompt loses its oldest tokens first).
     """
     from privtune.data.generation import is_generation_data
 
