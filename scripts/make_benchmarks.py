@@ -500,6 +500,13 @@ guarantees the review with {c_max} phrases by group privacy, (c·ε, c·e^(c−1
 """
 
 
+def _group_text(group: dict) -> str:
+    """What an example-level run guarantees the most active unit, by group privacy (bench/user_level.py)."""
+    delta_text = (f"δ = 10^{group['delta_log10']:.0f}" if group["meaningful"] else
+                  f"δ term 10^{group['delta_log10']:.0f} ≥ 1: no guarantee")
+    return f"ε = {group['epsilon']:.0f}, {delta_text}"
+
+
 def _mean_accuracy(runs: list[dict]) -> float:
     return statistics.mean(r["dev_accuracy"] for r in runs)
 
@@ -518,12 +525,9 @@ def render_user_level_sst2(files: list[Path]) -> str:
     for eps in sorted({r["epsilon"] for r in runs}):
         user = [r for r in runs if r["epsilon"] == eps and r["level"] == "user"]
         example = [r for r in runs if r["epsilon"] == eps and r["level"] == "example"]
-        group = example[0]["most_active_review"]
-        delta_text = (f"δ = 10^{group['delta_log10']:.0f}" if group["meaningful"] else
-                      f"δ term 10^{group['delta_log10']:.0f} ≥ 1: no guarantee")
         out.append(f"| {eps:g} | {_pct(_mean_accuracy(user))} | {_pct(_mean_accuracy(example))} | "
                    f"{100 * (_mean_accuracy(user) - _mean_accuracy(example)):+.1f} points | "
-                   f"ε = {group['epsilon']:.0f}, {delta_text} |")
+                   f"{_group_text(example[0]['most_active_review'])} |")
     return "\n".join(out) + "\n"
 
 
@@ -575,12 +579,9 @@ def render_user_level_chat(files: list[Path]) -> str:
         user, example = cells.get(f"user@eps={eps:g}"), cells.get(f"example@eps={eps:g}")
         if user is None or example is None:
             continue
-        group = example["most_active_sender"]
-        delta_text = (f"δ = 10^{group['delta_log10']:.0f}" if group["meaningful"] else
-                      f"δ term 10^{group['delta_log10']:.0f} ≥ 1: no guarantee")
         out.append(f"| {eps:g} | {user['perplexity']:.1f} ({user['bleu']:.2f}) | {example['perplexity']:.1f} "
                    f"({example['bleu']:.2f}) | {_share(zero['perplexity'], user['perplexity'], example['perplexity'], True)} | "
-                   f"{_share(zero['bleu'], user['bleu'], example['bleu'], False)} | ε = {group['epsilon']:.0f}, {delta_text} |")
+                   f"{_share(zero['bleu'], user['bleu'], example['bleu'], False)} | {_group_text(example['most_active_sender'])} |")
     return "\n".join(out) + "\n"
 
 
