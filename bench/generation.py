@@ -21,7 +21,7 @@ the certificate's ε and the wall time.  Results: ``bench/results/generation/gen
 runs, it measures nothing.  Usage::
 
     python bench/generation.py [--quick] [--private 20000] [--epsilons 3,8] [--cells zero-shot,tune-default]
-    python bench/generation.py --task bbc --private 1000 --public 200 --reported 300 --epsilons 8
+    python bench/generation.py --task bbc --private 1000 --public 200 --reported 300 --epsilons 8 --batch-size 64
 
 ``--speed``: DP against non-private fine-tuning of the same model and mode (LoRA, full) at the same micro-batch:
 examples per second and each process's peak resident memory (``bench/results/generation/speed-<time>.json``).
