@@ -26,7 +26,7 @@ from privtune.hpo.common import (
     choose_best,
 )
 from privtune.hpo.executors import TrialCall, run_trials
-from privtune.hpo.linear_scaling import SearchSpace
+from privtune.hpo.linear_scaling import search_space
 
 NAME = "grid-oracle"
 LABEL = "NOT PRIVATE"
@@ -34,17 +34,18 @@ LABEL = "NOT PRIVATE"
 
 @dataclass
 class GridOracleConfig:
-    """Grid: ``lr_points`` η values log-spaced over ``lr_bounds`` × every T of ``steps_grid``."""
+    """Grid: ``lr_points`` η values log-spaced over ``lr_bounds`` × every T of ``steps_grid``; ``lr_bounds=None``
+    is linear scaling's default for the features (:func:`privtune.hpo.linear_scaling.default_lr_bounds`)."""
 
-    lr_bounds: tuple = (0.01, 10.0)
+    lr_bounds: tuple | None = None
     lr_points: int = 7
     steps_grid: tuple = (5, 10, 20, 40, 80, 150)
     momentum: float = 0.9
     clip: float = 1.0
     free_step: bool = True
 
-    def grid(self) -> list[tuple[float, int]]:
-        space = SearchSpace(float(self.lr_bounds[0]), float(self.lr_bounds[1]), tuple(self.steps_grid))
+    def grid(self, data_kind: str | None = None) -> list[tuple[float, int]]:
+        space = search_space(self.lr_bounds, self.steps_grid, data_kind)
         lrs = np.geomspace(space.lr_min, space.lr_max, int(self.lr_points))
         return [(float(lr), int(T)) for lr in lrs for T in space.steps_grid]
 
@@ -69,7 +70,7 @@ def run(backend, selector, config: GridOracleConfig, epsilon: float, delta: floa
         accountant: str = "pld", progress=None) -> OracleResult:
     """Train every grid point at the full budget and return the best (NOT PRIVATE)."""
     rng = np.random.default_rng(seed)
-    grid = config.grid()
+    grid = config.grid(getattr(backend, "data_kind", None))
     calls = []
     for i, (lr, T) in enumerate(grid):  # σ and seeds fixed here, in the driver, whatever executor runs the grid
         sigma = calibrate_final(epsilon, delta, [], sample_rate=1.0, steps=T, sampling="full_batch",

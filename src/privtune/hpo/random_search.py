@@ -45,7 +45,7 @@ from privtune.hpo.common import (
     mu_from_epsilon,
 )
 from privtune.hpo.executors import TrialCall, run_trials
-from privtune.hpo.linear_scaling import SearchSpace
+from privtune.hpo.linear_scaling import SearchSpace, search_space
 
 NAME = "random-search"
 #: what a repeat-and-select run publishes (strategy data, certificate, report)
@@ -66,21 +66,23 @@ class RandomSearchConfig:
         repeat-and-select accounting (the realised K is random and never capped).
     accounting : ``"auto"`` (tighter of the two), ``"composition"`` or ``"repeat-and-select"``.
     shape : η of the truncated negative binomial for repeat-and-select (0 = logarithmic).
-    lr_bounds, steps_grid : the search box (same default as linear scaling).
+    lr_bounds, steps_grid : the search box; ``lr_bounds=None`` is linear scaling's default for the features
+        (:func:`privtune.hpo.linear_scaling.default_lr_bounds`).
     momentum, clip, free_step : the fixed full-batch recipe.
     """
 
     trials: int = 10
     accounting: str = "auto"
     shape: float = 0.0
-    lr_bounds: tuple = (0.01, 10.0)
+    lr_bounds: tuple | None = None
     steps_grid: tuple = (5, 10, 20, 40, 80, 150)
     momentum: float = 0.9
     clip: float = 1.0
     free_step: bool = True
 
-    def space(self) -> SearchSpace:
-        return SearchSpace(float(self.lr_bounds[0]), float(self.lr_bounds[1]), tuple(self.steps_grid))
+    def space(self, data_kind: str | None = None) -> SearchSpace:
+        """The search box, with the default η box of features of ``data_kind`` when ``lr_bounds`` is None."""
+        return search_space(self.lr_bounds, self.steps_grid, data_kind)
 
 
 def _shrink_to_fit(make_events, mu0: float, total: float, delta: float, accountant: str) -> float:
@@ -231,7 +233,7 @@ def _draw_k(rng: np.random.Generator, mean: float, shape: float) -> int:
 def run(backend, selector, config: RandomSearchConfig, p: RandomSearchPlan, *, seed: int | None = None,
         progress=None) -> StrategyOutcome:
     rng = np.random.default_rng(seed)
-    space = config.space()
+    space = config.space(getattr(backend, "data_kind", None))
     mu = p.trial_mu
     use_ps = p.accounting == "repeat-and-select"
     # repeat-and-select: K drawn from the untruncated-above distribution the accounting assumes
@@ -271,13 +273,14 @@ def run(backend, selector, config: RandomSearchConfig, p: RandomSearchPlan, *, s
                                hyperparameters=dict(best.hyperparameters), events=selected_events,
                                score=best.score, score_source=best.score_source)
         data = {"name": NAME, "accounting": p.accounting, "trial_mu": mu, "published": PUBLISHED_UNDER_PS,
+                "search_space": space.to_dict(),
                 "certificate_events": "repeat-and-select event replaces per-trial composition",
                 "notes": [PUBLISHED_UNDER_PS]}
         out = StrategyOutcome(state=fit.state, final_events=[], final_hyperparameters=final_hp, trials=[selected],
                               strategy_data=data, final_history=fit.history, selection_source=selector.source)
         out.certificate_events = [e for e in p.trial_events if isinstance(e, RepeatAndSelectEvent)]
         return out
-    data = {"name": NAME, "scores": [t.score for t in trials], "accounting": p.accounting,
+    data = {"name": NAME, "scores": [t.score for t in trials], "accounting": p.accounting, "search_space": space.to_dict(),
             "trial_mu": mu, "realised_trials": k, "best_index": best.index, "published": "every trial (composition)"}
     return StrategyOutcome(state=fit.state, final_events=[], final_hyperparameters=dict(final_hp,
                            selected_trial=best.index), trials=trials, strategy_data=data,
