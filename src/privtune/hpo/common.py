@@ -568,6 +568,8 @@ class PlanRequest:
     prefix_events : events spent before the strategy (private centring, mode pilots), composed first.
     score_sigma : σ of a charged trial score (noise std of the correct-count), or None for free scores.
     epochs, steps, batch_size : schedule overrides of tune() (None = the strategy's default).
+    data_kind : what the rows are, ``"text"`` or ``"image"`` (public: the type of the data), or None; a strategy's
+        default may depend on it.
     """
 
     total_epsilon: float
@@ -579,6 +581,7 @@ class PlanRequest:
     epochs: float | None = None
     steps: int | None = None
     batch_size: int | None = None
+    data_kind: str | None = None
 
     def score_event(self) -> GaussianEvent | None:
         return GaussianEvent(self.score_sigma, 1, label="trial score (charged)") if self.score_sigma else None

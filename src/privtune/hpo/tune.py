@@ -823,7 +823,7 @@ def _plan_run(req: _Request, inputs: _Inputs, log, warning_log=None, lora_capabl
                                          "batch_size": sched.batch_size, "optimizer": req.optimizer.name})
     request = PlanRequest(total_epsilon=req.privacy.epsilon, delta=delta, n_train=n_train, accountant=accountant,
                           prefix_events=pilot_events, score_sigma=sel_sigma if strat.selects else None,
-                          epochs=sched.epochs, steps=sched.steps, batch_size=sched.batch_size)
+                          epochs=sched.epochs, steps=sched.steps, batch_size=sched.batch_size, data_kind=kind)
     # the strategy's options do not depend on the mode: a bad one is the user's option, not a candidate's fault
     cfg = strat.make_config(options, trials=req.trials, optimizer=req.optimizer.name,
                             clip=req.clipping.clip, clipping=req.clipping.clipping)
@@ -1273,7 +1273,7 @@ def _mode_estimates(req: _Request, inputs: _Inputs, modes: list, cost: Any) -> d
     sched = req.schedule
     request = PlanRequest(total_epsilon=req.privacy.epsilon, delta=inputs.privacy.delta, n_train=n,
                           accountant=req.privacy.accountant, epochs=sched.epochs, steps=sched.steps,
-                          batch_size=sched.batch_size)
+                          batch_size=sched.batch_size, data_kind=getattr(inputs.train, "kind", None))
     cfg = strat.make_config(dict(req.options), trials=req.trials, optimizer=req.optimizer.name,
                             clip=req.clipping.clip, clipping=req.clipping.clipping)
     out = {}

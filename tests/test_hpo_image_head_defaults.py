@@ -57,3 +57,24 @@ def test_random_search_draws_from_the_box_of_its_features(kind, box):
     lrs = [t.hyperparameters["learning_rate"] for t in out.trials]
     assert len(lrs) == 6 and all(box[0] <= lr <= box[1] for lr in lrs)
     assert out.strategy_data["search_space"]["lr_bounds"] == list(box)
+
+
+def _hyperfree_steps(kind, *, epochs=None, request_epochs=None, mode="last-layer") -> int:
+    from privtune.hpo import hyperfree as hf
+    from privtune.hpo.common import PlanRequest
+
+    request = PlanRequest(total_epsilon=3.0, delta=1e-5, n_train=20_000, batch_size=1_000, epochs=request_epochs,
+                          data_kind=kind)
+    plan = hf.Hyperfree().plan(hf.HyperfreeConfig(epochs=epochs), mode, request)
+    return plan.steps
+
+
+def test_hyperfree_runs_more_epochs_on_image_features_only():
+    from privtune.hpo import hyperfree as hf
+
+    per_epoch = 20  # 20,000 rows at an expected batch of 1,000
+    assert _hyperfree_steps("text") == hf.DEFAULT_EPOCHS * per_epoch == _hyperfree_steps(None)
+    assert _hyperfree_steps("image") == hf.IMAGE_HEAD_EPOCHS * per_epoch
+    assert _hyperfree_steps("image", mode="bitfit") == hf.DEFAULT_EPOCHS * per_epoch  # the backbone trains
+    assert _hyperfree_steps("image", epochs=2) == 2 * per_epoch  # the strategy option
+    assert _hyperfree_steps("image", request_epochs=4) == 4 * per_epoch  # tune(epochs=...)
