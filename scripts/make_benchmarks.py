@@ -408,12 +408,31 @@ def render_generation(files: list[Path]) -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
-def _generation_gain_lines(runs: list[dict]) -> list[str]:
-    """The target's ratio, from cells of one file only (one split, one machine): how much of the best non-private
-    run's BLEU gain over the zero-shot model each private ``tune-default`` run recovers."""
-    lines = []
+#: the bench arguments that fix a generation split (sizes, seed-0 shuffle) and what is scored on it
+GENERATION_SPLIT_KEYS = ("task", "model", "private", "public", "reported", "scored_rows", "max_length", "quick")
+
+
+def _generation_splits(runs: list[dict]) -> list[dict]:
+    """The cells of every file on one split merged (files oldest first: a newer file's cell replaces an older
+    one's), with the newest file's config and the number of files merged."""
+    splits: dict[tuple, dict] = {}
     for run in runs:
-        cells = run.get("cells", {})
+        cfg = run.get("config", {})
+        key = tuple(cfg.get(k, "chitchat" if k == "task" else None) for k in GENERATION_SPLIT_KEYS)
+        merged = splits.setdefault(key, {"cells": {}, "files": 0})
+        merged["cells"].update(run.get("cells", {}))
+        merged["config"], merged["files"] = cfg, merged["files"] + 1
+    return list(splits.values())
+
+
+def _generation_gain_lines(runs: list[dict]) -> list[str]:
+    """The target's ratio, from cells on one split (the same sizes, the same seed-0 shuffle): how much of the best
+    non-private run's BLEU gain over the zero-shot model each private ``tune-default`` run recovers."""
+    lines = []
+    for run in _generation_splits(runs):
+        cells = run["cells"]
+        source = "all from the same run of the bench" if run["files"] == 1 else (
+            f"from {run['files']} runs of the bench on the same split, the newest cell of each kind")
         private = [n for n in ("nonprivate-lora", "nonprivate-full") if n in cells]
         if "zero-shot" not in cells or not private:
             continue
@@ -435,7 +454,7 @@ def _generation_gain_lines(runs: list[dict]) -> list[str]:
                 share = (cell["bleu"] - floor) / gain
                 lines.append(f"At ε = {eps} ({size}): `privtune tune` recovers **{100 * share:.0f} %** of the BLEU "
                              f"gain of the best non-private run ({best}: {gain:+.2f} BLEU over zero-shot; private "
-                             f"{cell['bleu'] - floor:+.2f}), all from the same run of the bench.")
+                             f"{cell['bleu'] - floor:+.2f}), {source}.")
             top = min(private, key=lambda n: cells[n]["perplexity"])
             drop = cells["zero-shot"]["perplexity"] - cells[top]["perplexity"]
             if drop > 0:
