@@ -107,17 +107,19 @@ def test_the_generation_section_reads_the_bench_files_and_skips_smoke_tests(make
     assert "2 torch threads, 1-minute load 1.5" in page
 
 
+def _generation_cell(bleu: float, perplexity: float = 9.0) -> dict:
+    """One cell of a generation bench file (only BLEU and perplexity matter to the gain lines)."""
+    return {"bleu": bleu, "chrf": 1.0, "rouge_l": 1.0, "perplexity": perplexity, "scored_rows": 10,
+            "epsilon": 8.0, "seconds": 60.0}
+
+
 def test_the_generation_section_states_the_share_of_the_non_private_gain(make_benchmarks, tmp_path):
     folder = tmp_path / "generation"
     folder.mkdir()
 
-    def cell(bleu, perplexity=9.0):
-        return {"bleu": bleu, "chrf": 1.0, "rouge_l": 1.0, "perplexity": perplexity, "scored_rows": 10,
-                "epsilon": 8.0, "seconds": 60.0}
-
     run = {"config": {"private": 3000, "reported": 500}, "started": "2026-01-01",
-           "cells": {"zero-shot": cell(1.0, 20.0), "tune-default@eps=8": cell(2.5, 15.0),
-                     "nonprivate-lora": cell(3.0, 12.0), "nonprivate-full": cell(2.0, 10.0)}}
+           "cells": {"zero-shot": _generation_cell(1.0, 20.0), "tune-default@eps=8": _generation_cell(2.5, 15.0),
+                     "nonprivate-lora": _generation_cell(3.0, 12.0), "nonprivate-full": _generation_cell(2.0, 10.0)}}
     (folder / "generation-20260101-000000.json").write_text(json.dumps(run))
     page = make_benchmarks.render_page(tmp_path)
     # (2.5 − 1) / (3 − 1): the best non-private run is the reference
@@ -125,6 +127,24 @@ def test_the_generation_section_states_the_share_of_the_non_private_gain(make_be
     assert "nonprivate-lora: +2.00 BLEU" in page
     # perplexity: (20 − 15) / (20 − 10), the reference the run with the lowest perplexity (full here)
     assert "In perplexity it recovers 50 % of the best non-private run's drop (nonprivate-full: 20.0 → 10.0" in page
+
+
+def test_the_gain_lines_merge_files_of_one_split_and_keep_other_splits_apart(make_benchmarks, tmp_path):
+    folder = tmp_path / "generation"
+    folder.mkdir()
+
+    split = {"task": "bbc", "private": 1000, "public": 200, "reported": 300}
+    old = {"config": split, "started": "2026-01-01",
+           "cells": {"zero-shot": _generation_cell(1.0, 20.0), "tune-default@eps=8": _generation_cell(1.5, 15.0),
+                     "nonprivate-lora": _generation_cell(3.0, 12.0)}}
+    new = {"config": split, "started": "2026-01-02", "cells": {"tune-default@eps=8": _generation_cell(2.0, 14.0)}}
+    other = {"config": dict(split, private=500), "started": "2026-01-03", "cells": {"tune-default@eps=8": _generation_cell(2.9)}}
+    for i, run in enumerate((old, new, other)):
+        (folder / f"generation-2026010{i + 1}-000000.json").write_text(json.dumps(run))
+    page = make_benchmarks.render_page(tmp_path)
+    # the newer file's private cell against the older file's references on the same split: (2 − 1) / (3 − 1)
+    assert "recovers **50 %**" in page and "from 2 runs of the bench on the same split" in page
+    assert "**75 %**" not in page and "**95 %**" not in page  # neither the replaced cell nor another split's
 
 
 def test_the_generation_section_gives_a_second_task_its_own_table(make_benchmarks, tmp_path):
