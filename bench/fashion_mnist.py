@@ -88,7 +88,8 @@ def _tune_cell(split, eps, seed, **kw) -> dict:
     # (the grid oracle releases no model: privtune scores its selected point on the test split itself)
     frozen = kw.get("mode") == "last-layer" and kw.get("strategy") != "grid-oracle"
     r = privtune.tune(split["train"], eval_data=None if frozen else split["test"], public_eval_data=split["public"],
-                      labels=LABELS, model=MODEL, image_size=IMAGE_SIZE, epsilon=eps, delta=DELTA, ledger=f"sqlite:///{folder}.db",
+                      labels=LABELS, model=MODEL, image_size=IMAGE_SIZE, epsilon=eps, delta=DELTA,
+                      ledger=f"sqlite:///{folder}.db",
                       output_dir=folder, seed=seed, quiet=True, feature_cache_dir=str(RESULTS / "features"), **kw)
     if frozen and r.metrics["mode"] != "last-layer":
         raise RuntimeError(f"mode last-layer ran {r.metrics['mode']}")
@@ -110,7 +111,8 @@ def _normalised(model) -> bool:
     from privtune.finetune.modes import head_input_normalization
     from privtune.models import load_classifier
 
-    return head_input_normalization(load_classifier(MODEL, num_labels=10, seed=0, image_size=IMAGE_SIZE), "last-layer")
+    clf = load_classifier(MODEL, num_labels=10, seed=0, image_size=IMAGE_SIZE)
+    return head_input_normalization(clf, "last-layer")
 
 
 def _features(split, names=("train", "public", "test")) -> dict:
@@ -245,7 +247,8 @@ def main(argv=None) -> int:
             t0 = time.time()
             res = run_cell(cell, split, eps, args.seed)
             res.update(cell=cell, epsilon=None if cell == "nonpriv-last-layer" else eps, seed=args.seed,
-                       wall_s=round(time.time() - t0, 1), image_size=IMAGE_SIZE, n_private=58_000, n_public=2_000, n_test=10_000,
+                       wall_s=round(time.time() - t0, 1), image_size=IMAGE_SIZE, n_private=58_000, n_public=2_000,
+                       n_test=10_000,
                        device=torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu")
             (RESULTS / f"{key}.json").write_text(json.dumps(res, indent=2) + "\n", encoding="utf-8")
             msg = f"{key}: test {res['test_accuracy']:.4f}, certificate ε {res['certificate_epsilon']}, {res['wall_s']} s"

@@ -59,6 +59,8 @@ DEFAULT_STEPS_GRID = (5, 10, 20, 40, 80, 150)
 #: oracle over DEFAULT_LR_BOUNDS scored best at its corner r = 1,500 at every ε (85.8 / 86.4 / 86.3 % at
 #: ε = 1 / 3 / 8), rising steadily towards it; the same box shifted up a decade holds the optimum inside it
 IMAGE_HEAD_LR_BOUNDS = (0.1, 100.0)
+#: default η box of the mini-batch variant (Adam on transformer fine-tuning, mean-gradient convention)
+MINIBATCH_LR_BOUNDS = (1e-4, 5e-2)
 
 
 def default_lr_bounds(data_kind: str | None = None) -> tuple[float, float]:
@@ -66,8 +68,6 @@ def default_lr_bounds(data_kind: str | None = None) -> tuple[float, float]:
     (``data_kind == "image"``), else :data:`DEFAULT_LR_BOUNDS`.  Shared by linear scaling, random search and the
     grid oracle, so that their columns search the same space."""
     return IMAGE_HEAD_LR_BOUNDS if data_kind == "image" else DEFAULT_LR_BOUNDS
-#: default η box of the mini-batch variant (Adam on transformer fine-tuning, mean-gradient convention)
-MINIBATCH_LR_BOUNDS = (1e-4, 5e-2)
 
 
 # --------------------------------------------------------------------------------------
@@ -506,8 +506,8 @@ def run(backend, selector, config: LinearScalingConfig, p: LinearScalingPlan, *,
         "extrapolation": ext.to_dict(),
         "r_star": ext.r_star,
         "final_epsilon": p.final_epsilon,
-        "search_space": {"lr_bounds": [space.lr_min, space.lr_max], "steps_grid": list(space.steps_grid),
-                         "r_min": space.r_min, "r_max": space.r_max, "r_sampling": config.r_sampling},
+        "search_space": {**space.to_dict(), "r_min": space.r_min, "r_max": space.r_max,
+                         "r_sampling": config.r_sampling},
         "notes": [x for x in (ext.fallback, ext.clamped, note_f) if x],
     }
     return StrategyOutcome(
