@@ -146,6 +146,33 @@ def test_each_convolution_kind_against_the_loop(padding_mode):
                        kinds=["conv"])
 
 
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+def test_depthwise_loops_and_batchnorm_in_either_memory_layout(layout):
+    """A depthwise convolution loops over its kernel offsets where the output has more positions than the kernel
+    (layers 3, 5 and 10 here) and over its output positions otherwise (8 and 12), with dilation, stride, reflect
+    padding and a non-square kernel; eval-mode BatchNorm (one with its running mean far from zero, where
+    Σ g·x − μ·Σ g cancels); contiguous and channels-last tensors.  A depthwise layer with a channel multiplier
+    (2 outputs per input) keeps the grouped convolution."""
+    torch.manual_seed(0)
+    far = _bn_with_stats(nn.BatchNorm2d(6), 1)
+    far.running_mean.add_(30.0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 6, 3, padding=1), _bn_with_stats(nn.BatchNorm2d(6)), nn.ReLU6(),       # 14 × 14
+        nn.Conv2d(6, 6, 3, padding=2, dilation=2, groups=6, padding_mode="reflect"), nn.Tanh(),  # 196 > 9
+        nn.Conv2d(6, 6, 5, stride=2, padding=2, groups=6, bias=False), far, nn.SiLU(),       # 7 × 7: 49 > 25
+        nn.Conv2d(6, 6, 5, stride=2, padding=2, groups=6), nn.Tanh(),                        # 4 × 4: 16 ≤ 25
+        nn.Conv2d(6, 6, (3, 1), stride=(1, 2), padding=(1, 0), groups=6), nn.Tanh(),         # 4 × 2: 8 > 3
+        nn.Conv2d(6, 6, 3, stride=2, padding=2, dilation=2, groups=6), nn.Tanh(),            # 2 × 1: 2 ≤ 9
+        nn.Conv2d(6, 12, 1, groups=6), Pool(), nn.Linear(12, 3)).double().eval()
+    x, y = _inputs(size=14)
+    if layout == "channels_last":
+        model = model.to(memory_format=torch.channels_last)
+        x = x.contiguous(memory_format=torch.channels_last)
+    check_against_loop(model, x, y, kinds=["conv", "batchnorm"])
+    kinds = _handler_types(model)
+    assert {kinds[k] for k in ("3", "5", "8", "10", "12", "14")} == {"GroupedConvHandler"}
+
+
 def test_convolutions_sum_the_per_example_gradients_they_bounded():
     """Where the per-example form of the norm is the cheaper one (few weights, many positions), the clipped sum
     adds exactly those per-example gradients: one non-finite example is dropped and the rest match the loop."""

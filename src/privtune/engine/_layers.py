@@ -67,6 +67,28 @@ def _inflate(sq: torch.Tensor, n: float) -> torch.Tensor:
     return sq * (1.0 + _gamma(n + 4))
 
 
+def example_sq_norms(t: torch.Tensor) -> torch.Tensor:
+    """Upper bounds on the squared L2 norms of the rows ``t[i]`` of a (B, ...) tensor, float64 (B,): accumulated in
+    float64 in ``t``'s own memory layout (no reshaped or converted copy of t), then rounded up by the worst-case
+    error of a float64 sum of n squares in any order, the square root and the square."""
+    if t.dim() == 1:
+        return t.to(torch.float64).pow(2) * (1.0 + 4 * _U64)
+    norm = torch.linalg.vector_norm(t, dim=tuple(range(1, t.dim())), dtype=torch.float64)
+    return _inflate(norm.pow(2), t[0].numel()) * (1.0 + 8 * _U64)
+
+
+def weighted_example_sum(c: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """``Σ_i c_i t[i]`` for a (B, ...) tensor, as one matrix-vector product over t's storage order, so that a
+    permuted view (a channels-last result) is not copied; ``c`` is cast toward zero to t's dtype."""
+    c = factors_as(c, t.dtype)
+    order = sorted(range(1, t.dim()), key=lambda d: -t.stride(d))
+    dense = t.permute(0, *order)
+    if not dense.is_contiguous():
+        return torch.tensordot(c, t, dims=1)
+    out = (c @ dense.reshape(t.shape[0], -1)).reshape(dense.shape[1:])
+    return out.permute(*sorted(range(len(order)), key=lambda k: order[k]))
+
+
 def factors_as(c: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Clipping factors ``c`` cast to ``dtype``, rounded toward zero: never above the float64 factor
     (a round-to-nearest cast could raise c by 2⁻²⁴ in float32 or 2⁻⁸ in bfloat16)."""
@@ -169,6 +191,16 @@ def linear_norm_form(T: int, p: int, d: int) -> str:
     if T == 1:
         return "rank-one"
     return "ghost" if 2 * T * T < p * d else "per-example"
+
+
+def conv_norm_form(T: int, p: int, d: int) -> str:
+    """Which per-example weight-norm form a convolution uses over T positions (p outputs, d inputs per group):
+    ``"per-example"`` while the p·d per-example gradient is at most twice the layer's stored T·(p + d) input and
+    output gradient, else ``"ghost"``.  Unlike a linear layer's (:func:`linear_norm_form`), a convolution keeps
+    the materialised gradients for its clipped sum, so the per-example form costs one product of 2·T·p·d float32
+    operations in all, where the ghost form costs that product again in the clipped sum plus 2·T²·(p + d)
+    float64 operations for the norms: the choice is one of memory."""
+    return "per-example" if p * d <= 2 * T * (p + d) else "ghost"
 
 
 def _gamma32(n: float) -> float:
@@ -399,8 +431,8 @@ class ConvHandler(LinearHandler):
     """nn.Conv1d / nn.Conv2d: unfold the (padded) input so the layer is a linear map per position.
 
     A pointwise (1×1, unpadded) convolution is a linear layer over positions: its input is read as (B, C, L)
-    without unfolding.  Where the per-example form of the weight norm is the cheaper one (few weights over many
-    positions, :func:`linear_norm_form`), the per-example gradients are materialised in the layer's precision
+    without unfolding.  Where the per-example gradients are small next to what the layer stores anyway
+    (:func:`conv_norm_form`), they are materialised in the layer's precision
     (one batched product), their norms are those of exactly these vectors (float64, rounded up, as for the
     normalisation layers), and the clipped sum is their weighted sum (B·|W| operations instead of another pass
     over every position).  Otherwise the ghost norm bounds the exact norm, as for nn.Linear."""
@@ -415,11 +447,13 @@ class ConvHandler(LinearHandler):
         return g
 
     def _unfold(self, x: torch.Tensor) -> torch.Tensor:
+        """The layer's input as patches (B, Cin·k, L): for a pointwise convolution a view of the input itself
+        (channel rows of a channels-last tensor stay where they are)."""
         m = self.module
         pad = m._reversed_padding_repeated_twice
         if all(k == 1 for k in m.kernel_size) and not any(pad):  # pointwise: the positions are the patches
             x = x[:, :, ::m.stride[0]] if isinstance(m, nn.Conv1d) else x[:, :, ::m.stride[0], ::m.stride[1]]
-            return x.reshape(x.shape[0], x.shape[1], -1)
+            return x.flatten(2)
         if any(pad):
             mode = "constant" if m.padding_mode == "zeros" else m.padding_mode
             x = F.pad(x, pad, mode=mode)
@@ -437,7 +471,7 @@ class ConvHandler(LinearHandler):
             u = self._unfold(r.act)  # (B, Cin*k, L)
             B, CK, L = u.shape
             u = u.reshape(B, G, CK // G, L).permute(1, 0, 3, 2)  # (G, B, L, CK/G)
-            go = r.grads[0].reshape(B, G, -1, L).permute(1, 0, 3, 2)  # (G, B, L, Cout/G)
+            go = r.grads[0].flatten(2).reshape(B, G, -1, L).permute(1, 0, 3, 2)  # (G, B, L, Cout/G)
             a_list.append(u)
             g_list.append(go)
         if len(a_list) == 1:
@@ -451,20 +485,20 @@ class ConvHandler(LinearHandler):
             gb = sum(r.grads[0] for r in records)
             return _inflate(gb.to(torch.float64).pow(2).sum(1), gb.shape[1])
         a, g = self._cat(records)
-        if linear_norm_form(a.shape[2], g.shape[3], a.shape[3]) == "per-example":
-            # materialise (small: p·d ≤ 2T²) in the layer's precision, one batched product per group; the norms
-            # are those of exactly the vectors that clipped_sum adds (float64, rounded up)
+        if conv_norm_form(a.shape[2], g.shape[3], a.shape[3]) == "per-example":
+            # materialise in the layer's precision, one batched product per group; the norms are those of exactly
+            # the vectors that clipped_sum adds (float64, rounded up)
             w = self.params["weight"]
             pe = torch.matmul(g.transpose(2, 3), a).transpose(0, 1).reshape(a.shape[1], *w.shape)  # (B, *W)
             self._pe = {w: pe}
-            sq = _inflate(pe.reshape(pe.shape[0], -1).to(torch.float64).pow(2).sum(1), w.numel())
+            sq = example_sq_norms(pe)
         else:
             parts = [_linear_weight_sq(a[j], g[j]) for j in range(a.shape[0])]
             sq = sum(parts)
             self.ill = any(_ill_conditioned(part, a[j], g[j]) for j, part in enumerate(parts))
         if "bias" in self.params:  # per-example bias gradients; clipped_sum adds exactly these vectors
             self._bias_pe = g.sum(2).permute(1, 0, 2).reshape(g.shape[1], -1)
-            sq = sq + _inflate(self._bias_pe.to(torch.float64).pow(2).sum(1), self._bias_pe.shape[1])
+            sq = sq + example_sq_norms(self._bias_pe)
         return sq
 
     def clipped_sum(self, records, c):
@@ -473,7 +507,7 @@ class ConvHandler(LinearHandler):
         w = self.params["weight"]
         pe = getattr(self, "_pe", None)
         if pe is not None and pe[w].shape[0] == c.shape[0]:
-            out = {w: torch.tensordot(factors_as(c, pe[w].dtype), pe[w], dims=1)}
+            out = {w: weighted_example_sum(c, pe[w])}
             g = None
         else:
             a, g = self._cat(records)
@@ -568,8 +602,7 @@ class _MaterialisingHandler(Handler):
     @staticmethod
     def _sq_of(pe: dict) -> torch.Tensor:
         # squared norms of exactly the vectors clipped_sum adds, in float64, rounded up
-        return sum(_inflate(t.reshape(t.shape[0], -1).to(torch.float64).pow(2).sum(1), t[0].numel())
-                   for t in pe.values())
+        return sum(example_sq_norms(t) for t in pe.values())
 
     def finish(self):
         self._pe = self.per_example(self.records)
@@ -582,7 +615,7 @@ class _MaterialisingHandler(Handler):
         pe = getattr(self, "_pe", None)
         if pe is None:
             pe = self.per_example(records)
-        return {p: torch.tensordot(factors_as(c, t.dtype), t, dims=1) for p, t in pe.items()}
+        return {p: weighted_example_sum(c, t) for p, t in pe.items()}
 
     def clear(self):
         super().clear()

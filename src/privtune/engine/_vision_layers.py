@@ -6,12 +6,15 @@
   ``x̂ = (x − μ_run)/√(σ²_run + ε)`` is a per-example affine map, so per example
   ``∂/∂γ_c = Σ_spatial g·x̂`` and ``∂/∂β_c = Σ_spatial g`` (g: the gradient at the normalised output, before
   the activation; for ``BatchNormAct2d`` the engine captures it at the input of the module's ``drop``, which
-  follows the normalisation).  Exact, vectorised over the batch, (B, C) per parameter.
+  follows the normalisation).  Exact, vectorised over the batch, (B, C) per parameter, computed as
+  ``(Σ g·x − μ_run·Σ g)/√(σ²_run + ε)`` over channel rows: no normalised copy of the input, no change of layout.
 * **TF-"same" padded convolutions** (timm's ``Conv2dSame`` / ``Conv2dSameExport``, used by the ``tf_*``
-  EfficientNets): the module pads its input asymmetrically inside ``forward``; the stored input is padded the
-  same way, then the ordinary unfold rule applies.
+  EfficientNets): the module pads its input asymmetrically inside ``forward``; the rules below pad (or, for a
+  depthwise layer, leave out) the same rows and columns, computed from the stored input's size.
 * **Depthwise and narrow grouped convolutions** (at most :data:`MAX_CHANNELS_PER_GROUP` input channels per
-  group): per-example weight gradients materialised for all groups in one batched product.
+  group): per-example weight gradients materialised for all groups at once: a depthwise 2-D layer loops over
+  its kernel offsets or its output positions, whichever are fewer, on views of the input; other grouped
+  layers run one grouped convolution over the batch.
 
 :func:`vision_handler` picks one of these for a module, or returns None.  :func:`has_own_forward` tells the
 engine when a subclass of a layer with a fast rule computes something else in ``forward`` (timm's
@@ -70,13 +73,20 @@ class SamePadConvHandler(ConvHandler):
 MAX_CHANNELS_PER_GROUP = 16
 
 
+def _inside(base: int, step: int, n: int, size: int) -> tuple[int, int]:
+    """The t in [0, n) with 0 ≤ base + t·step < size (an index into an unpadded axis of ``size``), as (first, end)."""
+    first = max(0, -(base // step))
+    end = min(n, (size - 1 - base) // step + 1)
+    return first, max(first, end)
+
+
 class GroupedConvHandler(_MaterialisingHandler):
     """Depthwise and other narrow grouped convolutions (``nn.Conv1d/2d``, timm's ``Conv2dSame``) with a trainable
-    weight: per-example gradients materialised by one grouped convolution over the whole batch (each example's
-    input channels correlated with its own output gradients, :meth:`_by_grouped_conv`), and ``∇b_i = Σ_l g_i``.
-    The unfold-based rule of ``ConvHandler`` works group by group, which costs one pass per channel for a
-    depthwise convolution; this is one pass for all, without an unfolded copy of the input.  Norms are those of
-    exactly the vectors added (float64, rounded up), as for the normalisation layers."""
+    weight: per-example weight gradients materialised for all groups at once, and ``∇b_i = Σ_l g_i``.  A depthwise
+    2-D convolution loops over its kernel offsets or its output positions (:meth:`_by_windows`); other grouped
+    convolutions run one grouped convolution over the whole batch (:meth:`_by_grouped_conv`).  The unfold-based
+    rule of ``ConvHandler`` works group by group, one pass per channel for a depthwise convolution.  Norms are
+    those of exactly the vectors added (float64, rounded up), as for the normalisation layers."""
 
     kind = "conv"
 
@@ -84,9 +94,14 @@ class GroupedConvHandler(_MaterialisingHandler):
         super().__init__(module, params)
         self.same_pad = same_pad
 
-    def store_input(self, args, kwargs):
-        x = super().store_input(args, kwargs)
-        return _pad_tf_same(self.module, x) if self.same_pad else x
+    def _padding(self, x: torch.Tensor) -> tuple[int, int, int, int]:
+        """(left, right, top, bottom) zero or mode padding of the 2-D input ``x`` (as stored: unpadded)."""
+        m = self.module
+        if not self.same_pad:
+            return tuple(m._reversed_padding_repeated_twice)
+        (kh, kw), (sh, sw), (dh, dw) = m.kernel_size, m.stride, m.dilation
+        ph, pw = _tf_same_pad(x.shape[-2], kh, sh, dh), _tf_same_pad(x.shape[-1], kw, sw, dw)
+        return pw // 2, pw - pw // 2, ph // 2, ph - ph // 2
 
     def _by_grouped_conv(self, x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
         """Per-example weight gradients (B, *W) as one convolution with B·Cin groups: each example's input
@@ -94,9 +109,13 @@ class GroupedConvHandler(_MaterialisingHandler):
         dilation becomes the stride), ``∇W_i[o, j, u, v] = Σ_l x_i[j, u·d + l·s] g_i[o, l]``; no unfolded copy of
         the input is made."""
         m = self.module
-        if not self.same_pad and any(m._reversed_padding_repeated_twice):
-            mode = "constant" if m.padding_mode == "zeros" else m.padding_mode
-            x = F.pad(x, m._reversed_padding_repeated_twice, mode=mode)
+        if isinstance(m, nn.Conv1d):
+            pad = m._reversed_padding_repeated_twice
+        else:
+            pad = self._padding(x)
+        if any(pad):
+            mode = "constant" if self.same_pad or m.padding_mode == "zeros" else m.padding_mode
+            x = F.pad(x, pad, mode=mode)
         k, st, dil = m.kernel_size, m.stride, m.dilation
         if isinstance(m, nn.Conv1d):
             x, g, k, st, dil = x.unsqueeze(2), g.unsqueeze(2), (1, k[0]), (1, st[0]), (1, dil[0])
@@ -109,17 +128,65 @@ class GroupedConvHandler(_MaterialisingHandler):
         r = r.reshape(B, G, n, mo, r.shape[-2], r.shape[-1])[..., :k[0], :k[1]]
         return r.permute(0, 1, 3, 2, 4, 5).reshape(B, *self.params["weight"].shape)
 
+    def _by_windows(self, x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        """Per-example weight gradients of a depthwise 2-D convolution (one input channel per output channel),
+        ``∇W_i[c, 0, u, v] = Σ_l x_i[c, u·d + l·s − p] g_i[c, l]``, as a loop over whichever is fewer: the kernel
+        offsets (u, v) (a strided view of the input times the output gradient, summed over positions) or the output
+        positions l (the input window under l, scaled by g_i[c, l], accumulated).  Every term is a view over
+        channel rows: no unfolded or padded copy of the input (zero padding is the part of a window that falls
+        outside the input, left out), and in a channels-last network no change of layout.  On a CPU this beats
+        one grouped convolution with a kernel per channel and example.  Returns a (B, C, 1, kh, kw) view of a
+        (B, kh, kw, C) tensor."""
+        m = self.module
+        left, right, top, bottom = self._padding(x)
+        if (left or right or top or bottom) and not self.same_pad and m.padding_mode != "zeros":
+            x = F.pad(x, (left, right, top, bottom), mode=m.padding_mode)
+            left = right = top = bottom = 0
+        (kh, kw), (sh, sw), (dh, dw) = m.kernel_size, m.stride, m.dilation
+        (H, W), (Ho, Wo) = x.shape[-2:], g.shape[-2:]
+        xr, gr = x.permute(0, 2, 3, 1), g.permute(0, 2, 3, 1)  # (B, H, W, C): views
+        out = g.new_zeros(g.shape[0], kh, kw, g.shape[1])
+        if Ho * Wo <= kh * kw:
+            for i in range(Ho):
+                u0, u1 = _inside(i * sh - top, dh, kh, H)
+                r0 = i * sh - top + u0 * dh
+                for j in range(Wo):
+                    v0, v1 = _inside(j * sw - left, dw, kw, W)
+                    c0 = j * sw - left + v0 * dw
+                    if u1 > u0 and v1 > v0:
+                        window = xr[:, r0:r0 + dh * (u1 - u0 - 1) + 1:dh, c0:c0 + dw * (v1 - v0 - 1) + 1:dw]
+                        out[:, u0:u1, v0:v1].addcmul_(window, gr[:, i:i + 1, j:j + 1])
+            return out.permute(0, 3, 1, 2).unsqueeze(2)
+        buffers: dict = {}  # one buffer per shape for the k_h·k_w products (offsets near a border see fewer rows)
+        for u in range(kh):
+            i0, i1 = _inside(u * dh - top, sh, Ho, H)
+            for v in range(kw):
+                j0, j1 = _inside(v * dw - left, sw, Wo, W)
+                if i1 <= i0 or j1 <= j0:
+                    continue
+                r0, c0 = u * dh - top + i0 * sh, v * dw - left + j0 * sw
+                window = xr[:, r0:r0 + sh * (i1 - i0 - 1) + 1:sh, c0:c0 + sw * (j1 - j0 - 1) + 1:sw]
+                rows = gr[:, i0:i1, j0:j1]
+                product = buffers.get(rows.shape)
+                if product is None:
+                    product = buffers[rows.shape] = torch.empty(rows.shape, dtype=g.dtype, device=g.device)
+                torch.mul(window, rows, out=product)
+                torch.sum(product.flatten(1, 2), 1, out=out[:, u, v])
+        return out.permute(0, 3, 1, 2).unsqueeze(2)
+
     def per_example(self, records):
         w = self.params["weight"]
+        m = self.module
+        depthwise = isinstance(m, nn.Conv2d) and m.groups == m.in_channels == m.out_channels
         out: dict = {}
         for r in records:
             g = r.grads[0]
-            B, Cout = g.shape[0], g.shape[1]
-            pe = self._by_grouped_conv(r.act, g)
-            out[w] = out.get(w, 0) + pe
+            pe = self._by_windows(r.act, g) if depthwise else self._by_grouped_conv(r.act, g)
+            out[w] = pe if w not in out else out[w] + pe
             if "bias" in self.params:
                 b = self.params["bias"]
-                out[b] = out.get(b, 0) + g.reshape(B, Cout, -1).sum(2)
+                gb = g.sum(tuple(range(2, g.dim())))
+                out[b] = gb if b not in out else out[b] + gb
         return out
 
 
@@ -143,27 +210,40 @@ class BatchNormHandler(_MaterialisingHandler):
     def reduce_grad(self, g):
         if self.needs_input:
             return g
-        return g.reshape(g.shape[0], g.shape[1], -1).sum(2)  # β only: (B, C), DP-BiTFiT
-
-    def _normalised(self, x: torch.Tensor) -> torch.Tensor:
-        m = self.module
-        shape = (1, -1) + (1,) * (x.dim() - 2)
-        return (x - m.running_mean.reshape(shape)) * torch.rsqrt(m.running_var.reshape(shape) + m.eps)
+        return g.sum(tuple(range(2, g.dim()))) if g.dim() > 2 else g  # β only: (B, C), DP-BiTFiT
 
     def per_example(self, records):
+        m = self.module
         out: dict = {}
         for r in records:
             g = r.grads[0]
             if not self.needs_input:
                 out[self.params["bias"]] = out.get(self.params["bias"], 0) + g
                 continue
-            B, C = g.shape[0], g.shape[1]
-            gs = g.reshape(B, C, -1)
-            out[self.params["weight"]] = out.get(self.params["weight"], 0) + \
-                (self._normalised(r.act).reshape(B, C, -1) * gs).sum(2)
+            # Σ_spatial g·x̂ = (Σ g·x − μ·Σ g) / √(σ² + ε): no normalised copy of the input is made, and the sums
+            # run over channel rows in the tensors' own memory layout (a channels-last network is not copied)
+            gx, gs = _channel_sums(r.act, g)
+            gw = (gx - m.running_mean * gs) * torch.rsqrt(m.running_var + m.eps)
+            out[self.params["weight"]] = out.get(self.params["weight"], 0) + gw
             if "bias" in self.params:
-                out[self.params["bias"]] = out.get(self.params["bias"], 0) + gs.sum(2)
+                out[self.params["bias"]] = out.get(self.params["bias"], 0) + gs
         return out
+
+
+def _channel_rows(t: torch.Tensor) -> torch.Tensor:
+    """(B, C, *spatial) → (B, positions, C), a view for both the contiguous and the channels-last layout."""
+    return t.reshape(t.shape[0], t.shape[1], -1).transpose(1, 2) if t.is_contiguous() else \
+        t.flatten(2).transpose(1, 2)
+
+
+def _channel_sums(x: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per example and channel, ``(Σ_spatial g·x, Σ_spatial g)``, each (B, C), in float32 at least."""
+    if x.dim() == 2:
+        x, g = x.unsqueeze(-1), g.unsqueeze(-1)
+    if g.dtype not in (torch.float32, torch.float64):  # half precision: the difference above would cancel
+        x, g = x.float(), g.float()
+    xr, gr = _channel_rows(x), _channel_rows(g)
+    return torch.linalg.vecdot(xr, gr, dim=1), gr.sum(1)  # vecdot: no (B, positions, C) product is stored
 
 
 def vision_handler(module: nn.Module, own: dict[str, nn.Parameter]):
