@@ -81,3 +81,28 @@ def test_natural_norms_are_unchanged_to_float_precision():
         exact.append(torch.cat([lin.weight.grad.reshape(-1), lin.bias.grad]).double().norm())
     assert torch.allclose(norms.double(), torch.stack(exact), rtol=1e-5)
     assert bool((norms.double() >= torch.stack(exact) * (1 - 1e-6)).all())
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "permuted"])
+def test_materialised_norms_bound_the_exact_sum_of_squares(layout):
+    """``example_sq_norms`` (the norms of materialised per-example gradients: convolutions, normalisation
+    layers, the fallback) is never below the exact sum of squares of a row, even where a float64 running sum
+    drops small terms next to a large one, and exceeds it by a rounding margin only.  The exact value: squares
+    of float32 numbers are exact in float64, and math.fsum sums them with one rounding."""
+    import math
+
+    from privtune.engine._layers import example_sq_norms
+
+    g = torch.Generator().manual_seed(0)
+    rows = torch.randn(4, 3, 5, 7, generator=g)
+    rows[1] = 1.0
+    rows[1, 0, 0, 0] = 1e8                       # 1e16 plus 104 ones: a float64 running sum may drop them
+    rows[2] *= 1e-20                             # squares near the bottom of float64's normal range
+    rows[3, :, :, 1:] = 0.0
+    t = rows if layout == "contiguous" else rows.permute(0, 3, 1, 2).contiguous().permute(0, 2, 3, 1)
+    assert t.is_contiguous() == (layout == "contiguous")
+    got = example_sq_norms(t)
+    for i in range(4):
+        exact = math.fsum(float(v) ** 2 for v in rows[i].double().reshape(-1).tolist())
+        assert float(got[i]) >= exact
+        assert float(got[i]) <= exact * (1 + 1e-9)
