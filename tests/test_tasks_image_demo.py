@@ -77,6 +77,10 @@ def test_image_demo_end_to_end_then_predict(tmp_path, monkeypatch, capsys):
     meta = json.loads((run / "model" / "privtune_classifier.json").read_text(encoding="utf-8"))
     assert meta["kind"] == "image" and "max_length" not in meta and "pooling" not in meta  # text-only keys
     assert meta["normalize"] is True  # last-layer on images: the head reads L2-normalised features
+    # ... centred by the public split's mean and re-normalised: the model applies the same map
+    assert meta["feature_center_file"] == "privtune_feature_center.safetensors"
+    assert (run / "model" / meta["feature_center_file"]).is_file()
+    assert "then re-normalised to norm 1" in (run / "report.html").read_text(encoding="utf-8")
     assert (run / "ledger.db").exists()  # the demo's ledger lives in its run directory
     assert (run / "report.html").exists() and (run / "model" / "privtune_image_preprocessor.json").exists()
     card = (run / "model" / "README.md").read_text(encoding="utf-8")

@@ -100,6 +100,9 @@ def _cache_key(model: Any, dataset: Any) -> str:
         h.update(name.encode())
         h.update(p.detach().contiguous().cpu().numpy().tobytes()[:4096])
         h.update(str(tuple(p.shape)).encode())
+    center = getattr(model, "feature_center", None)
+    if center is not None:  # features centred and re-normalised by the model itself
+        h.update(center.detach().float().cpu().numpy().tobytes())
     for row in dataset.canonical_rows():
         h.update(row)
     return h.hexdigest()

@@ -189,10 +189,11 @@ class FeatureBackend:
     data_kind: str | None = None
 
     def __init__(self, X: torch.Tensor, y: torch.Tensor, num_classes: int, *, curve_data=None,
-                 center: torch.Tensor | None = None, device: Any = None, public_n: int | None = None,
-                 units: tuple | None = None, data_kind: str | None = None):
+                 center: torch.Tensor | None = None, renormalize: bool = False, device: Any = None,
+                 public_n: int | None = None, units: tuple | None = None, data_kind: str | None = None):
         self.data_kind = data_kind
         self.center = None if center is None else center.float()
+        self.renormalize = bool(renormalize) and self.center is not None
         self.X = self._c(X.float())
         self.y = y.long()
         self.num_classes = int(num_classes)
@@ -222,8 +223,9 @@ class FeatureBackend:
         return _PublicCurve(lambda: _heads.accuracy(self._as_head(lin), Xc, yc), every, steps)
 
     def _c(self, X: torch.Tensor) -> torch.Tensor:
-        """Centre features (x − m) when a centre is set; predictions use the same transform."""
-        return X if self.center is None else X - self.center
+        """Centre features (x − m) when a centre is set, and with ``renormalize`` scale each row back to norm 1
+        (:func:`centred_features`); predictions use the same transform."""
+        return centred_features(X, self.center, self.renormalize)
 
     @property
     def n(self) -> int:
@@ -285,14 +287,48 @@ class FeatureBackend:
         return state.logits(self._c(data.float()))
 
 
-def head_into_classifier(model: Any, head: _heads.LinearHead, center: torch.Tensor | None = None) -> Any:
+#: the kinds of data whose centred head-input features are re-normalised (:func:`centred_features`).  On
+#: L2-normalised image features the rows share a large common direction (the features of a ReLU network are
+#: non-negative), so centring shrinks them, unevenly, and a clipped DP step then adds less signal per example
+#: against the same noise; re-normalising gives every example norm 1 again.  Measured on the Fashion-MNIST bench's
+#: cached EfficientNet-Lite0 features at 128 px (58,000 private, the 2,000 public images' mean as centre,
+#: full-batch DP-GD, one noise seed, best of a 3 × 3 grid of (η, T) on the public split): test accuracy 87.5 %
+#: re-normalised against 86.9 % centred only at ε = 1.  Text features keep centring alone: not measured there.
+RENORMALIZE_KINDS = ("image",)
+
+
+def renormalizes_centred_features(model: Any, data_kind: str | None) -> bool:
+    """Whether a head on ``model``'s features of ``data_kind`` reads them centred and re-normalised: for the
+    kinds in :data:`RENORMALIZE_KINDS`, when the features are L2-normalised and pooled by privtune (a model that
+    keeps its own head, ``pooling="model"``, has no place for the transform, and takes the centring in its bias)."""
+    return (data_kind in RENORMALIZE_KINDS and bool(getattr(model, "normalize", False))
+            and getattr(model, "pooling", None) != "model")
+
+
+def centred_features(X: torch.Tensor, center: torch.Tensor | None, renormalize: bool) -> torch.Tensor:
+    """``X − center`` (rows), each row then scaled to norm 1 when ``renormalize`` (a zero row stays zero;
+    :data:`RENORMALIZE_KINDS`)."""
+    if center is None:
+        return X
+    X = X - center.to(X.dtype)
+    return torch.nn.functional.normalize(X, p=2, dim=-1) if renormalize else X
+
+
+def head_into_classifier(model: Any, head: _heads.LinearHead, center: torch.Tensor | None = None,
+                         renormalize: bool = False) -> Any:
     """Copy a feature-space head into the classifier's final linear layer.
 
-    A head trained on centred features ``W (x − m) + b`` becomes ``W x + (b − W m)``, exactly.
+    A head trained on centred features ``W (x − m) + b`` becomes ``W x + (b − W m)``, exactly.  A head trained on
+    centred, re-normalised features keeps its weights, and the classifier applies the same transform to its
+    pooled features (:attr:`~privtune.models.classifier.Classifier.feature_center`).
     """
     lin = model.classification_head
     b = head.bias if head.bias is not None else torch.zeros(head.weight.shape[0], dtype=head.weight.dtype)
-    if center is not None:
+    if hasattr(model, "feature_center"):  # the head was trained on features without the model's own centring
+        model.feature_center = None
+    if center is not None and renormalize:
+        model.feature_center = center.detach().float().to(lin.weight.device)
+    elif center is not None:
         b = b - head.weight @ center.to(head.weight.dtype)
     with torch.no_grad():
         lin.weight.copy_(head.weight.to(lin.weight.dtype))

@@ -71,7 +71,7 @@ from privtune.hpo._resume import (  # noqa: F401  (STATE_FILE is part of this mo
     _write_state_header,
     derive_seed,
 )
-from privtune.hpo.backends import FeatureBackend, ModelBackend, head_into_classifier
+from privtune.hpo.backends import FeatureBackend, ModelBackend, head_into_classifier, renormalizes_centred_features
 from privtune.hpo.common import TUNABLE_MODES, BudgetPlan, PlanRequest, Selector, as_plain, data_kind
 from privtune.hpo.registry import STRATEGIES
 from privtune.hpo.registry import get as get_strategy
@@ -1481,8 +1481,10 @@ def _execute(req: _Request, inputs: _Inputs, tplan: _TunePlan, clf, prog, seed: 
 
     def features():
         if not feats:
-            # the frozen-backbone features (a model pilot may have switched the shared model's pooling before)
+            # the frozen-backbone features (a model pilot may have switched the shared model's pooling before; a
+            # loaded privtune model's own centre belongs to the head that this run replaces)
             clf.normalize = finetune.head_input_normalization(clf, "last-layer")
+            clf.feature_center = None
             # a private-validation split: the whole file's n rows (public) are cached once, then split by rows, so
             # neither the progress lines nor log.txt show the realised sizes
             split = inputs.whole is not None
@@ -1509,6 +1511,10 @@ def _execute(req: _Request, inputs: _Inputs, tplan: _TunePlan, clf, prog, seed: 
             elif tplan.center_sigma:
                 feats["_center"], feats["_center_note"] = _private_centre(feats["train"][0], tplan.center_sigma,
                                                                           inputs, seed)
+            feats["_renormalize"] = "_center" in feats and renormalizes_centred_features(
+                clf, getattr(train, "kind", None))
+            if feats["_renormalize"]:
+                feats["_center_note"] += ", then re-normalised to norm 1"
         return feats
 
     # a score on the private validation split is normalised by its planned size, never its realised one; at user
@@ -1557,6 +1563,7 @@ def _execute(req: _Request, inputs: _Inputs, tplan: _TunePlan, clf, prog, seed: 
         f = features()
         X, y = f["train"]
         backend = _journaled(FeatureBackend(X, y, clf.num_labels, curve_data=f.get("public"), center=f.get("_center"),
+                                            renormalize=f.get("_renormalize", False),
                                             device=req.device, public_n=inputs.n_train, units=inputs.unit_option,
                                             data_kind=clf.kind), kw)
         selector = make_selector(sel_eff, "features")
@@ -1588,10 +1595,11 @@ def _heads_in_classifier(clf, out, strat, feats: dict) -> tuple[Any, Any]:
     the classifier)``: scored on the reported split, never released."""
     finetune.apply_mode(clf, "last-layer")
     if strat.not_private:
-        return None, (None if out.state is None else head_into_classifier(clf, out.state, feats.get("_center")))
+        return None, (None if out.state is None else head_into_classifier(clf, out.state, feats.get("_center"),
+                                                                           feats.get("_renormalize", False)))
     if feats.get("_center_note"):
         out.strategy_data.setdefault("notes", []).append(feats["_center_note"])
-    return head_into_classifier(clf, out.state, feats.get("_center")), None
+    return head_into_classifier(clf, out.state, feats.get("_center"), feats.get("_renormalize", False)), None
 
 
 def _private_centre(X: torch.Tensor, sigma: float, inputs: _Inputs, seed: int) -> tuple[torch.Tensor, str]:
@@ -1637,7 +1645,8 @@ def _run_pilots(modes, clf, train, features, make_selector, source, pilot_eps, d
         if m == "last-layer":
             f = features()
             X, y = f["train"]
-            be = _journaled(FeatureBackend(X, y, clf.num_labels, center=f.get("_center"), device=kw.get("device"),
+            be = _journaled(FeatureBackend(X, y, clf.num_labels, center=f.get("_center"),
+                                           renormalize=f.get("_renormalize", False), device=kw.get("device"),
                                            public_n=n, units=kw.get("units")), kw)
             sel = make_selector(source, "features")
             sigma = common.calibrate_final(pilot_eps, delta, [], sample_rate=1.0, steps=1, sampling="full_batch",

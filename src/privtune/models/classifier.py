@@ -28,6 +28,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 POOLING_CHOICES = ("auto", "mean", "cls", "model")
 CLASSIFIER_CONFIG = "privtune_classifier.json"
 HEAD_FILE = "privtune_head.safetensors"
+#: the centre subtracted from the pooled features before they are re-normalised (:attr:`Classifier.feature_center`)
+FEATURE_CENTER_FILE = "privtune_feature_center.safetensors"
 FORMAT_VERSION = 1
 DEFAULT_MAX_LENGTH = 128
 
@@ -221,6 +223,10 @@ class Classifier(nn.Module):
         self.max_length = max_length
         self.source = source
         self.lora_config: dict | None = None
+        #: (num_features,) or None.  When set, the pooled features become ``normalize(pooled − feature_center)``:
+        #: a head trained on centred, re-normalised features (``privtune tune`` on image features: the mean of
+        #: the public split, or a charged private mean); a buffer, so it moves with the model, saved in its own file
+        self.register_buffer("feature_center", None, persistent=False)
         if pooling == "model":
             self._head_name, native = _find_native_head(backbone, num_labels)
             self._native_head = [native]  # not registered twice
@@ -294,6 +300,8 @@ class Classifier(nn.Module):
                 pooled = (hidden * m).sum(dim=1) / m.sum(dim=1).clamp_min(1e-9)
         if self.normalize:
             pooled = torch.nn.functional.normalize(pooled, p=2, dim=-1)
+        if self.feature_center is not None:
+            pooled = torch.nn.functional.normalize(pooled - self.feature_center.to(pooled.dtype), p=2, dim=-1)
         return pooled
 
     def features(self, **inputs: torch.Tensor) -> torch.Tensor:
@@ -373,11 +381,15 @@ class Classifier(nn.Module):
                 self.tokenizer.save_pretrained(out)
             if self.processor is not None:
                 self.processor.save_pretrained(out)
-        head_file = None
+        head_file = center_file = None
         if self.pooling != "model":
             save_file({k: v.detach().cpu().contiguous() for k, v in self.head.state_dict().items()},
                       str(out / HEAD_FILE))
             head_file = HEAD_FILE
+            if self.feature_center is not None:
+                save_file({"feature_center": self.feature_center.detach().float().cpu().contiguous()},
+                          str(out / FEATURE_CENTER_FILE))
+                center_file = FEATURE_CENTER_FILE
         meta = {
             "format_version": FORMAT_VERSION,
             "privtune_version": __version__,
@@ -388,6 +400,7 @@ class Classifier(nn.Module):
             "label_names": self.label_names,
             "max_length": self.max_length,
             "head_file": head_file,
+            "feature_center_file": center_file,
             "lora_merged": self.lora_config,
             "base_model": public_model_name(self.source),
         }
@@ -586,8 +599,28 @@ def load_classifier(
         label_names=label_names, tokenizer=tokenizer, processor=processor,
         max_length=int(max_length or DEFAULT_MAX_LENGTH), source=str(d.resolve()),
     )
+    load_feature_center(model, d, meta)
     model.eval()
     return model
+
+
+def load_feature_center(model: Classifier, d: Path, meta: dict | None) -> None:
+    """Restore :attr:`Classifier.feature_center` of a saved privtune classifier whose metadata names its file."""
+    name = (meta or {}).get("feature_center_file")
+    if not name:
+        return
+    # Lazy: safetensors only when loading.
+    from safetensors.torch import load_file
+
+    try:
+        center = load_file(str(d / name))["feature_center"]
+    except Exception as exc:  # missing, truncated or not a safetensors file
+        raise ModelError(f"The feature centre {str(d / name)!r} of the model in {str(d)!r} is missing or unreadable "
+                         f"({type(exc).__name__}). Copy the whole RUN_DIR/model directory again.") from None
+    if center.shape != (model.num_features,):
+        raise ModelError(f"The feature centre in {str(d)!r} has shape {tuple(center.shape)}, but the model's features "
+                         f"have {model.num_features} dimensions. Copy the whole RUN_DIR/model directory again.")
+    model.feature_center = center.float()
 
 
 # architectures whose position ids start after the padding index (padding_idx + 1): RoBERTa and its

@@ -44,7 +44,8 @@ from torch import nn
 from privtune._validation import check_batchnorm, check_image_size, check_int
 from privtune.choices import BATCHNORM_POLICIES
 from privtune.errors import InvalidParameterError, ModelError
-from privtune.models.classifier import CLASSIFIER_CONFIG, HEAD_FILE, Classifier, register_model_family
+from privtune.models.classifier import (CLASSIFIER_CONFIG, HEAD_FILE, Classifier, load_feature_center,
+                                        register_model_family)
 
 __all__ = [
     "BATCHNORM_CHOICES", "DEFAULT_IMAGE_SIZE", "BUNDLED_VISION_MODELS", "ImagePreprocessor", "VisionBackbone",
@@ -518,6 +519,7 @@ def _load_saved(d: Path):
         raise ModelError(f"The classification head in {str(d)!r} is missing or unreadable ({type(exc).__name__}). "
                          "Copy the whole RUN_DIR/model directory again.") from None
     model.normalize = bool(meta.get("normalize", False))
+    load_feature_center(model, d, meta)
     model.eval()
     return model
 
