@@ -250,7 +250,9 @@ FASHION_INTRO = """\
 are declared public and score the selection, and the {n_test:,} test images are the reported split, scored once
 per cell after its model is fixed and never selected on. The backbone is Google's ImageNet EfficientNet-Lite0
 (`--model efficientnet-lite0 --image-size {size}`: {size} × {size} pixels, BatchNorm in eval mode); the last-layer
-cells train Mehta et al.'s zero-initialised head on features cached once and reused by every cell. δ = 1e-5; one
+cells train Mehta et al.'s zero-initialised head on features cached once and reused by every cell (L2-normalised;
+privtune's cells then centre them by the public images' mean and re-normalise, as `privtune tune` does; Opacus
+reads them as cached). δ = 1e-5; one
 seed (0) per cell, so the runs are NOT PRIVATE (seeded) measurements. Each cell: test accuracy (certificate ε;
 wall time on {device}, after the shared features were cached: the one backbone pass over the 70,000 images, about
 9 minutes at 128 px on two CPU cores, is not in any cell). The test accuracy of one run has a binomial standard error of about {stderr:.1f} points. A cell
