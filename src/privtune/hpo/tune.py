@@ -1505,16 +1505,7 @@ def _execute(req: _Request, inputs: _Inputs, tplan: _TunePlan, clf, prog, seed: 
             if split:
                 (X_all, y_all), m = feats.pop("train"), inputs.val_mask
                 feats["train"], feats["_private_val"] = (X_all[~m], y_all[~m]), (X_all[m], y_all[m])
-            if "public" in feats:
-                feats["_center"] = feats["public"][0].mean(dim=0)
-                feats["_center_note"] = "features centred by the mean of the PUBLIC validation split (free)"
-            elif tplan.center_sigma:
-                feats["_center"], feats["_center_note"] = _private_centre(feats["train"][0], tplan.center_sigma,
-                                                                          inputs, seed)
-            feats["_renormalize"] = "_center" in feats and renormalizes_centred_features(
-                clf, getattr(train, "kind", None))
-            if feats["_renormalize"]:
-                feats["_center_note"] += ", then re-normalised to norm 1"
+            _choose_centre(feats, clf, getattr(train, "kind", None), tplan, inputs, seed)
         return feats
 
     # a score on the private validation split is normalised by its planned size, never its realised one; at user
@@ -1600,6 +1591,19 @@ def _heads_in_classifier(clf, out, strat, feats: dict) -> tuple[Any, Any]:
     if feats.get("_center_note"):
         out.strategy_data.setdefault("notes", []).append(feats["_center_note"])
     return head_into_classifier(clf, out.state, feats.get("_center"), feats.get("_renormalize", False)), None
+
+
+def _choose_centre(feats: dict, clf, data_kind: str | None, tplan: _TunePlan, inputs: _Inputs, seed: int) -> None:
+    """Set the cached features' centre (``_center``: the public split's mean, free, or the charged private mean),
+    whether the head reads them re-normalised after centring (``_renormalize``), and the note that says so."""
+    if "public" in feats:
+        feats["_center"] = feats["public"][0].mean(dim=0)
+        feats["_center_note"] = "features centred by the mean of the PUBLIC validation split (free)"
+    elif tplan.center_sigma:
+        feats["_center"], feats["_center_note"] = _private_centre(feats["train"][0], tplan.center_sigma, inputs, seed)
+    feats["_renormalize"] = "_center" in feats and renormalizes_centred_features(clf, data_kind)
+    if feats["_renormalize"]:
+        feats["_center_note"] += ", then re-normalised to norm 1"
 
 
 def _private_centre(X: torch.Tensor, sigma: float, inputs: _Inputs, seed: int) -> tuple[torch.Tensor, str]:
