@@ -173,6 +173,31 @@ def test_depthwise_loops_and_batchnorm_in_either_memory_layout(layout):
     assert {kinds[k] for k in ("3", "5", "8", "10", "12", "14")} == {"GroupedConvHandler"}
 
 
+class _Scale(nn.Module):
+    """A scalar trainable parameter (as a learned temperature): handled by the exact fallback."""
+
+    def __init__(self):
+        super().__init__()
+        self.s = nn.Parameter(torch.tensor(1.5, dtype=torch.float64))
+
+    def forward(self, x):
+        return x * self.s
+
+
+def test_materialised_gradients_of_any_shape_and_layout_are_summed_as_the_loop_does():
+    """The weighted sum of materialised per-example gradients (scalar parameter: (B,); a permuted depthwise result;
+    a contiguous normalisation-layer one) against a per-example loop."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(4, 4, 3, padding=1, groups=4), _Scale(),
+                          nn.Tanh(), Pool(), nn.Linear(4, 3)).double()
+    check_against_loop(model, *_inputs(size=10), expect_fallback=True, kinds=["conv", "fallback"])
+    from privtune.engine._layers import weighted_example_sum
+
+    c = torch.rand(4, dtype=torch.float64)
+    for t in (torch.randn(4), torch.randn(4, 3, 5, 6).permute(0, 3, 1, 2), torch.randn(4, 2, 3)[:, ::2]):
+        assert torch.allclose(weighted_example_sum(c, t), torch.tensordot(c.float(), t, dims=1), atol=1e-5)
+
+
 def test_convolutions_sum_the_per_example_gradients_they_bounded():
     """Where the per-example form of the norm is the cheaper one (few weights, many positions), the clipped sum
     adds exactly those per-example gradients: one non-finite example is dropped and the rest match the loop."""

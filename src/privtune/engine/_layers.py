@@ -81,6 +81,8 @@ def weighted_example_sum(c: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     """``Σ_i c_i t[i]`` for a (B, ...) tensor, as one matrix-vector product over t's storage order, so that a
     permuted view (a channels-last result) is not copied; ``c`` is cast toward zero to t's dtype."""
     c = factors_as(c, t.dtype)
+    if t.dim() == 1:  # a scalar parameter: (B,)
+        return c @ t
     order = sorted(range(1, t.dim()), key=lambda d: -t.stride(d))
     dense = t.permute(0, *order)
     if not dense.is_contiguous():
