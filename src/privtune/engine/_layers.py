@@ -375,7 +375,7 @@ class LinearHandler(Handler):
         self.ill = False
         if not self.needs_input:
             gb = sum(r.grads[0] for r in records)  # the (B, p) vectors that clipped_sum adds
-            return _inflate(gb.to(torch.float64).pow(2).sum(1), gb.shape[1])
+            return example_sq_norms(gb)
         a, g = self._cat(records)
         U = _token_norm_sum(a, g) if a.shape[1] > 1 else None  # shared by the bound and the conditioning test
         keep = records[0].keep if len(records) == 1 else None
@@ -393,7 +393,7 @@ class LinearHandler(Handler):
         if "bias" in self.params:
             # the per-example bias gradients Σ_t g_t; clipped_sum adds exactly these (B, p) vectors
             self._bias_pe = g.sum(1)
-            sq = sq + _inflate(self._bias_pe.to(torch.float64).pow(2).sum(1), g.shape[-1])
+            sq = sq + example_sq_norms(self._bias_pe)
         return sq
 
     def clipped_sum(self, records, c):
@@ -485,7 +485,7 @@ class ConvHandler(LinearHandler):
         self._pe = None
         if not self.needs_input:
             gb = sum(r.grads[0] for r in records)
-            return _inflate(gb.to(torch.float64).pow(2).sum(1), gb.shape[1])
+            return example_sq_norms(gb)
         a, g = self._cat(records)
         if conv_norm_form(a.shape[2], g.shape[3], a.shape[3]) == "per-example":
             # materialise in the layer's precision, one batched product per group; the norms are those of exactly
