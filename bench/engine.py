@@ -226,8 +226,9 @@ def _fashion_pixels(n: int, image_size: int, processor) -> tuple:
 
 
 def image_child(mode: str, method: str, steps: int, warmup: int, batch_size: int, image_size: int,
-                batchnorm: str) -> dict:
-    """One DP (or non-DP) training step on EfficientNet-Lite0, timed like :func:`child`."""
+                batchnorm: str, device: str = "cpu") -> dict:
+    """One DP (or non-DP) training step on EfficientNet-Lite0, timed like :func:`child` (on ``device``: a GPU's
+    peak is its allocator's peak over the memory held before the steps)."""
     import torch
     import torch.nn.functional as F
     from torch import nn
@@ -251,8 +252,9 @@ def image_child(mode: str, method: str, steps: int, warmup: int, batch_size: int
         def forward(self, x, _mask=None, position_ids=None):
             return self.clf(pixel_values=x)
 
-    model = Net().train()
+    model = Net().to(device).train()
     x, y, origin = _fashion_pixels(batch_size * (steps + warmup), image_size, clf.processor)
+    x, y = x.to(device), y.to(device)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.Adam(params, lr=1e-4)
     if method == "nondp":
@@ -301,29 +303,52 @@ def image_child(mode: str, method: str, steps: int, warmup: int, batch_size: int
             sl = slice(s * batch_size, (s + 1) * batch_size)
             yield x[sl], None, y[sl]
 
-    res = _timed(step, batches(), steps, warmup)
-    res.update(mode=mode, method=method, examples_per_s=batch_size * steps / res.pop("dt"),
+    res = _timed(step, batches(), steps, warmup, torch.device(device))
+    res.update(mode=mode, method=method, device=_device_name(device), examples_per_s=batch_size * steps / res.pop("dt"),
                examples_per_cpu_s=batch_size * steps / res.pop("dc"), trainable=sum(p.numel() for p in params),
                steps=steps, data=origin, batchnorm=batchnorm, image_size=image_size)
     return res
 
 
-def _timed(step, it, steps: int, warmup: int) -> dict:
+def _timed(step, it, steps: int, warmup: int, device=None) -> dict:
     """Wall and CPU seconds of ``steps`` calls of ``step`` after ``warmup`` untimed ones, and the peak memory
-    growth over the resident set before them."""
+    growth over the resident set before them (on a CUDA ``device``: over the GPU memory allocated before them,
+    the timer read after the device has finished its queued work)."""
     import gc
 
     gc.collect()
-    base = _rss_kib("VmRSS")
-    peak_ok = _reset_peak()
+    cuda = device is not None and device.type == "cuda"
+    if cuda:
+        import torch
+
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device) / 1024
+    else:
+        base = _rss_kib("VmRSS")
+        peak_ok = _reset_peak()
     for _ in range(warmup):
         step(next(it))
+    if cuda:
+        torch.cuda.synchronize(device)
     t0, c0 = time.perf_counter(), time.process_time()
     for _ in range(steps):
         step(next(it))
+    if cuda:
+        torch.cuda.synchronize(device)
     dt, dc = time.perf_counter() - t0, time.process_time() - c0
-    peak = _rss_kib("VmHWM") if peak_ok else _rss_kib("VmRSS")
+    if cuda:
+        peak = torch.cuda.max_memory_allocated(device) / 1024
+    else:
+        peak = _rss_kib("VmHWM") if peak_ok else _rss_kib("VmRSS")
     return {"dt": dt, "dc": dc, "peak_growth_mib": (peak - base) / 1024}
+
+
+def _device_name(device: str) -> str:
+    import torch
+
+    dev = torch.device(device)
+    return torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
 
 
 def head_child(method: str, steps: int, warmup: int, batch_size: int = 1024) -> dict:
@@ -407,16 +432,19 @@ def _machine() -> dict:
         opacus_version = opacus.__version__
     except ImportError:
         opacus_version = None
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=HERE, capture_output=True, text=True).stdout.strip()
-    return {"cpu": cpu, "cpu_count": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
-            "opacus": opacus_version, "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "git_commit": commit or None}
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=HERE, capture_output=True, text=True).stdout.strip()
+    except OSError:  # no git (a copy of the tree on another machine): the commit its runner names, if any
+        commit = ""
+    return {"cpu": cpu, "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None, "cpu_count": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
+            "opacus": opacus_version, "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "git_commit": commit or os.environ.get("BENCH_GIT_COMMIT")}
 
 
 def run_one(mode, method, args) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", mode, method, "--steps", str(args.steps),
            "--warmup", str(args.warmup), "--batch-size", str(args.batch_size), "--max-length", str(args.max_length),
            "--padding", args.padding, "--backbone", args.backbone, "--image-size", str(args.image_size),
-           "--batchnorm", args.batchnorm]
+           "--batchnorm", args.batchnorm, "--device", args.device]
     p = subprocess.run(cmd, capture_output=True, text=True)
     for line in p.stdout.splitlines()[::-1]:
         if line.startswith("RESULT "):
@@ -445,6 +473,8 @@ def main(argv=None) -> int:
     ap.add_argument("--image-size", type=int, default=64, help="input pixels of the image backbone")
     ap.add_argument("--batchnorm", choices=("eval", "group"), default="eval",
                     help="image backbone: pretrained BatchNorm in eval mode, or every BatchNorm replaced by GroupNorm")
+    ap.add_argument("--device", default="cpu",
+                    help="image backbone: where the steps run (cpu, cuda, cuda:N); a GPU is timed by the wall clock")
     ap.add_argument("--child", nargs=2, metavar=("MODE", "METHOD"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     image = args.backbone != "minilm"
@@ -452,6 +482,10 @@ def main(argv=None) -> int:
         args.modes = ",".join(IMAGE_MODES)
     if image and (bad := [m for m in args.modes.split(",") if m and m not in IMAGE_MODES]):
         ap.error(f"--backbone {args.backbone} times the modes {', '.join(IMAGE_MODES)}; got {bad}")
+    if args.device != "cpu" and not image:
+        ap.error("--device: only the image backbone (--backbone efficientnet-lite0) runs on another device")
+    if args.device != "cpu" and args.clock == "cpu":
+        args.clock = "wall"  # CPU time does not measure work queued on a GPU
     if args.steps is None:
         args.steps = 2 if args.quick else 20
     if args.warmup is None:
@@ -459,7 +493,8 @@ def main(argv=None) -> int:
     if args.child:
         mode, method = args.child
         if image:
-            res = image_child(mode, method, args.steps, args.warmup, args.batch_size, args.image_size, args.batchnorm)
+            res = image_child(mode, method, args.steps, args.warmup, args.batch_size, args.image_size, args.batchnorm,
+                              args.device)
         elif mode == "head":
             res = head_child(method, args.steps * 10, args.warmup)
         else:
@@ -493,7 +528,8 @@ def main(argv=None) -> int:
     what = (f"EfficientNet-Lite0 ({'eval-mode BatchNorm' if args.batchnorm == 'eval' else 'BatchNorm → GroupNorm'}) "
             f"+ Fashion-MNIST, B={args.batch_size}, {args.image_size} × {args.image_size} px" if image
             else f"MiniLM-L6 + SST-2, B={args.batch_size}, T={args.max_length} ({pad})")
-    print(f"\n{what}, 1 CPU thread, {args.steps} timed steps"
+    where = "1 CPU thread" if args.device == "cpu" else f"{args.device} (host: 1 CPU thread)"
+    print(f"\n{what}, {where}, {args.steps} timed steps"
           f"{' (QUICK: indicative only)' if args.quick else ''}, median of {args.repeats}; "
           f"throughput = examples per {'CPU' if args.clock == 'cpu' else 'wall-clock'} second")
     table: list[dict] = []
@@ -546,7 +582,7 @@ def main(argv=None) -> int:
                "setup": {"model": "all-MiniLM-L6-v2 + mean pooling + linear head", "data": "SST-2 train sentences",
                          "batch_size": args.batch_size, "max_length": args.max_length, "padding": args.padding,
                          **(_image_setup(args, results) if image else {}),
-                         "threads": 1, "steps": args.steps, "warmup": args.warmup, "repeats": args.repeats,
+                         "threads": 1, "device": args.device, "steps": args.steps, "warmup": args.warmup, "repeats": args.repeats,
                          "clock": args.clock, "statistic": "median over repeats"},
                "table": table,
                "runs": [r for rs in results.values() for r in rs]}

@@ -272,20 +272,43 @@ def test_per_layer_clipping_matches_naive_loop(clipping):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine (CPU-only run)")
 def test_cuda_step_matches_cpu():
-    """The DP step on a CUDA model releases what the same step on the CPU releases (same seed)."""
+    """The DP step on a CUDA model clips and sums what the same step on the CPU does, and its noise is drawn on
+    the GPU with the claimed scale, reproducibly for one seed."""
     torch.manual_seed(0)
     cpu = nn.Sequential(nn.Linear(6, 8), nn.LayerNorm(8), nn.Linear(8, 3)).double()
     gpu = nn.Sequential(nn.Linear(6, 8), nn.LayerNorm(8), nn.Linear(8, 3)).double().cuda()
     gpu.load_state_dict(cpu.state_dict())
     x, y = torch.randn(10, 6, dtype=torch.float64), torch.randint(0, 3, (10,))
-    grads = []
-    for model, dev in ((cpu, "cpu"), (gpu, "cuda")):
-        pg = PrivateGradient(model, max_grad_norm=0.5, noise_multiplier=1.0, expected_batch_size=10.0, seed=3)
+
+    def step(model, dev, sigma, seed=3):
+        pg = PrivateGradient(model, max_grad_norm=0.5, noise_multiplier=sigma, expected_batch_size=10.0, seed=seed)
         pg.backward(F.cross_entropy(model(x.to(dev)), y.to(dev), reduction="none"))
         pg.release()
-        grads.append(torch.cat([p.grad.reshape(-1).cpu() for p in model.parameters()]))
+        out = torch.cat([p.grad.reshape(-1).cpu() for p in model.parameters()])
         pg.close()
-    assert torch.allclose(grads[0], grads[1], rtol=1e-9, atol=1e-12)
+        model.zero_grad(set_to_none=True)
+        return out
+
+    assert torch.allclose(step(cpu, "cpu", 0.0), step(gpu, "cuda", 0.0), rtol=1e-9, atol=1e-12)
+    clean = step(gpu, "cuda", 0.0)
+    noisy, again, other = step(gpu, "cuda", 1.0), step(gpu, "cuda", 1.0), step(gpu, "cuda", 1.0, seed=4)
+    assert torch.equal(noisy, again) and not torch.equal(noisy, other)
+    # noise std σ·C / expected batch size = 0.05 per coordinate (only 107 coordinates: a loose check)
+    assert float((noisy - clean).std()) == pytest.approx(0.05, rel=0.3)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine (CPU-only run)")
+def test_privatise_sum_draws_cuda_noise_on_the_device():
+    """A part on a GPU gets noise of the claimed scale drawn there; CPU parts keep the CPU stream."""
+    from privtune.engine.mechanisms import privatise_sum
+
+    parts = [torch.zeros(200_000, device="cuda"), torch.zeros(1000)]
+    out = privatise_sum(parts, 2.0, 0.5, 4.0, torch.Generator().manual_seed(0)).value
+    assert out[0].device.type == "cuda"
+    assert float(out[0].std()) == pytest.approx(2.0 * 0.5 / 4.0, rel=0.02)
+    assert float(out[0].mean()) == pytest.approx(0.0, abs=0.002)
+    cpu_only = privatise_sum([torch.zeros(1000)], 2.0, 0.5, 4.0, torch.Generator().manual_seed(0)).value[0]
+    assert not torch.equal(out[1], cpu_only)  # the device seed was drawn from the stream first
 
 
 @pytest.mark.parametrize(

@@ -62,8 +62,10 @@ def privatise_sum(clipped_sums: torch.Tensor | list[torch.Tensor], noise_multipl
         noise_multiplier: σ ≥ 0 (noise standard deviation / sensitivity).
         sensitivity: Δ, the clipping norm C.
         expected_batch_size: the public divisor q·N (never the realised batch size).
-        generator: CPU generator; the noise is drawn in each sum's dtype, part after part (the same stream on
-            every device), then moved to its device.
+        generator: CPU generator; the noise is drawn in each sum's dtype, part after part.  Parts on the CPU draw
+            from it directly; parts on an accelerator draw on their device, from a generator of that device seeded
+            by one 63-bit draw of ``generator`` per release (drawing millions of normals on the host and copying
+            them over would cost about as much as the whole step on a GPU).
         group: a :class:`privtune.engine.distributed.ProcessGroup` (data-parallel runs): every rank passes its
             own clipped sums; only ``group.adds_noise`` (rank 0) adds the noise, then the sums are all-reduced,
             so the released gradient has the noise of one process exactly once, whatever the number of processes.
@@ -76,9 +78,16 @@ def privatise_sum(clipped_sums: torch.Tensor | list[torch.Tensor], noise_multipl
         return Release(out.value[0], out.event)
     std = noise_multiplier * sensitivity
     if std > 0 and (group is None or group.adds_noise):
+        device_generators: dict[torch.device, torch.Generator] = {}
         for s in clipped_sums:
-            z = torch.empty(s.shape, dtype=s.dtype).normal_(generator=generator)
-            s.add_(z.to(s.device), alpha=std)
+            if s.device.type == "cpu":
+                z = torch.empty(s.shape, dtype=s.dtype).normal_(generator=generator)
+            else:
+                if s.device not in device_generators:
+                    seed = int(torch.randint(0, 2**63 - 1, (1,), generator=generator, dtype=torch.int64))
+                    device_generators[s.device] = torch.Generator(device=s.device).manual_seed(seed)
+                z = torch.empty_like(s).normal_(generator=device_generators[s.device])
+            s.add_(z, alpha=std)
     if group is not None:
         group.all_reduce_sum_(clipped_sums)
     released = [s.mul_(1.0 / expected_batch_size) for s in clipped_sums]
