@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 
 import pytest
+import torch
 
 from privtune.cli import main
 from privtune.finetune.cost import backbone_cost, estimate_seconds
@@ -54,7 +55,7 @@ def test_auto_logs_every_estimate_and_pilots_only_what_fits_the_budget(files, tm
     tune_module = importlib.import_module("privtune.hpo.tune")  # the module (privtune.hpo.tune is also the function)
     # one measured cost for both runs: the machine's load must not move the estimates between them
     fixed = backbone_cost(load_classifier(files["model"], num_labels=2, seed=0))
-    monkeypatch.setattr(tune_module, "backbone_cost", lambda clf: fixed)
+    monkeypatch.setattr(tune_module, "backbone_cost", lambda clf, *where: fixed)
     seen = {}
     real = tune_module._mode_estimates
 
@@ -81,3 +82,21 @@ def test_auto_logs_every_estimate_and_pilots_only_what_fits_the_budget(files, tm
     log2 = (run2 / "log.txt").read_text()
     assert "full not piloted: estimated above the time budget" in log2
     assert "pilot" in log2 and "pilot full" not in log2.lower() and "full pilot" not in log2.lower()
+
+
+def test_the_forward_cost_is_timed_where_the_run_trains_and_the_model_stays_put(files):
+    """``device`` and ``batch_size`` time the backbone where the run will train; the model is left where it was
+    (here the CPU, the only device: the batch size does not apply to a CPU)."""
+    clf = load_classifier(files["model"], num_labels=2, seed=0)
+    before = {n: p.detach().clone() for n, p in clf.named_parameters()}
+    cost = backbone_cost(clf, "cpu", 256)
+    assert cost.forward_seconds > 0 and next(clf.parameters()).device.type == "cpu"
+    assert all(torch.equal(before[n], p) for n, p in clf.named_parameters())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_forward_cost_on_a_gpu_is_timed_on_the_gpu(files):
+    clf = load_classifier(files["model"], num_labels=2, seed=0)
+    gpu = backbone_cost(clf, "cuda", 64)
+    assert gpu.forward_seconds > 0 and next(clf.parameters()).device.type == "cpu"
+    assert "here" in gpu.describe()

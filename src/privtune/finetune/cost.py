@@ -19,8 +19,11 @@ from privtune.report.progress import format_duration, relative_cost
 
 __all__ = ["BackboneCost", "backbone_cost", "estimate_seconds", "format_duration", "format_estimates"]
 
-#: examples in the timed dummy batch (after one untimed warm-up pass)
+#: examples in the timed dummy batch on a CPU
 _TIMED_BATCH = 4
+#: examples in the timed dummy batch on an accelerator (timed after an untimed pass of the same shape): at 4 a GPU
+#: waits on kernel launches, and the estimate was ten times a real step's cost per example
+_ACCELERATOR_BATCH = 64
 
 
 @dataclass(frozen=True)
@@ -64,14 +67,24 @@ def _dummy_batch(model: Any, batch: int) -> tuple[dict, str]:
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}, f"{length} tokens, an upper bound"
 
 
-def backbone_cost(model: Any) -> BackboneCost:
-    """Count the backbone's parameters and FLOPs per example, and time its forward pass on a dummy batch."""
+def backbone_cost(model: Any, device: Any = None, batch_size: int | None = None) -> BackboneCost:
+    """Count the backbone's parameters and FLOPs per example, and time its forward pass on a dummy batch.
+
+    ``device``: where the run will train (the backbone is timed there, then returned to where it was); ``None``:
+    where it is.  ``batch_size``: the run's micro-batch, the batch timed on an accelerator (at least
+    :data:`_ACCELERATOR_BATCH`; a CPU times :data:`_TIMED_BATCH` examples, its cost per example barely depends
+    on the batch)."""
     backbone = model.backbone
-    device = next(backbone.parameters()).device
-    inputs, words = _dummy_batch(model, _TIMED_BATCH)
+    home = next(backbone.parameters()).device
+    device = home if device is None else torch.device(device)
+    accelerator = device.type != "cpu"
+    batch = max(_ACCELERATOR_BATCH, int(batch_size or 0)) if accelerator else _TIMED_BATCH
+    inputs, words = _dummy_batch(model, batch)
     inputs = {k: v.to(device) for k, v in inputs.items()}
     one = {k: v[:1] for k, v in inputs.items()}
     was_training = backbone.training
+    if device != home:
+        backbone.to(device)
     backbone.eval()
     flops = None
     try:
@@ -85,13 +98,27 @@ def backbone_cost(model: Any) -> BackboneCost:
                 flops = float(counter.get_total_flops()) or None
             except Exception:  # noqa: BLE001 - an operator the counter cannot trace: the timing still prices it
                 backbone(**one)
+            if accelerator:  # the first pass of a shape pays for kernel selection and memory: not timed
+                backbone(**inputs)
+                _synchronize(device)
             start = time.perf_counter()
             backbone(**inputs)
-            seconds = (time.perf_counter() - start) / _TIMED_BATCH
+            _synchronize(device)
+            seconds = (time.perf_counter() - start) / batch
     finally:
         backbone.train(was_training)
+        if device != home:
+            backbone.to(home)
     return BackboneCost(parameters=sum(p.numel() for p in backbone.parameters()), flops_per_example=flops,
                         forward_seconds=max(seconds, 1e-9), input_words=words)
+
+
+def _synchronize(device: torch.device) -> None:
+    """Wait for the work queued on ``device`` (a GPU returns before its kernels finish)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
 
 
 def estimate_seconds(cost: BackboneCost, work: list) -> float:

@@ -964,7 +964,7 @@ class TuneJob:
                "step") + "), "
             f"selection={common.describe_selection(_selection_of_strategy(req, inputs))}")
         tplan = _plan_run(req, inputs, log, warning_log=loaded.prog.log_to_file, lora_capable=_lora_capable(clf),
-                          cost=backbone_cost(clf))
+                          cost=backbone_cost(clf, req.device, req.schedule.max_physical_batch_size))
         if tplan.hide_timing:  # no time on any line: the time the search's lines span would tell its K
             loaded.prog.hide_timing()
         loaded.prog.release_lines()
