@@ -432,12 +432,17 @@ def _machine() -> dict:
         opacus_version = opacus.__version__
     except ImportError:
         opacus_version = None
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=HERE, capture_output=True, text=True).stdout.strip()
-    except OSError:  # no git (a copy of the tree on another machine): the commit its runner names, if any
-        commit = ""
+    # a copy of the tree on another machine may have no git, or a git that does not know the copied commit: the
+    # runner names the commit of the tree it copied (BENCH_GIT_COMMIT)
+    commit = os.environ.get("BENCH_GIT_COMMIT", "")
+    if not commit:
+        try:
+            commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=HERE, capture_output=True,
+                                    text=True).stdout.strip()
+        except OSError:
+            commit = ""
     return {"cpu": cpu, "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None, "cpu_count": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
-            "opacus": opacus_version, "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "git_commit": commit or os.environ.get("BENCH_GIT_COMMIT")}
+            "opacus": opacus_version, "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "git_commit": commit or None}
 
 
 def run_one(mode, method, args) -> dict:

@@ -264,8 +264,10 @@ unit-norm features such a step moves the logits little. Random search and the gr
 """
 
 FASHION_NOT_RUN = {
-    "auto": "pilots bitfit and full, then DP fine-tuning of the whole backbone on 58,000 images: "
-            "hours per ε on a 2-core CPU, minutes on a GPU",
+    "auto": "pilots bitfit and full, then DP fine-tuning of the backbone on 58,000 images: hours per ε on a "
+            "2-core CPU; on an NVIDIA H200 the ε = 3 cell had run its three η trials and 12 of its 43 final bitfit "
+            "steps when its 4.7-minute limit stopped it (the training loop there runs far below the engine's "
+            "speed on that GPU: [the engine page](engine.md#on-a-gpu))",
     "random": "one cached-feature run per trial after the shared features: minutes per ε on a CPU",
     "opacus-last-layer": "Opacus DP-SGD on the shared cached features: about a minute per ε on a CPU",
     "oracle": "42 grid runs on the shared cached features, 4.5-9 min per ε on this CPU (NOT PRIVATE reference)",
@@ -291,6 +293,7 @@ def _fashion_cell_text(seeds: list[dict] | None) -> str:
 def _fashion_features_note(runs: dict) -> list[str]:
     """Which cells' heads read L2-normalised features (``features_l2_normalised``; a file without it was written
     when the features were not normalised), when the cells differ."""
+    runs = {k: r for k, r in runs.items() if r.get("mode", "last-layer") == "last-layer"}  # heads on features
     normalised = {bool(r.get("features_l2_normalised")) for r in runs.values()}
     if len(normalised) < 2:
         return []
@@ -324,6 +327,16 @@ def render_fashion_mnist(files: list[Path]) -> str:
                    f"features, 300 L-BFGS iterations, its regularisation chosen on the public split; NOT PRIVATE): test accuracy "
                    f"{_pct(ceiling['test_accuracy'])} ({_minutes(ceiling['wall_s'])}). A DP head is not expected to pass it: "
                    "accuracy above it needs the backbone trained (bitfit or full, the `--mode auto` column).")
+        out.append("")
+    full = runs.get("nonpriv-full.json")
+    if full:
+        hp = full.get("hyperparameters", {})
+        out.append(f"Non-private full fine-tuning of the same network (NOT PRIVATE; pretrained BatchNorm statistics "
+                   f"as privtune trains it, zero-initialised head, Adam, {hp.get('epochs')} epochs of batch "
+                   f"{hp.get('batch_size')}, learning rate {hp.get('learning_rate', 0):g} chosen from 1e-4 and "
+                   f"5e-4 on the public split): test accuracy {_pct(full['test_accuracy'])} "
+                   f"({_minutes(full['wall_s'])} on {full.get('device', 'cpu')}), the ceiling of the modes that "
+                   "train the backbone.")
         out.append("")
     out += _fashion_features_note(runs)
     missing = [cell for cell, _ in FASHION_COLUMNS if not any((cell, eps) in cells for eps in epsilons)]
