@@ -274,14 +274,21 @@ FASHION_NOT_RUN = {
 }
 
 
-def _fashion_cell_text(seeds: list[dict] | None) -> str:
-    """One cell: its run's test accuracy, or the mean ± standard deviation over its seeds (each named)."""
+def _fashion_cell_text(seeds: list[dict] | None, size: int | None = None) -> str:
+    """One cell: its run's test accuracy, or the mean ± standard deviation over its seeds (each named); its
+    resolution and device where they are not the page's (``size`` px, a CPU)."""
     if not seeds:
         return "–"
     run = seeds[0]
+    where = [f"{run['image_size']} px" for _ in [0] if size and run.get("image_size") not in (None, size)]
+    where += [run["device"] for _ in [0] if run.get("device") not in (None, "cpu")]
+    if where:
+        return _fashion_cell_text(seeds) + " at " + ", on ".join(where)
     eps = max((r.get("certificate_epsilon") or 0.0 for r in seeds), default=None) or run.get("certificate_epsilon")
     cert = f"ε {eps:.3g}" if isinstance(eps, (int, float)) else "no certificate"
     label = " NOT PRIVATE" if run.get("not_private") and run.get("cell") != "default" else ""
+    if run.get("cell") == "auto":  # the mode its pilots chose
+        cert = f"{run.get('mode')}; {cert}"
     if len(seeds) == 1:
         return f"{_pct(run['test_accuracy'])} ({cert}; {_minutes(run['wall_s'])}){label}"
     acc = [100 * r["test_accuracy"] for r in seeds]
@@ -308,7 +315,8 @@ def render_fashion_mnist(files: list[Path]) -> str:
     for name in sorted(runs):
         if m := FASHION_CELL.match(name):
             cells.setdefault((m["cell"], float(m["eps"])), []).append(runs[name])
-    any_run = next(iter(runs.values()))
+    # the page's setting is the default cell's (another cell's resolution or device is named in the cell)
+    any_run = next((r for name, r in runs.items() if name.startswith("default_")), next(iter(runs.values())))
     p = 0.9
     out = [FASHION_INTRO.format(n_private=any_run.get("n_private", 0), n_public=any_run.get("n_public", 0),
                                 n_test=any_run.get("n_test", 0), device=any_run.get("device", "cpu"),
@@ -318,7 +326,7 @@ def render_fashion_mnist(files: list[Path]) -> str:
     out += ["| total ε | " + " | ".join(title for _, title in FASHION_COLUMNS) + " |",
             "|---" * (len(FASHION_COLUMNS) + 1) + "|"]
     for eps in epsilons:
-        out.append(f"| {eps:g} | " + " | ".join(_fashion_cell_text(cells.get((cell, eps)))
+        out.append(f"| {eps:g} | " + " | ".join(_fashion_cell_text(cells.get((cell, eps)), any_run.get("image_size"))
                                                 for cell, _ in FASHION_COLUMNS) + " |")
     ceiling = runs.get("nonpriv-last-layer.json")
     out.append("")
@@ -337,6 +345,15 @@ def render_fashion_mnist(files: list[Path]) -> str:
                    f"5e-4 on the public split): test accuracy {_pct(full['test_accuracy'])} "
                    f"({_minutes(full['wall_s'])} on {full.get('device', 'cpu')}), the ceiling of the modes that "
                    "train the backbone.")
+        out.append("")
+    auto = [r for (cell, _), rs in cells.items() if cell == "auto" for r in rs]
+    if auto:
+        sizes = sorted({r.get("image_size") for r in auto})
+        out.append(f"The `--mode auto` column ran at {', '.join(f'{x} px' for x in sizes)} on the CPU (its backbone "
+                   "steps cost about ten times more per example at 128 px there): at n·ε ≥ 20,000 it pilots "
+                   "bitfit and full (10 charged steps each, scored on the public split), a difference within the "
+                   "split's noise counts as a tie won by bitfit below 60,000 examples, and the chosen mode is "
+                   "tuned by hyperfree; a head on cached features is not among its candidates at this scale.")
         out.append("")
     out += _fashion_features_note(runs)
     missing = [cell for cell, _ in FASHION_COLUMNS if not any((cell, eps) in cells for eps in epsilons)]
