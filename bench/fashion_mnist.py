@@ -7,6 +7,7 @@ on).  Rows ε ∈ {1, 3, 8}, δ = 1e-5.  Cells (``--cells``):
 * ``default``: ``privtune tune`` as a user runs it (hyperfree, every event charged) with ``--mode last-layer``,
   Mehta et al.'s zero-initialised head on cached features;
 * ``auto``: ``privtune tune --mode auto`` (at n·ε ≥ 20,000 it pilots bitfit and full on the backbone);
+* ``full``: ``privtune tune --mode full``, DP fine-tuning of every weight of the backbone;
 * ``random``: charged random search over the same space (``--strategy random-search``);
 * ``oracle``: the grid oracle, **NOT PRIVATE** (tuning not charged; a reference, never released);
 * ``nonpriv-last-layer``: non-private multinomial logistic regression on the same cached features (the ceiling
@@ -48,7 +49,7 @@ MODEL = "efficientnet-lite0"
 IMAGE_SIZE = 128
 DELTA = 1e-5
 LABELS = list(range(10))
-CELLS = ("default", "auto", "random", "oracle", "nonpriv-last-layer", "opacus-last-layer", "nonpriv-full")
+CELLS = ("default", "auto", "full", "random", "oracle", "nonpriv-last-layer", "opacus-last-layer", "nonpriv-full")
 #: cells measured once, not per ε
 EPSILON_FREE = ("nonpriv-last-layer", "nonpriv-full")
 
@@ -260,8 +261,8 @@ def _nonprivate_full_cell(split, seed) -> dict:
 def run_cell(cell, split, eps, seed) -> dict:
     if cell == "default":
         return _tune_cell(split, eps, seed, mode="last-layer")
-    if cell == "auto":
-        return _tune_cell(split, eps, seed, mode="auto")
+    if cell in ("auto", "full"):
+        return _tune_cell(split, eps, seed, mode=cell)
     if cell == "random":
         return _tune_cell(split, eps, seed, mode="last-layer", strategy="random-search")
     if cell == "oracle":
