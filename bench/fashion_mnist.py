@@ -47,6 +47,9 @@ MODEL = "efficientnet-lite0"
 #: input resolution in pixels (a public choice; ``--image-size``): at 128 the last layer's non-private ceiling is
 #: about 2 points above 64's, for 4-5x the backbone cost of the one feature pass
 IMAGE_SIZE = 128
+#: what the head reads (``--image-features``): the network's final pooled features, or those with each stage's
+#: pooled output ("stages")
+IMAGE_FEATURES = "final"
 DELTA = 1e-5
 LABELS = list(range(10))
 CELLS = ("default", "auto", "full", "random", "oracle", "nonpriv-last-layer", "opacus-last-layer", "nonpriv-full")
@@ -104,7 +107,8 @@ def _tune_cell(split, eps, seed, **kw) -> dict:
     # (the grid oracle releases no model: privtune scores its selected point on the test split itself)
     frozen = kw.get("mode") == "last-layer" and kw.get("strategy") != "grid-oracle"
     r = privtune.tune(split["train"], eval_data=None if frozen else split["test"], public_eval_data=split["public"],
-                      labels=LABELS, model=MODEL, image_size=IMAGE_SIZE, epsilon=eps, delta=DELTA,
+                      labels=LABELS, model=MODEL, image_size=IMAGE_SIZE, image_features=IMAGE_FEATURES,
+                      epsilon=eps, delta=DELTA,
                       ledger=f"sqlite:///{folder}.db",
                       output_dir=folder, seed=seed, quiet=not VERBOSE, feature_cache_dir=str(RESULTS / "features"),
                       **RUN_OPTIONS, **kw)
@@ -128,7 +132,7 @@ def _normalised(model) -> bool:
     from privtune.finetune.modes import head_input_normalization
     from privtune.models import load_classifier
 
-    clf = load_classifier(MODEL, num_labels=10, seed=0, image_size=IMAGE_SIZE)
+    clf = load_classifier(MODEL, num_labels=10, seed=0, image_size=IMAGE_SIZE, image_features=IMAGE_FEATURES)
     return head_input_normalization(clf, "last-layer")
 
 
@@ -139,7 +143,7 @@ def _features(split, names=("train", "public", "test")) -> dict:
     from privtune.finetune.modes import head_input_normalization
     from privtune.models import load_classifier
 
-    clf = load_classifier(MODEL, num_labels=10, seed=0, image_size=IMAGE_SIZE)
+    clf = load_classifier(MODEL, num_labels=10, seed=0, image_size=IMAGE_SIZE, image_features=IMAGE_FEATURES)
     clf.normalize = head_input_normalization(clf, "last-layer")  # as privtune tune does: the same cache key
     out = {"_normalised": bool(clf.normalize)}
     for name in names:
@@ -236,7 +240,7 @@ def _nonprivate_full_cell(split, seed) -> dict:
     best = None
     for lr in (1e-4, 5e-4):
         torch.manual_seed(seed)
-        clf = load_classifier(MODEL, num_labels=10, seed=seed, image_size=IMAGE_SIZE)
+        clf = load_classifier(MODEL, num_labels=10, seed=seed, image_size=IMAGE_SIZE, image_features=IMAGE_FEATURES)
         apply_mode(clf, "full", zero_init_head=True)
         clf.to(device).train()
         opt = torch.optim.Adam([p for p in clf.parameters() if p.requires_grad], lr=lr)
@@ -275,12 +279,15 @@ def run_cell(cell, split, eps, seed) -> dict:
 
 
 def main(argv=None) -> int:
-    global IMAGE_SIZE, RESULTS, VERBOSE
+    global IMAGE_FEATURES, IMAGE_SIZE, RESULTS, VERBOSE
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--epsilons", type=str, default="1,3,8")
     ap.add_argument("--cells", type=str, default="default,nonpriv-last-layer")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--image-size", type=int, default=128, help="input resolution in pixels (default 128)")
+    ap.add_argument("--image-features", choices=("final", "stages"), default="final",
+                    help="what the head reads: the network's final pooled features (default) or those with each "
+                         "stage's pooled output (privtune's image_features)")
     ap.add_argument("--cache-only", type=str, default=None,
                     help="only cache these splits' features (e.g. test,public), in a process of their own")
     ap.add_argument("--device", default=None, help="where the cells train: cpu, cuda, cuda:N (default: cuda when "
@@ -291,7 +298,7 @@ def main(argv=None) -> int:
     ap.add_argument("--results", default=None, help=f"folder of the cells' files (default {RESULTS})")
     ap.add_argument("--verbose", action="store_true", help="show privtune's progress and log lines")
     args = ap.parse_args(argv)
-    IMAGE_SIZE, VERBOSE = args.image_size, args.verbose
+    IMAGE_SIZE, IMAGE_FEATURES, VERBOSE = args.image_size, args.image_features, args.verbose
     if args.results:
         RESULTS = Path(args.results).resolve()
     RUN_OPTIONS.update({k: v for k, v in (("device", args.device), ("time_budget", args.time_budget),
@@ -319,7 +326,8 @@ def main(argv=None) -> int:
             t0 = time.time()
             res = run_cell(cell, split, eps, args.seed)
             res.update(cell=cell, epsilon=None if cell in EPSILON_FREE else eps, seed=args.seed,
-                       wall_s=round(time.time() - t0, 1), image_size=IMAGE_SIZE, n_private=58_000, n_public=2_000,
+                       wall_s=round(time.time() - t0, 1), image_size=IMAGE_SIZE,
+                       image_features=IMAGE_FEATURES, n_private=58_000, n_public=2_000,
                        n_test=10_000,
                        device=torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu")
             (RESULTS / f"{key}.json").write_text(json.dumps(res, indent=2) + "\n", encoding="utf-8")

@@ -28,6 +28,7 @@ from privtune.hpo.recommend import PREFERENCES, recommend
 from privtune.hpo.tune import MODES as TUNE_MODES
 from privtune.hpo.tune import STRATEGIES, tune
 from privtune.ledger import Ledger
+from privtune.choices import IMAGE_FEATURES
 from privtune.models.classifier import POOLING_CHOICES
 from privtune.models.vision import BATCHNORM_CHOICES
 from privtune.optim import OPTIMIZERS
@@ -50,6 +51,7 @@ OWNERS = {
     "executors": (EXECUTORS, "choices.py"),
     "pooling": (POOLING_CHOICES, "models/classifier.py"),
     "batchnorm policies": (BATCHNORM_CHOICES, "choices.py"),
+    "image features": (IMAGE_FEATURES, "choices.py"),
     "recommend preferences": (PREFERENCES, "choices.py"),
     "config commands": (COMMANDS, "cli/config_file.py"),
 }
@@ -117,10 +119,10 @@ def test_click_choices_are_the_owning_tuples(command, expected):
 def test_config_choices_are_the_owning_tuples_and_their_help_names_every_choice():
     expected = {
         "train": {"mode": TRAIN_MODES, "optimizer": OPTIMIZERS, "clipping": CLIPPINGS, "sampling": SAMPLING_SCHEMES,
-                  "accountant": ACCOUNTANTS, "batchnorm": BATCHNORM_CHOICES},
+                  "accountant": ACCOUNTANTS, "batchnorm": BATCHNORM_CHOICES, "image_features": IMAGE_FEATURES},
         "tune": {"mode": TUNE_MODES, "strategy": STRATEGIES, "selection": SELECTIONS, "optimizer": OPTIMIZERS,
                  "clipping": CLIPPINGS, "accountant": ACCOUNTANTS, "executor": EXECUTORS,
-                 "batchnorm": BATCHNORM_CHOICES},
+                 "batchnorm": BATCHNORM_CHOICES, "image_features": IMAGE_FEATURES},
     }
     for command, schema in SCHEMAS.items():
         choices = {key: tuple(o.choices) for key, o in schema.items() if o.kind == "choice"}

@@ -13,7 +13,7 @@ import math
 import numbers
 from typing import Any
 
-from privtune.choices import BATCHNORM_POLICIES, BATCHNORM_TRAIN_REFUSAL, IMAGE_SIZE_BOUNDS
+from privtune.choices import BATCHNORM_POLICIES, BATCHNORM_TRAIN_REFUSAL, IMAGE_FEATURES, IMAGE_SIZE_BOUNDS
 from privtune.errors import InvalidParameterError
 
 
@@ -91,6 +91,11 @@ def check_batchnorm(value: Any, name: str = "batchnorm") -> str:
     if isinstance(value, str) and value.strip().lower() == "train":
         raise InvalidParameterError(f"`{name}` cannot be 'train'. {BATCHNORM_TRAIN_REFUSAL}")
     return check_choice(value, name, BATCHNORM_POLICIES)
+
+
+def check_image_features(value: Any, name: str = "image_features") -> str:
+    """What a vision backbone gives its head: one of :data:`privtune.choices.IMAGE_FEATURES`."""
+    return check_choice(value, name, IMAGE_FEATURES)
 
 
 def check_image_size(value: Any, name: str = "image_size") -> int:

@@ -39,6 +39,9 @@ BATCHNORM_TRAIN_REFUSAL = (
     "every other example's output: per-example gradients, and so differential privacy, do not exist. Use eval "
     "(the default: the pretrained running statistics, a fixed map per example) or group (a GroupNorm in place "
     "of each BatchNorm).")
+#: what a vision backbone gives its head (privtune.models.vision): its final pooled features, or those
+#: with the mean-pooled output of each of its stages, each L2-normalised, concatenated
+IMAGE_FEATURES = ("final", "stages")
 #: ``image_size``: the input resolution in pixels (square), smallest and largest accepted
 IMAGE_SIZE_BOUNDS = (8, 4096)
 #: ``recommend(prefer=...)``: the smallest batch on the noise plateau (the paper's rule) or the largest batch
@@ -54,5 +57,5 @@ RECOMMEND_DEFAULTS = {"min_steps": 20, "plateau_tol": 0.10, "prefer": "smallest"
 __all__ = [
     "ACCOUNTANTS", "SAMPLING_SCHEMES", "CLIPPINGS", "OPTIMIZERS", "TRAIN_MODES", "TUNABLE_MODES", "TUNE_MODES",
     "STRATEGIES", "SELECTIONS", "EXECUTORS", "PREFERENCES", "TUNE_DEFAULTS", "RECOMMEND_DEFAULTS",
-    "BATCHNORM_POLICIES", "BATCHNORM_TRAIN_REFUSAL", "IMAGE_SIZE_BOUNDS",
+    "BATCHNORM_POLICIES", "BATCHNORM_TRAIN_REFUSAL", "IMAGE_FEATURES", "IMAGE_SIZE_BOUNDS",
 ]

@@ -44,6 +44,7 @@ from privtune import _release
 from privtune._validation import (
     check_batchnorm,
     check_choice,
+    check_image_features,
     check_image_size,
     check_int,
     check_real,
@@ -1106,6 +1107,7 @@ def train(
     max_rows_per_unit: int = DEFAULT_MAX_ROWS_PER_UNIT,
     image_size: int | None = None,
     batchnorm: str | None = None,
+    image_features: str | None = None,
 ) -> TrainResult:
     """Fine-tune a classifier privately with fixed hyperparameters: one complete, accounted run.
 
@@ -1176,6 +1178,10 @@ def train(
         A vision backbone's BatchNorm policy: ``"eval"`` (default) keeps the pretrained running statistics,
         ``"group"`` replaces each BatchNorm with a GroupNorm; ``"train"`` is refused (batch statistics mix the
         examples of a batch, so per-example gradients do not exist).
+    image_features : {"final", "stages"}, optional
+        What a vision backbone's head reads, a public choice: its final pooled features (default) or those with
+        each stage's pooled output, each L2-normalised (``"stages"``, timm backbones; better for images unlike
+        ImageNet's, see :mod:`privtune.models.vision`).
 
     Returns
     -------
@@ -1199,6 +1205,7 @@ def train(
         label_column=label_column, pooling=pooling, max_length=max_length,
         image_size=None if image_size is None else check_image_size(image_size),
         batchnorm=None if batchnorm is None else check_batchnorm(batchnorm),
+        image_features=None if image_features is None else check_image_features(image_features),
         privacy=PrivacySpec(epsilon=epsilon, delta=delta, noise_multiplier=noise_multiplier, accountant=accountant),
         schedule=ScheduleSpec(epochs=epochs, steps=steps, batch_size=batch_size, sampling=sampling,
                               assume_poisson=assume_poisson, max_physical_batch_size=max_physical_batch_size),
@@ -1232,6 +1239,7 @@ class _TrainRequest:
     max_length: int | None
     image_size: int | None  # a vision backbone's input resolution (None: its default)
     batchnorm: str | None  # a vision backbone's BatchNorm policy (None: "eval")
+    image_features: str | None  # what a vision backbone's head reads (None: "final")
     privacy: PrivacySpec
     schedule: ScheduleSpec
     optim: OptimizerSpec
@@ -1332,7 +1340,7 @@ class TrainJob:
         train_set, eval_set, clf, privacy, units = _load_train_inputs(
             r.data, r.eval_data, r.model, r.labels, r.privacy, text_column=r.text_column,
             label_column=r.label_column, pooling=r.pooling, max_length=r.max_length, seed=r.seed,
-            privacy_unit=(*r.privacy_unit, r.schedule.sampling), vision=(r.image_size, r.batchnorm))
+            privacy_unit=(*r.privacy_unit, r.schedule.sampling), vision={"image_size": r.image_size, "batchnorm": r.batchnorm, "image_features": r.image_features})
         if getattr(train_set, "kind", None) == "generation":
             from privtune.models.generator import apply_generation_mode
 
@@ -1567,11 +1575,11 @@ def _check_run_dir_args(output_dir: Any, resume: bool) -> tuple[Path | None, Pat
 
 
 def _load_train_inputs(data, eval_data, model, labels, privacy: PrivacySpec, *, text_column, label_column, pooling,
-                       max_length, seed, privacy_unit=(None, None, "poisson"), vision=(None, None)):
+                       max_length, seed, privacy_unit=(None, None, "poisson"), vision=None):
     """Load and check the training and evaluation splits and the classifier (no budget spent).
 
-    ``privacy_unit`` is ``(unit, k, sampling)`` (unit None: example level); ``vision`` is ``(image_size,
-    batchnorm)`` (None: the backbone's defaults).  Returns ``(train_set, eval_set,
+    ``privacy_unit`` is ``(unit, k, sampling)`` (unit None: example level); ``vision`` maps
+    ``image_size``, ``batchnorm``, ``image_features`` to a vision backbone's choices (None: its defaults).  Returns ``(train_set, eval_set,
     classifier, privacy, units)``; δ defaults from the training set size, or the number of units N_u."""
     from privtune.data.datasets import check_disjoint, declared_label_set
     from privtune.data.generation import is_generation_data
@@ -1607,7 +1615,7 @@ def _load_train_inputs(data, eval_data, model, labels, privacy: PrivacySpec, *, 
         n = units.num_units
     privacy = privacy.for_dataset(n)
     clf = task.build_model(model, num_labels=num_labels, pooling=pooling, label_names=label_names,
-                           max_length=max_length, seed=seed, image_size=vision[0], batchnorm=vision[1])
+                           max_length=max_length, seed=seed, **(vision or {}))
     check_model_label_set(clf, num_labels, label_names, label_source)
     if getattr(clf, "kind", "text") != train_set.kind:
         raise DataError(f"The model takes {clf.kind} inputs but the training data is {train_set.kind}.")
@@ -1968,7 +1976,8 @@ def _effective_config(r: _TrainRequest, inputs: _TrainInputs, hyper: dict, out: 
     if unit and unit.get("column"):  # a unit read from a column reloads (keys or a callable passed in Python do not)
         cfg.update(privacy_unit=unit["column"], max_rows_per_unit=unit["max_rows_per_unit"])
     if isinstance(getattr(getattr(clf, "backbone", None), "batchnorm", None), str):  # a vision backbone by name
-        cfg.update(image_size=clf.processor.image_size, batchnorm=clf.backbone.batchnorm)  # what it trained with
+        cfg.update(image_size=clf.processor.image_size, batchnorm=clf.backbone.batchnorm,  # what it trained with
+                   image_features=clf.backbone.features)
     if r.device is not None:  # only when asked for: a config written on a GPU machine must run elsewhere
         cfg["device"] = str(r.device)
     config, _ = release.effective_config(cfg, path_keys=("data", "eval_data", "model", "output"))

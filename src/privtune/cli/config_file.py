@@ -51,6 +51,7 @@ from privtune.choices import (
     BATCHNORM_POLICIES,
     BATCHNORM_TRAIN_REFUSAL,
     CLIPPINGS as CLIPPING,
+    IMAGE_FEATURES,
     IMAGE_SIZE_BOUNDS,
     EXECUTORS,
     OPTIMIZERS,
@@ -112,6 +113,9 @@ def _common(mode_choices: tuple[str, ...], mode_example: str, data_active: bool)
                "running statistics; unset = eval) or group (a GroupNorm in place of each BatchNorm); train is "
                "refused (batch statistics mix examples).", "eval", choices=BATCHNORM_POLICIES,
                refused=(("train", BATCHNORM_TRAIN_REFUSAL),)),
+        Option("image_features", "choice", "Vision backbones: what the head reads: final (the network's pooled "
+               "features; unset = final) or stages (timm backbones: each stage's pooled output too, each "
+               "L2-normalised).", "stages", choices=IMAGE_FEATURES),
         Option("mode", "choice", "What is trained: " + ", ".join(mode_choices) + ".", mode_example,
                choices=mode_choices, active=True),
         Option("epsilon", "float", "Privacy budget ε (total, tuning included for `tune`).", 1.0, low=0.0,

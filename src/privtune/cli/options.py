@@ -32,7 +32,7 @@ def data_options(*, labels_default: str | None = "the model's own labels",
 
 
 def model_options() -> Callable:
-    """``--image-size`` and ``--batchnorm``: how a vision backbone is loaded (public choices), on every command
+    """``--image-size``, ``--batchnorm`` and ``--image-features``: how a vision backbone is loaded (public choices), on every command
     that loads a backbone by name (``train``, ``tune``).  Their values are checked once, by the configuration
     schema (:mod:`privtune.cli.config_file`), so that a flag and a YAML key give the same error."""
     options = [
@@ -44,6 +44,10 @@ def model_options() -> Callable:
                      help="Vision backbones: BatchNorm under DP: eval (default: the pretrained running statistics) "
                           "or group (a GroupNorm in place of each BatchNorm). train is refused: batch statistics "
                           "mix the examples of a batch."),
+        click.option("--image-features", type=str,
+                     help="Vision backbones: what the head reads: final (default: the network's pooled features) "
+                          "or stages (timm backbones: each stage's pooled output too, each L2-normalised; better "
+                          "for images unlike ImageNet's)."),
     ]
 
     def decorate(command: Callable) -> Callable:

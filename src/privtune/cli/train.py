@@ -130,7 +130,7 @@ def train(**kwargs) -> None:
                 "max_physical_batch_size",
                 "phase1_epochs", "pooling", "max_length", "assume_poisson", "lora_rank", "lora_alpha",
                 "lora_target_modules", "device", "labels", "privacy_unit", "max_rows_per_unit", "image_size",
-                "batchnorm"):
+                "batchnorm", "image_features"):
         if opts.get(key) is not None:
             args[key] = opts[key]
     result = run_train(**args)

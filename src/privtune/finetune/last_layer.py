@@ -92,6 +92,9 @@ def _cache_key(model: Any, dataset: Any) -> str:
     h = hashlib.sha256()
     h.update(str(getattr(model, "source", "")).encode())
     h.update(f"|{model.pooling}|{model.normalize}|{model.max_length}|".encode())
+    features = (getattr(model.backbone, "vision_config", None) or {}).get("features", "final")
+    if features != "final":  # a vision backbone's stage features (absent for "final", whose keys stay as they are)
+        h.update(f"features={features}|".encode())
     to_dict = getattr(getattr(model, "processor", None), "to_dict", None)
     if to_dict is not None:  # image preprocessing (resolution, normalisation) changes the features too
         h.update(repr(sorted(to_dict().items())).encode())

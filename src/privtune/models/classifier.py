@@ -518,6 +518,7 @@ def load_classifier(
     seed: int | None = None,
     image_size: int | None = None,
     batchnorm: str | None = None,
+    image_features: str | None = None,
 ) -> Classifier:
     """Load a classifier from a local Hugging Face checkpoint (offline).
 
@@ -546,8 +547,12 @@ def load_classifier(
         A vision backbone's input resolution in pixels (default 64, or the size a network requires).
     batchnorm : {"eval", "group"}, optional
         A vision backbone's BatchNorm policy (default "eval"; "train" is refused: see
-        :mod:`privtune.models.vision`).  ``image_size`` and ``batchnorm`` apply to the vision backbone names only
-        (a Hugging Face image model resizes as its image processor says): given for another model, an error.
+        :mod:`privtune.models.vision`).
+    image_features : {"final", "stages"}, optional
+        What a vision backbone's head reads (default "final"; "stages" adds each stage's pooled output: see
+        :mod:`privtune.models.vision`).  ``image_size``, ``batchnorm`` and ``image_features`` apply to the vision
+        backbone names only (a Hugging Face image model resizes as its image processor says): given for another
+        model, an error.
 
     Raises
     ------
@@ -556,7 +561,8 @@ def load_classifier(
         architecture without a classification/base model class.
     """
     check_choice(pooling, "pooling", POOLING_CHOICES)
-    vision = {k: v for k, v in (("image_size", image_size), ("batchnorm", batchnorm)) if v is not None}
+    vision = {k: v for k, v in (("image_size", image_size), ("batchnorm", batchnorm),
+                                ("image_features", image_features)) if v is not None}
     for matches, load in MODEL_FAMILIES:
         if matches(path):
             return load(path, num_labels, pooling, label_names=label_names, seed=seed, **vision)

@@ -16,6 +16,13 @@ through :func:`privtune.models.load_classifier` itself):
 Nothing is downloaded.  The classifier is ``head(mean(features))``: the backbone's pooled features (timm's own
 global pooling; for a module returning a (B, C, H, W) map, its spatial mean) and a new linear head.
 
+**Features** (``image_features``, a public choice recorded with the model): ``"final"`` (default) gives the head
+the network's final pooled features; ``"stages"`` (timm backbones) adds the spatial mean of each stage's output
+(timm's ``forward_intermediates``: for EfficientNet-Lite0 five stages, 16 to 320 channels), each part
+L2-normalised, then concatenates them (1,792 numbers for EfficientNet-Lite0 instead of 1,280).  ImageNet's last
+stage is specialised for ImageNet's classes; the earlier stages keep edges, textures and shapes that transfer to
+other images (Fashion-MNIST: a linear head on stage features gains about 2 points over the final ones).
+
 **Preprocessing** (public choices, recorded with the model): images are converted to RGB (greyscale → 3 equal
 channels), resized to ``image_size`` × ``image_size`` pixels (default 64: 28-pixel Fashion-MNIST upsampled,
 cheap on a CPU; ImageNet models were trained at 224) and normalised per channel with ``mean``/``std`` (the
@@ -41,7 +48,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from privtune._validation import check_batchnorm, check_image_size, check_int
+from privtune._validation import check_batchnorm, check_image_features, check_image_size, check_int
 from privtune.choices import BATCHNORM_POLICIES
 from privtune.errors import InvalidParameterError, ModelError
 from privtune.models.classifier import (CLASSIFIER_CONFIG, HEAD_FILE, Classifier, load_feature_center,
@@ -142,17 +149,24 @@ def _as_tokens(out: Any) -> torch.Tensor:
     raise ModelError(f"The vision backbone returned features of shape {tuple(out.shape)}; expected 2-, 3- or 4-D.")
 
 
+def _spatial_mean(x: torch.Tensor) -> torch.Tensor:
+    """(B, C) from a stage's (B, C, H, W) map or (B, T, C) tokens."""
+    return x.mean((2, 3)) if x.dim() == 4 else x.mean(1) if x.dim() == 3 else x
+
+
 class VisionBackbone(nn.Module):
-    """An image network returning features, with privtune's BatchNorm policy and save format.
+    """An image network returning features, with privtune's BatchNorm policy, feature choice and save format.
 
     ``net(pixel_values)`` gives (B, F) pooled features, (B, T, F) tokens or a (B, C, H, W) map.  With
-    ``batchnorm="eval"`` every BatchNorm stays in eval mode in :meth:`train` (module docstring)."""
+    ``batchnorm="eval"`` every BatchNorm stays in eval mode in :meth:`train`; with ``features="stages"`` the
+    output is one token of the L2-normalised stage means and final features (module docstring)."""
 
-    def __init__(self, net: nn.Module, *, batchnorm: str, config: dict) -> None:
+    def __init__(self, net: nn.Module, *, batchnorm: str, config: dict, features: str = "final") -> None:
         super().__init__()
         self.net = net
         self.batchnorm = batchnorm
-        self.vision_config = dict(config, batchnorm=batchnorm)
+        self.features = features
+        self.vision_config = dict(config, batchnorm=batchnorm, features=features)
 
     def train(self, mode: bool = True) -> "VisionBackbone":
         super().train(mode)
@@ -163,6 +177,11 @@ class VisionBackbone(nn.Module):
         return self
 
     def forward(self, pixel_values: torch.Tensor) -> VisionOutput:
+        if self.features == "stages":
+            final, stages = self.net.forward_intermediates(pixel_values)
+            parts = [_spatial_mean(t) for t in stages] + [self.net.forward_head(final)]
+            # each part at unit norm: the 16 channels of an early stage weigh as much as the 1,280 final ones
+            return VisionOutput(torch.cat([nn.functional.normalize(p, dim=-1) for p in parts], -1).unsqueeze(1))
         return VisionOutput(_as_tokens(self.net(pixel_values)))
 
     def save_pretrained(self, directory: str | os.PathLike) -> None:
@@ -389,17 +408,24 @@ def is_vision_model(path: Any) -> bool:
 def build_vision_classifier(net: nn.Module, num_labels: int, *, image_size: int = DEFAULT_IMAGE_SIZE,
                             mean: Sequence[float] = (0.5, 0.5, 0.5), std: Sequence[float] = (0.5, 0.5, 0.5),
                             batchnorm: str = "eval", label_names: Sequence[str] | None = None,
-                            source: str | None = None, config: dict | None = None, seed: int | None = None):
+                            source: str | None = None, config: dict | None = None, seed: int | None = None,
+                            image_features: str = "final"):
     """A :class:`~privtune.models.Classifier` (``head(mean(features))``, pooling ``"mean"``) around any image
     network ``net`` (see :class:`VisionBackbone`).  ``config`` (architecture, source) is what
     :meth:`Classifier.save_pretrained` records; a network without one saves but cannot be reloaded by name."""
     batchnorm = check_batchnorm(batchnorm)
+    image_features = check_image_features(image_features)
+    if image_features == "stages" and not callable(getattr(net, "forward_intermediates", None)):
+        raise ModelError(
+            f"image_features='stages' reads each stage's output through timm's `forward_intermediates`, which the "
+            f"backbone {source or type(net).__name__!r} does not have. Use a timm backbone (efficientnet-lite0, "
+            "timm:ARCH@WEIGHTS) or image_features='final'.")
     processor = ImagePreprocessor(image_size, mean, std)
     if batchnorm == "group":
         replace_batchnorm_with_groupnorm(net)
     config = dict(config or {"library": "module", "architecture": type(net).__name__})
     config.update(source=source, **processor.to_dict())
-    backbone = VisionBackbone(net, batchnorm=batchnorm, config=config).float()
+    backbone = VisionBackbone(net, batchnorm=batchnorm, config=config, features=image_features).float()
     backbone.eval()
     with torch.no_grad():  # the feature size, and a clear error for a resolution the network cannot take
         try:
@@ -421,7 +447,8 @@ def build_vision_classifier(net: nn.Module, num_labels: int, *, image_size: int 
 
 def load_vision_classifier(path: str | os.PathLike, num_labels: int = 2, pooling: str = "auto", *,
                            label_names: Sequence[str] | None = None, image_size: int | None = None,
-                           batchnorm: str | None = None, seed: int | None = None):
+                           batchnorm: str | None = None, seed: int | None = None,
+                           image_features: str | None = None):
     """Load a vision classifier from a model name or a saved directory (module docstring).
 
     Parameters
@@ -443,6 +470,9 @@ def load_vision_classifier(path: str | os.PathLike, num_labels: int = 2, pooling
         a different ``image_size`` or ``batchnorm`` for one is an error.
     seed : int, optional
         Seed of the new head's random initialisation.
+    image_features : {"final", "stages"}, optional
+        What the head reads (module docstring; default "final"; "stages" needs a timm backbone).  A saved
+        directory keeps its own.
 
     Raises
     ------
@@ -458,23 +488,27 @@ def load_vision_classifier(path: str | os.PathLike, num_labels: int = 2, pooling
     num_labels = check_int(num_labels, "num_labels", low=2, fix="A classifier needs at least two classes.")
     image_size = None if image_size is None else check_image_size(image_size)
     batchnorm = None if batchnorm is None else check_batchnorm(batchnorm)
+    image_features = None if image_features is None else check_image_features(image_features)
     saved = _saved_vision_dir(path)
     if saved is not None:
         model = _load_saved(saved)
-        _check_saved_choices(model, saved, image_size, batchnorm)
+        _check_saved_choices(model, saved, image_size, batchnorm, image_features)
         return model
     source = str(path)
     net, config, mean, std = _pretrained_net(source)
     image_size = image_size or _fixed_input_size(net) or DEFAULT_IMAGE_SIZE
     return build_vision_classifier(net, num_labels, image_size=image_size, mean=mean, std=std,
                                    batchnorm=batchnorm or "eval", label_names=label_names, source=source,
-                                   config=config, seed=seed)
+                                   config=config, seed=seed, image_features=image_features or "final")
 
 
-def _check_saved_choices(model: Any, saved: Path, image_size: int | None, batchnorm: str | None) -> None:
-    """A saved model was trained at its own resolution and BatchNorm policy: asking for others is an error."""
-    own = {"image_size": model.processor.image_size, "batchnorm": model.backbone.batchnorm}
-    for key, asked in (("image_size", image_size), ("batchnorm", batchnorm)):
+def _check_saved_choices(model: Any, saved: Path, image_size: int | None, batchnorm: str | None,
+                         image_features: str | None) -> None:
+    """A saved model was trained at its own resolution, BatchNorm policy and features: asking for others is an
+    error."""
+    own = {"image_size": model.processor.image_size, "batchnorm": model.backbone.batchnorm,
+           "image_features": model.backbone.features}
+    for key, asked in (("image_size", image_size), ("batchnorm", batchnorm), ("image_features", image_features)):
         if asked is not None and asked != own[key]:
             raise InvalidParameterError(
                 f"`{key}` {asked!r} differs from the saved model's own ({own[key]!r}, in {str(saved)!r}): a saved "
@@ -514,7 +548,7 @@ def _load_saved(d: Path):
     model = build_vision_classifier(
         net, int(meta["num_labels"]), image_size=int(cfg["image_size"]), mean=cfg["mean"], std=cfg["std"],
         batchnorm=cfg.get("batchnorm", "eval"), label_names=meta.get("label_names"), source=cfg.get("source"),
-        config={"library": library, "architecture": arch})  # "group": the GroupNorms are already in place
+        config={"library": library, "architecture": arch}, image_features=cfg.get("features", "final"))  # "group": the GroupNorms are already in place
     try:
         model.head.load_state_dict(load_file(str(d / meta.get("head_file", HEAD_FILE))))
     except Exception as exc:

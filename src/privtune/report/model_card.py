@@ -358,6 +358,10 @@ def _image_input_lines(run: RunData) -> list[str]:
                      f"(`{IMAGE_PREPROCESSOR_FILE}`); `privtune predict` applies them.\n")
     else:
         lines.append("Images are preprocessed as the saved model's files describe; `privtune predict` applies it.\n")
+    if run.config.get("image_features") == "stages":
+        lines.append("The head reads the network's final pooled features together with the spatial mean of each "
+                     "stage's output, each L2-normalised, concatenated (`image_features: stages`, saved with the "
+                     "model).\n")
     return lines
 
 

@@ -42,10 +42,11 @@ class Task(Protocol):
 
     def build_model(self, model: Any, *, num_labels: int, label_names: Sequence[str] | None = None,
                     pooling: str = "auto", max_length: int | None = None, seed: int | None = None,
-                    image_size: int | None = None, batchnorm: str | None = None) -> nn.Module:
+                    image_size: int | None = None, batchnorm: str | None = None,
+                    image_features: str | None = None) -> nn.Module:
         """The model to fine-tune: a path or name loaded with a freshly initialised head for the declared label
-        set (head initialised from ``seed``), or a loaded model returned as it is.  ``image_size`` and
-        ``batchnorm`` are a vision backbone's (:func:`privtune.models.load_classifier`)."""
+        set (head initialised from ``seed``), or a loaded model returned as it is.  ``image_size``,
+        ``batchnorm`` and ``image_features`` are a vision backbone's (:func:`privtune.models.load_classifier`)."""
 
     def batch(self, model: nn.Module, data: Any, idx: torch.Tensor) -> dict[str, torch.Tensor]:
         """The rows ``idx`` (int64 indices into ``data``) of a training split as one batch dict: the model's

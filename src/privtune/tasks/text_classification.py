@@ -35,15 +35,17 @@ class TextClassification:
 
     def build_model(self, model: Any, *, num_labels: int, label_names: Sequence[str] | None = None,
                     pooling: str = "auto", max_length: int | None = None, seed: int | None = None,
-                    image_size: int | None = None, batchnorm: str | None = None) -> nn.Module:
+                    image_size: int | None = None, batchnorm: str | None = None,
+                    image_features: str | None = None) -> nn.Module:
         if isinstance(model, nn.Module):
-            if image_size is not None or batchnorm is not None:
+            if image_size is not None or batchnorm is not None or image_features is not None:
                 raise InvalidParameterError(
-                    "`image_size` and `batchnorm` are choices for loading a vision backbone by name; the model "
-                    "given is already built. Drop them, or pass the backbone's name.")
+                    "`image_size`, `batchnorm` and `image_features` are choices for loading a vision backbone by "
+                    "name; the model given is already built. Drop them, or pass the backbone's name.")
             return model
         return load_classifier(model, num_labels=num_labels, pooling=pooling, label_names=label_names,
-                               max_length=max_length, seed=seed, image_size=image_size, batchnorm=batchnorm)
+                               max_length=max_length, seed=seed, image_size=image_size, batchnorm=batchnorm,
+                               image_features=image_features)
 
     def batch(self, model: nn.Module, data: Any, idx: torch.Tensor) -> dict[str, torch.Tensor]:
         """``{"labels": (B,) classes}`` with the encoder's inputs (``model.encode``), or for cached features
