@@ -81,6 +81,9 @@ def test_image_demo_end_to_end_then_predict(tmp_path, monkeypatch, capsys):
     assert meta["feature_center_file"] == "privtune_feature_center.safetensors"
     assert (run / "model" / meta["feature_center_file"]).is_file()
     assert "then re-normalised to norm 1" in (run / "report.html").read_text(encoding="utf-8")
+    # the demo's head reads the stage features (its default; a public choice saved with the model)
+    assert json.loads((run / "model" / "config.json").read_text())["privtune_vision"]["features"] == "stages"
+    assert "image_features: stages" in (run / "config.yaml").read_text(encoding="utf-8")
     assert (run / "ledger.db").exists()  # the demo's ledger lives in its run directory
     assert (run / "report.html").exists() and (run / "model" / "privtune_image_preprocessor.json").exists()
     card = (run / "model" / "README.md").read_text(encoding="utf-8")
@@ -116,10 +119,18 @@ def test_benchmarks_page_renders_the_fashion_mnist_cells_from_their_files(tmp_pa
         (folder / "nonpriv-last-layer.json").write_text(json.dumps(
             {"cell": "nonpriv-last-layer", "test_accuracy": 0.9234, "certificate_epsilon": None, "not_private": True,
              "wall_s": 60, **sizes}))
+        (folder / "stages").mkdir()
+        (folder / "stages" / "default_eps3.json").write_text(json.dumps(
+            {"cell": "default", "test_accuracy": 0.9100, "certificate_epsilon": 2.9998, "wall_s": 120,
+             "image_features": "stages", "features_l2_normalised": True, **sizes}))
+        (folder / "stages" / "nonpriv-last-layer.json").write_text(json.dumps(
+            {"cell": "nonpriv-last-layer", "test_accuracy": 0.9345, "certificate_epsilon": None, "not_private": True,
+             "wall_s": 60, "image_features": "stages", **sizes}))
         page = module.render_page(tmp_path)
     finally:
         sys.modules.pop(spec.name, None)
     assert "## Fashion-MNIST" in page and "58,000" in page
-    assert "| 3 | 90.1 % (ε 3; 2.0 min) | – |" in page
-    assert "92.3 %" in page and "Not run yet: `auto`" in page
+    assert "| 3 | 90.1 % (ε 3; 2.0 min) | 91.0 % (ε 3; 2.0 min) | – |" in page  # final, then stage features
+    assert "92.3 %" in page and "stage features (`--image-features stages`; NOT PRIVATE): test accuracy 93.5 %" in page
+    assert "Not run yet: `auto`" in page
     assert "Cells `default` train the head on L2-normalised features" in page  # the ceiling's file predates it

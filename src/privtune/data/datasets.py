@@ -808,6 +808,9 @@ def embedded_sst2() -> tuple[TextDataset, TextDataset, TextDataset]:
 EMBEDDED_IMAGE_DEMO = "embedded:fashion-mnist"
 #: the image demo's backbone (``--model`` unset): ImageNet EfficientNet-Lite0 (privtune.models.vision)
 EMBEDDED_IMAGE_MODEL = "efficientnet-lite0"
+#: what its head reads (``--image-features`` unset): each stage's pooled output with the final features, which
+#: suit Fashion-MNIST's greyscale garments better than ImageNet's last stage alone (docs/benchmarks.md)
+EMBEDDED_IMAGE_FEATURES = "stages"
 #: the image demo's label set, declared (public): Fashion-MNIST's ten classes, by their integers 0-9
 EMBEDDED_IMAGE_LABELS = tuple(range(10))
 EMBEDDED_IMAGE_FILES = {"train": "fashion_train-images-idx3-ubyte.gz",

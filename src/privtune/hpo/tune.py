@@ -45,7 +45,8 @@ from privtune._validation import (check_batchnorm, check_choice, check_image_fea
 from privtune.accounting.certificate import neighbouring_relation
 from privtune.accounting.events import GaussianEvent, event_to_dict
 from privtune.data import embedded_fashion_mnist, embedded_sst2
-from privtune.data.datasets import (EMBEDDED_IMAGE_DEMO, EMBEDDED_IMAGE_LABELS, EMBEDDED_IMAGE_MODEL, EMBEDDED_LABELS,
+from privtune.data.datasets import (EMBEDDED_IMAGE_DEMO, EMBEDDED_IMAGE_FEATURES, EMBEDDED_IMAGE_LABELS,
+                                    EMBEDDED_IMAGE_MODEL, EMBEDDED_LABELS,
                                     check_disjoint, declared_label_set)
 from privtune.engine import distributed
 from privtune.engine.mechanisms import noisy_feature_sum
@@ -308,6 +309,7 @@ def tune(
 
     if model is None and isinstance(data, str) and data == EMBEDDED_IMAGE_DEMO:
         model = EMBEDDED_IMAGE_MODEL  # the image demo's backbone
+        image_features = EMBEDDED_IMAGE_FEATURES if image_features is None else image_features
     arguments = TuneArguments(
         data=data, eval_data=eval_data, model=model, mode=mode, strategy=strategy,
         epsilon=epsilon, delta=delta, ledger=ledger, output_dir=output_dir, seed=seed,
