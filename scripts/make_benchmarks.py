@@ -318,9 +318,41 @@ def _fashion_features_note(runs: dict) -> list[str]:
             "does for an image backbone); the others were measured on the raw pooled features.", ""]
 
 
+def _points(fraction: float) -> str:
+    """A difference of accuracies in signed points, 0.1 resolution (no "-0.0")."""
+    return f"{round(100 * fraction, 1) + 0.0:+.1f}"
+
+
+def _fashion_larger_note(runs: dict, base: dict) -> list[str]:
+    """The stage-feature cells at a larger resolution (``stages192/``), one sentence, with their differences from
+    the table's stage-feature cells (``base``: the page's run names)."""
+    cells = sorted((r["epsilon"], r["test_accuracy"], name) for name, r in runs.items()
+                   if name.startswith("default_eps") and "_seed" not in name)
+    if not cells:
+        return []
+    size = next(iter(runs.values())).get("image_size")
+    parts = []
+    for eps, acc, name in cells:
+        other = base.get("stages-" + name)
+        diff = f" ({_points(acc - other['test_accuracy'])})" if other else ""
+        parts.append(f"{_pct(acc)}{diff} at ε = {eps:g}")
+    text = (f"The stage-feature cells at {size} px (`--image-size {size}`, files in `stages{size}/`; the one "
+            f"feature pass costs about {(size / 128) ** 2:.1f} times more; in brackets the points gained over 128 px): "
+            + ", ".join(parts))
+    ceiling, other = runs.get("nonpriv-last-layer.json"), base.get("stages-nonpriv-last-layer.json")
+    if ceiling:
+        text += f"; non-private ceiling {_pct(ceiling['test_accuracy'])}"
+        if other:
+            text += f" ({_points(ceiling['test_accuracy'] - other['test_accuracy'])})"
+    return [text + ".", ""]
+
+
 def render_fashion_mnist(files: list[Path]) -> str:
-    # a cell with stage features (stages/) is its own column: "stages-" before its file name
-    runs = {("stages-" if p.parent.name == "stages" else "") + p.name: _load(p) for p in files}
+    # a cell with stage features (stages/) is its own column: "stages-" before its file name; the same cells at
+    # another resolution (stages192/) are a sentence under the table
+    runs = {("stages-" if p.parent.name == "stages" else "") + p.name: _load(p) for p in files
+            if p.parent.name != "stages192"}
+    larger = {p.name: _load(p) for p in files if p.parent.name == "stages192"}
     cells: dict[tuple[str, float], list[dict]] = {}  # (cell, ε) → its runs, one per seed
     for name in sorted(runs):
         if m := FASHION_CELL.match(name):
@@ -351,6 +383,7 @@ def render_fashion_mnist(files: list[Path]) -> str:
         out.append(f"The same ceiling on the stage features (`--image-features stages`; NOT PRIVATE): test "
                    f"accuracy {_pct(staged['test_accuracy'])} ({_minutes(staged['wall_s'])}).")
         out.append("")
+    out += _fashion_larger_note(larger, runs)
     full = runs.get("nonpriv-full.json")
     if full:
         hp = full.get("hyperparameters", {})
@@ -753,7 +786,8 @@ SECTIONS: list[Section] = [
     Section("sst2-full", ("sst2_full/full/*_eps*_seed*.json",), render_sst2_full),
     Section("sst2-backbones", ("sst2_full/full_*/*_eps*_seed*.json", "sst2_full/quick_*/*_eps*_seed*.json"),
             render_sst2_backbones),
-    Section("fashion-mnist", ("fashion_mnist/*.json", "fashion_mnist/stages/*.json"), render_fashion_mnist),
+    Section("fashion-mnist", ("fashion_mnist/*.json", "fashion_mnist/stages/*.json", "fashion_mnist/stages192/*.json"),
+            render_fashion_mnist),
     Section("eta", ("eta/*.json",), render_eta),
     Section("user-level-sst2", ("user_level/sst2.json",), render_user_level_sst2),
     Section("user-level-chat", ("user_level/chat.json",), render_user_level_chat),

@@ -114,8 +114,8 @@ def _common(mode_choices: tuple[str, ...], mode_example: str, data_active: bool)
                "refused (batch statistics mix examples).", "eval", choices=BATCHNORM_POLICIES,
                refused=(("train", BATCHNORM_TRAIN_REFUSAL),)),
         Option("image_features", "choice", "Vision backbones: what the head reads: final (the network's pooled "
-               "features; unset = final) or stages (timm backbones: each stage's pooled output too, each "
-               "L2-normalised).", "stages", choices=IMAGE_FEATURES),
+               "features; unset = final, the image demo: stages) or stages (timm backbones: each stage's pooled "
+               "output too, each L2-normalised).", "stages", choices=IMAGE_FEATURES),
         Option("mode", "choice", "What is trained: " + ", ".join(mode_choices) + ".", mode_example,
                choices=mode_choices, active=True),
         Option("epsilon", "float", "Privacy budget ε (total, tuning included for `tune`).", 1.0, low=0.0,

@@ -47,7 +47,7 @@ def model_options() -> Callable:
         click.option("--image-features", type=str,
                      help="Vision backbones: what the head reads: final (default: the network's pooled features) "
                           "or stages (timm backbones: each stage's pooled output too, each L2-normalised; better "
-                          "for images unlike ImageNet's)."),
+                          "for images unlike ImageNet's; the image demo's default)."),
     ]
 
     def decorate(command: Callable) -> Callable:
