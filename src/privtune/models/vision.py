@@ -419,7 +419,7 @@ def build_vision_classifier(net: nn.Module, num_labels: int, *, image_size: int 
         raise ModelError(
             f"image_features='stages' reads each stage's output through timm's `forward_intermediates`, which the "
             f"backbone {source or type(net).__name__!r} does not have. Use a timm backbone (efficientnet-lite0, "
-            "timm:ARCH@WEIGHTS) or image_features='final'.")
+            "timm:ARCH@WEIGHTS) or image_features='final' (CLI: --image-features final).")
     processor = ImagePreprocessor(image_size, mean, std)
     if batchnorm == "group":
         replace_batchnorm_with_groupnorm(net)
