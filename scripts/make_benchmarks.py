@@ -480,7 +480,10 @@ def render_generation(files: list[Path]) -> str:
                 private = "–" if name == "zero-shot" else f"{cfg.get('private', 0):,}"
                 cert = cell.get("epsilon")
                 cert = "–" if not cert else f"{cert:.3g}"
-                out.append(f"| {title} | {'–' if key[2] is None else f'{key[2]:g}'} | {private} | "
+                shown = title
+                if name in ("tune-default", "random-search") and cfg.get("epochs"):  # each trial's length
+                    shown += f", {cfg['epochs']:g} epoch{'' if cfg['epochs'] == 1 else 's'} per trial"
+                out.append(f"| {shown} | {'–' if key[2] is None else f'{key[2]:g}'} | {private} | "
                            f"{cfg.get('reported', 0):,} ({cell.get('scored_rows', 0)}) | {cell['bleu']:.2f} | "
                            f"{cell['chrf']:.2f} | {cell['rouge_l']:.2f} | {cell['perplexity']:.2f} | {cert} | "
                            f"{_minutes(cell['seconds'])} |")
