@@ -119,3 +119,7 @@ def test_cli_flag_reaches_the_model_config_yaml_and_card_and_a_bad_value_is_one_
     assert "image_features: stages" in (run / "config.yaml").read_text()
     assert "image_features: stages" in (run / "model" / "README.md").read_text()
     assert load_classifier(run / "model").backbone.features == "stages"
+    from privtune.models import vision
+    from privtune.report import model_card
+
+    assert model_card.VISION_CONFIG_KEY == vision.VISION_CONFIG_KEY  # the card reads what the model writes

@@ -37,6 +37,8 @@ EMBEDDED_DATASET = "stanfordnlp/sst2"
 EMBEDDED_IMAGE_DATASET = "zalando-datasets/fashion_mnist"
 #: the saved image model's preprocessing (privtune.models.vision.PREPROCESSOR_FILE), read without torch
 IMAGE_PREPROCESSOR_FILE = "privtune_image_preprocessor.json"
+#: the key of a saved vision backbone's choices in its config.json (privtune.models.vision's, read without torch)
+VISION_CONFIG_KEY = "privtune_vision"
 
 
 def _is_generation(run: RunData) -> bool:
@@ -103,6 +105,17 @@ def image_preprocessing(run_dir: Path) -> dict:
     except (OSError, ValueError):
         return {}
     return pre if isinstance(pre, dict) else {}
+
+
+def _vision_config(run_dir: Path) -> dict:
+    """The released vision backbone's recorded choices (``model/config.json``), whatever the run's options said:
+    a saved model given as ``--model`` keeps its own."""
+    try:
+        cfg = json.loads((Path(run_dir) / "model" / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    vision = cfg.get(VISION_CONFIG_KEY) if isinstance(cfg, dict) else None
+    return vision if isinstance(vision, dict) else {}
 
 
 def _is_demo(run: RunData) -> bool:
@@ -358,7 +371,7 @@ def _image_input_lines(run: RunData) -> list[str]:
                      f"(`{IMAGE_PREPROCESSOR_FILE}`); `privtune predict` applies them.\n")
     else:
         lines.append("Images are preprocessed as the saved model's files describe; `privtune predict` applies it.\n")
-    if run.config.get("image_features") == "stages":
+    if _vision_config(run.run_dir).get("features") == "stages":
         lines.append("The head reads the network's final pooled features together with the spatial mean of each "
                      "stage's output, each L2-normalised, concatenated (`image_features: stages`, saved with the "
                      "model).\n")
