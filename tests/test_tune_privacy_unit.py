@@ -103,7 +103,7 @@ def test_every_run_score_and_centre_of_a_tune_is_unit_level(files, tmp_path, mon
     monkeypatch.setattr(tune_mod, "noisy_feature_sum", centre)
     monkeypatch.setattr(common.Selector, "score", score)
     # pilot both a head and a model mode (at this toy size the rule alone would train last-layer without pilots)
-    monkeypatch.setattr(tune_mod, "_auto_candidates", lambda modes, n, eps, lora_capable=True: ["last-layer", "bitfit"])
+    monkeypatch.setattr(tune_mod, "_auto_candidates", lambda modes, n, eps, **_: ["last-layer", "bitfit"])
     r = privtune.tune(files["train"], eval_data=files["dev"], model=files["model"], mode="auto",
                       strategy="hyperfree", selection="train-accuracy", epsilon=40.0, delta=1e-3, labels=[0, 1],
                       ledger=f"sqlite:///{tmp_path / 'l.db'}", output_dir=tmp_path / "run", seed=0, quiet=True,
