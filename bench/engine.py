@@ -226,9 +226,11 @@ def _fashion_pixels(n: int, image_size: int, processor) -> tuple:
 
 
 def image_child(mode: str, method: str, steps: int, warmup: int, batch_size: int, image_size: int,
-                batchnorm: str, device: str = "cpu") -> dict:
+                batchnorm: str, device: str = "cpu", micro_batches: int = 1) -> dict:
     """One DP (or non-DP) training step on EfficientNet-Lite0, timed like :func:`child` (on ``device``: a GPU's
-    peak is its allocator's peak over the memory held before the steps)."""
+    peak is its allocator's peak over the memory held before the steps).  A step is ``micro_batches`` physical
+    batches of ``batch_size`` accumulated into one logical batch, then one noise draw (DP) and one Adam step, as
+    privtune trains at its expected batches of thousands; non-DP accumulates the same batches the same way."""
     import torch
     import torch.nn.functional as F
     from torch import nn
@@ -253,22 +255,25 @@ def image_child(mode: str, method: str, steps: int, warmup: int, batch_size: int
             return self.clf(pixel_values=x)
 
     model = Net().to(device).train()
-    x, y, origin = _fashion_pixels(batch_size * (steps + warmup), image_size, clf.processor)
+    logical = batch_size * micro_batches
+    x, y, origin = _fashion_pixels(logical * (steps + warmup), image_size, clf.processor)
     x, y = x.to(device), y.to(device)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.Adam(params, lr=1e-4)
     if method == "nondp":
         def step(b):
-            F.cross_entropy(model(b[0]), b[2]).backward()
+            for xb, _, yb in b:  # the mean over the logical batch, accumulated in .grad
+                (F.cross_entropy(model(xb), yb, reduction="sum") / logical).backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
     elif method == "privtune":
         from privtune.engine import PrivateGradient
 
-        pg = PrivateGradient(model, max_grad_norm=1.0, noise_multiplier=1.0, expected_batch_size=batch_size, seed=0)
+        pg = PrivateGradient(model, max_grad_norm=1.0, noise_multiplier=1.0, expected_batch_size=logical, seed=0)
 
         def step(b):
-            pg.backward(F.cross_entropy(model(b[0]), b[2], reduction="none"))
+            for xb, _, yb in b:
+                pg.backward(F.cross_entropy(model(xb), yb, reduction="none"))
             pg.release()
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -294,19 +299,19 @@ def image_child(mode: str, method: str, steps: int, warmup: int, batch_size: int
             model, opt, dl = PrivacyEngine().make_private(**kwargs)
 
         def step(b):
-            crit(model(b[0]), b[2]).backward()
+            crit(model(b[0][0]), b[0][2]).backward()  # one micro-batch per step (main refuses more for Opacus)
             opt.step()
             opt.zero_grad(set_to_none=True)
 
     def batches():
         for s in range(steps + warmup):
-            sl = slice(s * batch_size, (s + 1) * batch_size)
-            yield x[sl], None, y[sl]
+            yield [(x[lo:lo + batch_size], None, y[lo:lo + batch_size])
+                   for lo in range(s * logical, (s + 1) * logical, batch_size)]
 
     res = _timed(step, batches(), steps, warmup, torch.device(device))
-    res.update(mode=mode, method=method, device=_device_name(device), examples_per_s=batch_size * steps / res.pop("dt"),
-               examples_per_cpu_s=batch_size * steps / res.pop("dc"), trainable=sum(p.numel() for p in params),
-               steps=steps, data=origin, batchnorm=batchnorm, image_size=image_size)
+    res.update(mode=mode, method=method, device=_device_name(device), examples_per_s=logical * steps / res.pop("dt"),
+               examples_per_cpu_s=logical * steps / res.pop("dc"), trainable=sum(p.numel() for p in params),
+               steps=steps, data=origin, batchnorm=batchnorm, image_size=image_size, micro_batches=micro_batches)
     return res
 
 
@@ -411,7 +416,8 @@ def _image_setup(args, results) -> dict:
     data = next((r["data"] for rs in results.values() for r in rs if "data" in r), "?")
     return {"model": "EfficientNet-Lite0 (ImageNet, bundled) + zero-initialised linear head, 10 classes",
             "data": f"{data} training images, 28 px greyscale → {args.image_size} px, 3 channels",
-            "image_size": args.image_size, "batchnorm": args.batchnorm, "max_length": None, "padding": None}
+            "image_size": args.image_size, "batchnorm": args.batchnorm, "max_length": None, "padding": None,
+            "micro_batches": args.micro_batches}
 
 
 def _machine() -> dict:
@@ -449,7 +455,7 @@ def run_one(mode, method, args) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", mode, method, "--steps", str(args.steps),
            "--warmup", str(args.warmup), "--batch-size", str(args.batch_size), "--max-length", str(args.max_length),
            "--padding", args.padding, "--backbone", args.backbone, "--image-size", str(args.image_size),
-           "--batchnorm", args.batchnorm, "--device", args.device]
+           "--batchnorm", args.batchnorm, "--device", args.device, "--micro-batches", str(args.micro_batches)]
     p = subprocess.run(cmd, capture_output=True, text=True)
     for line in p.stdout.splitlines()[::-1]:
         if line.startswith("RESULT "):
@@ -480,6 +486,9 @@ def main(argv=None) -> int:
                     help="image backbone: pretrained BatchNorm in eval mode, or every BatchNorm replaced by GroupNorm")
     ap.add_argument("--device", default="cpu",
                     help="image backbone: where the steps run (cpu, cuda, cuda:N); a GPU is timed by the wall clock")
+    ap.add_argument("--micro-batches", type=int, default=1,
+                    help="image backbone: physical batches of --batch-size per logical step (one noise draw and one "
+                         "Adam step per logical batch, as in a training run); not with Opacus")
     ap.add_argument("--child", nargs=2, metavar=("MODE", "METHOD"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     image = args.backbone != "minilm"
@@ -487,6 +496,10 @@ def main(argv=None) -> int:
         args.modes = ",".join(IMAGE_MODES)
     if image and (bad := [m for m in args.modes.split(",") if m and m not in IMAGE_MODES]):
         ap.error(f"--backbone {args.backbone} times the modes {', '.join(IMAGE_MODES)}; got {bad}")
+    if args.micro_batches < 1 or (args.micro_batches > 1 and not image):
+        ap.error("--micro-batches: a positive count, and more than 1 only with the image backbone")
+    if args.micro_batches > 1 and not args.child and any(m.startswith("opacus") for m in args.methods.split(",")):
+        ap.error("--micro-batches: Opacus runs one physical batch per step here; leave it out of --methods")
     if args.device != "cpu" and not image:
         ap.error("--device: only the image backbone (--backbone efficientnet-lite0) runs on another device")
     if args.device != "cpu" and args.clock == "cpu":
@@ -499,7 +512,7 @@ def main(argv=None) -> int:
         mode, method = args.child
         if image:
             res = image_child(mode, method, args.steps, args.warmup, args.batch_size, args.image_size, args.batchnorm,
-                              args.device)
+                              args.device, args.micro_batches)
         elif mode == "head":
             res = head_child(method, args.steps * 10, args.warmup)
         else:
@@ -531,7 +544,9 @@ def main(argv=None) -> int:
 
     pad = "padded to T" if args.padding == "max_length" else "each batch padded to its longest sentence, at most T"
     what = (f"EfficientNet-Lite0 ({'eval-mode BatchNorm' if args.batchnorm == 'eval' else 'BatchNorm → GroupNorm'}) "
-            f"+ Fashion-MNIST, B={args.batch_size}, {args.image_size} × {args.image_size} px" if image
+            f"+ Fashion-MNIST, B={args.batch_size}"
+            + (f" × {args.micro_batches} micro-batches per step" if args.micro_batches > 1 else "")
+            + f", {args.image_size} × {args.image_size} px" if image
             else f"MiniLM-L6 + SST-2, B={args.batch_size}, T={args.max_length} ({pad})")
     where = "1 CPU thread" if args.device == "cpu" else f"{args.device} (host: 1 CPU thread)"
     print(f"\n{what}, {where}, {args.steps} timed steps"
