@@ -29,7 +29,9 @@ buffer that the plain HF call uses); privtune and non-DP runs use the plain call
 ``--backbone efficientnet-lite0`` (modes full / bitfit, as privtune's ``apply_mode`` sets them) times the bundled
 ImageNet EfficientNet-Lite0 instead, on Fashion-MNIST training images (``/usr/share/datasets/fashion-mnist``;
 random pixels where it is absent: the speed does not depend on the values) at ``--image-size`` pixels (default
-64), B = 32, with a zero-initialised 10-class head.  ``--batchnorm eval`` (default) is the network privtune trains:
+64), B = 32 (``--micro-batches K``: K such physical batches per logical step, one noise draw and one Adam step
+each, as a training run at privtune's expected batches), with a zero-initialised 10-class head.
+``--batchnorm eval`` (default) is the network privtune trains:
 BatchNorm with the pretrained running statistics; Opacus refuses a trainable BatchNorm, so it runs only with
 ``--batchnorm group`` (every BatchNorm replaced by a GroupNorm, for all methods of that run), and with timm's
 in-place activations switched to out-of-place (its backward hooks fail on them).
