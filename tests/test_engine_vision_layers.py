@@ -173,6 +173,23 @@ def test_depthwise_loops_and_batchnorm_in_either_memory_layout(layout):
     assert {kinds[k] for k in ("3", "5", "8", "10", "12", "14")} == {"GroupedConvHandler"}
 
 
+def test_depthwise_rows_of_a_contiguous_input_are_read_as_stored_or_from_a_channels_last_copy():
+    """A contiguous (B, C, H, W) input: a depthwise layer with unit stride and output rows of at least 16
+    numbers reads its rows as stored (layers 0 and 2, reflect padding and dilation among them); a strided one
+    (4) and one with short rows (6) read channels from one channels-last copy.  The input is not changed."""
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 3, 3, padding=1, groups=3), nn.Tanh(),                                     # 18 × 18, as stored
+        nn.Conv2d(3, 3, 5, padding=4, dilation=2, groups=3, padding_mode="reflect"), nn.Tanh(),  # 18 × 18, as stored
+        nn.Conv2d(3, 3, 3, stride=2, padding=1, groups=3), nn.Tanh(),                          # strided: a copy
+        nn.Conv2d(3, 3, (1, 5), padding=(0, 2), groups=3, bias=False), nn.SiLU(),              # 9 × 9: a copy
+        Pool(), nn.Linear(3, 3)).double()
+    x, y = _inputs(size=18)
+    before = x.clone()
+    check_against_loop(model, x, y, kinds=["conv"])
+    assert x.is_contiguous() and torch.equal(x, before)
+
+
 class _Scale(nn.Module):
     """A scalar trainable parameter (as a learned temperature): handled by the exact fallback."""
 
