@@ -228,7 +228,8 @@ def _fashion_pixels(n: int, image_size: int, processor) -> tuple:
 
 
 def image_child(mode: str, method: str, steps: int, warmup: int, batch_size: int, image_size: int,
-                batchnorm: str, device: str = "cpu", micro_batches: int = 1) -> dict:
+                batchnorm: str, device: str = "cpu", micro_batches: int = 1,
+                memory_format: str = "channels-last") -> dict:
     """One DP (or non-DP) training step on EfficientNet-Lite0, timed like :func:`child` (on ``device``: a GPU's
     peak is its allocator's peak over the memory held before the steps).  A step is ``micro_batches`` physical
     batches of ``batch_size`` accumulated into one logical batch, then one noise draw (DP) and one Adam step, as
@@ -259,6 +260,8 @@ def image_child(mode: str, method: str, steps: int, warmup: int, batch_size: int
     model = Net().to(device).train()
     logical = batch_size * micro_batches
     x, y, origin = _fashion_pixels(logical * (steps + warmup), image_size, clf.processor)
+    if memory_format == "contiguous":  # as a processor that returns (B, C, H, W) arrays gives them
+        x = x.contiguous()
     x, y = x.to(device), y.to(device)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.Adam(params, lr=1e-4)
@@ -313,7 +316,8 @@ def image_child(mode: str, method: str, steps: int, warmup: int, batch_size: int
     res = _timed(step, batches(), steps, warmup, torch.device(device))
     res.update(mode=mode, method=method, device=_device_name(device), examples_per_s=logical * steps / res.pop("dt"),
                examples_per_cpu_s=logical * steps / res.pop("dc"), trainable=sum(p.numel() for p in params),
-               steps=steps, data=origin, batchnorm=batchnorm, image_size=image_size, micro_batches=micro_batches)
+               steps=steps, data=origin, batchnorm=batchnorm, image_size=image_size, micro_batches=micro_batches,
+               memory_format=memory_format)
     return res
 
 
@@ -419,7 +423,7 @@ def _image_setup(args, results) -> dict:
     return {"model": "EfficientNet-Lite0 (ImageNet, bundled) + zero-initialised linear head, 10 classes",
             "data": f"{data} training images, 28 px greyscale → {args.image_size} px, 3 channels",
             "image_size": args.image_size, "batchnorm": args.batchnorm, "max_length": None, "padding": None,
-            "micro_batches": args.micro_batches}
+            "micro_batches": args.micro_batches, "memory_format": args.memory_format}
 
 
 def _machine() -> dict:
@@ -457,7 +461,8 @@ def run_one(mode, method, args) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", mode, method, "--steps", str(args.steps),
            "--warmup", str(args.warmup), "--batch-size", str(args.batch_size), "--max-length", str(args.max_length),
            "--padding", args.padding, "--backbone", args.backbone, "--image-size", str(args.image_size),
-           "--batchnorm", args.batchnorm, "--device", args.device, "--micro-batches", str(args.micro_batches)]
+           "--batchnorm", args.batchnorm, "--device", args.device, "--micro-batches", str(args.micro_batches),
+           "--memory-format", args.memory_format]
     p = subprocess.run(cmd, capture_output=True, text=True)
     for line in p.stdout.splitlines()[::-1]:
         if line.startswith("RESULT "):
@@ -491,6 +496,9 @@ def main(argv=None) -> int:
     ap.add_argument("--micro-batches", type=int, default=1,
                     help="image backbone: physical batches of --batch-size per logical step (one noise draw and one "
                          "Adam step per logical batch, as in a training run); not with Opacus")
+    ap.add_argument("--memory-format", choices=("channels-last", "contiguous"), default="channels-last",
+                    help="image backbone: the pixels as privtune's preprocessing gives them (channels-last, so the "
+                         "network runs channels-last) or contiguous (B, C, H, W), as many other processors give them")
     ap.add_argument("--child", nargs=2, metavar=("MODE", "METHOD"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     image = args.backbone != "minilm"
@@ -514,7 +522,7 @@ def main(argv=None) -> int:
         mode, method = args.child
         if image:
             res = image_child(mode, method, args.steps, args.warmup, args.batch_size, args.image_size, args.batchnorm,
-                              args.device, args.micro_batches)
+                              args.device, args.micro_batches, args.memory_format)
         elif mode == "head":
             res = head_child(method, args.steps * 10, args.warmup)
         else:
@@ -548,6 +556,7 @@ def main(argv=None) -> int:
     what = (f"EfficientNet-Lite0 ({'eval-mode BatchNorm' if args.batchnorm == 'eval' else 'BatchNorm → GroupNorm'}) "
             f"+ Fashion-MNIST, B={args.batch_size}"
             + (f" × {args.micro_batches} micro-batches per step" if args.micro_batches > 1 else "")
+            + (", contiguous (B, C, H, W) pixels" if args.memory_format == "contiguous" else "")
             + f", {args.image_size} × {args.image_size} px" if image
             else f"MiniLM-L6 + SST-2, B={args.batch_size}, T={args.max_length} ({pad})")
     where = "1 CPU thread" if args.device == "cpu" else f"{args.device} (host: 1 CPU thread)"
