@@ -6,7 +6,7 @@ on).  Rows ε ∈ {1, 3, 8}, δ = 1e-5.  Cells (``--cells``):
 
 * ``default``: ``privtune tune`` as a user runs it (hyperfree, every event charged) with ``--mode last-layer``,
   Mehta et al.'s zero-initialised head on cached features;
-* ``auto``: ``privtune tune --mode auto`` (at n·ε ≥ 20,000 it pilots bitfit and full on the backbone);
+* ``auto``: ``privtune tune --mode auto`` (at n·ε ≥ 20,000 on images it pilots the last layer, bitfit and full);
 * ``full``: ``privtune tune --mode full``, DP fine-tuning of every weight of the backbone;
 * ``random``: charged random search over the same space (``--strategy random-search``);
 * ``oracle``: the grid oracle, **NOT PRIVATE** (tuning not charged; a reference, never released);
