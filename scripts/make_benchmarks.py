@@ -424,7 +424,7 @@ def render_fashion_mnist(files: list[Path]) -> str:
 
 # ------------------------------------------------------------------------------------------- text generation
 GENERATION_ROWS = (("zero-shot", "zero-shot model (no training)"),
-                   ("tune-default", "`privtune tune` (its defaults, everything charged)"),
+                   ("tune-default", "`privtune tune` (its default sweep, everything charged)"),
                    ("random-search", "`privtune tune --strategy random-search` (charged)"),
                    ("nonprivate-lora", "non-private LoRA, one epoch (NOT PRIVATE)"),
                    ("nonprivate-full", "non-private full fine-tuning, one epoch (NOT PRIVATE)"))
@@ -437,8 +437,9 @@ by conversation into a private training split, a split declared public (selectio
 split, so that no conversation is on two sides; the privacy unit is one pair. One run per row. BLEU, chrF and
 ROUGE-L (0–100) are of greedy generations (at most 32 new tokens) for the first "decoded" reported pairs;
 perplexity is per response token over all reported pairs. Time is the wall time of the row on the machine of its
-file (threads and load given below the table). A cell marked – has no result file: the bench can run it
-(`--cells`).
+file (threads and load given below the table). A tuned row names the bench's `--epochs` (per trial) and
+`--batch-size` (expected batch; `privtune tune` itself defaults to 2 epochs and 128). A cell marked – has no
+result file: the bench can run it (`--cells`).
 
 | row | total ε | private pairs | reported pairs (decoded) | BLEU | chrF | ROUGE-L | perplexity | certificate ε | time |
 |---|---|---|---|---|---|---|---|---|---|
@@ -460,12 +461,12 @@ def render_generation(files: list[Path]) -> str:
     """One row per (task, cell, ε), the newest file's where several files ran it; chitchat first, then each other
     task that has a file under its own heading."""
     runs = sorted((_load(p) for p in files), key=lambda r: r.get("started", ""))
-    rows: dict[tuple[str, str, float | None], tuple[dict, dict]] = {}
+    rows: dict[tuple, tuple[dict, dict]] = {}
     for run in runs:
         task = run.get("config", {}).get("task", "chitchat")
         for key, cell in run.get("cells", {}).items():
             name, _, eps = key.partition("@eps=")
-            rows[(task, name, float(eps) if eps else None)] = (cell, run)
+            rows[(task, name, float(eps) if eps else None, _tuned_setting(name, run.get("config", {})))] = (cell, run)
     out, notes = [GENERATION_INTRO.rstrip("\n")], []
     tasks = ["chitchat"] + sorted({k[0] for k in rows} - {"chitchat"})
     for task in tasks:
@@ -473,7 +474,7 @@ def render_generation(files: list[Path]) -> str:
             out.append("")
             out.append(GENERATION_TASKS.get(task, GENERATION_TASKS["bbc"].replace("bbc", task)).rstrip("\n"))
         for name, title in GENERATION_ROWS:
-            keys = sorted((k for k in rows if k[:2] == (task, name)), key=lambda k: k[2] or 0.0)
+            keys = sorted((k for k in rows if k[:2] == (task, name)), key=lambda k: (k[2] or 0.0, k[3]))
             if not keys:
                 out.append(f"| {title} | – | – | – | – | – | – | – | – | – |")
                 continue
@@ -484,8 +485,10 @@ def render_generation(files: list[Path]) -> str:
                 cert = cell.get("epsilon")
                 cert = "–" if not cert else f"{cert:.3g}"
                 shown = title
-                if name in ("tune-default", "random-search") and cfg.get("epochs"):  # each trial's length
-                    shown += f", {cfg['epochs']:g} epoch{'' if cfg['epochs'] == 1 else 's'} per trial"
+                if key[3]:  # a tuned row: each trial's length and expected batch
+                    epochs, batch = key[3]
+                    shown += f", {epochs:g} epoch{'' if epochs == 1 else 's'} per trial" if epochs else ""
+                    shown += f", expected batch {batch}" if batch else ""
                 out.append(f"| {shown} | {'–' if key[2] is None else f'{key[2]:g}'} | {private} | "
                            f"{cfg.get('reported', 0):,} ({cell.get('scored_rows', 0)}) | {cell['bleu']:.2f} | "
                            f"{cell['chrf']:.2f} | {cell['rouge_l']:.2f} | {cell['perplexity']:.2f} | {cert} | "
@@ -506,16 +509,30 @@ def render_generation(files: list[Path]) -> str:
 GENERATION_SPLIT_KEYS = ("task", "model", "private", "public", "reported", "scored_rows", "max_length", "quick")
 
 
+#: the cells that tune, whose rows are kept apart by their setting (epochs per trial, expected batch)
+GENERATION_TUNED_CELLS = ("tune-default", "random-search")
+
+
+def _tuned_setting(name: str, cfg: dict) -> tuple | None:
+    """(epochs per trial, expected batch) of a tuned cell, which the bench's arguments set; None for the others."""
+    return (cfg.get("epochs"), cfg.get("batch_size")) if name in GENERATION_TUNED_CELLS else None
+
+
 def _generation_splits(runs: list[dict]) -> list[dict]:
     """The cells of every file on one split merged (files oldest first: a newer file's cell replaces an older
-    one's), with the newest file's config and the number of files merged."""
+    one's; a tuned cell only one with its own setting, :func:`_tuned_setting`, kept with it as ``_setting``), with
+    the newest file's config and the number of files merged."""
     splits: dict[tuple, dict] = {}
     for run in runs:
         cfg = run.get("config", {})
         key = tuple(cfg.get(k, "chitchat" if k == "task" else None) for k in GENERATION_SPLIT_KEYS)
         merged = splits.setdefault(key, {"cells": {}, "files": 0})
-        merged["cells"].update(run.get("cells", {}))
+        for name, cell in run.get("cells", {}).items():
+            setting = _tuned_setting(name.partition("@eps=")[0], cfg)
+            merged["cells"][(name, setting)] = {**cell, "_setting": setting}
         merged["config"], merged["files"] = cfg, merged["files"] + 1
+    for merged in splits.values():  # the untuned cells by name alone
+        merged["cells"] = {(k if s is None else (k, s)): c for (k, s), c in merged["cells"].items()}
     return list(splits.values())
 
 
@@ -533,13 +550,14 @@ def _generation_gain_lines(runs: list[dict]) -> list[str]:
         floor = cells["zero-shot"]["bleu"]
         best = max(private, key=lambda n: cells[n]["bleu"])
         gain = cells[best]["bleu"] - floor
-        for key, cell in sorted(cells.items()):
-            if not key.startswith("tune-default@eps="):
-                continue
-            eps = key.partition("@eps=")[2]
+        tuned = [(k[0].partition("@eps=")[2], c) for k, c in cells.items()
+                 if isinstance(k, tuple) and k[0].startswith("tune-default@eps=")]
+        for eps, cell in sorted(tuned, key=lambda ec: (float(ec[0]), str(ec[1]["_setting"]))):
             task = run.get("config", {}).get("task", "chitchat")
             cfg = run.get("config", {})
-            batch = f", expected batch {cfg['batch_size']}" if cfg.get("batch_size") else ""
+            epochs, batch_size = cell["_setting"]
+            batch = (f", {epochs:g} epoch{'' if epochs == 1 else 's'} per trial" if epochs else "") + (
+                f", expected batch {batch_size}" if batch_size else "")
             size = f"{'' if task == 'chitchat' else task + ', '}{cfg.get('private', 0):,} private pairs{batch}"
             if gain <= 0:
                 lines.append(f"At ε = {eps} ({size}): the best non-private run ({best}) gained no BLEU over the "
