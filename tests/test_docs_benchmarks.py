@@ -103,7 +103,7 @@ def test_the_generation_section_reads_the_bench_files_and_skips_smoke_tests(make
     assert "## Text generation" in page
     assert "| zero-shot model (no training) | – | – | 2,000 (200) | 1.23 | 15.50 | 7.25 | 42.12 | – | 10.0 min |" in page
     assert "99.00" not in page  # --quick smoke tests measure nothing and are not shown
-    assert "| `privtune tune` (its defaults, everything charged) | – |" in page  # not run: a dash
+    assert "| `privtune tune` (its default sweep, everything charged) | – |" in page  # not run: a dash
     assert "2 torch threads, 1-minute load 1.5" in page
 
 
@@ -145,6 +145,26 @@ def test_the_gain_lines_merge_files_of_one_split_and_keep_other_splits_apart(mak
     # the newer file's private cell against the older file's references on the same split: (2 − 1) / (3 − 1)
     assert "recovers **50 %**" in page and "from 2 runs of the bench on the same split" in page
     assert "**75 %**" not in page and "**95 %**" not in page  # neither the replaced cell nor another split's
+
+
+def test_tuned_cells_of_one_split_with_other_settings_keep_their_own_rows_and_lines(make_benchmarks, tmp_path):
+    """Cells of one split that tuned with another --epochs or --batch-size are not replaced by the newer one: each
+    is a row naming its setting, with its own gain line."""
+    folder = tmp_path / "generation"
+    folder.mkdir()
+    split = {"task": "bbc", "private": 1000, "public": 200, "reported": 300}
+    old = {"config": dict(split, epochs=2.0, batch_size=64), "started": "2026-01-01",
+           "cells": {"zero-shot": _generation_cell(1.0, 20.0), "tune-default@eps=8": _generation_cell(2.0, 14.0),
+                     "nonprivate-lora": _generation_cell(3.0, 12.0)}}
+    new = {"config": dict(split, epochs=2.0, batch_size=128), "started": "2026-01-02",
+           "cells": {"tune-default@eps=8": _generation_cell(1.5, 15.0)}}
+    for i, run in enumerate((old, new)):
+        (folder / f"generation-2026010{i + 1}-000000.json").write_text(json.dumps(run))
+    page = make_benchmarks.render_page(tmp_path)
+    assert "everything charged), 2 epochs per trial, expected batch 64 | 8 | 1,000 | 300 (10) | 2.00 |" in page
+    assert "everything charged), 2 epochs per trial, expected batch 128 | 8 | 1,000 | 300 (10) | 1.50 |" in page
+    assert "(bbc, 1,000 private pairs, 2 epochs per trial, expected batch 64): `privtune tune` recovers **50 %**" in page
+    assert "(bbc, 1,000 private pairs, 2 epochs per trial, expected batch 128): `privtune tune` recovers **25 %**" in page
 
 
 def test_the_generation_section_gives_a_second_task_its_own_table(make_benchmarks, tmp_path):
