@@ -674,8 +674,21 @@ def planned_examples(events: Sequence[Event], n: int) -> float:
     return float(sum(min(1.0, e.sample_rate) * n * e.steps for e in events if isinstance(e, DPSGDEvent)))
 
 
+#: the expected batch sizes that tune's recommendation chooses among (those below n)
+RECOMMENDED_BATCH_CANDIDATES = (64, 128, 256, 512, 1024, 2048, 4096)
+
+
+def recommended_schedule(epsilon: float, delta: float, n: int, epochs: float, accountant: str = "pld"):
+    """Rehn et al.'s batch size as ``tune`` applies it, for classifiers and generators alike: among
+    :data:`RECOMMENDED_BATCH_CANDIDATES` below ``n`` (else n // 4), the smallest on the noise plateau of
+    (ε, δ, n, ``epochs``) with at least 20 steps (:func:`privtune.hpo.recommend.recommend`).  Public sizes only."""
+    cands = [b for b in RECOMMENDED_BATCH_CANDIDATES if b < n] or [max(1, n // 4)]
+    return recommend(epsilon, delta, n, float(epochs), candidates=cands, min_steps=20, accountant=accountant)
+
+
 def minibatch_schedule(request: PlanRequest, epochs: float) -> tuple[float, int]:
-    """(sample rate q, steps T) of a mini-batch run: tune()'s batch_size/steps, else :func:`recommend`'s."""
+    """(sample rate q, steps T) of a mini-batch run: tune()'s batch_size/steps, else
+    :func:`recommended_schedule`'s."""
     n, steps = request.n_train, request.steps
     if request.batch_size is not None:
         b = check_int(request.batch_size, "batch_size", low=1)
@@ -683,7 +696,5 @@ def minibatch_schedule(request: PlanRequest, epochs: float) -> tuple[float, int]
         if steps is None:
             steps = steps_for_epochs(n, b, float(epochs))
         return q, int(steps)
-    cands = [b for b in (64, 128, 256, 512, 1024, 2048, 4096) if b < n] or [max(1, n // 4)]
-    rec = recommend(request.total_epsilon, request.delta, n, float(epochs), candidates=cands, min_steps=20,
-                    accountant=request.accountant)
+    rec = recommended_schedule(request.total_epsilon, request.delta, n, epochs, accountant=request.accountant)
     return rec.sample_rate, int(steps if steps is not None else rec.steps)
