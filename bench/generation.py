@@ -214,7 +214,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--epsilons", default="3,8")
     ap.add_argument("--delta", type=float, default=1e-5)
     ap.add_argument("--epochs", type=float, default=1.0)
-    ap.add_argument("--batch-size", type=int, default=256)
+    ap.add_argument("--batch-size", type=int, default=None,
+                    help="expected batch of the tuned cells (default: privtune's own, Rehn et al.'s rule)")
     ap.add_argument("--micro-batch", type=int, default=16)
     ap.add_argument("--trials", type=int, default=6, help="random-search trials")
     ap.add_argument("--max-length", type=int, default=128, help="tokens per pair (tune's generator default: 128)")

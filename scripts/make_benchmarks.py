@@ -438,8 +438,8 @@ split, so that no conversation is on two sides; the privacy unit is one pair. On
 ROUGE-L (0–100) are of greedy generations (at most 32 new tokens) for the first "decoded" reported pairs;
 perplexity is per response token over all reported pairs. Time is the wall time of the row on the machine of its
 file (threads and load given below the table). A tuned row names the bench's `--epochs` (per trial) and
-`--batch-size` (expected batch; `privtune tune` itself defaults to 2 epochs and 128). A cell marked – has no
-result file: the bench can run it (`--cells`).
+`--batch-size` (expected batch; `privtune tune` itself defaults to 2 epochs and Rehn et al.'s batch, 64 for the
+BBC split's 1,000 pairs at ε = 8). A cell marked – has no result file: the bench can run it (`--cells`).
 
 | row | total ε | private pairs | reported pairs (decoded) | BLEU | chrF | ROUGE-L | perplexity | certificate ε | time |
 |---|---|---|---|---|---|---|---|---|---|
@@ -466,7 +466,8 @@ def render_generation(files: list[Path]) -> str:
         task = run.get("config", {}).get("task", "chitchat")
         for key, cell in run.get("cells", {}).items():
             name, _, eps = key.partition("@eps=")
-            rows[(task, name, float(eps) if eps else None, _tuned_setting(name, run.get("config", {})))] = (cell, run)
+            setting = _tuned_setting(name, run.get("config", {}), cell)
+            rows[(task, name, float(eps) if eps else None, setting)] = (cell, run)
     out, notes = [GENERATION_INTRO.rstrip("\n")], []
     tasks = ["chitchat"] + sorted({k[0] for k in rows} - {"chitchat"})
     for task in tasks:
@@ -513,9 +514,12 @@ GENERATION_SPLIT_KEYS = ("task", "model", "private", "public", "reported", "scor
 GENERATION_TUNED_CELLS = ("tune-default", "random-search")
 
 
-def _tuned_setting(name: str, cfg: dict) -> tuple | None:
-    """(epochs per trial, expected batch) of a tuned cell, which the bench's arguments set; None for the others."""
-    return (cfg.get("epochs"), cfg.get("batch_size")) if name in GENERATION_TUNED_CELLS else None
+def _tuned_setting(name: str, cfg: dict, cell: dict) -> tuple | None:
+    """(epochs per trial, expected batch) of a tuned cell: the bench's arguments, the batch privtune chose where
+    the bench left it to privtune; None for the other cells."""
+    if name not in GENERATION_TUNED_CELLS:
+        return None
+    return cfg.get("epochs"), cfg.get("batch_size") or (cell.get("hyperparameters") or {}).get("batch_size")
 
 
 def _generation_splits(runs: list[dict]) -> list[dict]:
@@ -528,7 +532,7 @@ def _generation_splits(runs: list[dict]) -> list[dict]:
         key = tuple(cfg.get(k, "chitchat" if k == "task" else None) for k in GENERATION_SPLIT_KEYS)
         merged = splits.setdefault(key, {"cells": {}, "files": 0})
         for name, cell in run.get("cells", {}).items():
-            setting = _tuned_setting(name.partition("@eps=")[0], cfg)
+            setting = _tuned_setting(name.partition("@eps=")[0], cfg, cell)
             merged["cells"][(name, setting)] = {**cell, "_setting": setting}
         merged["config"], merged["files"] = cfg, merged["files"] + 1
     for merged in splits.values():  # the untuned cells by name alone

@@ -158,9 +158,13 @@ def test_tuned_cells_of_one_split_with_other_settings_keep_their_own_rows_and_li
                      "nonprivate-lora": _generation_cell(3.0, 12.0)}}
     new = {"config": dict(split, epochs=2.0, batch_size=128), "started": "2026-01-02",
            "cells": {"tune-default@eps=8": _generation_cell(1.5, 15.0)}}
-    for i, run in enumerate((old, new)):
+    # the batch left to privtune: the one its run chose (64 here) replaces the older cell of that setting
+    own = {"config": dict(split, epochs=2.0, batch_size=None), "started": "2026-01-03",
+           "cells": {"tune-default@eps=8": {**_generation_cell(2.0, 14.0), "hyperparameters": {"batch_size": 64}}}}
+    for i, run in enumerate((old, new, own)):
         (folder / f"generation-2026010{i + 1}-000000.json").write_text(json.dumps(run))
     page = make_benchmarks.render_page(tmp_path)
+    assert page.count("2 epochs per trial, expected batch 64 | 8 |") == 1
     assert "everything charged), 2 epochs per trial, expected batch 64 | 8 | 1,000 | 300 (10) | 2.00 |" in page
     assert "everything charged), 2 epochs per trial, expected batch 128 | 8 | 1,000 | 300 (10) | 1.50 |" in page
     assert "(bbc, 1,000 private pairs, 2 epochs per trial, expected batch 64): `privtune tune` recovers **50 %**" in page
