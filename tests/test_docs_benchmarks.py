@@ -194,6 +194,27 @@ def test_fashion_seeds_of_one_cell_are_averaged(make_benchmarks, tmp_path):
     assert "85.0 ± 1.4 % (2 seeds: 84.0, 86.0; ε 1;" in page
 
 
+@pytest.mark.parametrize("other_accuracy, verdict", [(0.895, True), (0.91, False)])
+def test_another_backbones_stage_cells_are_a_sentence_against_lite0s(make_benchmarks, tmp_path, other_accuracy,
+                                                                      verdict):
+    folder = tmp_path / "fashion_mnist"
+    (folder / "stages").mkdir(parents=True)
+    (folder / "lite2-stages").mkdir()
+    run = {"cell": "default", "epsilon": 3.0, "test_accuracy": 0.894, "certificate_epsilon": 3.0, "wall_s": 60.0,
+           "n_private": 58000, "n_public": 2000, "n_test": 10000, "image_size": 128}
+    (folder / "default_eps3.json").write_text(json.dumps(run | {"test_accuracy": 0.88}))
+    (folder / "stages" / "default_eps3.json").write_text(json.dumps(run))
+    (folder / "lite2-stages" / "default_eps3.json").write_text(
+        json.dumps(run | {"test_accuracy": other_accuracy, "model": "efficientnet-lite2"}))
+    page = make_benchmarks.render_page(tmp_path)
+    points = f"{100 * (other_accuracy - 0.894):+.1f}"
+    assert (f"`--model efficientnet-lite2` (files in `lite2-stages/`; in brackets the points gained over "
+            f"EfficientNet-Lite0's): at ε = 3 {100 * other_accuracy:.1f} % ({points})") in page
+    assert ("does not reach the head" in page) is verdict
+    # the other backbone's cell is not one of the table's (Lite0's) cells
+    assert "| 3 | 88.0 % (" in page
+
+
 def test_the_generation_speed_table_reads_the_newest_speed_file(make_benchmarks, tmp_path):
     folder = tmp_path / "generation"
     folder.mkdir()

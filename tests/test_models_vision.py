@@ -70,6 +70,30 @@ def test_efficientnet_lite0_at_32_pixels_keeps_examples_independent():
     pg.close()
 
 
+@pytest.mark.parametrize("name", ["efficientnet-lite1", "efficientnet-lite2"])
+def test_larger_bundled_efficientnets_load_their_packages_weights(name):
+    from privtune.models.vision import BUNDLED_VISION_MODELS
+
+    spec = BUNDLED_VISION_MODELS[name]
+    timm = require("timm")
+    require(spec.module)
+    import importlib
+
+    path = getattr(importlib.import_module(spec.module), spec.file_class).get_model_file_path()
+    packaged = torch.load(path, map_location="cpu", weights_only=True)
+    clf = load_classifier(name, num_labels=10, seed=0, image_size=32)
+    assert clf.num_features == 1280 and clf.processor.mean == [0.5] * 3
+    # every tensor of the package but its ImageNet classifier, in order, is the backbone's (none left at timm's
+    # initialisation)
+    ours = [v for k, v in clf.backbone.net.state_dict().items() if not k.endswith("num_batches_tracked")]
+    theirs = [v for k, v in packaged.items() if not k.endswith("num_batches_tracked") and not k.startswith("_fc")]
+    assert len(ours) == len(theirs) and all(torch.equal(a, b) for a, b in zip(ours, theirs))
+    fresh = timm.create_model(spec.timm_arch, pretrained=False, num_classes=0)
+    assert sum(p.numel() for p in fresh.parameters()) == sum(p.numel() for p in clf.backbone.parameters())
+    changed, others_same = _others_unchanged(clf, 32)
+    assert changed and others_same
+
+
 def test_train_mode_batchnorm_is_refused_with_one_clear_error():
     net = tiny_bn_net()  # a raw network in train mode, outside the vision classifier
     with pytest.raises(UnsupportedModuleError, match="BatchNorm module '1' in train mode.*GroupNorm"):
