@@ -375,6 +375,12 @@ def _fashion_backbone_note(folders: dict[str, dict], base: dict) -> list[str]:
     return out
 
 
+def _bleu_text(cell: dict) -> str:
+    """A generation cell's BLEU, with its bootstrap standard deviation over the scored rows where measured."""
+    sd = cell.get("bleu_bootstrap_sd")
+    return f"{cell['bleu']:.2f}" + (f" ± {sd:.2f}" if sd is not None else "")
+
+
 def render_fashion_mnist(files: list[Path]) -> str:
     # a cell with stage features (stages/) is its own column: "stages-" before its file name; the same cells at
     # another resolution (stages192/) are a sentence under the table
@@ -467,8 +473,8 @@ GENERATION_INTRO = """\
 `bench/generation.py`: context → response pairs of the chitchat data set (one previous turn as the context), split
 by conversation into a private training split, a split declared public (selection by perplexity) and a reported
 split, so that no conversation is on two sides; the privacy unit is one pair. One run per row. BLEU, chrF and
-ROUGE-L (0–100) are of greedy generations (at most 32 new tokens) for the first "decoded" reported pairs;
-perplexity is per response token over all reported pairs. Time is the wall time of the row on the machine of its
+ROUGE-L (0–100) are of greedy generations (at most 32 new tokens) for the first "decoded" reported pairs (BLEU ±
+its standard deviation over 1,000 bootstrap resamples of those pairs, where the file has it); perplexity is per response token over all reported pairs. Time is the wall time of the row on the machine of its
 file (threads and load given below the table). A tuned row names the bench's `--epochs` (per trial) and
 `--batch-size` (expected batch; `privtune tune` itself defaults to 2 epochs and Rehn et al.'s batch, 64 for the
 BBC split's 1,000 pairs at ε = 8). A cell marked – has no result file: the bench can run it (`--cells`).
@@ -523,7 +529,7 @@ def render_generation(files: list[Path]) -> str:
                     shown += f", {epochs:g} epoch{'' if epochs == 1 else 's'} per trial" if epochs else ""
                     shown += f", expected batch {batch}" if batch else ""
                 out.append(f"| {shown} | {'–' if key[2] is None else f'{key[2]:g}'} | {private} | "
-                           f"{cfg.get('reported', 0):,} ({cell.get('scored_rows', 0)}) | {cell['bleu']:.2f} | "
+                           f"{cfg.get('reported', 0):,} ({cell.get('scored_rows', 0)}) | {_bleu_text(cell)} | "
                            f"{cell['chrf']:.2f} | {cell['rouge_l']:.2f} | {cell['perplexity']:.2f} | {cert} | "
                            f"{_minutes(cell['seconds'])} |")
                 machine = run.get("machine")

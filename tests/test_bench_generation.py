@@ -29,5 +29,18 @@ def test_quick_bench_writes_every_cell(tmp_path, monkeypatch):
     assert cells["nonprivate-lora"]["label"] == "NOT PRIVATE"
     for cell in cells.values():
         assert {"bleu", "rouge_l", "perplexity", "seconds"} <= set(cell) and cell["scored_rows"] == 8
+        assert cell["bleu_bootstrap_sd"] >= 0.0
     written = list(tmp_path.glob("generation-quick-*.json"))
     assert len(written) == 1 and json.loads(written[0].read_text())["cells"].keys() == cells.keys()
+
+
+def test_bleu_bootstrap_sd_is_zero_for_a_constant_score_and_grows_with_mixed_rows():
+    spec = importlib.util.spec_from_file_location("bench_generation", BENCH)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    refs = [f"the cat sat on mat number {i} today" for i in range(20)]
+    assert bench.bleu_bootstrap_sd(refs, refs, resamples=50) < 1e-9  # every resample scores 100
+    half = [r if i % 2 else "nothing alike here at all" for i, r in enumerate(refs)]
+    sd = bench.bleu_bootstrap_sd(half, refs, resamples=200)
+    assert 1.0 < sd < 30.0
+    assert sd == bench.bleu_bootstrap_sd(half, refs, resamples=200)  # seeded: the bench's number is repeatable

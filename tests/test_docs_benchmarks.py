@@ -105,6 +105,10 @@ def test_the_generation_section_reads_the_bench_files_and_skips_smoke_tests(make
     assert "99.00" not in page  # --quick smoke tests measure nothing and are not shown
     assert "| `privtune tune` (its default sweep, everything charged) | – |" in page  # not run: a dash
     assert "2 torch threads, 1-minute load 1.5" in page
+    # a file with BLEU's bootstrap standard deviation shows it beside the score
+    run["cells"]["zero-shot"]["bleu_bootstrap_sd"] = 0.2049
+    (folder / "generation-20260101-000000.json").write_text(json.dumps(run))
+    assert "| 2,000 (200) | 1.23 ± 0.20 | 15.50 |" in make_benchmarks.render_page(tmp_path)
 
 
 def _generation_cell(bleu: float, perplexity: float = 9.0) -> dict:
