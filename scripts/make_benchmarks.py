@@ -474,7 +474,8 @@ GENERATION_INTRO = """\
 by conversation into a private training split, a split declared public (selection by perplexity) and a reported
 split, so that no conversation is on two sides; the privacy unit is one pair. One run per row. BLEU, chrF and
 ROUGE-L (0–100) are of greedy generations (at most 32 new tokens) for the first "decoded" reported pairs (BLEU ±
-its standard deviation over 1,000 bootstrap resamples of those pairs, where the file has it); perplexity is per response token over all reported pairs. Time is the wall time of the row on the machine of its
+its standard deviation over 1,000 bootstrap resamples of those pairs, where the file has it); perplexity is per
+response token over all reported pairs. Time is the wall time of the row on the machine of its
 file (threads and load given below the table). A tuned row names the bench's `--epochs` (per trial) and
 `--batch-size` (expected batch; `privtune tune` itself defaults to 2 epochs and Rehn et al.'s batch, 64 for the
 BBC split's 1,000 pairs at ε = 8). A cell marked – has no result file: the bench can run it (`--cells`).
