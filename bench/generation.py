@@ -14,8 +14,10 @@ Columns (one seed each):
 * ``random-search``: ``privtune tune --strategy random-search`` (charged, ``--trials`` trials);
 * ``nonprivate-lora`` / ``nonprivate-full``: ordinary fine-tuning (NOT PRIVATE references), one epoch.
 
-Cells: BLEU, chrF, ROUGE-L (greedy, the first ``--scored-rows`` reported pairs), perplexity (all reported pairs),
-the certificate's ε and the wall time.  Results: ``bench/results/generation/generation-<time>.json``.
+Cells: BLEU (with its standard deviation over 1,000 bootstrap resamples of the decoded pairs), chrF, ROUGE-L
+(greedy, the first ``--scored-rows`` reported pairs), perplexity (all reported pairs), the certificate's ε and the
+wall time.  Results: ``bench/results/generation/generation-<time>.json``.  The split files, released models and
+ledgers go to a temporary work folder, removed at the end unless ``--keep-work`` is given.
 
 ``--quick`` is a smoke test (a tiny random LLaMA, a few dozen pairs, ε = 8 only; seconds): it checks the bench
 runs, it measures nothing.  Usage::
@@ -194,11 +196,17 @@ def speed_child(mode: str, method: str, args) -> dict:
 def speed(args) -> dict:
     """DP against non-private fine-tuning of the same model and mode, examples per second and peak memory at the
     same micro-batch, each (mode, method) in a fresh process, the methods alternated."""
-    import subprocess
-
     splits = split_by_conversation({"private": args.micro_batch})
     work = Path(tempfile.mkdtemp(prefix="privtune-bench-generation-speed-"))
-    data = _write(work / "speed.jsonl", splits["private"])
+    try:
+        return _speed_cells(args, _write(work / "speed.jsonl", splits["private"]))
+    finally:
+        _done_with(work, args.keep_work)
+
+
+def _speed_cells(args, data: Path) -> dict:
+    import subprocess
+
     out = {"what": "seconds per step of micro_batch pairs (the same pairs each step), one physical batch, "
                    "DP: flat clipping C = 1, σ = 1", "cells": []}
     for mode in SPEED_MODES:
@@ -254,6 +262,9 @@ def main(argv: list[str] | None = None) -> dict:
                          "e.g. --private 1725 --public 200 --reported 300)")
     ap.add_argument("--cells", default=",".join(CELLS))
     ap.add_argument("--out", default=str(RESULTS))
+    ap.add_argument("--keep-work", action="store_true",
+                    help="keep the work folder (the split files, each run's released model and ledger) and print its "
+                         "path; by default it is removed when the bench ends")
     ap.add_argument("--speed", action="store_true",
                     help="measure DP against non-private LoRA and full fine-tuning: examples/s and peak memory at "
                          "the same micro-batch (--micro-batch pairs, --speed-steps timed steps); no quality cells")
@@ -279,6 +290,24 @@ def main(argv: list[str] | None = None) -> dict:
     if unknown:
         ap.error(f"unknown cells {unknown}; choose among {list(CELLS)}")
     work = Path(tempfile.mkdtemp(prefix="privtune-bench-generation-"))
+    try:
+        return _run_cells(args, cells, work)
+    finally:
+        _done_with(work, args.keep_work)
+
+
+def _done_with(work: Path, keep: bool) -> None:
+    """Remove a work folder (copies of the split, released models of about 0.5 GB each, ledgers), or say where it
+    is kept."""
+    if keep:
+        print(f"work folder kept: {work}")
+    else:
+        import shutil
+
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _run_cells(args, cells: list[str], work: Path) -> dict:
     if args.quick:
         from privtune.models.testing_causal_lm import make_tiny_causal_lm
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,12 @@ def test_quick_bench_writes_every_cell(tmp_path, monkeypatch):
     spec = importlib.util.spec_from_file_location("bench_generation", BENCH)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))  # where the bench makes its work folder
     results = bench.main(["--quick", "--cells", "zero-shot,tune-default,nonprivate-lora", "--out", str(tmp_path)])
+    left = sorted(p.name for p in scratch.glob("privtune-bench-generation-*"))  # (torch may cache its own there)
+    assert not left, f"the bench left its work folder (split copies, models) behind: {left}"
     cells = results["cells"]
     assert set(cells) == {"zero-shot", "tune-default@eps=8", "nonprivate-lora"}
     assert cells["tune-default@eps=8"]["epsilon"] <= 8 * (1 + 1e-6) and cells["zero-shot"]["epsilon"] == 0.0
