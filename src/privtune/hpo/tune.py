@@ -241,8 +241,8 @@ def tune(
         What is trained.  ``"auto"`` compares the modes the strategy can train among
         last-layer, bitfit and lora (bitfit and full when n·ε ≥ 20,000, after last-layer for images; full
         before bitfit from n ≥ 60,000) with one charged pilot run each (per-run ε = min(0.1, 0.1·ε)) and
-        continues with the best (pilots the
-        public split cannot tell apart are ties, won by the first candidate listed); single-step, random-search and
+        continues with the best (pilots the public split cannot tell apart are ties, won by the first candidate
+        listed); single-step, random-search and
         grid-oracle train the last layer only, so for them ``"auto"`` is last-layer, no pilots; so it is at
         n·ε ≤ 4,000, where DP fine-tuning was measured at chance
         (:data:`privtune.finetune.usefulness.FINETUNE_AT_CHANCE_N_EPS`).  Pilots scored on a public split
