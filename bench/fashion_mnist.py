@@ -32,7 +32,6 @@ time in seconds).  Usage::
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import os
 import time
@@ -57,13 +56,6 @@ CELLS = ("default", "auto", "full", "random", "oracle", "nonpriv-last-layer", "o
 EPSILON_FREE = ("nonpriv-last-layer", "nonpriv-full")
 
 
-
-def _read_idx(path: Path) -> np.ndarray:
-    raw = gzip.decompress(path.read_bytes())
-    dims = [int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], "big") for i in range(raw[3])]
-    return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * raw[3]).reshape(dims)
-
-
 def _write_idx(path: Path, array: np.ndarray) -> None:
     header = bytes([0, 0, 8, array.ndim]) + b"".join(int(d).to_bytes(4, "big") for d in array.shape)
     path.write_bytes(header + np.ascontiguousarray(array, dtype=np.uint8).tobytes())
@@ -75,9 +67,14 @@ def make_split(public_size: int = 2000, seed: int = 0) -> dict:
     paths = {"train": folder / "private-images-idx3-ubyte", "public": folder / "public-images-idx3-ubyte",
              "test": SOURCE / "t10k-images-idx3-ubyte.gz"}
     if not paths["public"].with_name("public-labels-idx1-ubyte").exists():
+        if not (SOURCE / "train-images-idx3-ubyte.gz").exists():
+            raise SystemExit(f"Fashion-MNIST is not installed: {SOURCE} has no train-images-idx3-ubyte.gz. Install "
+                             "the Debian package (apt-get install dataset-fashion-mnist), then run the bench again.")
         folder.mkdir(parents=True, exist_ok=True)
-        x = _read_idx(SOURCE / "train-images-idx3-ubyte.gz")
-        y = _read_idx(SOURCE / "train-labels-idx1-ubyte.gz")
+        from privtune.data.idx import IDX_IMAGES_MAGIC, IDX_LABELS_MAGIC, read_idx
+
+        x = read_idx(SOURCE / "train-images-idx3-ubyte.gz", IDX_IMAGES_MAGIC)
+        y = read_idx(SOURCE / "train-labels-idx1-ubyte.gz", IDX_LABELS_MAGIC, "labels")
         public = np.zeros(len(x), dtype=bool)
         public[np.random.default_rng(seed).choice(len(x), public_size, replace=False)] = True
         for name, rows in (("private", ~public), ("public", public)):
