@@ -209,6 +209,11 @@ def test_a_key_given_twice_is_refused_with_both_lines(tmp_path, capsys):
     section = _write(tmp_path, "tune:\n  trials: 4\n  trials: 8\n", name="s.yaml")
     with pytest.raises(InvalidParameterError, match="'trials' is given twice"):
         check_config_file(section)
+    # a flow mapping puts both on one line
+    for i, text in enumerate(("{epsilon: 1, epsilon: 50}\n", "train: {epsilon: 1, mode: full, epsilon: 50}\n")):
+        flow = _write(tmp_path, text, name=f"flow{i}.yaml")
+        with pytest.raises(InvalidParameterError, match="key 'epsilon' is given twice on line 1"):
+            resolve_options("train", flow, {})
     assert main(["train", "--config", str(cfg), "--output", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "given twice" in err and not (tmp_path / "run").exists()

@@ -276,16 +276,18 @@ class _Loader(yaml.SafeLoader):
 
     def construct_mapping(self, node, deep=False):
         if isinstance(node, yaml.MappingNode):
-            seen: dict = {}
+            seen: dict = {}  # key → the line it was first given on
             for key_node, _ in node.value:
                 key = self.construct_object(key_node, deep=deep)
+                line = key_node.start_mark.line + 1
                 try:
-                    first = seen.setdefault(key, key_node.start_mark.line + 1)
+                    first = seen.get(key)
                 except TypeError:  # an unhashable key: SafeLoader's own error names it
                     break
-                if first != key_node.start_mark.line + 1:
-                    raise _Refused(f"key {_shown(key)} is given twice (lines {first} and "
-                                   f"{key_node.start_mark.line + 1}). Keep one of them.")
+                if first is not None:  # by presence, not by line: `{epsilon: 1, epsilon: 50}` is one line
+                    where = f"twice on line {line}" if first == line else f"twice (lines {first} and {line})"
+                    raise _Refused(f"key {_shown(key)} is given {where}. Keep one of them.")
+                seen[key] = line
         return super().construct_mapping(node, deep=deep)
 
 
