@@ -120,12 +120,15 @@ def test_charged_selection_and_mode_auto(files, tmp_path, monkeypatch):
     assert sum("η trial" in lab and "score" in lab for lab in labels) == len(placement)
     assert any("centering" in lab for lab in labels)          # private feature mean (no public split)
     assert r.certificate.metadata["selection"] == "train_noisy"
+    # the choice among three plans: what is proven without the fully adaptive assumption is stated
+    assert any("union bound" in n and "(ε, 3·δ)" in n for n in r.certificate.metadata["notes"])
 
 
 def test_bitfit_with_hyperfree_uses_joint_accounting(files, tmp_path):
     r = _tune(files, tmp_path, strategy="hyperfree", mode="bitfit", epochs=2, batch_size=40)  # > one epoch of steps
     cert = _check_certificate(r, 2.0)
     assert any("joint" in e["label"] for e in cert["events"])
+    assert not any("union bound" in n for n in r.certificate.metadata["notes"])  # one mode: no choice of plans
     assert len(r.history["strategy"]["lr_trajectory"]) == r.metrics["hyperparameters"]["steps"]
 
 

@@ -1175,6 +1175,14 @@ def _selection_of_run(req: _Request, inputs: _Inputs, ran: _Ran) -> str:
     return selection
 
 
+def _auto_choice_note(candidates: int) -> str:
+    """What the certificate of a ``--mode auto`` run that piloted ``candidates`` modes proves about the choice."""
+    return (f"mode auto: the pilots chose one of {candidates} mode plans fixed before the reservation, each "
+            "calibrated so that the pilots and its run compose to (ε, δ); a union bound over the plans proves "
+            f"(ε, {candidates}·δ); the stated (ε, δ) assumes fully adaptive composition, as the ledger does between "
+            "runs")
+
+
 def _certificate_metadata(req: _Request, inputs: _Inputs, tplan: _TunePlan, ran: _Ran, selection: str,
                           dataset_id: str | None) -> dict:
     """The certificate's metadata: what ran, how trials were selected and accounted (never data)."""
@@ -1193,6 +1201,8 @@ def _certificate_metadata(req: _Request, inputs: _Inputs, tplan: _TunePlan, ran:
     }
     if inputs.units is not None:  # user level: every pilot, trial, score and the final run sample and weigh units
         metadata["privacy_unit"] = inputs.unit_description
+    if len(tplan.pilot_modes) > 1:
+        metadata["notes"].append(_auto_choice_note(len(tplan.pilot_modes)))
     metadata.update(_trial_section(ran.trials, ran.outcome, req.strategy.not_private))
     if req.strategy.not_private:
         metadata["label"] = "NOT PRIVATE"
