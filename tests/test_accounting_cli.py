@@ -126,6 +126,26 @@ def test_a_billion_steps_is_answered_quickly(capsys):
     assert data["epsilon"] == pytest.approx(compute_epsilon(DPSGDEvent(1.0, 0.01, 10**9), 1e-5, "rdp"), rel=1e-12)
 
 
+def test_a_seeded_certificate_is_verified_but_not_private(capsys, tmp_path):
+    """A seeded run's events verify, but anyone with the seed can draw its noise again: `account` must not
+    call it private, in the table or in the JSON."""
+    from privtune.report.release import mark_seeded
+
+    cert = Certificate.from_events([DPSGDEvent(1.0, 0.01, 100)], 1e-5)
+    path = cert.save(tmp_path / "plain.json")
+    code, out, _ = run(capsys, "account", "--certificate", str(path), "--json")
+    assert code == 0 and json.loads(out)["private"] is True and json.loads(out)["label"] is None
+    mark_seeded(cert, {}, 7)
+    path = cert.save(tmp_path / "seeded.json")
+    code, out, _ = run(capsys, "account", "--certificate", str(path), "--json")
+    data = json.loads(out)
+    assert code == 0 and data["verified"] is True and data["private"] is False
+    assert data["label"].startswith("NOT PRIVATE")
+    code, out, _ = run(capsys, "account", "--certificate", str(path))
+    assert code == 0 and "VERIFIED" in out and "NOT PRIVATE" in out
+    assert "(ε, δ)-DP with respect to" not in out
+
+
 @pytest.mark.parametrize("extra,flag", [
     (["--epochs", "3"], "--epochs"),
     (["--dataset-size", "1000"], "--dataset-size"),

@@ -54,6 +54,8 @@ VERIFY_RTOL = 1e-6
 VERIFY_ATOL = 1e-9
 #: How an infinite ε (a certificate of NOT PRIVATE events) is written in JSON.
 INFINITE_EPSILON = "inf"
+#: how ``metadata.label`` begins for a run whose release is not private (seeded, or an uncharged selection)
+NOT_PRIVATE_LABEL = "NOT PRIVATE"
 
 
 def _non_private(events) -> bool:
@@ -212,8 +214,10 @@ class Certificate:
 
     @property
     def private(self) -> bool:
-        """False when the events include a :class:`NonPrivateEvent` (then ε = ∞: no guarantee)."""
-        return not _non_private(self.events)
+        """False when the events include a :class:`NonPrivateEvent` (then ε = ∞: no guarantee) or the run is
+        labelled NOT PRIVATE (``metadata.label``: a seeded run, whose noise anyone with the seed can draw again,
+        or the grid oracle, whose selection is uncharged); ε then describes the events, not the release."""
+        return not _non_private(self.events) and not str(self.metadata.get("label", "")).startswith(NOT_PRIVATE_LABEL)
 
     def save(self, path) -> Path:
         """Write the certificate as JSON to ``path`` (parent folders are created)."""

@@ -183,13 +183,17 @@ def _show_certificate(certificate: str, as_json: bool) -> None:
     if as_json:
         # ε as certificate.json writes it: a number, or "inf" for NOT PRIVATE events (never null)
         click.echo(json.dumps({"verified": True, "epsilon": cert.to_dict()["epsilon"], "private": cert.private,
-                               "delta": cert.delta, "accountant": cert.accountant, "events": len(cert.events),
+                               "label": cert.metadata.get("label"), "delta": cert.delta, "accountant": cert.accountant, "events": len(cert.events),
                                "neighbouring": cert.neighbouring, "path": certificate}, allow_nan=False))
         return
     rows = [[A.describe_event(e)] for e in cert.events]
+    # a run labelled NOT PRIVATE (seeded: its noise can be drawn again) gets its label, not the DP sentence
+    guarantee = (privacy_statement(cert.neighbouring) if cert.private else
+                 f"{cert.metadata.get('label') or 'NOT PRIVATE'}: the events' ε is no guarantee for this release")
     _print_table(f"certificate {certificate}: VERIFIED", ["event"], rows,
                  [f"ε = {cert.epsilon:.6g}, δ = {cert.delta:g}, accountant {cert.accountant}, "
-                  f"{cert.neighbouring}", privacy_statement(cert.neighbouring)] + list(cert.sampling_assumptions) + list(cert.notes))
+                  f"{cert.neighbouring}", guarantee] + list(cert.sampling_assumptions)
+                 + list(cert.notes))
 
 
 def _show_epsilon(sigma: float, q: float, T: int, n: int | None, delta: float, sampling: str, accountant: str,
