@@ -348,3 +348,16 @@ def test_report_has_an_audit_section_when_the_run_was_audited(ls_run, tmp_path):
     assert "white-box" in section and "2.5" in section and "VIOLATION" in section
     assert len(_images(section)) == 1  # the histogram, inlined
     assert AuditResult.from_dict(json.loads((run / "audit" / "whitebox" / "audit.json").read_text())) == res
+
+
+def test_report_states_no_time_at_the_unit_level(tmp_path):
+    """With the start time in the run directory's default name, the report's "generated" time would give the
+    run's duration, which grows with the number of rows: private at the unit level."""
+    run = make_run(tmp_path / "run", "train")
+    assert " · generated " in write_report(run).read_text(encoding="utf-8")
+    cert_path = run / "certificate.json"
+    cert = json.loads(cert_path.read_text(encoding="utf-8"))
+    cert["neighbouring"] = "add/remove all rows of one user_id"
+    cert_path.write_text(json.dumps(cert), encoding="utf-8")
+    html = write_report(run).read_text(encoding="utf-8")
+    assert " · generated " not in html and "all rows of one user_id" in html

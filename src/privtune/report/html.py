@@ -508,9 +508,11 @@ def render_report(run: RunData) -> tuple[str, dict[str, bytes]]:
     ]
     title = "privtune run report"
     kind = "tuning + training run" if run.trials else "training run"
-    # no time under repeat-and-select: the report is made when the run ends, and the run's duration grows with
-    # its secret number of trials
-    hide_time = run.strategy.get("accounting") == "repeat-and-select"
+    # no time under repeat-and-select or at the unit level: the report is made when the run ends, and with the
+    # start in the run directory's default name that gives the run's duration, which grows with its secret
+    # number of trials, or with its number of rows (private at the unit level)
+    hide_time = (run.strategy.get("accounting") == "repeat-and-select"
+                 or str(run.certificate.get("neighbouring", "")).startswith("add/remove all rows of one"))
     when = "" if hide_time else " · generated " + _dt.datetime.now().strftime("%Y-%m-%d %H:%M")
     problems = ""
     if b.notes:
