@@ -195,3 +195,19 @@ def test_unknown_and_unused_options_are_refused_before_anything_is_spent(files, 
     # refused before the ledger was opened and before anything was written to the run directory
     assert not (tmp_path / "l.db").exists()
     assert not (tmp_path / "run" / "certificate.json").exists()
+
+
+def test_noise_seeds_are_drawn_from_62_bits():
+    """A trial's seed is its noise: from 2**31 values anyone holding a released output could search for it."""
+    import re
+    from pathlib import Path
+
+    import numpy as np
+
+    from privtune.hpo.common import noise_seed
+
+    seeds = [noise_seed(np.random.default_rng(i)) for i in range(64)]
+    assert all(0 <= s < 2**62 for s in seeds) and max(seeds) >= 2**40
+    hpo = Path(__file__).resolve().parents[1] / "src" / "privtune" / "hpo"
+    narrow = [p.name for p in hpo.glob("*.py") if re.search(r"integers\(\s*2\s*\*\*\s*(31|32)\b", p.read_text())]
+    assert narrow == [], f"strategies drawing noise seeds from 32 bits or fewer: {narrow}"

@@ -64,6 +64,13 @@ def describe_selection(source: str) -> str:
 # --------------------------------------------------------------------------------------
 
 
+def noise_seed(rng) -> int:
+    """A run's noise seed drawn from ``rng`` (a numpy Generator): 62 bits, like :func:`privtune.hpo._resume.derive_seed`.
+    The seed determines the noise; one from a space small enough to enumerate (2**31) would let anyone holding
+    a released output search for the noise that produced it."""
+    return int(rng.integers(2**62))
+
+
 def epsilon_of(events: Sequence[Event], delta: float, accountant: str = "pld") -> float:
     """ε of the composition of ``events`` at ``delta`` (0 for no events)."""
     events = list(events)
@@ -536,6 +543,7 @@ __all__ = [
     "default_selection_noise",
     "describe_selection",
     "epsilon_of",
+    "noise_seed",
     "fill_epsilon_after",
     "full_batch_event",
     "mu_from_epsilon",

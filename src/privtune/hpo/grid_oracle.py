@@ -24,6 +24,7 @@ from privtune.hpo.common import (
     TrialRecord,
     calibrate_final,
     choose_best,
+    noise_seed,
 )
 from privtune.hpo.executors import TrialCall, run_trials
 from privtune.hpo.linear_scaling import search_space
@@ -77,7 +78,7 @@ def run(backend, selector, config: GridOracleConfig, epsilon: float, delta: floa
                                 accountant=accountant, what="one grid run")
         calls.append(TrialCall({"learning_rate": lr, "steps": T}, dict(
             noise_multiplier=sigma, sample_rate=1.0, steps=T, learning_rate=lr, optimizer="sgd",
-            momentum=config.momentum, clip=config.clip, free_step=config.free_step, seed=int(rng.integers(2**31)),
+            momentum=config.momentum, clip=config.clip, free_step=config.free_step, seed=noise_seed(rng),
             label=f"grid-oracle run {i} ({LABEL})")))
     trials, states = [], {}
 

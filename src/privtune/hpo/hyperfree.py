@@ -49,8 +49,9 @@ from privtune.accounting.events import DPSGDEvent, GaussianEvent
 from privtune.engine.mechanisms import noisy_scalar
 from privtune.engine.private_gradient import CLIPPINGS
 from privtune.engine.sampling import make_generator
-from privtune.finetune.modes import default_backbone_lr_scale
 from privtune.errors import InfeasibleBudgetError, InvalidParameterError
+from privtune.finetune.modes import default_backbone_lr_scale
+from privtune.hpo.backends import HookContext, RunHooks
 from privtune.hpo.common import (
     TUNABLE_MODES,
     BudgetPlan,
@@ -62,12 +63,12 @@ from privtune.hpo.common import (
     data_kind,
     epsilon_of,
     minibatch_schedule,
+    noise_seed,
     set_override,
     statistical_ties,
 )
-from privtune.hpo.backends import HookContext, RunHooks
-from privtune.training import LoopHook, fit, public_size
 from privtune.specs import ClippingSpec, LoopOptions, NoiseSpec, OptimizerSpec
+from privtune.training import LoopHook, fit, public_size
 
 NAME = "hyperfree"
 #: base optimizers whose direction d the learning-rate rule scales (see :class:`HyperfreeConfig`)
@@ -641,7 +642,7 @@ def place_learning_rate(backend, selector, config: HyperfreeConfig, trials_plan:
         run_i = backend.run({"learning_rate": lr}, noise_multiplier=trials_plan["noise_multiplier"],
                             sample_rate=trials_plan["sample_rate"], steps=trials_plan["steps"], learning_rate=lr,
                             optimizer=config.optimizer, clipping=config.clipping_for(False),
-                            seed=int(rng.integers(2 ** 31)), label=label, **alpha)
+                            seed=noise_seed(rng), label=label, **alpha)
         score, score_events = selector.score(backend.logits(run_i.state, selector.data), label=label + " score")
         records.append(TrialRecord(index=i, phase="η placement", score=score, score_source=selector.source,
                                    hyperparameters={"learning_rate": lr, "lr0_multiplier": m, **alpha,

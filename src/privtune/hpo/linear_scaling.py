@@ -21,8 +21,8 @@ Fixes over the paper / reference code (digest 000 §7.4, §8):
 
 from __future__ import annotations
 
-import math
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -32,7 +32,6 @@ from privtune._validation import check_choice, check_int, check_real
 from privtune.accounting import calibrate_noise_multiplier
 from privtune.accounting.events import DPSGDEvent, GaussianEvent
 from privtune.errors import InfeasibleBudgetError, InvalidParameterError
-from privtune.hpo.executors import TrialCall, run_trials
 from privtune.hpo.common import (
     TUNABLE_MODES,
     BudgetPlan,
@@ -46,7 +45,9 @@ from privtune.hpo.common import (
     epsilon_of,
     minibatch_schedule,
     mu_from_epsilon,
+    noise_seed,
 )
+from privtune.hpo.executors import TrialCall, run_trials
 
 NAME = "linear-scaling"
 
@@ -464,7 +465,7 @@ def run(backend, selector, config: LinearScalingConfig, p: LinearScalingPlan, *,
             calls.append(TrialCall({"learning_rate": lr, "steps": T}, dict(
                 noise_multiplier=math.sqrt(T) / mu_s, sample_rate=1.0, steps=T, learning_rate=lr, optimizer="sgd",
                 momentum=config.momentum, clip=config.clip, free_step=config.free_step,
-                seed=int(rng.integers(2**31)), label=f"linear-scaling sweep{s} trial {i}"), extra={
+                seed=noise_seed(rng), label=f"linear-scaling sweep{s} trial {i}"), extra={
                     "r_sampled": r, **({"note": note} if note else {})}))
         sweep_records = []
 
@@ -495,7 +496,7 @@ def run(backend, selector, config: LinearScalingConfig, p: LinearScalingPlan, *,
         progress(f"fit ({ext.space}-space): r* = {ext.r_star:.4g} → final run η={lr_f:.3g}, T={T_f}, σ={sigma_f:.4g}")
     ((final, _),) = run_trials(backend, [TrialCall({"learning_rate": lr_f, "steps": T_f}, dict(
         noise_multiplier=sigma_f, sample_rate=1.0, steps=T_f, learning_rate=lr_f, optimizer="sgd",
-        momentum=config.momentum, clip=config.clip, free_step=config.free_step, seed=int(rng.integers(2**31)),
+        momentum=config.momentum, clip=config.clip, free_step=config.free_step, seed=noise_seed(rng),
         label="linear-scaling final run", record=True))])
     data = {
         "name": NAME,
@@ -583,7 +584,7 @@ def run_minibatch(backend, selector, config: LinearScalingConfig, p: LinearScali
         lo, hi = (r_min, max(r_min, config.sweep1_fraction * r_max)) if s == 1 else (best_rs[0], r_max)
         calls = [TrialCall({"learning_rate": r / T, "steps": T}, dict(
             noise_multiplier=sig, sample_rate=q, steps=T, learning_rate=r / T, clip=config.clip,
-            seed=int(rng.integers(2**31)), label=f"linear-scaling sweep{s} trial {i}"), extra={"r": r})
+            seed=noise_seed(rng), label=f"linear-scaling sweep{s} trial {i}"), extra={"r": r})
             for i, r in enumerate(sample_r(rng, lo, hi, n, config.r_sampling))]
         recs = []
 
@@ -612,7 +613,7 @@ def run_minibatch(backend, selector, config: LinearScalingConfig, p: LinearScali
         progress(f"fit: r* = {ext.r_star:.4g} → final η={lr_f:.3g}, T={T_f}, σ={sigma_f:.4g}")
     ((final, _),) = run_trials(backend, [TrialCall({"learning_rate": lr_f, "steps": T_f}, dict(
         noise_multiplier=sigma_f, sample_rate=q, steps=T_f, learning_rate=lr_f, clip=config.clip,
-        seed=int(rng.integers(2**31)), label="linear-scaling final run", record=True))])
+        seed=noise_seed(rng), label="linear-scaling final run", record=True))])
     data = {"name": NAME, "trial_epsilons": [e1, e2], "best_r": best_rs, "r_star": ext.r_star,
             "fit": {"slope": ext.slope, "intercept": ext.intercept, "space": ext.space},
             "extrapolation": ext.to_dict(), "final_epsilon": p.final_epsilon, "minibatch": True,

@@ -43,6 +43,7 @@ from privtune.hpo.common import (
     choose_best,
     epsilon_of,
     mu_from_epsilon,
+    noise_seed,
 )
 from privtune.hpo.executors import TrialCall, run_trials
 from privtune.hpo.linear_scaling import SearchSpace, search_space
@@ -246,7 +247,7 @@ def run(backend, selector, config: RandomSearchConfig, p: RandomSearchPlan, *, s
         T = int(space.steps_grid[int(rng.integers(len(space.steps_grid)))])
         calls.append(TrialCall({"learning_rate": lr, "steps": T}, dict(
             noise_multiplier=math.sqrt(T) / mu, sample_rate=1.0, steps=T, learning_rate=lr, optimizer="sgd",
-            momentum=config.momentum, clip=config.clip, free_step=config.free_step, seed=int(rng.integers(2**31)),
+            momentum=config.momentum, clip=config.clip, free_step=config.free_step, seed=noise_seed(rng),
             label=f"random-search trial {i}", record=True)))
     trials, states = [], {}
 

@@ -18,7 +18,6 @@ from privtune._validation import check_choice, check_delta, check_epsilon, check
 from privtune.accounting import calibrate_noise_multiplier
 from privtune.choices import PREFERENCES
 
-
 #: Table 1 of seed 003 (practical implications), printed with every recommendation.
 CLIPPING_GUIDANCE = [
     ("Lower ε (tighter privacy)", "Increase C, decrease B."),
