@@ -106,3 +106,29 @@ def test_safetensors_full_disk_during_the_tune_release(files, tmp_path, monkeypa
     assert main(argv + ["--resume"]) == 0
     assert _actions(files, tmp_path) == ["init", "reserve", "resume", "commit"]
     assert (tmp_path / "run" / "certificate.json").is_file()
+
+
+def test_the_run_log_is_best_effort_on_a_full_disk(tmp_path):
+    """A failing run logs its error to log.txt before it prints it: on a full disk that write must not replace
+    the one clear error with a traceback."""
+    import errno
+
+    from privtune.report.progress import RunLog
+
+    class FullDisk:
+        def write(self, text):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def flush(self):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def close(self):
+            pass
+
+    log = RunLog(tmp_path / "log.txt")
+    log.write("before")
+    log._fh.close()
+    log._fh = FullDisk()
+    log.write("failed after the ledger reservation")  # no exception
+    log.close()
+    assert (tmp_path / "log.txt").read_text(encoding="utf-8").endswith("before\n")

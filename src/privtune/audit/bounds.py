@@ -3,10 +3,13 @@
 Setting (their Theorem 3.1): m canaries, each included in the training data independently with
 probability 1/2; after one training run the auditor guesses "in" or "out" for r of them (abstaining
 on the other m − r) and v guesses are correct.  If training is (ε, δ)-DP with respect to each
-canary, then for every v
+canary, then
 
     P[correct ≥ v] ≤ f(v) + 2·m·δ · max_{1 ≤ i ≤ m} (f(v − i) − f(v)) / i,
     f(u) = P[Binomial(r, p_ε) ≥ u],   p_ε = e^ε / (1 + e^ε)
+
+for every v when δ = 0.  With δ > 0 it can fail where the right-hand side is near 1 (:func:`p_value` gives a
+counter-example and what was searched); the lower bound uses only p-values ≤ β, where no failure is known.
 
 (p_ε is the accuracy of ε-randomised response: the best any ε-DP guesser can do per canary).
 The right-hand side is the p-value of observing v correct guesses under the hypothesis "the run is

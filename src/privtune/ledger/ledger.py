@@ -1213,8 +1213,9 @@ class Ledger:
             f"ε = {_fmt(st.total_epsilon - used)} of total ε = {_fmt(st.total_epsilon)} (δ = {st.delta:g}); "
             f"it asks for ε = {_fmt(alone)} on its own ({'; '.join(describe_event(e) for e in planned)}), and "
             f"composed with the {sum(1 for e in st.entries.values() if e.state != 'released')} earlier "
-            f"spend(s) the total would be ε = {_fmt(eps_after)}. Nothing was read or recorded. Use more noise, "
-            "fewer steps or a smaller sample rate, or raise the total explicitly with `privtune budget raise`."
+            f"spend(s) the total would be ε = {_fmt(eps_after)}. No example was used for training and nothing was "
+            "recorded. Use more noise, fewer steps or a smaller sample rate, or raise the total explicitly with "
+            "`privtune budget raise`."
         )
 
     def reserve(self, dataset: Any, planned_events: Any, *, command: str, config: Any = None,

@@ -75,8 +75,13 @@ class RunLog:
         """Append one line (newlines inside ``message`` are indented continuation lines)."""
         if self._fh is None:
             return
-        self._fh.write(self.format(message, when) + "\n")
-        self._fh.flush()
+        try:
+            self._fh.write(self.format(message, when) + "\n")
+            self._fh.flush()
+        except OSError:
+            # best effort: a full disk must not turn the one clear error of a failing run (whose handler logs
+            # it here) into a traceback; the ledger, not this log, holds what was spent
+            pass
 
     def close(self) -> None:
         if self._fh is not None:
