@@ -1,4 +1,4 @@
-"""One-run privacy audits of DP-BiTFiT and DP last-layer training of all-MiniLM-L6-v2 on SST-2 (issue 17).
+"""One-run privacy audits of DP-BiTFiT and DP last-layer training of all-MiniLM-L6-v2 on SST-2.
 
 For each mode and claimed ε ∈ {1, 4, 8} (δ = 1e-5, Poisson sampling, flat clipping C = 1, DP-Adam) this
 runs :func:`privtune.audit.audit` once:

@@ -1,4 +1,4 @@
-"""Benchmark of private hyperparameter tuning on SST-2 (issue 7, item 8).
+"""Benchmark of private hyperparameter tuning on SST-2.
 
 Part A (MiniLM features, last layer): for every total ε and seed, each strategy is run with its
 whole tuning cost charged (linear-scaling, single-step, hyperfree, honestly charged random search)
@@ -17,7 +17,7 @@ Part B, ``--bitfit`` (DP-BiTFiT of MiniLM, end to end through the public API): o
 private SST-2 training phrases (``--bitfit-subset``, default 2000; 500 other training phrases declared
 public), at each ``--bitfit-epsilons`` total, ``privtune.tune(mode="bitfit", strategy="hyperfree")``
 against ``privtune.train(mode="bitfit")`` with one fixed, untuned setting (2 epochs, expected batch
-256, DP-Adam lr 1e-2, C = 1: the issue's reference setting scaled to the subset) and the NOT PRIVATE
+256, DP-Adam lr 1e-2, C = 1: bench/sst2.py's fixed setting scaled to the subset) and the NOT PRIVATE
 non-private BiTFiT on the same subset.  Dev accuracy, mean ± std over ``--bitfit-seeds`` (3) run
 seeds on one fixed split (about 20 min on 2 cores).
 

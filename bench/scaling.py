@@ -1,4 +1,4 @@
-"""Data-parallel DP training (issue 16): examples per second of 1 vs 2 processes, measured in one run.
+"""Data-parallel DP training: examples per second of 1 vs 2 processes, measured in one run.
 
 In ONE invocation, on the CPU with gloo, each process on one thread (OMP_NUM_THREADS=1):
 

@@ -9,7 +9,7 @@ For each fine-tuning mode (BiTFiT: biases + mean-pooling head; full: every param
 
 all in the same process, and reports GLUE dev accuracy (872 sentences) next to each other.
 
-Fixed hyperparameters (not tuned on dev; chosen from the references in issue 6 and digest 004):
+Fixed hyperparameters (not tuned on dev; chosen from published settings, among them Bu et al.'s DP-BiTFiT):
 
 =============  =====================================================================================
 DP-BiTFiT      expected batch B = 500 (q = B/N), 2 epochs (T = 16 at N = 4,000), Adam lr 1e-2, C = 1

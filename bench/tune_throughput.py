@@ -1,4 +1,4 @@
-"""tune's DP-BiTFiT path vs the engine's DP-BiTFiT step (issue 14): examples per CPU second, one run.
+"""tune's DP-BiTFiT path vs the engine's DP-BiTFiT step: examples per CPU second, one run.
 
 In ONE invocation, each in a fresh process on one CPU thread (torch.set_num_threads(1), OMP_NUM_THREADS=1):
 

@@ -17,8 +17,8 @@ every ``tune`` trial and final run (heads on cached features, BiTFiT, LoRA, full
 learning-rate probe, which is a :class:`LoopHook` on this loop, not a loop of its own.
 
 **Train/eval-mode policy (stated once, here).** During DP training the model runs in eval mode
-(dropout off, as in seed 002's fine-tuning recipe), in every mode and every strategy; the extra
-forward passes of a hook (hyperfree's loss probes) run in the same mode with the engine paused.
+(dropout off, as in the fine-tuning recipe of Mehta et al. (large-scale transfer)), in every mode and every
+strategy; the extra forward passes of a hook (hyperfree's loss probes) run in the same mode with the engine paused.
 This also makes resumed runs bit-for-bit identical to uninterrupted ones with a fixed seed (on the CPU; CUDA
 sums some gradients in no fixed order).
 """
@@ -283,8 +283,8 @@ def _make_optimizer(name: str, params: list, lr: float, momentum: float, weight_
 
 def _lr_groups(model: nn.Module, params: list, lr: float, backbone_lr_scale: float) -> list[dict]:
     """Parameter groups for the optimizer: the classification head at η, every other trainable parameter at
-    α·η (seed 002's pre-trained-layer multiplier; α = 1 gives one group).  Each group keeps its ``lr_scale``
-    so that a learning-rate change (a hook, a schedule) keeps the ratio."""
+    α·η (the pre-trained-layer multiplier of Mehta et al. (large-scale transfer); α = 1 gives one group).
+    Each group keeps its ``lr_scale`` so that a learning-rate change (a hook, a schedule) keeps the ratio."""
     head = getattr(model, "head", None)
     head_ids = {id(p) for p in head.parameters()} if isinstance(head, nn.Module) else set()
     if backbone_lr_scale == 1.0 or not head_ids:
@@ -735,7 +735,8 @@ class _Loop:
             self.pg.close()
 
     def clipping_diagnostics(self) -> dict | None:
-        """Seed 003 diagnostics from the norms seen during training (+ MSE-optimal C on a sample). NOT PRIVATE."""
+        """Clipping diagnostics after Rehn et al. (optimal clipping and batch size) from the norms seen during
+        training (+ MSE-optimal C on a sample). NOT PRIVATE."""
         if self.diag is None or not self.diag["norms"]:
             return None
         from privtune.engine import clipping_diagnostics, optimal_clip_mse

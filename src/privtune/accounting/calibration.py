@@ -382,7 +382,7 @@ def calibrate_loss_noise_multiplier(
     spent_events=(),
     max_noise_multiplier: float = 1e4,
 ) -> float:
-    """Seed 001 (HyFreeDP) shared-batch calibration of the loss-noise multiplier σ_l.
+    """Liu et al. (HyFreeDP): shared-batch calibration of the loss-noise multiplier σ_l.
 
     A run of ``steps`` Poisson steps with gradient noise σ_g releases, every ``update_every``
     steps (at t = 0, K, 2K, ...: ⌈T/K⌉ update steps), ``loss_releases`` privatised losses on the

@@ -82,7 +82,7 @@ def noise_multiplier_full_batch(epsilon: float, delta: float, steps: int) -> flo
 
 
 def joint_noise_multiplier(grad_noise_multiplier: float, loss_noise_multiplier: float, loss_releases: int) -> float:
-    """Seed 001: one step releasing a gradient (σ_g) and k losses (σ_l) on the *same* batch is one
+    """Liu et al. (HyFreeDP): one step releasing a gradient (σ_g) and k losses (σ_l) on the *same* batch is one
     Gaussian mechanism with σ_eff = (σ_g⁻² + k·σ_l⁻²)^(−1/2) (per step, before subsampling)."""
     sg = check_real(grad_noise_multiplier, "grad_noise_multiplier", low=0.0)
     sl = check_real(loss_noise_multiplier, "loss_noise_multiplier", low=0.0)
@@ -92,7 +92,7 @@ def joint_noise_multiplier(grad_noise_multiplier: float, loss_noise_multiplier: 
 
 def linear_scaling_total_epsilon(trial_epsilons: Iterable[float], runs_per_trial: int | Iterable[int],
                                  delta: float) -> tuple[float, float]:
-    """Seed 000 (Panda et al.) total ε of full-batch sweeps: each run budgeted ε_i at δ is
+    """Total ε of the full-batch sweeps of Panda et al. (linear scaling): each run budgeted ε_i at δ is
     μ_i = μ(ε_i, δ)-GDP; n_i runs of each compose to μ_total = √(Σ n_i μ_i²).
 
     Returns ``(epsilon_total, mu_total)``.  Example: ε = (0.1, 0.2, 0.88), n = (3, 3, 1),

@@ -5,7 +5,7 @@ and reused by every step, trial and run: :func:`cache_features` returns a :class
 (an (N, d) float32 tensor and labels).  :func:`privtune.training.fit` accepts a ``FeatureSet`` as
 training data and then trains only the classification head on it, with the same DP step (clipping,
 noise once per logical batch, division by the expected batch size) as every other mode, at hundreds
-of thousands of example-gradients per second; seed 002's single full-batch step is
+of thousands of example-gradients per second; the single full-batch step of Mehta et al. (large-scale transfer) is
 ``fit(model, features, noise=NoiseSpec(σ, sample_rate=1.0, steps=1), optimizer=OptimizerSpec("adam", ...))`` from the zero head that
 ``apply_mode(model, "last-layer")`` sets up.
 

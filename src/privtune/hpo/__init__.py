@@ -1,11 +1,12 @@
 """Private hyperparameter tuning: one honest (ε, δ) for tuning *and* training.
 
-:func:`tune` takes a total budget, spends part of it on tuning with one of the seeds'
+:func:`tune` takes a total budget, spends part of it on tuning with one of the published
 strategies and trains the final model with the rest, proving the total in one
 certificate.  :func:`recommend` gives a batch size, σ and clipping guidance for a budget.
 
-Strategies (one module each): :mod:`~privtune.hpo.linear_scaling` (seed 000),
-:mod:`~privtune.hpo.hyperfree` (seed 001), :mod:`~privtune.hpo.single_step` (seed 002),
+Strategies (one module each): :mod:`~privtune.hpo.linear_scaling` (Panda et al., linear scaling),
+:mod:`~privtune.hpo.hyperfree` (Liu et al., HyFreeDP), :mod:`~privtune.hpo.single_step` (Mehta et al.,
+large-scale transfer),
 :mod:`~privtune.hpo.random_search` (honest baseline) and :mod:`~privtune.hpo.grid_oracle`
 (NOT PRIVATE reference only), each one :class:`~privtune.hpo.common.Strategy`
 class registered in :mod:`privtune.hpo.registry`.

@@ -3,8 +3,9 @@ tuning's trials return, journal and compare.
 
 Head trials are trained by :func:`privtune.training.fit` (the one DP loop) with the closed-form clipped
 head gradient of :class:`privtune.finetune.LinearHeadGradient` (see
-:class:`privtune.hpo.backends.FeatureBackend`): seed 000's full-batch SGD-momentum head with its free
-step, seed 002's single full-batch DP-Adam step and seed 001's AUTO-S Poisson head all run there.
+:class:`privtune.hpo.backends.FeatureBackend`): the full-batch SGD-momentum head with its free step of
+Panda et al. (linear scaling), the single full-batch DP-Adam step of Mehta et al. (large-scale transfer)
+and the AUTO-S Poisson head of Liu et al. (HyFreeDP) all run there.
 """
 
 from __future__ import annotations

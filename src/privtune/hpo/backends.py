@@ -120,7 +120,8 @@ class _PublicCurve(LoopHook):
 
 
 class _FreeMomentumStep(LoopHook):
-    """One extra step along the SGD momentum buffer after training (post-processing, seed 000 A.3)."""
+    """One extra step along the SGD momentum buffer after training (post-processing; Panda et al. (linear
+    scaling), their §A.3)."""
 
     def on_end(self, loop) -> None:
         with torch.no_grad():
@@ -353,9 +354,10 @@ class ModelBackend:
     def __init__(self, model: Any, train_set: Any, mode: str, *, optimizer: str = "adam", clipping: str = "flat",
                  max_physical_batch_size: int = 64, curve_data=None, lora_rank: int = 8,
                  zero_init_head: bool = True, device: Any = None, units: tuple | None = None):
-        """``zero_init_head``: start every run from a zero classification head (seed 002).  With the
-        random head of a fresh Hugging Face classifier, AUTO-S (hyperfree) DP-BiTFiT of MiniLM stayed
-        at chance on SST-2 even without noise, while from a zero head it learned (docs/strategies/hyperfree.md)."""
+        """``zero_init_head``: start every run from a zero classification head (as Mehta et al., large-scale
+        transfer, do).  With the random head of a fresh Hugging Face classifier, AUTO-S (hyperfree) DP-BiTFiT
+        of MiniLM stayed at chance on SST-2 even without noise, while from a zero head it learned
+        (docs/strategies/hyperfree.md)."""
         self.base = model
         self.train_set = train_set
         self.mode = mode

@@ -1,5 +1,5 @@
-"""Hyperparameter-free DP training (seed 001: Liu & Bu, "Towards Hyperparameter-Free
-Optimization with Differential Privacy", HyFreeDP), with the digest's guards.
+"""Hyperparameter-free DP training (Liu & Bu, "Towards Hyperparameter-Free
+Optimization with Differential Privacy", HyFreeDP), with added guards.
 
 * **AUTO-S clipping** on cached features: per-example gradients are normalised,
   g_i/(‖g_i‖ + γ), so there is no clipping threshold to tune (sensitivity ≤ 1).  On a model
@@ -9,30 +9,31 @@ Optimization with Differential Privacy", HyFreeDP), with the digest's guards.
   privatised at w, w − η·d and w + η·d on the *same* Poisson batch as the gradient
   (L̃ = (Σ clamp(ℓ_i, ±R_l) + σ_l·R_l·N(0, 1)) / B), a parabola is fitted and η moves
   towards its minimiser b/a (GeN, Bu & Xu 2024).
-* **Joint accounting** (digest 001 §4.5): the gradient and the P loss releases of an
+* **Joint accounting**: the gradient and the P loss releases of an
   update step use the same batch, so that step is one Poisson-subsampled Gaussian with
   σ_eff = (σ_g⁻² + P·σ_l⁻²)^(−1/2) (:func:`privtune.accounting.joint_noise_multiplier`);
   σ_g = γ·σ and σ_eff is calibrated inside the composition (no bisection loop needed).
   The paper's "independent releases" rule under-reports ε by about 2× and is not offered.
-* **Guards** (digest 001 §3.3/§9 D4, from the GeN reference code): accept a fit only if
+* **Guards** (from the GeN reference code): accept a fit only if
   a > 0 and b > 0; clamp the proposal to [η/2, 2η]; smooth η ← 0.9·η + 0.1·proposal;
   floor η; R_l ← max(R_min, L0 + Lm + Lp) (the paper's "conservative" rule).
-* **η placement on a model** (bitfit, lora, full; privtune's addition, issue 15): the guarded update
+* **η placement on a model** (bitfit, lora, full; privtune's addition): the guarded update
   moves η by at most about 1.1× per update, so from a fixed η0 a run cannot find the learning-rate
   *scale*.  Before the run, ``len(lr_trials)`` short charged trials (each ``trial_fraction`` of the
   final run's steps, at the final run's Poisson rate q, so at the same expected batch) train from η0·m
   for each multiplier m; the best by the selection score (public split: free; else a charged noisy
-  score) gives the final run's η0 by seed 000's linear scaling rule (the best r = η·T grows with ε:
+  score) gives the final run's η0 by the linear scaling rule of Panda et al. (the best r = η·T grows with ε:
   η·(T_t/T)·(ε_f/ε_t), at most the trial's η; :func:`lr_transfer`), which the guarded rule then refines.  The trials' events and
   scores are planned with the rest (they spend ``trial_share`` of ε), before any data is read.
 * **η0 that does not stall heads**: the paper's η0 = 1e-4 never moves a zero-initialised
-  head (pilot, digest §8.3), so the default η0 depends on what is trained: 0.1 for a
-  head on features, DP-BiTFiT's 5e-3 (seed 004, Table 8: the DP learning rates used with
+  head (measured in a pilot), so the default η0 depends on what is trained: 0.1 for a
+  head on features, DP-BiTFiT's 5e-3 (Bu et al., DP-BiTFiT, Table 8: the DP learning rates used with
   DP-Adam(W); the zero-initialised head trains with them) and 5e-3 for the head of DP full
-  fine-tuning, whose pre-trained weights step at α·η (α = 0.1: seed 002's pre-trained-layer
-  multiplier, :data:`privtune.finetune.modes.DEFAULT_BACKBONE_LR_SCALES`), 1e-3 for LoRA.  The guarded update moves η by at
-  most about 1.1× per update, so η0 must already be in the right decade: measured on SST-2
-  (2,000 phrases, ε = 1, `bench/hpo.py --bitfit`), DP-BiTFiT from η0 = 1e-4 stayed at chance.
+  fine-tuning, whose pre-trained weights step at α·η (α = 0.1: the pre-trained-layer multiplier of
+  Mehta et al. (large-scale transfer), :data:`privtune.finetune.modes.DEFAULT_BACKBONE_LR_SCALES`), 1e-3
+  for LoRA.  The guarded update moves η by at most about 1.1× per update, so η0 must already be in the
+  right decade: measured on SST-2 (2,000 phrases, ε = 1, `bench/hpo.py --bitfit`), DP-BiTFiT from
+  η0 = 1e-4 stayed at chance.
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ OPTIMIZERS = ("adamw", "adam", "sgd")
 
 #: multipliers of the mode's η0 tried by the η-placement trials on a model (HyperfreeConfig.lr_trials).  With
 #: the default trial length and share the final run starts at the winning trial's η (:func:`lr_transfer`), so
-#: the grid brackets η0 from above (DP-BiTFiT: 5e-3, 1.5e-2, 5e-2; the issue's reference 1e-2 lies between the
+#: the grid brackets η0 from above (DP-BiTFiT: 5e-3, 1.5e-2, 5e-2; bench/sst2.py's fixed 1e-2 lies between the
 #: first two; short trials favour the larger η).  The earlier grid (3, 10, 30) with r kept (final η = trial
 #: η·T_t/T) started full-size DP-BiTFiT at 1.5e-3: 78.6 % dev at ε = 1
 DEFAULT_LR_TRIALS = (1.0, 3.0, 10.0)
@@ -88,7 +89,7 @@ DEFAULT_LR_TRIALS_BY_MODE = {"full": (1.0, 3.0)}
 #: the fewest steps of one η-placement trial
 MIN_TRIAL_STEPS = 3
 
-#: default initial learning rate per fine-tuning mode (digest 001 §9 D22; seed 004 Table 8 for bitfit/full)
+#: default initial learning rate per fine-tuning mode (Bu et al. (DP-BiTFiT), Table 8 for bitfit/full)
 #: η0 by mode; for full fine-tuning the head's rate (the pre-trained weights step at α·η: DEFAULT_BACKBONE_LR_SCALES)
 DEFAULT_LR0 = {"last-layer": 1e-1, "features": 1e-1, "bitfit": 5e-3, "full": 5e-3, "lora": 1e-3, "two-phase": 5e-4}
 #: η0 of a head on a frozen image backbone's features (L2-normalised per example, finetune.head_input_normalization).
@@ -169,7 +170,7 @@ def gen_lr_update(L0: float, Lm: float, Lp: float, lr: float, *, clamp_factor: f
 
 def privatize_loss(losses: torch.Tensor, R_l: float, noise_multiplier: float, expected_batch_size: float,
                    generator: torch.Generator | None = None, weights: torch.Tensor | None = None) -> float:
-    """Eq. (7) of seed 001: (Σ clamp(ℓ_i, −R_l, R_l) + σ_l·R_l·N(0, 1)) / B (a NaN or inf ℓ_i counts 0).
+    """Eq. (7) of Liu et al. (HyFreeDP): (Σ clamp(ℓ_i, −R_l, R_l) + σ_l·R_l·N(0, 1)) / B (a NaN or inf ℓ_i counts 0).
 
     The clipped sum has add/remove sensitivity R_l, so this is a Gaussian mechanism with
     noise multiplier ``noise_multiplier`` (σ_l), :func:`privtune.engine.mechanisms.noisy_scalar`.  B is the
@@ -214,7 +215,7 @@ class HyperfreeConfig:
         24 steps) AUTO-S reached 56.5 % dev accuracy against 75.2 % for flat clipping at the same σ
         (docs/strategies/hyperfree.md has the command).
     lr_trials : multipliers m of η0; on a model, one short charged trial per m places η before the run
-        (η placement, issue 15).  None (default) = :data:`DEFAULT_LR_TRIALS` on a model
+        (η placement).  None (default) = :data:`DEFAULT_LR_TRIALS` on a model
         (:data:`DEFAULT_LR_TRIALS_BY_MODE` where a mode differs: ``full`` tries 1 and 3) and none on cached
         features (where the run alone already moves η enough); ``()`` turns placement off.
     trial_fraction : steps of each placement trial as a fraction of the final run's steps (0.1; at least
@@ -222,9 +223,10 @@ class HyperfreeConfig:
     trial_share : the share of the total ε the placement trials spend together (0.15), scores included
         in the composition; the final run is calibrated on the rest.
     backbone_lr_scale : α in (0, 1]: on a model, every trainable parameter outside the classification head
-        steps at α·η, the head at η, in the η-placement trials and in the run (seed 002's pre-trained-layer
-        multiplier; the learning-rate probe moves η and keeps the ratio).  None (default) = the mode's
-        (:data:`privtune.finetune.modes.DEFAULT_BACKBONE_LR_SCALES`; 1 where not listed).
+        steps at α·η, the head at η, in the η-placement trials and in the run (the pre-trained-layer
+        multiplier of Mehta et al. (large-scale transfer); the learning-rate probe moves η and keeps the
+        ratio).  None (default) = the mode's (:data:`privtune.finetune.modes.DEFAULT_BACKBONE_LR_SCALES`;
+        1 where not listed).
     tie_tolerance : placement trials scoring within this of the best (0.005, i.e. half a point of
         accuracy), or within the selection split's statistical margin if larger
         (:meth:`privtune.hpo.common.Selector.tie_margin`: two standard errors of a difference; about 3 points
@@ -365,9 +367,9 @@ def plan_lr_trials(config: HyperfreeConfig, total_epsilon: float, delta: float, 
 
 
 def lr_transfer(lr_trials: dict, final_events, steps: int, delta: float, accountant: str = "pld") -> dict:
-    """How a placement trial's η carries to the final run: seed 000's linear scaling rule.
+    """How a placement trial's η carries to the final run: the linear scaling rule of Panda et al.
 
-    The best total step r = η·T grows about linearly with ε (seed 000; digest 000 §7.4's "proportional"
+    The best total step r = η·T grows about linearly with ε (Panda et al. (linear scaling); here the "proportional"
     extrapolation, a line through the origin fitted in ε, each run's own ε at the common δ), so the final run
     takes r_f = r_t·ε_f/ε_t, i.e. η_f = η_t·(T_t/T)·(ε_f/ε_t).  Keeping r alone (η_t·T_t/T) ignores that the
     final run has about ten times a trial's ε; measured at full SST-2 size it started DP-BiTFiT at 1.5e-3 and
@@ -377,7 +379,7 @@ def lr_transfer(lr_trials: dict, final_events, steps: int, delta: float, account
     eps_trial = epsilon_of([DPSGDEvent(lr_trials["noise_multiplier"], lr_trials["sample_rate"], lr_trials["steps"])],
                            delta, accountant)
     eps_final = epsilon_of(list(final_events), delta, accountant)
-    # capped at 1 (digest 000 D6: clamp the extrapolation): the trials measured no η above their own, so the
+    # capped at 1 (the extrapolation is clamped): the trials measured no η above their own, so the
     # final run never starts above the winning trial's η (short runs, e.g. T = 6 with 3-step trials, would
     # otherwise extrapolate to about 6× it)
     # (a trial whose ε rounds to 0, at a tiny total ε, measured nothing to extrapolate from: the cap applies)
@@ -455,7 +457,7 @@ def _report_step(progress, hist: dict, t: int, batch: int, eval_fn, eval_every: 
 
 
 def _update_lr(L0: float, Lm: float, Lp: float, lr: float, t: int, config, hist: dict) -> tuple[float, float]:
-    """One learning-rate update from the three privatised losses (guards of digest 001 §11), recorded in
+    """One guarded learning-rate update from the three privatised losses (see the module docstring), recorded in
     ``hist``; returns the new η and the new loss clipping bound R_l (the sum of the three losses)."""
     upd = gen_lr_update(L0, Lm, Lp, lr, clamp_factor=config.clamp_factor, smoothing=config.smoothing,
                         lr_min=config.lr_min)
@@ -546,7 +548,7 @@ def train_hyperfree(model, train_set, *, steps: int, sample_rate: float, sigma_g
                     config: HyperfreeConfig, lr0: float, seed: int | None = None,
                     max_physical_batch_size: int | None = None, progress=None, evaluate=None, eval_every: int = 0,
                     device=None, backbone_lr_scale: float = 1.0) -> dict:
-    """HyFreeDP (Algorithm 1 of seed 001, guarded) through :func:`privtune.training.fit`, the one DP loop.
+    """HyFreeDP (Algorithm 1 of Liu et al., guarded) through :func:`privtune.training.fit`, the one DP loop.
 
     ``model`` is a Classifier whose trainable parameters are set (bitfit, lora, full) with a text or
     image ``train_set``, or a zero-initialised ``nn.Linear`` head with a
@@ -719,7 +721,7 @@ def run(backend, config: HyperfreeConfig, p: HyperfreePlan, *, mode: str = "last
 
 
 class Hyperfree(Strategy):
-    """Hyperparameter-free (seed 001): no trials; the learning rate is set from privatised losses."""
+    """Hyperparameter-free (Liu et al., HyFreeDP): no trials; the learning rate is set from privatised losses."""
 
     name = NAME
     modes = TUNABLE_MODES

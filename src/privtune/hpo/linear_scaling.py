@@ -1,19 +1,19 @@
-"""Linear-scaling HPO (seed 000: Panda, Tang et al., "A New Linear Scaling Rule for Private
-Adaptive Hyperparameter Optimization", Algorithm 2), with the engineering digest's fixes.
+"""Linear-scaling HPO (Panda, Tang et al., "A New Linear Scaling Rule for Private
+Adaptive Hyperparameter Optimization", Algorithm 2), with engineering fixes.
 
 One meta-hyperparameter is tuned: the total step size ``r = η·T`` (learning rate on the
 mean gradient times optimizer steps).  Two cheap sweeps at small per-run budgets ε₁ < ε₂
 find the best r at each; a line r(ε) through the two points is extrapolated to the final
 run's per-run ε_f; one final run at ε_f uses r*.
 
-Fixes over the paper / reference code (digest 000 §7.4, §8):
+Fixes over the paper / reference code:
 
-* r is sampled **log-uniformly** (D4); sweep 1 on [r_min, r_max/10], sweep 2 on
-  **[r₁*, r_max]** (the issue's fix: the code's r_max/5 cap put winners on the edge).
+* r is sampled **log-uniformly**; sweep 1 on [r_min, r_max/10], sweep 2 on
+  **[r₁*, r_max]** (the reference code's r_max/5 cap put winners on the edge).
 * η is **capped** (``lr_bounds``): r is split as (η = r/T, T from the grid with η inside
-  the bounds), so T grows when r needs it instead of η exploding (D7, D8).
+  the bounds), so T grows when r needs it instead of η exploding.
 * r* is **clamped** to the searched range; a **negative slope** or r* ≤ 0 falls back to
-  the best r of sweep 2 (D6); the fit is in **ε-space** by default, μ-space optional (D5).
+  the best r of sweep 2; the fit is in **ε-space** by default, μ-space optional.
 * Full-batch runs are exact GDP (μ = √T/σ) and compose in μ; mini-batch runs are
   Poisson-subsampled DP-SGD events composed with PLD.  T is counted in optimizer steps.
 * The final run's σ is calibrated *inside the composition* of all trial events.
@@ -80,8 +80,8 @@ def default_lr_bounds(data_kind: str | None = None) -> tuple[float, float]:
 class SearchSpace:
     """Bounds of the search: η ∈ [lr_min, lr_max] (mean-gradient step size), T ∈ steps_grid.
 
-    ``r_min = lr_min · min(T)`` and ``r_max = lr_max · max(T)``.  The default box is the
-    digest's narrow box for a linear head under the mean convention (η ∈ [0.01, 10],
+    ``r_min = lr_min · min(T)`` and ``r_max = lr_max · max(T)``.  The default box is a
+    narrow box for a linear head under the mean convention (η ∈ [0.01, 10],
     T ∈ {5, …, 150}, r ∈ [0.05, 1500]); a wider box hurt Algorithm 2 in the pilot.
     """
 
@@ -138,7 +138,7 @@ def decompose(r: float, space: SearchSpace, rng: np.random.Generator | None = No
               prefer: str = "random") -> tuple[float, int, str]:
     """Split r into (η, T) with η = r/T exactly, T in the grid and η within the bounds.
 
-    ``prefer="random"``: T uniform among the feasible grid values (digest D7 default);
+    ``prefer="random"``: T uniform among the feasible grid values (the default);
     ``"fewest_steps"``: the smallest feasible T (η as large as allowed: cheapest).
     An r outside [r_min, r_max] is clamped first (the note says so).  Always terminates.
     Returns (η, T, note).
@@ -455,7 +455,7 @@ def run(backend, selector, config: LinearScalingConfig, p: LinearScalingPlan, *,
     for s, (eps_s, mu_s) in enumerate([(e1, mus[0]), (e2, mus[1])], start=1):
         if s == 1:
             r_lo, r_hi = space.r_min, max(space.r_min, config.sweep1_fraction * space.r_max)
-        else:  # the issue's fix: sweep 2 searches between sweep 1's best r and r_max
+        else:  # a fix over the reference code: sweep 2 searches between sweep 1's best r and r_max
             r_lo, r_hi = best_rs[0], space.r_max
         # the sweep's draws (r, its split into (η, T), the seed) are made here, in the one-by-one order, before
         # its runs start: where they run (hpo.executors) changes nothing they compute
@@ -580,7 +580,7 @@ def run_minibatch(backend, selector, config: LinearScalingConfig, p: LinearScali
     best_rs: list[float] = []
     for s, (eps_s, sig) in enumerate(zip((e1, e2), p.sigmas), start=1):
         # sweep 1 on [r_min, sweep1_fraction·r_max] (the code's prior, as in the full-batch variant);
-        # sweep 2 between sweep 1's best r and r_max (the issue's fix)
+        # sweep 2 between sweep 1's best r and r_max (a fix over the reference code)
         lo, hi = (r_min, max(r_min, config.sweep1_fraction * r_max)) if s == 1 else (best_rs[0], r_max)
         calls = [TrialCall({"learning_rate": r / T, "steps": T}, dict(
             noise_multiplier=sig, sample_rate=q, steps=T, learning_rate=r / T, clip=config.clip,
@@ -629,7 +629,7 @@ def run_minibatch(backend, selector, config: LinearScalingConfig, p: LinearScali
 
 
 class LinearScaling(Strategy):
-    """Linear scaling (seed 000): two sweeps of cheap trials, a fitted line, one final run at the rest."""
+    """Linear scaling of Panda et al.: two sweeps of cheap trials, a fitted line, one final run at the rest."""
 
     name = NAME
     modes = TUNABLE_MODES

@@ -1,9 +1,9 @@
 """Random search, honestly charged: the baseline every private tuner must beat.
 
 k configurations (η log-uniform in the box, T uniform in the grid, drawn independently
-as in seed 000's baseline code) are trained; the best one by the selection score is
-released as the model (no separate final run).  Its cost is accounted whichever way is
-tighter (the issue's rule):
+as in the baseline code of Panda et al., linear scaling) are trained; the best one by the
+selection score is released as the model (no separate final run).  Its cost is accounted
+whichever way is tighter:
 
 * **plain composition** of all k trials (and their charged scores), each trial getting
   per-run μ_t = √((μ_total² − scores)/k) in GDP (exact for full batch), PLD-verified; or

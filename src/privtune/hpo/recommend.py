@@ -1,12 +1,12 @@
-"""Batch-size, σ and clipping recommendations (seed 003: "On Optimal Hyperparameters for
-Differentially Private Deep Transfer Learning", §6 and Table 1; digest 003 §3.3).
+"""Batch-size, σ and clipping recommendations (Rehn et al., "On Optimal Hyperparameters for
+Differentially Private Deep Transfer Learning", §6 and Table 1).
 
 Under a fixed epoch budget (T = ⌈E·N/B⌉), the cumulative noise σ·√T is nearly flat over a
 wide range of batch sizes at small ε (the "noise plateau"), and a minimum number of
 optimizer steps is needed.  The rule: among candidate batch sizes with T ≥ ``min_steps``,
 take the **smallest** B whose σ√T is within ``plateau_tol`` of the minimum (more steps at
 no extra cumulative noise).  ``prefer="cap"`` instead takes the largest B meeting the step
-floor (cheaper in wall-clock at high epochs; digest 003 §8 A21).
+floor (cheaper in wall-clock at high epochs).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from privtune._validation import check_choice, check_delta, check_epsilon, check
 from privtune.accounting import calibrate_noise_multiplier
 from privtune.choices import PREFERENCES
 
-#: Table 1 of seed 003 (practical implications), printed with every recommendation.
+#: Table 1 (practical implications) of Rehn et al. (optimal clipping and batch size), printed with every recommendation.
 CLIPPING_GUIDANCE = [
     ("Lower ε (tighter privacy)", "Increase C, decrease B."),
     ("Stronger backbone / easier dataset", "Use smaller C."),
@@ -96,7 +96,7 @@ def default_candidates(dataset_size: int, smallest: int = 16) -> list[int]:
 def recommend(epsilon: float, delta: float, dataset_size: int, epochs: float, *, candidates=None,
               min_steps: int = 20, plateau_tol: float = 0.10, prefer: str = "smallest",
               accountant: str = "pld") -> Recommendation:
-    """Recommend (B, σ, q, T) for a budget, with the clipping guidance of seed 003's Table 1.
+    """Recommend (B, σ, q, T) for a budget, with the clipping guidance of Table 1 of Rehn et al.
 
     Parameters
     ----------

@@ -1,12 +1,12 @@
-"""Single-step last-layer training (seed 002: Mehta et al., "Towards Large Scale Transfer
+"""Single-step last-layer training (Mehta et al., "Towards Large Scale Transfer
 Learning for Differentially Private Image Classification", §5 / App. E.3).
 
 Backbone frozen; a **zero-initialised** linear head on cached features takes **one
 full-batch DP-Adam (or DP-LAMB) step**: the whole budget is one Gaussian release of the
 clipped gradient sum.  From a zero head one Adam step is ≈ η·sign(noisy class sums), so
-top-1 accuracy does not depend on η > 0 nor, when every example is clipped, on C
-(digest 002 §3.3).  Nothing is selected from data, so nothing is spent on tuning: the
-whole (ε, δ) goes to the one step.  This is the cheapest strong baseline at small ε.
+top-1 accuracy does not depend on η > 0 nor, when every example is clipped, on C.
+Nothing is selected from data, so nothing is spent on tuning: the whole (ε, δ) goes to the
+one step.  This is the cheapest strong baseline at small ε.
 """
 
 from __future__ import annotations
@@ -91,7 +91,8 @@ def run(backend, config: SingleStepConfig, p: SingleStepPlan, *, seed: int | Non
 
 
 class SingleStep(Strategy):
-    """Single step (seed 002): one full-batch DP step of a zero head on cached features; no trials."""
+    """Single step of Mehta et al. (large-scale transfer): one full-batch DP step of a zero head on cached
+    features; no trials."""
 
     name = NAME
     modes = ("last-layer",)

@@ -123,7 +123,7 @@ AUTO_MODES_WITHOUT_LORA = ("last-layer", "bitfit", "full")
 #: --mode auto at fine-tuning scale (n·ε ≥ _FINETUNE_SCALE): the two fine-tuning modes, compared by pilots on
 #: a charged Poisson subsample.  Measured: DP-BiTFiT beats the tuned linear probe from 20,000 phrases at ε = 1
 #: (81.7 % against the probe's 80.4 % on 65,000), and every DP fine-tuning run on 2,000-4,000 phrases at
-#: ε = 1 predicted one class (issue 15); n and ε are public, so the rule costs nothing.  The order decides
+#: ε = 1 predicted one class; n and ε are public, so the rule costs nothing.  The order decides
 #: pilots that the public split cannot tell apart (at these sizes the 10-step pilots sit at chance for both):
 #: bitfit first, except from _FULL_FIRST_N private examples, where full comes first
 AUTO_MODES_AT_SCALE = ("bitfit", "full")
@@ -859,7 +859,7 @@ def _plan_run(req: _Request, inputs: _Inputs, log, warning_log=None, lora_capabl
     options = dict(req.options)
     center_sigma = None
     if "last-layer" in candidates and inputs.public_set is None:
-        # features are centred by a private mean (Sun et al. 2024 via digest 000 §6.3): a charged release
+        # features are centred by a private mean (Sun et al. 2024, via Panda et al. (linear scaling)): a charged release
         center_sigma = float(options.pop("center_noise", max(5.0, 0.005 * n_train)))
         pilot_events = [GaussianEvent(center_sigma, 1, label="private feature mean (centering)")] + pilot_events
     sched = req.schedule
