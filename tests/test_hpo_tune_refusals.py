@@ -71,6 +71,23 @@ def test_mode_pilot_error_names_the_total_and_the_pilot_share(files, tmp_path, c
     assert not (tmp_path / "run").exists()
 
 
+def test_an_unexpected_failure_before_the_reservation_leaves_no_run_dir(files, tmp_path, monkeypatch):
+    """Not only privtune's own refusals: a failure of another library before anything is charged (a model that
+    fails to load, say) leaves no half-made RUN_DIR to block the rerun."""
+    import importlib
+
+    tune_module = importlib.import_module("privtune.hpo.tune")
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a library failed while planning")
+
+    monkeypatch.setattr(tune_module, "_plan_pilots", broken)
+    monkeypatch.setattr(tune_module, "_auto_candidates", lambda modes, n, eps, **_: ["last-layer", "bitfit"])
+    with pytest.raises(RuntimeError, match="a library failed"):
+        main(_cli(files, tmp_path, "--epsilon", "1", mode="auto"))
+    assert not (tmp_path / "run").exists() and not (tmp_path / "l.db").exists()
+
+
 def test_eval_overlapping_the_public_split_names_both_splits(files, tmp_path, capsys):
     overlap = write_toy_tsv(tmp_path / "dev_overlap.tsv", make_toy_text_dataset(40, seed=1))  # = the public split
     argv = _cli(files, tmp_path, "--epsilon", "1")

@@ -982,7 +982,9 @@ class TuneJob:
                 print(hint, file=sys.stderr)
             raise
         except Exception as exc:
-            refused = not self._reserved and isinstance(exc, PrivtuneError)
+            # failed before the reservation (a refusal, or a model that fails to load): nothing was charged, and a
+            # half-made RUN_DIR would only block the rerun
+            refused = not self._reserved
             journal = self._journal
             if journal is not None and journal.path is not None:
                 prog.runlog.write(f"failed after the ledger reservation ({type(exc).__name__}): the reservation stays "
