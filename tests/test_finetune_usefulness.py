@@ -220,3 +220,7 @@ def test_mode_auto_refuses_pilots_scored_on_a_one_class_public_split(files, tmp_
     # the same split with an explicit mode: no pilots to compare, nothing refused
     r = _tune(files, tmp_path, mode="last-layer", public_eval_data=files["public_one_class"])
     assert r.metrics["mode"] == "last-layer"
+    # ... unless the strategy compares trials on it (hyperfree's η trials on a model)
+    with pytest.raises(InvalidParameterError, match=r"all 12 of its examples.*cannot compare the trials of strategy "
+                                                    r"'hyperfree'.*--selection private-validation"):
+        _tune(files, tmp_path, mode="bitfit", public_eval_data=files["public_one_class"], output_dir=tmp_path / "b")

@@ -840,7 +840,7 @@ def _plan_run(req: _Request, inputs: _Inputs, log, warning_log=None, lora_capabl
     auto_note = (_auto_without_pilots_note(req, strat, n_train, run_mode, lora_capable, kind=kind)
                  if not pilot_modes and candidates == auto_candidates else None)
     if pilot_modes and inputs.selection == "public_validation":
-        _check_public_split_can_compare(inputs.public_set, pilot_modes)
+        _check_public_split_can_compare(inputs.public_set, f"mode pilots ({', '.join(pilot_modes)}) of mode='auto'")
     pilot_events, pilot_eps = [], min(0.1, 0.1 * req.privacy.epsilon)
     sel_sigma = None
     if inputs.selection != "public_validation":
@@ -880,6 +880,10 @@ def _plan_run(req: _Request, inputs: _Inputs, log, warning_log=None, lora_capabl
                 raise
             raise type(exc)(f"mode='auto': candidate mode {m!r} cannot be planned with strategy {strat.name!r}: "
                             f"{exc} Pass an explicit mode (e.g. mode='last-layer') to skip it.") from None
+    if (not pilot_modes and strat.selects and inputs.selection == "public_validation"
+            and mode_plans[candidates[0]].trial_events):
+        # the trials are compared on the public split too: the same one-class check as for the pilots
+        _check_public_split_can_compare(inputs.public_set, f"trials of strategy {strat.name!r}")
     plan = mode_plans[candidates[0]]
     if auto_note:  # printed with the plan, and kept in the certificate's plan notes
         plan.notes.append(auto_note)
@@ -1425,10 +1429,10 @@ def _auto_without_pilots_note(req: _Request, strat, n: int, run_mode: str, lora_
             "not run")
 
 
-def _check_public_split_can_compare(public_set, pilot_modes) -> None:
-    """Refuse, before the reservation, mode pilots scored on a public split whose examples are all of one class:
-    its accuracy rewards the pilot that predicts that class most often, not the better mode.  The split is
-    public, so looking at its labels costs nothing."""
+def _check_public_split_can_compare(public_set, compared: str) -> None:
+    """Refuse, before the reservation, candidates (``compared``: mode pilots, or a strategy's trials) scored on a
+    public split whose examples are all of one class: its accuracy rewards the candidate that predicts that class
+    most often, not the better one.  The split is public, so looking at its labels costs nothing."""
     labels = getattr(public_set, "labels", None)
     if labels is None or len(set(int(y) for y in labels)) > 1:
         return
@@ -1436,9 +1440,11 @@ def _check_public_split_can_compare(public_set, pilot_modes) -> None:
     only = labels[0] if not names else names[int(labels[0])]
     raise InvalidParameterError(
         f"`public_eval_data`: all {len(labels)} of its examples are of class {str(only)!r}, so accuracy on it "
-        f"cannot compare the mode pilots ({', '.join(pilot_modes)}) of mode='auto': it rewards whichever "
-        "predicts that class most often. Pass a public split with examples of at least two classes, or choose "
-        "the mode yourself (e.g. --mode last-layer). Nothing was charged.")
+        f"cannot compare the {compared}: it rewards whichever predicts that class most often. Pass a public "
+        "split with examples of at least two classes"
+        + (", or choose the mode yourself (e.g. --mode last-layer)" if "pilots" in compared else
+           ", or select on a charged private validation split (--selection private-validation)")
+        + ". Nothing was charged.")
 
 
 def _work_kind(mode: str) -> str:
