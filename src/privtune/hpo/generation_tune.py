@@ -205,14 +205,8 @@ class GenerationTuneJob:
     def _units(self, train: Any, demo: bool) -> tuple[Any, int | None]:
         """User level: the training rows' units (δ < 1/N_u checked; a public or reported split with the unit
         column shares no unit with them) and k; ``(None, None)`` at example level.  Before any charge."""
-        from privtune.engine.units import (
-            DEFAULT_MAX_ROWS_PER_UNIT,
-            check_max_rows_per_unit,
-            check_unit_delta,
-            check_units_disjoint,
-            checked_units,
-            load_units,
-        )
+        from privtune.engine.units import (DEFAULT_MAX_ROWS_PER_UNIT, check_max_rows_per_unit, check_unit_delta,
+                                           check_units_disjoint, checked_units, load_units)
 
         r = self.request
         if r.privacy_unit is None:
@@ -345,8 +339,8 @@ class GenerationTuneJob:
     # ------------------------------------------------------------------ run
     def run(self, inputs: _Inputs, plan: _Plan, files: _Files, budget: Any) -> _Outcome:
         from privtune.models.generator import apply_generation_mode, load_generator
-        from privtune.specs import ClippingSpec, LoopOptions, NoiseSpec, OptimizerSpec
         from privtune.tasks.generation import Generation
+        from privtune.specs import ClippingSpec, LoopOptions, NoiseSpec, OptimizerSpec
         from privtune.training import fit
 
         r, task = self.request, Generation()

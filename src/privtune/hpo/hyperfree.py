@@ -50,9 +50,8 @@ from privtune.accounting.events import DPSGDEvent, GaussianEvent
 from privtune.engine.mechanisms import noisy_scalar
 from privtune.engine.private_gradient import CLIPPINGS
 from privtune.engine.sampling import make_generator
-from privtune.errors import InfeasibleBudgetError, InvalidParameterError
 from privtune.finetune.modes import default_backbone_lr_scale
-from privtune.hpo.backends import HookContext, RunHooks
+from privtune.errors import InfeasibleBudgetError, InvalidParameterError
 from privtune.hpo.common import (
     TUNABLE_MODES,
     BudgetPlan,
@@ -68,8 +67,9 @@ from privtune.hpo.common import (
     set_override,
     statistical_ties,
 )
-from privtune.specs import ClippingSpec, LoopOptions, NoiseSpec, OptimizerSpec
+from privtune.hpo.backends import HookContext, RunHooks
 from privtune.training import LoopHook, fit, public_size
+from privtune.specs import ClippingSpec, LoopOptions, NoiseSpec, OptimizerSpec
 
 NAME = "hyperfree"
 #: base optimizers whose direction d the learning-rate rule scales (see :class:`HyperfreeConfig`)

@@ -21,8 +21,8 @@ Fixes over the paper / reference code:
 
 from __future__ import annotations
 
-import dataclasses
 import math
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -32,6 +32,7 @@ from privtune._validation import check_choice, check_int, check_real
 from privtune.accounting import calibrate_noise_multiplier
 from privtune.accounting.events import DPSGDEvent, GaussianEvent
 from privtune.errors import InfeasibleBudgetError, InvalidParameterError
+from privtune.hpo.executors import TrialCall, run_trials
 from privtune.hpo.common import (
     TUNABLE_MODES,
     BudgetPlan,
@@ -47,7 +48,6 @@ from privtune.hpo.common import (
     mu_from_epsilon,
     noise_seed,
 )
-from privtune.hpo.executors import TrialCall, run_trials
 
 NAME = "linear-scaling"
 

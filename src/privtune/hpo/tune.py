@@ -40,51 +40,27 @@ from typing import Any
 import torch
 
 from privtune import _release, finetune  # finetune.cache_features: a test seam, read at call time
-from privtune._validation import (
-    check_batchnorm,
-    check_choice,
-    check_image_features,
-    check_image_size,
-    check_int,
-    check_real,
-)
+from privtune._validation import (check_batchnorm, check_choice, check_image_features, check_image_size, check_int,
+                                  check_real)
 from privtune.accounting.certificate import neighbouring_relation
 from privtune.accounting.events import GaussianEvent, event_to_dict
 from privtune.data import embedded_fashion_mnist, embedded_sst2
-from privtune.data.datasets import (
-    EMBEDDED_IMAGE_DEMO,
-    EMBEDDED_IMAGE_FEATURES,
-    EMBEDDED_IMAGE_LABELS,
-    EMBEDDED_IMAGE_MODEL,
-    EMBEDDED_LABELS,
-    check_disjoint,
-    declared_label_set,
-)
+from privtune.data.datasets import (EMBEDDED_IMAGE_DEMO, EMBEDDED_IMAGE_FEATURES, EMBEDDED_IMAGE_LABELS,
+                                    EMBEDDED_IMAGE_MODEL, EMBEDDED_LABELS,
+                                    check_disjoint, declared_label_set)
 from privtune.engine import distributed
 from privtune.engine.mechanisms import noisy_feature_sum
 from privtune.engine.sampling import make_generator, poisson_mask
-from privtune.engine.units import (
-    DEFAULT_MAX_ROWS_PER_UNIT,
-    check_max_rows_per_unit,
-    check_unit_delta,
-    check_units_disjoint,
-    checked_units,
-    load_units,
-    unit_description,
-)
-from privtune.errors import (
-    InfeasibleBudgetError,
-    InvalidParameterError,
-    ModelError,
-    OneClassModelWarning,
-    PrivtuneError,
-    UnlikelyToLearnWarning,
-)
+from privtune.engine.units import (DEFAULT_MAX_ROWS_PER_UNIT, check_max_rows_per_unit, check_unit_delta,
+                                   check_units_disjoint, checked_units, load_units, unit_description)
+from privtune.errors import (InfeasibleBudgetError, InvalidParameterError, ModelError, OneClassModelWarning,
+                             PrivtuneError, UnlikelyToLearnWarning)
 from privtune.finetune import usefulness
 from privtune.finetune.cost import backbone_cost, estimate_seconds, format_duration, format_estimates
 from privtune.finetune.last_layer import check_finite_features
 from privtune.finetune.modes import DEFAULT_LEARNING_RATES, default_backbone_lr_scale, default_lora_target_modules
 from privtune.hpo import common, grid_oracle
+from privtune.hpo.executors import for_tune
 from privtune.hpo._resume import (  # noqa: F401  (STATE_FILE is part of this module's interface)
     STATE_FILE,
     _effective_config,
@@ -99,7 +75,6 @@ from privtune.hpo._resume import (  # noqa: F401  (STATE_FILE is part of this mo
 )
 from privtune.hpo.backends import FeatureBackend, ModelBackend, head_into_classifier, renormalizes_centred_features
 from privtune.hpo.common import TUNABLE_MODES, BudgetPlan, PlanRequest, Selector, as_plain, data_kind
-from privtune.hpo.executors import for_tune
 from privtune.hpo.registry import STRATEGIES
 from privtune.hpo.registry import get as get_strategy
 from privtune.ledger import composed_epsilon, dataset_identity
@@ -111,8 +86,8 @@ from privtune.run import release
 from privtune.run.budget import BudgetRequest, open_ledger_for
 from privtune.run.inputs import check_training_split, load_split
 from privtune.run.pipeline import Described, ReleaseTarget
-from privtune.specs import DEFAULT_CLIPPING, DEFAULT_OPTIMIZER, ClippingSpec, OptimizerSpec, PrivacySpec, ScheduleSpec
 from privtune.training import declare_public_size, public_size
+from privtune.specs import DEFAULT_CLIPPING, DEFAULT_OPTIMIZER, ClippingSpec, OptimizerSpec, PrivacySpec, ScheduleSpec
 
 #: STRATEGIES (re-exported): the tuning strategies, read from the registry (privtune.hpo.registry)
 #: tune(mode=...): a tunable mode, or "auto" (the one declaration of this choice set)
