@@ -187,9 +187,10 @@ def _show_certificate(certificate: str, as_json: bool) -> None:
                                "neighbouring": cert.neighbouring, "path": certificate}, allow_nan=False))
         return
     rows = [[A.describe_event(e)] for e in cert.events]
-    # a run labelled NOT PRIVATE (seeded: its noise can be drawn again) gets its label, not the DP sentence
+    # a run labelled NOT PRIVATE (seeded: its noise can be drawn again) says so before the DP sentence
     guarantee = (privacy_statement(cert.neighbouring) if cert.private else
-                 f"{cert.metadata.get('label') or 'NOT PRIVATE'}: the events' ε is no guarantee for this release")
+                 f"{cert.metadata.get('label') or 'NOT PRIVATE'}: no guarantee for this release; its events alone "
+                 f"would give {privacy_statement(cert.neighbouring)}")
     _print_table(f"certificate {certificate}: VERIFIED", ["event"], rows,
                  [f"ε = {cert.epsilon:.6g}, δ = {cert.delta:g}, accountant {cert.accountant}, "
                   f"{cert.neighbouring}", guarantee] + list(cert.sampling_assumptions)
