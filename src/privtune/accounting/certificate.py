@@ -42,10 +42,16 @@ def neighbouring_relation(unit: str | None = None) -> str:
     return NEIGHBOURING if unit is None else UNIT_NEIGHBOURING.format(unit=unit)
 
 
+def privacy_unit_of(neighbouring: str) -> str | None:
+    """The unit of a user-level relation ("add/remove all rows of one user_id" → "user_id"); None for one example."""
+    m = _UNIT_RELATION.fullmatch(str(neighbouring))
+    return m.group(1) if m else None
+
+
 def privacy_statement(neighbouring: str) -> str:
     """The sentence a report prints: "(ε, δ)-DP with respect to adding or removing ..." for a relation."""
-    m = _UNIT_RELATION.fullmatch(neighbouring)
-    what = f"all rows of one {m.group(1)}" if m else "one training example"
+    unit = privacy_unit_of(neighbouring)
+    what = f"all rows of one {unit}" if unit else "one training example"
     return f"(ε, δ)-DP with respect to adding or removing {what}"
 FORMAT_VERSION = 1
 #: Relative tolerance of :func:`verify_certificate` on ε.
@@ -217,7 +223,8 @@ class Certificate:
         """False when the events include a :class:`NonPrivateEvent` (then ε = ∞: no guarantee) or the run is
         labelled NOT PRIVATE (``metadata.label``: a seeded run, whose noise anyone with the seed can draw again,
         or the grid oracle, whose selection is uncharged); ε then describes the events, not the release."""
-        return not _non_private(self.events) and not str(self.metadata.get("label", "")).startswith(NOT_PRIVATE_LABEL)
+        labelled = str(self.metadata.get("label", "")).startswith(NOT_PRIVATE_LABEL)
+        return not _non_private(self.events) and not labelled
 
     def save(self, path) -> Path:
         """Write the certificate as JSON to ``path`` (parent folders are created)."""
@@ -272,5 +279,5 @@ def verify_certificate(path_or_certificate, *, rtol: float = VERIFY_RTOL, atol: 
 
 
 __all__ = ["Certificate", "verify_certificate", "recompute_epsilon", "library_versions", "NEIGHBOURING",
-           "UNIT_NEIGHBOURING", "neighbouring_relation", "privacy_statement",
+           "UNIT_NEIGHBOURING", "neighbouring_relation", "privacy_statement", "privacy_unit_of", "NOT_PRIVATE_LABEL",
            "VERIFY_RTOL", "VERIFY_ATOL", "INFINITE_EPSILON"]

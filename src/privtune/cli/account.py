@@ -183,7 +183,8 @@ def _show_certificate(certificate: str, as_json: bool) -> None:
     if as_json:
         # ε as certificate.json writes it: a number, or "inf" for NOT PRIVATE events (never null)
         click.echo(json.dumps({"verified": True, "epsilon": cert.to_dict()["epsilon"], "private": cert.private,
-                               "label": cert.metadata.get("label"), "delta": cert.delta, "accountant": cert.accountant, "events": len(cert.events),
+                               "label": cert.metadata.get("label"), "delta": cert.delta,
+                               "accountant": cert.accountant, "events": len(cert.events),
                                "neighbouring": cert.neighbouring, "path": certificate}, allow_nan=False))
         return
     rows = [[A.describe_event(e)] for e in cert.events]

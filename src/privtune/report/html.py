@@ -22,7 +22,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
-from privtune.accounting.certificate import NEIGHBOURING, privacy_statement
+from privtune.accounting.certificate import NEIGHBOURING, privacy_statement, privacy_unit_of
 from privtune.accounting.events import describe_event
 from privtune.audit.result import AuditResult
 from privtune.errors import PrivtuneError
@@ -512,7 +512,7 @@ def render_report(run: RunData) -> tuple[str, dict[str, bytes]]:
     # start in the run directory's default name that gives the run's duration, which grows with its secret
     # number of trials, or with its number of rows (private at the unit level)
     hide_time = (run.strategy.get("accounting") == "repeat-and-select"
-                 or str(run.certificate.get("neighbouring", "")).startswith("add/remove all rows of one"))
+                 or privacy_unit_of(run.certificate.get("neighbouring", "")) is not None)
     when = "" if hide_time else " · generated " + _dt.datetime.now().strftime("%Y-%m-%d %H:%M")
     problems = ""
     if b.notes:
