@@ -50,10 +50,11 @@ def _stages(seen):
 
 
 def test_train_goes_through_every_stage_in_order(files, tmp_path, calls):
-    privtune.train(files["train"], eval_data=files["dev"], model=files["model"], mode="bitfit", epsilon=2.0,
-                   delta=1e-3, steps=2, batch_size=20, ledger=f"sqlite:///{tmp_path / 'l.db'}",
-                   output_dir=tmp_path / "run", progress=False, labels=[0, 1])
+    r = privtune.train(files["train"], eval_data=files["dev"], model=files["model"], mode="bitfit", epsilon=2.0,
+                       delta=1e-3, steps=2, batch_size=20, ledger=f"sqlite:///{tmp_path / 'l.db'}",
+                       output_dir=tmp_path / "run", progress=False, labels=[0, 1])
     assert _stages(calls) == list(run_pipeline.STAGES)
+    assert r.run_dir == r.output_dir == tmp_path / "run"  # train's result names the folder as tune's does
     assert {job for name, job in calls if name in ("load", "plan", "certify")} == {"TrainJob"}
     assert [n for n, _ in calls].count("ledger") == 1  # the one reservation path
 

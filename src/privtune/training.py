@@ -153,6 +153,11 @@ class TrainResult:
     #: clipping diagnostics, the exact examples per second
     not_private: dict = field(default_factory=dict)
 
+    @property
+    def run_dir(self) -> Path | None:
+        """The run directory, by the name :class:`privtune.TuneResult` gives it (``output_dir``)."""
+        return self.output_dir
+
 
 # ============================================================================================ helpers
 
