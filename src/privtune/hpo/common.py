@@ -66,8 +66,8 @@ def describe_selection(source: str) -> str:
 
 def noise_seed(rng) -> int:
     """A run's noise seed drawn from ``rng`` (a numpy Generator): 62 bits, like
-    :func:`privtune.hpo._resume.derive_seed`.  The seed determines the noise; one from a space small enough to enumerate (2**31) would let anyone holding
-    a released output search for the noise that produced it."""
+    :func:`privtune.hpo._resume.derive_seed`.  The seed determines the noise; one from a space small enough to
+    enumerate (2**31) would let anyone holding a released output search for the noise that produced it."""
     return int(rng.integers(2**62))
 
 
