@@ -241,6 +241,7 @@ FASHION_COLUMNS = (("default", "`privtune tune --mode last-layer` (hyperfree, ev
                    ("auto", "`privtune tune --mode auto`"),
                    ("stages-auto", "`--mode auto` with `--image-features stages`"),
                    ("full", "`privtune tune --mode full`"),
+                   ("stages-full", "`--mode full` with `--image-features stages`"),
                    ("random", "charged random search"),
                    ("opacus-last-layer", "Opacus, one fixed setting"),
                    ("oracle", "grid oracle (NOT PRIVATE)"))
@@ -274,6 +275,7 @@ FASHION_NOT_RUN = {
                       "128 px on two CPU cores), then about a minute per ε",
     "full": "DP fine-tuning of every weight of the backbone on 58,000 images: about half an hour per ε at 64 px "
             "on a 2-core CPU",
+    "stages-full": "the same with the stage features: about an hour and a half per ε at 128 px on a 2-core CPU",
     "auto": "pilots last-layer, bitfit and full (about a minute on a 2-core CPU after the shared features), then "
             "the chosen mode: about half a minute for the last layer, hours per ε for DP fine-tuning of the "
             "backbone",
@@ -305,6 +307,30 @@ def _fashion_cell_text(seeds: list[dict] | None, size: int | None = None) -> str
     each = ", ".join(f"{a:.1f}" for a in acc)
     return (f"{statistics.mean(acc):.1f} ± {statistics.stdev(acc):.1f} % ({len(seeds)} seeds: {each}; {cert}; "
             f"{_minutes(statistics.mean(r['wall_s'] for r in seeds))} each){label}")
+
+
+def _fashion_full_note(runs: dict) -> list[str]:
+    """DP full fine-tuning on the stage features (``stages/full_eps*.json``) against the DP head on the same
+    features, with the plan it ran, one sentence per ε."""
+    out = []
+    for name in sorted(n for n in runs if n.startswith("stages-full_")):
+        m = FASHION_CELL.match(name.removeprefix("stages-"))
+        if not m:
+            continue
+        run, eps = runs[name], float(m["eps"])
+        head = runs.get(f"stages-default_eps{eps:g}.json")
+        hp = run.get("hyperparameters") or {}
+        text = (f"DP full fine-tuning with the stage features at {run.get('image_size')} px, ε = {eps:g} "
+                f"(`--mode full`, hyperfree's plan: {hp.get('steps')} steps of expected batch "
+                f"{hp.get('batch_size'):,}, σ = {hp.get('noise_multiplier', 0):.2f}, η "
+                f"{hp.get('learning_rate_initial', 0):g} → {hp.get('learning_rate_final', 0):.2g}, the pretrained "
+                f"weights at {hp.get('backbone_lr_scale', 1):g} of it): {_pct(run['test_accuracy'])} "
+                f"({_minutes(run['wall_s'])} on {run.get('device', 'cpu')})")
+        if head:
+            text += (f", {_points(run['test_accuracy'] - head['test_accuracy'])} points against the DP head on the "
+                     f"same features ({_pct(head['test_accuracy'])})")
+        out += [text + ". The non-private fine-tuning above takes about 450 steps of batch 256.", ""]
+    return out
 
 
 def _fashion_features_note(runs: dict) -> list[str]:
@@ -441,6 +467,7 @@ def render_fashion_mnist(files: list[Path]) -> str:
                    f"({_minutes(full['wall_s'])} on {full.get('device', 'cpu')}), the ceiling of the modes that "
                    "train the backbone.")
         out.append("")
+    out += _fashion_full_note(runs)
     auto = [r for (cell, _), rs in cells.items() if cell in ("auto", "stages-auto") for r in rs]
     if auto:
         sizes = sorted({r.get("image_size") for r in auto})
