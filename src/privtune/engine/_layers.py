@@ -27,13 +27,13 @@ real tokens cost, with the same results (a dropped position adds exactly zero ev
 both signs; in float32 an example whose token contributions nearly cancel could get a reported norm of
 0 and go in unclipped (measured: a gradient of norm 10⁴·C entered the sum whole).  So every ``sq`` a
 handler returns is an *upper bound* on the exact squared norm of that example's gradient (of the stored
-float tensors): the sums run in float64 on exact float64 copies, and the worst-case float64 rounding error of the formula
-used (Higham's γₙ = n·u/(1 − n·u), u = 2⁻⁵³, any summation order, with or without FMA) is added:
-γ·U² for a ghost sum, where U = Σ_t ‖a_t‖‖g_t‖ bounds the norm by the triangle inequality.  For
-natural data the added term is ≈ 1e-12 relative; for a crafted, cancelling example it is what makes
-the bound hold.  When an example's gradient is so cancelled that its norm is below
-:data:`ILL_CONDITIONED` · U, the layer's clipped sum for that micro-batch is also accumulated in float64,
-so that the float32 rounding of the sum (≈ u₃₂ · c·U per example) stays negligible next to C.
+float tensors): the sums run in float64 on exact float64 copies, and the worst-case float64 rounding error of
+the formula used (Higham's γₙ = n·u/(1 − n·u), u = 2⁻⁵³, any summation order, with or without FMA) is added:
+γ·U² for a ghost sum, where U = Σ_t ‖a_t‖‖g_t‖ bounds the norm by the triangle inequality. For natural data
+the added term is ≈ 1e-12 relative; for a crafted, cancelling example it is what makes the bound hold. When an
+example's gradient is so cancelled that its norm is below :data:`ILL_CONDITIONED` · U, the layer's clipped sum
+for that micro-batch is also accumulated in float64, so that the float32 rounding of the sum (≈ u₃₂ · c·U per
+example) stays negligible next to C.
 """
 
 from __future__ import annotations

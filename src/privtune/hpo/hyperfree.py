@@ -170,7 +170,8 @@ def gen_lr_update(L0: float, Lm: float, Lp: float, lr: float, *, clamp_factor: f
 
 def privatize_loss(losses: torch.Tensor, R_l: float, noise_multiplier: float, expected_batch_size: float,
                    generator: torch.Generator | None = None, weights: torch.Tensor | None = None) -> float:
-    """Eq. (7) of Liu et al. (HyFreeDP): (Σ clamp(ℓ_i, −R_l, R_l) + σ_l·R_l·N(0, 1)) / B (a NaN or inf ℓ_i counts 0).
+    """Eq. (7) of Liu et al. (HyFreeDP): (Σ clamp(ℓ_i, −R_l, R_l) + σ_l·R_l·N(0, 1)) / B (a NaN or inf ℓ_i
+    counts 0).
 
     The clipped sum has add/remove sensitivity R_l, so this is a Gaussian mechanism with
     noise multiplier ``noise_multiplier`` (σ_l), :func:`privtune.engine.mechanisms.noisy_scalar`.  B is the

@@ -814,8 +814,6 @@ def _plan_run(req: _Request, inputs: _Inputs, log, warning_log=None, lora_capabl
     # (a mode left alone by the time budget was explained when it was dropped)
     auto_note = (_auto_without_pilots_note(req, strat, n_train, run_mode, lora_capable, kind=kind)
                  if not pilot_modes and candidates == auto_candidates else None)
-    if pilot_modes and inputs.selection == "public_validation":
-        _check_public_split_can_compare(inputs.public_set, f"mode pilots ({', '.join(pilot_modes)}) of mode='auto'")
     pilot_events, pilot_eps = [], min(0.1, 0.1 * req.privacy.epsilon)
     sel_sigma = None
     if inputs.selection != "public_validation":
@@ -834,7 +832,8 @@ def _plan_run(req: _Request, inputs: _Inputs, log, warning_log=None, lora_capabl
     options = dict(req.options)
     center_sigma = None
     if "last-layer" in candidates and inputs.public_set is None:
-        # features are centred by a private mean (Sun et al. 2024, via Panda et al. (linear scaling)): a charged release
+        # features are centred by a private mean (Sun et al. 2024, via Panda et al., linear scaling): a charged
+        # release
         center_sigma = float(options.pop("center_noise", max(5.0, 0.005 * n_train)))
         pilot_events = [GaussianEvent(center_sigma, 1, label="private feature mean (centering)")] + pilot_events
     sched = req.schedule
@@ -858,10 +857,14 @@ def _plan_run(req: _Request, inputs: _Inputs, log, warning_log=None, lora_capabl
                 raise
             raise type(exc)(f"mode='auto': candidate mode {m!r} cannot be planned with strategy {strat.name!r}: "
                             f"{exc} Pass an explicit mode (e.g. mode='last-layer') to skip it.") from None
-    if (not pilot_modes and strat.selects and inputs.selection == "public_validation"
-            and mode_plans[candidates[0]].trial_events):
-        # the trials are compared on the public split too: the same one-class check as for the pilots
-        _check_public_split_can_compare(inputs.public_set, f"trials of strategy {strat.name!r}")
+    if inputs.selection == "public_validation":  # candidates compared on the public split: it needs two classes
+        if pilot_modes:
+            _check_public_split_can_compare(inputs.public_set, f"mode pilots ({', '.join(pilot_modes)}) of "
+                                            "mode='auto'", "choose the mode yourself (e.g. --mode last-layer)")
+        elif strat.selects and mode_plans[candidates[0]].trial_events:
+            _check_public_split_can_compare(inputs.public_set, f"trials of strategy {strat.name!r}",
+                                            "select on a charged private validation split "
+                                            "(--selection private-validation)")
     plan = mode_plans[candidates[0]]
     if auto_note:  # printed with the plan, and kept in the certificate's plan notes
         plan.notes.append(auto_note)
@@ -1409,10 +1412,11 @@ def _auto_without_pilots_note(req: _Request, strat, n: int, run_mode: str, lora_
             "not run")
 
 
-def _check_public_split_can_compare(public_set, compared: str) -> None:
+def _check_public_split_can_compare(public_set, compared: str, alternative: str) -> None:
     """Refuse, before the reservation, candidates (``compared``: mode pilots, or a strategy's trials) scored on a
     public split whose examples are all of one class: its accuracy rewards the candidate that predicts that class
-    most often, not the better one.  The split is public, so looking at its labels costs nothing."""
+    most often, not the better one; ``alternative`` is the other way out the error offers.  The split is public,
+    so looking at its labels costs nothing."""
     labels = getattr(public_set, "labels", None)
     if labels is None or len(set(int(y) for y in labels)) > 1:
         return
@@ -1421,10 +1425,7 @@ def _check_public_split_can_compare(public_set, compared: str) -> None:
     raise InvalidParameterError(
         f"`public_eval_data`: all {len(labels)} of its examples are of class {str(only)!r}, so accuracy on it "
         f"cannot compare the {compared}: it rewards whichever predicts that class most often. Pass a public "
-        "split with examples of at least two classes"
-        + (", or choose the mode yourself (e.g. --mode last-layer)" if "pilots" in compared else
-           ", or select on a charged private validation split (--selection private-validation)")
-        + ". Nothing was charged.")
+        f"split with examples of at least two classes, or {alternative}. Nothing was charged.")
 
 
 def _work_kind(mode: str) -> str:
