@@ -187,6 +187,41 @@ def test_full_disk_while_writing_the_audit_is_one_error_and_resume_writes_it_wit
     assert not (out / AUDIT_STATE).exists()
 
 
+def test_a_charged_cli_audit_without_output_writes_a_run_folder_that_resume_can_finish(
+        files, tmp_path, monkeypatch, capsys):
+    """Without --output a charged audit still keeps its seeds on disk (runs/audit-<time>/), so that one killed
+    after its reservation is finished by --resume into that folder instead of being charged again."""
+    monkeypatch.chdir(tmp_path)
+    url = _ledger(files, tmp_path)
+    monkeypatch.setenv(FAULT_ENV, "after-last-step")
+    with pytest.raises(InjectedFault):
+        main(_cli(files, url))
+    monkeypatch.delenv(FAULT_ENV)
+    (out,) = (tmp_path / "runs").iterdir()
+    assert out.name.startswith("audit-") and (out / AUDIT_STATE).is_file()
+    assert f"--output runs/{out.name} --resume" in capsys.readouterr().out  # said before anything is charged
+    assert _actions(url, files) == ["init", "reserve"]
+    assert main(_cli(files, url, "--output", str(out.relative_to(tmp_path)), "--resume")) == 0
+    assert _actions(url, files) == ["init", "reserve", "resume", "commit"]  # one charge
+    assert (out / "blackbox" / "audit.json").is_file() and not (out / AUDIT_STATE).exists()
+    assert f"written: runs/{out.name}/" in capsys.readouterr().out
+
+
+def test_a_refused_cli_audit_without_output_leaves_no_run_folder(files, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    url = _ledger(files, tmp_path)
+    argv = _cli(files, url)
+    argv[argv.index("--model") + 1] = str(tmp_path / "missing_model")
+    assert main(argv) == 2
+    assert _actions(url, files) == ["init"] and not (tmp_path / "runs").exists()
+
+
+def test_an_uncharged_cli_audit_without_output_writes_nothing(files, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(_cli(files, f"sqlite:///{tmp_path / 'l.db'}", "--public-data")) == 0
+    assert not (tmp_path / "runs").exists()
+
+
 def test_resume_without_an_interrupted_audit_is_refused(files, tmp_path):
     url = _ledger(files, tmp_path)
     with pytest.raises(InvalidParameterError, match="no interrupted audit"):

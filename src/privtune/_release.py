@@ -125,6 +125,15 @@ def public_modes(path: Path) -> None:
 # ------------------------------------------------------------------------------ output directory
 
 
+def default_run_dir(prefix: str = "") -> Path:
+    """``runs/[PREFIX-]YYYYmmdd-HHMMSS`` under the working directory: where a run writes when no directory is given
+    (local time, to the second)."""
+    import datetime
+
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return Path("runs") / (f"{prefix}-{stamp}" if prefix else stamp)
+
+
 def _kind_error(path: Path, want_dir: bool) -> InvalidParameterError:
     have = "a directory" if path.is_dir() else "a file"
     return InvalidParameterError(

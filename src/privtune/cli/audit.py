@@ -5,7 +5,7 @@
 
     privtune audit --data FILE --mode {full,bitfit,last-layer,lora} (--epsilon E [--delta D] | --noise-multiplier S)
                    [--epochs N | --steps N] [--batch-size B] [--canaries M] [--no-blackbox] [--public-data]
-                   [--labels neg,pos] [--ledger URL] [--output DIR [--resume]]
+                   [--labels neg,pos] [--ledger URL] [--output DIR [--resume]]   (charged: DIR defaults to runs/audit-<time>)
                    [--privacy-unit COLUMN [--max-rows-per-unit K] [--canary-rows R]]
                    [--canary-digits K] [--candidates S] [--no-reference]    (prompt → response data)
 
@@ -77,7 +77,8 @@ _INPUTS = ("data", "model", "labels", "text_column", "label_column", "max_length
               help="Declare --data public: the black-box run is not charged to the ledger.")
 @click.option("--ledger", type=str, help="Budget ledger URL (default $PRIVTUNE_LEDGER or ~/.privtune/ledger.db).")
 @click.option("--output", type=str, help="Write whitebox/ and blackbox/ (audit.json, audit.png, audit.html) here; "
-              "memorisation/exposure.json on prompt → response data.")
+              "memorisation/exposure.json on prompt → response data. [default for a charged audit: "
+              "runs/audit-<timestamp>/, where --resume can finish it if it is interrupted]")
 @click.option("--confidence", type=float, default=0.95, help="Confidence 1 − β of the lower bounds.")
 @click.option("--seed", type=int, help="Seed for canaries, membership and training (experiments).")
 @data_options()
@@ -106,8 +107,16 @@ def audit(**opts) -> int:
 
     output = opts.pop("output")
     inputs = {name: opts.pop(name) for name in _INPUTS}
-    report = run_audit(inputs.pop("data"), AuditSpec.create(**opts), output_dir=output,
-                       progress=not inputs.pop("quiet"), **inputs)
+    spec = AuditSpec.create(**opts)
+    if output is None and spec.blackbox and not spec.public_data:
+        # a charged audit keeps its seeds in its output directory until it is written: with one always there, an
+        # interrupted audit can be finished with --resume instead of being charged again
+        from privtune._release import default_run_dir
+
+        output = str(default_run_dir("audit"))
+        click.echo(f"output: {output}/ (if the audit is interrupted, the same command with --output {output} "
+                   "--resume finishes it without a new charge)")
+    report = run_audit(inputs.pop("data"), spec, output_dir=output, progress=not inputs.pop("quiet"), **inputs)
     click.echo(report.summary())
     if output:
         click.echo(f"\nwritten: {report.output_dir}/{{whitebox,blackbox}}/audit.{{json,png,html}}"

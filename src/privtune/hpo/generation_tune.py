@@ -239,8 +239,7 @@ class GenerationTuneJob:
         r = self.request
         if not r.write_files:
             return None
-        out = Path(r.output_dir).expanduser() if r.output_dir is not None else Path("runs") / time.strftime(
-            "%Y%m%d-%H%M%S")
+        out = Path(r.output_dir).expanduser() if r.output_dir is not None else _release.default_run_dir()
         _release.check_output_path(out, release.RELEASED_FILES, release.RELEASED_DIRS)
         if out.exists() and (out / "certificate.json").exists():
             raise InvalidParameterError(f"`output_dir` {str(out)!r} already holds a finished run. Pass a new directory.")

@@ -24,7 +24,6 @@ budget-spending command shares.  The flow (each step happens before the next tou
 from __future__ import annotations
 
 import contextlib
-import datetime as _dt
 import difflib
 import inspect
 import math
@@ -736,8 +735,7 @@ def _open_run_files(args: TuneArguments, req: _Request, inputs: _Inputs) -> _Run
     run_dir, created_dirs, log_existed = None, [], True
     if args.write_files:
         output_dir = args.output_dir
-        run_dir = Path(output_dir) if output_dir is not None else Path("runs") / _dt.datetime.now().strftime(
-            "%Y%m%d-%H%M%S")
+        run_dir = Path(output_dir) if output_dir is not None else _release.default_run_dir()
         _release.check_output_path(run_dir, release.RELEASED_FILES, release.RELEASED_DIRS)
         if (run_dir / "certificate.json").exists() and not _state_path(run_dir).exists():
             # with the state file, an interrupted release (certificate in place, ledger not yet committed)
