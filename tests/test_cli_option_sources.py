@@ -49,7 +49,7 @@ OWNERS = {
     "strategies": (STRATEGIES, "choices.py"),
     "selections": (SELECTIONS, "choices.py"),
     "executors": (EXECUTORS, "choices.py"),
-    "pooling": (POOLING_CHOICES, "models/classifier.py"),
+    "pooling": (POOLING_CHOICES, "choices.py"),
     "batchnorm policies": (BATCHNORM_CHOICES, "choices.py"),
     "image features": (IMAGE_FEATURES, "choices.py"),
     "recommend preferences": (PREFERENCES, "choices.py"),

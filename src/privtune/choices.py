@@ -1,8 +1,8 @@
 """The names a user chooses among, declared once, importing nothing.
 
 The YAML schema (:mod:`privtune.cli.config_file`) and the command line read their choices and
-the defaults their help shows from here, so that ``privtune tune --help`` and ``privtune config
-check`` do not import torch, SciPy or the tuning stack.  The modules that implement each choice
+the defaults their help shows from here, so that ``privtune tune --help`` (``train``, ``predict``, ``audit``) and
+``privtune config check`` do not import torch, SciPy or the tuning stack.  The modules that implement each choice
 import its tuple from here (``privtune.optim.OPTIMIZERS`` is this module's ``OPTIMIZERS``), and
 ``tests/test_choices.py`` checks that each implementation covers exactly these names.
 """
@@ -44,6 +44,8 @@ BATCHNORM_TRAIN_REFUSAL = (
 IMAGE_FEATURES = ("final", "stages")
 #: ``image_size``: the input resolution in pixels (square), smallest and largest accepted
 IMAGE_SIZE_BOUNDS = (8, 4096)
+#: how a text classifier pools its token states into one vector (privtune.models.classifier)
+POOLING_CHOICES = ("auto", "mean", "cls", "model")
 #: ``recommend(prefer=...)``: the smallest batch on the noise plateau (the paper's rule) or the largest batch
 #: with at least min_steps steps (privtune.hpo.recommend)
 PREFERENCES = ("smallest", "cap")
@@ -51,11 +53,15 @@ PREFERENCES = ("smallest", "cap")
 #: the defaults of ``privtune.tune`` that ``privtune tune --help`` shows (tests/test_choices.py checks that
 #: they are tune()'s own)
 TUNE_DEFAULTS = {"mode": "auto", "strategy": "hyperfree", "epsilon": 1.0, "delta": 1e-5, "executor": "local"}
+#: the defaults of ``privtune.train`` that ``privtune train --help`` shows (checked like TUNE_DEFAULTS)
+TRAIN_DEFAULTS = {"accountant": "pld", "clip": 1.0, "clipping": "flat", "max_physical_batch_size": 32,
+                  "max_rows_per_unit": 8, "optimizer": "adam", "pooling": "auto", "sampling": "poisson"}
 #: the defaults of ``privtune.recommend`` that ``privtune recommend`` uses (checked like TUNE_DEFAULTS)
 RECOMMEND_DEFAULTS = {"min_steps": 20, "plateau_tol": 0.10, "prefer": "smallest"}
 
 __all__ = [
     "ACCOUNTANTS", "SAMPLING_SCHEMES", "CLIPPINGS", "OPTIMIZERS", "TRAIN_MODES", "TUNABLE_MODES", "TUNE_MODES",
-    "STRATEGIES", "SELECTIONS", "EXECUTORS", "PREFERENCES", "TUNE_DEFAULTS", "RECOMMEND_DEFAULTS",
+    "STRATEGIES", "SELECTIONS", "EXECUTORS", "PREFERENCES", "TUNE_DEFAULTS", "TRAIN_DEFAULTS", "RECOMMEND_DEFAULTS",
+    "POOLING_CHOICES",
     "BATCHNORM_POLICIES", "BATCHNORM_TRAIN_REFUSAL", "IMAGE_FEATURES", "IMAGE_SIZE_BOUNDS",
 ]

@@ -20,11 +20,9 @@ from __future__ import annotations
 
 import click
 
-from privtune.accounting.accountant import ACCOUNTANTS
+# from privtune.choices, which imports nothing: `privtune audit --help` and a usage error do not import torch
+from privtune.choices import ACCOUNTANTS, CLIPPINGS, OPTIMIZERS, TRAIN_MODES
 from privtune.cli.options import data_options
-from privtune.engine.private_gradient import CLIPPINGS
-from privtune.finetune.modes import MODES as TRAIN_MODES
-from privtune.optim import OPTIMIZERS
 
 # an audit trains one configuration: two-phase (two events) is audited phase by phase
 MODES = tuple(m for m in TRAIN_MODES if m != "two-phase")

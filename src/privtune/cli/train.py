@@ -13,26 +13,18 @@ and :meth:`privtune.models.Classifier.predict_logits`.
 
 from __future__ import annotations
 
-import inspect
 import json
 
 import click
 
-# The choices and defaults shown here are read from the modules that own them (one declaration each);
-# importing them costs the torch import, which `privtune train` pays anyway.
-from privtune.accounting.accountant import ACCOUNTANTS
-from privtune.accounting.events import SAMPLING_SCHEMES
+# The choices and defaults shown here come from privtune.choices, which imports nothing, so that `privtune train
+# --help`, `privtune predict --help` and a usage error do not import torch; tests/test_choices.py checks them
+# against train()'s own
+from privtune.choices import (ACCOUNTANTS, CLIPPINGS, OPTIMIZERS, POOLING_CHOICES, SAMPLING_SCHEMES,
+                              TRAIN_DEFAULTS as _TRAIN_DEFAULTS, TRAIN_MODES as MODES)
 from privtune.cli.config_file import explicit_cli_values, resolve_options
 from privtune.cli.notices import registration_notice
 from privtune.cli.options import data_options, model_options
-from privtune.engine.private_gradient import CLIPPINGS
-from privtune.finetune.modes import MODES
-from privtune.models.classifier import POOLING_CHOICES
-from privtune.optim import OPTIMIZERS
-from privtune.training import REGISTERED_NOTE
-from privtune.training import train as run_train
-
-_TRAIN_DEFAULTS = {name: p.default for name, p in inspect.signature(run_train).parameters.items()}
 
 
 @click.command("train", context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
@@ -133,6 +125,8 @@ def train(**kwargs) -> None:
                 "batchnorm", "image_features"):
         if opts.get(key) is not None:
             args[key] = opts[key]
+    from privtune.training import REGISTERED_NOTE, train as run_train  # torch: imported when a run starts
+
     result = run_train(**args)
     from privtune.engine.distributed import is_main_process
 

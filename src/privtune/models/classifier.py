@@ -13,6 +13,7 @@ from torch import nn
 
 from privtune import __version__
 from privtune._validation import check_choice, check_int
+from privtune.choices import POOLING_CHOICES
 from privtune.data.labels import check_label_set, describe_label_set
 from privtune.errors import InvalidParameterError, ModelError
 from privtune.models._lora import merged_copy
@@ -25,7 +26,6 @@ from privtune.models.backbones import (  # noqa: F401 (default_model_path: re-ex
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-POOLING_CHOICES = ("auto", "mean", "cls", "model")
 CLASSIFIER_CONFIG = "privtune_classifier.json"
 HEAD_FILE = "privtune_head.safetensors"
 #: the centre subtracted from the pooled features before they are re-normalised (:attr:`Classifier.feature_center`)
