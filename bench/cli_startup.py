@@ -18,7 +18,8 @@ import sys
 import time
 from pathlib import Path
 
-COMMANDS = (["tune", "--help"], ["recommend", "--help"], ["config", "init", "--command", "tune", "-"], ["--help"])
+COMMANDS = (["tune", "--help"], ["recommend", "--help"], ["train", "--help"], ["audit", "--help"],
+            ["config", "init", "--command", "tune", "-"], ["--help"])
 
 
 def wall_seconds(args: list[str], runs: int) -> list[float]:
