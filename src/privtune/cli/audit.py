@@ -5,7 +5,7 @@
 
     privtune audit --data FILE --mode {full,bitfit,last-layer,lora} (--epsilon E [--delta D] | --noise-multiplier S)
                    [--epochs N | --steps N] [--batch-size B] [--canaries M] [--no-blackbox] [--public-data]
-                   [--labels neg,pos] [--ledger URL] [--output DIR [--resume]]   (charged: DIR defaults to runs/audit-<time>)
+                   [--labels neg,pos] [--ledger URL] [--output DIR [--resume]]   (charged: runs/audit-<time>)
                    [--privacy-unit COLUMN [--max-rows-per-unit K] [--canary-rows R]]
                    [--canary-digits K] [--candidates S] [--no-reference]    (prompt → response data)
 
