@@ -524,16 +524,19 @@ the first 60 words of each body → its headline, split by story (a repeated art
 
 
 def render_generation(files: list[Path]) -> str:
-    """One row per (task, cell, ε), the newest file's where several files ran it; chitchat first, then each other
+    """One row per (task, cell, split sizes, ε, tuned setting), the newest file's where several files ran it (the
+    zero-shot model once per reported split: it does not see the private one); chitchat first, then each other
     task that has a file under its own heading."""
     runs = sorted((_load(p) for p in files), key=lambda r: r.get("started", ""))
     rows: dict[tuple, tuple[dict, dict]] = {}
     for run in runs:
-        task = run.get("config", {}).get("task", "chitchat")
+        cfg = run.get("config", {})
+        task = cfg.get("task", "chitchat")
         for key, cell in run.get("cells", {}).items():
             name, _, eps = key.partition("@eps=")
-            setting = _tuned_setting(name, run.get("config", {}), cell)
-            rows[(task, name, float(eps) if eps else None, setting)] = (cell, run)
+            setting = _tuned_setting(name, cfg, cell)
+            sizes = (cfg.get("reported", 0), 0 if name == "zero-shot" else cfg.get("private", 0))
+            rows[(task, name, sizes, float(eps) if eps else None, setting)] = (cell, run)
     out, notes = [GENERATION_INTRO.rstrip("\n")], []
     tasks = ["chitchat"] + sorted({k[0] for k in rows} - {"chitchat"})
     for task in tasks:
@@ -541,7 +544,7 @@ def render_generation(files: list[Path]) -> str:
             out.append("")
             out.append(GENERATION_TASKS.get(task, GENERATION_TASKS["bbc"].replace("bbc", task)).rstrip("\n"))
         for name, title in GENERATION_ROWS:
-            keys = sorted((k for k in rows if k[:2] == (task, name)), key=lambda k: (k[2] or 0.0, k[3]))
+            keys = sorted((k for k in rows if k[:2] == (task, name)), key=lambda k: (k[2], k[3] or 0.0, k[4] or ()))
             if not keys:
                 out.append(f"| {title} | – | – | – | – | – | – | – | – | – |")
                 continue
@@ -552,11 +555,11 @@ def render_generation(files: list[Path]) -> str:
                 cert = cell.get("epsilon")
                 cert = "–" if not cert else f"{cert:.3g}"
                 shown = title
-                if key[3]:  # a tuned row: each trial's length and expected batch
-                    epochs, batch = key[3]
+                if key[4]:  # a tuned row: each trial's length and expected batch
+                    epochs, batch = key[4]
                     shown += f", {epochs:g} epoch{'' if epochs == 1 else 's'} per trial" if epochs else ""
                     shown += f", expected batch {batch}" if batch else ""
-                out.append(f"| {shown} | {'–' if key[2] is None else f'{key[2]:g}'} | {private} | "
+                out.append(f"| {shown} | {'–' if key[3] is None else f'{key[3]:g}'} | {private} | "
                            f"{cfg.get('reported', 0):,} ({cell.get('scored_rows', 0)}) | {_bleu_text(cell)} | "
                            f"{cell['chrf']:.2f} | {cell['rouge_l']:.2f} | {cell['perplexity']:.2f} | {cert} | "
                            f"{_minutes(cell['seconds'])} |")
@@ -644,6 +647,13 @@ def _generation_gain_lines(runs: list[dict]) -> list[str]:
                 lines.append(f"In perplexity it recovers {100 * ppl_share:.0f} % of the best non-private run's drop "
                              f"({top}: {cells['zero-shot']['perplexity']:.1f} → {cells[top]['perplexity']:.1f}; "
                              f"private {cell['perplexity']:.1f}).")
+            rouge_best = max(private, key=lambda n: cells[n]["rouge_l"])
+            rouge_gain = cells[rouge_best]["rouge_l"] - cells["zero-shot"]["rouge_l"]
+            if rouge_gain > 0:
+                rouge_share = (cell["rouge_l"] - cells["zero-shot"]["rouge_l"]) / rouge_gain
+                lines.append(f"In ROUGE-L it recovers {100 * rouge_share:.0f} % of the best non-private run's gain "
+                             f"({rouge_best}: {cells['zero-shot']['rouge_l']:.1f} → "
+                             f"{cells[rouge_best]['rouge_l']:.1f}; private {cell['rouge_l']:.1f}).")
     return lines + ([""] if lines else [])
 
 
