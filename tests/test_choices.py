@@ -20,6 +20,7 @@ from privtune.hpo.recommend import recommend
 from privtune.hpo.registry import REGISTRY, STRATEGIES, register
 from privtune.hpo.tune import MODES as TUNE_MODES
 from privtune.hpo.tune import tune
+from privtune.ledger import Ledger
 from privtune.models.classifier import POOLING_CHOICES
 from privtune.optim import make_optimizer
 from privtune.training import train
@@ -87,6 +88,9 @@ def test_the_defaults_the_cli_shows_are_the_functions_own():
     assert choices.TUNE_DEFAULTS == {k: tune_defaults[k] for k in choices.TUNE_DEFAULTS}
     train_defaults = {k: p.default for k, p in inspect.signature(train).parameters.items()}
     assert choices.TRAIN_DEFAULTS == {k: train_defaults[k] for k in choices.TRAIN_DEFAULTS}
+    init = inspect.signature(Ledger.init_dataset).parameters["accountant"].default
+    assert choices.BUDGET_DEFAULTS == {"accountant": init,
+                                       "sampling": inspect.signature(DPSGDEvent).parameters["sampling"].default}
     recommend_defaults = {k: p.default for k, p in inspect.signature(recommend).parameters.items()}
     assert choices.RECOMMEND_DEFAULTS == {k: recommend_defaults[k] for k in choices.RECOMMEND_DEFAULTS}
 
@@ -96,13 +100,14 @@ def test_the_pooling_choices_are_the_classifiers():
 
 
 def test_tune_help_and_the_config_schema_load_without_torch_scipy_or_the_tuning_stack():
-    """What `privtune tune --help` (`recommend`, `train`, `predict`, `audit`) and `privtune config check` import
-    (its speed is measured by bench/cli_startup.py; here only what it must not load)."""
+    """What `privtune tune --help` (`recommend`, `train`, `predict`, `audit`, `budget`) and `privtune config check`
+    import (its speed is measured by bench/cli_startup.py; here only what it must not load)."""
     code = ("import sys, contextlib, io\n"
             "from privtune.cli import main\n"
             "with contextlib.redirect_stdout(io.StringIO()):\n"
             "    assert main(['tune', '--help']) == 0 and main(['recommend', '--help']) == 0\n"
-            "    assert all(main([c, '--help']) == 0 for c in ('train', 'predict', 'audit'))\n"
+            "    assert all(main([c, '--help']) == 0 for c in ('train', 'predict', 'audit', 'budget'))\n"
+            "    assert main(['budget', 'spend', '--help']) == 0\n"
             "    assert main(['config', 'init', '--command', 'tune', '-']) == 0\n"
             "import privtune.cli.config_file\n"
             "heavy = ('torch', 'scipy', 'sqlalchemy', 'dp_accounting', 'transformers', 'privtune.hpo')\n"

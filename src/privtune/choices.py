@@ -1,7 +1,7 @@
 """The names a user chooses among, declared once, importing nothing.
 
 The YAML schema (:mod:`privtune.cli.config_file`) and the command line read their choices and
-the defaults their help shows from here, so that ``privtune tune --help`` (``train``, ``predict``, ``audit``) and
+the defaults their help shows from here, so that ``privtune tune --help`` (``train``, ``predict``, ``audit``, ``budget``) and
 ``privtune config check`` do not import torch, SciPy or the tuning stack.  The modules that implement each choice
 import its tuple from here (``privtune.optim.OPTIMIZERS`` is this module's ``OPTIMIZERS``), and
 ``tests/test_choices.py`` checks that each implementation covers exactly these names.
@@ -56,12 +56,16 @@ TUNE_DEFAULTS = {"mode": "auto", "strategy": "hyperfree", "epsilon": 1.0, "delta
 #: the defaults of ``privtune.train`` that ``privtune train --help`` shows (checked like TUNE_DEFAULTS)
 TRAIN_DEFAULTS = {"accountant": "pld", "clip": 1.0, "clipping": "flat", "max_physical_batch_size": 32,
                   "max_rows_per_unit": 8, "optimizer": "adam", "pooling": "auto", "sampling": "poisson"}
+#: the defaults ``privtune budget --help`` shows: a new dataset's accountant (``Ledger.init_dataset``) and the
+#: sampling of a recorded external run (``DPSGDEvent``) (checked like TUNE_DEFAULTS)
+BUDGET_DEFAULTS = {"accountant": "pld", "sampling": "poisson"}
 #: the defaults of ``privtune.recommend`` that ``privtune recommend`` uses (checked like TUNE_DEFAULTS)
 RECOMMEND_DEFAULTS = {"min_steps": 20, "plateau_tol": 0.10, "prefer": "smallest"}
 
 __all__ = [
     "ACCOUNTANTS", "SAMPLING_SCHEMES", "CLIPPINGS", "OPTIMIZERS", "TRAIN_MODES", "TUNABLE_MODES", "TUNE_MODES",
     "STRATEGIES", "SELECTIONS", "EXECUTORS", "PREFERENCES", "TUNE_DEFAULTS", "TRAIN_DEFAULTS", "RECOMMEND_DEFAULTS",
+    "BUDGET_DEFAULTS",
     "POOLING_CHOICES",
     "BATCHNORM_POLICIES", "BATCHNORM_TRAIN_REFUSAL", "IMAGE_FEATURES", "IMAGE_SIZE_BOUNDS",
 ]

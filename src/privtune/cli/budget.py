@@ -7,19 +7,17 @@ Sub-commands: ``init``, ``show``, ``history``, ``verify``, ``spend`` (record an 
 
 from __future__ import annotations
 
-import inspect
 import json
 import shlex
 
 import click
 
-# choices and defaults come from the modules that own them (one declaration each)
-from privtune.accounting.accountant import ACCOUNTANTS
-from privtune.accounting.events import SAMPLING_SCHEMES, DPSGDEvent
-from privtune.ledger import Ledger
+# choices and defaults come from privtune.choices, which imports nothing, so that `privtune budget --help` does not
+# import the ledger and the accountant; tests/test_choices.py checks them against Ledger's and DPSGDEvent's own
+from privtune.choices import ACCOUNTANTS, BUDGET_DEFAULTS, SAMPLING_SCHEMES
 
-_INIT_ACCOUNTANT = inspect.signature(Ledger.init_dataset).parameters["accountant"].default
-_EVENT_SAMPLING = inspect.signature(DPSGDEvent).parameters["sampling"].default
+_INIT_ACCOUNTANT = BUDGET_DEFAULTS["accountant"]
+_EVENT_SAMPLING = BUDGET_DEFAULTS["sampling"]
 
 _LEDGER_HELP = "Ledger URL: sqlite:////abs/path.db, a file path, or postgresql://user@host/db. " \
                "Default: $PRIVTUNE_LEDGER or ~/.privtune/ledger.db."
@@ -44,6 +42,7 @@ def _command_line() -> str:
 
 def _open(url: str | None):
     from privtune.errors import InvalidParameterError
+    from privtune.ledger import Ledger
 
     try:
         return Ledger(url)
@@ -248,7 +247,7 @@ def spend(dataset: str, noise_multiplier: float, sample_rate: float, steps: int,
         check_sample_rate,
         check_steps,
     )
-    from privtune.accounting.events import describe_event
+    from privtune.accounting.events import DPSGDEvent, describe_event
     from privtune.errors import InvalidParameterError
 
     # validate here so that errors name the flags (--noise-multiplier), not the Python arguments
