@@ -207,13 +207,15 @@ def test_a_charged_cli_audit_without_output_writes_a_run_folder_that_resume_can_
     assert f"written: runs/{out.name}/" in capsys.readouterr().out
 
 
-def test_a_refused_cli_audit_without_output_leaves_no_run_folder(files, tmp_path, monkeypatch):
+def test_a_refused_cli_audit_without_output_leaves_no_run_folder(files, tmp_path, monkeypatch, capsys):
+    """...and names none: the folder's line comes once every check has passed."""
     monkeypatch.chdir(tmp_path)
     url = _ledger(files, tmp_path)
     argv = _cli(files, url)
     argv[argv.index("--model") + 1] = str(tmp_path / "missing_model")
     assert main(argv) == 2
     assert _actions(url, files) == ["init"] and not (tmp_path / "runs").exists()
+    assert "runs/audit-" not in capsys.readouterr().out
 
 
 def test_an_uncharged_cli_audit_without_output_writes_nothing(files, tmp_path, monkeypatch):

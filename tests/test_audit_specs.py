@@ -110,7 +110,7 @@ def test_the_cli_builds_the_spec_from_its_options(tmp_path, monkeypatch):
     from privtune.cli import main
 
     seen = []
-    monkeypatch.setattr(blackbox, "audit", lambda data, spec, **kw: seen.append((data, spec, kw)) or AuditReport())
+    monkeypatch.setattr(blackbox, "run_audit", lambda spec, inputs: seen.append((spec, inputs)) or AuditReport())
     rc = main(["audit", "--data", "d.tsv", "--labels", "0,1", "--mode", "last-layer", "--epsilon", "2", "--delta",
                "1e-3", "--steps", "3", "--batch-size", "20", "--learning-rate", "0.1", "--clip", "0.5", "--optimizer",
                "sgd", "--canaries", "20", "--no-whitebox", "--public-data", "--confidence", "0.9", "--seed", "4",
@@ -118,15 +118,16 @@ def test_the_cli_builds_the_spec_from_its_options(tmp_path, monkeypatch):
                "--output", str(tmp_path / "o"), "--max-physical-batch-size", "8", "--quiet", "--canary-digits", "4",
                "--candidates", "500", "--no-reference"])
     assert rc == 0
-    (data, spec, kw), = seen
+    (spec, inputs), = seen
     assert spec.exposure == ExposureSpec(canary_digits=4, candidates=500, reference=False)
-    assert data == "d.tsv" and spec == AuditSpec.create(canary_digits=4, candidates=500, reference=False,
+    assert inputs.data == "d.tsv" and spec == AuditSpec.create(canary_digits=4, candidates=500, reference=False,
         mode="last-layer", epsilon=2.0, delta=1e-3, steps=3, batch_size=20, learning_rate=0.1, clip=0.5,
         optimizer="sgd", num_canaries=20, whitebox=False, public_data=True, confidence=0.9, seed=4,
         privacy_unit="u", max_rows_per_unit=3, canary_rows=2, max_physical_batch_size=8)
-    assert kw == dict(model=None, labels="0,1", text_column=None, label_column=None, max_length=None,
-                      ledger="sqlite:///x.db", device=None, resume=False, output_dir=str(tmp_path / "o"),
-                      progress=False)
+    assert inputs == blackbox.AuditInputs(data="d.tsv", model=None, labels="0,1", text_column=None,
+                                          label_column=None, max_length=None, ledger="sqlite:///x.db", device=None,
+                                          resume=False, output_dir=str(tmp_path / "o"), progress=False,
+                                          on_output_ready=None)  # --output given: nothing to announce
 
 
 def test_a_bad_cli_option_is_one_error_line(capsys):

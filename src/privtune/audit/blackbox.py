@@ -182,7 +182,9 @@ def audit(
 class AuditInputs:
     """Where an audit reads and writes, beside its :class:`~privtune.audit.specs.AuditSpec`: the data, the model
     and the label set (as for :func:`privtune.train`), the device, the ledger, the output directory, whether to
-    resume and whether to show progress."""
+    resume and whether to show progress.  ``on_output_ready``, if given, is called with the output directory once
+    everything is checked and the directory holds the audit's state, before the ledger reservation: from then
+    on an interrupted audit can be finished there with ``resume`` (``privtune audit`` prints that command)."""
 
     data: Any
     model: Any = None
@@ -195,6 +197,7 @@ class AuditInputs:
     output_dir: str | os.PathLike | None = None
     resume: bool = False
     progress: bool = False
+    on_output_ready: Any = None
 
     def __post_init__(self) -> None:
         if self.data is None:
@@ -230,6 +233,8 @@ def run_audit(spec: AuditSpec, inputs: AuditInputs) -> AuditReport:
     if state.path is not None and not inputs.resume:
         # written before the reservation: an audit killed at any later point resumes under that reservation
         state.save()
+    if out is not None and inputs.on_output_ready is not None:
+        inputs.on_output_ready(out)
     report = AuditReport()
     if spec.whitebox:
         probe = ProbeSpec(num_canaries=spec.num_canaries, max_physical_batch_size=spec.schedule.max_physical_batch_size,

@@ -100,21 +100,26 @@ def audit(**opts) -> int:
     reference (NOT PRIVATE).
     """
     # deferred: the audit and its specs import torch and the training stack (`privtune audit --help` stays fast)
-    from privtune.audit.blackbox import audit as run_audit
+    from privtune.audit.blackbox import AuditInputs, run_audit
     from privtune.audit.specs import AuditSpec
 
     output = opts.pop("output")
     inputs = {name: opts.pop(name) for name in _INPUTS}
     spec = AuditSpec.create(**opts)
+    announce = None
     if output is None and spec.blackbox and not spec.public_data:
         # a charged audit keeps its seeds in its output directory until it is written: with one always there, an
         # interrupted audit can be finished with --resume instead of being charged again
         from privtune._release import default_run_dir
 
         output = str(default_run_dir("audit"))
-        click.echo(f"output: {output}/ (if the audit is interrupted, the same command with --output {output} "
-                   "--resume finishes it without a new charge)")
-    report = run_audit(inputs.pop("data"), spec, output_dir=output, progress=not inputs.pop("quiet"), **inputs)
+
+        def announce(folder) -> None:  # after every check, before the charge: an audit its checks refuse names no folder
+            click.echo(f"output: {folder}/ (if the audit is interrupted, the same command with --output {folder} "
+                       "--resume finishes it without a new charge)")
+
+    report = run_audit(spec, AuditInputs(output_dir=output, progress=not inputs.pop("quiet"), on_output_ready=announce,
+                                         **inputs))
     click.echo(report.summary())
     if output:
         click.echo(f"\nwritten: {report.output_dir}/{{whitebox,blackbox}}/audit.{{json,png,html}}"
