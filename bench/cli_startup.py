@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 COMMANDS = (["tune", "--help"], ["recommend", "--help"], ["train", "--help"], ["audit", "--help"],
-            ["config", "init", "--command", "tune", "-"], ["--help"])
+            ["account", "--help"], ["budget", "--help"], ["config", "init", "--command", "tune", "-"], ["--help"])
 
 
 def wall_seconds(args: list[str], runs: int) -> list[float]:

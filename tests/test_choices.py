@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from privtune import choices
+from privtune import accounting, choices
 from privtune.accounting import DPSGDEvent, compute_epsilon
 from privtune.engine.private_gradient import clip_factors
 from privtune.errors import InvalidParameterError
@@ -91,6 +91,9 @@ def test_the_defaults_the_cli_shows_are_the_functions_own():
     init = inspect.signature(Ledger.init_dataset).parameters["accountant"].default
     assert choices.BUDGET_DEFAULTS == {"accountant": init,
                                        "sampling": inspect.signature(DPSGDEvent).parameters["sampling"].default}
+    assert choices.ACCOUNT_DEFAULTS == {
+        "accountant": inspect.signature(accounting.account).parameters["accountant"].default,
+        "sampling": inspect.signature(DPSGDEvent).parameters["sampling"].default}
     recommend_defaults = {k: p.default for k, p in inspect.signature(recommend).parameters.items()}
     assert choices.RECOMMEND_DEFAULTS == {k: recommend_defaults[k] for k in choices.RECOMMEND_DEFAULTS}
 
@@ -100,13 +103,13 @@ def test_the_pooling_choices_are_the_classifiers():
 
 
 def test_tune_help_and_the_config_schema_load_without_torch_scipy_or_the_tuning_stack():
-    """What `privtune tune --help` (`recommend`, `train`, `predict`, `audit`, `budget`) and `privtune config check`
-    import (its speed is measured by bench/cli_startup.py; here only what it must not load)."""
+    """What `privtune tune --help` (`recommend`, `train`, `predict`, `audit`, `budget`, `account`) and `privtune
+    config check` import (its speed is measured by bench/cli_startup.py; here only what it must not load)."""
     code = ("import sys, contextlib, io\n"
             "from privtune.cli import main\n"
             "with contextlib.redirect_stdout(io.StringIO()):\n"
             "    assert main(['tune', '--help']) == 0 and main(['recommend', '--help']) == 0\n"
-            "    assert all(main([c, '--help']) == 0 for c in ('train', 'predict', 'audit', 'budget'))\n"
+            "    assert all(main([c, '--help']) == 0 for c in ('train', 'predict', 'audit', 'budget', 'account'))\n"
             "    assert main(['budget', 'spend', '--help']) == 0\n"
             "    assert main(['config', 'init', '--command', 'tune', '-']) == 0\n"
             "import privtune.cli.config_file\n"

@@ -59,13 +59,16 @@ TRAIN_DEFAULTS = {"accountant": "pld", "clip": 1.0, "clipping": "flat", "max_phy
 #: the defaults ``privtune budget --help`` shows: a new dataset's accountant (``Ledger.init_dataset``) and the
 #: sampling of a recorded external run (``DPSGDEvent``) (checked like TUNE_DEFAULTS)
 BUDGET_DEFAULTS = {"accountant": "pld", "sampling": "poisson"}
+#: the defaults ``privtune account --help`` shows: the accountant of ``privtune.accounting.account`` and the sampling
+#: of a ``DPSGDEvent`` (checked like TUNE_DEFAULTS)
+ACCOUNT_DEFAULTS = {"accountant": "pld", "sampling": "poisson"}
 #: the defaults of ``privtune.recommend`` that ``privtune recommend`` uses (checked like TUNE_DEFAULTS)
 RECOMMEND_DEFAULTS = {"min_steps": 20, "plateau_tol": 0.10, "prefer": "smallest"}
 
 __all__ = [
     "ACCOUNTANTS", "SAMPLING_SCHEMES", "CLIPPINGS", "OPTIMIZERS", "TRAIN_MODES", "TUNABLE_MODES", "TUNE_MODES",
     "STRATEGIES", "SELECTIONS", "EXECUTORS", "PREFERENCES", "TUNE_DEFAULTS", "TRAIN_DEFAULTS", "RECOMMEND_DEFAULTS",
-    "BUDGET_DEFAULTS",
+    "BUDGET_DEFAULTS", "ACCOUNT_DEFAULTS",
     "POOLING_CHOICES",
     "BATCHNORM_POLICIES", "BATCHNORM_TRAIN_REFUSAL", "IMAGE_FEATURES", "IMAGE_SIZE_BOUNDS",
 ]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import json
 import math
 
@@ -20,15 +19,12 @@ from privtune._validation import (
 )
 from privtune.errors import InfeasibleBudgetError, InvalidParameterError
 
-# choices and defaults come from the modules that own them (one declaration each; no torch import)
-from privtune import accounting as A
-from privtune.accounting.accountant import ACCOUNTANTS
-from privtune.accounting.certificate import privacy_statement
-from privtune.accounting.accountant import account as _account
-from privtune.accounting.events import SAMPLING_SCHEMES, DPSGDEvent
+# choices and defaults come from privtune.choices (checked there against the accountant and DPSGDEvent), so that
+# `privtune account --help` imports neither dp-accounting nor scipy; the accountant is imported when a run is shown
+from privtune.choices import ACCOUNT_DEFAULTS, ACCOUNTANTS, SAMPLING_SCHEMES
 
-_DEFAULT_ACCOUNTANT = inspect.signature(_account).parameters["accountant"].default
-_DEFAULT_SAMPLING = inspect.signature(DPSGDEvent).parameters["sampling"].default
+_DEFAULT_ACCOUNTANT = ACCOUNT_DEFAULTS["accountant"]
+_DEFAULT_SAMPLING = ACCOUNT_DEFAULTS["sampling"]
 
 
 def _given(**kw) -> list[str]:
@@ -179,6 +175,9 @@ def account(noise_multiplier, epsilon, delta, sample_rate, steps, dataset_size, 
 
 def _show_certificate(certificate: str, as_json: bool) -> None:
     """Verify ``certificate`` (recompute ε from its events) and print it as JSON or as a table."""
+    from privtune import accounting as A
+    from privtune.accounting.certificate import privacy_statement
+
     cert = A.verify_certificate(certificate)
     if as_json:
         # ε as certificate.json writes it: a number, or "inf" for NOT PRIVATE events (never null)
@@ -202,6 +201,8 @@ def _show_epsilon(sigma: float, q: float, T: int, n: int | None, delta: float, s
                   as_json: bool) -> None:
     """Print ε of T steps at noise multiplier σ and sample rate q under every accountant (the JSON headline
     is ``accountant``'s); ``n`` is the dataset size if given (examples), echoed in the JSON."""
+    from privtune import accounting as A
+
     results = {a: A.account(A.DPSGDEvent(sigma, q, T, sampling=sampling), delta, a) for a in A.ACCOUNTANTS}
     main = results[accountant]
     if as_json:
@@ -223,6 +224,8 @@ def _show_calibration(target: float, q: float, T: int, n: int | None, delta: flo
                       accountant: str, as_json: bool) -> None:
     """Print the noise multiplier σ (noise std / clipping norm) each accountant calibrates for the ``target``
     ε at (δ, q, T), with the ε it achieves; the JSON headline is ``accountant``'s."""
+    from privtune import accounting as A
+
     sigmas = {}
     for a in A.ACCOUNTANTS:
         try:
