@@ -34,7 +34,7 @@ import time
 import uuid
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -183,8 +183,9 @@ class AuditInputs:
     """Where an audit reads and writes, beside its :class:`~privtune.audit.specs.AuditSpec`: the data, the model
     and the label set (as for :func:`privtune.train`), the device, the ledger, the output directory, whether to
     resume and whether to show progress.  ``on_output_ready``, if given, is called with the output directory once
-    everything is checked and the directory holds the audit's state, before the ledger reservation: from then
-    on an interrupted audit can be finished there with ``resume`` (``privtune audit`` prints that command)."""
+    everything is checked and the directory exists (a charged audit's state saved in it), before the ledger
+    reservation: from then on an interrupted audit can be finished there with ``resume`` (``privtune audit``
+    prints that command)."""
 
     data: Any
     model: Any = None
@@ -197,7 +198,7 @@ class AuditInputs:
     output_dir: str | os.PathLike | None = None
     resume: bool = False
     progress: bool = False
-    on_output_ready: Any = None
+    on_output_ready: Callable[[Path], None] | None = None
 
     def __post_init__(self) -> None:
         if self.data is None:
