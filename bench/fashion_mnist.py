@@ -16,7 +16,13 @@ on).  Rows ε ∈ {1, 3, 8}, δ = 1e-5.  Cells (``--cells``):
   fixed setting (the typical untuned user), for a comparison with a well-kept library;
 * ``nonpriv-full``: non-private full fine-tuning of the same network (pretrained BatchNorm statistics, as privtune
   trains it), **NOT PRIVATE**: Adam, 2 epochs, batch 256, learning rate 1e-4 or 5e-4 chosen on the public split
-  (the ceiling of the modes that train the backbone; needs a GPU to be quick).
+  (the ceiling of the modes that train the backbone; needs a GPU to be quick);
+* ``fixed``: ``privtune train`` with one fixed setting per ``--fixed MODE:η:α:EPOCHS[:CLIPPING[:OPTIMIZER]]``
+  (comma-separated for several; expected batch 4,096, C = 1, by default flat clipping and Adam, everything
+  charged): what a mode reaches with a setting chosen
+  in advance, no tuning.  Comparing several settings on the test split and keeping the best is **NOT PRIVATE**;
+  each file (``fixed-<mode>-lr<η>-a<α>-e<epochs>_eps<ε>.json``) records the public split's accuracy too, the one
+  a selection may read.
 
 ``--device`` (cpu, cuda) is where every cell trains; ``--max-physical-batch-size`` the micro-batch of the modes that
 train the backbone (memory only, never the privacy or the result); ``--time-budget`` (minutes) is passed to
@@ -51,7 +57,10 @@ IMAGE_SIZE = 128
 IMAGE_FEATURES = "final"
 DELTA = 1e-5
 LABELS = list(range(10))
-CELLS = ("default", "auto", "full", "random", "oracle", "nonpriv-last-layer", "opacus-last-layer", "nonpriv-full")
+CELLS = ("default", "auto", "full", "random", "oracle", "nonpriv-last-layer", "opacus-last-layer", "nonpriv-full",
+         "fixed")
+#: expected (Poisson) batch of the ``fixed`` cells: hyperfree's choice for this data set
+FIXED_BATCH = 4096
 #: cells measured once, not per ε
 EPSILON_FREE = ("nonpriv-last-layer", "nonpriv-full")
 
@@ -259,6 +268,69 @@ def _nonprivate_full_cell(split, seed) -> dict:
                                 "public_accuracy": best[0]}}
 
 
+def parse_fixed(spec: str) -> list[dict]:
+    """``MODE:η:α:EPOCHS[:CLIPPING[:OPTIMIZER]][,...]`` → one setting per item (``--fixed``); α scales the
+    backbone's rate; clipping flat (C = 1) or automatic, optimizer adam (default), adamw, sgd or lamb."""
+    from privtune.choices import CLIPPINGS, OPTIMIZERS
+
+    settings = []
+    for item in (x.strip() for x in spec.split(",") if x.strip()):
+        parts = item.split(":")
+        if not 4 <= len(parts) <= 6 or parts[0] not in ("last-layer", "bitfit", "full"):
+            raise SystemExit(f"--fixed: {item!r} is not MODE:η:α:EPOCHS[:CLIPPING[:OPTIMIZER]] with MODE "
+                             "last-layer, bitfit or full (e.g. bitfit:5e-3:1:3)")
+        try:
+            lr, alpha, epochs = (float(v) for v in parts[1:4])
+        except ValueError:
+            raise SystemExit(f"--fixed: {item!r}: η, α and EPOCHS must be numbers (e.g. full:1e-2:0.1:3)") from None
+        clipping, optimizer = (parts[4:] + ["flat", "adam"][len(parts) - 4:])[:2]
+        if clipping not in CLIPPINGS or optimizer not in OPTIMIZERS:
+            raise SystemExit(f"--fixed: {item!r}: clipping is one of {', '.join(CLIPPINGS)} and optimizer one of "
+                             f"{', '.join(OPTIMIZERS)}")
+        settings.append({"mode": parts[0], "learning_rate": lr, "backbone_lr_scale": alpha, "epochs": epochs,
+                         "clipping": clipping, "optimizer": optimizer})
+    return settings
+
+
+def fixed_key(setting: dict) -> str:
+    """The ``fixed`` cell's file stem for one setting, e.g. ``fixed-bitfit-lr0.005-a1-e3``."""
+    extra = "".join(f"-{setting[k]}" for k, default in (("clipping", "flat"), ("optimizer", "adam"))
+                    if setting.get(k, default) != default)
+    return (f"fixed-{setting['mode']}-lr{setting['learning_rate']:g}-a{setting['backbone_lr_scale']:g}"
+            f"-e{setting['epochs']:g}{extra}")
+
+
+def _fixed_cell(split, eps, seed, setting: dict) -> dict:
+    """``privtune.train`` with one setting fixed in advance (every step charged), scored on the test split by
+    privtune and on the public split here; the loop's NOT PRIVATE exact examples per second recorded beside."""
+    import torch
+
+    import privtune
+    from privtune.data import load_dataset
+
+    folder = RESULTS / "runs" / fixed_key(setting)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    for scratch in (folder.with_name(folder.name + f"_eps{eps:g}.db"),
+                    folder.with_name(folder.name + f"_eps{eps:g}.db.key")):
+        scratch.unlink(missing_ok=True)  # a rerun of the cell starts a fresh ledger, not the spent one
+    kw = {k: v for k, v in RUN_OPTIONS.items() if k in ("device", "max_physical_batch_size")}
+    r = privtune.train(split["train"], eval_data=split["test"], labels=LABELS, model=MODEL, image_size=IMAGE_SIZE,
+                       image_features=IMAGE_FEATURES, epsilon=eps, delta=DELTA, batch_size=FIXED_BATCH, seed=seed,
+                       ledger=f"sqlite:///{folder}_eps{eps:g}.db", output_dir=None, progress=VERBOSE,
+                       **setting, **kw)
+    public = load_dataset(split["public"], num_labels=10)
+    with torch.no_grad():
+        pred = r.model.eval().predict_logits(public, batch_size=512).argmax(1).cpu()
+    loop = (r.not_private or {}).get("metrics") or {}
+    return {"test_accuracy": float(r.metrics["accuracy"]), "certificate_epsilon": float(r.certificate.epsilon),
+            "not_private": bool(r.metrics.get("not_private")), "mode": setting["mode"],
+            "strategy": "fixed setting (privtune train)", "hyperparameters": r.metrics.get("hyperparameters"),
+            "public_accuracy": float((pred == torch.as_tensor(public.labels)).float().mean()),
+            "train_seconds": r.metrics.get("train_seconds"),
+            "examples_per_second_not_private": loop.get("examples_per_second"),
+            "peak_gpu_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None}
+
+
 def run_cell(cell, split, eps, seed) -> dict:
     if cell == "default":
         return _tune_cell(split, eps, seed, mode="last-layer")
@@ -296,6 +368,8 @@ def main(argv=None) -> int:
     ap.add_argument("--time-budget", type=float, default=None, help="minutes, passed to privtune tune")
     ap.add_argument("--results", default=None, help=f"folder of the cells' files (default {RESULTS})")
     ap.add_argument("--verbose", action="store_true", help="show privtune's progress and log lines")
+    ap.add_argument("--fixed", default=None, help="the fixed cell's settings: MODE:η:α:EPOCHS, comma-separated "
+                    "(e.g. bitfit:5e-3:1:3,full:1e-2:0.1:3)")
     args = ap.parse_args(argv)
     MODEL, IMAGE_SIZE, IMAGE_FEATURES, VERBOSE = args.model, args.image_size, args.image_features, args.verbose
     if args.results:
@@ -309,6 +383,9 @@ def main(argv=None) -> int:
     bad = [c for c in cells if c not in CELLS]
     if bad:
         ap.error(f"unknown cell(s) {bad}; choose from {', '.join(CELLS)}")
+    fixed = parse_fixed(args.fixed) if args.fixed else []
+    if "fixed" in cells and not fixed:
+        ap.error("the fixed cell needs its settings: --fixed MODE:η:α:EPOCHS (e.g. bitfit:5e-3:1:3)")
     import torch
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
@@ -316,14 +393,16 @@ def main(argv=None) -> int:
     split = make_split()
     log = open(RESULTS / "log.txt", "a", encoding="utf-8")
     for eps in [float(e) for e in args.epsilons.split(",")]:
-        for cell in cells:
+        jobs = [(c, s) for c in cells for s in (fixed if c == "fixed" else [None])]
+        for cell, setting in jobs:
             if cell in EPSILON_FREE and (RESULTS / f"{cell}.json").exists():
                 continue
             # seed 0's file has no suffix; further seeds (the ε = 1 default's) have their own
-            key = cell if cell in EPSILON_FREE else f"{cell}_eps{eps:g}" + (f"_seed{args.seed}" if args.seed
+            name = fixed_key(setting) if setting else cell
+            key = cell if cell in EPSILON_FREE else f"{name}_eps{eps:g}" + (f"_seed{args.seed}" if args.seed
                                                                                     else "")
             t0 = time.time()
-            res = run_cell(cell, split, eps, args.seed)
+            res = _fixed_cell(split, eps, args.seed, setting) if setting else run_cell(cell, split, eps, args.seed)
             res.update(cell=cell, epsilon=None if cell in EPSILON_FREE else eps, seed=args.seed,
                        wall_s=round(time.time() - t0, 1), model=MODEL, image_size=IMAGE_SIZE,
                        image_features=IMAGE_FEATURES, n_private=58_000, n_public=2_000,

@@ -49,6 +49,11 @@ def _load(path: Path) -> dict:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
+def _seconds_or_minutes(seconds: float) -> str:
+    """Under a minute in whole seconds, else minutes (a run's time in a table)."""
+    return f"{seconds:.0f} s" if seconds < 60 else _minutes(seconds)
+
+
 def _pct(x: float, digits: int = 1) -> str:
     return f"{100 * x:.{digits}f} %"
 
@@ -271,6 +276,8 @@ a feature cache of its own.
 """
 
 FASHION_NOT_RUN = {
+    "default": "one backbone pass over the 70,000 images for the features (about 9 minutes at 128 px on two CPU "
+               "cores), then about a minute per ε",
     "stages-default": "one backbone pass over the 70,000 images for the stage features (about 10 minutes at "
                       "128 px on two CPU cores), then about a minute per ε",
     "full": "DP fine-tuning of every weight of the backbone on 58,000 images: about half an hour per ε at 64 px "
@@ -374,6 +381,64 @@ def _fashion_larger_note(runs: dict, base: dict) -> list[str]:
     return [text + ".", ""]
 
 
+def _fashion_fixed_note(runs: dict, base: dict) -> list[str]:
+    """The ``fixed`` cells (``fixed/``): one setting per run chosen in advance, a row each, then the pairs of runs
+    that differ only in the mode (the head alone against bitfit with the same plan) and the best run against the
+    charged default on the same features (``base``: the page's run names)."""
+    if not runs:
+        return []
+    out = ["Fixed settings (`bench/fashion_mnist.py --cells fixed --fixed MODE:η:α:EPOCHS[:CLIPPING[:OPTIMIZER]] "
+           "--image-features stages`, files in `fixed/`): `privtune train` with one setting chosen in advance, "
+           "every step charged (ε = 3, expected batch 4,096, C = 1, the zero-initialised head at η, the backbone's "
+           "trained parameters at α·η). Comparing the rows on the test split is NOT PRIVATE; the public split's "
+           "accuracy is the one a selection may read. Train time is the DP steps' (a last-layer run's one feature pass "
+           "is not in it); examples per second are the loop's own count (NOT PRIVATE).",
+           "",
+           "| mode | η | α | clipping, optimizer | steps | σ | public split | test | device, pixels | train time | "
+           "examples/s |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+
+    def setting(r):
+        hp = r.get("hyperparameters") or {}
+        return (r.get("image_size"), r.get("device"), hp.get("learning_rate"), hp.get("clipping"),
+                hp.get("optimizer"), hp.get("steps"))
+
+    rows = sorted(runs.values(), key=lambda r: (r.get("image_size"), str(r.get("device")), r["mode"],
+                                               r["hyperparameters"]["steps"], r["hyperparameters"]["learning_rate"],
+                                               -r["hyperparameters"]["backbone_lr_scale"]))
+    for r in rows:
+        hp = r["hyperparameters"]
+        rate = r.get("examples_per_second_not_private")
+        out.append(f"| {r['mode']} | {hp['learning_rate']:g} | {hp['backbone_lr_scale']:g} | {hp['clipping']}, "
+                   f"{hp['optimizer']} | {hp['steps']} | {hp['noise_multiplier']:.2f} | "
+                   f"{_pct(r['public_accuracy'])} | {_pct(r['test_accuracy'])} | {r.get('device', 'cpu')}, "
+                   f"{r.get('image_size')} | {_seconds_or_minutes(r.get('train_seconds') or 0)} | "
+                   + (f"{rate:,.0f}" if rate and r["mode"] != "last-layer" else "–") + " |")
+    out.append("")
+    heads = {setting(r): r for r in runs.values() if r["mode"] == "last-layer"}
+    for r in rows:
+        head = heads.get(setting(r))
+        if r["mode"] == "bitfit" and head:
+            hp = r["hyperparameters"]
+            out.append(f"With the same plan ({hp['steps']} steps, η = {hp['learning_rate']:g}, {hp['clipping']} "
+                       f"clipping, {hp['optimizer']}, {r.get('image_size')} px), bitfit (its biases and norm shifts "
+                       f"at α = {hp['backbone_lr_scale']:g}) reaches {_pct(r['test_accuracy'])} against the head "
+                       f"alone's {_pct(head['test_accuracy'])} ({_points(r['test_accuracy'] - head['test_accuracy'])}"
+                       " points).")
+            out.append("")
+    best = max((r for r in runs.values() if r["mode"] != "last-layer"), key=lambda r: r["test_accuracy"],
+               default=None)
+    tuned = base.get(f"stages-default_eps{best['epsilon']:g}.json") if best else None
+    if best and tuned and best.get("image_size") == tuned.get("image_size"):
+        out.append(f"The best run that trains the backbone reaches {_pct(best['test_accuracy'])} "
+                   f"({_points(best['test_accuracy'] - tuned['test_accuracy'])} points against "
+                   f"`privtune tune --image-features stages` at ε = {best['epsilon']:g}, whose head trains for "
+                   f"{tuned['hyperparameters']['steps']} steps at η = {tuned['hyperparameters']['learning_rate_initial']:g} "
+                   f"with {tuned['hyperparameters']['clipping']} clipping).")
+        out.append("")
+    return out
+
+
 def _fashion_backbone_note(folders: dict[str, dict], base: dict) -> list[str]:
     """The stage-feature cells of another bundled backbone (a folder ``<lite>-stages/``, its files naming their
     ``model``), one sentence per folder, with their differences from the table's EfficientNet-Lite0 cells."""
@@ -413,6 +478,7 @@ def render_fashion_mnist(files: list[Path]) -> str:
     runs = {("stages-" if p.parent.name == "stages" else "") + p.name: _load(p) for p in files
             if p.parent.name in ("fashion_mnist", "stages")}
     larger = {p.name: _load(p) for p in files if p.parent.name == "stages192"}
+    fixed = {p.name: _load(p) for p in files if p.parent.name == "fixed"}
     backbones: dict[str, dict] = {}  # another backbone's stage-feature cells (<model>-stages/): a sentence each
     for p in files:
         if p.parent.name.endswith("-stages"):
@@ -468,6 +534,7 @@ def render_fashion_mnist(files: list[Path]) -> str:
                    "train the backbone.")
         out.append("")
     out += _fashion_full_note(runs)
+    out += _fashion_fixed_note(fixed, runs)
     auto = [r for (cell, _), rs in cells.items() if cell in ("auto", "stages-auto") for r in rs]
     if auto:
         sizes = sorted({r.get("image_size") for r in auto})
@@ -899,6 +966,7 @@ SECTIONS: list[Section] = [
     Section("sst2-backbones", ("sst2_full/full_*/*_eps*_seed*.json", "sst2_full/quick_*/*_eps*_seed*.json"),
             render_sst2_backbones),
     Section("fashion-mnist", ("fashion_mnist/*.json", "fashion_mnist/stages/*.json", "fashion_mnist/stages192/*.json",
+                              "fashion_mnist/fixed/*.json",
                               "fashion_mnist/*-stages/*.json"),
             render_fashion_mnist),
     Section("eta", ("eta/*.json",), render_eta),

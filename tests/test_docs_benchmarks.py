@@ -235,3 +235,34 @@ def test_the_generation_speed_table_reads_the_newest_speed_file(make_benchmarks,
     page = make_benchmarks.render_page(tmp_path)
     assert "| lora | 10.00 | 8.50 | 0.85× | 1,000 MiB | 1,100 MiB | 1.10× |" in page
     assert "| full | 4.00 | 2.00 | 0.50× | 2,000 MiB | 2,400 MiB | 1.20× |" in page
+
+
+def test_fixed_fashion_settings_are_a_table_with_the_same_plan_pairs(make_benchmarks, tmp_path):
+    folder = tmp_path / "fashion_mnist"
+    (folder / "fixed").mkdir(parents=True)
+    (folder / "stages").mkdir()
+    hp = {"steps": 43, "learning_rate": 0.05, "backbone_lr_scale": 1.0, "clipping": "flat", "optimizer": "adam",
+          "noise_multiplier": 1.08}
+    run = {"cell": "fixed", "epsilon": 3.0, "certificate_epsilon": 3.0, "wall_s": 60.0, "image_size": 128,
+           "device": "NVIDIA H200", "n_private": 58000, "n_public": 2000, "n_test": 10000, "train_seconds": 1.0}
+    (folder / "fixed" / "fixed-last-layer-lr0.05-a1-e3_eps3.json").write_text(json.dumps(
+        run | {"mode": "last-layer", "test_accuracy": 0.846, "public_accuracy": 0.857, "hyperparameters": hp}))
+    (folder / "fixed" / "fixed-bitfit-lr0.05-a0.1-e3_eps3.json").write_text(json.dumps(
+        run | {"mode": "bitfit", "test_accuracy": 0.858, "public_accuracy": 0.873, "train_seconds": 173.0,
+               "examples_per_second_not_private": 1021.4, "hyperparameters": hp | {"backbone_lr_scale": 0.1}}))
+    tuned = {"cell": "default", "epsilon": 3.0, "test_accuracy": 0.895, "certificate_epsilon": 3.0, "wall_s": 9.0,
+             "image_size": 128, "hyperparameters": {"steps": 142, "learning_rate_initial": 0.3,
+                                                    "clipping": "automatic"}}
+    (folder / "stages" / "default_eps3.json").write_text(json.dumps(tuned))
+    page = make_benchmarks.render_page(tmp_path)
+    assert ("| bitfit | 0.05 | 0.1 | flat, adam | 43 | 1.08 | 87.3 % | 85.8 % | NVIDIA H200, 128 | 2.9 min | "
+            "1,021 |") in page
+    assert "| last-layer | 0.05 | 1 | flat, adam | 43 | 1.08 | 85.7 % | 84.6 % | NVIDIA H200, 128 | 1 s | – |" in page
+    assert "reaches 85.8 % against the head alone's 84.6 % (+1.2 points)" in page
+    assert ("The best run that trains the backbone reaches 85.8 % (-3.7 points against `privtune tune "
+            "--image-features stages` at ε = 3, whose head trains for 142 steps at η = 0.3 with automatic "
+            "clipping)") in page
+
+
+def test_every_fashion_column_says_what_it_costs_when_not_run(make_benchmarks):
+    assert {cell for cell, _ in make_benchmarks.FASHION_COLUMNS} <= set(make_benchmarks.FASHION_NOT_RUN)
