@@ -635,10 +635,17 @@ def render_generation(files: list[Path]) -> str:
                     notes.append(machine)
     out.append("")
     out.extend(_generation_gain_lines(runs))
+    # one line per machine and model: the rows' runs differ only in the load they met
+    machines: dict[tuple, list] = {}
     for m in notes:
-        out.append(f"Machine: {m.get('cpus')} CPU cores, {m.get('torch_threads')} torch threads, 1-minute load "
-                   f"{m.get('load_before')} before the run; model `{m.get('model')}`, {m.get('max_length')} tokens "
-                   "per pair.")
+        key = (m.get("cpus"), m.get("torch_threads"), m.get("model"), m.get("max_length"))
+        machines.setdefault(key, []).append(m.get("load_before"))
+    for (cpus, threads, model, max_length), loads in machines.items():
+        known = sorted(x for x in loads if isinstance(x, (int, float)))
+        load = ("" if not known else f"{known[0]:g} before the run" if len(known) == 1 else
+                f"{known[0]:g} to {known[-1]:g} before the {len(known)} runs")
+        out.append(f"Machine: {cpus} CPU cores, {threads} torch threads" + (f", 1-minute load {load}" if load else "")
+                   + f"; model `{model}`, {max_length} tokens per pair.")
     return "\n".join(out).rstrip() + "\n"
 
 

@@ -109,6 +109,13 @@ def test_the_generation_section_reads_the_bench_files_and_skips_smoke_tests(make
     run["cells"]["zero-shot"]["bleu_bootstrap_sd"] = 0.2049
     (folder / "generation-20260101-000000.json").write_text(json.dumps(run))
     assert "| 2,000 (200) | 1.23 ± 0.20 | 15.50 |" in make_benchmarks.render_page(tmp_path)
+    # runs on the same machine and model are one line, with the range of the loads they met
+    tuned = {**run, "cells": {"tune-default": {**cell, "epsilon": 8.0}}, "started": "2026-01-03",
+             "machine": {**run["machine"], "load_before": 0.25}}
+    (folder / "generation-20260103-000000.json").write_text(json.dumps(tuned))
+    page = make_benchmarks.render_page(tmp_path)
+    assert page.count("Machine: ") == 1
+    assert "Machine: 2 CPU cores, 2 torch threads, 1-minute load 0.25 to 1.5 before the 2 runs; model `smollm2-135m`" in page
 
 
 def _generation_cell(bleu: float, perplexity: float = 9.0) -> dict:
