@@ -1,6 +1,6 @@
 """Shared test setup: offline Hugging Face, deterministic, small thread counts (CI has 2 cores), and one
 PostgreSQL server per session for the ledger tests (``pg_server``/``pg_url``: skipped where no server binary
-exists, failing under ``CI=true``)."""
+exists, failing under ``CI=true``); ``script_module`` imports a bench or scripts/ file as a module."""
 
 from __future__ import annotations
 
@@ -11,16 +11,33 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("MPLBACKEND", "Agg")
 
+import contextlib  # noqa: E402
 import glob  # noqa: E402
+import importlib.util  # noqa: E402
 import pwd  # noqa: E402
 import shutil  # noqa: E402
 import socket  # noqa: E402
 import subprocess  # noqa: E402
+import sys  # noqa: E402
 import tempfile  # noqa: E402
 import uuid  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
+
+
+@contextlib.contextmanager
+def script_module(path: Path, name: str):
+    """The script at ``path`` (bench/, scripts/) imported as module ``name`` while the block runs: registered in
+    ``sys.modules`` (dataclasses look their module up while the file runs), removed after."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.modules.pop(name, None)
 
 
 @pytest.fixture(autouse=True)

@@ -3,25 +3,18 @@ data or model is loaded."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import script_module
 
 BENCH = Path(__file__).resolve().parent.parent / "bench" / "fashion_mnist.py"
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_fashion_mnist", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    try:
-        spec.loader.exec_module(module)
+    with script_module(BENCH, "bench_fashion_mnist") as module:
         yield module
-    finally:
-        sys.modules.pop(spec.name, None)
 
 
 def test_fixed_settings_are_parsed_with_flat_clipping_and_adam_by_default(bench):

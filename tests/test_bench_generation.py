@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from conftest import script_module
 
 pytest.importorskip("transformers")
 pytest.importorskip("sacrebleu")
@@ -18,11 +19,14 @@ if importlib.util.find_spec("chitchat_dataset") is None:
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "generation.py"
 
 
-def test_quick_bench_writes_every_cell(tmp_path, monkeypatch):
+@pytest.fixture
+def bench():
+    with script_module(BENCH, "bench_generation") as module:
+        yield module
+
+
+def test_quick_bench_writes_every_cell(bench, tmp_path, monkeypatch):
     monkeypatch.setenv("PRIVTUNE_HOME", str(tmp_path / "home"))
-    spec = importlib.util.spec_from_file_location("bench_generation", BENCH)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))  # where the bench makes its work folder
@@ -40,10 +44,7 @@ def test_quick_bench_writes_every_cell(tmp_path, monkeypatch):
     assert len(written) == 1 and json.loads(written[0].read_text())["cells"].keys() == cells.keys()
 
 
-def test_bleu_bootstrap_sd_is_zero_for_a_constant_score_and_grows_with_mixed_rows():
-    spec = importlib.util.spec_from_file_location("bench_generation", BENCH)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+def test_bleu_bootstrap_sd_is_zero_for_a_constant_score_and_grows_with_mixed_rows(bench):
     refs = [f"the cat sat on mat number {i} today" for i in range(80)]
     assert bench.bleu_bootstrap_sd(refs, refs, resamples=50) < 1e-9  # every resample scores 100
     half = [r if i % 2 else "nothing alike here at all" for i, r in enumerate(refs)]

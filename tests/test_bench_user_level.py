@@ -3,21 +3,19 @@ group-privacy figure of the example-level run (the bench itself runs for minutes
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from pathlib import Path
 
 import pytest
+from conftest import script_module
 
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "user_level.py"
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_user_level", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    with script_module(BENCH, "bench_user_level") as module:
+        yield module
 
 
 def test_each_phrase_goes_to_the_longest_sentence_containing_it(bench):

@@ -5,13 +5,12 @@ and compare, so a changed or added result file without a regenerated page fails 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import script_module
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "make_benchmarks.py"
@@ -19,14 +18,8 @@ SCRIPT = ROOT / "scripts" / "make_benchmarks.py"
 
 @pytest.fixture(scope="module")
 def make_benchmarks():
-    spec = importlib.util.spec_from_file_location("make_benchmarks", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the file runs
-    try:
-        spec.loader.exec_module(module)
+    with script_module(SCRIPT, "make_benchmarks") as module:
         yield module
-    finally:
-        sys.modules.pop(spec.name, None)
 
 
 def test_benchmarks_page_is_current(make_benchmarks):

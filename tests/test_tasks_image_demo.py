@@ -142,15 +142,10 @@ def test_image_demo_end_to_end_then_predict(tmp_path, monkeypatch, capsys):
 
 def test_benchmarks_page_renders_the_fashion_mnist_cells_from_their_files(tmp_path):
     """docs/benchmarks.md's Fashion-MNIST section comes from bench/results/fashion_mnist/*.json."""
-    import importlib.util
-    import sys
+    from conftest import script_module
 
     script = Path(__file__).resolve().parents[1] / "scripts" / "make_benchmarks.py"
-    spec = importlib.util.spec_from_file_location("make_benchmarks_fm", script)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    try:
-        spec.loader.exec_module(module)
+    with script_module(script, "make_benchmarks_fm") as module:
         folder = tmp_path / "fashion_mnist"
         folder.mkdir()
         sizes = {"n_private": 58000, "n_public": 2000, "n_test": 10000, "device": "cpu"}
@@ -168,8 +163,6 @@ def test_benchmarks_page_renders_the_fashion_mnist_cells_from_their_files(tmp_pa
             {"cell": "nonpriv-last-layer", "test_accuracy": 0.9345, "certificate_epsilon": None, "not_private": True,
              "wall_s": 60, "image_features": "stages", **sizes}))
         page = module.render_page(tmp_path)
-    finally:
-        sys.modules.pop(spec.name, None)
     assert "## Fashion-MNIST" in page and "58,000" in page
     assert "| 3 | 90.1 % (ε 3; 2.0 min) | 91.0 % (ε 3; 2.0 min) | – |" in page  # final, then stage features
     assert "92.3 %" in page and "stage features (`--image-features stages`; NOT PRIVATE): test accuracy 93.5 %" in page
