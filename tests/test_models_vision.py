@@ -135,6 +135,37 @@ def test_preprocessing_greyscale_28_pixels_to_three_normalised_channels():
         ImagePreprocessor(image_size=4)
 
 
+@pytest.mark.parametrize("mean, std", [((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
+                                       ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))])
+@pytest.mark.parametrize("size", [(28, 28), (13, 21)])
+def test_greyscale_images_as_stored_give_the_pixels_of_their_rgb_copies(mean, std, size):
+    """The greyscale path (one channel resized, three written) is bit for bit the RGB path, in the same
+    channels-last layout, for one map on every channel (the bundled networks') and for per-channel maps."""
+    rng = np.random.default_rng(1)
+    grey = [Image.fromarray(rng.integers(0, 256, size, dtype=np.uint8)) for _ in range(6)]
+    for image_size in (16, 64, 128):
+        prep = ImagePreprocessor(image_size, mean=mean, std=std)
+        fast = prep(grey)["pixel_values"]
+        rgb = prep([im.convert("RGB") for im in grey])["pixel_values"]
+        assert torch.equal(fast, rgb) and fast.stride() == rgb.stride()
+        assert fast.is_contiguous(memory_format=torch.channels_last)
+    mixed = prep([grey[0], grey[1].convert("RGB")])["pixel_values"]  # one RGB image: the RGB path for all
+    assert torch.equal(mixed, rgb[:2])
+
+
+def test_the_classifier_reads_greyscale_rows_as_stored_with_the_same_inputs(tmp_path):
+    rng = np.random.default_rng(2)
+    pixels = rng.integers(0, 256, (4, 28, 28), dtype=np.uint8)
+    Image.fromarray(pixels[0]).save(tmp_path / "a.png")
+    ds = ImageDataset(images=[str(tmp_path / "a.png"), *[Image.fromarray(p) for p in pixels[1:]]], labels=[0, 1, 0, 1])
+    assert ds.load_image(0).mode == "RGB" and ds.load_image(0, keep_greyscale=True).mode == "L"
+    assert ds.load_image(1, keep_greyscale=True).mode == "L"
+    clf = build_vision_classifier(tiny_bn_net(), 2, image_size=32)
+    got = clf.encode(ds)["pixel_values"]
+    want = clf.processor([ds.load_image(i) for i in range(4)])["pixel_values"]
+    assert torch.equal(got, want)
+
+
 def test_image_dataset_through_the_classifier_and_module_backbone_save(tmp_path):
     clf = build_vision_classifier(tiny_bn_net(), 3, image_size=16)
     rng = np.random.default_rng(0)

@@ -117,8 +117,12 @@ class ImageDataset:
             source=None,
         )
 
-    def load_image(self, i: int):
-        """The i-th image as an RGB ``PIL.Image`` (files are opened lazily)."""
+    def load_image(self, i: int, *, keep_greyscale: bool = False):
+        """The i-th image as an RGB ``PIL.Image`` (files are opened lazily).
+
+        ``keep_greyscale``: a greyscale ("L") image comes as it is stored, for a preprocessor that takes it
+        (``accepts_greyscale``, e.g. :class:`privtune.models.vision.ImagePreprocessor`, which then resizes one
+        channel instead of three)."""
         # Lazy: Pillow only for image data: keeps privtune.data light for text.
         from PIL import Image
 
@@ -126,10 +130,10 @@ class ImageDataset:
         if isinstance(img, (str, os.PathLike)):
             try:
                 with Image.open(img) as im:
-                    return im.convert("RGB")
+                    return im.copy() if keep_greyscale and im.mode == "L" else im.convert("RGB")
             except Exception as exc:  # PIL raises many types
                 raise DataError(f"Cannot read image {str(img)!r}: {exc}. Remove or replace the file.") from None
-        return img.convert("RGB")
+        return img if keep_greyscale and img.mode == "L" else img.convert("RGB")
 
     def canonical_rows(self) -> Iterable[bytes]:
         for i, img in enumerate(self.images):

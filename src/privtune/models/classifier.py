@@ -266,7 +266,8 @@ class Classifier(nn.Module):
             return self.encode_texts([dataset.texts[i] for i in idx])
         if getattr(dataset, "kind", None) != "image":
             raise ModelError(f"This classifier takes images, but the data is {getattr(dataset, 'kind', type(dataset))!r}.")
-        return self.encode_images([dataset.load_image(i) for i in idx])
+        grey = bool(getattr(self.processor, "accepts_greyscale", False))
+        return self.encode_images([dataset.load_image(i, keep_greyscale=grey) for i in idx])
 
     def encode_texts(self, texts: Sequence[str]) -> dict[str, torch.Tensor]:
         enc = self.tokenizer(
