@@ -19,8 +19,7 @@ on).  Rows ε ∈ {1, 3, 8}, δ = 1e-5.  Cells (``--cells``):
   (the ceiling of the modes that train the backbone; needs a GPU to be quick);
 * ``fixed``: ``privtune train`` with one fixed setting per ``--fixed MODE:η:α:EPOCHS[:CLIPPING[:OPTIMIZER]]``
   (comma-separated for several; expected batch 4,096, C = 1, by default flat clipping and Adam, everything
-  charged): what a mode reaches with a setting chosen
-  in advance, no tuning.  Comparing several settings on the test split and keeping the best is **NOT PRIVATE**;
+  charged): what a mode reaches with a setting chosen in advance, no tuning.  Comparing several settings on the test split and keeping the best is **NOT PRIVATE**;
   each file (``fixed-<mode>-lr<η>-a<α>-e<epochs>_eps<ε>.json``) records the public split's accuracy too, the one
   a selection may read.
 
@@ -98,6 +97,14 @@ RUN_OPTIONS: dict = {}
 VERBOSE = False
 
 
+def _fresh_ledger(folder: Path) -> str:
+    """The SQLite ledger URL of a cell's run (``<folder>.db``), its file and key removed first: a rerun of the cell
+    starts a fresh ledger, not the spent one."""
+    for scratch in (folder.with_name(folder.name + ".db"), folder.with_name(folder.name + ".db.key")):
+        scratch.unlink(missing_ok=True)
+    return f"sqlite:///{folder}.db"
+
+
 def _tune_cell(split, eps, seed, **kw) -> dict:
     import privtune
 
@@ -106,8 +113,6 @@ def _tune_cell(split, eps, seed, **kw) -> dict:
         import shutil
 
         shutil.rmtree(folder)
-    for scratch in (folder.with_name(folder.name + ".db"), folder.with_name(folder.name + ".db.key")):
-        scratch.unlink(missing_ok=True)  # a rerun of the cell starts a fresh ledger, not the spent one
     # last-layer: the test split is scored by the bench on the shared cached features (_test_accuracy), after the
     # run, exactly as privtune would score it; a mode that trains the backbone is scored by privtune itself
     # (the grid oracle releases no model: privtune scores its selected point on the test split itself)
@@ -115,7 +120,7 @@ def _tune_cell(split, eps, seed, **kw) -> dict:
     r = privtune.tune(split["train"], eval_data=None if frozen else split["test"], public_eval_data=split["public"],
                       labels=LABELS, model=MODEL, image_size=IMAGE_SIZE, image_features=IMAGE_FEATURES,
                       epsilon=eps, delta=DELTA,
-                      ledger=f"sqlite:///{folder}.db",
+                      ledger=_fresh_ledger(folder),
                       output_dir=folder, seed=seed, quiet=not VERBOSE, feature_cache_dir=str(RESULTS / "features"),
                       **RUN_OPTIONS, **kw)
     if frozen and r.metrics["mode"] != "last-layer":
@@ -308,15 +313,12 @@ def _fixed_cell(split, eps, seed, setting: dict) -> dict:
     import privtune
     from privtune.data import load_dataset
 
-    folder = RESULTS / "runs" / fixed_key(setting)
+    folder = RESULTS / "runs" / f"{fixed_key(setting)}_eps{eps:g}"
     folder.parent.mkdir(parents=True, exist_ok=True)
-    for scratch in (folder.with_name(folder.name + f"_eps{eps:g}.db"),
-                    folder.with_name(folder.name + f"_eps{eps:g}.db.key")):
-        scratch.unlink(missing_ok=True)  # a rerun of the cell starts a fresh ledger, not the spent one
     kw = {k: v for k, v in RUN_OPTIONS.items() if k in ("device", "max_physical_batch_size")}
     r = privtune.train(split["train"], eval_data=split["test"], labels=LABELS, model=MODEL, image_size=IMAGE_SIZE,
                        image_features=IMAGE_FEATURES, epsilon=eps, delta=DELTA, batch_size=FIXED_BATCH, seed=seed,
-                       ledger=f"sqlite:///{folder}_eps{eps:g}.db", output_dir=None, progress=VERBOSE,
+                       ledger=_fresh_ledger(folder), output_dir=None, progress=VERBOSE,
                        **setting, **kw)
     public = load_dataset(split["public"], num_labels=10)
     with torch.no_grad():
@@ -368,8 +370,8 @@ def main(argv=None) -> int:
     ap.add_argument("--time-budget", type=float, default=None, help="minutes, passed to privtune tune")
     ap.add_argument("--results", default=None, help=f"folder of the cells' files (default {RESULTS})")
     ap.add_argument("--verbose", action="store_true", help="show privtune's progress and log lines")
-    ap.add_argument("--fixed", default=None, help="the fixed cell's settings: MODE:η:α:EPOCHS, comma-separated "
-                    "(e.g. bitfit:5e-3:1:3,full:1e-2:0.1:3)")
+    ap.add_argument("--fixed", default=None, help="the fixed cell's settings: MODE:η:α:EPOCHS[:CLIPPING[:OPTIMIZER]], "
+                    "comma-separated (e.g. bitfit:5e-3:1:3,last-layer:0.3:1:10:automatic:adamw)")
     args = ap.parse_args(argv)
     MODEL, IMAGE_SIZE, IMAGE_FEATURES, VERBOSE = args.model, args.image_size, args.image_features, args.verbose
     if args.results:

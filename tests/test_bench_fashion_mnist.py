@@ -45,3 +45,12 @@ def test_the_fixed_cell_without_settings_is_refused_before_any_data_is_read(benc
         bench.main(["--cells", "fixed", "--results", str(tmp_path)])
     assert "needs its settings: --fixed" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())
+
+
+def test_a_cells_rerun_starts_a_fresh_ledger(bench, tmp_path):
+    run = tmp_path / "runs" / "default_last-layer_eps3"
+    run.parent.mkdir()
+    for spent in ("default_last-layer_eps3.db", "default_last-layer_eps3.db.key"):
+        (run.parent / spent).write_text("spent")
+    assert bench._fresh_ledger(run) == f"sqlite:///{run}.db"
+    assert not any(run.parent.iterdir())
