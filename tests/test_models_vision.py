@@ -16,7 +16,7 @@ from torch import nn
 
 from privtune.data import ImageDataset
 from privtune.engine import PrivateGradient
-from privtune.errors import InvalidParameterError, ModelError, UnsupportedModuleError
+from privtune.errors import DataError, InvalidParameterError, ModelError, UnsupportedModuleError
 from privtune.models import load_classifier
 from privtune.models.vision import ImagePreprocessor, build_vision_classifier, is_vision_model
 
@@ -164,6 +164,82 @@ def test_the_classifier_reads_greyscale_rows_as_stored_with_the_same_inputs(tmp_
     got = clf.encode(ds)["pixel_values"]
     want = clf.processor([ds.load_image(i) for i in range(4)])["pixel_values"]
     assert torch.equal(got, want)
+
+
+@pytest.fixture
+def four_torch_threads():
+    before = torch.get_num_threads()
+    torch.set_num_threads(4)
+    yield
+    torch.set_num_threads(before)
+
+
+def _mixed_image_rows(tmp_path, n: int) -> ImageDataset:
+    """n rows: greyscale and RGB, files and in-memory images, two input sizes; the first one large (70 × 66)."""
+    rng = np.random.default_rng(3)
+    images = []
+    for i in range(n):
+        shape = (28, 28) if i % 3 else (70, 66, 3)
+        im = Image.fromarray(rng.integers(0, 256, shape, dtype=np.uint8))
+        if i % 5 == 0:
+            im.save(tmp_path / f"{i}.png")
+            im = str(tmp_path / f"{i}.png")
+        images.append(im)
+    return ImageDataset(images=images, labels=[i % 2 for i in range(n)])
+
+
+def test_image_rows_read_on_several_threads_give_the_one_thread_tensor(tmp_path, monkeypatch, four_torch_threads):
+    """Rows of images from 64 × 64 pixels are read and resized on the host's threads (torch's thread count, at
+    least 16 rows each): the same pixels in the same order and layout as one thread, for privtune's preprocessor
+    and for another library's."""
+    from privtune.data import _host_threads
+
+    ds = _mixed_image_rows(tmp_path, 90)
+    rows = list(range(0, 90, 2)) + list(range(89, -1, -2))  # any order, as a Poisson batch's rows
+    clf = build_vision_classifier(tiny_bn_net(), 2, image_size=32)
+    assert _host_threads.host_threads() == 4
+    calls = []
+    map_rows = _host_threads.map_rows
+    monkeypatch.setattr(_host_threads, "map_rows", lambda fn, r: calls.append(len(r)) or map_rows(fn, r))
+    threaded = clf.encode(ds, rows)["pixel_values"]
+    assert calls == [89]  # the first row is 70 × 66 pixels: the other 89 are read on the threads
+    want = clf.processor([ds.load_image(i) for i in rows])["pixel_values"]
+    assert torch.equal(threaded, want) and threaded.stride() == want.stride()
+    grey = [r for r in rows if r % 3 and r % 5]  # greyscale rows alone: the one-channel path
+    assert torch.equal(clf.encode(ds, grey)["pixel_values"], clf.processor([ds.load_image(i) for i in grey])[
+        "pixel_values"])
+    assert calls == [89]  # 28 × 28 images are read on this thread alone
+
+    class OtherProcessor:  # a Hugging Face-style processor: takes PIL images, no `resized`
+        def __call__(self, images, return_tensors="pt"):
+            return {"pixel_values": torch.stack([torch.from_numpy(np.asarray(im.resize((8, 8)), dtype=np.float32))
+                                                 .permute(2, 0, 1) for im in images])}
+
+    clf.processor = OtherProcessor()
+    assert torch.equal(clf.encode(ds, rows)["pixel_values"],
+                       OtherProcessor()([ds.load_image(i) for i in rows])["pixel_values"])
+
+
+def test_an_unreadable_image_read_on_a_host_thread_is_one_data_error(tmp_path, four_torch_threads):
+    ds = _mixed_image_rows(tmp_path, 64)
+    (tmp_path / "40.png").write_bytes(b"not an image")  # read on a thread: the first row is large
+    clf = build_vision_classifier(tiny_bn_net(), 2, image_size=16)
+    with pytest.raises(DataError, match="40.png"):
+        clf.encode(ds)
+
+
+def test_host_threads_follow_torch_and_split_rows_in_order(four_torch_threads):
+    from privtune.data import _host_threads
+
+    seen = []
+    assert _host_threads.map_rows(lambda r: (seen.append(r), r * r)[1], range(100)) == [r * r for r in range(100)]
+    assert sorted(seen) == list(range(100))
+    torch.set_num_threads(1)  # one thread: the calls run here, in order
+    seen.clear()
+    _host_threads.map_rows(seen.append, range(40))
+    assert seen == list(range(40))
+    torch.set_num_threads(64)
+    assert _host_threads.host_threads() == _host_threads.MAX_HOST_THREADS
 
 
 def test_image_dataset_through_the_classifier_and_module_backbone_save(tmp_path):

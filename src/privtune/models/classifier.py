@@ -266,8 +266,34 @@ class Classifier(nn.Module):
             return self.encode_texts([dataset.texts[i] for i in idx])
         if getattr(dataset, "kind", None) != "image":
             raise ModelError(f"This classifier takes images, but the data is {getattr(dataset, 'kind', type(dataset))!r}.")
+        return self._encode_image_rows(dataset, idx)
+
+    def _encode_image_rows(self, dataset: Any, idx: list[int]) -> dict[str, torch.Tensor]:
+        """Rows ``idx`` of an ImageDataset as ``{"pixel_values"}``: each image read (and, by privtune's
+        :class:`~privtune.models.vision.ImagePreprocessor`, resized), then converted in one call.  Images of at
+        least :data:`~privtune.data._host_threads.MIN_PIXELS_FOR_THREADS` pixels (the first row's decides) are
+        read on the host's threads; the tensor is the one thread's, row for row."""
+        from privtune.data._host_threads import MIN_PIXELS_FOR_THREADS, map_rows
+
         grey = bool(getattr(self.processor, "accepts_greyscale", False))
-        return self.encode_images([dataset.load_image(i, keep_greyscale=grey) for i in idx])
+        resized = getattr(self.processor, "resized", None)
+        if not idx:
+            return self.encode_images([])
+        first = dataset.load_image(idx[0], keep_greyscale=grey)
+
+        def prepared(image: Any) -> Any:
+            return image if resized is None else resized(image)
+
+        def read(i: int) -> Any:
+            return prepared(dataset.load_image(i, keep_greyscale=grey))
+
+        if first.width * first.height >= MIN_PIXELS_FOR_THREADS:
+            rows = [prepared(first), *map_rows(read, idx[1:])]
+        else:  # small images: each one's work is mostly Python, which threads only take turns at (measured)
+            rows = [prepared(first), *(read(i) for i in idx[1:])]
+        if resized is None:  # another library's processor converts the images
+            return self.encode_images(rows)
+        return {"pixel_values": self.processor.pixels(rows)["pixel_values"].to(torch.float32)}
 
     def encode_texts(self, texts: Sequence[str]) -> dict[str, torch.Tensor]:
         enc = self.tokenizer(

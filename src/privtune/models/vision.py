@@ -116,31 +116,46 @@ class ImagePreprocessor:
     accepts_greyscale = True
 
     def __call__(self, images: Sequence[Any], return_tensors: str = "pt") -> dict[str, torch.Tensor]:
+        return self.pixels([self.resized(im) for im in images])
+
+    def resized(self, image: Any) -> Any:
+        """One PIL image resized to S × S (bilinear) as a uint8 array: (S, S) for a greyscale ("L") image as
+        stored, (S, S, 3) for any other mode (converted to RGB first).  The per-image host work of
+        preprocessing, which Pillow runs without the GIL (:meth:`privtune.models.Classifier.encode` runs it on
+        several threads)."""
         # Lazy: Pillow and numpy only when images are encoded.
         import numpy as np
         from PIL import Image
 
         s = self.image_size
-        bilinear = getattr(Image, "Resampling", Image).BILINEAR
+        if getattr(image, "mode", None) != "L":
+            image = image.convert("RGB")
+        return np.asarray(image.resize((s, s), getattr(Image, "Resampling", Image).BILINEAR), dtype=np.uint8)
+
+    def pixels(self, arrays: Sequence[Any]) -> dict[str, torch.Tensor]:
+        """``{"pixel_values": (B, 3, S, S) float32}`` (channels last) from :meth:`resized` arrays, in order."""
+        import numpy as np
+
+        s = self.image_size
         # (x / 255 − mean) / std as a multiply then a subtraction in float32: on a GPU run the host's
         # preprocessing is part of every step's time
         mean = torch.tensor(self.mean).reshape(1, 3, 1, 1)
         std = torch.tensor(self.std).reshape(1, 3, 1, 1)
         scale, shift = 1.0 / (255.0 * std), mean / std
-        if images and all(getattr(im, "mode", None) == "L" for im in images):
-            # Greyscale (Fashion-MNIST, scans): resize the one channel, convert it to float once, and write the
-            # three equal channels in the same multiply and subtraction. Bilinear resizing works per channel and
-            # the RGB copy repeats the grey value, so every output value is the one of the RGB path below
+        if arrays and all(a.ndim == 2 for a in arrays):
+            # Greyscale (Fashion-MNIST, scans): the one channel was resized; convert it to float once, and write
+            # the three equal channels in the same multiply and subtraction. Bilinear resizing works per channel
+            # and the RGB copy repeats the grey value, so every output value is the one of the RGB path below
             # (tested), for about a third of its work.
-            grey = np.stack([np.asarray(im.resize((s, s), bilinear), dtype=np.uint8) for im in images])
-            x = torch.from_numpy(grey).to(torch.float32).unsqueeze(-1)  # (B, S, S, 1)
-            pixels = torch.empty((len(images), s, s, 3), dtype=torch.float32)  # channels last
+            x = torch.from_numpy(np.stack(arrays)).to(torch.float32).unsqueeze(-1)  # (B, S, S, 1)
+            pixels = torch.empty((len(arrays), s, s, 3), dtype=torch.float32)  # channels last
             if len(set(self.mean)) == 1 and len(set(self.std)) == 1:  # one map for all channels: on the grey
                 pixels.copy_(x.mul_(scale.flatten()[0]).sub_(shift.flatten()[0]).expand_as(pixels))
             else:
                 torch.mul(x, scale.reshape(1, 1, 1, 3), out=pixels).sub_(shift.reshape(1, 1, 1, 3))
             return {"pixel_values": pixels.permute(0, 3, 1, 2)}
-        arr = np.stack([np.asarray(im.convert("RGB").resize((s, s), bilinear), dtype=np.uint8) for im in images])
+        # a greyscale image among RGB ones: its grey value in each channel, as its RGB copy would have it
+        arr = np.stack([a if a.ndim == 3 else np.repeat(a[..., None], 3, axis=-1) for a in arrays])
         x = torch.from_numpy(arr).permute(0, 3, 1, 2).to(torch.float32)
         return {"pixel_values": x.mul_(scale).sub_(shift)}
 
