@@ -192,15 +192,15 @@ def test_image_rows_read_on_several_threads_give_the_one_thread_tensor(tmp_path,
     """Rows of images from 64 × 64 pixels are read and resized on the host's threads (torch's thread count, at
     least 16 rows each): the same pixels in the same order and layout as one thread, for privtune's preprocessor
     and for another library's."""
-    from privtune.data import _host_threads
+    from privtune.data import host_threads
 
     ds = _mixed_image_rows(tmp_path, 90)
     rows = list(range(0, 90, 2)) + list(range(89, -1, -2))  # any order, as a Poisson batch's rows
     clf = build_vision_classifier(tiny_bn_net(), 2, image_size=32)
-    assert _host_threads.host_threads() == 4
+    assert host_threads.host_threads() == 4
     calls = []
-    map_rows = _host_threads.map_rows
-    monkeypatch.setattr(_host_threads, "map_rows", lambda fn, r: calls.append(len(r)) or map_rows(fn, r))
+    map_rows = host_threads.map_rows
+    monkeypatch.setattr(host_threads, "map_rows", lambda fn, r: calls.append(len(r)) or map_rows(fn, r))
     threaded = clf.encode(ds, rows)["pixel_values"]
     assert calls == [89]  # the first row is 70 × 66 pixels: the other 89 are read on the threads
     want = clf.processor([ds.load_image(i) for i in rows])["pixel_values"]
@@ -229,17 +229,17 @@ def test_an_unreadable_image_read_on_a_host_thread_is_one_data_error(tmp_path, f
 
 
 def test_host_threads_follow_torch_and_split_rows_in_order(four_torch_threads):
-    from privtune.data import _host_threads
+    from privtune.data import host_threads
 
     seen = []
-    assert _host_threads.map_rows(lambda r: (seen.append(r), r * r)[1], range(100)) == [r * r for r in range(100)]
+    assert host_threads.map_rows(lambda r: (seen.append(r), r * r)[1], range(100)) == [r * r for r in range(100)]
     assert sorted(seen) == list(range(100))
     torch.set_num_threads(1)  # one thread: the calls run here, in order
     seen.clear()
-    _host_threads.map_rows(seen.append, range(40))
+    host_threads.map_rows(seen.append, range(40))
     assert seen == list(range(40))
     torch.set_num_threads(64)
-    assert _host_threads.host_threads() == _host_threads.MAX_HOST_THREADS
+    assert host_threads.host_threads() == host_threads.MAX_HOST_THREADS
 
 
 def test_image_dataset_through_the_classifier_and_module_backbone_save(tmp_path):

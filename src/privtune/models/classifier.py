@@ -271,9 +271,9 @@ class Classifier(nn.Module):
     def _encode_image_rows(self, dataset: Any, idx: list[int]) -> dict[str, torch.Tensor]:
         """Rows ``idx`` of an ImageDataset as ``{"pixel_values"}``: each image read (and, by privtune's
         :class:`~privtune.models.vision.ImagePreprocessor`, resized), then converted in one call.  Images of at
-        least :data:`~privtune.data._host_threads.MIN_PIXELS_FOR_THREADS` pixels (the first row's decides) are
+        least :data:`~privtune.data.host_threads.MIN_PIXELS_FOR_THREADS` pixels (the first row's decides) are
         read on the host's threads; the tensor is the one thread's, row for row."""
-        from privtune.data._host_threads import MIN_PIXELS_FOR_THREADS, map_rows
+        from privtune.data.host_threads import MIN_PIXELS_FOR_THREADS, map_rows
 
         grey = bool(getattr(self.processor, "accepts_greyscale", False))
         resized = getattr(self.processor, "resized", None)
