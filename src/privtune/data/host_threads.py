@@ -17,7 +17,7 @@ T = TypeVar("T")
 
 #: at most this many threads, whatever the machine: the work is short and a pool of them stays alive
 MAX_HOST_THREADS = 8
-#: at least this many rows per thread: below it a thread's start costs more than its share of the work
+#: at least this many rows per thread: below it handing rows to a thread costs more than reading them here
 MIN_ROWS_PER_THREAD = 16
 #: images of fewer pixels are read on one thread: decoding and resizing a 28 × 28 or 32 × 32 image is mostly
 #: Python, which threads only take turns at (0.75–1.0× on two threads, slower for small PNG files), while from
