@@ -190,6 +190,71 @@ def test_depthwise_rows_of_a_contiguous_input_are_read_as_stored_or_from_a_chann
     assert x.is_contiguous() and torch.equal(x, before)
 
 
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+@pytest.mark.parametrize("layer", ["same-size", "strided", "dilated", "tf-same", "valid"])
+def test_depthwise_library_calls_equal_the_loop_over_kernel_offsets(layer, layout):
+    """The per-example depthwise rule by one library call per example gives the loop over kernel offsets' result
+    (float64, to rounding) for symmetric, asymmetric TF-"same" and no padding, stride and dilation, in either
+    memory layout; the input and the gradient are not changed."""
+    from privtune.engine._vision_layers import GroupedConvHandler, _pad_tf_same
+
+    conv = {"same-size": nn.Conv2d(4, 4, 3, padding=1, groups=4),
+            "strided": nn.Conv2d(4, 4, 3, stride=2, padding=1, groups=4),
+            "dilated": nn.Conv2d(4, 4, 3, padding=2, dilation=2, groups=4),
+            "tf-same": nn.Conv2d(4, 4, 3, stride=2, padding=0, groups=4),  # padded by the handler: 0 top, 1 bottom
+            "valid": nn.Conv2d(4, 4, (3, 2), groups=4)}[layer].double()
+    same_pad = layer == "tf-same"
+    handler = GroupedConvHandler(conv, {"weight": conv.weight}, same_pad=same_pad)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(3, 4, 10, 10, generator=g, dtype=torch.float64)
+    out_shape = conv(_pad_tf_same(conv, x) if same_pad else x).shape
+    go = torch.randn(out_shape, generator=g, dtype=torch.float64)
+    if layout == "channels_last":
+        x, go = x.contiguous(memory_format=torch.channels_last), go.contiguous(memory_format=torch.channels_last)
+    x0, go0 = x.clone(), go.clone()
+    got = handler._by_example_calls(x, go)
+    want = handler._by_windows(x, go)
+    assert got.shape == want.shape == (3, *conv.weight.shape)
+    assert torch.allclose(got, want, rtol=1e-12, atol=1e-12)
+    assert torch.equal(x, x0) and torch.equal(go, go0)
+
+
+def test_float32_depthwise_layer_with_many_positions_on_a_cpu_uses_library_calls(monkeypatch):
+    """A float32 3 × 3 depthwise layer with at least 256 output positions on a CPU takes the library-call rule
+    (a 5 × 5 one and one with fewer positions keep the loop over kernel offsets); the engine's norms and clipped
+    sum equal a float64 per-example loop to float32 rounding."""
+    from privtune.engine import _vision_layers
+
+    calls = []
+    original = _vision_layers.GroupedConvHandler._by_example_calls
+
+    def spy(self, x, g):
+        calls.append((self.module.kernel_size, tuple(g.shape[-2:])))
+        return original(self, x, g)
+
+    monkeypatch.setattr(_vision_layers.GroupedConvHandler, "_by_example_calls", spy)
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 6, 3, padding=1), nn.Tanh(),
+        nn.Conv2d(6, 6, 3, padding=1, groups=6), nn.Tanh(),             # 16 × 16 = 256 positions: library calls
+        nn.Conv2d(6, 6, 5, padding=2, groups=6), nn.Tanh(),             # 5 × 5: the loop over kernel offsets
+        nn.Conv2d(6, 6, 3, stride=2, padding=1, groups=6), nn.Tanh(),   # 8 × 8: the loop
+        Pool(), nn.Linear(6, 3))
+    x, y = _inputs(size=16)
+    reference = __import__("copy").deepcopy(model).double()
+    params64 = [p for p in reference.parameters() if p.requires_grad]
+    C = float(_oracle(reference, x, y, params64, 1.0)[0].median())
+    ref_norms, ref_sum = _oracle(reference, x, y, params64, C)
+    pg = PrivateGradient(model, max_grad_norm=C, noise_multiplier=0.0, expected_batch_size=1.0)
+    norms = pg.backward(F.cross_entropy(model(x.float()), y, reduction="none"))
+    pg.release()
+    got = torch.cat([p.grad.reshape(-1) for p in model.parameters()]).double()
+    pg.close()
+    assert calls == [((3, 3), (16, 16))]
+    assert torch.allclose(norms.double(), ref_norms, rtol=1e-5, atol=0)
+    assert (got - ref_sum).norm() <= 1e-5 * ref_sum.norm()
+
+
 class _Scale(nn.Module):
     """A scalar trainable parameter (as a learned temperature): handled by the exact fallback."""
 
