@@ -13,8 +13,9 @@
   depthwise layer, leave out) the same rows and columns, computed from the stored input's size.
 * **Depthwise and narrow grouped convolutions** (at most :data:`MAX_CHANNELS_PER_GROUP` input channels per
   group): per-example weight gradients materialised for all groups at once: a depthwise 2-D layer loops over
-  its kernel offsets or its output positions, whichever are fewer, on views of the input; other grouped
-  layers run one grouped convolution over the batch.
+  its kernel offsets or its output positions, whichever are fewer, on views of the input (on a CPU in float32, a
+  3 × 3 one with at least 256 output positions instead makes one library weight-gradient call per example); other
+  grouped layers run one grouped convolution over the batch.
 
 :func:`vision_handler` picks one of these for a module, or returns None.  :func:`has_own_forward` tells the
 engine when a subclass of a layer with a fast rule computes something else in ``forward`` (timm's
@@ -75,9 +76,10 @@ MAX_CHANNELS_PER_GROUP = 16
 
 #: a depthwise layer on a CPU in float32 with a kernel of at most this many offsets and an output of at least
 #: :data:`_LIBRARY_MIN_POSITIONS` positions gets its per-example weight gradients from one library call per example
-#: (oneDNN's direct depthwise kernel); measured on EfficientNet-Lite0 at 64 and 128 px, batch 32, one and two
-#: threads: 2.2–7× faster than the loop over kernel offsets on its 3 × 3 layers with 16 × 16 to 64 × 64 outputs,
-#: 1.5–50× slower on its 5 × 5 layers and on outputs of 2 × 2 to 8 × 8 positions (the call's own cost dominates)
+#: (oneDNN's direct depthwise kernel); measured by bench/depthwise_rules.py on EfficientNet-Lite0 at 64 and 128 px,
+#: batch 32, one thread: 1.0–4.9× faster than the loop over kernel offsets on its 3 × 3 layers with 16 × 16 to
+#: 64 × 64 outputs; from 1.4× faster to 86× slower on its 5 × 5 layers, and from 1.6× faster to 65× slower on 3 × 3
+#: layers with 4 to 64 output positions (the calls' own cost dominates small outputs)
 _LIBRARY_KERNEL_AREA = 9
 _LIBRARY_MIN_POSITIONS = 256
 
