@@ -26,6 +26,12 @@ from privtune.optim import make_optimizer
 from privtune.training import train
 
 
+def test_the_causal_lm_names_are_the_models_known_by_name():
+    from privtune.models.causal_lm import KNOWN_CAUSAL_LMS
+
+    assert choices.CAUSAL_LM_NAMES == tuple(KNOWN_CAUSAL_LMS)
+
+
 def test_the_registry_holds_exactly_the_declared_strategies_in_order():
     assert tuple(REGISTRY) == choices.STRATEGIES == STRATEGIES
     assert all(strategy.name == name for name, strategy in REGISTRY.items())

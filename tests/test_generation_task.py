@@ -17,7 +17,7 @@ pytest.importorskip("rouge_score")
 
 from privtune.cli import main as cli_main  # noqa: E402
 from privtune.data.generation import (EMBEDDED_CHITCHAT, GenerationDataset, embedded_chitchat,  # noqa: E402
-                                      is_generation_data)
+                                      is_generation_data, names_causal_lm)
 from privtune.errors import ModelError  # noqa: E402
 from privtune.models.generator import apply_generation_mode, generation_modes, load_generator  # noqa: E402
 from privtune.models.testing_causal_lm import make_tiny_causal_lm  # noqa: E402
@@ -68,6 +68,35 @@ def test_detection_and_task_registry(files, tmp_path):
     (tmp_path / "cls.tsv").write_text("text\tlabel\nhello\t1\n")
     assert not is_generation_data(tmp_path / "cls.tsv")
     assert task_for(GenerationDataset(prompts=["a"], responses=["b"])).name == "text-generation"
+
+
+def test_a_causal_lm_reads_columns_the_user_names(cli, files, tmp_path):
+    """A file whose columns are not among the detected names is prompt → response data when the model is a causal
+    LM (a known name or a directory whose config lists a ...ForCausalLM / ...LMHeadModel architecture) and the file
+    has no classifier label column; `--text-column`/`--label-column` name the prompt and the response."""
+    qa = _write(tmp_path / "qa.jsonl", [{"question": p, "answer": r} for p, r in PAIRS * 5])
+    (tmp_path / "cls.tsv").write_text("text\tlabel\nhello\t1\n")
+    (tmp_path / "encoder").mkdir()
+    (tmp_path / "encoder" / "config.json").write_text(json.dumps({"architectures": ["BertModel"]}))
+    assert not is_generation_data(qa)  # no model: the columns decide, and these are not a prompt and a response
+    assert is_generation_data(qa, files["llama"]) and is_generation_data(qa, str(files["gpt2"]))
+    assert names_causal_lm("smollm2-135m") and names_causal_lm("SmolLM2-135M ")
+    assert not is_generation_data(qa, tmp_path / "encoder") and not is_generation_data(qa, None)
+    assert not is_generation_data(tmp_path / "cls.tsv", files["llama"])  # a label column: a classifier's data
+    out = tmp_path / "run"
+    r = cli(["train", "--data", qa, "--model", files["llama"], "--text-column", "question", "--label-column", "answer",
+             "--epsilon", "8", "--epochs", "1", "--batch-size", "10", "--ledger", f"sqlite:///{tmp_path / 'l.db'}",
+             "--output", out, "--quiet"])
+    assert r.exit_code == 0, r.output
+    assert "on eval data: n/a (no --eval-data)" in r.output and "accuracy" not in r.output
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["task"] == "text-generation" and metrics["perplexity"] is None
+    assert (out / "model" / "privtune_generator.json").is_file()
+    # without the names, the refusal says which flag names the prompt column
+    r = cli(["train", "--data", qa, "--model", files["llama"], "--epsilon", "8", "--ledger",
+             f"sqlite:///{tmp_path / 'l2.db'}", "--output", tmp_path / "run2", "--quiet"])
+    assert r.exit_code != 0 and "no prompt column" in r.output and "--text-column" in r.output
+    assert "Traceback" not in r.output and not (tmp_path / "run2" / "certificate.json").exists()
 
 
 def test_loss_is_response_only_and_summed(files):

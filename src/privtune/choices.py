@@ -25,6 +25,9 @@ TUNABLE_MODES = ("last-layer", "bitfit", "lora", "full")
 TUNE_MODES = ("auto", *TUNABLE_MODES)
 #: tuning strategies, in the order of ``--strategy``'s choices and of the docs (privtune.hpo.registry)
 STRATEGIES = ("linear-scaling", "hyperfree", "single-step", "random-search", "grid-oracle")
+#: causal language models known by name (privtune.models.causal_lm.KNOWN_CAUSAL_LMS): ``--model NAME`` makes a
+#: run a generation run, whatever its data's column names
+CAUSAL_LM_NAMES = ("smollm2-135m",)
 #: how ``tune`` scores trials (privtune.hpo.common.SELECTION_SOURCE_OF maps each to its score source)
 SELECTIONS = ("public-validation", "private-validation", "train-accuracy", "train-loss")
 #: where independent trials run (privtune.hpo.executors)

@@ -1120,7 +1120,10 @@ def train(
     Parameters
     ----------
     data : path, datasets.Dataset, TextDataset or ImageDataset
-        Private training data (labelled).  A file is read once to validate, count and fingerprint it.
+        Private training data (labelled).  A file is read once to validate, count and fingerprint it.  Prompt →
+        response pairs train a generator: a file with a prompt and a response column (detected by name), or, when
+        ``model`` is a causal language model, any file without a label column, its columns named by
+        ``text_column`` (the prompt) and ``label_column`` (the response) (docs/generation.md).
     eval_data : optional
         Evaluation split (reported accuracy); never used for training.
     model : path or Classifier, optional
@@ -1196,7 +1199,7 @@ def train(
     # ---------------------------------------------------------------- validate (no data yet); then the pipeline
     from privtune.data.generation import is_generation_data
 
-    generation = is_generation_data(data)  # prompt → response pairs: a causal LM (LoRA by default)
+    generation = is_generation_data(data, model)  # prompt → response pairs: a causal LM (LoRA by default)
     if generation:
         from privtune.models.generator import DEFAULT_GENERATION_MODE, GENERATION_LEARNING_RATES, GENERATION_MODES
 
@@ -1496,9 +1499,9 @@ class TrainJob:
             "nonfinite_examples_dropped": result.nonfinite_examples,  # NOT PRIVATE: moved to not_private/
             "steps": loop.step, "device": str(loop.device),
         }
-        if result.eval and "perplexity" in result.eval:  # a generator: its scores on the reported split
-            metrics.update(task="text-generation",
-                           **{k: result.eval.get(k) for k in ("perplexity", "bleu", "chrf", "rouge_l", "scored_rows")})
+        if getattr(inputs.train_set, "kind", None) == "generation":  # a generator: its scores on the reported split
+            metrics.update(task="text-generation", **{k: (result.eval or {}).get(k)
+                                                      for k in ("perplexity", "bleu", "chrf", "rouge_l", "scored_rows")})
         _check_predictions(metrics, result.eval, getattr(loop.model, "label_names", None),
                            plan.schedule.unlikely_to_learn)
         history = {"final_run": result.history, "trials": [], "strategy": {"name": "fixed"}}
@@ -1591,7 +1594,7 @@ def _load_train_inputs(data, eval_data, model, labels, privacy: PrivacySpec, *, 
     from privtune.data.generation import is_generation_data
     from privtune.models.classifier import check_model_label_set
 
-    if is_generation_data(data):
+    if is_generation_data(data, model):
         return _load_generation_inputs(data, eval_data, model, labels, privacy, text_column=text_column,
                                        label_column=label_column, max_length=max_length, privacy_unit=privacy_unit)
     num_labels, label_names, label_source = declared_label_set(labels, model=model)

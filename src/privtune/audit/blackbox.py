@@ -214,7 +214,7 @@ def run_audit(spec: AuditSpec, inputs: AuditInputs) -> AuditReport:
         raise InvalidParameterError(
             "`spec` must be an AuditSpec: the configuration to audit. Got "
             f"{type(spec).__name__}. E.g. AuditSpec.create(epsilon=8.0, delta=1e-5, mode='bitfit').")
-    generation = is_generation_data(inputs.data)
+    generation = is_generation_data(inputs.data, inputs.model)
     spec = spec.for_data(generation)  # the data kind's defaults (mode, canaries) and its refusals
     out = _check_audit_output(inputs.output_dir, inputs.resume)
     user, inputs, generator = _load_audited(spec, inputs, generation)

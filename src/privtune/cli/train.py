@@ -101,7 +101,7 @@ def train(**kwargs) -> None:
     opts = resolve_options("train", kwargs.get("config"), explicit_cli_values(ctx))
     from privtune.data.generation import is_generation_data
 
-    generation = opts.get("data") not in (None, "") and is_generation_data(opts["data"])  # LoRA by default
+    generation = opts.get("data") not in (None, "") and is_generation_data(opts["data"], opts.get("model"))  # LoRA by default
     for key, flag in (("data", "--data"), ("mode", "--mode"), ("output", "--output")):
         if opts.get(key) in (None, "") and not (key == "mode" and generation):
             raise click.UsageError(f"Missing option '{flag}' (give it as a flag or in --config).")

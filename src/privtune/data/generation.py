@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from privtune.data.datasets import TEXT_SUFFIXES, read_table
+from privtune.data.datasets import LABEL_COLUMN_CANDIDATES, TEXT_SUFFIXES, read_table
 from privtune.errors import DataError, InvalidParameterError
 
 PROMPT_COLUMN_CANDIDATES = ("prompt", "context", "input", "source", "mr")
@@ -502,11 +502,13 @@ def _header_columns(path: Path) -> list[str]:
     return []
 
 
-def is_generation_data(data: Any) -> bool:
+def is_generation_data(data: Any, model: Any = None) -> bool:
     """Whether ``data`` holds prompt → response pairs: a :class:`GenerationDataset`, the generation demo
     (:data:`EMBEDDED_CHITCHAT`), or a ``.jsonl``/``.csv``/``.tsv`` file whose header has both a prompt column
-    (:data:`PROMPT_COLUMN_CANDIDATES`) and a response column (:data:`RESPONSE_COLUMN_CANDIDATES`).  Reads the
-    header line only."""
+    (:data:`PROMPT_COLUMN_CANDIDATES`) and a response column (:data:`RESPONSE_COLUMN_CANDIDATES`).  When ``model``
+    is a causal language model (:func:`names_causal_lm`), so is any such file without a classifier's label column
+    (:data:`~privtune.data.datasets.LABEL_COLUMN_CANDIDATES` other than ``target``): its prompt and response columns are then detected or
+    named by ``text_column``/``label_column``.  Reads the header line and at most the model's ``config.json``."""
     if isinstance(data, GenerationDataset):
         return True
     if isinstance(data, str) and data == EMBEDDED_CHITCHAT:
@@ -517,7 +519,32 @@ def is_generation_data(data: Any) -> bool:
     if not path.is_file() or path.suffix.lower() not in TEXT_SUFFIXES:
         return False
     cols = {c.lower() for c in _header_columns(path)}
-    return bool(cols & set(PROMPT_COLUMN_CANDIDATES)) and bool(cols & set(RESPONSE_COLUMN_CANDIDATES))
+    if cols & set(PROMPT_COLUMN_CANDIDATES) and cols & set(RESPONSE_COLUMN_CANDIDATES):
+        return True
+    label_only = set(LABEL_COLUMN_CANDIDATES) - set(RESPONSE_COLUMN_CANDIDATES)  # `target` may be a response
+    return bool(cols) and not cols & label_only and names_causal_lm(model)
+
+
+#: the endings of the Hugging Face architectures that generate text (``LlamaForCausalLM``, ``GPT2LMHeadModel``)
+CAUSAL_LM_ARCHITECTURES = ("ForCausalLM", "LMHeadModel")
+
+
+def names_causal_lm(model: Any) -> bool:
+    """Whether ``model`` names a causal language model, without loading it: a known name
+    (:data:`privtune.choices.CAUSAL_LM_NAMES`) or a directory whose ``config.json`` lists an architecture ending in
+    one of :data:`CAUSAL_LM_ARCHITECTURES` (a generator privtune released is one)."""
+    from privtune.choices import CAUSAL_LM_NAMES
+
+    if not isinstance(model, (str, os.PathLike)) or str(model).strip() == "":
+        return False
+    if str(model).strip().lower() in CAUSAL_LM_NAMES:
+        return True
+    config = Path(model).expanduser() / "config.json"
+    try:
+        architectures = json.loads(config.read_text(encoding="utf-8")).get("architectures") or []
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+        return False
+    return any(isinstance(a, str) and a.endswith(CAUSAL_LM_ARCHITECTURES) for a in architectures)
 
 
 def embedded_chitchat_path(split: str) -> Path:

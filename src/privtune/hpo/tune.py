@@ -327,7 +327,7 @@ def tune(
         resume=resume, labels=labels, device=device, executor=executor, ray_address=ray_address,
         image_size=image_size, batchnorm=batchnorm, image_features=image_features, time_budget=time_budget,
         privacy_unit=privacy_unit, max_rows_per_unit=max_rows_per_unit, max_length=max_length)
-    if is_generation_data(data):  # prompt → response pairs: a causal LM (privtune.hpo.generation_tune)
+    if is_generation_data(data, model):  # prompt → response pairs: a causal LM (privtune.hpo.generation_tune)
         return _tune_generation(arguments, unknown)
     return run_pipeline.execute(TuneJob(arguments, unknown))
 
