@@ -122,6 +122,8 @@ def test_path_errors(tmp_path):
         load_classifier(tmp_path / "missing")
     with pytest.raises(ModelError, match="Hub id"):
         load_classifier("someorg/some-model")
+    with pytest.raises(ModelError, match="'smollm2-135m' is a text generator: it trains on prompt → response"):
+        load_classifier("smollm2-135m")  # a generator's name where a classifier is built
     (tmp_path / "notamodel").mkdir()
     (tmp_path / "notamodel" / "weights.bin").write_bytes(b"x")
     with pytest.raises(ModelError, match="no config.json"):

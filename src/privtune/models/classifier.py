@@ -709,7 +709,14 @@ def _model_directory(path: str | os.PathLike | None) -> Path:
     ``model/``); refuses a missing path, a hub id and a directory without ``config.json``."""
     d = resolve_backbone(path)
     if not d.exists():
+        from privtune.choices import CAUSAL_LM_NAMES
+
         hub_like = isinstance(path, str) and "/" in path and not str(path).startswith((".", "/", "~"))
+        if str(path).strip().lower() in CAUSAL_LM_NAMES:  # a generator's name where a classifier is built
+            raise ModelError(
+                f"`model` {str(path).strip()!r} is a text generator: it trains on prompt → response pairs "
+                "(docs/generation.md), not on labelled data. For a classifier name a backbone: all-MiniLM-L6-v2 "
+                "(bundled) or all-mpnet-base-v2.")
         hint = (
             " It looks like a Hugging Face Hub id; downloads are disabled here (HF_HUB_OFFLINE=1): download "
             "the model to a folder elsewhere and pass that folder." if hub_like else
