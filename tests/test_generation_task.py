@@ -92,6 +92,7 @@ def test_a_causal_lm_reads_columns_the_user_names(cli, files, tmp_path):
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["task"] == "text-generation" and metrics["perplexity"] is None
     assert (out / "model" / "privtune_generator.json").is_file()
+    assert "evaluation split" not in (out / "model" / "README.md").read_text()  # none was given
     # without the names, the refusal says which flag names the prompt column
     r = cli(["train", "--data", qa, "--model", files["llama"], "--epsilon", "8", "--ledger",
              f"sqlite:///{tmp_path / 'l2.db'}", "--output", tmp_path / "run2", "--quiet"])

@@ -54,6 +54,12 @@ def test_model_card_custom_base_model_and_data(tmp_path):
     fm, body = _split(write_model_card(run).read_text())
     assert fm["base_model"] == "my-bert" and fm["datasets"] == ["reviews"]
     assert "the training run that produced it" in body and "search space" not in body
+    assert "the evaluation split on which accuracy is reported" in body
+    # a run without evaluation data names no evaluation split among what it treats as public
+    metrics = json.loads((run / "metrics.json").read_text())
+    (run / "metrics.json").write_text(json.dumps({**metrics, "accuracy": None}))
+    fm, body = _split(write_model_card(run).read_text())
+    assert "evaluation split" not in body and "model-index" not in fm
 
 
 def test_model_card_names_the_training_file_not_its_path(tmp_path):

@@ -225,8 +225,9 @@ def _public_items(run: RunData, base_words: str) -> list[str]:
         items.append("the hyperparameter search space (ranges and grids), fixed before any private data was read")
     items.append("the number of training examples, used to set the sampling rate q = batch size / n (standard "
                  "practice for DP-SGD)")
-    items.append("the evaluation split on which accuracy is reported: that accuracy is computed without noise and the "
-                 "evaluation data is not protected by this guarantee")
+    if run.metrics.get("accuracy") is not None:  # a reported split was scored
+        items.append("the evaluation split on which accuracy is reported: that accuracy is computed without noise and "
+                     "the evaluation data is not protected by this guarantee")
     return items
 
 
@@ -235,8 +236,9 @@ def _generation_public_tail(run: RunData, items: list[str]) -> list[str]:
         items.append("the hyperparameter search space (ranges and modes), fixed before any private data was read")
     items.append("the number of training examples, used to set the sampling rate q = batch size / n (standard "
                  "practice for DP-SGD), and the token length limit (max_length) and prompt template")
-    items.append("the evaluation split on which BLEU, chrF, ROUGE-L and perplexity are reported: they are computed "
-                 "without noise and the evaluation data is not protected by this guarantee")
+    if run.metrics.get("perplexity") is not None:  # a reported split was scored
+        items.append("the evaluation split on which BLEU, chrF, ROUGE-L and perplexity are reported: they are "
+                     "computed without noise and the evaluation data is not protected by this guarantee")
     return items
 
 
