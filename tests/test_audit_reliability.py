@@ -204,7 +204,8 @@ def test_a_charged_cli_audit_without_output_writes_a_run_folder_that_resume_can_
     assert main(_cli(files, url, "--output", str(out.relative_to(tmp_path)), "--resume")) == 0
     assert _actions(url, files) == ["init", "reserve", "resume", "commit"]  # one charge
     assert (out / "blackbox" / "audit.json").is_file() and not (out / AUDIT_STATE).exists()
-    assert f"written: runs/{out.name}/" in capsys.readouterr().out
+    # the folders it wrote: the black-box audit's alone (--no-whitebox)
+    assert f"written: runs/{out.name}/blackbox/audit.{{json,png,html}}" in capsys.readouterr().out
 
 
 def test_a_refused_cli_audit_without_output_leaves_no_run_folder(files, tmp_path, monkeypatch, capsys):

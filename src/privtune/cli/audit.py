@@ -122,6 +122,8 @@ def audit(**opts) -> int:
                                          **inputs))
     click.echo(report.summary())
     if output:
-        click.echo(f"\nwritten: {report.output_dir}/{{whitebox,blackbox}}/audit.{{json,png,html}}"
+        audits = [name for name in ("whitebox", "blackbox") if getattr(report, name) is not None]
+        shown = audits[0] if len(audits) == 1 else "{" + ",".join(audits) + "}"
+        click.echo(f"\nwritten: {report.output_dir}/{shown}/audit.{{json,png,html}}"
                    + (f", {report.output_dir}/memorisation/exposure.json" if report.memorisation else ""))
     return 1 if report.violation else 0
