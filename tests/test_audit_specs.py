@@ -31,7 +31,7 @@ def test_audit_spec_fills_in_its_defaults():
     (dict(privacy=PrivacySpec(noise_multiplier=1e-9)), "noise_multiplier"),
     (dict(mode="two-phase"), "mode"),
     (dict(schedule=ScheduleSpec(sampling="shuffle")), "sampling"),
-    (dict(num_canaries=5), "num_canaries"),
+    (dict(num_canaries=5), "num_canaries.*CLI: --canaries"),
     (dict(confidence=1.5), "confidence"),
     (dict(public_data=1), "public_data"),
     (dict(seed=-1), "seed"),

@@ -54,7 +54,7 @@ def _check_flag(value: object, name: str) -> bool:
 
 
 def _check_canaries(m: object) -> int:
-    return check_int(m, "num_canaries", low=10, fix="Use at least 10 canaries (1000 is a good default).")
+    return check_int(m, "num_canaries", low=10, fix="Use at least 10 canaries (CLI: --canaries; 1000 is a good default).")
 
 
 def _check_confidence(confidence: object) -> float:
