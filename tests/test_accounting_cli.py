@@ -47,9 +47,10 @@ def test_calibration_and_dataset_size_form(capsys):
 
 
 def test_certificate_verification(capsys, tmp_path):
-    path = Certificate.from_events([DPSGDEvent(1.0, 0.01, 100)], 1e-5).save(tmp_path / "c.json")
+    path = Certificate.from_events([DPSGDEvent(1.0, 0.01, 100, label="trial 1/3: lora")], 1e-5).save(tmp_path / "c.json")
     code, out, _ = run(capsys, "account", "--certificate", str(path))
     assert code == 0 and "VERIFIED" in out
+    assert "[trial 1/3: lora] DP-SGD σ=1" in out  # the event's label is text, not console markup
     data = json.loads(path.read_text())
     data["epsilon"] = 0.01
     path.write_text(json.dumps(data))

@@ -54,12 +54,15 @@ def test_init_spend_show_history_verify(setup):
 
     rc, out, _ = run("show", "--dataset", "tickets")
     assert rc == 0 and "remaining ε" in out and f"{4 - composed:.6g}" in out
+    from privtune.ledger import Ledger
+
+    Ledger(ledger).record_spend("tickets", [DPSGDEvent(1.0, 0.01, 5, label="trial 1/3: lora")], command="tune")
     rc, out, _ = run("history", "--dataset", "tickets")
-    assert rc == 0
+    assert rc == 0 and "[trial 1/3: lora] DP-SGD σ=1" in out  # a bracketed event label is text, not console markup
     for word in ("time (UTC)", "command", "events", "ε after", "state", "init", "committed", "DP-SGD σ=1"):
         assert word in out
     rc, out, _ = run("history", "--dataset", "tickets", "--json")
-    assert [r["state"] for r in json.loads(out)] == ["init", "reserved", "committed", "reserved", "committed"]
+    assert [r["state"] for r in json.loads(out)] == ["init"] + ["reserved", "committed"] * 3
     rc, out, _ = run("verify")
     assert rc == 0 and "OK" in out
     rc, out, _ = run("show", "--json")

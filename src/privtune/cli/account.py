@@ -98,7 +98,7 @@ def _print_table(title: str, columns: list[str], rows: list[list[str]], notes: l
         table.add_column(c, justify="left" if c in ("accountant", "event") else "right")
     for r in rows:
         table.add_row(*r)
-    console = Console(soft_wrap=True)
+    console = Console(soft_wrap=True, markup=False)  # event labels are bracketed, "[trial 1/3: lora] …": text, not markup
     console.print(table)
     for n in notes:
         console.print(f"note: {n}", highlight=False)

@@ -54,8 +54,9 @@ def _open(url: str | None):
 def _console():
     from rich.console import Console
 
-    console = Console()
-    return console if console.is_terminal else Console(width=160)  # files and pipes: do not wrap at 80
+    # markup off: event labels are bracketed ("[trial 1/3: lora] DP-SGD …") and file names may be; they are text
+    console = Console(markup=False)
+    return console if console.is_terminal else Console(width=160, markup=False)  # files and pipes: do not wrap at 80
 
 
 def _status_table(st) -> object:
