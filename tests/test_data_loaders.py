@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -134,6 +135,34 @@ def test_image_folder(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(DataError, match="no class sub-folders"):
         load_image_folder(tmp_path / "empty")
+
+
+def test_unlabelled_images_load_for_prediction_only(tmp_path):
+    """A folder of images without class sub-folders, or one image file, loads unlabelled where labels are not
+    required (prediction); training data keep the class layout."""
+    Image = pytest.importorskip("PIL.Image")
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    for name in ("b.png", "a.jpg"):
+        Image.new("RGB", (6, 6), (0, 255, 0)).save(flat / name)
+    (flat / "notes.txt").write_text("not an image")
+    ds = load_dataset(flat, require_labels=False, label_names=["cat", "dog"])
+    assert isinstance(ds, ImageDataset) and ds.labels is None and ds.label_names == ["cat", "dog"]
+    assert [Path(p).name for p in ds.images] == ["a.jpg", "b.png"]  # sorted, images only
+    one = load_dataset(flat / "b.png", require_labels=False)
+    assert one.labels is None and [Path(p).name for p in one.images] == ["b.png"]
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataError, match="no class sub-folders.*or the images to predict directly in it"):
+        load_image_folder(tmp_path / "empty", require_labels=False)
+    with pytest.raises(DataError, match="no class sub-folders. Put images"):
+        load_dataset(flat, labels=["cat", "dog"])  # training: labels come from the class folders
+    with pytest.raises(DataError, match="is a file; an image dataset is a folder"):
+        load_dataset(flat / "b.png", labels=["cat", "dog"])
+    with pytest.raises(DataError, match="Image file .* does not exist"):
+        load_dataset(flat / "c.png", require_labels=False)
+    (flat / "broken.png").write_bytes(b"not an image")
+    with pytest.raises(DataError, match="Cannot read image"):
+        load_dataset(flat, require_labels=False)
 
 
 def test_embedded_sst2_subset():

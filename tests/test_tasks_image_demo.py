@@ -10,9 +10,11 @@ import importlib
 import json
 from pathlib import Path
 
+import pytest
 
-from privtune.data import embedded_fashion_mnist
+from privtune.data import embedded_fashion_mnist, load_dataset
 from privtune.data.datasets import EMBEDDED_IMAGE_FILES
+from privtune.errors import DataError
 
 from test_engine_vision_layers import require
 
@@ -138,6 +140,23 @@ def test_image_demo_end_to_end_then_predict(tmp_path, monkeypatch, capsys):
     assert main(["predict", "--model", str(run / "model"), "--data", str(tmp_path / "images"), "--json"]) == 0
     pred = json.loads(capsys.readouterr().out)
     assert pred["n"] == 12 and 0.0 <= pred["accuracy"] <= 1.0 and set(pred["predictions"]) <= set(range(10))
+    assert sorted(pred["files"]) == sorted(f"{test.labels[i]}/{i}.png" for i in range(12))
+    # ... and unlabelled images: a folder of them, or one file; each prediction names its file
+    flat = tmp_path / "unlabelled"
+    flat.mkdir()
+    for i in range(3):
+        test.images[i].save(flat / f"scan-{i}.png")
+    assert main(["predict", "--model", str(run / "model"), "--data", str(flat)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "index\tprediction\tprobability\tfile" and len(lines) == 4
+    assert [line.split("\t")[3] for line in lines[1:]] == ["scan-0.png", "scan-1.png", "scan-2.png"]
+    assert main(["predict", "--model", str(run / "model"), "--data", str(flat / "scan-1.png"), "--json"]) == 0
+    one = json.loads(capsys.readouterr().out)
+    assert one["n"] == 1 and one["files"] == ["scan-1.png"] and "accuracy" not in one
+    assert str(one["predictions"][0]) == lines[2].split("\t")[1]  # the same image, the same class
+    # training still needs labels: one image file is refused with the layout it needs
+    with pytest.raises(DataError, match="an image dataset is a folder with one sub-folder per class"):
+        load_dataset(flat / "scan-1.png", labels=list(range(10)))
 
 
 def test_benchmarks_page_renders_the_fashion_mnist_cells_from_their_files(tmp_path):

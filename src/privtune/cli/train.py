@@ -160,7 +160,9 @@ def train(**kwargs) -> None:
 
 @click.command("predict", context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--model", "model_dir", required=True, type=str, help="A trained model: RUN_DIR/model (or RUN_DIR).")
-@click.option("--data", required=True, type=str, help="A .tsv/.csv/.jsonl file (or image folder) to predict.")
+@click.option("--data", required=True, type=str,
+              help="A .tsv/.csv/.jsonl file to predict, or images: a folder of them (class sub-folders give the "
+                   "accuracy), one image file or an IDX images file.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (key `accuracy` when labels are present).")
 @data_options(labels_default=None, label_column_help="Label column name (auto-detected; optional).")
 @click.option("--batch-size", type=int, default=64, show_default=True, help="Examples per forward pass.")
@@ -171,7 +173,8 @@ def predict(model_dir: str, data: str, as_json: bool, text_column: str | None, l
             batch_size: int, device: str | None, max_new_tokens: int | None, num_beams: int | None) -> None:
     """Predict with a fine-tuned model; print accuracy when the data has labels.
 
-    The data may be unlabelled: a single text column (TSV/CSV/JSONL) is enough.  Labels, when present,
+    The data may be unlabelled: a single text column (TSV/CSV/JSONL) is enough, and for an image model a
+    folder of images without class sub-folders or one image file (each prediction names its file).  Labels, when present,
     must be in the model's label set (names as names, integer classes as integers); anything else is
     refused, never remapped.  A generator (a model trained on prompt → response pairs) generates a response
     for every prompt (greedy, or beam search with --num-beams), and prints BLEU, chrF and ROUGE-L when the data
@@ -216,18 +219,37 @@ def predict(model_dir: str, data: str, as_json: bool, text_column: str | None, l
         import torch
 
         accuracy = float((pred == torch.tensor(ds.labels)).float().mean())
+    files = _image_files(ds)  # images: which file each prediction is for
     if as_json:
         obj = {"predictions": out_labels, "probabilities": [[round(x, 6) for x in row] for row in probs.tolist()],
                "n": len(ds)}
+        if files is not None:
+            obj["files"] = files
         if accuracy is not None:
             obj["accuracy"] = accuracy
         click.echo(json.dumps(obj))
         return
-    click.echo("index\tprediction\tprobability")
+    click.echo("index\tprediction\tprobability" + ("\tfile" if files is not None else ""))
     for i, (lab, p) in enumerate(zip(out_labels, probs.max(1).values.tolist())):
-        click.echo(f"{i}\t{lab}\t{p:.4f}")
+        click.echo(f"{i}\t{lab}\t{p:.4f}" + (f"\t{files[i]}" if files is not None else ""))
     if accuracy is not None:
         click.echo(f"accuracy: {accuracy:.4f} ({len(ds)} examples)")
+
+
+def _image_files(ds) -> list[str] | None:
+    """The files of an image dataset read from disk, relative to the folder given (``None`` for other data)."""
+    from pathlib import Path
+
+    if getattr(ds, "kind", None) != "image" or not all(isinstance(im, str) for im in ds.images):
+        return None
+    root = Path(ds.source) if ds.source else None
+    if root is not None and root.is_file():
+        root = root.parent
+    out = []
+    for im in ds.images:
+        path = Path(im).resolve()
+        out.append(str(path.relative_to(root)) if root is not None and path.is_relative_to(root) else str(im))
+    return out
 
 
 def _predict_generation(d, data: str, as_json: bool, prompt_column: str | None, response_column: str | None,

@@ -518,13 +518,14 @@ def _from_hf_dataset(ds, text_column, label_column, num_labels, label_names, req
 
 def load_image_folder(path: str | os.PathLike, *, label_names: Sequence[str] | None = None,
                       labels: Sequence[str | int] | str | None = None,
-                      num_labels: int | None = None) -> ImageDataset:
+                      num_labels: int | None = None, require_labels: bool = True) -> ImageDataset:
     """Load ``ROOT/<class name>/<image file>`` as an :class:`ImageDataset`.
 
     Every image is opened once with PIL to check that it is readable.  ``labels`` (the declared
     label set, see :func:`check_label_set`) or ``label_names`` (the classes of an existing model)
     fix the classes and their order: every class folder must be one of them.  Without either, the
-    classes are the sorted folder names (fine for public data only).
+    classes are the sorted folder names (fine for public data only).  With ``require_labels=False`` (for
+    prediction) a folder without class sub-folders loads its own images unlabelled, and so does one image file.
 
     Raises
     ------
@@ -534,12 +535,20 @@ def load_image_folder(path: str | os.PathLike, *, label_names: Sequence[str] | N
     root = Path(path).expanduser()
     where = str(root)
     if not root.exists():
-        raise DataError(f"Image folder {where!r} does not exist. Check the path.")
+        what = "Image file" if root.suffix.lower() in IMAGE_EXTENSIONS else "Image folder"
+        raise DataError(f"{what} {where!r} does not exist. Check the path.")
     if not root.is_dir():
+        if not require_labels and root.suffix.lower() in IMAGE_EXTENSIONS:
+            return _unlabelled_images([root], root, num_labels, label_names, labels)
         raise DataError(f"{where!r} is a file; an image dataset is a folder with one sub-folder per class.")
     classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    if not classes and not require_labels:
+        files = sorted(f for f in root.iterdir() if f.suffix.lower() in IMAGE_EXTENSIONS and f.is_file())
+        if files:
+            return _unlabelled_images(files, root, num_labels, label_names, labels)
     if not classes:
-        raise DataError(f"{where!r} has no class sub-folders. Put images in ROOT/<class name>/<file>.")
+        raise DataError(f"{where!r} has no class sub-folders. Put images in ROOT/<class name>/<file>"
+                        + ("." if require_labels else ", or the images to predict directly in it."))
     num_labels, label_names = _declared(labels, num_labels, label_names)
     declared = label_names is not None or num_labels is not None
     if label_names is not None:
@@ -576,6 +585,22 @@ def load_image_folder(path: str | os.PathLike, *, label_names: Sequence[str] | N
         )
     return ImageDataset(images=images, labels=labels_out, num_labels=len(names),
                         label_names=None if declared and label_names is None else names, source=str(root.resolve()))
+
+
+def _unlabelled_images(files: list[Path], root: Path, num_labels: int | None, label_names: Sequence[str] | None,
+                       labels: Any) -> ImageDataset:
+    """Unlabelled images (for prediction), each opened once to check that it is readable."""
+    from PIL import Image
+
+    for f in files:
+        try:
+            with Image.open(f) as im:
+                im.verify()
+        except Exception as exc:
+            raise DataError(f"Cannot read image {str(f)!r}: {exc}. Remove or replace the file.") from None
+    num_labels, label_names = _declared(labels, num_labels, label_names)
+    return ImageDataset(images=[str(f) for f in files], labels=None, num_labels=num_labels,
+                        label_names=None if label_names is None else list(label_names), source=str(root.resolve()))
 
 
 def load_idx_dataset(images_file: str | os.PathLike, labels_file: str | os.PathLike | None = None, *,
@@ -662,8 +687,9 @@ def load_dataset(data: Any, text_column: str | None = None, label_column: str | 
         if label_names is None and num_labels is None:
             return data
         return with_label_set(data, num_labels if label_names is None else len(label_names), label_names)
-    if isinstance(data, (str, os.PathLike)) and Path(data).expanduser().is_dir():
-        return load_image_folder(data, label_names=label_names, num_labels=num_labels)
+    if isinstance(data, (str, os.PathLike)) and (Path(data).expanduser().is_dir()
+                                                  or Path(data).suffix.lower() in IMAGE_EXTENSIONS):
+        return load_image_folder(data, label_names=label_names, num_labels=num_labels, require_labels=require_labels)
     if isinstance(data, (str, os.PathLike)):
         # Lazy: numpy and the IDX reader only for IDX files.
         from privtune.data.idx import is_idx_path
