@@ -93,6 +93,8 @@ def test_a_causal_lm_reads_columns_the_user_names(cli, files, tmp_path):
     assert metrics["task"] == "text-generation" and metrics["perplexity"] is None
     assert (out / "model" / "privtune_generator.json").is_file()
     assert "evaluation split" not in (out / "model" / "README.md").read_text()  # none was given
+    report = (out / "report.html").read_text()
+    assert "No evaluation split was given" in report and "reported scores was never used" not in report
     # without the names, the refusal says which flag names the prompt column
     r = cli(["train", "--data", qa, "--model", files["llama"], "--epsilon", "8", "--ledger",
              f"sqlite:///{tmp_path / 'l2.db'}", "--output", tmp_path / "run2", "--quiet"])
@@ -159,6 +161,8 @@ def test_train_lora_default_end_to_end(cli, files, tmp_path):
     card = (out / "model" / "README.md").read_text()
     assert "pipeline_tag: text-generation" in card
     assert (out / "model" / "privtune_generator.json").is_file()
+    report = (out / "report.html").read_text()
+    assert "reported scores was never used to select" in report and "No evaluation split" not in report
     # the released model is a plain Hugging Face causal LM (LoRA merged)
     from transformers import AutoModelForCausalLM
 

@@ -248,8 +248,10 @@ def _strategy_section(run: RunData, b: _Builder, bp: P.BudgetPoints | None) -> s
         out.append(f"<p>{_e(text)}</p>")
     sel = run.metrics.get("selection") or run.metadata.get("selection")
     if sel:
-        out.append(f"<p><b>Trial selection:</b> {_e(sel)}. The split used for the reported accuracy was never used "
-                   "to select.</p>")
+        m = run.metrics
+        scored = m.get("accuracy") is not None or m.get("perplexity") is not None  # a reported split was scored
+        out.append(f"<p><b>Trial selection:</b> {_e(sel)}." + (
+            " The split used for the reported scores was never used to select." if scored else "") + "</p>")
     if name == "linear-scaling":
         out.append(b.figure("strategy.png", lambda: P.plot_linear_scaling(run, bp), "r against ε with fitted line"))
     elif name == "hyperfree":
@@ -333,6 +335,9 @@ def _generation_section(run: RunData) -> str:
         out.append(f"<p>Scores of the released model on <b>{_e(split)}</b> (greedy decoding; BLEU, chrF and ROUGE-L "
                    f"on its first {_e(m.get('scored_rows'))} rows, perplexity on all of them):</p>")
         out.append(_kv_table(rows))
+    else:
+        out.append("<p class='note'>No evaluation split was given (<code>--eval-data</code>), so the released model "
+                   "was not scored.</p>")
     gens = m.get("public_generations")
     if isinstance(gens, dict) and gens.get("samples"):
         out.append(f"<h3>Generations for public prompts</h3><p class='note'>Prompts from <b>{_e(gens.get('split'))}"
