@@ -122,6 +122,7 @@ def test_charged_selection_and_mode_auto(files, tmp_path, monkeypatch):
     assert r.certificate.metadata["selection"] == "train_noisy"
     # the choice among three plans: each plan made at δ/3, so that a union bound over them gives (ε, δ)
     assert any("union bound" in n and "δ/3" in n for n in r.certificate.metadata["notes"])
+    assert r.certificate.metadata["mode_plans"] == 3 == r.metrics["mode_plans"]  # the report's (4, δ) reads it
     events = [event_from_dict(e) for e in cert["events"]]
     assert compute_epsilon(events, cert["delta"] / 3, accountant=cert["accountant"]) <= 4.0 * (1 + 1e-6)
 

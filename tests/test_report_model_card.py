@@ -119,3 +119,24 @@ def test_image_demo_card_and_report_describe_images(tmp_path):
     assert "images of the image demo's public validation split" in body and "phrase" not in body
     html_text = write_report(run).read_text()
     assert "the image model (privtune" in html_text and "Hugging Face save_pretrained" not in html_text
+
+
+def test_a_mode_auto_run_states_the_union_bound_guarantee(tmp_path):
+    """--mode auto's pilots chose one of k plans, each made at δ/k: the card and the report state (total ε, δ), the
+    guarantee of the union bound over the plans, and the events' own ε beside it; other runs keep the
+    certificate's ε."""
+    from privtune.report import write_report
+
+    run = make_run(tmp_path / "run", "hyperfree", reference=False, clipping=False)
+    cert = json.loads((run / "certificate.json").read_text())
+    events_eps = cert["epsilon"]
+    _, body = _split(write_model_card(run).read_text())
+    assert f"(ε = {events_eps:.4g}, δ = 1.0e-05)-differentially private" in body and "union bound" not in body
+    cert["metadata"].update(mode_plans=3, total_epsilon_requested=round(events_eps + 0.5, 3))
+    (run / "certificate.json").write_text(json.dumps(cert))
+    total = f"{events_eps + 0.5:.4g}"
+    fm, body = _split(write_model_card(run).read_text())
+    assert f"This model is **(ε = {total}, δ = 1.0e-05)-differentially private**" in body
+    assert "at δ/3; by a union bound over the plans" in body and f"compose to ε = {events_eps:.4g} at" in body
+    html = write_report(run).read_text()
+    assert f"<b>(ε = {total}, δ = 1.0e-05)-differentially private</b>" in html and "union bound" in html

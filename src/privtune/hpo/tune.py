@@ -1112,6 +1112,8 @@ class TuneJob:
         }
         if inputs.units is not None:  # the unit's name, k and N_u (public); n_train is N_u
             metrics["privacy_unit"] = inputs.unit_description
+        if len(planned.tplan.pilot_modes) > 1:  # the pilots chose one of k plans: (total ε, δ) by a union bound
+            metrics["mode_plans"] = len(planned.tplan.pilot_modes)
         _list_warnings(metrics, req, inputs, planned.tplan)
         if strat.not_private:
             metrics["not_private"] = True
@@ -1213,6 +1215,7 @@ def _certificate_metadata(req: _Request, inputs: _Inputs, tplan: _TunePlan, ran:
     if inputs.units is not None:  # user level: every pilot, trial, score and the final run sample and weigh units
         metadata["privacy_unit"] = inputs.unit_description
     if len(tplan.pilot_modes) > 1:
+        metadata["mode_plans"] = len(tplan.pilot_modes)  # what RunData.guarantee_epsilon reads
         metadata["notes"].append(_auto_choice_note(len(tplan.pilot_modes), req.privacy.epsilon,
                                                    inputs.privacy.delta))
     metadata.update(_trial_section(ran.trials, ran.outcome, req.strategy.not_private))

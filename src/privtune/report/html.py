@@ -146,8 +146,8 @@ def _summary_cards(run: RunData, b: Any) -> str:
         if isinstance(m.get(key), (int, float)):
             split = str(m.get("reported_split") or "reported split")
             cards.append((label, f"{m[key]:.2f}", os.path.basename(split.rstrip("/")) or split))
-    if run.epsilon is not None:
-        cards.append(("ε (total)", f"{run.epsilon:.4g}", "tuning included" if run.trials else "the whole run"))
+    if run.guarantee_epsilon is not None:
+        cards.append(("ε (total)", f"{run.guarantee_epsilon:.4g}", "tuning included" if run.trials else "the whole run"))
     if run.delta is not None:
         cards.append(("δ", f"{run.delta:.0e}", "add/remove one example"))
     if run.strategy_name:
@@ -174,10 +174,13 @@ def _budget_section(run: RunData, b: _Builder, bp: P.BudgetPoints | None) -> str
                 "all of the run's noise, so that guarantee does <b>not</b> hold for this run.</p>"
             )
         else:
+            union = run.union_bound_words()  # --mode auto: the guarantee comes from the plans, not the events alone
             out.append(
-                f"<p>This run is <b>(ε = {run.epsilon:.4g}, δ = {run.delta:.1e})-differentially private</b> for "
-                f"{_e(what)}, with respect to adding or removing {_e(_protected(cert))}, as composed by the "
-                f"<b>{_e(run.accountant.upper())}</b> accountant over every event listed in the certificate.</p>"
+                f"<p>This run is <b>(ε = {run.guarantee_epsilon:.4g}, δ = {run.delta:.1e})-differentially private</b> "
+                f"for {_e(what)}, with respect to adding or removing {_e(_protected(cert))}"
+                + (f". {_e(union)} Composed by the <b>{_e(run.accountant.upper())}</b> accountant.</p>" if union else
+                   f", as composed by the <b>{_e(run.accountant.upper())}</b> accountant over every event listed in "
+                   "the certificate.</p>")
             )
     if run.not_private:
         out.append(f"<p class='bad'>{_np_badge()} The grid oracle's tuning is not charged: the ε above covers the "

@@ -169,7 +169,7 @@ def _front_matter(run: RunData, base: str, dataset: str) -> str:
                               "split": _file_name(run.metrics.get("reported_split", "test"))},
                   "metrics": [{"type": "accuracy", "value": round(float(acc), 4),
                                "name": "accuracy (NOT PRIVATE: seeded)" if run.seeded
-                               else f"accuracy (ε = {run.epsilon:.3g}, δ = {run.delta:.0e})"
+                               else f"accuracy (ε = {run.guarantee_epsilon:.3g}, δ = {run.delta:.0e})"
                                if run.epsilon is not None and run.delta is not None else "accuracy"}]}
         fm["model-index"] = [{"name": run.run_dir.name, "results": [result]}]
     return "---\n" + yaml.safe_dump(fm, sort_keys=False, allow_unicode=True) + "---\n"
@@ -180,7 +180,7 @@ def _generation_front_matter(run: RunData, fm: dict, dataset: str) -> str:
     fm["metrics"] = ["bleu", "chrf", "rouge", "perplexity"]
     shown = [(k, label) for k, label in GENERATION_METRICS if isinstance(run.metrics.get(k), (int, float))]
     if shown:
-        guarantee = ("NOT PRIVATE: seeded" if run.seeded else f"ε = {run.epsilon:.3g}, δ = {run.delta:.0e}"
+        guarantee = ("NOT PRIVATE: seeded" if run.seeded else f"ε = {run.guarantee_epsilon:.3g}, δ = {run.delta:.0e}"
                      if run.epsilon is not None and run.delta is not None else None)
         result = {"task": {"type": "text-generation"},
                   "dataset": {"name": dataset, "type": dataset,
@@ -279,11 +279,13 @@ def render_model_card(run: RunData) -> str:
         what = (f"the whole process that produced it: hyperparameter tuning ({trials_words}"
                 f"{', strategy ' + strategy if strategy else ''}) **and** the final training run"
                 if n_trials or strategy else "the training run that produced it")
+        union = run.union_bound_words()
         lines.append(
-            f"This model is **(ε = {eps:.4g}, δ = {delta:.1e})-differentially private** with respect to its "
-            f"training data, {dataset_words}. The guarantee covers {what}: the released weights (and anything "
-            "computed from them alone) change in distribution by at most a factor e^ε, except with probability δ, "
-            f"when **{_neighbour_words(run.certificate)}** ({_relation(run.certificate)} neighbouring relation).\n")
+            f"This model is **(ε = {run.guarantee_epsilon:.4g}, δ = {delta:.1e})-differentially private** with "
+            f"respect to its training data, {dataset_words}. The guarantee covers {what}: the released weights (and "
+            "anything computed from them alone) change in distribution by at most a factor e^ε, except with "
+            f"probability δ, when **{_neighbour_words(run.certificate)}** ({_relation(run.certificate)} neighbouring "
+            f"relation).{' ' + union if union else ''}\n")
         lines.append(
             f"The privacy cost was composed over every release by the **{run.accountant.upper()}** accountant of "
             "Google's `dp_accounting` library; composition is not additive, so the total is computed from the full "

@@ -53,6 +53,30 @@ class RunData:
         return float(e) if isinstance(e, (int, float)) else None
 
     @property
+    def guarantee_epsilon(self) -> float | None:
+        """The ε of the run's (ε, δ) guarantee: the certificate's, or, where ``--mode auto``'s pilots chose one of
+        k > 1 plans each made at δ/k (``mode_plans`` in the certificate's metadata), the requested total: by a
+        union bound over the plans the run is (total ε, δ)-DP whichever was chosen, while the events that ran
+        compose to the certificate's ε at δ (docs/accounting.md)."""
+        eps = self.epsilon
+        plans, total = self.metadata.get("mode_plans"), self.metadata.get("total_epsilon_requested")
+        if (eps is not None and isinstance(plans, int) and plans > 1 and isinstance(total, (int, float))
+                and not isinstance(total, bool)):
+            return max(eps, float(total))
+        return eps
+
+    def union_bound_words(self) -> str:
+        """A sentence on the union bound behind :attr:`guarantee_epsilon`, or "" where it is the certificate's ε."""
+        eps, guarantee = self.epsilon, self.guarantee_epsilon
+        if eps is None or guarantee is None or guarantee == eps or self.delta is None:
+            return ""
+        k = self.metadata.get("mode_plans")
+        return (f"The mode pilots chose one of {k} plans, each made so that the pilots and its run compose to "
+                f"ε = {guarantee:.4g} at δ/{k}; by a union bound over the plans the run is (ε = {guarantee:.4g}, "
+                f"δ = {self.delta:.1e})-DP whichever was chosen. The events that ran compose to ε = {eps:.4g} at "
+                f"δ = {self.delta:.1e} (the certificate's ε).")
+
+    @property
     def accountant(self) -> str:
         return str(self.certificate.get("accountant") or self.config.get("accountant") or "pld")
 
