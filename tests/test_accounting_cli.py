@@ -51,6 +51,12 @@ def test_certificate_verification(capsys, tmp_path):
     code, out, _ = run(capsys, "account", "--certificate", str(path))
     assert code == 0 and "VERIFIED" in out
     assert "[trial 1/3: lora] DP-SGD σ=1" in out  # the event's label is text, not console markup
+    assert "union bound" not in out
+    # --mode auto: the events that ran are one of 3 plans, each made at δ/3: the guarantee is the union bound's
+    auto = Certificate.from_events([DPSGDEvent(1.0, 0.01, 100)], 1e-5, metadata={
+        "mode_plans": 3, "total_epsilon_requested": 8.0}).save(tmp_path / "auto.json")
+    code, out, _ = run(capsys, "account", "--certificate", str(auto))
+    assert code == 0 and "the run's guarantee is (ε = 8, δ = 1e-05) by a union bound over the 3 mode plans" in out
     data = json.loads(path.read_text())
     data["epsilon"] = 0.01
     path.write_text(json.dumps(data))

@@ -191,6 +191,11 @@ def _show_certificate(certificate: str, as_json: bool) -> None:
     guarantee = (privacy_statement(cert.neighbouring) if cert.private else
                  f"{cert.metadata.get('label') or 'NOT PRIVATE'}: no guarantee for this release; its events alone "
                  f"would give {privacy_statement(cert.neighbouring)}")
+    plans, total = cert.metadata.get("mode_plans"), cert.metadata.get("total_epsilon_requested")
+    if cert.private and isinstance(plans, int) and plans > 1 and isinstance(total, (int, float)):
+        # --mode auto: the events that ran are one of `plans` plans, each made at δ/plans (docs/accounting.md)
+        guarantee += (f"; the run's guarantee is (ε = {max(total, cert.epsilon):g}, δ = {cert.delta:g}) by a union "
+                      f"bound over the {plans} mode plans its pilots chose among, each made at δ/{plans}")
     _print_table(f"certificate {certificate}: VERIFIED", ["event"], rows,
                  [f"ε = {cert.epsilon:.6g}, δ = {cert.delta:g}, accountant {cert.accountant}, "
                   f"{cert.neighbouring}", guarantee] + list(cert.sampling_assumptions)
