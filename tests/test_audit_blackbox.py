@@ -80,6 +80,21 @@ def test_cli_reports_a_usage_error_in_one_line(files, capsys):
     assert err.startswith("error:") and "exactly one of `epsilon`" in err and len(err.strip().splitlines()) == 1
 
 
+def test_image_data_are_refused_with_what_the_audit_takes(files, tmp_path, capsys):
+    """The audit's canaries are texts: an image folder is one clear error, which says that the white-box audit
+    reads only the number of rows."""
+    Image = pytest.importorskip("PIL.Image")
+    for cls in ("cat", "dog"):
+        (tmp_path / "imgs" / cls).mkdir(parents=True)
+        Image.new("RGB", (6, 6)).save(tmp_path / "imgs" / cls / "0.png")
+    for extra in ([], ["--no-blackbox"]):
+        rc = main(["audit", "--data", str(tmp_path / "imgs"), "--labels", "cat,dog", "--epsilon", "8",
+                   "--canaries", "20", "--public-data", "--quiet", *extra])
+        err = capsys.readouterr().err
+        assert rc == 2 and len(err.strip().splitlines()) == 1
+        assert "`data` holds image data" in err and "white-box audit (--no-blackbox) reads only" in err
+
+
 @pytest.mark.parametrize("kw, match", [
     (dict(epochs=1.0, steps=3), "either `epochs` or `steps`"),
     (dict(epsilon=None, noise_multiplier=0.0), "noise_multiplier"),

@@ -437,7 +437,10 @@ def _load_user_text(inputs: AuditInputs) -> TextDataset:
     user = load_dataset(inputs.data, inputs.text_column, inputs.label_column, num_labels=num_labels,
                         label_names=label_names)
     if getattr(user, "kind", None) != "text":
-        raise DataError("The black-box audit inserts text canaries: pass text training data (.tsv/.csv/.jsonl).")
+        raise DataError(
+            f"`privtune audit` takes text (text + label columns) or prompt → response data; `data` holds "
+            f"{getattr(user, 'kind', 'other')} data. Its black-box run inserts text canaries; its white-box audit "
+            "(--no-blackbox) reads only the number of rows, so it runs on any text file of as many rows.")
     if not user.has_labels:
         raise DataError("The training data has no labels. Pass a file with a label column.")
     return user
