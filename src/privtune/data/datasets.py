@@ -564,19 +564,12 @@ def load_image_folder(path: str | os.PathLike, *, label_names: Sequence[str] | N
             f"{describe_label_set(len(names), label_names if declared else names)}. Use only these classes, or "
             "declare the full label set (e.g. --labels)."
         )
-    # Lazy: Pillow only for image data: keeps privtune.data light for text.
-    from PIL import Image
-
     images, labels_out = [], []
     for c in classes:
         for f in sorted((root / c).iterdir()):
             if f.suffix.lower() not in IMAGE_EXTENSIONS or not f.is_file():
                 continue
-            try:
-                with Image.open(f) as im:
-                    im.verify()
-            except Exception as exc:
-                raise DataError(f"Cannot read image {str(f)!r}: {exc}. Remove or replace the file.") from None
+            _check_readable_image(f)
             images.append(str(f))
             labels_out.append(names.index(c))
     if not images:
@@ -587,17 +580,23 @@ def load_image_folder(path: str | os.PathLike, *, label_names: Sequence[str] | N
                         label_names=None if declared and label_names is None else names, source=str(root.resolve()))
 
 
+def _check_readable_image(path: Path) -> None:
+    """Open ``path`` once with Pillow (lazily imported: privtune.data stays light for text); DataError if it is
+    not a readable image."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as im:
+            im.verify()
+    except Exception as exc:
+        raise DataError(f"Cannot read image {str(path)!r}: {exc}. Remove or replace the file.") from None
+
+
 def _unlabelled_images(files: list[Path], root: Path, num_labels: int | None, label_names: Sequence[str] | None,
                        labels: Any) -> ImageDataset:
     """Unlabelled images (for prediction), each opened once to check that it is readable."""
-    from PIL import Image
-
     for f in files:
-        try:
-            with Image.open(f) as im:
-                im.verify()
-        except Exception as exc:
-            raise DataError(f"Cannot read image {str(f)!r}: {exc}. Remove or replace the file.") from None
+        _check_readable_image(f)
     num_labels, label_names = _declared(labels, num_labels, label_names)
     return ImageDataset(images=[str(f) for f in files], labels=None, num_labels=num_labels,
                         label_names=None if label_names is None else list(label_names), source=str(root.resolve()))
