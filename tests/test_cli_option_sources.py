@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+from types import SimpleNamespace
 from pathlib import Path
 
 import click
@@ -174,3 +175,19 @@ def test_cli_help_shows_the_signature_defaults(capsys):
     recommend_defaults = _signature_defaults(recommend)
     assert {p.name: p.default for p in cli_tune.recommend.params if p.name in ("min_steps", "plateau_tol", "prefer")} \
         == {k: recommend_defaults[k] for k in ("min_steps", "plateau_tol", "prefer")}
+
+
+def test_tune_cli_states_the_union_bound_guarantee_of_a_mode_auto_run(monkeypatch, tmp_path, capsys):
+    """After --mode auto's pilots chose one of k plans (each made at δ/k), the CLI prints the guarantee of the union
+    bound, (total ε, δ), below the certificate's ε; other runs print no such line."""
+    def fake_tune(data=None, **kwargs):
+        metrics = {"epsilon": 7.5372, "delta": 1e-5, "total_epsilon": 8.0, "strategy": "hyperfree",
+                   "mode": "last-layer", "selection": "public_validation", "trials": 3, "hyperparameters": {}, **extra}
+        return SimpleNamespace(run_dir=tmp_path / "run", metrics=metrics, certificate=None)
+
+    monkeypatch.setattr(cli_tune, "run_tune", fake_tune, raising=False)
+    for extra, expected in (({"mode_plans": 3}, True), ({}, False)):
+        assert main(["tune", "--data", str(tmp_path / "train.tsv")]) == 0
+        out = capsys.readouterr().out
+        assert "certificate: ε = 7.5372, δ = 1e-05" in out
+        assert ("guarantee: ε = 8, δ = 1e-05 (the mode pilots chose one of 3 plans, each made at δ/3" in out) == expected

@@ -64,6 +64,16 @@ INFINITE_EPSILON = "inf"
 NOT_PRIVATE_LABEL = "NOT PRIVATE"
 
 
+def union_bound_epsilon(epsilon: float, mode_plans: Any, total_epsilon: Any) -> float:
+    """The ε of a run's (ε, δ) guarantee: ``epsilon`` (its events' ε at δ), or, where ``--mode auto``'s pilots
+    chose one of ``mode_plans`` = k > 1 plans, each made to reach ``total_epsilon`` at δ/k, the larger of the two:
+    by a union bound over the plans the run is (total ε, δ)-DP whichever was chosen (docs/accounting.md)."""
+    if (isinstance(mode_plans, int) and not isinstance(mode_plans, bool) and mode_plans > 1
+            and isinstance(total_epsilon, (int, float)) and not isinstance(total_epsilon, bool)):
+        return max(float(epsilon), float(total_epsilon))
+    return float(epsilon)
+
+
 def _non_private(events) -> bool:
     return any(isinstance(e, NonPrivateEvent) for e in events)
 

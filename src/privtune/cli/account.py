@@ -176,7 +176,7 @@ def account(noise_multiplier, epsilon, delta, sample_rate, steps, dataset_size, 
 def _show_certificate(certificate: str, as_json: bool) -> None:
     """Verify ``certificate`` (recompute ε from its events) and print it as JSON or as a table."""
     from privtune import accounting as A
-    from privtune.accounting.certificate import privacy_statement
+    from privtune.accounting.certificate import privacy_statement, union_bound_epsilon
 
     cert = A.verify_certificate(certificate)
     if as_json:
@@ -191,10 +191,11 @@ def _show_certificate(certificate: str, as_json: bool) -> None:
     guarantee = (privacy_statement(cert.neighbouring) if cert.private else
                  f"{cert.metadata.get('label') or 'NOT PRIVATE'}: no guarantee for this release; its events alone "
                  f"would give {privacy_statement(cert.neighbouring)}")
-    plans, total = cert.metadata.get("mode_plans"), cert.metadata.get("total_epsilon_requested")
-    if cert.private and isinstance(plans, int) and plans > 1 and isinstance(total, (int, float)):
+    plans = cert.metadata.get("mode_plans")
+    union = union_bound_epsilon(cert.epsilon, plans, cert.metadata.get("total_epsilon_requested"))
+    if cert.private and union != cert.epsilon:
         # --mode auto: the events that ran are one of `plans` plans, each made at δ/plans (docs/accounting.md)
-        guarantee += (f"; the run's guarantee is (ε = {max(total, cert.epsilon):g}, δ = {cert.delta:g}) by a union "
+        guarantee += (f"; the run's guarantee is (ε = {union:g}, δ = {cert.delta:g}) by a union "
                       f"bound over the {plans} mode plans its pilots chose among, each made at δ/{plans}")
     _print_table(f"certificate {certificate}: VERIFIED", ["event"], rows,
                  [f"ε = {cert.epsilon:.6g}, δ = {cert.delta:g}, accountant {cert.accountant}, "

@@ -141,7 +141,10 @@ def tune(**kwargs) -> None:
             click.echo(f"certificate: ε = {m['epsilon']:.4f}, δ = {m['delta']:g} (tuning included; {trials} + "
                        "final run)")
         if isinstance(m.get("mode_plans"), int) and m["mode_plans"] > 1:
-            click.echo(f"guarantee: ε = {max(m['epsilon'], m['total_epsilon']):g}, δ = {m['delta']:g} (the mode "
+            from privtune.accounting.certificate import union_bound_epsilon
+
+            union = union_bound_epsilon(m["epsilon"], m["mode_plans"], m.get("total_epsilon"))
+            click.echo(f"guarantee: ε = {union:g}, δ = {m['delta']:g} (the mode "
                        f"pilots chose one of {m['mode_plans']} plans, each made at δ/{m['mode_plans']}: a union bound "
                        "over the plans; the certificate's ε is that of the events that ran)")
     if m.get("seeded"):

@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from privtune.accounting.certificate import union_bound_epsilon
 from privtune.accounting.events import event_from_dict
 from privtune.errors import InvalidParameterError
 from privtune.report.release import SEEDED_LABEL, PublicPaths, load_not_private, split_release
@@ -59,11 +60,8 @@ class RunData:
         union bound over the plans the run is (total ε, δ)-DP whichever was chosen, while the events that ran
         compose to the certificate's ε at δ (docs/accounting.md)."""
         eps = self.epsilon
-        plans, total = self.metadata.get("mode_plans"), self.metadata.get("total_epsilon_requested")
-        if (eps is not None and isinstance(plans, int) and plans > 1 and isinstance(total, (int, float))
-                and not isinstance(total, bool)):
-            return max(eps, float(total))
-        return eps
+        return None if eps is None else union_bound_epsilon(eps, self.metadata.get("mode_plans"),
+                                                            self.metadata.get("total_epsilon_requested"))
 
     def union_bound_words(self) -> str:
         """A sentence on the union bound behind :attr:`guarantee_epsilon`, or "" where it is the certificate's ε."""
