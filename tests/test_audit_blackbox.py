@@ -80,19 +80,106 @@ def test_cli_reports_a_usage_error_in_one_line(files, capsys):
     assert err.startswith("error:") and "exactly one of `epsilon`" in err and len(err.strip().splitlines()) == 1
 
 
-def test_image_data_are_refused_with_what_the_audit_takes(files, tmp_path, capsys):
-    """The audit's canaries are texts: an image folder is one clear error, which says that the white-box audit
-    reads only the number of rows."""
+def _image_folder(root, per_class=30):
     Image = pytest.importorskip("PIL.Image")
-    for cls in ("cat", "dog"):
-        (tmp_path / "imgs" / cls).mkdir(parents=True)
-        Image.new("RGB", (6, 6)).save(tmp_path / "imgs" / cls / "0.png")
-    for extra in ([], ["--no-blackbox"]):
-        rc = main(["audit", "--data", str(tmp_path / "imgs"), "--labels", "cat,dog", "--epsilon", "8",
-                   "--canaries", "20", "--public-data", "--quiet", *extra])
-        err = capsys.readouterr().err
-        assert rc == 2 and len(err.strip().splitlines()) == 1
-        assert "`data` holds image data" in err and "white-box audit (--no-blackbox) reads only" in err
+    for cls, color in (("cat", (250, 10, 10)), ("dog", (10, 10, 250))):
+        (root / cls).mkdir(parents=True)
+        for i in range(per_class):
+            Image.new("RGB", (8, 8), tuple(max(0, c - 5 * i) for c in color)).save(root / cls / f"{i}.png")
+    return root
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory):
+    from privtune.models.testing import make_tiny_image_model
+
+    root = tmp_path_factory.mktemp("audit-images")
+    return {"train": _image_folder(root / "imgs"), "model": make_tiny_image_model(root / "vit"),
+            "model16": make_tiny_image_model(root / "vit16", image_size=16)}
+
+
+def test_make_image_canaries_are_random_pixels_with_random_labels():
+    from privtune.audit.blackbox import make_image_canaries
+
+    imgs, labels = make_image_canaries(50, 3, size=16, seed=1)
+    assert len(imgs) == len(labels) == 50 and set(labels) == {0, 1, 2}
+    assert all(im.size == (16, 16) and im.mode == "RGB" for im in imgs)
+    pixels = [im.tobytes() for im in imgs]
+    assert len(set(pixels)) == 50 and len(set(pixels[0])) > 200  # distinct, and noise (not a flat colour)
+    again, _ = make_image_canaries(50, 3, size=16, seed=1)
+    assert [im.tobytes() for im in again] == pixels  # the audit's seed fixes them (they hold no user data)
+
+
+def test_an_image_folder_is_audited_with_random_pixel_canaries(images, tmp_path, capsys):
+    """`privtune audit` on an image folder: both audits, the black-box run on the folder plus random-pixel images
+    of the backbone's input size (8 px for the tiny ViT)."""
+    rc = main(["audit", "--data", str(images["train"]), "--labels", "cat,dog", "--model", str(images["model"]),
+               "--mode", "full", "--epsilon", "4", "--delta", "1e-3", "--steps", "3", "--batch-size", "20",
+               "--canaries", "40", "--public-data", "--seed", "0", "--quiet", "--output", str(tmp_path / "out")])
+    out = capsys.readouterr().out
+    assert rc == 0 and "audit (white-box)" in out and "audit (black-box)" in out
+    saved = json.loads((tmp_path / "out" / "blackbox" / "audit.json").read_text())
+    assert saved["config"]["canary"] == "random-pixel 8×8 images, random label"
+    assert saved["num_canaries"] == 40 and len(saved["scores"]) == 40
+
+
+def test_an_image_audit_is_charged_like_train(images, tmp_path):
+    url = f"sqlite:///{tmp_path / 'l.db'}"
+    led = Ledger(url)
+    led.init_dataset(str(images["train"]), 10.0, 1e-3)
+    rep = audit(str(images["train"]), spec(whitebox=False, num_canaries=20), model=str(images["model16"]),
+                labels=["cat", "dog"], ledger=url)
+    assert "charged to the ledger" in rep.blackbox.privacy and rep.blackbox.config["canary"].startswith("random-pixel 16×16")
+    spent = 10.0 - Ledger(url).status(str(images["train"])).remaining_epsilon
+    assert spent == pytest.approx(rep.blackbox.claimed_epsilon, rel=0.05)
+
+
+@pytest.mark.parametrize("model, match", [
+    (None, "name it with `model` \\(--model\\), e.g. efficientnet-lite0"),
+    ("text", "takes text inputs but the training data is images"),
+])
+def test_an_image_audit_without_a_vision_backbone_is_refused_before_the_ledger(images, files, tmp_path, model, match):
+    url = f"sqlite:///{tmp_path / 'l.db'}"
+    Ledger(url).init_dataset(str(images["train"]), 10.0, 1e-3)
+    with pytest.raises(PrivtuneError, match=match):
+        audit(str(images["train"]), spec(whitebox=False), model=files["model"] if model == "text" else model,
+              labels=["cat", "dog"], ledger=url, output_dir=tmp_path / "out")
+    assert Ledger(url).status(str(images["train"])).remaining_epsilon == pytest.approx(10.0)
+    assert not (tmp_path / "out").exists()
+
+
+def test_vision_choices_on_text_data_are_one_error(files, capsys):
+    rc = main(["audit", "--data", str(files["train"]), "--labels", "0,1", "--epsilon", "2", "--delta", "1e-3",
+               "--canaries", "20", "--public-data", "--quiet", "--image-size", "32"])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1
+    assert "`image_size` applies to image data" in err and "Drop --image-size." in err
+
+
+def test_a_noiseless_image_run_is_caught_by_the_black_box_audit(images, monkeypatch):
+    """The black-box audit of images can fail: with the engine's noise removed, the tiny ViT memorises enough of
+    the included random-pixel canaries that the bound exceeds a claimed ε of 0.1 (the same run with its noise
+    stays at 0)."""
+    from privtune.engine import PrivateGradient
+
+    def run():
+        s = spec(mode="full", epsilon=0.1, steps=30, batch_size=None, sampling="full_batch", num_canaries=100,
+                 whitebox=False, public_data=True)
+        return audit(str(images["train"]), s, model=str(images["model16"]), labels=["cat", "dog"]).blackbox
+
+    assert run().epsilon_lower_bound <= 0.1
+    orig = PrivateGradient.release
+
+    def release_without_noise(self):
+        saved, self.noise_multiplier = self.noise_multiplier, 0.0
+        try:
+            return orig(self)
+        finally:
+            self.noise_multiplier = saved
+
+    monkeypatch.setattr(PrivateGradient, "release", release_without_noise)
+    broken = run()
+    assert broken.violation and broken.epsilon_lower_bound > 0.1
 
 
 @pytest.mark.parametrize("kw, match", [

@@ -1,7 +1,8 @@
 """``privtune.audit``: audit the user's own configuration, white-box and black-box, in one call each.
 
-Black-box (input canaries): m synthetic texts of random letter-words with random labels are made;
-each is added to the user's training data independently with probability 1/2; one real
+Black-box (input canaries): m synthetic texts of random letter-words with random labels are made (on
+image data: images of uniformly random pixels with random labels); each is added to the user's training
+data independently with probability 1/2; one real
 :func:`privtune.train` run trains on the union; the score of a canary is minus the trained model's
 loss on it (a canary the model has seen tends to have a lower loss).  This audits the whole
 pipeline (data loading, mode, sampling, engine, optimizer) end to end.
@@ -41,19 +42,20 @@ import torch.nn.functional as F
 
 # module, not function: tests replace training.train with a spy
 from privtune import training
-from privtune._validation import check_int
+from privtune._validation import check_batchnorm, check_image_features, check_image_size, check_int
 from privtune.accounting import calibrate_noise_multiplier, compute_epsilon
 from privtune.accounting.events import DPSGDEvent
 from privtune.audit.exposure import DigitCanaries, ExposureReport, load_generation_user, nonprivate_reference
 from privtune.audit.result import AuditResult, best_guesses
 from privtune.audit.specs import AUDITED_MODES, AuditSpec, ProbeSpec
 from privtune.audit.whitebox import audit_dp_step
-from privtune.data import TextDataset, load_dataset
+from privtune.data import ImageDataset, TextDataset, load_dataset
 from privtune.data.datasets import declared_label_set
 from privtune.data.generation import is_generation_data
 from privtune import _release
 from privtune.engine.units import DEFAULT_MAX_ROWS_PER_UNIT, load_units
-from privtune.errors import BudgetExceededError, DataError, InvalidParameterError, PrivtuneError, UnknownDatasetError
+from privtune.errors import (BudgetExceededError, DataError, InvalidParameterError, ModelError, PrivtuneError,
+                             UnknownDatasetError)
 from privtune.ledger import Ledger, dataset_identity, open_ledger
 from privtune.models.classifier import check_model
 from privtune.models.generator import apply_generation_mode, generation_modes
@@ -62,7 +64,8 @@ from privtune.run import release as run_release
 from privtune.run.budget import BudgetRequest
 from privtune.specs import NoiseSpec, PrivacySpec
 
-__all__ = ["audit", "run_audit", "AuditInputs", "AuditReport", "make_text_canaries", "AUDITED_MODES"]
+__all__ = ["audit", "run_audit", "AuditInputs", "AuditReport", "make_text_canaries", "make_image_canaries",
+           "AUDITED_MODES"]
 
 
 @dataclass
@@ -118,6 +121,24 @@ def make_text_canaries(num_canaries: int, num_labels: int, *, words: int = 8, se
     return texts, labels
 
 
+def make_image_canaries(num_canaries: int, num_labels: int, *, size: int, seed: int | None = None
+                        ) -> tuple[list[Any], list[int]]:
+    """m synthetic canary images, ``size`` × ``size`` pixels (RGB), each pixel uniformly random, with uniformly
+    random labels.
+
+    Like the text canaries they come from a random generator only (never from user data): noise is unlike any
+    real photograph, so the model can only fit a canary's label by memorising it.  ``size`` is the model's
+    input resolution (the audit's ``image_size``), so that resizing does not smooth the noise away."""
+    import numpy as np
+    from PIL import Image
+
+    size = check_image_size(size)
+    rng = np.random.default_rng(seed if seed is not None else secrets.randbits(62))
+    images = [Image.fromarray(rng.integers(0, 256, size=(size, size, 3), dtype=np.uint8), mode="RGB")
+              for _ in range(num_canaries)]
+    return images, [int(y) for y in rng.integers(0, num_labels, size=num_canaries)]
+
+
 def audit(
     data: Any = None,
     spec: AuditSpec | None = None,
@@ -132,12 +153,17 @@ def audit(
     output_dir: str | os.PathLike | None = None,
     resume: bool = False,
     progress: bool = False,
+    image_size: int | None = None,
+    batchnorm: str | None = None,
+    image_features: str | None = None,
 ) -> AuditReport:
     """One-run privacy audit of a ``privtune train`` configuration (Steinke, Nasr & Jagielski 2023).
 
     Args:
-        data: the training data, as for :func:`privtune.train`: labelled text, or prompt → response pairs (then
-            a causal language model: digit canaries and their exposures, see :mod:`privtune.audit.exposure`).
+        data: the training data, as for :func:`privtune.train`: labelled text, labelled images (an image folder
+            with one sub-folder per class, IDX files; then a vision backbone, ``model``, and random-pixel canary
+            images), or prompt → response pairs (then a causal language model: digit canaries and their
+            exposures, see :mod:`privtune.audit.exposure`).
         spec: what is audited, a validated :class:`~privtune.audit.specs.AuditSpec`: the claim (ε or σ, δ,
             accountant), the mode ("full", "bitfit", "last-layer" or "lora"; default "bitfit", and "lora" on
             prompt → response data, which takes "lora", "full" or "bitfit"), the schedule, optimizer and clipping
@@ -160,6 +186,8 @@ def audit(
             audit with ``output_dir`` keeps its seeds there (``.privtune-audit-state.json``, 0600) until its
             files are written.
         progress: show the training run's progress.
+        image_size, batchnorm, image_features: a vision backbone's public choices, as for :func:`privtune.train`
+            (image data only); the canary images are ``image_size`` pixels square (default: the backbone's).
 
     The spec's seed seeds canaries, membership, the white-box probe and the training run (experiments); without
     one they are drawn from the OS, and the training run's seeds are then never recorded (as in ``train``).
@@ -174,7 +202,7 @@ def audit(
     """
     inputs = AuditInputs(data=data, model=model, labels=labels, text_column=text_column, label_column=label_column,
                          max_length=max_length, device=device, ledger=ledger, output_dir=output_dir, resume=resume,
-                         progress=progress)
+                         progress=progress, image_size=image_size, batchnorm=batchnorm, image_features=image_features)
     return run_audit(spec, inputs)
 
 
@@ -182,7 +210,8 @@ def audit(
 class AuditInputs:
     """Where an audit reads and writes, beside its :class:`~privtune.audit.specs.AuditSpec`: the data, the model
     and the label set (as for :func:`privtune.train`), the device, the ledger, the output directory, whether to
-    resume and whether to show progress.  ``on_output_ready``, if given, is called with the output directory once
+    resume, whether to show progress and a vision backbone's choices (``image_size`` in pixels, ``batchnorm``,
+    ``image_features``; image data only).  ``on_output_ready``, if given, is called with the output directory once
     everything is checked and the directory exists (a charged audit's state saved in it), before the ledger
     reservation: from then on an interrupted audit can be finished there with ``resume`` (``privtune audit``
     prints that command)."""
@@ -199,12 +228,27 @@ class AuditInputs:
     resume: bool = False
     progress: bool = False
     on_output_ready: Callable[[Path], None] | None = None
+    image_size: int | None = None
+    batchnorm: str | None = None
+    image_features: str | None = None
 
     def __post_init__(self) -> None:
         if self.data is None:
             raise InvalidParameterError("`data` is required: the training data of the configuration to audit.")
         if not isinstance(self.resume, bool):
             raise InvalidParameterError(f"`resume` must be True or False. Got {self.resume!r}.")
+        if self.image_size is not None:
+            object.__setattr__(self, "image_size", check_image_size(self.image_size))
+        if self.batchnorm is not None:
+            object.__setattr__(self, "batchnorm", check_batchnorm(self.batchnorm))
+        if self.image_features is not None:
+            object.__setattr__(self, "image_features", check_image_features(self.image_features))
+
+    @property
+    def vision(self) -> dict:
+        """The vision backbone's choices that were given (``image_size``, ``batchnorm``, ``image_features``)."""
+        return {k: v for k, v in (("image_size", self.image_size), ("batchnorm", self.batchnorm),
+                                  ("image_features", self.image_features)) if v is not None}
 
 
 def run_audit(spec: AuditSpec, inputs: AuditInputs) -> AuditReport:
@@ -217,17 +261,18 @@ def run_audit(spec: AuditSpec, inputs: AuditInputs) -> AuditReport:
     generation = is_generation_data(inputs.data, inputs.model)
     spec = spec.for_data(generation)  # the data kind's defaults (mode, canaries) and its refusals
     out = _check_audit_output(inputs.output_dir, inputs.resume)
+    model_name = None if inputs.model is None or isinstance(inputs.model, torch.nn.Module) else str(inputs.model)
     user, inputs, generator = _load_audited(spec, inputs, generation)
     units = _audit_units(inputs.data, user, spec)
     n_public = len(user) if units is None else units.num_units  # δ < 1/N_u at user level
     privacy = spec.privacy.for_dataset(n_public)
     label_names = getattr(user, "label_names", None)
     arguments = {**_compared_arguments(spec, inputs), "data": dataset_identity(user)[0],
-                 "model": None if inputs.model is None else str(inputs.model),
+                 "model": model_name if model_name is not None or inputs.model is None else type(inputs.model).__name__,
                  "labels": None if generation else list(label_names) if label_names is not None else user.num_labels,
                  "privacy_unit": None if units is None else [units.name, units.k, units.r]}
     state = _audit_state(out, inputs.resume, arguments, spec.seed, charged=spec.blackbox and not spec.public_data)
-    canaries = _make_canaries(user, spec, state.audit_seed, units, generator)
+    canaries = _make_canaries(user, spec, state.audit_seed, units, generator, inputs.image_size)
     del generator
     plan = _plan_union_run(canaries.union_size, spec, privacy)
     created = _release.prepare_output_dir(out, (), _AUDIT_DIRS) if out is not None else []
@@ -268,7 +313,7 @@ def _compared_arguments(spec: AuditSpec, inputs: AuditInputs) -> dict:
             "blackbox": spec.blackbox, "public_data": spec.public_data, "confidence": spec.confidence,
             "seed": spec.seed, "max_length": inputs.max_length, "max_physical_batch_size": sch.max_physical_batch_size,
             "canary_digits": spec.exposure.canary_digits, "candidates": spec.exposure.candidates,
-            "reference": spec.exposure.reference}
+            "reference": spec.exposure.reference, **inputs.vision}
 
 
 def _load_audited(spec: AuditSpec, inputs: AuditInputs, generation: bool) -> tuple[Any, AuditInputs, Any]:
@@ -276,7 +321,14 @@ def _load_audited(spec: AuditSpec, inputs: AuditInputs, generation: bool) -> tup
     missing one, a too long ``max_length``; a causal language model: the mode applies).  Returns ``(user data,
     inputs with the model filled in, loaded generator or None)``."""
     if not generation:
-        user = _load_user_text(inputs)
+        user = _load_user_labelled(inputs)
+        if user.kind == "image":
+            return user, _with_vision_model(spec, inputs, user), None
+        if inputs.vision:
+            given = list(inputs.vision)
+            raise InvalidParameterError(
+                f"{', '.join(f'`{k}`' for k in given)} {'applies' if len(given) == 1 else 'apply'} to image data (a "
+                f"vision backbone); this data is text. Drop {' '.join('--' + k.replace('_', '-') for k in given)}.")
         if spec.blackbox and not isinstance(inputs.model, torch.nn.Module):
             check_model(inputs.model, max_length=inputs.max_length)  # a missing model, too long max_length
         return user, inputs, None
@@ -287,12 +339,47 @@ def _load_audited(spec: AuditSpec, inputs: AuditInputs, generation: bool) -> tup
     return user, replace(inputs, model=model), generator
 
 
+def _with_vision_model(spec: AuditSpec, inputs: AuditInputs, user: ImageDataset) -> AuditInputs:
+    """The inputs of a black-box audit on images with its vision classifier loaded (before the reservation: a
+    missing or text backbone is refused without a charge), with ``image_size`` filled in from the backbone when it
+    was not given (the canaries' size)."""
+    from privtune.tasks import task_for
+
+    if not spec.blackbox:
+        return inputs
+    if inputs.model is None:
+        raise InvalidParameterError(
+            "The black-box audit of image data trains a vision backbone: name it with `model` (--model), e.g. "
+            "efficientnet-lite0, timm:ARCH@WEIGHTS or an image model directory, the one your runs use.")
+    clf = task_for(user).build_model(inputs.model, num_labels=user.num_labels, label_names=user.label_names,
+                                     seed=spec.seed, **inputs.vision)
+    if getattr(clf, "kind", "text") != "image":
+        raise ModelError(f"`model` takes {getattr(clf, 'kind', 'other')} inputs but the training data is images. "
+                         "Pass a vision backbone (--model), e.g. efficientnet-lite0.")
+    size = getattr(getattr(clf, "processor", None), "image_size", None) or _processor_size(clf)
+    return replace(inputs, model=clf, image_size=inputs.image_size or size)
+
+
+def _processor_size(clf: Any) -> int:
+    """The input resolution of a Hugging Face image processor (``size``: height/width or shortest_edge)."""
+    from privtune.models.vision import DEFAULT_IMAGE_SIZE
+
+    size = getattr(getattr(clf, "processor", None), "size", None)
+    if isinstance(size, int):
+        side = size
+    else:  # a dict, or transformers' SizeDict
+        get = size.get if isinstance(size, dict) else (lambda key: getattr(size, key, None))
+        side = get("height") or get("shortest_edge")
+    return int(side) if isinstance(side, int) and side >= 1 else DEFAULT_IMAGE_SIZE
+
+
 def _make_canaries(user: Any, spec: AuditSpec, audit_seed: int, units: "_AuditUnits | None",
-                   generator: Any) -> "_Canaries | DigitCanaries":
+                   generator: Any, image_size: int | None = None) -> "_Canaries | DigitCanaries":
     """The audit's canaries and the training union: digit canaries on prompt → response data (checked against
-    the loaded generator, before the reservation), letter-word texts with random labels otherwise."""
+    the loaded generator, before the reservation), random-pixel images of ``image_size`` pixels with random labels
+    on image data, letter-word texts with random labels otherwise."""
     if getattr(user, "kind", None) != "generation":
-        return _add_canaries(user, spec.num_canaries, audit_seed, units)
+        return _add_canaries(user, spec.num_canaries, audit_seed, units, image_size=image_size)
     canaries = DigitCanaries.add_to(user, spec.num_canaries, audit_seed, digits=spec.exposure.canary_digits,
                                     candidates=spec.exposure.candidates, units=units)
     if generator is not None:
@@ -430,17 +517,17 @@ def _audit_state(out: Path | None, resume: bool, arguments: dict, seed: int | No
     return state
 
 
-def _load_user_text(inputs: AuditInputs) -> TextDataset:
-    """The user's labelled text training data; the label set is public input, as in train(): declared, or the
-    model's own (never read from the private rows)."""
+def _load_user_labelled(inputs: AuditInputs) -> TextDataset | ImageDataset:
+    """The user's labelled text or image training data; the label set is public input, as in train(): declared,
+    or the model's own (never read from the private rows)."""
     num_labels, label_names, _ = declared_label_set(inputs.labels, model=inputs.model)
     user = load_dataset(inputs.data, inputs.text_column, inputs.label_column, num_labels=num_labels,
                         label_names=label_names)
-    if getattr(user, "kind", None) != "text":
+    if getattr(user, "kind", None) not in ("text", "image"):
         raise DataError(
-            f"`privtune audit` takes text (text + label columns) or prompt → response data; `data` holds "
-            f"{getattr(user, 'kind', 'other')} data. Its black-box run inserts text canaries; its white-box audit "
-            "(--no-blackbox) reads only the number of rows, so it runs on any text file of as many rows.")
+            f"`privtune audit` takes labelled text or images, or prompt → response data; `data` holds "
+            f"{getattr(user, 'kind', 'other')} data. Its white-box audit (--no-blackbox) reads only the number of "
+            "rows, so it runs on any text file of as many rows.")
     if not user.has_labels:
         raise DataError("The training data has no labels. Pass a file with a label column.")
     return user
@@ -461,22 +548,37 @@ class _AuditUnits:
 
 @dataclass(frozen=True)
 class _Canaries:
-    """The black-box canaries and the union they make with the user's data: the canary rows' texts and labels
-    (canary i: rows i·r … i·r + r − 1), each canary's membership, the union, and its public size N (examples, or
-    units N_u at user level)."""
+    """The black-box canaries and the union they make with the user's data: the canary rows' inputs (texts, or
+    images) and labels (canary i: rows i·r … i·r + r − 1), each canary's membership, the union, and its public
+    size N (examples, or units N_u at user level)."""
 
-    texts: list
+    inputs: list
     labels: list
     included: list
-    user: TextDataset
-    union: TextDataset
+    user: TextDataset | ImageDataset
+    union: TextDataset | ImageDataset
     union_size: int
     units: _AuditUnits | None = None
 
     @property
     def description(self) -> str:
+        if self.union.kind == "image":
+            size = self.inputs[0].width if self.inputs else 0
+            what = f"random-pixel {size}×{size} images"
+            return (f"{what}, random label" if self.units is None
+                    else f"units of {what}, one random label per unit")
         return ("random letter-words, random label" if self.units is None
                 else "units of random letter-words rows, one random label per unit")
+
+    def rows(self, indices: list[int]) -> TextDataset | ImageDataset:
+        """Canary rows ``indices`` as a dataset of the union's kind, with their labels."""
+        u = self.union
+        labels = [self.labels[i] for i in indices]
+        if u.kind == "image":
+            return ImageDataset(images=[self.inputs[i] for i in indices], labels=labels, num_labels=u.num_labels,
+                                label_names=u.label_names)
+        return TextDataset(texts=[self.inputs[i] for i in indices], labels=labels, num_labels=u.num_labels,
+                           label_names=u.label_names)
 
     def train_kwargs(self) -> dict:
         """The union's label set is the declared one (the canaries' labels are drawn from it)."""
@@ -488,33 +590,46 @@ class _Canaries:
         return {"scores": _canary_scores(clf, self, batch_size=batch_size)}
 
 
-def _add_canaries(user: TextDataset, m: int, audit_seed: int, units: _AuditUnits | None = None) -> _Canaries:
+def _add_canaries(user: TextDataset | ImageDataset, m: int, audit_seed: int, units: _AuditUnits | None = None, *,
+                  image_size: int | None = None) -> _Canaries:
     """``m`` synthetic canaries (no user data), each included with probability 1/2 (seeded by ``audit_seed``),
-    added to ``user``.
+    added to ``user``: letter-word texts, or on image data random-pixel images of ``image_size`` pixels (default
+    privtune's vision default).
 
-    User level (``units``): canary i is a unit of r rows (r texts of one random label), included or left out
+    User level (``units``): canary i is a unit of r rows (r rows of one random label), included or left out
     whole; ``units`` gets the union's unit keys."""
     gen = random.Random(audit_seed)
     r = 1 if units is None else units.r
-    can_texts, can_labels = make_text_canaries(m * r, user.num_labels, seed=gen.randrange(2**62))
+    if user.kind == "image":
+        from privtune.models.vision import DEFAULT_IMAGE_SIZE
+
+        can_inputs, can_labels = make_image_canaries(m * r, user.num_labels, size=image_size or DEFAULT_IMAGE_SIZE,
+                                                     seed=gen.randrange(2**62))
+    else:
+        can_inputs, can_labels = make_text_canaries(m * r, user.num_labels, seed=gen.randrange(2**62))
     if r > 1:  # one label per canary unit: its rows pull the same way (the worst case for per-row clipping)
         can_labels = [can_labels[(i // r) * r] for i in range(m * r)]
     included = [gen.random() < 0.5 for _ in range(m)]
     ins = [i for i in range(m * r) if included[i // r]]
-    union = TextDataset(texts=list(user.texts) + [can_texts[i] for i in ins],
-                        labels=list(user.labels) + [can_labels[i] for i in ins],
-                        num_labels=user.num_labels, label_names=user.label_names)
+    labels = list(user.labels) + [can_labels[i] for i in ins]
+    if user.kind == "image":
+        union = ImageDataset(images=list(user.images) + [can_inputs[i] for i in ins], labels=labels,
+                             num_labels=user.num_labels, label_names=user.label_names)
+    else:
+        union = TextDataset(texts=list(user.texts) + [can_inputs[i] for i in ins], labels=labels,
+                            num_labels=user.num_labels, label_names=user.label_names)
     if units is not None:
         units.union_keys = list(units.user_keys) + [f"canary unit {i // r}" for i in ins]
     size = len(union) if units is None else units.num_units + sum(included)
-    return _Canaries(can_texts, can_labels, included, user, union, size, units)
+    return _Canaries(can_inputs, can_labels, included, user, union, size, units)
 
 
-def _audit_units(data: Any, user: TextDataset, spec: AuditSpec) -> _AuditUnits | None:
-    """The audit's privacy unit (its column read and checked before anything is reserved); None: example level."""
+def _audit_units(data: Any, user: Any, spec: AuditSpec) -> _AuditUnits | None:
+    """The audit's privacy unit (its column read and checked before anything is reserved; an image dataset's in
+    its sidecar table); None: example level."""
     if spec.privacy_unit is None:
         return None
-    index = load_units(data, spec.privacy_unit, len(user))
+    index = load_units(data, spec.privacy_unit, len(user), dataset=user)
     return _AuditUnits(name=index.name, k=spec.max_rows_per_unit, r=spec.canary_rows,
                        user_keys=[f"user unit {u}" for u in index.unit_of_row.tolist()], num_units=index.num_units)
 
@@ -635,13 +750,12 @@ def _canary_scores(clf: Any, canaries: _Canaries, *, batch_size: int = 64) -> li
     """Each canary's score: minus the trained model's mean cross-entropy loss on its rows (one row per canary at
     example level)."""
     clf.eval()
-    union = canaries.union
-    rows = TextDataset(texts=list(canaries.texts), labels=list(canaries.labels), num_labels=union.num_labels)
+    rows = canaries.rows(list(range(len(canaries.inputs))))
     y = torch.tensor(canaries.labels)
     losses = []
     with torch.no_grad():
-        for s in range(0, len(canaries.texts), batch_size):
-            idx = torch.arange(s, min(len(canaries.texts), s + batch_size))
+        for s in range(0, len(canaries.inputs), batch_size):
+            idx = torch.arange(s, min(len(canaries.inputs), s + batch_size))
             logits = clf(**clf.encode(rows, idx)).float().cpu()
             losses.append(F.cross_entropy(logits, y[idx], reduction="none"))
     return (-torch.cat(losses).view(len(canaries.included), -1).mean(dim=1)).tolist()

@@ -8,6 +8,7 @@
                    [--labels neg,pos] [--ledger URL] [--output DIR [--resume]]   (charged: runs/audit-<time>)
                    [--privacy-unit COLUMN [--max-rows-per-unit K] [--canary-rows R]]
                    [--canary-digits K] [--candidates S] [--no-reference]    (prompt → response data)
+                   [--image-size PX] [--batchnorm eval|group] [--image-features final|stages]   (images)
 
 Prints, per audit (white-box and black-box): the claimed ε, the empirical lower bound at 95 %
 confidence, m, the number of guesses and of correct guesses, and a verdict; on prompt → response data
@@ -22,22 +23,23 @@ import click
 
 # from privtune.choices, which imports nothing: `privtune audit --help` and a usage error do not import torch
 from privtune.choices import ACCOUNTANTS, CLIPPINGS, OPTIMIZERS, TRAIN_MODES
-from privtune.cli.options import data_options
+from privtune.cli.options import data_options, model_options
 
 # an audit trains one configuration: two-phase (two events) is audited phase by phase
 MODES = tuple(m for m in TRAIN_MODES if m != "two-phase")
 #: the options that say where the audit reads and writes (audit()'s keywords); the rest build its AuditSpec
 _INPUTS = ("data", "model", "labels", "text_column", "label_column", "max_length", "ledger", "device", "resume",
-           "quiet")
+           "quiet", "image_size", "batchnorm", "image_features")
 
 
 @click.command("audit", context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
 @click.option("--data", type=str, required=True,
-              help="Training data: .tsv/.csv/.jsonl (text + label columns, or prompt + response columns), or "
-                   "embedded:chitchat.")
+              help="Training data: .tsv/.csv/.jsonl (text + label columns, or prompt + response columns), an image "
+                   "folder (one sub-folder per class) or IDX images file, or embedded:chitchat.")
 @click.option("--model", type=str,
               help="Backbone directory. Default: bundled all-MiniLM-L6-v2 (prompt → response data: a causal LM "
-                   "name or directory; smollm2-135m for embedded:chitchat).")
+                   "name or directory; smollm2-135m for embedded:chitchat; images: a vision backbone, e.g. "
+                   "efficientnet-lite0, named here).")
 @click.option("--mode", type=click.Choice(MODES), default=None,
               help="What is trained. Default: bitfit; lora on prompt → response data.")
 @click.option("--epsilon", type=float, help="Claimed ε of the configuration (with --delta).")
@@ -80,6 +82,7 @@ _INPUTS = ("data", "model", "labels", "text_column", "label_column", "max_length
 @click.option("--confidence", type=float, default=0.95, help="Confidence 1 − β of the lower bounds.")
 @click.option("--seed", type=int, help="Seed for canaries, membership and training (experiments).")
 @data_options()
+@model_options()
 @click.option("--max-length", type=int,
               help="Tokens per example (default: as train; 128 per prompt + response for a causal LM).")
 @click.option("--max-physical-batch-size", type=int, default=32, help="Micro-batch size in memory.")
@@ -97,7 +100,7 @@ def audit(**opts) -> int:
 
     On prompt → response data the canaries are secret digit codes ("my secret code is 3 9 1 4 7 2") and
     the audit also reports each one's exposure (Carlini et al. 2019) in the DP model and in a non-private
-    reference (NOT PRIVATE).
+    reference (NOT PRIVATE). On image data they are images of random pixels with random labels.
     """
     # deferred: the audit and its specs import torch and the training stack (`privtune audit --help` stays fast)
     from privtune.audit.blackbox import AuditInputs, run_audit
