@@ -27,6 +27,22 @@ def spec(**kw) -> AuditSpec:
     return AuditSpec.create(**{**ARGS, **kw})
 
 
+def _remove_the_engines_noise(monkeypatch) -> None:
+    """A broken build: the engine releases clipped sums without their Gaussian noise."""
+    from privtune.engine import PrivateGradient
+
+    orig = PrivateGradient.release
+
+    def release_without_noise(self):
+        saved, self.noise_multiplier = self.noise_multiplier, 0.0
+        try:
+            return orig(self)
+        finally:
+            self.noise_multiplier = saved
+
+    monkeypatch.setattr(PrivateGradient, "release", release_without_noise)
+
+
 def test_public_data_audit_runs_both_audits_and_charges_nothing(files, tmp_path):
     url = f"sqlite:///{tmp_path / 'l.db'}"
     rep = audit(files["train"], spec(public_data=True), model=files["model"], labels=[0, 1], ledger=url,
@@ -160,7 +176,6 @@ def test_a_noiseless_image_run_is_caught_by_the_black_box_audit(images, monkeypa
     """The black-box audit of images can fail: with the engine's noise removed, the tiny ViT memorises enough of
     the included random-pixel canaries that the bound exceeds a claimed ε of 0.1 (the same run with its noise
     stays at 0)."""
-    from privtune.engine import PrivateGradient
 
     def run():
         s = spec(mode="full", epsilon=0.1, steps=30, batch_size=None, sampling="full_batch", num_canaries=100,
@@ -168,16 +183,7 @@ def test_a_noiseless_image_run_is_caught_by_the_black_box_audit(images, monkeypa
         return audit(str(images["train"]), s, model=str(images["model16"]), labels=["cat", "dog"]).blackbox
 
     assert run().epsilon_lower_bound <= 0.1
-    orig = PrivateGradient.release
-
-    def release_without_noise(self):
-        saved, self.noise_multiplier = self.noise_multiplier, 0.0
-        try:
-            return orig(self)
-        finally:
-            self.noise_multiplier = saved
-
-    monkeypatch.setattr(PrivateGradient, "release", release_without_noise)
+    _remove_the_engines_noise(monkeypatch)
     broken = run()
     assert broken.violation and broken.epsilon_lower_bound > 0.1
 
@@ -211,18 +217,7 @@ def test_training_on_user_data_gets_no_recorded_seed_unless_given(files, monkeyp
 
 
 def test_cli_exits_1_when_the_bound_exceeds_the_claim(files, monkeypatch, capsys):
-    from privtune.engine import PrivateGradient
-
-    orig = PrivateGradient.release
-
-    def release_without_noise(self):
-        saved, self.noise_multiplier = self.noise_multiplier, 0.0
-        try:
-            return orig(self)
-        finally:
-            self.noise_multiplier = saved
-
-    monkeypatch.setattr(PrivateGradient, "release", release_without_noise)
+    _remove_the_engines_noise(monkeypatch)
     rc = main(["audit", "--data", str(files["train"]), "--labels", "0,1", "--epsilon", "1", "--delta", "1e-3", "--steps", "5",
                "--batch-size", "60", "--sampling", "full_batch", "--canaries", "500", "--no-blackbox", "--seed", "0",
                "--quiet"])
