@@ -45,7 +45,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-CELLS = ("zero-shot", "tune-default", "random-search", "nonprivate-lora", "nonprivate-full")
+CELLS = ("zero-shot", "public-only", "tune-default", "random-search", "nonprivate-lora", "nonprivate-full")
 RESULTS = ROOT / "bench" / "results" / "generation"
 
 
@@ -111,6 +111,29 @@ def zero_shot(args, files) -> dict:
     model = load_generator(args.model, max_length=args.max_length)
     cell = _scores(model, load_generation_dataset(files["reported"]), args.scored_rows)
     return {**cell, "epsilon": 0.0, "seconds": time.perf_counter() - t0, "note": "no training"}
+
+
+def public_only(args, files) -> dict:
+    """The model ``privtune tune`` warm-starts every trial from, scored on its own: LoRA without noise on the
+    warm-start half of the public split (the same pairs, epochs and rate), no private pair used (ε = 0 on the
+    private data)."""
+    from privtune.data.generation import load_generation_dataset
+    from privtune.hpo.generation_tune import (WARM_START_BATCH_SIZE, WARM_START_EPOCHS, WARM_START_LEARNING_RATE,
+                                              _public_halves)
+    from privtune.models.generator import apply_generation_mode, load_generator
+    from privtune.training import fit_nonprivate
+
+    warm, _ = _public_halves(load_generation_dataset(files["public"]))
+    if warm is None:
+        return {"note": "the public split is too small for a warm start"}
+    model = load_generator(args.model, max_length=args.max_length)
+    apply_generation_mode(model, "lora")
+    t0 = time.perf_counter()
+    fit_nonprivate(model, warm, epochs=WARM_START_EPOCHS, batch_size=WARM_START_BATCH_SIZE,
+                   learning_rate=WARM_START_LEARNING_RATE, seed=0, device="cpu")
+    cell = _scores(model, load_generation_dataset(files["reported"]), args.scored_rows)
+    return {**cell, "epsilon": 0.0, "public_pairs": len(warm), "seconds": time.perf_counter() - t0,
+            "note": "public pairs only (the tuned cells' warm start)"}
 
 
 def tuned(args, files, epsilon: float, strategy: str | None, work: Path) -> dict:
@@ -312,7 +335,7 @@ def _run_cells(args, cells: list[str], work: Path) -> dict:
         from privtune.models.testing_causal_lm import make_tiny_causal_lm
 
         args.model = str(make_tiny_causal_lm(work / "tiny-llama", arch="llama"))
-        args.private, args.public, args.reported, args.scored_rows = 48, 12, 12, 8
+        args.private, args.public, args.reported, args.scored_rows = 48, 24, 12, 8  # 24 public: a warm start
         args.epsilons, args.batch_size, args.trials, args.max_length = "8", 16, 2, 64
     os.environ.setdefault("PRIVTUNE_HOME", str(work / "home"))
     splits = split_by_conversation({"public": args.public, "reported": args.reported, "private": args.private},
@@ -331,6 +354,8 @@ def _run_cells(args, cells: list[str], work: Path) -> dict:
     for cell in cells:
         if cell == "zero-shot":
             results["cells"]["zero-shot"] = zero_shot(args, files)
+        elif cell == "public-only":
+            results["cells"]["public-only"] = public_only(args, files)
         elif cell in ("tune-default", "random-search"):
             for eps in epsilons:
                 strategy = "random-search" if cell == "random-search" else None

@@ -203,6 +203,52 @@ def test_tune_auto_charges_every_trial_and_shows_public_generations_only(cli, fi
     assert "all 3 trial(s) charged" in output
 
 
+def test_a_public_split_warm_starts_every_trial_and_selects_with_its_other_half(cli, files, tmp_path, monkeypatch):
+    """A public split of at least WARM_START_MIN_PUBLIC pairs is cut in two: one half fine-tunes the model without
+    noise (public data: nothing charged), every trial starts from those weights, the other half selects."""
+    import privtune.models.generator as generator
+    import privtune.training as training
+    from privtune.hpo.generation_tune import WARM_START_MIN_PUBLIC
+
+    public = _write(tmp_path / "public24.jsonl", [{"prompt": f"{p} the {i}", "response": r}
+                                                  for i in range(6) for p, r in PAIRS])
+    assert 24 >= WARM_START_MIN_PUBLIC
+    warm_rows, starts = [], []
+    real_fit, real_apply = training.fit_nonprivate, generator.apply_generation_mode
+
+    def fit_spy(model, data, **kw):
+        warm_rows.append(list(data.prompts))
+        return real_fit(model, data, **kw)
+
+    def apply_spy(model, mode, **kw):  # the weights each model starts from, before its mode is applied
+        starts.append({k: v.detach().clone() for k, v in model.backbone.state_dict().items()})
+        return real_apply(model, mode, **kw)
+
+    monkeypatch.setattr(training, "fit_nonprivate", fit_spy)
+    monkeypatch.setattr(generator, "apply_generation_mode", apply_spy)
+    out = tmp_path / "warm"
+    r = cli(["tune", "--data", str(files["train"]), "--public-eval-data", str(public), "--model", str(files["llama"]),
+             "--mode", "lora", "--epsilon", "8", "--epochs", "1", "--batch-size", "20", "--ledger",
+             f"sqlite:///{tmp_path / 'l.db'}", "--output", str(out), "--quiet"])
+    assert r.exit_code == 0, r.output
+    public_prompts = {json.loads(line)["prompt"] for line in public.read_text().splitlines()}
+    assert len(warm_rows) == 1 and len(warm_rows[0]) == 12 and set(warm_rows[0]) <= public_prompts  # public only
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["hyperparameters"]["public_warm_start"]["pairs"] == 12
+    assert m["selection"] == "public-validation: perplexity on 12 pairs of public24.jsonl (its other 12 pairs " \
+                             "warm-start the model)"
+    assert "public warm start" in (out / "log.txt").read_text()
+    # starts: the load-time probe, the warm-start model (both from the pretrained weights), then the 3 trials
+    assert len(starts) == 5
+    pretrained, trials = starts[1], starts[2:]
+    assert all(torch.equal(pretrained[k], starts[0][k]) for k in pretrained)
+    for start in trials:  # every trial from the same warm-started weights, not the pretrained ones
+        assert all(torch.equal(start[k], trials[0][k]) for k in start)
+        assert any(not torch.equal(start[k], pretrained[k]) for k in start)
+    cert = json.loads((out / "certificate.json").read_text())
+    assert len(cert["events"]) == 3  # the warm start charges nothing
+
+
 def test_tune_random_search_and_refusals(cli, files, tmp_path):
     out, _ = _tune(cli, files, tmp_path, "--strategy", "random-search", "--trials", "2", "--mode", "lora",
                    "--max-length", "24")

