@@ -556,6 +556,7 @@ def render_fashion_mnist(files: list[Path]) -> str:
 
 # ------------------------------------------------------------------------------------------- text generation
 GENERATION_ROWS = (("zero-shot", "zero-shot model (no training)"),
+                   ("public-only", "LoRA without noise on the public warm-start pairs only (no private pair)"),
                    ("tune-default", "`privtune tune` (its default sweep, everything charged)"),
                    ("random-search", "`privtune tune --strategy random-search` (charged)"),
                    ("nonprivate-lora", "non-private LoRA, one epoch (NOT PRIVATE)"),
@@ -572,7 +573,11 @@ its standard deviation over 1,000 bootstrap resamples of those pairs, where the 
 response token over all reported pairs. Time is the wall time of the row on the machine of its
 file (threads and load given below the table). A tuned row names the bench's `--epochs` (per trial) and
 `--batch-size` (expected batch; `privtune tune` itself defaults to 2 epochs and Rehn et al.'s batch, 64 for the
-BBC split's 1,000 pairs at ε = 8). A cell marked – has no result file: the bench can run it (`--cells`).
+BBC split's 1,000 pairs at ε = 8). A tuned row marked "public warm start" started every trial from the model
+fine-tuned without noise on one half of the public split (LoRA, 3 epochs, merged; what `privtune tune` does with a
+public split of at least 20 pairs) and selected on the other half; a tuned row without it selected on the whole
+public split. The public-only row is that warm-started model alone. A cell marked – has no result file: the bench
+can run it (`--cells`).
 
 | row | total ε | private pairs | reported pairs (decoded) | BLEU | chrF | ROUGE-L | perplexity | certificate ε | time |
 |---|---|---|---|---|---|---|---|---|---|
@@ -622,10 +627,10 @@ def render_generation(files: list[Path]) -> str:
                 cert = cell.get("epsilon")
                 cert = "–" if not cert else f"{cert:.3g}"
                 shown = title
-                if key[4]:  # a tuned row: each trial's length and expected batch
-                    epochs, batch = key[4]
-                    shown += f", {epochs:g} epoch{'' if epochs == 1 else 's'} per trial" if epochs else ""
-                    shown += f", expected batch {batch}" if batch else ""
+                if key[4]:  # a tuned row: each trial's length and expected batch, and its public warm start
+                    shown += _setting_words(key[4])
+                elif name == "public-only" and cell.get("public_pairs"):
+                    shown += f", {cell['public_pairs']:,} public pairs"
                 out.append(f"| {shown} | {'–' if key[3] is None else f'{key[3]:g}'} | {private} | "
                            f"{cfg.get('reported', 0):,} ({cell.get('scored_rows', 0)}) | {_bleu_text(cell)} | "
                            f"{cell['chrf']:.2f} | {cell['rouge_l']:.2f} | {cell['perplexity']:.2f} | {cert} | "
@@ -658,11 +663,21 @@ GENERATION_TUNED_CELLS = ("tune-default", "random-search")
 
 
 def _tuned_setting(name: str, cfg: dict, cell: dict) -> tuple | None:
-    """(epochs per trial, expected batch) of a tuned cell: the bench's arguments, the batch privtune chose where
-    the bench left it to privtune; None for the other cells."""
+    """(epochs per trial, expected batch, public warm-start pairs) of a tuned cell: the bench's arguments, the batch
+    privtune chose where the bench left it to privtune, the pairs of the public split every trial was warm-started
+    on (None: no warm start); None for the other cells."""
     if name not in GENERATION_TUNED_CELLS:
         return None
-    return cfg.get("epochs"), cfg.get("batch_size") or (cell.get("hyperparameters") or {}).get("batch_size")
+    hyper = cell.get("hyperparameters") or {}
+    return (cfg.get("epochs"), cfg.get("batch_size") or hyper.get("batch_size"),
+            (hyper.get("public_warm_start") or {}).get("pairs"))
+
+
+def _setting_words(setting: tuple) -> str:
+    """A tuned row's setting in words: ", 2 epochs per trial, expected batch 64[, public warm start on 100 pairs]"."""
+    epochs, batch, warm = setting
+    return ((f", {epochs:g} epoch{'' if epochs == 1 else 's'} per trial" if epochs else "")
+            + (f", expected batch {batch}" if batch else "") + (f", public warm start on {warm:,} pairs" if warm else ""))
 
 
 def _generation_splits(runs: list[dict]) -> list[dict]:
@@ -702,10 +717,8 @@ def _generation_gain_lines(runs: list[dict]) -> list[str]:
         for eps, cell in sorted(tuned, key=lambda ec: (float(ec[0]), str(ec[1]["_setting"]))):
             task = run.get("config", {}).get("task", "chitchat")
             cfg = run.get("config", {})
-            epochs, batch_size = cell["_setting"]
-            batch = (f", {epochs:g} epoch{'' if epochs == 1 else 's'} per trial" if epochs else "") + (
-                f", expected batch {batch_size}" if batch_size else "")
-            size = f"{'' if task == 'chitchat' else task + ', '}{cfg.get('private', 0):,} private pairs{batch}"
+            size = (f"{'' if task == 'chitchat' else task + ', '}{cfg.get('private', 0):,} private pairs"
+                    f"{_setting_words(cell['_setting'])}")
             if gain <= 0:
                 lines.append(f"At ε = {eps} ({size}): the best non-private run ({best}) gained no BLEU over the "
                              "zero-shot model, so the share of its gain recovered is undefined.")
