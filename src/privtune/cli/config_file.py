@@ -194,7 +194,9 @@ _TUNE: list[Option] = [
     Option("strategy", "choice", "Tuning strategy: " + ", ".join(STRATEGIES)
            + " (grid-oracle is NOT PRIVATE: a reference only).", "hyperfree", choices=STRATEGIES, active=True),
     Option("public_eval_data", "path",
-           "Validation split you declare PUBLIC, used to score trials at no privacy cost.", "public_dev.tsv"),
+           "Validation split you declare PUBLIC, used to score trials at no privacy cost (prompt → response data "
+           "of at least 20 pairs: one half first fine-tunes the model without noise, the other scores).",
+           "public_dev.tsv"),
     Option("selection", "choice", "How trials are scored: " + ", ".join(TUNE_SELECTIONS) + " (the last three are "
            "charged); unset = public-validation when public_eval_data is given, else train-accuracy.", "train-loss",
            choices=TUNE_SELECTIONS),

@@ -61,7 +61,8 @@ def _number(x: float) -> str:
               "generation demo (SmolLM2-135M).")
 @click.option("--eval-data", type=str, help="Reported split: accuracy is computed on it, never used for selection.")
 @click.option("--public-eval-data", type=str,
-              help="Validation split you declare PUBLIC: scores trials at no privacy cost.")
+              help="Validation split you declare PUBLIC: scores trials at no privacy cost (prompt → response data "
+                   "of at least 20 pairs: one half first fine-tunes the model without noise, the other scores).")
 @data_options(labels_default="the labels of --public-eval-data, else the model's")
 @click.option("--model", type=str, help="Backbone directory (Hugging Face format). Default: bundled all-MiniLM-L6-v2.")
 @model_options()

@@ -255,7 +255,9 @@ def tune(
     epsilon, delta : the **total** budget: trials, scoring and final run together.
     ledger : ledger URL; ``None`` = ``$PRIVTUNE_LEDGER`` / ``~/.privtune/ledger.db``.
     output_dir : run directory; ``None`` = ``runs/<timestamp>/``.
-    public_eval_data : a validation split the user declares PUBLIC (scores trials for free).
+    public_eval_data : a validation split the user declares PUBLIC (scores trials for free; for a generator, a
+        split of at least 20 pairs is cut in two: one half warm-starts every trial without noise, the other scores,
+        see :mod:`privtune.hpo.generation_tune`).
     selection : ``"public-validation"``, ``"private-validation"`` (a held-out private split
         scored with a charged Gaussian count), ``"train-accuracy"`` or ``"train-loss"``
         (privatised statistics of the training data, charged).  Default: public validation
