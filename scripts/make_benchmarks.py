@@ -562,6 +562,9 @@ GENERATION_ROWS = (("zero-shot", "zero-shot model (no training)"),
                    ("nonprivate-lora", "non-private LoRA, one epoch (NOT PRIVATE)"),
                    ("nonprivate-full", "non-private full fine-tuning, one epoch (NOT PRIVATE)"))
 
+#: the cells that read no private pair (their rows name no private split)
+PUBLIC_ONLY_CELLS = ("zero-shot", "public-only")
+
 GENERATION_INTRO = """\
 ## Text generation: chitchat, SmolLM2-135M
 
@@ -607,7 +610,7 @@ def render_generation(files: list[Path]) -> str:
         for key, cell in run.get("cells", {}).items():
             name, _, eps = key.partition("@eps=")
             setting = _tuned_setting(name, cfg, cell)
-            sizes = (cfg.get("reported", 0), 0 if name == "zero-shot" else cfg.get("private", 0))
+            sizes = (cfg.get("reported", 0), 0 if name in PUBLIC_ONLY_CELLS else cfg.get("private", 0))
             rows[(task, name, sizes, float(eps) if eps else None, setting)] = (cell, run)
     out, notes = [GENERATION_INTRO.rstrip("\n")], []
     tasks = ["chitchat"] + sorted({k[0] for k in rows} - {"chitchat"})
@@ -616,14 +619,14 @@ def render_generation(files: list[Path]) -> str:
             out.append("")
             out.append(GENERATION_TASKS.get(task, GENERATION_TASKS["bbc"].replace("bbc", task)).rstrip("\n"))
         for name, title in GENERATION_ROWS:
-            keys = sorted((k for k in rows if k[:2] == (task, name)), key=lambda k: (k[2], k[3] or 0.0, k[4] or ()))
+            keys = sorted((k for k in rows if k[:2] == (task, name)), key=lambda k: (k[2], k[3] or 0.0, tuple(x or 0 for x in k[4] or ())))
             if not keys:
                 out.append(f"| {title} | – | – | – | – | – | – | – | – | – |")
                 continue
             for key in keys:
                 cell, run = rows[key]
                 cfg = run.get("config", {})
-                private = "–" if name == "zero-shot" else f"{cfg.get('private', 0):,}"
+                private = "–" if name in PUBLIC_ONLY_CELLS else f"{cfg.get('private', 0):,}"
                 cert = cell.get("epsilon")
                 cert = "–" if not cert else f"{cert:.3g}"
                 shown = title
@@ -727,6 +730,11 @@ def _generation_gain_lines(runs: list[dict]) -> list[str]:
                 lines.append(f"At ε = {eps} ({size}): `privtune tune` recovers **{100 * share:.0f} %** of the BLEU "
                              f"gain of the best non-private run ({best}: {gain:+.2f} BLEU over zero-shot; private "
                              f"{cell['bleu'] - floor:+.2f}), {source}.")
+                if cell["_setting"][2] and "public-only" in cells:  # what the public pairs give without private data
+                    alone = cells["public-only"]["bleu"] - floor
+                    lines.append(f"Its warm start alone (the public-only row: {cell['_setting'][2]:,} public pairs, no "
+                                 f"private pair) recovers {100 * alone / gain:.0f} % ({alone:+.2f} BLEU); the "
+                                 "non-private runs trained on the private pairs only.")
             top = min(private, key=lambda n: cells[n]["perplexity"])
             drop = cells["zero-shot"]["perplexity"] - cells[top]["perplexity"]
             if drop > 0:
