@@ -392,7 +392,6 @@ class GenerationTuneJob:
     def _warm_start(self, inputs: _Inputs, files: _Files) -> dict:
         """The weights of the model fine-tuned without noise on the warm-start half of the public split (LoRA,
         merged): public data only, so nothing is charged."""
-        from privtune.models._lora import merged_copy
         from privtune.models.generator import apply_generation_mode, load_generator
         from privtune.training import fit_nonprivate
 
@@ -404,7 +403,7 @@ class GenerationTuneJob:
         files.log(f"public warm start: LoRA without noise on {len(inputs.warm_start)} public pairs (declared public: "
                   f"no privacy cost), {WARM_START_EPOCHS:g} epochs at η={WARM_START_LEARNING_RATE:g}, merged into the "
                   "weights every trial starts from")
-        return merged_copy(model.backbone).state_dict()
+        return model.merged_state_dict()
 
     # ------------------------------------------------------------------ certify
     def describe(self, inputs: _Inputs, plan: _Plan, files: _Files, outcome: _Outcome,

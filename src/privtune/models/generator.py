@@ -104,6 +104,11 @@ class Generator(nn.Module):
         return int(n) if n else None
 
     # ------------------------------------------------------------------ saving
+    def merged_state_dict(self) -> dict:
+        """The causal LM's weights with its LoRA adapters merged in: a plain Hugging Face state dict, the weights
+        :meth:`save_pretrained` writes (e.g. for a fresh model of the same base to start from)."""
+        return self._export_backbone().state_dict()
+
     def _export_backbone(self) -> nn.Module:
         """The causal LM with LoRA adapters merged into the base weights (a plain Hugging Face model)."""
         if self.lora_config is None:
