@@ -119,11 +119,11 @@ def public_only(args, files) -> dict:
     private data)."""
     from privtune.data.generation import load_generation_dataset
     from privtune.hpo.generation_tune import (WARM_START_BATCH_SIZE, WARM_START_EPOCHS, WARM_START_LEARNING_RATE,
-                                              _public_halves)
+                                              public_halves)
     from privtune.models.generator import apply_generation_mode, load_generator
     from privtune.training import fit_nonprivate
 
-    warm, _ = _public_halves(load_generation_dataset(files["public"]))
+    warm, _ = public_halves(load_generation_dataset(files["public"]))
     if warm is None:
         return {"note": "the public split is too small for a warm start"}
     model = load_generator(args.model, max_length=args.max_length)

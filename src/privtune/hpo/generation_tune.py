@@ -216,7 +216,7 @@ class GenerationTuneJob:
         privacy = PrivacySpec(epsilon=r.epsilon, delta=r.delta).for_dataset(len(train) if units is None
                                                                              else units.num_units)
         public_name = None if public is None else release.split_name(r.public_eval_data or public)
-        warm, public = _public_halves(public)
+        warm, public = public_halves(public)
         return _Inputs(train=train, public=public, reported=reported, model_source=model_source, modes=modes,
                        fingerprint=fp, file_name=file_name, demo=demo, out=out, privacy=privacy, units=units,
                        max_rows_per_unit=k, warm_start=warm, public_name=public_name)
@@ -511,7 +511,7 @@ class GenerationTuneJob:
                 "metrics": released.metrics, "history": released.history, "run_dir": inputs.out}
 
 
-def _public_halves(public: Any) -> tuple[Any, Any]:
+def public_halves(public: Any) -> tuple[Any, Any]:
     """``(warm-start pairs, selection pairs)`` of a public split: two halves of a fixed seeded permutation when it
     has at least :data:`WARM_START_MIN_PUBLIC` pairs (the public split is public: its order may be fixed), else
     ``(None, public)``."""
@@ -529,4 +529,4 @@ def tune_generation(request: GenerationTuneRequest) -> dict:
     return run_pipeline.execute(GenerationTuneJob(request))
 
 
-__all__ = ["GENERATION_STRATEGIES", "GenerationTuneJob", "GenerationTuneRequest", "tune_generation"]
+__all__ = ["GENERATION_STRATEGIES", "GenerationTuneJob", "GenerationTuneRequest", "public_halves", "tune_generation"]
