@@ -352,7 +352,7 @@ def _checked_vision_backbone(spec: AuditSpec, inputs: AuditInputs, user: ImageDa
     text backbone is refused without a charge); returns the canary images' size in pixels: ``image_size`` if
     given, else the backbone's input resolution.  The backbone is loaded again by the training run, whose seed
     initialises its head."""
-    from privtune.models.vision import DEFAULT_IMAGE_SIZE
+    from privtune.models.vision import DEFAULT_IMAGE_SIZE, input_image_size
     from privtune.tasks import task_for
 
     if not spec.blackbox:
@@ -366,20 +366,7 @@ def _checked_vision_backbone(spec: AuditSpec, inputs: AuditInputs, user: ImageDa
     if getattr(clf, "kind", "text") != "image":
         raise ModelError(f"`model` takes {getattr(clf, 'kind', 'other')} inputs but the training data is images. "
                          "Pass a vision backbone (--model), e.g. efficientnet-lite0.")
-    return inputs.image_size or getattr(getattr(clf, "processor", None), "image_size", None) or _processor_size(clf)
-
-
-def _processor_size(clf: Any) -> int:
-    """The input resolution of a Hugging Face image processor (``size``: height/width or shortest_edge)."""
-    from privtune.models.vision import DEFAULT_IMAGE_SIZE
-
-    size = getattr(getattr(clf, "processor", None), "size", None)
-    if isinstance(size, int):
-        side = size
-    else:  # a dict, or transformers' SizeDict
-        get = size.get if isinstance(size, dict) else (lambda key: getattr(size, key, None))
-        side = get("height") or get("shortest_edge")
-    return int(side) if isinstance(side, int) and side >= 1 else DEFAULT_IMAGE_SIZE
+    return inputs.image_size or input_image_size(clf)
 
 
 def _make_canaries(user: Any, spec: AuditSpec, audit_seed: int, units: "_AuditUnits | None",

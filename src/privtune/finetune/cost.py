@@ -42,19 +42,10 @@ class BackboneCost:
 
 
 def _image_size(model: Any) -> int:
-    """The side in pixels the model's images are given at: a vision backbone's preprocessor's ``image_size``, a
-    Hugging Face image processor's ``size`` (height, or shortest edge), else the backbone's configured size."""
-    processor = getattr(model, "processor", None)
-    size = getattr(processor, "image_size", None)
-    if size is None:
-        declared = getattr(processor, "size", None)
-        if isinstance(declared, dict):
-            size = declared.get("height") or declared.get("shortest_edge")
-        elif isinstance(declared, int):
-            size = declared
-    if size is None:
-        size = getattr(getattr(getattr(model, "backbone", None), "config", None), "image_size", None)
-    return int(size) if isinstance(size, int) and size > 0 else 224
+    """The side in pixels the model's images are given at (224 where nothing says)."""
+    from privtune.models.vision import input_image_size
+
+    return input_image_size(model, default=224)
 
 
 def _dummy_batch(model: Any, batch: int) -> tuple[dict, str]:

@@ -61,6 +61,7 @@ from privtune.models.classifier import (CLASSIFIER_CONFIG, HEAD_FILE, Classifier
 __all__ = [
     "BATCHNORM_CHOICES", "DEFAULT_IMAGE_SIZE", "BUNDLED_VISION_MODELS", "ImagePreprocessor", "VisionBackbone",
     "is_vision_model", "load_vision_classifier", "build_vision_classifier", "replace_batchnorm_with_groupnorm",
+    "input_image_size",
 ]
 
 #: what DP training does with BatchNorm layers (module docstring)
@@ -602,3 +603,21 @@ def _load_saved(d: Path):
 
 
 register_model_family(is_vision_model, load_vision_classifier)
+
+
+def input_image_size(model: Any, default: int = DEFAULT_IMAGE_SIZE) -> int:
+    """The side in pixels a classifier's images are given at: privtune's preprocessor's ``image_size``, a Hugging
+    Face image processor's ``size`` (height, or shortest edge; a dict or transformers' ``SizeDict``), else the
+    backbone's configured ``image_size``, else ``default``."""
+    processor = getattr(model, "processor", None)
+    size = getattr(processor, "image_size", None)
+    if size is None:
+        declared = getattr(processor, "size", None)
+        if isinstance(declared, int):
+            size = declared
+        elif declared is not None:
+            get = declared.get if isinstance(declared, dict) else (lambda key: getattr(declared, key, None))
+            size = get("height") or get("shortest_edge")
+    if size is None:
+        size = getattr(getattr(getattr(model, "backbone", None), "config", None), "image_size", None)
+    return int(size) if isinstance(size, int) and size > 0 else default
