@@ -12,7 +12,11 @@ Columns (one seed each):
 * ``zero-shot``: the base model, no training (the floor);
 * ``tune-default``: ``privtune tune`` with its defaults (LoRA, the charged learning-rate sweep; everything charged);
 * ``random-search``: ``privtune tune --strategy random-search`` (charged, ``--trials`` trials);
-* ``nonprivate-lora`` / ``nonprivate-full``: ordinary fine-tuning (NOT PRIVATE references), one epoch.
+* ``nonprivate-lora`` / ``nonprivate-full``: ordinary fine-tuning (NOT PRIVATE references), one epoch;
+* ``nonprivate-lora-public``: non-private LoRA, one epoch over the private pairs together with the warm-start half
+  of the public split, i.e. all the training pairs a warm-started ``tune-default`` cell learns from (NOT PRIVATE;
+  the baseline that cell is compared with when the public split warm-starts it);
+* ``public-only``: the warm start alone (LoRA without noise on the warm-start half of the public split).
 
 Cells: BLEU (with its standard deviation over 1,000 bootstrap resamples of the decoded pairs), chrF, ROUGE-L
 (greedy, the first ``--scored-rows`` reported pairs), perplexity (all reported pairs), the certificate's ε and the
@@ -45,7 +49,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-CELLS = ("zero-shot", "public-only", "tune-default", "random-search", "nonprivate-lora", "nonprivate-full")
+CELLS = ("zero-shot", "public-only", "tune-default", "random-search", "nonprivate-lora", "nonprivate-full",
+         "nonprivate-lora-public")
 RESULTS = ROOT / "bench" / "results" / "generation"
 
 
@@ -160,18 +165,29 @@ def tuned(args, files, epsilon: float, strategy: str | None, work: Path) -> dict
 NONPRIVATE_LEARNING_RATES = {"lora": 2e-3, "full": 1e-4, "bitfit": 1e-3}
 
 
-def nonprivate(args, files, mode: str) -> dict:
-    from privtune.data.generation import load_generation_dataset
+def nonprivate(args, files, mode: str, with_public: bool = False) -> dict:
+    """One epoch of ordinary fine-tuning on the private pairs (NOT PRIVATE); ``with_public``: on the private pairs
+    and the warm-start half of the public split together (shuffled as one set)."""
+    from privtune.data.generation import GenerationDataset, load_generation_dataset
+    from privtune.hpo.generation_tune import public_halves
     from privtune.models.generator import apply_generation_mode, load_generator
     from privtune.training import fit_nonprivate
 
+    data = load_generation_dataset(files["private"])
+    extra = {}
+    if with_public:
+        warm, _ = public_halves(load_generation_dataset(files["public"]))
+        if warm is None:
+            return {"note": "the public split is too small for a warm start"}
+        data = GenerationDataset(prompts=data.prompts + warm.prompts, responses=data.responses + warm.responses)
+        extra = {"public_pairs": len(warm)}
     model = load_generator(args.model, max_length=args.max_length)
     apply_generation_mode(model, mode)
     t0 = time.perf_counter()
-    fit_nonprivate(model, load_generation_dataset(files["private"]), epochs=1.0, batch_size=16,
-                   learning_rate=NONPRIVATE_LEARNING_RATES[mode], seed=0, device="cpu")
+    fit_nonprivate(model, data, epochs=1.0, batch_size=16, learning_rate=NONPRIVATE_LEARNING_RATES[mode], seed=0,
+                   device="cpu")
     cell = _scores(model, load_generation_dataset(files["reported"]), args.scored_rows)
-    return {**cell, "epsilon": None, "label": "NOT PRIVATE", "seconds": time.perf_counter() - t0}
+    return {**cell, **extra, "epsilon": None, "label": "NOT PRIVATE", "seconds": time.perf_counter() - t0}
 
 
 SPEED_MODES = ("lora", "full")
@@ -362,7 +378,8 @@ def _run_cells(args, cells: list[str], work: Path) -> dict:
                 results["cells"][f"{cell}@eps={eps:g}"] = tuned(args, files, eps, strategy, work)
                 save()
         else:
-            results["cells"][cell] = nonprivate(args, files, cell.split("-", 1)[1])
+            mode = cell.split("-")[1]
+            results["cells"][cell] = nonprivate(args, files, mode, with_public=cell.endswith("-public"))
         print(json.dumps({k: v for k, v in results["cells"].items()}, default=str)[-400:], flush=True)
         save()
     save()

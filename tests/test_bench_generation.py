@@ -30,16 +30,19 @@ def test_quick_bench_writes_every_cell(bench, tmp_path, monkeypatch):
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))  # where the bench makes its work folder
-    results = bench.main(["--quick", "--cells", "zero-shot,public-only,tune-default,nonprivate-lora", "--out",
+    results = bench.main(["--quick", "--cells", "zero-shot,public-only,tune-default,nonprivate-lora,nonprivate-lora-public",
+                          "--out",
                           str(tmp_path)])
     left = sorted(p.name for p in scratch.glob("privtune-bench-generation-*"))  # (torch may cache its own there)
     assert not left, f"the bench left its work folder (split copies, models) behind: {left}"
     cells = results["cells"]
-    assert set(cells) == {"zero-shot", "public-only", "tune-default@eps=8", "nonprivate-lora"}
+    assert set(cells) == {"zero-shot", "public-only", "tune-default@eps=8", "nonprivate-lora", "nonprivate-lora-public"}
     # the public-only cell is the tuned cell's warm start: half of the 24 public pairs, no private pair
     assert cells["public-only"]["public_pairs"] == 12 and cells["public-only"]["epsilon"] == 0.0
     assert cells["tune-default@eps=8"]["epsilon"] <= 8 * (1 + 1e-6) and cells["zero-shot"]["epsilon"] == 0.0
     assert cells["nonprivate-lora"]["label"] == "NOT PRIVATE"
+    # the fair reference of a warm-started cell: the private pairs and the same 12 warm-start pairs
+    assert cells["nonprivate-lora-public"]["label"] == "NOT PRIVATE" and cells["nonprivate-lora-public"]["public_pairs"] == 12
     for cell in cells.values():
         assert {"bleu", "rouge_l", "perplexity", "seconds"} <= set(cell) and cell["scored_rows"] == 8
         assert cell["bleu_bootstrap_sd"] >= 0.0

@@ -133,6 +133,26 @@ def test_the_generation_section_states_the_share_of_the_non_private_gain(make_be
     assert "In perplexity it recovers 50 % of the best non-private run's drop (nonprivate-full: 20.0 → 10.0" in page
 
 
+def test_a_warm_started_row_is_held_against_non_private_lora_on_the_same_pairs(make_benchmarks, tmp_path):
+    """The non-private run on the private pairs and the public warm-start pairs is a reference like the others: the
+    best of them sets the gain, and the warm start's line no longer says the references saw private pairs only."""
+    folder = tmp_path / "generation"
+    folder.mkdir()
+    warm = {**_generation_cell(2.5, 15.0), "hyperparameters": {"public_warm_start": {"pairs": 100}}}
+    run = {"config": {"task": "bbc", "private": 1000, "public": 200, "reported": 300, "epochs": 2.0},
+           "started": "2026-01-01",
+           "cells": {"zero-shot": _generation_cell(1.0, 20.0), "public-only": _generation_cell(1.5, 18.0),
+                     "tune-default@eps=8": warm, "nonprivate-lora": _generation_cell(2.0, 12.0),
+                     "nonprivate-lora-public": {**_generation_cell(3.0, 11.0), "public_pairs": 100}}}
+    (folder / "generation-20260101-000000.json").write_text(json.dumps(run))
+    page = make_benchmarks.render_page(tmp_path)
+    # (2.5 − 1) / (3 − 1) against the run with the public pairs, not (2.5 − 1) / (2 − 1) = 150 %
+    assert "public warm start on 100 pairs): `privtune tune` recovers **75 %**" in page
+    assert "nonprivate-lora-public: +2.00 BLEU" in page
+    assert "recovers 25 % (+0.50 BLEU)." in page and "private pairs only" not in page
+    assert "warm-start pairs (NOT PRIVATE), 100 public pairs | – | 1,000 |" in page
+
+
 def test_the_gain_lines_merge_files_of_one_split_and_keep_other_splits_apart(make_benchmarks, tmp_path):
     folder = tmp_path / "generation"
     folder.mkdir()
