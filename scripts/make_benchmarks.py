@@ -565,7 +565,9 @@ GENERATION_ROWS = (("zero-shot", "zero-shot model (no training)"),
                                               "warm-start pairs (NOT PRIVATE)"))
 
 #: the non-private references; the share of their gain a tuned row recovers is taken against the best of them
+#: (a row without a public warm start only against those that trained on the private pairs alone)
 NONPRIVATE_CELLS = ("nonprivate-lora", "nonprivate-full", "nonprivate-lora-public")
+PRIVATE_ONLY_NONPRIVATE_CELLS = ("nonprivate-lora", "nonprivate-full")
 
 #: the cells that read no private pair (their rows name no private split)
 PUBLIC_ONLY_CELLS = ("zero-shot", "public-only")
@@ -585,8 +587,10 @@ BBC split's 1,000 pairs at ε = 8). A tuned row marked "public warm start" start
 fine-tuned without noise on one half of the public split (LoRA, 3 epochs, merged; what `privtune tune` does with a
 public split of at least 20 pairs) and selected on the other half; a tuned row without it selected on the whole
 public split. The public-only row is that warm-started model alone; the last non-private row trains on the same
-pairs a warm-started tuned row learns from (the private pairs and the warm-start half of the public split), the
-fair reference for it. A cell marked – has no result file: the bench can run it (`--cells`).
+pairs a warm-started tuned row learns from (the private pairs and the warm-start half of the public split), so the
+lines below the table hold a warm-started row against the best of all non-private rows, and a row without a warm
+start against those that trained on the private pairs alone. A cell marked – has no result file: the bench can run
+it (`--cells`).
 
 | row | total ε | private pairs | reported pairs (decoded) | BLEU | chrF | ROUGE-L | perplexity | certificate ε | time |
 |---|---|---|---|---|---|---|---|---|---|
@@ -715,15 +719,20 @@ def _generation_gain_lines(runs: list[dict]) -> list[str]:
         cells = run["cells"]
         source = "all from the same run of the bench" if run["files"] == 1 else (
             f"from {run['files']} runs of the bench on the same split, the newest cell of each kind")
-        private = [n for n in NONPRIVATE_CELLS if n in cells]
-        if "zero-shot" not in cells or not private:
+        if "zero-shot" not in cells or not any(n in cells for n in NONPRIVATE_CELLS):
             continue
         floor = cells["zero-shot"]["bleu"]
-        best = max(private, key=lambda n: cells[n]["bleu"])
-        gain = cells[best]["bleu"] - floor
         tuned = [(k[0].partition("@eps=")[2], c) for k, c in cells.items()
                  if isinstance(k, tuple) and k[0].startswith("tune-default@eps=")]
         for eps, cell in sorted(tuned, key=lambda ec: (float(ec[0]), str(ec[1]["_setting"]))):
+            # the references a row is held against: the runs that trained on the pairs it trained on (a warm-started
+            # row also learnt from the public warm-start pairs, so the run that saw them counts too)
+            refs = NONPRIVATE_CELLS if cell["_setting"][2] else PRIVATE_ONLY_NONPRIVATE_CELLS
+            private = [n for n in refs if n in cells]
+            if not private:
+                continue
+            best = max(private, key=lambda n: cells[n]["bleu"])
+            gain = cells[best]["bleu"] - floor
             task = run.get("config", {}).get("task", "chitchat")
             cfg = run.get("config", {})
             size = (f"{'' if task == 'chitchat' else task + ', '}{cfg.get('private', 0):,} private pairs"

@@ -144,13 +144,18 @@ def test_a_warm_started_row_is_held_against_non_private_lora_on_the_same_pairs(m
            "cells": {"zero-shot": _generation_cell(1.0, 20.0), "public-only": _generation_cell(1.5, 18.0),
                      "tune-default@eps=8": warm, "nonprivate-lora": _generation_cell(2.0, 12.0),
                      "nonprivate-lora-public": {**_generation_cell(3.0, 11.0), "public_pairs": 100}}}
+    cold = {"config": dict(run["config"], batch_size=128), "started": "2026-01-02",  # no warm start
+            "cells": {"tune-default@eps=8": _generation_cell(1.5, 16.0)}}
     (folder / "generation-20260101-000000.json").write_text(json.dumps(run))
+    (folder / "generation-20260102-000000.json").write_text(json.dumps(cold))
     page = make_benchmarks.render_page(tmp_path)
     # (2.5 − 1) / (3 − 1) against the run with the public pairs, not (2.5 − 1) / (2 − 1) = 150 %
     assert "public warm start on 100 pairs): `privtune tune` recovers **75 %**" in page
     assert "nonprivate-lora-public: +2.00 BLEU" in page
     assert "recovers 25 % (+0.50 BLEU)." in page and "private pairs only" not in page
     assert "warm-start pairs (NOT PRIVATE), 100 public pairs | – | 1,000 |" in page
+    # a row that trained on the private pairs alone is held against the runs that did too: (1.5 − 1) / (2 − 1)
+    assert "expected batch 128): `privtune tune` recovers **50 %**" in page and "(nonprivate-lora: +1.00 BLEU" in page
 
 
 def test_the_gain_lines_merge_files_of_one_split_and_keep_other_splits_apart(make_benchmarks, tmp_path):
