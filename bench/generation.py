@@ -146,17 +146,18 @@ def tuned(args, files, epsilon: float, strategy: str | None, work: Path) -> dict
 
     kw = {"strategy": strategy, "trials": args.trials} if strategy else {}
     t0 = time.perf_counter()
-    r = tune(str(files["private"]), eval_data=str(files["reported"]), public_eval_data=str(files["public"]),
+    # no eval_data: the bench scores the reported split itself, below, like every other cell (tune would decode it
+    # a second time)
+    r = tune(str(files["private"]), public_eval_data=str(files["public"]),
              model=args.model, mode="lora", epsilon=epsilon, delta=args.delta, epochs=args.epochs,
              batch_size=args.batch_size, ledger=f"sqlite:///{work / f'ledger-{epsilon}-{strategy}.db'}",
              output_dir=work / f"run-{epsilon}-{strategy or 'default'}", quiet=True, seed=None,
              max_physical_batch_size=args.micro_batch, **kw)
-    seconds, m = time.perf_counter() - t0, r.metrics
     from privtune.data.generation import load_generation_dataset
 
-    # scored like the other columns (the same reported rows decoded)
     cell = _scores(r.model, load_generation_dataset(files["reported"]), args.scored_rows)
-    return {**cell, "epsilon": m["epsilon"], "seconds": seconds, "strategy": m["strategy"], "trials": m["trials"],
+    m = r.metrics
+    return {**cell, "epsilon": m["epsilon"], "seconds": time.perf_counter() - t0, "strategy": m["strategy"], "trials": m["trials"],
             "hyperparameters": m["hyperparameters"]}
 
 
