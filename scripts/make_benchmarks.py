@@ -735,7 +735,8 @@ def _generation_gain_lines(runs: list[dict]) -> list[str]:
             gain = cells[best]["bleu"] - floor
             task = run.get("config", {}).get("task", "chitchat")
             cfg = run.get("config", {})
-            size = (f"{'' if task == 'chitchat' else task + ', '}{cfg.get('private', 0):,} private pairs"
+            size = (f"{'' if task == 'chitchat' else task + ', '}{cfg.get('private', 0):,} private pairs, "
+                    f"{cfg.get('reported', 0):,} reported ({cell.get('scored_rows', 0):,} decoded)"
                     f"{_setting_words(cell['_setting'])}")
             if gain <= 0:
                 lines.append(f"At ε = {eps} ({size}): the best non-private run ({best}) gained no BLEU over the "

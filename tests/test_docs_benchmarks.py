@@ -127,7 +127,7 @@ def test_the_generation_section_states_the_share_of_the_non_private_gain(make_be
     (folder / "generation-20260101-000000.json").write_text(json.dumps(run))
     page = make_benchmarks.render_page(tmp_path)
     # (2.5 − 1) / (3 − 1): the best non-private run is the reference
-    assert "At ε = 8 (3,000 private pairs): `privtune tune` recovers **75 %**" in page
+    assert "At ε = 8 (3,000 private pairs, 500 reported (10 decoded)): `privtune tune` recovers **75 %**" in page
     assert "nonprivate-lora: +2.00 BLEU" in page
     # perplexity: (20 − 15) / (20 − 10), the reference the run with the lowest perplexity (full here)
     assert "In perplexity it recovers 50 % of the best non-private run's drop (nonprivate-full: 20.0 → 10.0" in page
@@ -196,8 +196,8 @@ def test_tuned_cells_of_one_split_with_other_settings_keep_their_own_rows_and_li
     assert page.count("2 epochs per trial, expected batch 64 | 8 |") == 1
     assert "everything charged), 2 epochs per trial, expected batch 64 | 8 | 1,000 | 300 (10) | 2.00 |" in page
     assert "everything charged), 2 epochs per trial, expected batch 128 | 8 | 1,000 | 300 (10) | 1.50 |" in page
-    assert "(bbc, 1,000 private pairs, 2 epochs per trial, expected batch 64): `privtune tune` recovers **50 %**" in page
-    assert "(bbc, 1,000 private pairs, 2 epochs per trial, expected batch 128): `privtune tune` recovers **25 %**" in page
+    assert "(bbc, 1,000 private pairs, 300 reported (10 decoded), 2 epochs per trial, expected batch 64): `privtune tune` recovers **50 %**" in page
+    assert "(bbc, 1,000 private pairs, 300 reported (10 decoded), 2 epochs per trial, expected batch 128): `privtune tune` recovers **25 %**" in page
 
 
 def test_the_generation_section_gives_a_second_task_its_own_table(make_benchmarks, tmp_path):
