@@ -157,8 +157,8 @@ def tuned(args, files, epsilon: float, strategy: str | None, work: Path) -> dict
 
     cell = _scores(r.model, load_generation_dataset(files["reported"]), args.scored_rows)
     m = r.metrics
-    return {**cell, "epsilon": m["epsilon"], "seconds": time.perf_counter() - t0, "strategy": m["strategy"], "trials": m["trials"],
-            "hyperparameters": m["hyperparameters"]}
+    return {**cell, "epsilon": m["epsilon"], "seconds": time.perf_counter() - t0, "strategy": m["strategy"],
+            "trials": m["trials"], "hyperparameters": m["hyperparameters"]}
 
 
 #: learning rates (Adam) of the non-private baselines, fixed here so that a baseline does not move with privtune's

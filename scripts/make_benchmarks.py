@@ -618,6 +618,8 @@ def render_generation(files: list[Path]) -> str:
         cfg = run.get("config", {})
         task = cfg.get("task", "chitchat")
         for key, cell in run.get("cells", {}).items():
+            if "bleu" not in cell:  # a cell the bench could not run (e.g. a public split too small to warm-start)
+                continue
             name, _, eps = key.partition("@eps=")
             setting = _tuned_setting(name, cfg, cell)
             sizes = (cfg.get("reported", 0), 0 if name in PUBLIC_ONLY_CELLS else cfg.get("private", 0))
@@ -703,6 +705,8 @@ def _generation_splits(runs: list[dict]) -> list[dict]:
         key = tuple(cfg.get(k, "chitchat" if k == "task" else None) for k in GENERATION_SPLIT_KEYS)
         merged = splits.setdefault(key, {"cells": {}, "files": 0})
         for name, cell in run.get("cells", {}).items():
+            if "bleu" not in cell:
+                continue
             setting = _tuned_setting(name.partition("@eps=")[0], cfg, cell)
             merged["cells"][(name, setting)] = {**cell, "_setting": setting}
         merged["config"], merged["files"] = cfg, merged["files"] + 1

@@ -158,6 +158,21 @@ def test_a_warm_started_row_is_held_against_non_private_lora_on_the_same_pairs(m
     assert "expected batch 128): `privtune tune` recovers **50 %**" in page and "(nonprivate-lora: +1.00 BLEU" in page
 
 
+def test_a_generation_cell_the_bench_could_not_run_is_left_out(make_benchmarks, tmp_path):
+    """A public split too small for a warm start gives the public cells a note and no scores: no row, no crash."""
+    folder = tmp_path / "generation"
+    folder.mkdir()
+    note = {"note": "the public split is too small for a warm start"}
+    run = {"config": {"private": 3000, "reported": 500}, "started": "2026-01-01",
+           "cells": {"zero-shot": _generation_cell(1.0, 20.0), "tune-default@eps=8": _generation_cell(2.5, 15.0),
+                     "nonprivate-lora": _generation_cell(3.0, 12.0), "public-only": note,
+                     "nonprivate-lora-public": note}}
+    (folder / "generation-20260101-000000.json").write_text(json.dumps(run))
+    page = make_benchmarks.render_page(tmp_path)
+    assert "| non-private LoRA, one epoch over the private pairs and the public warm-start pairs (NOT PRIVATE) | – |" in page
+    assert "recovers **75 %**" in page
+
+
 def test_the_gain_lines_merge_files_of_one_split_and_keep_other_splits_apart(make_benchmarks, tmp_path):
     folder = tmp_path / "generation"
     folder.mkdir()
