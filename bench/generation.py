@@ -98,11 +98,12 @@ def _scores(model, reported, scored_rows: int) -> dict:
     """Perplexity on every reported pair; BLEU, chrF, ROUGE-L (with BLEU's bootstrap standard deviation) of greedy
     generations for the first ``scored_rows``, exactly as privtune's own evaluation decodes them."""
     from privtune.eval.generation import generation_scores
-    from privtune.tasks.generation import SCORE_MAX_NEW_TOKENS, Generation
+    from privtune.tasks.generation import SCORE_DECODE_BATCH_SIZE, SCORE_MAX_NEW_TOKENS, Generation
 
     s = Generation().evaluate(model, reported, generate=False)
     k = min(len(reported), int(scored_rows))
-    hyps = model.generate(reported.prompts[:k], max_new_tokens=SCORE_MAX_NEW_TOKENS, batch_size=8)
+    hyps = model.generate(reported.prompts[:k], max_new_tokens=SCORE_MAX_NEW_TOKENS,
+                          batch_size=SCORE_DECODE_BATCH_SIZE)
     refs = list(reported.responses[:k])
     return {**generation_scores(hyps, refs), "perplexity": s["perplexity"], "scored_rows": k,
             "bleu_bootstrap_sd": bleu_bootstrap_sd(hyps, refs)}

@@ -27,6 +27,9 @@ EMBEDDED_CHITCHAT = "embedded:chitchat"
 DEFAULT_SCORED_ROWS = 200
 #: new tokens per generation when scoring
 SCORE_MAX_NEW_TOKENS = 32
+#: prompts decoded together when scoring: each greedy step reads every weight once for the whole batch, so 32
+#: prompts decode about twice as fast per prompt as 8 on a 2-core CPU (SmolLM2-135M, chitchat prompts)
+SCORE_DECODE_BATCH_SIZE = 32
 
 
 class Generation:
@@ -76,7 +79,8 @@ class Generation:
                  generate: bool = True) -> dict:
         """``{"perplexity", "loss", "n"}`` on every row, and with ``generate`` ``{"bleu", "chrf", "rouge_l",
         "scored_rows"}`` of greedy generations for the first ``scored_rows`` rows (default
-        :data:`DEFAULT_SCORED_ROWS`) against their responses.  ``loss`` is the mean NLL per response token."""
+        :data:`DEFAULT_SCORED_ROWS`, decoded :data:`SCORE_DECODE_BATCH_SIZE` at a time) against their responses.
+        ``loss`` is the mean NLL per response token; ``batch_size`` rows at a time make the perplexity."""
         import math
 
         from privtune.eval.generation import generation_scores, perplexity
@@ -87,7 +91,8 @@ class Generation:
         out = {"perplexity": ppl, "loss": math.log(ppl), "n": len(data)}
         if generate:
             k = min(len(data), DEFAULT_SCORED_ROWS if scored_rows is None else int(scored_rows))
-            hyps = model.generate(data.prompts[:k], max_new_tokens=SCORE_MAX_NEW_TOKENS, batch_size=batch_size)
+            hyps = model.generate(data.prompts[:k], max_new_tokens=SCORE_MAX_NEW_TOKENS,
+                                  batch_size=SCORE_DECODE_BATCH_SIZE)
             out.update(generation_scores(hyps, data.responses[:k]))
             out["scored_rows"] = k
         return out
