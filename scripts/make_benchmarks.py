@@ -609,7 +609,8 @@ the first 60 words of each body → its headline, split by story (a repeated art
 
 
 def render_generation(files: list[Path]) -> str:
-    """One row per (task, cell, split sizes, ε, tuned setting), the newest file's where several files ran it (the
+    """One row per (task, cell, split sizes and pairs decoded, ε, tuned setting), the newest file's where several
+    files ran it (the
     zero-shot model once per reported split: it does not see the private one); chitchat first, then each other
     task that has a file under its own heading."""
     runs = sorted((_load(p) for p in files), key=lambda r: r.get("started", ""))
@@ -622,7 +623,9 @@ def render_generation(files: list[Path]) -> str:
                 continue
             name, _, eps = key.partition("@eps=")
             setting = _tuned_setting(name, cfg, cell)
-            sizes = (cfg.get("reported", 0), 0 if name in PUBLIC_ONLY_CELLS else cfg.get("private", 0))
+            # the decoded count too: a zero-shot row decoded on 200 pairs is not replaced by one on all 1,000
+            sizes = (cfg.get("reported", 0), cell.get("scored_rows", 0),
+                     0 if name in PUBLIC_ONLY_CELLS else cfg.get("private", 0))
             rows[(task, name, sizes, float(eps) if eps else None, setting)] = (cell, run)
     out, notes = [GENERATION_INTRO.rstrip("\n")], []
     tasks = ["chitchat"] + sorted({k[0] for k in rows} - {"chitchat"})
@@ -647,7 +650,7 @@ def render_generation(files: list[Path]) -> str:
                 elif name in ("public-only", "nonprivate-lora-public") and cell.get("public_pairs"):
                     shown += f", {cell['public_pairs']:,} public pairs"
                 out.append(f"| {shown} | {'–' if key[3] is None else f'{key[3]:g}'} | {private} | "
-                           f"{cfg.get('reported', 0):,} ({cell.get('scored_rows', 0)}) | {_bleu_text(cell)} | "
+                           f"{cfg.get('reported', 0):,} ({cell.get('scored_rows', 0):,}) | {_bleu_text(cell)} | "
                            f"{cell['chrf']:.2f} | {cell['rouge_l']:.2f} | {cell['perplexity']:.2f} | {cert} | "
                            f"{_minutes(cell['seconds'])} |")
                 machine = run.get("machine")

@@ -191,6 +191,28 @@ def test_the_gain_lines_merge_files_of_one_split_and_keep_other_splits_apart(mak
     assert "**75 %**" not in page and "**95 %**" not in page  # neither the replaced cell nor another split's
 
 
+def test_rows_decoded_on_more_pairs_of_the_same_split_do_not_replace_the_others(make_benchmarks, tmp_path):
+    """A newer file that decodes the whole reported split is another measurement, not a newer one of the same: the
+    rows and the gain lines of the file that decoded 200 pairs stay beside it."""
+    folder = tmp_path / "generation"
+    folder.mkdir()
+    split = {"private": 2000, "public": 1000, "reported": 1000}
+    cells = {"zero-shot": _generation_cell(1.0, 20.0), "tune-default@eps=8": _generation_cell(1.5, 15.0),
+             "nonprivate-lora": _generation_cell(2.0, 12.0)}
+    few = {"config": dict(split, scored_rows=200), "started": "2026-01-01",
+           "cells": {k: {**c, "scored_rows": 200} for k, c in cells.items()}}
+    every = {"config": dict(split, scored_rows=1000), "started": "2026-01-02",
+             "cells": {k: {**c, "bleu": 2 * c["bleu"], "scored_rows": 1000} for k, c in cells.items()}}
+    for i, run in enumerate((few, every)):
+        (folder / f"generation-2026010{i + 1}-000000.json").write_text(json.dumps(run))
+    page = make_benchmarks.render_page(tmp_path)
+    assert "| zero-shot model (no training) | – | – | 1,000 (200) | 1.00 |" in page
+    assert "| zero-shot model (no training) | – | – | 1,000 (1,000) | 2.00 |" in page
+    assert page.index("1,000 (200) | 1.00") < page.index("1,000 (1,000) | 2.00")
+    assert "1,000 reported (200 decoded)): `privtune tune` recovers **50 %**" in page
+    assert "1,000 reported (1,000 decoded)): `privtune tune` recovers **50 %**" in page
+
+
 def test_tuned_cells_of_one_split_with_other_settings_keep_their_own_rows_and_lines(make_benchmarks, tmp_path):
     """Cells of one split that tuned with another --epochs or --batch-size are not replaced by the newer one: each
     is a row naming its setting, with its own gain line."""
