@@ -286,7 +286,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smoke test: tiny random LLaMA, a few dozen pairs")
     ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--private", type=int, default=20000, help="private pairs (one DP LoRA epoch ≤ 30 min on 2 cores)")
+    ap.add_argument("--private", type=int, default=20000, help="private pairs (20,000: about an hour per DP LoRA epoch on 2 CPU cores)")
     ap.add_argument("--public", type=int, default=1000)
     ap.add_argument("--reported", type=int, default=2000)
     ap.add_argument("--scored-rows", type=int, default=200, help="reported pairs decoded for BLEU/chrF/ROUGE-L")
