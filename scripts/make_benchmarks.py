@@ -610,9 +610,8 @@ the first 60 words of each body → its headline, split by story (a repeated art
 
 def render_generation(files: list[Path]) -> str:
     """One row per (task, cell, split sizes and pairs decoded, ε, tuned setting), the newest file's where several
-    files ran it (the
-    zero-shot model once per reported split: it does not see the private one); chitchat first, then each other
-    task that has a file under its own heading."""
+    files ran it (the zero-shot model once per reported split: it does not see the private one); chitchat first,
+    then each other task that has a file under its own heading."""
     runs = sorted((_load(p) for p in files), key=lambda r: r.get("started", ""))
     rows: dict[tuple, tuple[dict, dict]] = {}
     for run in runs:
